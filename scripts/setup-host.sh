@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Prepares a Debian/Ubuntu host (as root) to build drivelet and run it or its tests:
+# installs the build and runtime packages that are missing, starts systemd-udevd if it
+# is not running, and replays udev events so existing devices get their records.
+set -euo pipefail
+if [ "$(id -u)" != 0 ]; then
+  echo "run as root: drivelet manages block devices" >&2
+  exit 1
+fi
+
+need=()
+command -v protoc >/dev/null || need+=(protobuf-compiler)
+[ -e /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev)
+[ -e /usr/include/libudev.h ] || need+=(libudev-dev)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v udevadm >/dev/null || need+=(udev)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+command -v mkfs.xfs >/dev/null || need+=(xfsprogs)
+command -v losetup >/dev/null || need+=(util-linux)
+command -v blkid >/dev/null || need+=(util-linux)
+command -v smartctl >/dev/null || need+=(smartmontools)
+command -v sfdisk >/dev/null || need+=(fdisk)
+command -v modprobe >/dev/null || need+=(kmod)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! pgrep -x systemd-udevd >/dev/null; then
+  udevd=/lib/systemd/systemd-udevd
+  [ -x "$udevd" ] || udevd=/usr/lib/systemd/systemd-udevd
+  "$udevd" --daemon
+fi
+udevadm trigger --subsystem-match=block --action=add || true
+udevadm settle --timeout=30 || true
+
+modprobe loop 2>/dev/null || true
+if [ ! -e /dev/loop-control ]; then
+  echo "no /dev/loop-control: this kernel has no loop device support" >&2
+  exit 1
+fi

@@ -1,0 +1,508 @@
+//! The eligibility policy: which block devices are drives, and which drives drivelet
+//! may manage. Pure functions over a [`DiskProbe`] and the host's mounts.
+//!
+//! A whole disk is a **drive** unless it is a partition, a RAM/zram disk, a
+//! device-mapper/md/bcache device, an optical or floppy drive, a network block device,
+//! a zero-size device (no medium), or a loop device (unless `drives.allow_loop`, and
+//! then only while attached). Each drive gets exactly one class, checked in this order:
+//!
+//! 1. `system`: the disk, one of its non-drivelet partitions, or a device stacked on it
+//!    backs a mounted filesystem or swap.
+//! 2. `excluded`: a `[drives.filters]` entry rules it out; the entry is named.
+//! 3. `foreign`: udev has not probed it, it is read-only, something is stacked on it,
+//!    or it carries a filesystem/RAID signature or a partition table drivelet did not
+//!    write (udev's blkid properties; a disk udev calls blank is confirmed by `blkid -p`).
+//! 4. `managed`: blank, or carrying a drivelet GPT. Only these are ever written to.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{DriveFilters, Media};
+use crate::disk::gpt;
+use crate::disk::mounts::HostUsage;
+use crate::disk::udev::DiskProbe;
+
+/// What drivelet may do with a drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum DriveClass {
+    /// Blank or carrying a drivelet GPT: drivelet may write to it.
+    Managed,
+    /// Backs the running system (a mounted filesystem, swap, or a holder that does).
+    System,
+    /// Holds data or structures drivelet did not create; never touched.
+    Foreign,
+    /// Ruled out by a configured filter.
+    Excluded,
+}
+
+impl DriveClass {
+    /// Lower-case name for output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriveClass::Managed => "managed",
+            DriveClass::System => "system",
+            DriveClass::Foreign => "foreign",
+            DriveClass::Excluded => "excluded",
+        }
+    }
+}
+
+const NOT_DRIVES: &[&str] = &["ram", "zram", "dm-", "md", "sr", "fd", "nbd", "rbd", "drbd", "bcache", "mtdblock", "pmem"];
+
+/// Whether a whole disk is a drive at all.
+pub fn is_drive(p: &DiskProbe, allow_loop: bool) -> bool {
+    if p.name.starts_with("loop") {
+        return allow_loop && p.loop_backing_file.is_some();
+    }
+    if NOT_DRIVES.iter().any(|prefix| p.name.starts_with(prefix)) {
+        return false;
+    }
+    if p.prop("ID_CDROM") == Some("1") {
+        return false;
+    }
+    p.size > 0
+}
+
+/// The media class: NVMe by transport, virtual for loop/virtio/Xen, else by rotation.
+pub fn media_of(p: &DiskProbe) -> Media {
+    let n = p.name.as_str();
+    if n.starts_with("nvme") {
+        Media::Nvme
+    } else if n.starts_with("loop") || n.starts_with("vd") || n.starts_with("xvd") {
+        Media::Virtual
+    } else if p.rotational {
+        Media::Hdd
+    } else {
+        Media::Ssd
+    }
+}
+
+/// The transport (bus) a drive hangs off, for display.
+pub fn transport_of(p: &DiskProbe) -> String {
+    let n = p.name.as_str();
+    if n.starts_with("nvme") {
+        return "nvme".into();
+    }
+    if n.starts_with("loop") {
+        return "loop".into();
+    }
+    if n.starts_with("vd") {
+        return "virtio".into();
+    }
+    if p.prop("ID_PATH").map(|s| s.contains("-sas-")).unwrap_or(false) {
+        return "sas".into();
+    }
+    match p.prop("ID_BUS") {
+        Some("ata") => "sata".into(),
+        Some(b) => b.to_string(),
+        None => "unknown".into(),
+    }
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' })
+        .collect()
+}
+
+fn fnv1a(s: &[u8]) -> u32 {
+    s.iter().fold(0x811c9dc5u32, |h, b| (h ^ *b as u32).wrapping_mul(0x01000193))
+}
+
+/// A stable drive id that survives reboots and renaming of kernel names: from the
+/// WWN, else the serial, else (loop devices) the backing file, else the udev path.
+pub fn stable_id(p: &DiskProbe) -> String {
+    if let Some(w) = p.prop("ID_WWN_WITH_EXTENSION").or_else(|| p.prop("ID_WWN")) {
+        return sanitize(&format!("wwn-{w}"));
+    }
+    if let Some(s) = p.prop("ID_SERIAL") {
+        let bus = if p.name.starts_with("nvme") { "nvme" } else { p.prop("ID_BUS").unwrap_or("disk") };
+        return sanitize(&format!("{bus}-{s}"));
+    }
+    if let Some(f) = &p.loop_backing_file {
+        let base = f.file_name().map(|b| b.to_string_lossy().into_owned()).unwrap_or_default();
+        return sanitize(&format!("loop-{base}-{:08x}", fnv1a(f.as_os_str().as_encoded_bytes())));
+    }
+    if let Some(path) = p.prop("ID_PATH") {
+        return sanitize(&format!("path-{path}"));
+    }
+    sanitize(&format!("name-{}", p.name))
+}
+
+/// The names a path filter is matched against: the node, its udev links, and for a
+/// loop device its backing file.
+fn filter_names(p: &DiskProbe) -> Vec<&Path> {
+    let mut v: Vec<&Path> = vec![p.devnode.as_path()];
+    v.extend(p.devlinks.iter().map(|l| l.as_path()));
+    if let Some(f) = &p.loop_backing_file {
+        v.push(f.as_path());
+    }
+    v
+}
+
+fn glob_matches(g: &str, name: &str) -> bool {
+    glob::Pattern::new(g).map(|p| p.matches(name)).unwrap_or(false)
+}
+
+fn fmt_mounts(mps: &std::collections::BTreeSet<std::path::PathBuf>) -> String {
+    mps.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ")
+}
+
+fn system_reason(p: &DiskProbe, usage: &HostUsage) -> Option<String> {
+    if let Some(m) = usage.mounted.get(&p.devnum) {
+        return Some(format!("backs the mounted filesystem at {}", fmt_mounts(m)));
+    }
+    if usage.swap.contains(&p.devnum) {
+        return Some("is in use as swap".into());
+    }
+    for part in &p.partitions {
+        if part.part_type == gpt::PARTITION_TYPE {
+            continue;
+        }
+        if let Some(m) = usage.mounted.get(&part.devnum) {
+            return Some(format!("partition {} backs the mounted filesystem at {}", part.name, fmt_mounts(m)));
+        }
+        if usage.swap.contains(&part.devnum) {
+            return Some(format!("partition {} is in use as swap", part.name));
+        }
+    }
+    let holders = p.holders.iter().chain(p.partitions.iter().flat_map(|q| q.holders.iter()));
+    for h in holders {
+        if let Some(m) = usage.mounted.get(&h.devnum) {
+            return Some(format!("{} (stacked on this disk) backs the mounted filesystem at {}", h.name, fmt_mounts(m)));
+        }
+        if usage.swap.contains(&h.devnum) {
+            return Some(format!("{} (stacked on this disk) is in use as swap", h.name));
+        }
+    }
+    None
+}
+
+fn excluded_reason(p: &DiskProbe, f: &DriveFilters, media: Media) -> Option<String> {
+    let names = filter_names(p);
+    if !f.include_paths.is_empty() {
+        let hit = f.include_paths.iter().any(|g| names.iter().any(|n| glob_matches(g, &n.to_string_lossy())));
+        if !hit {
+            return Some(format!(
+                "matches no drives.filters.include_paths entry ({})",
+                f.include_paths.join(", ")
+            ));
+        }
+    }
+    for g in &f.exclude_paths {
+        if let Some(n) = names.iter().find(|n| glob_matches(g, &n.to_string_lossy())) {
+            return Some(format!("drives.filters.exclude_paths entry \"{g}\" matches {}", n.display()));
+        }
+    }
+    if let Some(serial) = p.prop("ID_SERIAL_SHORT").or_else(|| p.prop("ID_SERIAL")) {
+        if f.exclude_serials.iter().any(|s| s == serial) {
+            return Some(format!("drives.filters.exclude_serials lists serial \"{serial}\""));
+        }
+    }
+    if let Some(model) = p.prop("ID_MODEL") {
+        if let Some(g) = f.exclude_models.iter().find(|g| glob_matches(g, model)) {
+            return Some(format!("drives.filters.exclude_models entry \"{g}\" matches model \"{model}\""));
+        }
+    }
+    if f.min_size > 0 && p.size < f.min_size {
+        return Some(format!("size {} is below drives.filters.min_size {}", p.size, f.min_size));
+    }
+    if !f.media.is_empty() && !f.media.contains(&media) {
+        let allowed: Vec<&str> = f.media.iter().map(|m| m.as_str()).collect();
+        return Some(format!("media {} is not in drives.filters.media [{}]", media.as_str(), allowed.join(", ")));
+    }
+    None
+}
+
+fn foreign_reason(p: &DiskProbe) -> Option<String> {
+    if !p.udev_initialized {
+        return Some("udev has not probed this disk yet (run `udevadm trigger`); drivelet does not judge a disk udev has not seen".into());
+    }
+    if p.read_only {
+        return Some("the disk is read-only".into());
+    }
+    let holders: Vec<&str> = p
+        .holders
+        .iter()
+        .chain(p.partitions.iter().flat_map(|q| q.holders.iter()))
+        .map(|h| h.name.as_str())
+        .collect();
+    if !holders.is_empty() {
+        return Some(format!("in use by {} (device-mapper, RAID or cache member)", holders.join(", ")));
+    }
+    if let Some(fs) = p.prop("ID_FS_TYPE") {
+        let usage = p.prop("ID_FS_USAGE").unwrap_or("signature");
+        return Some(format!(
+            "carries a {fs} {usage} signature drivelet did not create; wipe it (wipefs -a) only if its data is unwanted"
+        ));
+    }
+    let table = p.prop("ID_PART_TABLE_TYPE");
+    if table.is_some() || !p.partitions.is_empty() {
+        if gpt::is_drivelet_table(table, p.prop("ID_PART_TABLE_UUID")) {
+            return None;
+        }
+        return Some(format!(
+            "has a {} partition table with {} partition(s) drivelet did not create",
+            table.unwrap_or("unknown"),
+            p.partitions.len()
+        ));
+    }
+    if p.blank_confirmed != Some(true) {
+        return Some("udev reports no signature but `blkid -p` found one or could not read the disk".into());
+    }
+    None
+}
+
+fn managed_reason(p: &DiskProbe) -> String {
+    if p.partitions.is_empty() && p.prop("ID_PART_TABLE_TYPE").is_none() {
+        return "blank disk (no partition table or filesystem signature)".into();
+    }
+    let ours = p.partitions.iter().filter(|q| q.part_type == gpt::PARTITION_TYPE).count();
+    let others = p.partitions.len() - ours;
+    if others == 0 {
+        format!("drivelet GPT with {ours} volume partition(s)")
+    } else {
+        format!("drivelet GPT with {ours} volume partition(s); {others} other partition(s) are left alone")
+    }
+}
+
+/// Classifies a drive; `None` when the device is not a drive at all.
+pub fn classify(
+    p: &DiskProbe,
+    usage: &HostUsage,
+    filters: &DriveFilters,
+    allow_loop: bool,
+) -> Option<(DriveClass, String)> {
+    if !is_drive(p, allow_loop) {
+        return None;
+    }
+    if let Some(r) = system_reason(p, usage) {
+        return Some((DriveClass::System, r));
+    }
+    if let Some(r) = excluded_reason(p, filters, media_of(p)) {
+        return Some((DriveClass::Excluded, r));
+    }
+    if let Some(r) = foreign_reason(p) {
+        return Some((DriveClass::Foreign, r));
+    }
+    Some((DriveClass::Managed, managed_reason(p)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::udev::{Holder, PartitionProbe};
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::PathBuf;
+
+    /// Loads a udev property dump (`udevadm info --query=property` output) as a probe.
+    fn fixture(name: &str) -> DiskProbe {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/udev").join(name);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let props: BTreeMap<String, String> = text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let devname = props.get("DEVNAME").cloned().unwrap_or_default();
+        DiskProbe {
+            name: devname.trim_start_matches("/dev/").to_string(),
+            devnode: PathBuf::from(&devname),
+            devnum: (
+                props.get("MAJOR").and_then(|m| m.parse().ok()).unwrap_or(8),
+                props.get("MINOR").and_then(|m| m.parse().ok()).unwrap_or(16),
+            ),
+            devlinks: props
+                .get("DEVLINKS")
+                .map(|l| l.split_whitespace().map(PathBuf::from).collect())
+                .unwrap_or_default(),
+            props,
+            udev_initialized: true,
+            size: 1 << 40,
+            logical_block_size: 512,
+            rotational: true,
+            blank_confirmed: Some(true),
+            ..Default::default()
+        }
+    }
+
+    fn blank_loop() -> DiskProbe {
+        let mut p = fixture("loop-blank.env");
+        p.loop_backing_file = Some(PathBuf::from("/var/lib/drivelet/demo/drive-0.img"));
+        p
+    }
+
+    fn mounted(devnum: (u32, u32), at: &str) -> HostUsage {
+        let mut u = HostUsage::default();
+        u.mounted.insert(devnum, BTreeSet::from([PathBuf::from(at)]));
+        u
+    }
+
+    fn class(p: &DiskProbe, u: &HostUsage, f: &DriveFilters) -> (DriveClass, String) {
+        classify(p, u, f, true).expect("is a drive")
+    }
+
+    #[test]
+    fn blank_sata_disk_is_managed() {
+        let (c, r) = class(&fixture("sata-hdd-blank.env"), &HostUsage::default(), &DriveFilters::default());
+        assert_eq!(c, DriveClass::Managed);
+        assert!(r.contains("blank"), "{r}");
+    }
+
+    #[test]
+    fn disk_with_ext4_is_foreign_and_says_so() {
+        let (c, r) = class(&fixture("sata-ssd-ext4.env"), &HostUsage::default(), &DriveFilters::default());
+        assert_eq!(c, DriveClass::Foreign);
+        assert!(r.contains("ext4 filesystem signature"), "{r}");
+    }
+
+    #[test]
+    fn disk_with_dos_table_is_foreign() {
+        let mut p = fixture("sata-hdd-blank.env");
+        p.props.insert("ID_PART_TABLE_TYPE".into(), "dos".into());
+        let (c, r) = class(&p, &HostUsage::default(), &DriveFilters::default());
+        assert_eq!(c, DriveClass::Foreign);
+        assert!(r.contains("dos partition table"), "{r}");
+    }
+
+    #[test]
+    fn foreign_gpt_is_foreign_but_drivelet_gpt_is_managed() {
+        let mut p = fixture("nvme-gpt.env");
+        let (c, _) = class(&p, &HostUsage::default(), &DriveFilters::default());
+        assert_eq!(c, DriveClass::Foreign);
+        p.props.insert("ID_PART_TABLE_UUID".into(), format!("{}-0000-4000-8000-000000000001", gpt::DISK_GUID_PREFIX));
+        p.partitions.push(PartitionProbe {
+            name: "nvme0n1p1".into(),
+            part_type: gpt::PARTITION_TYPE.into(),
+            ..Default::default()
+        });
+        let (c, r) = class(&p, &HostUsage::default(), &DriveFilters::default());
+        assert_eq!(c, DriveClass::Managed);
+        assert!(r.contains("1 volume partition"), "{r}");
+    }
+
+    #[test]
+    fn mounted_disk_is_system_even_when_excluded() {
+        let p = fixture("virtio-root.env");
+        let f = DriveFilters { exclude_paths: vec!["/dev/vda".into()], ..Default::default() };
+        let (c, r) = class(&p, &mounted(p.devnum, "/"), &f);
+        assert_eq!(c, DriveClass::System);
+        assert!(r.contains("mounted filesystem at /"), "{r}");
+    }
+
+    #[test]
+    fn mounted_partition_and_swap_and_holder_make_a_disk_system() {
+        let mut p = fixture("sata-hdd-blank.env");
+        p.partitions.push(PartitionProbe { name: "sdb1".into(), devnum: (8, 17), ..Default::default() });
+        let (c, r) = class(&p, &mounted((8, 17), "/boot"), &DriveFilters::default());
+        assert_eq!((c, r.contains("sdb1") && r.contains("/boot")), (DriveClass::System, true), "{r}");
+
+        let mut u = HostUsage::default();
+        u.swap.insert((8, 17));
+        assert_eq!(class(&p, &u, &DriveFilters::default()).0, DriveClass::System);
+
+        let mut q = fixture("sata-hdd-blank.env");
+        q.holders.push(Holder { name: "dm-0".into(), devnum: (253, 0) });
+        let (c, r) = class(&q, &mounted((253, 0), "/var"), &DriveFilters::default());
+        assert_eq!(c, DriveClass::System);
+        assert!(r.contains("dm-0"), "{r}");
+        let (c, r) = class(&q, &HostUsage::default(), &DriveFilters::default());
+        assert_eq!(c, DriveClass::Foreign);
+        assert!(r.contains("dm-0"), "{r}");
+    }
+
+    #[test]
+    fn mounts_of_drivelet_partitions_do_not_make_a_drive_system() {
+        let mut p = fixture("sata-hdd-blank.env");
+        p.props.insert("ID_PART_TABLE_TYPE".into(), "gpt".into());
+        p.props.insert("ID_PART_TABLE_UUID".into(), format!("{}-0000-4000-8000-000000000001", gpt::DISK_GUID_PREFIX));
+        p.partitions.push(PartitionProbe {
+            name: "sdb1".into(),
+            devnum: (8, 17),
+            part_type: gpt::PARTITION_TYPE.into(),
+            ..Default::default()
+        });
+        let (c, _) = class(&p, &mounted((8, 17), "/var/lib/kubelet/x"), &DriveFilters::default());
+        assert_eq!(c, DriveClass::Managed);
+    }
+
+    #[test]
+    fn each_filter_excludes_and_is_named() {
+        let p = fixture("sata-hdd-blank.env");
+        let cases: Vec<(DriveFilters, &str)> = vec![
+            (DriveFilters { include_paths: vec!["/dev/nvme*".into()], ..Default::default() }, "include_paths"),
+            (DriveFilters { exclude_paths: vec!["/dev/disk/by-id/ata-*".into()], ..Default::default() }, "exclude_paths entry \"/dev/disk/by-id/ata-*\""),
+            (DriveFilters { exclude_serials: vec!["WD-WCC4E1234567".into()], ..Default::default() }, "exclude_serials"),
+            (DriveFilters { exclude_models: vec!["WDC*".into()], ..Default::default() }, "exclude_models entry \"WDC*\""),
+            (DriveFilters { min_size: 2 << 40, ..Default::default() }, "min_size"),
+            (DriveFilters { media: vec![Media::Ssd], ..Default::default() }, "media hdd is not in drives.filters.media"),
+        ];
+        for (f, want) in cases {
+            let (c, r) = class(&p, &HostUsage::default(), &f);
+            assert_eq!(c, DriveClass::Excluded, "{want}");
+            assert!(r.contains(want), "{r:?} should contain {want:?}");
+        }
+        let f = DriveFilters { include_paths: vec!["/dev/disk/by-id/ata-WDC*".into()], ..Default::default() };
+        assert_eq!(class(&p, &HostUsage::default(), &f).0, DriveClass::Managed);
+    }
+
+    #[test]
+    fn loop_filters_match_the_backing_file() {
+        let p = blank_loop();
+        let f = DriveFilters { include_paths: vec!["/var/lib/drivelet/demo/*".into()], ..Default::default() };
+        assert_eq!(class(&p, &HostUsage::default(), &f).0, DriveClass::Managed);
+        let f = DriveFilters { include_paths: vec!["/elsewhere/*".into()], ..Default::default() };
+        assert_eq!(class(&p, &HostUsage::default(), &f).0, DriveClass::Excluded);
+    }
+
+    #[test]
+    fn unprobed_unconfirmed_and_read_only_disks_are_foreign() {
+        let mut p = fixture("sata-hdd-blank.env");
+        p.udev_initialized = false;
+        assert!(class(&p, &HostUsage::default(), &DriveFilters::default()).1.contains("udevadm trigger"));
+        let mut p = fixture("sata-hdd-blank.env");
+        p.blank_confirmed = Some(false);
+        assert!(class(&p, &HostUsage::default(), &DriveFilters::default()).1.contains("blkid -p"));
+        let mut p = fixture("sata-hdd-blank.env");
+        p.read_only = true;
+        assert!(class(&p, &HostUsage::default(), &DriveFilters::default()).1.contains("read-only"));
+    }
+
+    #[test]
+    fn non_drives_are_skipped() {
+        let mut p = blank_loop();
+        assert!(classify(&p, &HostUsage::default(), &DriveFilters::default(), false).is_none(), "loop not allowed");
+        p.loop_backing_file = None;
+        assert!(classify(&p, &HostUsage::default(), &DriveFilters::default(), true).is_none(), "unattached loop");
+        for name in ["zram0", "ram0", "dm-0", "md127", "sr0", "nbd0"] {
+            let mut q = fixture("sata-hdd-blank.env");
+            q.name = name.into();
+            assert!(!is_drive(&q, true), "{name}");
+        }
+        let mut q = fixture("sata-hdd-blank.env");
+        q.size = 0;
+        assert!(!is_drive(&q, true), "no medium");
+    }
+
+    #[test]
+    fn ids_media_and_transport_come_from_udev() {
+        let p = fixture("sata-hdd-blank.env");
+        assert_eq!(stable_id(&p), "wwn-0x50014ee2b5a6c1d2");
+        assert_eq!((media_of(&p), transport_of(&p).as_str()), (Media::Hdd, "sata"));
+        let p = fixture("nvme-gpt.env");
+        assert_eq!(stable_id(&p), "wwn-eui.0025385b71b0a1b2");
+        assert_eq!((media_of(&p), transport_of(&p).as_str()), (Media::Nvme, "nvme"));
+        let p = fixture("sata-ssd-ext4.env");
+        assert_eq!(stable_id(&p), "ata-Samsung_SSD_870_EVO_1TB_S6PTNM0T123456A");
+        let mut p = fixture("sata-ssd-ext4.env");
+        p.rotational = false;
+        assert_eq!(media_of(&p), Media::Ssd);
+        let l = blank_loop();
+        assert!(stable_id(&l).starts_with("loop-drive-0.img-"), "{}", stable_id(&l));
+        assert_eq!(stable_id(&l), stable_id(&blank_loop()), "stable across probes");
+        assert_eq!(media_of(&l), Media::Virtual);
+        assert_eq!(stable_id(&fixture("virtio-root.env")), "name-vda");
+    }
+}

@@ -1,0 +1,264 @@
+//! DriveInventory: owns the set of drives. udev is the source of truth: a full scan at
+//! start, live udev events afterwards, and a slow periodic rescan as a safety net.
+//!
+//! Rules:
+//! - probes run off the actor thread, one at a time; events that arrive while a probe
+//!   runs are coalesced per disk and probed right after, so the newest state wins and
+//!   queries are never stuck behind a burst of events;
+//! - every change is logged once and sent to subscribers as a [`DriveEvent`];
+//! - on restart (supervisor) the actor forgets everything and rebuilds from the host.
+
+pub mod classify;
+pub mod model;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use tracing::{error, info, warn};
+
+use self::model::{Drive, DriveChange, Inventory};
+use super::messages::*;
+use crate::config::DrivesConfig;
+use crate::disk::mounts::HostUsage;
+use crate::disk::udev::{self, DiskProbe};
+
+/// What one probe round should look at.
+enum ProbeJob {
+    All,
+    Disks(BTreeSet<String>),
+}
+
+/// Result of a probe round, made off the actor thread.
+enum ProbeResult {
+    All(Vec<DiskProbe>),
+    Disks(Vec<(String, Option<DiskProbe>)>),
+}
+
+/// The drive inventory actor.
+pub struct DriveInventory {
+    cfg: DrivesConfig,
+    inv: Inventory,
+    subscribers: Vec<Recipient<DriveEvent>>,
+    monitor_stop: Option<Arc<AtomicBool>>,
+    probing: bool,
+    want_full: bool,
+    dirty: BTreeSet<String>,
+}
+
+impl DriveInventory {
+    /// A new inventory for the given drive policy.
+    pub fn new(cfg: DrivesConfig) -> Self {
+        Self {
+            cfg,
+            inv: Inventory::default(),
+            subscribers: Vec::new(),
+            monitor_stop: None,
+            probing: false,
+            want_full: true,
+            dirty: BTreeSet::new(),
+        }
+    }
+
+    fn start_monitor(&mut self, ctx: &mut Context<Self>) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let addr = ctx.address();
+        let fail_addr = ctx.address();
+        match udev::spawn_monitor(
+            move |ev| addr.do_send(BlockEventSeen(ev)),
+            move |why| fail_addr.do_send(MonitorFailed(why)),
+            stop.clone(),
+        ) {
+            Ok(_) => self.monitor_stop = Some(stop),
+            Err(e) => {
+                error!(actor = "inventory", error = %e, "cannot follow udev events; restarting in 5s");
+                ctx.run_later(Duration::from_secs(5), |_, ctx| ctx.stop());
+            }
+        }
+    }
+
+    fn stop_monitor(&mut self) {
+        if let Some(s) = self.monitor_stop.take() {
+            s.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Starts the next probe round if none is running and there is work.
+    fn kick(&mut self, ctx: &mut Context<Self>) {
+        if self.probing {
+            return;
+        }
+        let job = if self.want_full {
+            self.want_full = false;
+            self.dirty.clear();
+            ProbeJob::All
+        } else if !self.dirty.is_empty() {
+            ProbeJob::Disks(std::mem::take(&mut self.dirty))
+        } else {
+            return;
+        };
+        self.probing = true;
+        let fut = async move {
+            tokio::task::spawn_blocking(move || {
+                let usage = HostUsage::read().unwrap_or_default();
+                let res = match job {
+                    ProbeJob::All => udev::probe_all().map(ProbeResult::All),
+                    ProbeJob::Disks(names) => Ok(ProbeResult::Disks(
+                        names
+                            .into_iter()
+                            .map(|n| {
+                                let p = udev::probe_disk(&n).ok().flatten();
+                                (n, p)
+                            })
+                            .collect(),
+                    )),
+                };
+                (res, usage)
+            })
+            .await
+        };
+        ctx.spawn(fut.into_actor(self).map(|joined, act, ctx| {
+            act.probing = false;
+            match joined {
+                Ok((Ok(res), usage)) => act.apply(res, &usage),
+                Ok((Err(e), _)) => {
+                    warn!(actor = "inventory", error = %e, "probe failed; retrying at next rescan");
+                }
+                Err(e) => warn!(actor = "inventory", error = %e, "probe task failed"),
+            }
+            act.kick(ctx);
+        }));
+    }
+
+    fn drive_of(&self, p: &DiskProbe, usage: &HostUsage) -> Option<Drive> {
+        Drive::from_probe(p, usage, &self.cfg.filters, self.cfg.allow_loop)
+    }
+
+    fn apply(&mut self, res: ProbeResult, usage: &HostUsage) {
+        let first = !self.inv.scanned();
+        let changes = match res {
+            ProbeResult::All(probes) => {
+                let scan: BTreeMap<String, Drive> = probes
+                    .iter()
+                    .filter_map(|p| self.drive_of(p, usage).map(|d| (p.name.clone(), d)))
+                    .collect();
+                self.inv.apply_scan(scan)
+            }
+            ProbeResult::Disks(list) => list
+                .into_iter()
+                .filter_map(|(name, p)| {
+                    let d = p.as_ref().and_then(|p| self.drive_of(p, usage));
+                    self.inv.apply_one(&name, d)
+                })
+                .collect(),
+        };
+        if first && self.inv.scanned() {
+            info!(actor = "inventory", drives = self.inv.list().len(), "first drive scan complete");
+        }
+        for c in changes {
+            self.publish(c);
+        }
+    }
+
+    fn publish(&mut self, change: DriveChange) {
+        let event = match change {
+            DriveChange::Appeared(d) => {
+                info!(drive.id = %d.id, drive.path = %d.path.display(), drive.class = d.class.as_str(),
+                      drive.reason = %d.reason, drive.size = d.size_bytes, "drive appeared");
+                DriveEvent::DriveAppeared(d)
+            }
+            DriveChange::Changed { old, new } => {
+                info!(drive.id = %new.id, drive.path = %new.path.display(), drive.class = new.class.as_str(),
+                      drive.reason = %new.reason, drive.old_class = old.class.as_str(), "drive changed");
+                DriveEvent::DriveChanged { old, new }
+            }
+            DriveChange::Gone(d) => {
+                info!(drive.id = %d.id, drive.path = %d.path.display(), drive.class = d.class.as_str(), "drive gone");
+                DriveEvent::DriveRemoved(d)
+            }
+        };
+        self.subscribers.retain(|s| s.try_send(event.clone()).is_ok() || s.connected());
+    }
+}
+
+impl Actor for DriveInventory {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Monitor first, so no event between the scan and the monitor is lost.
+        self.start_monitor(ctx);
+        self.want_full = true;
+        self.kick(ctx);
+        ctx.run_interval(self.cfg.rescan_interval, |_, ctx| ctx.notify(Rescan));
+    }
+
+    fn stopping(&mut self, _: &mut Context<Self>) -> Running {
+        self.stop_monitor();
+        Running::Stop
+    }
+}
+
+impl Supervised for DriveInventory {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        warn!(actor = "inventory", "restarting: rebuilding the drive set from udev");
+        self.stop_monitor();
+        self.inv = Inventory::default();
+        self.probing = false;
+        self.dirty.clear();
+    }
+}
+
+impl Handler<ListDrives> for DriveInventory {
+    type Result = Vec<Drive>;
+    fn handle(&mut self, _: ListDrives, _: &mut Context<Self>) -> Vec<Drive> {
+        self.inv.list()
+    }
+}
+
+impl Handler<GetInventoryStatus> for DriveInventory {
+    type Result = InventoryStatus;
+    fn handle(&mut self, _: GetInventoryStatus, _: &mut Context<Self>) -> InventoryStatus {
+        InventoryStatus { scanned: self.inv.scanned(), drives: self.inv.list().len() }
+    }
+}
+
+impl Handler<GetCapacity> for DriveInventory {
+    type Result = MessageResult<GetCapacity>;
+    fn handle(&mut self, m: GetCapacity, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.inv.capacity(m.media, m.layout))
+    }
+}
+
+impl Handler<BlockEventSeen> for DriveInventory {
+    type Result = ();
+    fn handle(&mut self, m: BlockEventSeen, ctx: &mut Context<Self>) {
+        tracing::debug!(actor = "inventory", udev.action = %m.0.action, drive.name = %m.0.disk, "udev event");
+        self.dirty.insert(m.0.disk);
+        self.kick(ctx);
+    }
+}
+
+impl Handler<Rescan> for DriveInventory {
+    type Result = ();
+    fn handle(&mut self, _: Rescan, ctx: &mut Context<Self>) {
+        self.want_full = true;
+        self.kick(ctx);
+    }
+}
+
+impl Handler<MonitorFailed> for DriveInventory {
+    type Result = ();
+    fn handle(&mut self, m: MonitorFailed, ctx: &mut Context<Self>) {
+        error!(actor = "inventory", error = %m.0, "udev monitor failed; restarting the inventory");
+        ctx.stop();
+    }
+}
+
+impl Handler<SubscribeDrives> for DriveInventory {
+    type Result = ();
+    fn handle(&mut self, m: SubscribeDrives, _: &mut Context<Self>) {
+        self.subscribers.push(m.0);
+    }
+}

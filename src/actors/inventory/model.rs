@@ -1,0 +1,284 @@
+//! The set of drives as plain data: built from probes, diffed into events, queried
+//! for capacity. No I/O here; the actor feeds it probes.
+//!
+//! Rules:
+//! - drives are keyed by kernel name (what udev events carry) and identified to the
+//!   outside by their stable id;
+//! - a full scan replaces the set; a single-disk probe updates one entry; both return
+//!   the events (appeared, changed, gone) that the change implies, and nothing else;
+//! - free space counts only managed drives, in aligned extents between partitions.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::classify::{self, DriveClass};
+use crate::config::{DriveFilters, Media};
+use crate::disk::gpt;
+use crate::disk::mounts::HostUsage;
+use crate::disk::udev::DiskProbe;
+
+/// One whole disk as drivelet sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drive {
+    /// Stable id (WWN, serial, or loop backing file based).
+    pub id: String,
+    /// Kernel device node, e.g. `/dev/sdb`.
+    pub path: PathBuf,
+    /// The preferred `/dev/disk/by-id` link, when udev made one.
+    pub by_id: Option<PathBuf>,
+    /// `major:minor`.
+    pub devnum: (u32, u32),
+    /// Serial number.
+    pub serial: Option<String>,
+    /// World-wide name.
+    pub wwn: Option<String>,
+    /// Model.
+    pub model: Option<String>,
+    /// Vendor.
+    pub vendor: Option<String>,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Logical block size in bytes.
+    pub logical_block_size: u64,
+    /// Whether the disk rotates.
+    pub rotational: bool,
+    /// Bus: sata, sas, nvme, usb, virtio, loop, ...
+    pub transport: String,
+    /// Media class.
+    pub media: Media,
+    /// Classification.
+    pub class: DriveClass,
+    /// Why, in words an admin can act on.
+    pub reason: String,
+    /// For a loop device, its backing file.
+    pub backing_file: Option<PathBuf>,
+    /// Number of drivelet volume partitions on it.
+    pub volumes: u32,
+    /// Free bytes available to new volumes (managed drives only).
+    pub free_bytes: u64,
+    /// Largest contiguous free extent (managed drives only).
+    pub largest_free_bytes: u64,
+    /// Whether the drive has no partition table yet (a `layout=drive` candidate).
+    pub blank: bool,
+}
+
+impl Drive {
+    /// Builds the drive view of a probe; `None` when the device is not a drive.
+    pub fn from_probe(p: &DiskProbe, usage: &HostUsage, filters: &DriveFilters, allow_loop: bool) -> Option<Drive> {
+        let (class, reason) = classify::classify(p, usage, filters, allow_loop)?;
+        let volumes = p.partitions.iter().filter(|q| q.part_type == gpt::PARTITION_TYPE).count() as u32;
+        let (free_bytes, largest_free_bytes) = if class == DriveClass::Managed {
+            let used: Vec<(u64, u64)> = p.partitions.iter().map(|q| (q.start, q.size)).collect();
+            let free = gpt::free_extents(p.size, p.logical_block_size, &used);
+            (free.iter().map(|e| e.1).sum(), free.iter().map(|e| e.1).max().unwrap_or(0))
+        } else {
+            (0, 0)
+        };
+        let by_id = p
+            .devlinks
+            .iter()
+            .filter(|l| l.starts_with("/dev/disk/by-id/"))
+            .min_by_key(|l| {
+                // wwn- links first, then the longest (most descriptive) one.
+                let s = l.to_string_lossy();
+                (!s.contains("/wwn-"), usize::MAX - s.len())
+            })
+            .cloned();
+        Some(Drive {
+            id: classify::stable_id(p),
+            path: p.devnode.clone(),
+            by_id,
+            devnum: p.devnum,
+            serial: p.prop("ID_SERIAL_SHORT").map(str::to_string),
+            wwn: p.prop("ID_WWN").map(str::to_string),
+            model: p.prop("ID_MODEL").map(|m| m.replace('_', " ")),
+            vendor: p.prop("ID_VENDOR").map(str::to_string),
+            size_bytes: p.size,
+            logical_block_size: p.logical_block_size,
+            rotational: p.rotational,
+            transport: classify::transport_of(p),
+            media: classify::media_of(p),
+            class,
+            reason,
+            backing_file: p.loop_backing_file.clone(),
+            volumes,
+            free_bytes,
+            largest_free_bytes,
+            blank: p.partitions.is_empty() && p.prop("ID_PART_TABLE_TYPE").is_none(),
+        })
+    }
+}
+
+/// A change to the set of drives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DriveChange {
+    /// A drive was found.
+    Appeared(Drive),
+    /// A known drive changed (class, size, partitions...).
+    Changed {
+        /// Before.
+        old: Drive,
+        /// After.
+        new: Drive,
+    },
+    /// A drive went away.
+    Gone(Drive),
+}
+
+/// Which kind of volume a capacity question is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayoutKind {
+    /// A partition carved from free space.
+    Partition,
+    /// A whole blank drive.
+    Drive,
+}
+
+/// Capacity answer: total that can be provisioned and the largest single volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capacity {
+    /// Sum of free bytes over eligible drives.
+    pub available: u64,
+    /// Largest volume that could be created now.
+    pub maximum_volume_size: u64,
+}
+
+/// The drive set.
+#[derive(Debug, Default)]
+pub struct Inventory {
+    drives: BTreeMap<String, Drive>,
+    scanned: bool,
+}
+
+impl Inventory {
+    /// Whether the first full scan has completed.
+    pub fn scanned(&self) -> bool {
+        self.scanned
+    }
+
+    /// Replaces the set with a full scan and returns what changed.
+    pub fn apply_scan(&mut self, scan: BTreeMap<String, Drive>) -> Vec<DriveChange> {
+        let mut changes = Vec::new();
+        for (name, old) in &self.drives {
+            if !scan.contains_key(name) {
+                changes.push(DriveChange::Gone(old.clone()));
+            }
+        }
+        for (name, new) in &scan {
+            match self.drives.get(name) {
+                None => changes.push(DriveChange::Appeared(new.clone())),
+                Some(old) if old != new => changes.push(DriveChange::Changed { old: old.clone(), new: new.clone() }),
+                Some(_) => {}
+            }
+        }
+        self.drives = scan;
+        self.scanned = true;
+        changes
+    }
+
+    /// Updates one disk (by kernel name); `None` means it is gone or not a drive.
+    pub fn apply_one(&mut self, name: &str, drive: Option<Drive>) -> Option<DriveChange> {
+        match (self.drives.remove(name), drive) {
+            (None, None) => None,
+            (Some(old), None) => Some(DriveChange::Gone(old)),
+            (None, Some(new)) => {
+                self.drives.insert(name.to_string(), new.clone());
+                Some(DriveChange::Appeared(new))
+            }
+            (Some(old), Some(new)) => {
+                self.drives.insert(name.to_string(), new.clone());
+                (old != new).then_some(DriveChange::Changed { old, new })
+            }
+        }
+    }
+
+    /// Every drive, ordered by kernel name.
+    pub fn list(&self) -> Vec<Drive> {
+        self.drives.values().cloned().collect()
+    }
+
+    /// Free capacity on managed drives of `media` (any when `None`).
+    pub fn capacity(&self, media: Option<Media>, layout: LayoutKind) -> Capacity {
+        let mut cap = Capacity::default();
+        for d in self.drives.values() {
+            if d.class != DriveClass::Managed || media.is_some_and(|m| m != d.media) {
+                continue;
+            }
+            let (avail, max) = match layout {
+                LayoutKind::Partition => (d.free_bytes, d.largest_free_bytes),
+                LayoutKind::Drive if d.volumes == 0 => (d.largest_free_bytes, d.largest_free_bytes),
+                LayoutKind::Drive => (0, 0),
+            };
+            cap.available += avail;
+            cap.maximum_volume_size = cap.maximum_volume_size.max(max);
+        }
+        cap
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drive(id: &str, class: DriveClass, media: Media, free: u64, volumes: u32) -> Drive {
+        Drive {
+            id: id.into(),
+            path: format!("/dev/{id}").into(),
+            by_id: None,
+            devnum: (8, 0),
+            serial: None,
+            wwn: None,
+            model: None,
+            vendor: None,
+            size_bytes: free + (2 << 20),
+            logical_block_size: 512,
+            rotational: false,
+            transport: "sata".into(),
+            media,
+            class,
+            reason: String::new(),
+            backing_file: None,
+            volumes,
+            free_bytes: free,
+            largest_free_bytes: free / 2,
+            blank: volumes == 0,
+        }
+    }
+
+    #[test]
+    fn scans_and_single_updates_produce_the_right_changes() {
+        let mut inv = Inventory::default();
+        assert!(!inv.scanned());
+        let a = drive("a", DriveClass::Managed, Media::Ssd, 100, 0);
+        let b = drive("b", DriveClass::Foreign, Media::Hdd, 0, 0);
+        let ch = inv.apply_scan(BTreeMap::from([("sda".into(), a.clone()), ("sdb".into(), b.clone())]));
+        assert_eq!(ch.len(), 2);
+        assert!(inv.scanned());
+        assert_eq!(inv.apply_scan(BTreeMap::from([("sda".into(), a.clone()), ("sdb".into(), b.clone())])), vec![]);
+        let ch = inv.apply_scan(BTreeMap::from([("sda".into(), a.clone())]));
+        assert_eq!(ch, vec![DriveChange::Gone(b.clone())]);
+        assert_eq!(inv.apply_one("sdb", Some(b.clone())), Some(DriveChange::Appeared(b.clone())));
+        assert_eq!(inv.apply_one("sdb", Some(b.clone())), None);
+        let mut b2 = b.clone();
+        b2.class = DriveClass::Managed;
+        assert_eq!(inv.apply_one("sdb", Some(b2.clone())), Some(DriveChange::Changed { old: b, new: b2.clone() }));
+        assert_eq!(inv.apply_one("sdb", None), Some(DriveChange::Gone(b2)));
+        assert_eq!(inv.apply_one("sdb", None), None);
+    }
+
+    #[test]
+    fn capacity_counts_only_managed_drives_of_the_media_asked() {
+        let mut inv = Inventory::default();
+        inv.apply_scan(BTreeMap::from([
+            ("sda".into(), drive("a", DriveClass::Managed, Media::Ssd, 100, 0)),
+            ("sdb".into(), drive("b", DriveClass::Managed, Media::Hdd, 1000, 2)),
+            ("sdc".into(), drive("c", DriveClass::Foreign, Media::Ssd, 5000, 0)),
+        ]));
+        assert_eq!(inv.capacity(None, LayoutKind::Partition), Capacity { available: 1100, maximum_volume_size: 500 });
+        assert_eq!(inv.capacity(Some(Media::Ssd), LayoutKind::Partition), Capacity { available: 100, maximum_volume_size: 50 });
+        assert_eq!(inv.capacity(Some(Media::Nvme), LayoutKind::Partition), Capacity::default());
+        assert_eq!(inv.capacity(None, LayoutKind::Drive), Capacity { available: 50, maximum_volume_size: 50 });
+    }
+}

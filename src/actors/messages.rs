@@ -1,0 +1,74 @@
+//! Messages between actors and from the gRPC front. Commands are imperative, queries
+//! are questions, notifications are past tense.
+
+use actix::prelude::*;
+
+use super::inventory::model::{Capacity, Drive, LayoutKind};
+use crate::config::Media;
+use crate::disk::udev::BlockEvent;
+
+/// Query: every drive the inventory knows, with classification.
+#[derive(Message)]
+#[rtype(result = "Vec<Drive>")]
+pub struct ListDrives;
+
+/// Query: whether the inventory has finished its first full scan.
+#[derive(Message)]
+#[rtype(result = "InventoryStatus")]
+pub struct GetInventoryStatus;
+
+/// Answer to [`GetInventoryStatus`].
+#[derive(Debug, Clone, Copy, MessageResponse)]
+pub struct InventoryStatus {
+    /// First scan done (the `Probe` readiness signal).
+    pub scanned: bool,
+    /// Number of drives of any class.
+    pub drives: usize,
+}
+
+/// Query: free capacity on managed drives.
+#[derive(Message)]
+#[rtype(result = "Capacity")]
+pub struct GetCapacity {
+    /// Restrict to one media class; `None` is any.
+    pub media: Option<Media>,
+    /// Partition or whole-drive volumes.
+    pub layout: LayoutKind,
+}
+
+/// Notification from the udev monitor thread.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct BlockEventSeen(pub BlockEvent);
+
+/// Notification: the udev monitor broke; the inventory restarts itself.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct MonitorFailed(pub String);
+
+/// Command: probe every disk again now.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Rescan;
+
+/// Notification to subscribers: the drive set changed.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub enum DriveEvent {
+    /// A drive was found.
+    DriveAppeared(Drive),
+    /// A drive changed.
+    DriveChanged {
+        /// Before.
+        old: Drive,
+        /// After.
+        new: Drive,
+    },
+    /// A drive went away.
+    DriveRemoved(Drive),
+}
+
+/// Command: send every future [`DriveEvent`] to this recipient.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SubscribeDrives(pub Recipient<DriveEvent>);

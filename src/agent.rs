@@ -1,0 +1,94 @@
+//! `drivelet run`: brings the node agent up in order and down cleanly.
+//!
+//! Order: state directory, demo drives, sockets (bind errors are fatal here, before any
+//! actor starts), actors, CSI and admin servers. SIGTERM or SIGINT: stop accepting,
+//! finish in-flight calls, remove the sockets, detach demo drives, stop the system.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::info;
+
+use crate::actors::supervisor;
+use crate::config::Config;
+use crate::demo::Demo;
+use crate::disk::DiskError;
+use crate::grpc::{self, admin, CsiFront, Front, Shutdown, SocketError};
+
+/// Fatal errors of the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The state directory could not be created.
+    #[error("cannot create state directory {dir}: {source}")]
+    StateDir {
+        /// The directory.
+        dir: String,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// Demo drives could not be set up.
+    #[error("demo drives: {0}")]
+    Demo(#[from] DiskError),
+    /// A socket could not be set up.
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    /// Signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// Runs the agent until SIGTERM/SIGINT. Must be called inside an actix System that
+/// runs on a multi-thread tokio runtime.
+pub async fn run(cfg: Config) -> Result<(), AgentError> {
+    let cfg = Arc::new(cfg);
+    info!(node.name = %cfg.driver.node_name, driver.name = %cfg.driver.name, version = env!("CARGO_PKG_VERSION"), "drivelet starting");
+    std::fs::create_dir_all(&cfg.paths.state_dir)
+        .map_err(|source| AgentError::StateDir { dir: cfg.paths.state_dir.display().to_string(), source })?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(AgentError::Signals)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(AgentError::Signals)?;
+
+    let mut demo = if cfg.demo.enabled {
+        let dc = cfg.demo.clone();
+        Some(tokio::task::spawn_blocking(move || Demo::setup(&dc)).await.expect("demo setup task")?)
+    } else {
+        None
+    };
+    let sockets = grpc::bind_socket(&cfg.paths.csi_socket)
+        .and_then(|c| grpc::bind_socket(&cfg.paths.admin_socket).map(|a| (c, a)));
+    let (csi_listener, admin_listener) = match sockets {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(d) = demo.as_mut() {
+                d.teardown();
+            }
+            let _ = std::fs::remove_file(&cfg.paths.csi_socket);
+            return Err(e.into());
+        }
+    };
+
+    let actors = supervisor::start(&cfg);
+    let front = Front::new(cfg.clone(), actors.inventory.clone());
+    let csi_front = {
+        let f = front.clone();
+        Supervisor::start(move |_| CsiFront::new(f, csi_listener))
+    };
+    let (admin_stop, admin_rx) = tokio::sync::oneshot::channel();
+    let admin_task = tokio::spawn(admin::serve_admin(front, admin_listener, admin_rx));
+    info!(socket.path = %cfg.paths.admin_socket.display(), "serving admin");
+
+    let which = tokio::select! {
+        _ = sigterm.recv() => "SIGTERM",
+        _ = sigint.recv() => "SIGINT",
+    };
+    info!(signal = which, "shutting down");
+    let _ = csi_front.send(Shutdown).await;
+    let _ = admin_stop.send(());
+    let _ = admin_task.await;
+    let _ = std::fs::remove_file(&cfg.paths.admin_socket);
+    if let Some(mut d) = demo {
+        tokio::task::spawn_blocking(move || d.teardown()).await.ok();
+    }
+    info!("drivelet stopped");
+    Ok(())
+}

@@ -1,0 +1,125 @@
+//! `drivelet ctl`: the admin client. Talks to a running agent over its admin socket
+//! and renders answers as a table or JSON.
+
+use std::path::Path;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+use crate::actors::inventory::model::Drive;
+use crate::grpc::admin::{AdminRequest, AdminResponse};
+
+/// Errors talking to the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    /// The socket could not be reached.
+    #[error("cannot reach drivelet at {path}: {source} (is `drivelet run` running, and are you root?)")]
+    Connect {
+        /// Admin socket path.
+        path: String,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// The exchange failed.
+    #[error("admin socket: {0}")]
+    Io(#[from] std::io::Error),
+    /// The agent answered with an error or something unexpected.
+    #[error("drivelet answered: {0}")]
+    Agent(String),
+}
+
+/// Sends one request and reads one answer.
+pub async fn request(socket: &Path, req: &AdminRequest) -> Result<AdminResponse, CtlError> {
+    let stream = UnixStream::connect(socket)
+        .await
+        .map_err(|source| CtlError::Connect { path: socket.display().to_string(), source })?;
+    let (r, mut w) = stream.into_split();
+    let mut line = serde_json::to_vec(req).map_err(|e| CtlError::Agent(e.to_string()))?;
+    line.push(b'\n');
+    w.write_all(&line).await?;
+    let mut answer = String::new();
+    BufReader::new(r).read_line(&mut answer).await?;
+    serde_json::from_str(&answer).map_err(|e| CtlError::Agent(format!("unreadable answer: {e}")))
+}
+
+/// Fetches the drive list.
+pub async fn drives(socket: &Path) -> Result<Vec<Drive>, CtlError> {
+    match request(socket, &AdminRequest::Drives).await? {
+        AdminResponse::Drives(d) => Ok(d),
+        AdminResponse::Error(e) => Err(CtlError::Agent(e)),
+    }
+}
+
+/// Bytes in binary units, e.g. `1.9 GiB`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+/// Renders drives as an aligned table.
+pub fn drives_table(drives: &[Drive]) -> String {
+    let header = ["ID", "PATH", "SIZE", "MEDIA", "CLASS", "FREE", "VOLS", "REASON"];
+    let rows: Vec<[String; 8]> = drives
+        .iter()
+        .map(|d| {
+            [
+                d.id.clone(),
+                d.path.display().to_string(),
+                human_bytes(d.size_bytes),
+                d.media.as_str().to_string(),
+                d.class.as_str().to_string(),
+                if d.class == crate::actors::inventory::classify::DriveClass::Managed {
+                    human_bytes(d.free_bytes)
+                } else {
+                    "-".into()
+                },
+                d.volumes.to_string(),
+                d.reason.clone(),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let fmt = |cells: Vec<&str>| {
+        let mut line = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                line.push_str(c);
+            } else {
+                line.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        line.trim_end().to_string() + "\n"
+    };
+    let mut out = fmt(header.to_vec());
+    for r in &rows {
+        out += &fmt(r.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_human() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(2 << 30), "2.0 GiB");
+        assert_eq!(human_bytes(1536 << 20), "1.5 GiB");
+    }
+}

@@ -1,0 +1,381 @@
+//! Block devices as udev and sysfs see them: a probe of every whole disk (with its
+//! partitions), and a monitor thread that reports udev events.
+//!
+//! Rules:
+//! - only reads: nothing here writes to a device;
+//! - a probe is a plain snapshot ([`DiskProbe`]) that is `Send` and owns its data,
+//!   because libudev handles are neither;
+//! - sysfs attributes are read from files each time (libudev caches them);
+//! - when udev reports no signature on a disk, `blkid -p` confirms it, so a disk udev
+//!   never probed is not mistaken for a blank one.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::DiskError;
+
+/// One partition of a disk, from udev's blkid properties.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PartitionProbe {
+    /// Kernel name, e.g. `sdb1`.
+    pub name: String,
+    /// Device node.
+    pub devnode: PathBuf,
+    /// `major:minor`.
+    pub devnum: (u32, u32),
+    /// Partition number.
+    pub number: u32,
+    /// Start on the disk in bytes.
+    pub start: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// GPT partition name (`ID_PART_ENTRY_NAME`).
+    pub part_name: String,
+    /// Partition GUID (`ID_PART_ENTRY_UUID`), lower case.
+    pub part_uuid: String,
+    /// Partition type GUID (`ID_PART_ENTRY_TYPE`), lower case.
+    pub part_type: String,
+    /// Filesystem found on the partition, if any.
+    pub fs_type: Option<String>,
+    /// Devices stacked on this partition (`holders/`, recursively).
+    pub holders: Vec<Holder>,
+}
+
+/// A device stacked on a disk or partition (device-mapper, md, bcache).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Holder {
+    /// Kernel name, e.g. `dm-0`.
+    pub name: String,
+    /// `major:minor`.
+    pub devnum: (u32, u32),
+}
+
+/// A whole disk with what udev and sysfs know about it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DiskProbe {
+    /// Kernel name, e.g. `sdb`.
+    pub name: String,
+    /// Device node, e.g. `/dev/sdb`.
+    pub devnode: PathBuf,
+    /// `major:minor`.
+    pub devnum: (u32, u32),
+    /// udev properties (ID_SERIAL, ID_WWN, ID_FS_TYPE, ID_PART_TABLE_TYPE, ...).
+    pub props: BTreeMap<String, String>,
+    /// Whether udev has processed the device (its database record exists).
+    pub udev_initialized: bool,
+    /// Symlinks udev made for it (`/dev/disk/by-id/...`).
+    pub devlinks: Vec<PathBuf>,
+    /// Size in bytes.
+    pub size: u64,
+    /// Logical block size in bytes.
+    pub logical_block_size: u64,
+    /// `queue/rotational`.
+    pub rotational: bool,
+    /// `ro`.
+    pub read_only: bool,
+    /// `removable`.
+    pub removable: bool,
+    /// Devices stacked on the whole disk (`holders/`, recursively).
+    pub holders: Vec<Holder>,
+    /// For loop devices: the backing file, when attached.
+    pub loop_backing_file: Option<PathBuf>,
+    /// Partitions, by number.
+    pub partitions: Vec<PartitionProbe>,
+    /// When udev reports no signature: whether `blkid -p` confirmed the disk is blank
+    /// (`Some(false)`: it found something or could not tell).
+    pub blank_confirmed: Option<bool>,
+}
+
+impl DiskProbe {
+    /// A udev property, if set.
+    pub fn prop(&self, key: &str) -> Option<&str> {
+        self.props.get(key).map(String::as_str).filter(|v| !v.is_empty())
+    }
+}
+
+fn os(s: Option<&OsStr>) -> String {
+    s.map(|v| v.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+fn read_attr(syspath: &Path, attr: &str) -> Option<String> {
+    std::fs::read_to_string(syspath.join(attr)).ok().map(|s| s.trim().to_string())
+}
+
+fn read_u64(syspath: &Path, attr: &str) -> u64 {
+    read_attr(syspath, attr).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+fn list_dir(p: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(p)
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Holders of a block device, and their holders, from sysfs.
+fn holders_of(syspath: &Path) -> Vec<Holder> {
+    let mut out = Vec::new();
+    let mut todo: Vec<PathBuf> = vec![syspath.join("holders")];
+    while let Some(dir) = todo.pop() {
+        for name in list_dir(&dir) {
+            if out.iter().any(|h: &Holder| h.name == name) || out.len() > 64 {
+                continue;
+            }
+            let sys = Path::new("/sys/class/block").join(&name);
+            let devnum = read_attr(&sys, "dev")
+                .and_then(|d| {
+                    let (a, b) = d.split_once(':')?;
+                    Some((a.parse().ok()?, b.parse().ok()?))
+                })
+                .unwrap_or((0, 0));
+            todo.push(sys.join("holders"));
+            out.push(Holder { name, devnum });
+        }
+    }
+    out
+}
+
+fn devnum_of(dev: &udev::Device) -> (u32, u32) {
+    dev.devnum()
+        .map(|d| (nix::sys::stat::major(d) as u32, nix::sys::stat::minor(d) as u32))
+        .unwrap_or((0, 0))
+}
+
+fn props_of(dev: &udev::Device) -> BTreeMap<String, String> {
+    dev.properties()
+        .map(|p| (p.name().to_string_lossy().into_owned(), p.value().to_string_lossy().into_owned()))
+        .collect()
+}
+
+fn partition_of(dev: &udev::Device) -> PartitionProbe {
+    let sys = dev.syspath();
+    let props = props_of(dev);
+    let get = |k: &str| props.get(k).cloned().unwrap_or_default();
+    // sysfs `start` and `size` are always in 512-byte sectors.
+    PartitionProbe {
+        name: os(Some(dev.sysname())),
+        devnode: dev.devnode().map(Path::to_path_buf).unwrap_or_default(),
+        devnum: devnum_of(dev),
+        number: read_attr(sys, "partition").and_then(|s| s.parse().ok()).unwrap_or(0),
+        start: read_u64(sys, "start") * 512,
+        size: read_u64(sys, "size") * 512,
+        part_name: get("ID_PART_ENTRY_NAME"),
+        part_uuid: get("ID_PART_ENTRY_UUID").to_ascii_lowercase(),
+        part_type: get("ID_PART_ENTRY_TYPE").to_ascii_lowercase(),
+        fs_type: props.get("ID_FS_TYPE").filter(|v| !v.is_empty()).cloned(),
+        holders: holders_of(sys),
+    }
+}
+
+fn disk_of(dev: &udev::Device, partitions: Vec<PartitionProbe>) -> DiskProbe {
+    let sys = dev.syspath().to_path_buf();
+    let props = props_of(dev);
+    let devlinks = props
+        .get("DEVLINKS")
+        .map(|l| l.split_whitespace().map(PathBuf::from).collect())
+        .unwrap_or_default();
+    let loop_backing_file = read_attr(&sys, "loop/backing_file").filter(|s| !s.is_empty()).map(PathBuf::from);
+    let mut d = DiskProbe {
+        name: os(Some(dev.sysname())),
+        devnode: dev.devnode().map(Path::to_path_buf).unwrap_or_default(),
+        devnum: devnum_of(dev),
+        props,
+        udev_initialized: dev.is_initialized(),
+        devlinks,
+        size: read_u64(&sys, "size") * 512,
+        logical_block_size: read_u64(&sys, "queue/logical_block_size").max(512),
+        rotational: read_attr(&sys, "queue/rotational").as_deref() == Some("1"),
+        read_only: read_attr(&sys, "ro").as_deref() == Some("1"),
+        removable: read_attr(&sys, "removable").as_deref() == Some("1"),
+        holders: holders_of(&sys),
+        loop_backing_file,
+        partitions,
+        blank_confirmed: None,
+    };
+    d.partitions.sort_by_key(|p| p.number);
+    if d.prop("ID_FS_TYPE").is_none() && d.prop("ID_PART_TABLE_TYPE").is_none() && d.partitions.is_empty() && d.size > 0 {
+        d.blank_confirmed = Some(blkid_finds_nothing(&d.devnode));
+    }
+    d
+}
+
+/// Runs a low-level `blkid -p` probe (no cache): true only if it positively found no
+/// signature (exit status 2).
+fn blkid_finds_nothing(devnode: &Path) -> bool {
+    match std::process::Command::new("blkid")
+        .arg("-p")
+        .arg(devnode)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+    {
+        Ok(s) => s.code() == Some(2),
+        Err(_) => false,
+    }
+}
+
+fn is_partition(dev: &udev::Device) -> bool {
+    dev.devtype().map(|t| t == "partition").unwrap_or(false)
+}
+
+fn is_disk(dev: &udev::Device) -> bool {
+    dev.devtype().map(|t| t == "disk").unwrap_or(false)
+}
+
+/// Probes every whole disk on the host, with partitions.
+pub fn probe_all() -> Result<Vec<DiskProbe>, DiskError> {
+    let mut e = udev::Enumerator::new().map_err(DiskError::udev("create enumerator"))?;
+    e.match_subsystem("block").map_err(DiskError::udev("match block subsystem"))?;
+    let devices: Vec<udev::Device> = e.scan_devices().map_err(DiskError::udev("scan block devices"))?.collect();
+    let mut parts: BTreeMap<String, Vec<PartitionProbe>> = BTreeMap::new();
+    for d in devices.iter().filter(|d| is_partition(d)) {
+        if let Some(parent) = d.parent() {
+            parts.entry(os(Some(parent.sysname()))).or_default().push(partition_of(d));
+        }
+    }
+    Ok(devices
+        .iter()
+        .filter(|d| is_disk(d))
+        .map(|d| {
+            let name = os(Some(d.sysname()));
+            disk_of(d, parts.remove(&name).unwrap_or_default())
+        })
+        .collect())
+}
+
+/// Probes one whole disk by kernel name; `Ok(None)` when it no longer exists.
+pub fn probe_disk(name: &str) -> Result<Option<DiskProbe>, DiskError> {
+    let dev = match udev::Device::from_subsystem_sysname("block".into(), name.into()) {
+        Ok(d) => d,
+        Err(_) => return Ok(None),
+    };
+    if !is_disk(&dev) {
+        return Ok(None);
+    }
+    let mut e = udev::Enumerator::new().map_err(DiskError::udev("create enumerator"))?;
+    e.match_parent(&dev).map_err(DiskError::udev("match parent"))?;
+    e.match_subsystem("block").map_err(DiskError::udev("match block subsystem"))?;
+    let parts = e
+        .scan_devices()
+        .map_err(DiskError::udev("scan partitions"))?
+        .filter(is_partition)
+        .map(|p| partition_of(&p))
+        .collect();
+    Ok(Some(disk_of(&dev, parts)))
+}
+
+/// A udev event on a block device, reduced to the whole disk it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockEvent {
+    /// `add`, `change`, `remove`, ...
+    pub action: String,
+    /// Kernel name of the whole disk (the parent, for a partition event).
+    pub disk: String,
+    /// Whether the event was about a partition.
+    pub partition: bool,
+}
+
+/// Starts a thread that follows udev block events and hands each to `on_event` until
+/// `stop` is set. `on_failure` is called once if the monitor breaks.
+pub fn spawn_monitor(
+    on_event: impl Fn(BlockEvent) + Send + 'static,
+    on_failure: impl FnOnce(String) + Send + 'static,
+    stop: Arc<AtomicBool>,
+) -> Result<std::thread::JoinHandle<()>, DiskError> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), DiskError>>();
+    let handle = std::thread::Builder::new()
+        .name("udev-monitor".into())
+        .spawn(move || {
+            let socket = match udev::MonitorBuilder::new()
+                .and_then(|b| b.match_subsystem("block"))
+                .and_then(|b| b.listen())
+            {
+                Ok(s) => {
+                    let _ = ready_tx.send(Ok(()));
+                    s
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(DiskError::Udev { what: "listen for udev events".into(), source: e }));
+                    return;
+                }
+            };
+            let fd = socket.as_raw_fd();
+            while !stop.load(Ordering::Relaxed) {
+                let mut pfd = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
+                // SAFETY: pfd is a valid array of one pollfd for the duration of the call.
+                let n = unsafe { libc::poll(pfd.as_mut_ptr(), 1, 500) };
+                if n < 0 {
+                    let err = std::io::Error::last_os_error();
+                    if err.kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    on_failure(format!("poll on udev monitor failed: {err}"));
+                    return;
+                }
+                if n == 0 {
+                    continue;
+                }
+                if pfd[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+                    on_failure("udev monitor socket closed".into());
+                    return;
+                }
+                for ev in socket.iter() {
+                    let dev = ev.device();
+                    let partition = is_partition(&dev);
+                    let disk = if partition {
+                        match dev.parent() {
+                            Some(p) => os(Some(p.sysname())),
+                            None => {
+                                // A removed partition has no parent left in sysfs; its
+                                // name minus the trailing partition number is the disk.
+                                strip_partition_suffix(&os(Some(dev.sysname())))
+                            }
+                        }
+                    } else if is_disk(&dev) {
+                        os(Some(dev.sysname()))
+                    } else {
+                        continue;
+                    };
+                    on_event(BlockEvent { action: os(ev.action()), disk, partition });
+                }
+            }
+        })
+        .map_err(|e| DiskError::Io { what: "start udev monitor thread".into(), source: e })?;
+    match ready_rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(Ok(())) => Ok(handle),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(DiskError::Io {
+            what: "start udev monitor".into(),
+            source: std::io::Error::new(std::io::ErrorKind::TimedOut, "monitor thread did not start"),
+        }),
+    }
+}
+
+/// `sdb1` -> `sdb`, `nvme0n1p2` -> `nvme0n1`, `loop3p1` -> `loop3`.
+pub fn strip_partition_suffix(name: &str) -> String {
+    let base = name.trim_end_matches(|c: char| c.is_ascii_digit());
+    match base.strip_suffix('p') {
+        Some(b) if b.ends_with(|c: char| c.is_ascii_digit()) => b.to_string(),
+        _ => base.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_names_map_to_their_disk() {
+        assert_eq!(strip_partition_suffix("sdb1"), "sdb");
+        assert_eq!(strip_partition_suffix("sdab12"), "sdab");
+        assert_eq!(strip_partition_suffix("nvme0n1p2"), "nvme0n1");
+        assert_eq!(strip_partition_suffix("loop3p1"), "loop3");
+        assert_eq!(strip_partition_suffix("mmcblk0p1"), "mmcblk0");
+    }
+}

@@ -1,0 +1,91 @@
+//! The admin socket behind `drivelet ctl`: one JSON request per line, one JSON answer
+//! per line. Root only (mode 0600); read-only queries today.
+//!
+//! Rules: a malformed or unknown request gets `{"error": ...}` and the connection
+//! stays usable; a line longer than 64 KiB closes the connection.
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tracing::{debug, warn};
+
+use super::Front;
+use crate::actors::inventory::model::Drive;
+use crate::actors::messages::ListDrives;
+
+/// A request on the admin socket.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum AdminRequest {
+    /// List every disk with its classification.
+    Drives,
+}
+
+/// An answer on the admin socket.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub enum AdminResponse {
+    /// The drive list.
+    Drives(Vec<Drive>),
+    /// The request failed.
+    Error(String),
+}
+
+const MAX_LINE: usize = 64 << 10;
+
+async fn answer(front: &Front, line: &str) -> AdminResponse {
+    match serde_json::from_str::<AdminRequest>(line) {
+        Err(e) => AdminResponse::Error(format!("bad request: {e}")),
+        Ok(AdminRequest::Drives) => match front.inventory.send(ListDrives).await {
+            Ok(d) => AdminResponse::Drives(d),
+            Err(e) => AdminResponse::Error(format!("drive inventory is not answering: {e}")),
+        },
+    }
+}
+
+async fn serve_conn(front: Front, stream: UnixStream) -> std::io::Result<()> {
+    let (r, mut w) = stream.into_split();
+    let mut r = BufReader::new(r);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = (&mut r).take(MAX_LINE as u64 + 1).read_line(&mut line).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        if n > MAX_LINE {
+            w.write_all(b"{\"error\":\"request too long\"}\n").await?;
+            return Ok(());
+        }
+        let resp = answer(&front, line.trim()).await;
+        let mut out = serde_json::to_vec(&resp).unwrap_or_else(|_| b"{\"error\":\"encoding failed\"}".to_vec());
+        out.push(b'\n');
+        w.write_all(&out).await?;
+    }
+}
+
+/// Serves the admin socket until `shutdown` fires.
+pub async fn serve_admin(front: Front, listener: UnixListener, shutdown: tokio::sync::oneshot::Receiver<()>) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            acc = listener.accept() => match acc {
+                Ok((stream, _)) => {
+                    let f = front.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = serve_conn(f, stream).await {
+                            debug!(error = %e, "admin connection ended");
+                        }
+                    });
+                }
+                Err(e) => {
+                    warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
+

@@ -1,0 +1,246 @@
+//! The gRPC front: CSI Identity, Controller and Node on the CSI socket, and the admin
+//! socket for `drivelet ctl`. Validates input, turns requests into actor messages and
+//! maps errors to status codes; it never touches a disk.
+//!
+//! Rules:
+//! - sockets are created mode 0600 (owner only); a stale socket from a previous run is
+//!   removed, but a socket another live process answers on is an error, and a path
+//!   that is not a socket is never deleted;
+//! - the [`CsiFront`] actor owns the serving task: it stops accepting and finishes
+//!   in-flight calls on shutdown, and is restarted (rebinding) if the task fails.
+
+pub mod admin;
+pub mod controller;
+pub mod identity;
+pub mod node;
+pub mod params;
+pub mod status;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tokio::net::UnixListener;
+use tokio::sync::oneshot;
+use tracing::{error, info, warn};
+
+use crate::actors::inventory::DriveInventory;
+use crate::config::Config;
+
+/// Generated protocol code.
+pub mod proto {
+    /// CSI v1.12.0 (`csi.v1`).
+    pub mod csi {
+        #![allow(missing_docs, clippy::all)]
+        tonic::include_proto!("csi.v1");
+    }
+    /// Kubelet plugin registration API v1.
+    pub mod registration {
+        #![allow(missing_docs, clippy::all)]
+        tonic::include_proto!("pluginregistration");
+    }
+}
+
+/// Errors setting up a socket.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    /// The directory could not be created.
+    #[error("cannot create socket directory {dir}: {source}; make it writable or choose another path")]
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// Something that is not a socket sits at the path.
+    #[error("{path} exists and is not a socket; refusing to delete it")]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Another live process serves on the path.
+    #[error("{path} is in use by another running process (is another drivelet running?)")]
+    InUse {
+        /// The path.
+        path: PathBuf,
+    },
+    /// bind/chmod failed.
+    #[error("cannot listen on {path}: {source}")]
+    Bind {
+        /// The path.
+        path: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Binds a unix socket at `path` with mode 0600, removing a stale socket first.
+pub fn bind_socket(path: &Path) -> Result<UnixListener, SocketError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| SocketError::Dir { dir: dir.to_path_buf(), source })?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(md) if md.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(SocketError::InUse { path: path.to_path_buf() });
+            }
+            info!(socket.path = %path.display(), "removing stale socket");
+            std::fs::remove_file(path).map_err(|source| SocketError::Bind { path: path.to_path_buf(), source })?;
+        }
+        Ok(_) => return Err(SocketError::NotASocket { path: path.to_path_buf() }),
+        Err(_) => {}
+    }
+    // Create the socket with no group/other permission bits from the start.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = std::os::unix::net::UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let l = bound.map_err(|source| SocketError::Bind { path: path.to_path_buf(), source })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|source| SocketError::Bind { path: path.to_path_buf(), source })?;
+    l.set_nonblocking(true).map_err(|source| SocketError::Bind { path: path.to_path_buf(), source })?;
+    UnixListener::from_std(l).map_err(|source| SocketError::Bind { path: path.to_path_buf(), source })
+}
+
+/// Shared, read-only state of the CSI services: config and actor addresses.
+#[derive(Clone)]
+pub struct Front {
+    /// Configuration.
+    pub cfg: Arc<Config>,
+    /// Topology segments of this node (computed once).
+    pub topology: HashMap<String, String>,
+    /// The drive inventory.
+    pub inventory: Addr<DriveInventory>,
+}
+
+impl Front {
+    /// Front state for a config and the actors.
+    pub fn new(cfg: Arc<Config>, inventory: Addr<DriveInventory>) -> Front {
+        let topology = cfg.topology_segments().into_iter().collect();
+        Front { cfg, topology, inventory }
+    }
+
+    /// Whether a requested topology includes this node: every segment it names must be
+    /// one of ours with the same value.
+    pub fn topology_matches(&self, t: &proto::csi::Topology) -> bool {
+        t.segments.iter().all(|(k, v)| self.topology.get(k) == Some(v))
+    }
+}
+
+/// Serves the three CSI services on `listener` until `shutdown` fires, then finishes
+/// in-flight calls.
+pub async fn serve_csi(
+    front: Front,
+    listener: UnixListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    use proto::csi::{controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer};
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .add_service(IdentityServer::new(identity::IdentityService(front.clone())))
+        .add_service(ControllerServer::new(controller::ControllerService(front.clone())))
+        .add_service(NodeServer::new(node::NodeService(front)))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
+/// The actor that owns the CSI socket and its serving task.
+pub struct CsiFront {
+    front: Front,
+    listener: Option<UnixListener>,
+    stop_tx: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl CsiFront {
+    /// A front that serves on an already bound listener (so bind errors are fatal at
+    /// startup, before any actor runs).
+    pub fn new(front: Front, listener: UnixListener) -> CsiFront {
+        CsiFront { front, listener: Some(listener), stop_tx: None, task: None }
+    }
+}
+
+/// Notification: the serving task ended by itself.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ServerEnded(String);
+
+/// Command: stop accepting, finish in-flight calls, remove the socket.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+impl Actor for CsiFront {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let path = self.front.cfg.paths.csi_socket.clone();
+        let listener = match self.listener.take() {
+            Some(l) => l,
+            None => match bind_socket(&path) {
+                Ok(l) => l,
+                Err(e) => {
+                    error!(actor = "csi-front", error = %e, "cannot rebind CSI socket; retrying in 1s");
+                    ctx.run_later(std::time::Duration::from_secs(1), |_, ctx| ctx.stop());
+                    return;
+                }
+            },
+        };
+        let (tx, rx) = oneshot::channel::<()>();
+        self.stop_tx = Some(tx);
+        let addr = ctx.address();
+        let front = self.front.clone();
+        info!(actor = "csi-front", socket.path = %path.display(), "serving CSI");
+        // Spawned onto the runtime's worker threads; actors stay on this thread.
+        self.task = Some(tokio::spawn(async move {
+            let res = serve_csi(front, listener, async {
+                let _ = rx.await;
+            })
+            .await;
+            match res {
+                Ok(()) => addr.do_send(ServerEnded(String::new())),
+                Err(e) => addr.do_send(ServerEnded(e.to_string())),
+            }
+        }));
+    }
+}
+
+impl Supervised for CsiFront {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        warn!(actor = "csi-front", "restarting the CSI server");
+        self.stop_tx = None;
+        self.task = None;
+    }
+}
+
+impl Handler<ServerEnded> for CsiFront {
+    type Result = ();
+    fn handle(&mut self, m: ServerEnded, ctx: &mut Context<Self>) {
+        if self.stop_tx.is_some() {
+            error!(actor = "csi-front", error = %m.0, "CSI server stopped unexpectedly; restarting it");
+            ctx.stop();
+        }
+    }
+}
+
+impl Handler<Shutdown> for CsiFront {
+    type Result = ResponseActFuture<Self, ()>;
+    fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
+        if let Some(tx) = self.stop_tx.take() {
+            let _ = tx.send(());
+        }
+        let task = self.task.take();
+        let path = self.front.cfg.paths.csi_socket.clone();
+        Box::pin(
+            async move {
+                if let Some(t) = task {
+                    let _ = t.await;
+                }
+                let _ = std::fs::remove_file(&path);
+                info!(actor = "csi-front", socket.path = %path.display(), "CSI server stopped, socket removed");
+            }
+            .into_actor(self),
+        )
+    }
+}

@@ -1,0 +1,61 @@
+//! The one place where domain errors become `tonic::Status` codes (CSI spec tables).
+//!
+//! Rules: the message is the whole error chain in plain words and names the object;
+//! errors are logged once, here at the boundary, by the handler's `instrument(err)`.
+
+use tonic::{Code, Status};
+
+/// Errors the CSI front can return, each mapped to one gRPC code.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontError {
+    /// A required field is missing or malformed, or a capability is unsupported.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// An actor behind the front did not answer (it is restarting or stopped).
+    #[error("{actor} is not answering ({reason}); retry shortly")]
+    Unavailable {
+        /// Which actor.
+        actor: &'static str,
+        /// The mailbox error.
+        reason: String,
+    },
+}
+
+impl FrontError {
+    /// A mailbox error from `actor`.
+    pub fn mailbox(actor: &'static str) -> impl FnOnce(actix::MailboxError) -> FrontError {
+        move |e| FrontError::Unavailable { actor, reason: e.to_string() }
+    }
+}
+
+impl From<FrontError> for Status {
+    fn from(e: FrontError) -> Status {
+        let code = match &e {
+            FrontError::InvalidArgument(_) => Code::InvalidArgument,
+            FrontError::Unavailable { .. } => Code::Unavailable,
+        };
+        Status::new(code, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_maps_to_its_csi_code_with_a_plain_message() {
+        let table: Vec<(FrontError, Code, &str)> = vec![
+            (FrontError::InvalidArgument("parameter \"media\" must be one of".into()), Code::InvalidArgument, "media"),
+            (
+                FrontError::Unavailable { actor: "inventory", reason: "Mailbox has closed".into() },
+                Code::Unavailable,
+                "inventory is not answering",
+            ),
+        ];
+        for (err, code, text) in table {
+            let s: Status = err.into();
+            assert_eq!(s.code(), code);
+            assert!(s.message().contains(text), "{}", s.message());
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! drivelet: a local-drive CSI storage agent for Kubernetes, one supervised process per
+//! node. See DESIGN in the repository for the map of actors and modules.
+
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![forbid(clippy::unwrap_in_result)]
+
+/// Actors: drive inventory, supervisor, messages.
+pub mod actors;
+/// `drivelet run`: startup order and clean shutdown.
+pub mod agent;
+/// Typed configuration and validation.
+pub mod config;
+/// `drivelet ctl`: the admin client.
+pub mod ctl;
+/// Loop-backed demo drives.
+pub mod demo;
+/// Plain functions over the OS: udev, mounts, GPT layout, loop devices.
+pub mod disk;
+/// The gRPC front: CSI services and the admin socket.
+pub mod grpc;
+/// Structured logging setup.
+pub mod logging;
+
+/// The topology key every drivelet volume and node carries.
+pub const TOPOLOGY_NODE_KEY: &str = "topology.drivelet.io/node";

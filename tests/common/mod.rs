@@ -1,0 +1,263 @@
+//! Test harness: the real `drivelet` binary against real loop devices and udev.
+//!
+//! Preconditions are checked, never skipped: a test that cannot run (not root, no
+//! udevd, no loop devices) fails and says why.
+#![allow(dead_code)]
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use drivelet::grpc::proto::csi;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Fails the test with a reason when the machine cannot run integration tests.
+pub fn require_host() {
+    assert!(nix::unistd::geteuid().is_root(), "integration tests need root (loop devices, mkfs, mount); run as root");
+    let udevd = Command::new("pgrep").arg("-x").arg("systemd-udevd").output().expect("pgrep");
+    assert!(udevd.status.success(), "systemd-udevd is not running; start it with scripts/start-udev.sh");
+    assert!(Path::new("/dev/loop-control").exists(), "no /dev/loop-control: the kernel has no loop device support");
+}
+
+/// Runs a command and returns stdout; panics with stderr on failure.
+pub fn sh(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A loop device over a sparse file; detached on drop.
+pub struct LoopDrive {
+    pub file: PathBuf,
+    pub dev: PathBuf,
+}
+
+impl LoopDrive {
+    pub fn new(dir: &Path, name: &str, size: u64) -> LoopDrive {
+        let file = dir.join(name);
+        let f = std::fs::File::create(&file).unwrap();
+        f.set_len(size).unwrap();
+        drop(f);
+        let dev = PathBuf::from(sh("losetup", &["--find", "--show", "--partscan", file.to_str().unwrap()]));
+        LoopDrive { file, dev }
+    }
+
+    pub fn name(&self) -> String {
+        self.dev.file_name().unwrap().to_string_lossy().into_owned()
+    }
+
+    pub fn detach(&mut self) {
+        if !self.dev.as_os_str().is_empty() {
+            let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
+            self.dev = PathBuf::new();
+        }
+    }
+}
+
+impl Drop for LoopDrive {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+/// sha256 of a file, to prove it was not touched.
+pub fn digest(p: &Path) -> String {
+    sh("sha256sum", &[p.to_str().unwrap()]).split_whitespace().next().unwrap().to_string()
+}
+
+/// A temporary directory with a short path (unix socket paths are limited).
+pub fn short_tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("dlt").tempdir_in("/tmp").unwrap()
+}
+
+/// Options for a test agent.
+pub struct AgentOpts {
+    /// Extra TOML appended to the generated config.
+    pub extra_toml: String,
+    /// Extra `[drives.filters]` lines.
+    pub filters: String,
+}
+
+impl Default for AgentOpts {
+    fn default() -> Self {
+        AgentOpts { extra_toml: String::new(), filters: String::new() }
+    }
+}
+
+/// A running agent under test.
+pub struct Agent {
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub csi_socket: PathBuf,
+    pub admin_socket: PathBuf,
+    pub child: Option<Child>,
+    pub log: PathBuf,
+}
+
+pub const NODE: &str = "test-node";
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_drivelet")
+}
+
+impl Agent {
+    /// Writes a config that manages only `*.img` loop drives under `dir` and starts
+    /// the binary; returns once Probe says ready.
+    pub fn start(dir: &Path, opts: AgentOpts) -> Agent {
+        let config = dir.join("drivelet.toml");
+        let csi_socket = dir.join("csi.sock");
+        let admin_socket = dir.join("admin.sock");
+        let toml = format!(
+            r#"
+[driver]
+node_name = "{NODE}"
+[driver.topology]
+"topology.kubernetes.io/zone" = "zone-a"
+[paths]
+csi_socket = "{csi}"
+admin_socket = "{admin}"
+state_dir = "{state}"
+[drives]
+allow_loop = true
+rescan_interval = "1m"
+[drives.filters]
+include_paths = ["{dir}/*.img"]
+{filters}
+[log]
+format = "json"
+level = "debug"
+{extra}
+"#,
+            csi = csi_socket.display(),
+            admin = admin_socket.display(),
+            state = dir.join("state").display(),
+            dir = dir.display(),
+            filters = opts.filters,
+            extra = opts.extra_toml,
+        );
+        std::fs::write(&config, toml).unwrap();
+        let mut a = Agent { dir: dir.to_path_buf(), config, csi_socket, admin_socket, child: None, log: dir.join("agent.log") };
+        a.spawn();
+        a
+    }
+
+    /// Starts (or restarts) the process and waits for readiness.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let child = Command::new(bin())
+            .args(["run", "--config", self.config.to_str().unwrap()])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn drivelet");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let rt = rt();
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("drivelet exited early with {status}; log:\n{}", self.logs());
+            }
+            let ready = is_socket(&self.csi_socket)
+                && rt.block_on(async {
+                    let ch = channel(&self.csi_socket).await.ok()?;
+                    let r = csi::identity_client::IdentityClient::new(ch).probe(csi::ProbeRequest {}).await.ok()?;
+                    r.into_inner().ready
+                }) == Some(true);
+            if ready {
+                return;
+            }
+            assert!(Instant::now() < deadline, "drivelet not ready after 30s; log:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for exit; returns the exit code.
+    pub fn stop(&mut self) -> i32 {
+        let mut child = self.child.take().expect("running");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                return s.code().unwrap_or(-1);
+            }
+            assert!(Instant::now() < deadline, "drivelet did not stop within 20s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// `drivelet ctl drives -o json` through the real CLI.
+    pub fn ctl_drives(&self) -> serde_json::Value {
+        let out = Command::new(bin())
+            .args(["ctl", "--socket", self.admin_socket.to_str().unwrap(), "drives", "--output", "json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ctl drives failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("ctl json")
+    }
+
+    pub async fn csi(&self) -> Channel {
+        channel(&self.csi_socket).await.expect("connect CSI socket")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn is_socket(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).map(|m| m.file_type().is_socket()).unwrap_or(false)
+}
+
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// A gRPC channel over a unix socket.
+pub async fn channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
+    Endpoint::try_from("http://[::]:50051")?
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+}
+
+/// The drive entry whose path is `dev`, from ctl JSON.
+pub fn drive_by_path<'a>(drives: &'a serde_json::Value, dev: &Path) -> Option<&'a serde_json::Value> {
+    drives.as_array().unwrap().iter().find(|d| d["path"].as_str() == dev.to_str())
+}
+
+/// The block device backing `/`, as a whole-disk kernel path.
+pub fn root_disk() -> PathBuf {
+    let src = sh("findmnt", &["-n", "-o", "SOURCE", "/"]);
+    let pk = sh("lsblk", &["-n", "-d", "-o", "PKNAME", &src]);
+    if pk.is_empty() {
+        PathBuf::from(src)
+    } else {
+        PathBuf::from(format!("/dev/{pk}"))
+    }
+}
