@@ -54,15 +54,20 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     } else {
         None
     };
-    let sockets = grpc::bind_socket(&cfg.paths.csi_socket)
-        .and_then(|c| grpc::bind_socket(&cfg.paths.admin_socket).map(|a| (c, a)));
+    // Only a socket this run bound is removed on failure: an error may mean another
+    // live agent owns the path, or that something that is not a socket sits there.
+    let sockets = match grpc::bind_socket(&cfg.paths.csi_socket) {
+        Ok(c) => grpc::bind_socket(&cfg.paths.admin_socket).map(|a| (c, a)).inspect_err(|_| {
+            let _ = std::fs::remove_file(&cfg.paths.csi_socket);
+        }),
+        Err(e) => Err(e),
+    };
     let (csi_listener, admin_listener) = match sockets {
         Ok(s) => s,
         Err(e) => {
             if let Some(d) = demo.as_mut() {
                 d.teardown();
             }
-            let _ = std::fs::remove_file(&cfg.paths.csi_socket);
             return Err(e.into());
         }
     };
