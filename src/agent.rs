@@ -73,7 +73,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     };
 
     let actors = supervisor::start(&cfg);
-    let front = Front::new(cfg.clone(), actors.inventory.clone());
+    let front = Front::new(cfg.clone(), actors.inventory.clone(), actors.volumes.clone());
     let csi_front = {
         let f = front.clone();
         Supervisor::start(move |_| CsiFront::new(f, csi_listener))

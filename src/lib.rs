@@ -5,7 +5,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![forbid(clippy::unwrap_in_result)]
 
-/// Actors: drive inventory, supervisor, messages.
+/// Actors: drive inventory, volume manager, supervisor, messages.
 pub mod actors;
 /// `drivelet run`: startup order and clean shutdown.
 pub mod agent;
@@ -21,6 +21,8 @@ pub mod disk;
 pub mod grpc;
 /// Structured logging setup.
 pub mod logging;
+/// The embedded store of volume records.
+pub mod store;
 
 /// The topology key every drivelet volume and node carries.
 pub const TOPOLOGY_NODE_KEY: &str = "topology.drivelet.io/node";

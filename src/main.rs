@@ -79,6 +79,9 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 fn run(config: PathBuf) -> anyhow::Result<()> {
     let cfg = Config::load(Some(&config))?;
     drivelet::logging::init(&cfg.log);
+    // Crash points for tests (`FAILPOINTS`); compiled out unless built with the
+    // `failpoints` feature.
+    let _crash_points = fail::FailScenario::setup();
     let system = actix_rt::System::with_tokio_rt(|| runtime().expect("tokio runtime"));
     system.block_on(drivelet::agent::run(cfg))?;
     Ok(())

@@ -4,3 +4,4 @@
 pub mod inventory;
 pub mod messages;
 pub mod supervisor;
+pub mod volumes;

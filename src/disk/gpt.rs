@@ -1,12 +1,42 @@
-//! drivelet's GPT conventions and layout arithmetic.
+//! drivelet's GPT conventions, layout arithmetic, and the reading and writing of its
+//! partition tables.
 //!
 //! Rules:
 //! - a drivelet GPT is recognised by its disk GUID, whose first group is
-//!   [`DISK_GUID_PREFIX`]; a drivelet partition by its type GUID [`PARTITION_TYPE`];
+//!   [`DISK_GUID_PREFIX`]; a drivelet partition by its type GUID [`PARTITION_TYPE`] and a
+//!   name starting with [`LABEL_PREFIX`];
+//! - a volume's partition GUID is a UUID v5 of its CSI name in [`VOLUME_GUID_NAMESPACE`],
+//!   so the same name always finds the same partition;
 //! - usable space starts at 1 MiB and ends before the backup GPT, and every partition
 //!   starts and ends on a 1 MiB boundary ([`ALIGN`]);
 //! - free extents are computed from the partitions the kernel reports, so capacity can
-//!   be answered without reading the disk.
+//!   be answered without reading the disk;
+//! - writes go only to a drivelet GPT, or to a device where nothing at all is found
+//!   (no MBR signature, no GPT header for either sector size, nothing `blkid -p` knows);
+//!   a fresh table gets a protective MBR and a drivelet disk GUID;
+//! - writes touch only the GPT structures (LBA 0, the primary header and entry array,
+//!   the backup entry array and header), are serialised within the process, and are
+//!   fsynced before returning; a device is inspected read-only and opened for writing
+//!   only to write, so a refusal or a change already made never looks like a write to
+//!   udev; callers hold a [`super::lock::DiskLock`] across the
+//!   write and the kernel update that follows, so udev neither probes a half-written
+//!   table nor re-reads it behind drivelet's back;
+//! - only partitions of drivelet's type are ever removed or resized.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::{Mutex, PoisonError};
+
+use gpt::disk::LogicalBlockSize;
+use gpt::partition::Partition;
+use gpt::{GptConfig, GptDisk};
+use uuid::Uuid;
+
+use super::DiskError;
 
 /// Alignment of every partition start and size.
 pub const ALIGN: u64 = 1 << 20;
@@ -55,6 +85,517 @@ pub fn free_extents(size: u64, sector: u64, used: &[(u64, u64)]) -> Vec<(u64, u6
     }
     free.retain(|&(_, l)| l >= ALIGN);
     free
+}
+
+/// The partition type GUID of drivelet volumes, parsed ([`PARTITION_TYPE`]).
+pub const PARTITION_TYPE_GUID: Uuid = uuid::uuid!("df8e4bd2-b4f6-46af-b301-8bcbff739f75");
+
+/// Namespace of the UUID v5 partition GUIDs derived from CSI volume names. Never change
+/// it: existing volumes are found by the GUIDs it yields.
+pub const VOLUME_GUID_NAMESPACE: Uuid = uuid::uuid!("3148d51a-bb5a-497e-a7d1-3d6d10985865");
+
+/// Start of the GPT partition name of every drivelet volume.
+pub const LABEL_PREFIX: &str = "drivelet:";
+
+/// Longest GPT partition name, in UTF-16 code units.
+pub const MAX_LABEL_UNITS: usize = 36;
+
+/// Entries in the partition array of a GPT drivelet writes (the usual 128).
+const ENTRY_SIZE: u32 = 128;
+
+/// One used entry of a GPT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GptPartition {
+    /// Unique partition GUID.
+    pub guid: Uuid,
+    /// Partition type GUID.
+    pub type_guid: Uuid,
+    /// Partition name.
+    pub name: String,
+    /// First byte.
+    pub start: u64,
+    /// Length in bytes.
+    pub size: u64,
+}
+
+impl GptPartition {
+    /// Whether this entry is a drivelet volume (type and name).
+    pub fn is_drivelet(&self) -> bool {
+        self.type_guid == PARTITION_TYPE_GUID && self.name.starts_with(LABEL_PREFIX)
+    }
+}
+
+/// A GPT as read from a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GptTable {
+    /// Disk GUID.
+    pub disk_guid: Uuid,
+    /// Used entries, in on-disk order.
+    pub partitions: Vec<GptPartition>,
+}
+
+impl GptTable {
+    /// Whether drivelet wrote this table (its disk GUID carries [`DISK_GUID_PREFIX`]).
+    pub fn is_drivelet(&self) -> bool {
+        is_drivelet_disk_guid(&self.disk_guid)
+    }
+}
+
+/// Whether a disk GUID marks a drivelet GPT.
+pub fn is_drivelet_disk_guid(guid: &Uuid) -> bool {
+    guid.to_string().starts_with(DISK_GUID_PREFIX)
+}
+
+/// [`DISK_GUID_PREFIX`] as the first four bytes of a GUID (its text form's first group).
+const DISK_GUID_PREFIX_BYTES: [u8; 4] = *b"drvl";
+
+/// A fresh disk GUID for a drivelet GPT: [`DISK_GUID_PREFIX`] then random bits.
+pub fn new_disk_guid() -> Uuid {
+    let mut bytes = *Uuid::new_v4().as_bytes();
+    bytes[..4].copy_from_slice(&DISK_GUID_PREFIX_BYTES);
+    Uuid::from_bytes(bytes)
+}
+
+/// Partition GUID of a CSI volume name: deterministic, distinct per name.
+pub fn volume_partition_guid(name: &str) -> Uuid {
+    Uuid::new_v5(&VOLUME_GUID_NAMESPACE, name.as_bytes())
+}
+
+/// GPT partition name marking a drivelet volume: [`LABEL_PREFIX`] and as many whole
+/// characters of the volume name as fit in [`MAX_LABEL_UNITS`] UTF-16 units.
+pub fn partition_label(name: &str) -> String {
+    let mut label = String::from(LABEL_PREFIX);
+    let mut units = LABEL_PREFIX.encode_utf16().count();
+    for c in name.chars() {
+        if c == '\0' {
+            break;
+        }
+        units += c.len_utf16();
+        if units > MAX_LABEL_UNITS {
+            break;
+        }
+        label.push(c);
+    }
+    label
+}
+
+fn block_size(dev: &Path, sector: u64) -> Result<LogicalBlockSize, DiskError> {
+    LogicalBlockSize::try_from(sector).map_err(|_| {
+        DiskError::invalid(format!("{}: unsupported logical block size {sector} (512 or 4096)", dev.display()))
+    })
+}
+
+fn gpt_error(dev: &Path, what: &str) -> impl FnOnce(gpt::GptError) -> DiskError {
+    let device = dev.to_path_buf();
+    let what = what.to_string();
+    move |e| DiskError::Gpt { device, reason: format!("{what}: {e}") }
+}
+
+/// Length in bytes of an open device or image file.
+fn len_of(dev: &Path, file: &File) -> Result<u64, DiskError> {
+    let mut f = file;
+    f.seek(SeekFrom::End(0)).map_err(DiskError::io(format!("size of {}", dev.display())))
+}
+
+/// Checks that `sector` is the device's logical block size (block devices only; image
+/// files have none).
+fn check_sector(dev: &Path, file: &File, sector: u64) -> Result<(), DiskError> {
+    let md = file.metadata().map_err(DiskError::io(format!("stat {}", dev.display())))?;
+    if !md.file_type().is_block_device() {
+        return Ok(());
+    }
+    nix::ioctl_read_bad!(blksszget, 0x1268, libc::c_int);
+    let mut ssz: libc::c_int = 0;
+    // SAFETY: the fd is open for the duration of the call and BLKSSZGET writes one int
+    // into `ssz`, which lives on this stack frame.
+    unsafe { blksszget(file.as_raw_fd(), &mut ssz) }
+        .map_err(DiskError::errno(format!("logical block size of {}", dev.display())))?;
+    if u64::try_from(ssz).ok() != Some(sector) {
+        return Err(DiskError::invalid(format!(
+            "{}: logical block size is {ssz}, not the {sector} asked for",
+            dev.display()
+        )));
+    }
+    Ok(())
+}
+
+fn read_at(dev: &Path, file: &File, offset: u64, len: usize) -> Result<Vec<u8>, DiskError> {
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, offset)
+        .map_err(DiskError::io(format!("read {} at byte {offset}", dev.display())))?;
+    Ok(buf)
+}
+
+/// Where a GPT header signature ("EFI PART") could sit, for both sector sizes.
+fn header_offsets(size: u64) -> Vec<u64> {
+    [512, 4096, size.saturating_sub(512), size.saturating_sub(4096)]
+        .into_iter()
+        .filter(|&o| o >= 512 && o + 512 <= size)
+        .collect()
+}
+
+/// Looks at the raw header of a GPT for `sector` (primary then backup). `Ok(None)` when
+/// neither carries the signature; an error for a header this module cannot handle (the
+/// GPT library asserts 128-byte entries, so that is checked first).
+fn sniff_header(dev: &Path, file: &File, size: u64, sector: u64) -> Result<Option<()>, DiskError> {
+    if size < 3 * sector {
+        return Ok(None);
+    }
+    let mut found = false;
+    for off in [sector, size / sector * sector - sector] {
+        let h = read_at(dev, file, off, 92)?;
+        if &h[..8] != b"EFI PART" {
+            continue;
+        }
+        found = true;
+        let num_parts = u32::from_le_bytes([h[80], h[81], h[82], h[83]]);
+        let part_size = u32::from_le_bytes([h[84], h[85], h[86], h[87]]);
+        if part_size != ENTRY_SIZE || num_parts == 0 || num_parts > 4096 {
+            return Err(DiskError::Gpt {
+                device: dev.to_path_buf(),
+                reason: format!(
+                    "header at byte {off} has {num_parts} entries of {part_size} bytes; only {ENTRY_SIZE}-byte entries are handled"
+                ),
+            });
+        }
+    }
+    Ok(found.then_some(()))
+}
+
+fn to_table(dev: &Path, disk: &GptDisk<&File>, sector: u64) -> Result<GptTable, DiskError> {
+    let mut partitions = Vec::new();
+    for p in disk.partitions().values().filter(|p| p.is_used()) {
+        let len = p.sectors_len().map_err(|e| DiskError::Gpt {
+            device: dev.to_path_buf(),
+            reason: format!("partition {}: {e}", p.part_guid),
+        })?;
+        partitions.push(GptPartition {
+            guid: p.part_guid,
+            type_guid: p.part_type_guid.guid,
+            name: p.name.clone(),
+            start: p.first_lba * sector,
+            size: len * sector,
+        });
+    }
+    Ok(GptTable { disk_guid: *disk.guid(), partitions })
+}
+
+/// Opens the GPT on an already open device; `Ok(None)` when it has none.
+fn open_gpt<'f>(
+    dev: &Path,
+    file: &'f File,
+    size: u64,
+    sector: u64,
+) -> Result<Option<GptDisk<&'f File>>, DiskError> {
+    let lb = block_size(dev, sector)?;
+    if sniff_header(dev, file, size, sector)?.is_none() {
+        let other = if sector == 512 { 4096 } else { 512 };
+        if sniff_header(dev, file, size, other)?.is_some() {
+            return Err(DiskError::Gpt {
+                device: dev.to_path_buf(),
+                reason: format!("the GPT on it was written for {other}-byte sectors, not {sector}"),
+            });
+        }
+        return Ok(None);
+    }
+    GptConfig::new()
+        .logical_block_size(lb)
+        .open_from_device(file)
+        .map(Some)
+        .map_err(gpt_error(dev, "cannot read the partition table"))
+}
+
+/// Reads the GPT of a device; `Ok(None)` when it has none. `sector` is the device's
+/// logical block size (512 or 4096).
+pub fn read_table(dev: &Path, sector: u64) -> Result<Option<GptTable>, DiskError> {
+    let file = File::open(dev).map_err(DiskError::io(format!("open {}", dev.display())))?;
+    check_sector(dev, &file, sector)?;
+    let size = len_of(dev, &file)?;
+    match open_gpt(dev, &file, size, sector)? {
+        Some(disk) => to_table(dev, &disk, sector).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Serialises GPT changes within this process; the callers' [`super::lock::DiskLock`]
+/// keeps udev and other processes out.
+static GPT_WRITE: Mutex<()> = Mutex::new(());
+
+/// Opens a device to inspect it before a change: read-only, so that refusing or finding
+/// nothing to do never looks like a write to udev (closing a disk opened for writing
+/// makes udev re-read its partition table).
+fn open_to_inspect(dev: &Path, sector: u64) -> Result<(File, u64), DiskError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(dev)
+        .map_err(DiskError::io(format!("open {}", dev.display())))?;
+    check_sector(dev, &file, sector)?;
+    let size = len_of(dev, &file)?;
+    Ok((file, size))
+}
+
+/// Refuses a device unless nothing at all is found on it: no MBR signature, no GPT
+/// header for either sector size, no signature `blkid -p` knows.
+fn ensure_blank(dev: &Path, file: &File, size: u64) -> Result<(), DiskError> {
+    let foreign = |found: String| DiskError::Foreign { device: dev.to_path_buf(), found };
+    if size < 512 {
+        return Err(foreign(format!("it is only {size} bytes")));
+    }
+    let lba0 = read_at(dev, file, 0, 512)?;
+    if lba0[510..512] == [0x55, 0xaa] {
+        return Err(foreign("an MBR or boot sector (0x55aa at byte 510)".into()));
+    }
+    for off in header_offsets(size) {
+        if read_at(dev, file, off, 8)? == b"EFI PART" {
+            return Err(foreign(format!("a GPT header at byte {off} that cannot be used")));
+        }
+    }
+    if let Some(sig) = super::fs::probe_fs(dev)? {
+        return Err(foreign(format!("a {sig} signature")));
+    }
+    Ok(())
+}
+
+/// Refuses a GPT drivelet did not write.
+fn ensure_drivelet(dev: &Path, disk: &GptDisk<&File>) -> Result<(), DiskError> {
+    if is_drivelet_disk_guid(disk.guid()) {
+        Ok(())
+    } else {
+        Err(DiskError::Foreign {
+            device: dev.to_path_buf(),
+            found: format!("a GPT with disk GUID {} (not drivelet's)", disk.guid()),
+        })
+    }
+}
+
+fn check_extent(dev: &Path, start: u64, size: u64) -> Result<(), DiskError> {
+    if size == 0 || start % ALIGN != 0 || size % ALIGN != 0 || start.checked_add(size).is_none() {
+        return Err(DiskError::invalid(format!(
+            "{}: partition [{start}, +{size}) bytes is empty or not aligned to {ALIGN} bytes",
+            dev.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks `[first, last]` (LBAs) lies in the usable area of the GPT and within the device.
+fn check_usable(dev: &Path, disk: &GptDisk<&File>, first: u64, last: u64, size: u64, sector: u64) -> Result<(), DiskError> {
+    let h = disk.header();
+    if first < h.first_usable || last > h.last_usable || (last + 1) * sector > size {
+        return Err(DiskError::Conflict {
+            device: dev.to_path_buf(),
+            start: first * sector,
+            size: (last + 1 - first) * sector,
+            reason: format!(
+                "outside the usable area of the GPT, bytes [{}, {})",
+                h.first_usable * sector,
+                (h.last_usable + 1) * sector
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn overlaps(p: &Partition, first: u64, last: u64) -> bool {
+    p.first_lba <= last && first <= p.last_lba
+}
+
+/// Replaces the entries of the table in memory (headers follow the device's size).
+fn set_entries(dev: &Path, disk: &mut GptDisk<&File>, parts: BTreeMap<u32, Partition>) -> Result<(), DiskError> {
+    disk.update_partitions(parts).map_err(gpt_error(dev, "update the partition table"))?;
+    // The headers now place the backup at the device's end; a device that shrank below
+    // the table's usable area would put the backup entries over partitions.
+    let h = disk.header();
+    let entry_lbs = (u64::from(h.num_parts) * u64::from(h.part_size)).div_ceil(disk.logical_block_size().as_u64());
+    if h.last_usable + entry_lbs >= h.backup_lba {
+        return Err(DiskError::Gpt {
+            device: dev.to_path_buf(),
+            reason: format!(
+                "the device is smaller than its GPT says (usable area ends at LBA {}, backup header at LBA {})",
+                h.last_usable, h.backup_lba
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Writes the table prepared in `disk` (and, for a fresh table on a device of `fresh`
+/// bytes, the protective MBR) through a read-write descriptor opened only for this,
+/// and flushes it to the device.
+fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>) -> Result<(), DiskError> {
+    let rw = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(dev)
+        .map_err(DiskError::io(format!("open {} for writing", dev.display())))?;
+    let mut out = disk.with_disk_device(&rw, true);
+    out.write_inplace().map_err(gpt_error(dev, "write the partition table"))?;
+    if let Some(size) = fresh {
+        let sectors = size / disk.logical_block_size().as_u64();
+        let pmbr = gpt::mbr::ProtectiveMBR::with_lb_size(u32::try_from(sectors - 1).unwrap_or(u32::MAX));
+        pmbr.overwrite_lba0(&mut &rw).map_err(|e| DiskError::Gpt {
+            device: dev.to_path_buf(),
+            reason: format!("write the protective MBR: {e}"),
+        })?;
+    }
+    rw.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
+}
+
+/// Adds a drivelet partition `[start, start+size)` (bytes, [`ALIGN`]-aligned) with
+/// `guid` and the GPT name `label`.
+///
+/// A device without a GPT first gets a fresh drivelet GPT and protective MBR, but only
+/// if nothing at all is found on it. A GPT that is not drivelet's is refused. A
+/// partition with the same GUID, start and size already there is success; the same GUID
+/// elsewhere, or an overlap with another partition, is a [`DiskError::Conflict`].
+pub fn add_partition(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64) -> Result<(), DiskError> {
+    check_extent(dev, start, size)?;
+    if label.encode_utf16().count() > MAX_LABEL_UNITS || label.contains('\0') {
+        return Err(DiskError::invalid(format!(
+            "{}: partition name {label:?} is longer than {MAX_LABEL_UNITS} UTF-16 units or holds NUL",
+            dev.display()
+        )));
+    }
+    let lb = block_size(dev, sector)?;
+    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
+    let (file, dev_size) = open_to_inspect(dev, sector)?;
+    let file: &File = &file;
+    let conflict = |reason: String| DiskError::Conflict { device: dev.to_path_buf(), start, size, reason };
+
+    let (mut disk, fresh) = match open_gpt(dev, file, dev_size, sector)? {
+        Some(disk) => {
+            ensure_drivelet(dev, &disk)?;
+            (disk, None)
+        }
+        None => {
+            ensure_blank(dev, file, dev_size)?;
+            let disk = GptConfig::new()
+                .logical_block_size(lb)
+                .create_from_device(file, Some(new_disk_guid()))
+                .map_err(gpt_error(dev, "create a partition table"))?;
+            (disk, Some(dev_size))
+        }
+    };
+
+    let first = start / sector;
+    let last = (start + size) / sector - 1;
+    let mut parts = disk.partitions().clone();
+    parts.retain(|_, p| p.is_used());
+    for p in parts.values() {
+        if p.part_guid == guid {
+            if p.first_lba == first && p.last_lba == last && p.part_type_guid.guid == PARTITION_TYPE_GUID {
+                return Ok(());
+            }
+            return Err(conflict(format!(
+                "a partition with GUID {guid} already exists at [{}, +{})",
+                p.first_lba * sector,
+                (p.last_lba + 1 - p.first_lba) * sector
+            )));
+        }
+        if overlaps(p, first, last) {
+            return Err(conflict(format!(
+                "overlaps partition {} {:?} at [{}, +{})",
+                p.part_guid,
+                p.name,
+                p.first_lba * sector,
+                (p.last_lba + 1 - p.first_lba) * sector
+            )));
+        }
+    }
+    if parts.len() as u64 >= u64::from(disk.header().num_parts) {
+        return Err(conflict(format!("the GPT is full ({} entries)", disk.header().num_parts)));
+    }
+    let key = parts.keys().next_back().map_or(1, |k| k + 1);
+    parts.insert(
+        key,
+        Partition {
+            part_type_guid: PARTITION_TYPE_GUID.into(),
+            part_guid: guid,
+            first_lba: first,
+            last_lba: last,
+            flags: 0,
+            name: label.to_string(),
+        },
+    );
+    set_entries(dev, &mut disk, parts)?;
+    check_usable(dev, &disk, first, last, dev_size, sector)?;
+    commit(dev, &disk, fresh)
+}
+
+/// Finds the used entry with `guid`: its key and entry.
+fn find_by_guid(disk: &GptDisk<&File>, guid: Uuid) -> Option<(u32, Partition)> {
+    disk.partitions().iter().find(|(_, p)| p.is_used() && p.part_guid == guid).map(|(k, p)| (*k, p.clone()))
+}
+
+fn ensure_ours(dev: &Path, p: &Partition) -> Result<(), DiskError> {
+    if p.part_type_guid.guid == PARTITION_TYPE_GUID {
+        Ok(())
+    } else {
+        Err(DiskError::Gpt {
+            device: dev.to_path_buf(),
+            reason: format!("partition {} has type {}, not drivelet's; leaving it alone", p.part_guid, p.part_type_guid.guid),
+        })
+    }
+}
+
+/// Removes the drivelet partition with `guid`; `Ok(false)` when there is none (also when
+/// the device has no GPT). A GPT that is not drivelet's is refused.
+pub fn remove_partition(dev: &Path, sector: u64, guid: Uuid) -> Result<bool, DiskError> {
+    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
+    let (file, dev_size) = open_to_inspect(dev, sector)?;
+    let file: &File = &file;
+    let Some(mut disk) = open_gpt(dev, file, dev_size, sector)? else { return Ok(false) };
+    ensure_drivelet(dev, &disk)?;
+    let Some((key, p)) = find_by_guid(&disk, guid) else { return Ok(false) };
+    ensure_ours(dev, &p)?;
+    let mut parts = disk.partitions().clone();
+    parts.retain(|k, p| p.is_used() && *k != key);
+    set_entries(dev, &mut disk, parts)?;
+    commit(dev, &disk, None)?;
+    Ok(true)
+}
+
+/// Grows the drivelet partition with `guid` in place to `new_size` bytes; the space
+/// after it must be free and inside the GPT's usable area. The same size is success;
+/// shrinking is refused.
+pub fn resize_partition(dev: &Path, sector: u64, guid: Uuid, new_size: u64) -> Result<(), DiskError> {
+    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
+    let (file, dev_size) = open_to_inspect(dev, sector)?;
+    let file: &File = &file;
+    let not_found = || DiskError::NotFound { device: dev.to_path_buf(), what: format!("partition {guid}") };
+    let mut disk = open_gpt(dev, file, dev_size, sector)?.ok_or_else(not_found)?;
+    ensure_drivelet(dev, &disk)?;
+    let (key, p) = find_by_guid(&disk, guid).ok_or_else(not_found)?;
+    ensure_ours(dev, &p)?;
+    let start = p.first_lba * sector;
+    check_extent(dev, start, new_size)?;
+    let old_size = (p.last_lba + 1 - p.first_lba) * sector;
+    let conflict = |reason: String| DiskError::Conflict { device: dev.to_path_buf(), start, size: new_size, reason };
+    if new_size == old_size {
+        return Ok(());
+    }
+    if new_size < old_size {
+        return Err(conflict(format!("partition {guid} is {old_size} bytes; shrinking is not supported")));
+    }
+    let last = (start + new_size) / sector - 1;
+    let mut parts = disk.partitions().clone();
+    parts.retain(|_, p| p.is_used());
+    if let Some(other) = parts.iter().find(|(k, o)| **k != key && overlaps(o, p.first_lba, last)).map(|(_, o)| o) {
+        return Err(conflict(format!(
+            "the space after it is taken by partition {} at [{}, +{})",
+            other.part_guid,
+            other.first_lba * sector,
+            (other.last_lba + 1 - other.first_lba) * sector
+        )));
+    }
+    if let Some(entry) = parts.get_mut(&key) {
+        entry.last_lba = last;
+    }
+    set_entries(dev, &mut disk, parts)?;
+    check_usable(dev, &disk, p.first_lba, last, dev_size, sector)?;
+    commit(dev, &disk, None)
 }
 
 #[cfg(test)]

@@ -1,9 +1,17 @@
-//! Plain functions over the operating system: udev and sysfs, mounts, GPT layout,
-//! loop devices. Nothing here knows about actors or CSI, and nothing here holds state.
+//! Plain functions over the operating system: udev and sysfs, mounts, GPT layout and
+//! writing, the kernel's partitions (BLKPG), filesystems, mount(2), loop devices.
+//! Nothing here knows about actors or CSI, and nothing here holds state; the functions
+//! are synchronous, meant to run off the async runtime (`spawn_blocking`).
 
+pub mod blkpg;
+pub mod fs;
 pub mod gpt;
+pub mod lock;
 pub mod loopdev;
+pub mod mount;
 pub mod mounts;
+pub mod paths;
+pub mod smart;
 pub mod udev;
 
 /// Errors from talking to the OS about disks.
@@ -33,6 +41,66 @@ pub enum DiskError {
         /// Its exit status and stderr.
         message: String,
     },
+    /// The device carries something drivelet did not write (another partition table, a
+    /// GPT of someone else, a filesystem, a RAID member); drivelet will not write to it.
+    #[error("{device}: not a drivelet drive, refusing to write to it: {found}")]
+    Foreign {
+        /// The device.
+        device: std::path::PathBuf,
+        /// What was found on it.
+        found: String,
+    },
+    /// A GPT is damaged or of a shape drivelet does not handle.
+    #[error("{device}: GPT: {reason}")]
+    Gpt {
+        /// The device.
+        device: std::path::PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A partition asked for clashes with one the GPT or the kernel already has.
+    #[error("{device}: partition [{start}, +{size}) bytes: {reason}")]
+    Conflict {
+        /// The whole disk.
+        device: std::path::PathBuf,
+        /// Start of the requested partition, bytes.
+        start: u64,
+        /// Size of the requested partition, bytes.
+        size: u64,
+        /// The clash, naming the other partition.
+        reason: String,
+    },
+    /// A partition asked for by its identity is not there.
+    #[error("{device}: {what} not found")]
+    NotFound {
+        /// The disk looked at.
+        device: std::path::PathBuf,
+        /// What was looked for (partition GUID, partition start).
+        what: String,
+    },
+    /// A device or mount point is in use and the operation needs it idle.
+    #[error("{path} is busy: {reason}")]
+    Busy {
+        /// The device or mount point.
+        path: std::path::PathBuf,
+        /// Who holds it, when known (mount points, holders).
+        reason: String,
+    },
+    /// A request drivelet does not support: an unaligned extent, a sector size, a
+    /// filesystem type, a path of the wrong kind.
+    #[error("{what}")]
+    Invalid {
+        /// The request and why it is refused, naming the path involved.
+        what: String,
+    },
+    /// The kernel did not reach the expected state in time.
+    #[error("timed out after {waited:?} waiting for {what}")]
+    Timeout {
+        /// What was awaited, naming the device.
+        what: String,
+        /// How long it was awaited.
+        waited: std::time::Duration,
+    },
 }
 
 impl DiskError {
@@ -43,5 +111,14 @@ impl DiskError {
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DiskError {
         let what = what.into();
         move |source| DiskError::Io { what, source }
+    }
+
+    pub(crate) fn errno(what: impl Into<String>) -> impl FnOnce(nix::errno::Errno) -> DiskError {
+        let what = what.into();
+        move |e| DiskError::Io { what, source: std::io::Error::from(e) }
+    }
+
+    pub(crate) fn invalid(what: impl Into<String>) -> DiskError {
+        DiskError::Invalid { what: what.into() }
     }
 }

@@ -1,10 +1,24 @@
 //! CSI Controller service (node-local: every volume lives on this node's drives).
 //!
-//! CSI MUSTs honoured: `ControllerGetCapabilities` lists only implemented RPCs;
-//! `GetCapacity` reports the bytes that volumes matching the parameters, capabilities
-//! and topology could use, with `maximum_volume_size` = the largest free extent; a
-//! topology that does not include this node, or a capability drivelet cannot serve,
-//! gets 0 (not an error); malformed input is INVALID_ARGUMENT.
+//! CSI MUSTs honoured:
+//! - `ControllerGetCapabilities` lists only implemented RPCs: CREATE_DELETE_VOLUME,
+//!   GET_CAPACITY, SINGLE_NODE_MULTI_WRITER;
+//! - `CreateVolume` is idempotent by name: the same name with compatible arguments
+//!   returns the same volume, with incompatible ones ALREADY_EXISTS; a requisite
+//!   topology that does not include this node is RESOURCE_EXHAUSTED, a capacity range
+//!   that no drive could ever meet OUT_OF_RANGE, no room now RESOURCE_EXHAUSTED;
+//!   volume content sources (snapshots, clones) and mutable parameters are refused
+//!   with INVALID_ARGUMENT because they are not advertised;
+//! - `DeleteVolume` of an unknown volume succeeds; of a staged or published one is
+//!   FAILED_PRECONDITION;
+//! - `ValidateVolumeCapabilities` confirms only what the volume can serve;
+//! - `GetCapacity` reports the bytes that volumes matching the parameters, capabilities
+//!   and topology could use, with `maximum_volume_size` = the largest free extent; a
+//!   topology that does not include this node, or a capability drivelet cannot serve,
+//!   gets 0 (not an error);
+//! - secrets are never read or logged; malformed input is INVALID_ARGUMENT.
+
+use std::collections::{BTreeMap, HashMap};
 
 use tonic::{Request, Response, Status};
 use tracing::instrument;
@@ -13,11 +27,100 @@ use super::params::{capability_supported, VolumeParams};
 use super::proto::csi::{self, controller_server::Controller, controller_service_capability};
 use super::status::FrontError;
 use super::Front;
+use crate::actors::inventory::model::LayoutKind;
 use crate::actors::messages::GetCapacity;
+use crate::actors::volumes::model::{CapacityRange, VolumeRecord};
+use crate::actors::volumes::{CreateVolume, DeleteVolume, GetVolume};
 use crate::disk::gpt;
 
 /// Controller service over the shared front state.
 pub struct ControllerService(pub Front);
+
+fn invalid(msg: impl Into<String>) -> Status {
+    FrontError::InvalidArgument(msg.into()).into()
+}
+
+/// Checks a CSI name or id: present, at most 128 bytes, no control characters.
+pub(crate) fn check_id(field: &str, v: &str) -> Result<(), Status> {
+    if v.is_empty() {
+        return Err(invalid(format!("{field} is required")));
+    }
+    if v.len() > 128 {
+        return Err(invalid(format!("{field} is {} bytes long; the limit is 128", v.len())));
+    }
+    if v.chars().any(|c| c.is_control()) {
+        return Err(invalid(format!("{field} contains control characters")));
+    }
+    Ok(())
+}
+
+/// What a set of capabilities asks for: block access, and the filesystem for mount
+/// access. Every capability must be servable and all must agree.
+pub(crate) fn access_of(caps: &[csi::VolumeCapability]) -> Result<(bool, String), Status> {
+    use csi::volume_capability::AccessType;
+    if caps.is_empty() {
+        return Err(invalid("volume_capabilities is required"));
+    }
+    let mut block = None;
+    let mut fs = String::new();
+    for c in caps {
+        if !capability_supported(c)? {
+            return Err(invalid(
+                "unsupported volume capability: drivelet serves single-node access modes with block access or ext4/xfs mounts",
+            ));
+        }
+        let is_block = matches!(c.access_type, Some(AccessType::Block(_)));
+        if block.is_some_and(|b| b != is_block) {
+            return Err(invalid("volume_capabilities mix block and mount access; a volume is one or the other"));
+        }
+        block = Some(is_block);
+        if let Some(AccessType::Mount(m)) = &c.access_type {
+            if !m.fs_type.is_empty() {
+                if !fs.is_empty() && fs != m.fs_type {
+                    return Err(invalid("volume_capabilities ask for two different filesystems"));
+                }
+                fs = m.fs_type.clone();
+            }
+        }
+    }
+    Ok((block.unwrap_or(false), fs))
+}
+
+fn range_of(r: Option<&csi::CapacityRange>) -> Result<CapacityRange, Status> {
+    let Some(r) = r else { return Ok(CapacityRange { required: 0, limit: 0 }) };
+    if r.required_bytes < 0 || r.limit_bytes < 0 {
+        return Err(invalid("capacity_range values must not be negative"));
+    }
+    Ok(CapacityRange { required: r.required_bytes as u64, limit: r.limit_bytes as u64 })
+}
+
+impl ControllerService {
+    fn volume_of(&self, rec: &VolumeRecord) -> csi::Volume {
+        csi::Volume {
+            capacity_bytes: i64::try_from(rec.size).unwrap_or(i64::MAX),
+            volume_id: rec.id.clone(),
+            volume_context: context_of(rec),
+            content_source: None,
+            accessible_topology: vec![csi::Topology { segments: self.0.topology.clone() }],
+        }
+    }
+}
+
+/// The volume context every volume carries (shown by `kubectl describe pv`).
+pub(crate) fn context_of(rec: &VolumeRecord) -> HashMap<String, String> {
+    let mut c = HashMap::from([
+        ("drivelet.io/drive".to_string(), rec.drive_id.clone()),
+        ("drivelet.io/layout".to_string(), match rec.layout {
+            LayoutKind::Partition => "partition".to_string(),
+            LayoutKind::Drive => "drive".to_string(),
+        }),
+        ("drivelet.io/media".to_string(), rec.media.as_str().to_string()),
+    ]);
+    if !rec.block && !rec.fs_type.is_empty() {
+        c.insert("drivelet.io/fs".to_string(), rec.fs_type.clone());
+    }
+    c
+}
 
 #[tonic::async_trait]
 impl Controller for ControllerService {
@@ -30,7 +133,120 @@ impl Controller for ControllerService {
         let rpc = |t: Type| csi::ControllerServiceCapability {
             r#type: Some(controller_service_capability::Type::Rpc(controller_service_capability::Rpc { r#type: t as i32 })),
         };
-        Ok(Response::new(csi::ControllerGetCapabilitiesResponse { capabilities: vec![rpc(Type::GetCapacity)] }))
+        Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
+            capabilities: vec![rpc(Type::CreateDeleteVolume), rpc(Type::GetCapacity), rpc(Type::SingleNodeMultiWriter)],
+        }))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "CreateVolume", volume.name), err)]
+    async fn create_volume(
+        &self,
+        req: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        let req = req.into_inner();
+        check_id("name", &req.name)?;
+        tracing::Span::current().record("volume.name", req.name.as_str());
+        let (block, fs_type) = access_of(&req.volume_capabilities)?;
+        let range = range_of(req.capacity_range.as_ref())?;
+        let params = VolumeParams::parse(&req.parameters)?;
+        if req.volume_content_source.is_some() {
+            return Err(invalid("volume_content_source is not supported: drivelet does not clone volumes or restore snapshots"));
+        }
+        if !req.mutable_parameters.is_empty() {
+            return Err(invalid("mutable_parameters are not supported"));
+        }
+        if let Some(t) = &req.accessibility_requirements {
+            if !t.requisite.is_empty() && !t.requisite.iter().any(|t| self.0.topology_matches(t)) {
+                return Err(Status::resource_exhausted(format!(
+                    "none of the requisite topologies includes this node ({}); drivelet creates volumes only on the node it runs on",
+                    self.0.cfg.driver.node_name
+                )));
+            }
+        }
+        let parameters: BTreeMap<String, String> = req
+            .parameters
+            .iter()
+            .filter(|(k, _)| !k.starts_with("csi.storage.k8s.io/"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let rec = self
+            .0
+            .volumes
+            .send(CreateVolume {
+                name: req.name,
+                range,
+                media: params.media,
+                layout: params.layout,
+                block,
+                fs_type,
+                parameters,
+            })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::CreateVolumeResponse { volume: Some(self.volume_of(&rec)) }))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "DeleteVolume", volume.id), err)]
+    async fn delete_volume(
+        &self,
+        req: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        let req = req.into_inner();
+        check_id("volume_id", &req.volume_id)?;
+        tracing::Span::current().record("volume.id", req.volume_id.as_str());
+        self.0
+            .volumes
+            .send(DeleteVolume { volume_id: req.volume_id })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "ValidateVolumeCapabilities", volume.id), err)]
+    async fn validate_volume_capabilities(
+        &self,
+        req: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        let req = req.into_inner();
+        check_id("volume_id", &req.volume_id)?;
+        tracing::Span::current().record("volume.id", req.volume_id.as_str());
+        if req.volume_capabilities.is_empty() {
+            return Err(invalid("volume_capabilities is required"));
+        }
+        let rec = self
+            .0
+            .volumes
+            .send(GetVolume { volume_id: req.volume_id.clone() })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        let unconfirmed = |why: &str| {
+            Ok(Response::new(csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message: why.to_string() }))
+        };
+        let (block, fs) = match access_of(&req.volume_capabilities) {
+            Ok(x) => x,
+            Err(s) => return unconfirmed(s.message()),
+        };
+        if block != rec.block && !rec.rebuilt {
+            return unconfirmed(if rec.block { "the volume was created for block access" } else { "the volume was created for mount access" });
+        }
+        if !block && !fs.is_empty() && !rec.fs_type.is_empty() && fs != rec.fs_type {
+            return unconfirmed(&format!("the volume holds {}, not {fs}", rec.fs_type));
+        }
+        if !req.parameters.is_empty() {
+            let p = VolumeParams::parse(&req.parameters)?;
+            if p.layout != rec.layout || p.media.is_some_and(|m| m != rec.media) {
+                return unconfirmed("the parameters differ from those the volume was created with");
+            }
+        }
+        Ok(Response::new(csi::ValidateVolumeCapabilitiesResponse {
+            confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                volume_context: req.volume_context,
+                volume_capabilities: req.volume_capabilities,
+                parameters: req.parameters,
+                mutable_parameters: HashMap::new(),
+            }),
+            message: String::new(),
+        }))
     }
 
     #[instrument(skip_all, fields(csi.method = "GetCapacity"), err)]

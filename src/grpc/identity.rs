@@ -2,7 +2,8 @@
 //!
 //! CSI MUSTs honoured: `GetPluginInfo` returns the configured driver name and a
 //! non-empty vendor version; `GetPluginCapabilities` lists only what drivelet serves;
-//! `Probe` answers `ready=false` until the drive inventory finished its first scan,
+//! `Probe` answers `ready=false` until the drive inventory finished its first scan
+//! and the volume manager reconciled its store with the drives,
 //! and an error when the inventory does not answer at all.
 
 use tonic::{Request, Response, Status};
@@ -12,6 +13,7 @@ use super::proto::csi::{self, identity_server::Identity, plugin_capability};
 use super::status::FrontError;
 use super::Front;
 use crate::actors::messages::GetInventoryStatus;
+use crate::actors::volumes::VolumesReady;
 
 /// Identity service over the shared front state.
 pub struct IdentityService(pub Front);
@@ -47,6 +49,7 @@ impl Identity for IdentityService {
     #[instrument(skip_all, fields(csi.method = "Probe"), err)]
     async fn probe(&self, _: Request<csi::ProbeRequest>) -> Result<Response<csi::ProbeResponse>, Status> {
         let st = self.0.inventory.send(GetInventoryStatus).await.map_err(FrontError::mailbox("drive inventory"))?;
-        Ok(Response::new(csi::ProbeResponse { ready: Some(st.scanned) }))
+        let volumes = self.0.volumes.send(VolumesReady).await.map_err(FrontError::mailbox("volume manager"))?;
+        Ok(Response::new(csi::ProbeResponse { ready: Some(st.scanned && volumes) }))
     }
 }

@@ -26,6 +26,7 @@ use tokio::sync::oneshot;
 use tracing::{error, info, warn};
 
 use crate::actors::inventory::DriveInventory;
+use crate::actors::volumes::VolumeManager;
 use crate::config::Config;
 
 /// Generated protocol code.
@@ -112,13 +113,15 @@ pub struct Front {
     pub topology: HashMap<String, String>,
     /// The drive inventory.
     pub inventory: Addr<DriveInventory>,
+    /// The volume manager.
+    pub volumes: Addr<VolumeManager>,
 }
 
 impl Front {
     /// Front state for a config and the actors.
-    pub fn new(cfg: Arc<Config>, inventory: Addr<DriveInventory>) -> Front {
+    pub fn new(cfg: Arc<Config>, inventory: Addr<DriveInventory>, volumes: Addr<VolumeManager>) -> Front {
         let topology = cfg.topology_segments().into_iter().collect();
-        Front { cfg, topology, inventory }
+        Front { cfg, topology, inventory, volumes }
     }
 
     /// Whether a requested topology includes this node: every segment it names must be
@@ -160,6 +163,9 @@ impl CsiFront {
         CsiFront { front, listener: Some(listener), stop_tx: None, task: None }
     }
 }
+
+/// How long shutdown waits for in-flight CSI calls.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Notification: the serving task ended by itself.
 #[derive(Message)]
@@ -234,8 +240,13 @@ impl Handler<Shutdown> for CsiFront {
         let path = self.front.cfg.paths.csi_socket.clone();
         Box::pin(
             async move {
-                if let Some(t) = task {
-                    let _ = t.await;
+                if let Some(mut t) = task {
+                    // In-flight calls get a grace period; connections that stay open
+                    // idle (kubelet keeps one forever) do not hold the shutdown up.
+                    if tokio::time::timeout(SHUTDOWN_GRACE, &mut t).await.is_err() {
+                        warn!(actor = "csi-front", "calls still open after the grace period; closing them");
+                        t.abort();
+                    }
                 }
                 let _ = std::fs::remove_file(&path);
                 info!(actor = "csi-front", socket.path = %path.display(), "CSI server stopped, socket removed");

@@ -1,22 +1,134 @@
-//! CSI Node service: node identity and topology.
+//! CSI Node service: node identity and topology, and staging and publishing volumes.
 //!
 //! CSI MUSTs honoured: `NodeGetInfo` returns a node id unique in the cluster (the node
 //! name), `max_volumes_per_node` (0: no limit) and the accessible topology that every
 //! volume of this node carries: `topology.drivelet.io/node` plus configured segments.
-//! `NodeGetCapabilities` lists only what is implemented; volume RPCs not yet
-//! implemented answer UNIMPLEMENTED.
+//! `NodeGetCapabilities` lists only what is implemented (STAGE_UNSTAGE_VOLUME,
+//! SINGLE_NODE_MULTI_WRITER). Stage, unstage, publish and unpublish are idempotent:
+//! repeating a call that succeeded succeeds; the same path with an incompatible
+//! capability or read-only setting is ALREADY_EXISTS; an unknown volume is NOT_FOUND;
+//! a missing field or a path outside the allowed roots is INVALID_ARGUMENT; publishing
+//! an unstaged volume is FAILED_PRECONDITION. Secrets are never read or logged.
+
+use std::path::PathBuf;
 
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use super::proto::csi::{self, node_server::Node};
+use super::controller::{access_of, check_id};
+use super::proto::csi::{self, node_server::Node, node_service_capability};
+use super::status::FrontError;
 use super::Front;
+use crate::actors::volumes::ops::{PublishArgs, StageArgs};
+use crate::actors::volumes::{PublishVolume, StageVolume, UnpublishVolume, UnstageVolume};
 
 /// Node service over the shared front state.
 pub struct NodeService(pub Front);
 
+fn invalid(msg: impl Into<String>) -> Status {
+    FrontError::InvalidArgument(msg.into()).into()
+}
+
+fn path_field(field: &str, v: &str) -> Result<PathBuf, Status> {
+    if v.is_empty() {
+        return Err(invalid(format!("{field} is required")));
+    }
+    Ok(PathBuf::from(v))
+}
+
+/// Access mode facts of one capability: read-only, single writer.
+fn mode_of(cap: &csi::VolumeCapability) -> (bool, bool) {
+    use csi::volume_capability::access_mode::Mode;
+    let m = cap.access_mode.as_ref().and_then(|m| Mode::try_from(m.mode).ok());
+    (m == Some(Mode::SingleNodeReaderOnly), m == Some(Mode::SingleNodeSingleWriter))
+}
+
+fn mount_flags(cap: &csi::VolumeCapability) -> Vec<String> {
+    match &cap.access_type {
+        Some(csi::volume_capability::AccessType::Mount(m)) => m.mount_flags.clone(),
+        _ => Vec::new(),
+    }
+}
+
 #[tonic::async_trait]
 impl Node for NodeService {
+    #[instrument(skip_all, fields(csi.method = "NodeStageVolume", volume.id), err)]
+    async fn node_stage_volume(
+        &self,
+        req: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        let req = req.into_inner();
+        check_id("volume_id", &req.volume_id)?;
+        tracing::Span::current().record("volume.id", req.volume_id.as_str());
+        let path = path_field("staging_target_path", &req.staging_target_path)?;
+        let cap = req.volume_capability.ok_or_else(|| invalid("volume_capability is required"))?;
+        let (block, fs_type) = access_of(std::slice::from_ref(&cap))?;
+        let (readonly, _) = mode_of(&cap);
+        let args = StageArgs { path, block, fs_type, flags: mount_flags(&cap), readonly };
+        self.0
+            .volumes
+            .send(StageVolume { volume_id: req.volume_id, args })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::NodeStageVolumeResponse {}))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "NodeUnstageVolume", volume.id), err)]
+    async fn node_unstage_volume(
+        &self,
+        req: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        let req = req.into_inner();
+        check_id("volume_id", &req.volume_id)?;
+        tracing::Span::current().record("volume.id", req.volume_id.as_str());
+        let path = path_field("staging_target_path", &req.staging_target_path)?;
+        self.0
+            .volumes
+            .send(UnstageVolume { volume_id: req.volume_id, path })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "NodePublishVolume", volume.id), err)]
+    async fn node_publish_volume(
+        &self,
+        req: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        let req = req.into_inner();
+        check_id("volume_id", &req.volume_id)?;
+        tracing::Span::current().record("volume.id", req.volume_id.as_str());
+        let target = path_field("target_path", &req.target_path)?;
+        let staging = path_field("staging_target_path", &req.staging_target_path)?;
+        let cap = req.volume_capability.ok_or_else(|| invalid("volume_capability is required"))?;
+        let (block, _) = access_of(std::slice::from_ref(&cap))?;
+        let (ro_mode, single_writer) = mode_of(&cap);
+        let args = PublishArgs { target, staging, block, readonly: req.readonly || ro_mode, single_writer };
+        self.0
+            .volumes
+            .send(PublishVolume { volume_id: req.volume_id, args })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::NodePublishVolumeResponse {}))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "NodeUnpublishVolume", volume.id), err)]
+    async fn node_unpublish_volume(
+        &self,
+        req: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        let req = req.into_inner();
+        check_id("volume_id", &req.volume_id)?;
+        tracing::Span::current().record("volume.id", req.volume_id.as_str());
+        let target = path_field("target_path", &req.target_path)?;
+        self.0
+            .volumes
+            .send(UnpublishVolume { volume_id: req.volume_id, target })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
+    }
+
     #[instrument(skip_all, fields(csi.method = "NodeGetInfo"), err)]
     async fn node_get_info(
         &self,
@@ -34,6 +146,12 @@ impl Node for NodeService {
         &self,
         _: Request<csi::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
-        Ok(Response::new(csi::NodeGetCapabilitiesResponse { capabilities: vec![] }))
+        use node_service_capability::rpc::Type;
+        let rpc = |t: Type| csi::NodeServiceCapability {
+            r#type: Some(node_service_capability::Type::Rpc(node_service_capability::Rpc { r#type: t as i32 })),
+        };
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse {
+            capabilities: vec![rpc(Type::StageUnstageVolume), rpc(Type::SingleNodeMultiWriter)],
+        }))
     }
 }

@@ -5,6 +5,8 @@
 
 use tonic::{Code, Status};
 
+use crate::actors::volumes::VolumeError;
+
 /// Errors the CSI front can return, each mapped to one gRPC code.
 #[derive(Debug, thiserror::Error)]
 pub enum FrontError {
@@ -25,6 +27,23 @@ impl FrontError {
     /// A mailbox error from `actor`.
     pub fn mailbox(actor: &'static str) -> impl FnOnce(actix::MailboxError) -> FrontError {
         move |e| FrontError::Unavailable { actor, reason: e.to_string() }
+    }
+}
+
+impl From<VolumeError> for Status {
+    fn from(e: VolumeError) -> Status {
+        let code = match &e {
+            VolumeError::NotFound { .. } => Code::NotFound,
+            VolumeError::InvalidArgument { .. } => Code::InvalidArgument,
+            VolumeError::AlreadyExists { .. } => Code::AlreadyExists,
+            VolumeError::ResourceExhausted { .. } => Code::ResourceExhausted,
+            VolumeError::OutOfRange { .. } => Code::OutOfRange,
+            VolumeError::FailedPrecondition { .. } => Code::FailedPrecondition,
+            VolumeError::Aborted { .. } => Code::Aborted,
+            VolumeError::NotReady => Code::Unavailable,
+            VolumeError::Disk { .. } | VolumeError::Store(_) => Code::Internal,
+        };
+        Status::new(code, e.to_string())
     }
 }
 
@@ -55,6 +74,35 @@ mod tests {
         for (err, code, text) in table {
             let s: Status = err.into();
             assert_eq!(s.code(), code);
+            assert!(s.message().contains(text), "{}", s.message());
+        }
+    }
+
+    #[test]
+    fn each_volume_error_maps_to_its_csi_code() {
+        let id = || "v1".to_string();
+        let table: Vec<(VolumeError, Code, &str)> = vec![
+            (VolumeError::NotFound { volume_id: id() }, Code::NotFound, "volume v1 does not exist"),
+            (VolumeError::InvalidArgument { reason: "path x is not absolute".into() }, Code::InvalidArgument, "not absolute"),
+            (VolumeError::AlreadyExists { volume: "pvc-1".into(), reason: "exists with 5 bytes".into() }, Code::AlreadyExists, "pvc-1"),
+            (VolumeError::ResourceExhausted { reason: "no managed drive".into() }, Code::ResourceExhausted, "no managed drive"),
+            (VolumeError::OutOfRange { reason: "too big".into() }, Code::OutOfRange, "too big"),
+            (VolumeError::FailedPrecondition { volume_id: id(), reason: "is still staged".into() }, Code::FailedPrecondition, "v1 is still staged"),
+            (VolumeError::Aborted { volume_id: id() }, Code::Aborted, "in progress"),
+            (VolumeError::NotReady, Code::Unavailable, "starting"),
+            (
+                VolumeError::Disk {
+                    volume_id: id(),
+                    op: "make the filesystem",
+                    source: crate::disk::DiskError::Tool { tool: "mkfs.ext4".into(), message: "exit 1".into() },
+                },
+                Code::Internal,
+                "cannot make the filesystem: mkfs.ext4 failed",
+            ),
+        ];
+        for (err, code, text) in table {
+            let s: Status = err.into();
+            assert_eq!(s.code(), code, "{}", s.message());
             assert!(s.message().contains(text), "{}", s.message());
         }
     }

@@ -124,6 +124,8 @@ rescan_interval = "1m"
 [drives.filters]
 include_paths = ["{dir}/*.img"]
 {filters}
+[volumes]
+allowed_roots = ["{dir}/kubelet"]
 [log]
 format = "json"
 level = "debug"
@@ -144,19 +146,27 @@ level = "debug"
 
     /// Starts (or restarts) the process and waits for readiness.
     pub fn spawn(&mut self) {
+        self.spawn_with(&[]);
+        self.wait_ready();
+    }
+
+    /// Starts the process with extra environment, without waiting.
+    pub fn spawn_with(&mut self, env: &[(&str, &str)]) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
         let child = Command::new(bin())
             .args(["run", "--config", self.config.to_str().unwrap()])
             .env_remove("RUST_LOG")
+            .env_remove("FAILPOINTS")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("spawn drivelet");
         self.child = Some(child);
-        self.wait_ready();
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits until Probe says ready (30 s at most).
+    pub fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         let rt = rt();
         loop {
@@ -259,5 +269,102 @@ pub fn root_disk() -> PathBuf {
         PathBuf::from(src)
     } else {
         PathBuf::from(format!("/dev/{pk}"))
+    }
+}
+
+/// CSI clients over one channel, with request builders for the volume lifecycle.
+pub struct Csi {
+    pub ctrl: csi::controller_client::ControllerClient<Channel>,
+    pub node: csi::node_client::NodeClient<Channel>,
+    pub id: csi::identity_client::IdentityClient<Channel>,
+}
+
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+impl Csi {
+    pub async fn connect(agent: &Agent) -> Csi {
+        let ch = agent.csi().await;
+        Csi {
+            ctrl: csi::controller_client::ControllerClient::new(ch.clone()),
+            node: csi::node_client::NodeClient::new(ch.clone()),
+            id: csi::identity_client::IdentityClient::new(ch),
+        }
+    }
+}
+
+/// A mount capability (`fs` may be empty) in SINGLE_NODE_WRITER mode.
+pub fn mount_cap(fs: &str) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(csi::volume_capability::AccessType::Mount(csi::volume_capability::MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })),
+    }
+}
+
+/// A block capability in SINGLE_NODE_WRITER mode.
+pub fn block_cap() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(csi::volume_capability::AccessType::Block(Default::default())),
+    }
+}
+
+pub fn create_req(name: &str, bytes: u64, cap: csi::VolumeCapability) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange { required_bytes: bytes as i64, limit_bytes: 0 }),
+        volume_capabilities: vec![cap],
+        ..Default::default()
+    }
+}
+
+pub fn stage_req(id: &str, staging: &Path, cap: csi::VolumeCapability) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+pub fn publish_req(id: &str, staging: &Path, target: &Path, cap: csi::VolumeCapability, readonly: bool) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(cap),
+        readonly,
+        ..Default::default()
+    }
+}
+
+/// Mount points under `dir`, from the live mountinfo.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    drivelet::disk::mounts::read_mountinfo()
+        .unwrap()
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+/// Partitions of a loop device, from sysfs: (name, start bytes, size bytes).
+pub fn kernel_parts(dev: &Path) -> Vec<(String, u64, u64)> {
+    drivelet::disk::blkpg::kernel_partitions(dev).unwrap().into_iter().map(|p| (p.name, p.start, p.size)).collect()
+}
+
+/// Unmounts everything under `dir` (test cleanup after a failure).
+pub fn unmount_under(dir: &Path) {
+    let mut ms = mounts_under(dir);
+    ms.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    for m in ms {
+        let _ = Command::new("umount").arg("-l").arg(&m).status();
     }
 }

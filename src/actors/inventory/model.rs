@@ -62,6 +62,9 @@ pub struct Drive {
     pub largest_free_bytes: u64,
     /// Whether the drive has no partition table yet (a `layout=drive` candidate).
     pub blank: bool,
+    /// Partitions the kernel reports on it, `(start, len)` in bytes.
+    #[serde(default)]
+    pub extents: Vec<(u64, u64)>,
 }
 
 impl Drive {
@@ -107,6 +110,7 @@ impl Drive {
             free_bytes,
             largest_free_bytes,
             blank: p.partitions.is_empty() && p.prop("ID_PART_TABLE_TYPE").is_none(),
+            extents: p.partitions.iter().map(|q| (q.start, q.size)).collect(),
         })
     }
 }
@@ -128,7 +132,8 @@ pub enum DriveChange {
 }
 
 /// Which kind of volume a capacity question is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LayoutKind {
     /// A partition carved from free space.
     Partition,
@@ -244,6 +249,7 @@ mod tests {
             free_bytes: free,
             largest_free_bytes: free / 2,
             blank: volumes == 0,
+            extents: vec![],
         }
     }
 

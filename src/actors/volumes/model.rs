@@ -1,0 +1,465 @@
+//! Volumes as plain data: the persisted record, the lifecycle state machine and its one
+//! transition function, capacity arithmetic and placement. No I/O here.
+//!
+//! Legal transitions ([`next`]):
+//!
+//! | from        | op          | to          |
+//! |-------------|-------------|-------------|
+//! | Creating    | CreateDone  | Available   |
+//! | Available   | Stage       | Staged      |
+//! | Staged      | Stage       | Staged      |
+//! | Staged      | Publish     | Published   |
+//! | Published   | Publish     | Published   |
+//! | Published   | Unpublish   | Published (targets remain) or Staged (last one) |
+//! | Staged      | Unpublish   | Staged      |
+//! | Available   | Unpublish   | Available   |
+//! | Staged      | Unstage     | Available   |
+//! | Available   | Unstage     | Available   |
+//! | Creating, Available, Deleting | Delete | Deleting |
+//! | Deleting    | DeleteDone  | (record removed) |
+//!
+//! Everything else is refused with the reason: publishing an unstaged volume, unstaging
+//! or deleting a volume that is still staged or published, touching a volume that is
+//! being created or deleted.
+//!
+//! Placement policy: among managed drives of the requested media that are not being
+//! released, the drive whose largest free extent fits the volume and that has the
+//! least free space left (best fit, to keep large extents for large volumes); ties go
+//! to the drive id in order. A volume takes the lowest free extent that fits.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::actors::inventory::classify::DriveClass;
+use crate::actors::inventory::model::{Drive, LayoutKind};
+use crate::config::Media;
+use crate::disk::gpt;
+
+/// Where a volume is in its life. Persisted with the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VolumeState {
+    /// The intent is recorded; the partition may or may not exist yet. Such a volume
+    /// was never returned to anyone, so a restart rolls it back.
+    Creating,
+    /// The partition exists and was wiped; nothing is mounted.
+    Available,
+    /// Staged: the filesystem is mounted at the staging path (block volumes: the
+    /// staging path is recorded).
+    Staged,
+    /// Staged and bind-mounted to at least one target path.
+    Published,
+    /// Deletion has started; a restart finishes it.
+    Deleting,
+}
+
+impl VolumeState {
+    /// Lower-case name for output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumeState::Creating => "creating",
+            VolumeState::Available => "available",
+            VolumeState::Staged => "staged",
+            VolumeState::Published => "published",
+            VolumeState::Deleting => "deleting",
+        }
+    }
+}
+
+/// An operation on a volume, as the state machine sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// The partition is in place and wiped.
+    CreateDone,
+    /// NodeStageVolume.
+    Stage,
+    /// NodeUnstageVolume.
+    Unstage,
+    /// NodePublishVolume.
+    Publish,
+    /// NodeUnpublishVolume; `remaining` targets stay published afterwards.
+    Unpublish {
+        /// Targets left after this one.
+        remaining: usize,
+    },
+    /// DeleteVolume starts.
+    Delete,
+}
+
+/// Why a transition is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Publish before stage.
+    #[error("is not staged; call NodeStageVolume first")]
+    NotStaged,
+    /// Unstage or delete while targets are published.
+    #[error("is still published; unpublish every target first")]
+    StillPublished,
+    /// Delete while staged.
+    #[error("is still staged; unstage it first")]
+    StillStaged,
+    /// The volume is being created.
+    #[error("is still being created; retry CreateVolume")]
+    BeingCreated,
+    /// The volume is being deleted.
+    #[error("is being deleted")]
+    BeingDeleted,
+}
+
+/// The one transition function of the volume lifecycle.
+pub fn next(s: VolumeState, op: Op) -> Result<VolumeState, Refusal> {
+    use Op::*;
+    use VolumeState::*;
+    match (s, op) {
+        (Creating, CreateDone) => Ok(Available),
+        (Creating | Available | Deleting, Delete) => Ok(Deleting),
+        (Creating, _) => Err(Refusal::BeingCreated),
+        (Deleting, _) => Err(Refusal::BeingDeleted),
+        (Available | Staged, Stage) => Ok(Staged),
+        (Published, Stage) => Ok(Published),
+        (Staged | Published, Publish) => Ok(Published),
+        (Available, Publish) => Err(Refusal::NotStaged),
+        (Published, Unpublish { remaining }) => Ok(if remaining == 0 { Staged } else { Published }),
+        (Staged | Available, Unpublish { .. }) => Ok(s),
+        (Staged | Available, Unstage) => Ok(Available),
+        (Published, Unstage) => Err(Refusal::StillPublished),
+        (Staged, Delete) => Err(Refusal::StillStaged),
+        (Published, Delete) => Err(Refusal::StillPublished),
+        (Available | Staged | Published, CreateDone) => Ok(s),
+    }
+}
+
+/// The staging of a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Staging {
+    /// The staging path.
+    pub path: PathBuf,
+    /// Block access (nothing mounted at the staging path).
+    pub block: bool,
+    /// Mount flags used.
+    pub flags: Vec<String>,
+    /// Mounted read-only.
+    pub readonly: bool,
+    /// False while the stage is in progress (intent recorded, mount not confirmed).
+    pub done: bool,
+}
+
+/// One publish target of a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    /// Bind-mounted read-only.
+    pub readonly: bool,
+    /// Block access (the device node is bound onto a file).
+    pub block: bool,
+    /// False while the publish is in progress.
+    pub done: bool,
+}
+
+/// A volume as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    /// CSI volume id: the partition GUID.
+    pub id: String,
+    /// CSI name the volume was created with (from the GPT label when rebuilt, then
+    /// possibly shortened).
+    pub name: String,
+    /// Stable id of the drive it lives on.
+    pub drive_id: String,
+    /// Partition GUID.
+    pub part_guid: uuid::Uuid,
+    /// Start on the drive, bytes.
+    pub start: u64,
+    /// Size, bytes.
+    pub size: u64,
+    /// Partition or whole drive.
+    pub layout: LayoutKind,
+    /// Media of its drive.
+    pub media: Media,
+    /// Created for block access only.
+    pub block: bool,
+    /// Filesystem for mount access (ext4 or xfs).
+    pub fs_type: String,
+    /// StorageClass parameters it was created with.
+    pub parameters: BTreeMap<String, String>,
+    /// Lifecycle state.
+    pub state: VolumeState,
+    /// drivelet made the filesystem (mkfs completed), so an existing one is data.
+    pub formatted: bool,
+    /// Staging, if staged or being staged.
+    pub staging: Option<Staging>,
+    /// Publish targets by path.
+    pub targets: BTreeMap<PathBuf, Target>,
+    /// Unix time of creation.
+    pub created_unix: u64,
+    /// Rebuilt from the drive's GPT (the store had no record).
+    pub rebuilt: bool,
+}
+
+impl VolumeRecord {
+    /// Published targets that are confirmed.
+    pub fn published_targets(&self) -> usize {
+        self.targets.values().filter(|t| t.done).count()
+    }
+}
+
+/// Capacity bounds of a CreateVolume call (bytes; 0 = not set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapacityRange {
+    /// At least this many bytes.
+    pub required: u64,
+    /// At most this many bytes.
+    pub limit: u64,
+}
+
+impl CapacityRange {
+    /// Whether an existing size satisfies the range.
+    pub fn admits(&self, size: u64) -> bool {
+        size >= self.required && (self.limit == 0 || size <= self.limit)
+    }
+}
+
+/// Smallest volume of a kind: xfs needs 300 MiB, ext4 a few MiB, block one extent.
+pub fn minimum_size(block: bool, fs: &str) -> u64 {
+    match (block, fs) {
+        (true, _) => gpt::ALIGN,
+        (false, "xfs") => 300 << 20,
+        _ => 16 << 20,
+    }
+}
+
+/// The partition size for a range: `required` rounded up to the alignment (the
+/// default size when nothing is asked), at least `minimum`, within `limit`.
+pub fn size_for(range: CapacityRange, default: u64, minimum: u64) -> Result<u64, String> {
+    let al = gpt::ALIGN;
+    if range.limit != 0 && range.limit < range.required {
+        return Err(format!("limit_bytes {} is below required_bytes {}", range.limit, range.required));
+    }
+    let want = if range.required == 0 {
+        if range.limit != 0 { default.min(range.limit) } else { default }
+    } else {
+        range.required
+    };
+    let size = want
+        .max(minimum)
+        .div_ceil(al)
+        .checked_mul(al)
+        .ok_or_else(|| format!("required_bytes {} is larger than any drive", range.required))?;
+    if range.limit != 0 && size > range.limit {
+        return Err(format!(
+            "the smallest aligned size that fits is {size} bytes (1 MiB alignment, minimum {minimum}), above limit_bytes {}",
+            range.limit
+        ));
+    }
+    Ok(size)
+}
+
+/// Where a new volume goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// Drive id.
+    pub drive_id: String,
+    /// Start, bytes.
+    pub start: u64,
+    /// Size, bytes.
+    pub size: u64,
+}
+
+/// Why no placement was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoRoom {
+    /// No eligible drive could ever hold it (too big): OUT_OF_RANGE.
+    TooBig(String),
+    /// Eligible drives exist but none has room now: RESOURCE_EXHAUSTED.
+    Full(String),
+}
+
+/// A drive as placement sees it.
+#[derive(Debug, Clone)]
+pub struct Candidate<'a> {
+    /// The drive.
+    pub drive: &'a Drive,
+    /// Extents in use (records and kernel partitions), `(start, len)`.
+    pub used: Vec<(u64, u64)>,
+    /// The drive must not take new volumes (releasing, failing).
+    pub closed: bool,
+}
+
+/// Picks a drive and extent for a volume of `size` (for `layout=drive`, `size` is the
+/// minimum and the whole usable region is taken).
+pub fn place(cands: &[Candidate<'_>], media: Option<Media>, layout: LayoutKind, size: u64) -> Result<Placement, NoRoom> {
+    let eligible: Vec<&Candidate<'_>> = cands
+        .iter()
+        .filter(|c| c.drive.class == DriveClass::Managed && !c.closed && media.is_none_or(|m| c.drive.media == m))
+        .collect();
+    let what = media.map(|m| format!("{} ", m.as_str())).unwrap_or_default();
+    if eligible.is_empty() {
+        return Err(NoRoom::Full(format!("no managed {what}drive is available on this node")));
+    }
+    let region = |c: &Candidate<'_>| gpt::usable_region(c.drive.size_bytes, c.drive.logical_block_size);
+    let biggest = eligible.iter().filter_map(|c| region(c).map(|(s, e)| e - s)).max().unwrap_or(0);
+    if size > biggest {
+        return Err(NoRoom::TooBig(format!(
+            "{size} bytes is more than the largest managed {what}drive can hold ({biggest} bytes)"
+        )));
+    }
+    let mut best: Option<(u64, &str, Placement)> = None;
+    for c in &eligible {
+        let free = gpt::free_extents(c.drive.size_bytes, c.drive.logical_block_size, &c.used);
+        let total: u64 = free.iter().map(|e| e.1).sum();
+        let pick = match layout {
+            LayoutKind::Drive => {
+                let Some((s, e)) = region(c) else { continue };
+                if !c.used.is_empty() || e - s < size {
+                    continue;
+                }
+                Placement { drive_id: c.drive.id.clone(), start: s, size: e - s }
+            }
+            LayoutKind::Partition => match free.iter().find(|e| e.1 >= size) {
+                Some(&(s, _)) => Placement { drive_id: c.drive.id.clone(), start: s, size },
+                None => continue,
+            },
+        };
+        let key = (total, c.drive.id.as_str());
+        if best.as_ref().is_none_or(|(t, id, _)| key < (*t, *id)) {
+            best = Some((total, c.drive.id.as_str(), pick));
+        }
+    }
+    best.map(|b| b.2).ok_or_else(|| match layout {
+        LayoutKind::Drive => NoRoom::Full(format!("no empty managed {what}drive of at least {size} bytes is free")),
+        LayoutKind::Partition => NoRoom::Full(format!("no managed {what}drive has {size} contiguous free bytes")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn the_transition_table_holds() {
+        use Op::*;
+        use VolumeState::*;
+        let ok = [
+            (Creating, CreateDone, Available),
+            (Available, Stage, Staged),
+            (Staged, Stage, Staged),
+            (Staged, Publish, Published),
+            (Published, Publish, Published),
+            (Published, Unpublish { remaining: 1 }, Published),
+            (Published, Unpublish { remaining: 0 }, Staged),
+            (Staged, Unpublish { remaining: 0 }, Staged),
+            (Staged, Unstage, Available),
+            (Available, Unstage, Available),
+            (Available, Delete, Deleting),
+            (Creating, Delete, Deleting),
+            (Deleting, Delete, Deleting),
+        ];
+        for (s, op, want) in ok {
+            assert_eq!(next(s, op), Ok(want), "{s:?} {op:?}");
+        }
+        let refused = [
+            (Available, Publish, Refusal::NotStaged),
+            (Published, Unstage, Refusal::StillPublished),
+            (Staged, Delete, Refusal::StillStaged),
+            (Published, Delete, Refusal::StillPublished),
+            (Creating, Stage, Refusal::BeingCreated),
+            (Deleting, Stage, Refusal::BeingDeleted),
+            (Deleting, Publish, Refusal::BeingDeleted),
+        ];
+        for (s, op, why) in refused {
+            assert_eq!(next(s, op), Err(why), "{s:?} {op:?}");
+        }
+    }
+
+    #[test]
+    fn sizes_round_up_to_the_alignment_and_respect_the_limit() {
+        let r = |required, limit| CapacityRange { required, limit };
+        assert_eq!(size_for(r(0, 0), GIB, MIB), Ok(GIB));
+        assert_eq!(size_for(r(0, 100 * MIB), GIB, MIB), Ok(100 * MIB));
+        assert_eq!(size_for(r(MIB + 1, 0), GIB, MIB), Ok(2 * MIB));
+        assert_eq!(size_for(r(MIB + 1, 3 * MIB), GIB, MIB), Ok(2 * MIB));
+        assert_eq!(size_for(r(10 * MIB, 0), GIB, 300 * MIB), Ok(300 * MIB));
+        assert!(size_for(r(MIB + 1, MIB + 100), GIB, MIB).is_err());
+        assert!(size_for(r(10 * MIB, 5 * MIB), GIB, MIB).is_err());
+        assert!(size_for(r(10 * MIB, 100 * MIB), GIB, 300 * MIB).is_err());
+        assert!(size_for(r(u64::MAX, 0), GIB, MIB).is_err());
+        assert_eq!(size_for(r(i64::MAX as u64, 0), GIB, MIB), Ok(1 << 63));
+    }
+
+    fn drive(id: &str, media: Media, size: u64) -> Drive {
+        Drive {
+            id: id.into(),
+            path: format!("/dev/{id}").into(),
+            by_id: None,
+            devnum: (7, 0),
+            serial: None,
+            wwn: None,
+            model: None,
+            vendor: None,
+            size_bytes: size,
+            logical_block_size: 512,
+            rotational: false,
+            transport: "loop".into(),
+            media,
+            class: DriveClass::Managed,
+            reason: String::new(),
+            backing_file: None,
+            volumes: 0,
+            free_bytes: 0,
+            largest_free_bytes: 0,
+            blank: true,
+            extents: vec![],
+        }
+    }
+
+    #[test]
+    fn placement_prefers_the_tightest_drive_that_fits() {
+        let a = drive("a", Media::Ssd, 10 * GIB);
+        let b = drive("b", Media::Ssd, 4 * GIB);
+        let c = drive("c", Media::Hdd, 2 * GIB);
+        let cands = vec![
+            Candidate { drive: &a, used: vec![], closed: false },
+            Candidate { drive: &b, used: vec![(MIB, GIB)], closed: false },
+            Candidate { drive: &c, used: vec![], closed: false },
+        ];
+        let p = place(&cands, None, LayoutKind::Partition, GIB).unwrap();
+        assert_eq!((p.drive_id.as_str(), p.start), ("c", MIB));
+        let p = place(&cands, Some(Media::Ssd), LayoutKind::Partition, GIB).unwrap();
+        assert_eq!((p.drive_id.as_str(), p.start), ("b", MIB + GIB));
+        let p = place(&cands, Some(Media::Ssd), LayoutKind::Partition, 5 * GIB).unwrap();
+        assert_eq!(p.drive_id, "a");
+        assert!(matches!(place(&cands, None, LayoutKind::Partition, 11 * GIB), Err(NoRoom::TooBig(_))));
+        assert!(matches!(place(&cands, Some(Media::Nvme), LayoutKind::Partition, MIB), Err(NoRoom::Full(_))));
+    }
+
+    #[test]
+    fn whole_drive_placement_takes_an_empty_drive_entirely() {
+        let a = drive("a", Media::Ssd, 4 * GIB);
+        let b = drive("b", Media::Ssd, 2 * GIB);
+        let cands = vec![
+            Candidate { drive: &a, used: vec![], closed: false },
+            Candidate { drive: &b, used: vec![(MIB, MIB)], closed: false },
+        ];
+        let p = place(&cands, None, LayoutKind::Drive, MIB).unwrap();
+        assert_eq!(p.drive_id, "a");
+        assert_eq!(p.start, MIB);
+        assert_eq!(p.size, gpt::usable_region(4 * GIB, 512).map(|(s, e)| e - s).unwrap());
+        let cands = vec![Candidate { drive: &b, used: vec![(MIB, MIB)], closed: false }];
+        assert!(matches!(place(&cands, None, LayoutKind::Drive, MIB), Err(NoRoom::Full(_))));
+    }
+
+    #[test]
+    fn closed_and_unmanaged_drives_are_never_chosen() {
+        let a = drive("a", Media::Ssd, 4 * GIB);
+        let mut f = drive("f", Media::Ssd, 4 * GIB);
+        f.class = DriveClass::Foreign;
+        let cands = vec![
+            Candidate { drive: &a, used: vec![], closed: true },
+            Candidate { drive: &f, used: vec![], closed: false },
+        ];
+        assert!(matches!(place(&cands, None, LayoutKind::Partition, MIB), Err(NoRoom::Full(_))));
+    }
+}

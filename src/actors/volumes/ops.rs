@@ -1,0 +1,468 @@
+//! The destructive steps of each volume operation, run off the actor thread
+//! (`spawn_blocking`), in an order that survives `kill -9` anywhere.
+//!
+//! Rules:
+//! - the intent is written to the store before the first change on disk, and the
+//!   result after the last, so a restart always knows what may be half done;
+//! - every step is idempotent (an existing partition, filesystem or mount that is
+//!   already what the step would make counts as done), so a retried call finishes what
+//!   a killed one started;
+//! - a step that fails undoes what this call changed, where it can, and leaves the
+//!   record in a state a retry or a restart can finish;
+//! - GPT writes on one drive are serialised by that drive's lock;
+//! - nothing is formatted that drivelet did not wipe itself: an existing filesystem
+//!   on a volume drivelet formatted is data and is never overwritten;
+//! - named crash points (`fail` crate, feature `failpoints`) sit between the steps; a
+//!   test arms one to kill the process right there.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use tracing::{info, warn};
+
+use super::model::{next, Op, Staging, Target, VolumeRecord};
+use super::VolumeError;
+use crate::disk::lock::DiskLock;
+use crate::disk::{blkpg, fs, gpt, mount, paths, DiskError};
+use crate::store::Store;
+
+/// Kills the process at a named point when a test armed it (`FAILPOINTS=name=return`).
+macro_rules! crash_point {
+    ($name:literal) => {
+        fail::fail_point!($name, |_| {
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            unreachable!("SIGKILL at crash point")
+        })
+    };
+}
+
+/// Where a volume's drive is, for the blocking steps.
+#[derive(Debug, Clone)]
+pub struct DriveLoc {
+    /// Kernel device node of the whole drive.
+    pub path: PathBuf,
+    /// Logical block size.
+    pub sector: u64,
+}
+
+/// What a blocking step hands back: the record as it now is (`None`: removed) and the
+/// call's result.
+pub struct Outcome<T> {
+    /// The record after the step.
+    pub record: Option<VolumeRecord>,
+    /// The call's result.
+    pub result: Result<T, VolumeError>,
+}
+
+fn disk(id: &str, op: &'static str) -> impl FnOnce(DiskError) -> VolumeError {
+    let volume_id = id.to_string();
+    move |source| VolumeError::Disk { volume_id, op, source }
+}
+
+fn save(store: &Store, rec: &VolumeRecord) -> Result<(), VolumeError> {
+    store.put(&rec.id, rec).map_err(VolumeError::Store)
+}
+
+/// Creates the partition of a `Creating` record: intent, GPT entry, kernel partition,
+/// wipe, then `Available`.
+pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeRecord) -> Outcome<VolumeRecord> {
+    if let Err(e) = save(store, &rec) {
+        return Outcome { record: None, result: Err(e) };
+    }
+    crash_point!("create.intent_saved");
+    match create_steps(store, drive, lock, rec.clone()) {
+        Ok(done) => Outcome { record: Some(done.clone()), result: Ok(done) },
+        Err(e) => match rollback_create(store, drive, lock, &rec) {
+            Ok(()) => Outcome { record: None, result: Err(e) },
+            Err(undo) => {
+                warn!(volume.id = %rec.id, error = %undo, "cannot roll back a failed create; a retry or restart finishes it");
+                Outcome { record: Some(rec), result: Err(e) }
+            }
+        },
+    }
+}
+
+fn create_steps(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: VolumeRecord) -> Result<VolumeRecord, VolumeError> {
+    let kp = {
+        let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
+        gpt::add_partition(&drive.path, drive.sector, rec.part_guid, &gpt::partition_label(&rec.name), rec.start, rec.size)
+            .map_err(disk(&rec.id, "write the partition table"))?;
+        crash_point!("create.gpt_written");
+        blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size).map_err(disk(&rec.id, "add the kernel partition"))?
+    };
+    crash_point!("create.partition_visible");
+    fs::wipe_signatures(&kp.devnode).map_err(disk(&rec.id, "wipe the new partition"))?;
+    crash_point!("create.wiped");
+    rec.state = next(rec.state, Op::CreateDone).map_err(|r| VolumeError::refused(&rec.id, r))?;
+    save(store, &rec)?;
+    crash_point!("create.saved");
+    Ok(rec)
+}
+
+/// Undoes a creation that was never handed out: kernel partition, GPT entry, record.
+pub fn rollback_create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: &VolumeRecord) -> Result<(), VolumeError> {
+    {
+        let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
+        blkpg::remove_kernel_partition(&drive.path, rec.start).map_err(disk(&rec.id, "remove the kernel partition"))?;
+        gpt::remove_partition(&drive.path, drive.sector, rec.part_guid).map_err(disk(&rec.id, "update the partition table"))?;
+    }
+    store.remove(&rec.id).map_err(VolumeError::Store)
+}
+
+/// Deletes a volume: intent, wipe, kernel partition, GPT entry, record. With the drive
+/// absent (`drive` is `None`) only the record goes.
+pub fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec: VolumeRecord) -> Outcome<()> {
+    let prev = rec.clone();
+    match next(rec.state, Op::Delete) {
+        Ok(s) => rec.state = s,
+        Err(r) => return Outcome { record: Some(prev), result: Err(VolumeError::refused(&rec.id, r)) },
+    }
+    if let Err(e) = save(store, &rec) {
+        return Outcome { record: Some(prev), result: Err(e) };
+    }
+    crash_point!("delete.intent_saved");
+    match delete_steps(store, drive, lock, &rec) {
+        Ok(()) => Outcome { record: None, result: Ok(()) },
+        Err(e) => Outcome { record: Some(rec), result: Err(e) },
+    }
+}
+
+/// The steps of a deletion whose intent is recorded; also finishes one at start-up.
+pub fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, rec: &VolumeRecord) -> Result<(), VolumeError> {
+    if let Some(drive) = drive {
+        let on_disk = gpt::read_table(&drive.path, drive.sector)
+            .map_err(disk(&rec.id, "read the partition table"))?
+            .is_some_and(|t| t.partitions.iter().any(|q| q.guid == rec.part_guid));
+        if on_disk {
+            let kp = blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size)
+                .map_err(disk(&rec.id, "find the kernel partition"))?;
+            let mounts = crate::disk::mounts::read_mountinfo()
+                .map_err(|e| disk(&rec.id, "read mounts")(DiskError::Io { what: "/proc/self/mountinfo".into(), source: e }))?;
+            if mounts.iter().any(|m| m.devnum == kp.devnum) {
+                return Err(VolumeError::FailedPrecondition {
+                    volume_id: rec.id.clone(),
+                    reason: format!("its partition {} is still mounted; unpublish and unstage it first", kp.devnode.display()),
+                });
+            }
+            fs::wipe_signatures(&kp.devnode).map_err(disk(&rec.id, "wipe the partition"))?;
+        }
+        crash_point!("delete.wiped");
+        {
+            let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
+            let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
+            blkpg::remove_kernel_partition(&drive.path, rec.start).map_err(disk(&rec.id, "remove the kernel partition"))?;
+            crash_point!("delete.partition_hidden");
+            gpt::remove_partition(&drive.path, drive.sector, rec.part_guid).map_err(disk(&rec.id, "update the partition table"))?;
+        }
+        crash_point!("delete.gpt_removed");
+    } else {
+        warn!(volume.id = %rec.id, drive.id = %rec.drive_id, "drive is absent: only the record is removed; the partition is listed again if the drive returns");
+    }
+    store.remove(&rec.id).map_err(VolumeError::Store)
+}
+
+/// What NodeStageVolume asks.
+#[derive(Debug, Clone)]
+pub struct StageArgs {
+    /// Staging path.
+    pub path: PathBuf,
+    /// Block access.
+    pub block: bool,
+    /// Filesystem asked for (mount access); empty means the volume's own.
+    pub fs_type: String,
+    /// Mount flags (validated).
+    pub flags: Vec<String>,
+    /// Mount read-only (reader-only access mode).
+    pub readonly: bool,
+}
+
+fn check_path(id: &str, p: &Path, roots: &[PathBuf]) -> Result<(), VolumeError> {
+    paths::check_under_roots(p, roots)
+        .map(|_| ())
+        .map_err(|reason| VolumeError::InvalidArgument { reason: format!("volume {id}: {reason}") })
+}
+
+/// Stages a volume: intent, mkfs (only on a volume drivelet wiped and never
+/// formatted), mount, then `Staged`.
+pub fn stage(store: &Store, drive: &DriveLoc, roots: &[PathBuf], rec: VolumeRecord, a: StageArgs) -> Outcome<()> {
+    let prev = rec.clone();
+    match stage_steps(store, drive, roots, rec, &a) {
+        Ok(done) => Outcome { record: Some(done), result: Ok(()) },
+        Err((e, now)) => {
+            let mut back = now.unwrap_or_else(|| prev.clone());
+            // An intent this call recorded is withdrawn (nothing stays mounted).
+            if back.staging.as_ref().is_some_and(|s| !s.done && s.path == a.path) {
+                let _ = mount::unmount_all(&a.path);
+                back.staging = prev.staging.clone();
+                back.state = prev.state;
+                back.formatted |= prev.formatted;
+                if let Err(se) = save(store, &back) {
+                    warn!(volume.id = %back.id, error = %se, "cannot withdraw a stage intent; a restart does");
+                }
+            }
+            Outcome { record: Some(back), result: Err(e) }
+        }
+    }
+}
+
+type StepErr = (VolumeError, Option<VolumeRecord>);
+
+fn stage_steps(store: &Store, drive: &DriveLoc, roots: &[PathBuf], mut rec: VolumeRecord, a: &StageArgs) -> Result<VolumeRecord, StepErr> {
+    let id = rec.id.clone();
+    check_path(&id, &a.path, roots).map_err(|e| (e, None))?;
+    let mut opts = mount::parse_mount_flags(&a.flags)
+        .map_err(|reason| (VolumeError::InvalidArgument { reason: format!("volume {id}: {reason}") }, None))?;
+    if a.readonly {
+        opts.readonly = true;
+        opts.flags |= nix::mount::MsFlags::MS_RDONLY;
+    }
+    if let Some(st) = &rec.staging {
+        if st.path != a.path {
+            return Err((
+                VolumeError::FailedPrecondition {
+                    volume_id: id.clone(),
+                    reason: format!("is already staged at {}; unstage it there first", st.path.display()),
+                },
+                None,
+            ));
+        }
+        if st.done && (st.block != a.block || st.readonly != a.readonly || st.flags != a.flags) {
+            return Err((
+                VolumeError::AlreadyExists {
+                    volume: id.clone(),
+                    reason: format!("is staged at {} with a different capability or mount flags", a.path.display()),
+                },
+                None,
+            ));
+        }
+    }
+    let next_state = next(rec.state, Op::Stage).map_err(|r| (VolumeError::refused(&id, r), None))?;
+    if !a.block && rec.block {
+        return Err((VolumeError::InvalidArgument { reason: format!("volume {id} was created for block access; it cannot be staged as a filesystem") }, None));
+    }
+    let fs_type = if a.fs_type.is_empty() { rec.fs_type.clone() } else { a.fs_type.clone() };
+    if !a.block && !rec.fs_type.is_empty() && fs_type != rec.fs_type {
+        return Err((
+            VolumeError::InvalidArgument { reason: format!("volume {id} holds {}, not {fs_type}", rec.fs_type) },
+            None,
+        ));
+    }
+    let kp = blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size)
+        .map_err(|e| (disk(&id, "find the kernel partition")(e), None))?;
+    let found = if a.block { None } else { fs::probe_fs(&kp.devnode).map_err(|e| (disk(&id, "probe the filesystem")(e), None))? };
+    if let Some(found) = &found {
+        if rec.formatted && *found != fs_type {
+            return Err((
+                VolumeError::InvalidArgument { reason: format!("volume {id} holds a {found} filesystem, not {fs_type}") },
+                None,
+            ));
+        }
+    }
+    if rec.staging.as_ref().is_some_and(|s| s.done) && (a.block || mount::is_mounted_from(&a.path, kp.devnum).unwrap_or(false)) {
+        return Ok(rec);
+    }
+    rec.staging = Some(Staging { path: a.path.clone(), block: a.block, flags: a.flags.clone(), readonly: a.readonly, done: false });
+    save(store, &rec).map_err(|e| (e, None))?;
+    crash_point!("stage.intent_saved");
+    let mut r2 = rec.clone();
+    let res = (|| {
+        if !a.block {
+            if found.is_none() || !r2.formatted {
+                fs::mkfs(&kp.devnode, &fs_type).map_err(disk(&id, "make the filesystem"))?;
+                crash_point!("stage.formatted");
+                r2.formatted = true;
+                r2.fs_type = fs_type.clone();
+                save(store, &r2)?;
+                info!(volume.id = %id, volume.fs = %fs_type, "filesystem made");
+            }
+            std::fs::create_dir_all(&a.path).map_err(|e| disk(&id, "create the staging directory")(DiskError::Io { what: a.path.display().to_string(), source: e }))?;
+            if !mount::is_mounted_from(&a.path, kp.devnum).map_err(disk(&id, "read mounts"))? {
+                mount::mount_fs(&kp.devnode, &a.path, &fs_type, &opts).map_err(disk(&id, "mount the filesystem"))?;
+            }
+            crash_point!("stage.mounted");
+        }
+        if let Some(st) = r2.staging.as_mut() {
+            st.done = true;
+        }
+        r2.state = next_state;
+        save(store, &r2)?;
+        Ok::<(), VolumeError>(())
+    })();
+    match res {
+        Ok(()) => Ok(r2),
+        Err(e) => Err((e, Some(r2))),
+    }
+}
+
+/// Unstages: unmount the staging path, then forget it.
+pub fn unstage(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, path: &Path) -> Outcome<()> {
+    let id = rec.id.clone();
+    let mut r = rec.clone();
+    let res = (|| {
+        let ours = match &r.staging {
+            Some(st) if st.path == path => true,
+            _ => {
+                // Not the recorded path: only a mount of this volume there is undone.
+                match drive.and_then(|d| blkpg::ensure_kernel_partition(&d.path, r.start, r.size).ok()) {
+                    Some(kp) if mount::is_mounted_from(path, kp.devnum).unwrap_or(false) => true,
+                    _ => return Ok(()),
+                }
+            }
+        };
+        r.state = next(r.state, Op::Unstage).map_err(|x| VolumeError::refused(&id, x))?;
+        if ours {
+            mount::unmount_all(path).map_err(disk(&id, "unmount the staging path"))?;
+        }
+        crash_point!("unstage.unmounted");
+        if r.staging.as_ref().is_some_and(|s| s.path == path) {
+            r.staging = None;
+        }
+        save(store, &r)
+    })();
+    match res {
+        Ok(()) => Outcome { record: Some(r), result: Ok(()) },
+        Err(e) => Outcome { record: Some(rec), result: Err(e) },
+    }
+}
+
+/// What NodePublishVolume asks.
+#[derive(Debug, Clone)]
+pub struct PublishArgs {
+    /// Target path.
+    pub target: PathBuf,
+    /// Staging path given with the call.
+    pub staging: PathBuf,
+    /// Block access.
+    pub block: bool,
+    /// Read-only bind.
+    pub readonly: bool,
+    /// Only one target may be published (SINGLE_NODE_SINGLE_WRITER).
+    pub single_writer: bool,
+}
+
+/// Publishes: intent, target directory (file for block), bind mount, then `Published`.
+pub fn publish(store: &Store, drive: &DriveLoc, roots: &[PathBuf], rec: VolumeRecord, a: PublishArgs) -> Outcome<()> {
+    let id = rec.id.clone();
+    let prev = rec.clone();
+    let mut r = rec;
+    let res = (|| {
+        check_path(&id, &a.target, roots)?;
+        let st = match &r.staging {
+            Some(st) if st.done => st.clone(),
+            _ => return Err(VolumeError::refused(&id, super::model::Refusal::NotStaged)),
+        };
+        if st.path != a.staging {
+            return Err(VolumeError::FailedPrecondition {
+                volume_id: id.clone(),
+                reason: format!("is staged at {}, not at {}", st.path.display(), a.staging.display()),
+            });
+        }
+        if st.block != a.block {
+            return Err(VolumeError::InvalidArgument { reason: format!("volume {id} was staged with a different access type") });
+        }
+        let kp = blkpg::ensure_kernel_partition(&drive.path, r.start, r.size).map_err(disk(&id, "find the kernel partition"))?;
+        if let Some(t) = r.targets.get(&a.target) {
+            if t.readonly != a.readonly || t.block != a.block {
+                return Err(VolumeError::AlreadyExists {
+                    volume: id.clone(),
+                    reason: format!("is published at {} with a different read-only setting or access type", a.target.display()),
+                });
+            }
+        }
+        let others = r.targets.keys().filter(|p| **p != a.target).count();
+        if a.single_writer && others > 0 {
+            return Err(VolumeError::FailedPrecondition {
+                volume_id: id.clone(),
+                reason: "has access mode SINGLE_NODE_SINGLE_WRITER and is already published at another target".into(),
+            });
+        }
+        let state = next(r.state, Op::Publish).map_err(|x| VolumeError::refused(&id, x))?;
+        let mounted = if a.block {
+            mount::is_block_bind(&a.target, &kp.devnode).unwrap_or(false)
+        } else {
+            mount::is_mounted_from(&a.target, kp.devnum).unwrap_or(false)
+        };
+        if mounted && r.targets.get(&a.target).is_some_and(|t| t.done) {
+            return Ok(());
+        }
+        r.targets.insert(a.target.clone(), Target { readonly: a.readonly, block: a.block, done: false });
+        save(store, &r)?;
+        crash_point!("publish.intent_saved");
+        if !mounted {
+            let io = |what: &str| {
+                let what = format!("{what} {}", a.target.display());
+                let id = id.clone();
+                move |e| disk(&id, "prepare the target")(DiskError::Io { what, source: e })
+            };
+            if a.block {
+                if !a.target.exists() {
+                    std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&a.target).map_err(io("create file"))?;
+                }
+                mount::bind_mount(&kp.devnode, &a.target, a.readonly).map_err(disk(&id, "bind the device to the target"))?;
+            } else {
+                std::fs::create_dir_all(&a.target).map_err(io("create directory"))?;
+                mount::bind_mount(&st.path, &a.target, a.readonly).map_err(disk(&id, "bind the staging path to the target"))?;
+            }
+        }
+        crash_point!("publish.mounted");
+        if let Some(t) = r.targets.get_mut(&a.target) {
+            t.done = true;
+        }
+        r.state = state;
+        save(store, &r)
+    })();
+    match res {
+        Ok(()) => Outcome { record: Some(r), result: Ok(()) },
+        Err(e) => {
+            // Withdraw an intent this call recorded.
+            if !prev.targets.contains_key(&a.target) && r.targets.get(&a.target).is_some_and(|t| !t.done) {
+                let _ = mount::unmount_all(&a.target);
+                if let Err(se) = save(store, &prev) {
+                    warn!(volume.id = %id, error = %se, "cannot withdraw a publish intent; a restart does");
+                    return Outcome { record: Some(r), result: Err(e) };
+                }
+            }
+            Outcome { record: Some(prev), result: Err(e) }
+        }
+    }
+}
+
+/// Unpublishes: unmount the target, remove it, forget it.
+pub fn unpublish(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, target: &Path) -> Outcome<()> {
+    let id = rec.id.clone();
+    let mut r = rec.clone();
+    let res = (|| {
+        let recorded = r.targets.get(target).cloned();
+        let kp = drive.and_then(|d| blkpg::ensure_kernel_partition(&d.path, r.start, r.size).ok());
+        let ours_mounted = match (&recorded, &kp) {
+            (Some(_), _) => !mount::mounts_at(target).map_err(disk(&id, "read mounts"))?.is_empty(),
+            (None, Some(kp)) => mount::is_mounted_from(target, kp.devnum).unwrap_or(false) || mount::is_block_bind(target, &kp.devnode).unwrap_or(false),
+            (None, None) => false,
+        };
+        if recorded.is_none() && !ours_mounted {
+            return Ok(());
+        }
+        if ours_mounted {
+            mount::unmount_all(target).map_err(disk(&id, "unmount the target"))?;
+        }
+        crash_point!("unpublish.unmounted");
+        match std::fs::symlink_metadata(target) {
+            Ok(m) if m.is_dir() => {
+                let _ = std::fs::remove_dir(target);
+            }
+            Ok(_) => {
+                let _ = std::fs::remove_file(target);
+            }
+            Err(_) => {}
+        }
+        r.targets.remove(target);
+        r.state = next(r.state, Op::Unpublish { remaining: r.targets.len() }).map_err(|x| VolumeError::refused(&id, x))?;
+        save(store, &r)
+    })();
+    match res {
+        Ok(()) => Outcome { record: Some(r), result: Ok(()) },
+        Err(e) => Outcome { record: Some(rec), result: Err(e) },
+    }
+}

@@ -1,0 +1,292 @@
+//! Start-up reconciliation of the store with the drives' GPTs and the host's mounts, as
+//! a pure plan; the volume manager carries it out.
+//!
+//! Rules (nothing here ever deletes data):
+//! - a `Creating` record was never handed out: its partition (if written) is rolled
+//!   back and the record dropped, so a retried CreateVolume starts clean;
+//! - a `Deleting` record was asked to go: the deletion is finished;
+//! - a drivelet partition with no record (the store was lost) is adopted as a volume,
+//!   named from its GPT label;
+//! - a record whose partition sits elsewhere on its drive follows the GPT (the GPT is
+//!   the truth for location) and the disagreement is reported;
+//! - a record whose drive is absent, or whose partition is gone from a present drive,
+//!   is kept and reported; the drive may come back;
+//! - an unfinished stage or publish intent is confirmed if something is mounted at its
+//!   path, and dropped otherwise.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use super::model::{VolumeRecord, VolumeState};
+use crate::actors::inventory::model::{Drive, LayoutKind};
+use crate::disk::gpt::GptPartition;
+
+/// What to do at start-up.
+#[derive(Debug, Default, PartialEq)]
+pub struct Plan {
+    /// Records to keep in memory (and write to the store when in `changed`).
+    pub keep: Vec<VolumeRecord>,
+    /// Ids of kept records that changed and must be written back.
+    pub changed: BTreeSet<String>,
+    /// Records of unfinished creations to roll back.
+    pub rollback: Vec<VolumeRecord>,
+    /// Records whose deletion must be finished.
+    pub finish_delete: Vec<VolumeRecord>,
+    /// Records to drop from the store without touching any drive.
+    pub drop: Vec<String>,
+    /// One line per finding, for the log.
+    pub reports: Vec<String>,
+}
+
+/// The drivelet partitions read from each present managed drive's GPT, by drive id.
+pub type Tables = BTreeMap<String, Vec<GptPartition>>;
+
+/// Builds the plan. `drives` are the drives present now; `mounted` every mount point.
+pub fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mounted: &BTreeSet<PathBuf>, now: u64) -> Plan {
+    let mut p = Plan::default();
+    let present: BTreeMap<&str, &Drive> = drives.iter().map(|d| (d.id.as_str(), d)).collect();
+    let mut claimed: BTreeSet<uuid::Uuid> = BTreeSet::new();
+    for mut rec in records {
+        claimed.insert(rec.part_guid);
+        let table = tables.get(&rec.drive_id);
+        let on_disk = table.and_then(|t| t.iter().find(|q| q.guid == rec.part_guid));
+        let drive_present = present.contains_key(rec.drive_id.as_str());
+        match rec.state {
+            VolumeState::Creating => {
+                if !drive_present {
+                    p.reports.push(format!("volume {} was being created on drive {} which is absent; kept until it returns", rec.id, rec.drive_id));
+                    p.keep.push(rec);
+                } else {
+                    p.reports.push(format!("volume {} was being created when drivelet stopped; rolling it back", rec.id));
+                    p.rollback.push(rec);
+                }
+                continue;
+            }
+            VolumeState::Deleting => {
+                if drive_present {
+                    p.reports.push(format!("volume {} was being deleted when drivelet stopped; finishing", rec.id));
+                    p.finish_delete.push(rec);
+                } else {
+                    p.reports.push(format!("volume {} was being deleted and its drive {} is absent; record dropped", rec.id, rec.drive_id));
+                    p.drop.push(rec.id);
+                }
+                continue;
+            }
+            _ => {}
+        }
+        let mut changed = false;
+        match (drive_present, on_disk) {
+            (false, _) => p.reports.push(format!("volume {}: drive {} is absent", rec.id, rec.drive_id)),
+            (true, None) => p.reports.push(format!(
+                "volume {}: its partition {} is missing from drive {}; kept for inspection, nothing deleted",
+                rec.id, rec.part_guid, rec.drive_id
+            )),
+            (true, Some(q)) if (q.start, q.size) != (rec.start, rec.size) => {
+                p.reports.push(format!(
+                    "volume {}: store says {}+{} but the GPT says {}+{}; following the GPT",
+                    rec.id, rec.start, rec.size, q.start, q.size
+                ));
+                rec.start = q.start;
+                rec.size = q.size;
+                changed = true;
+            }
+            _ => {}
+        }
+        if let Some(st) = rec.staging.as_mut() {
+            if !st.done {
+                if st.block || mounted.contains(&st.path) {
+                    st.done = true;
+                    if rec.state == VolumeState::Available {
+                        rec.state = VolumeState::Staged;
+                    }
+                } else {
+                    rec.staging = None;
+                }
+                changed = true;
+            }
+        }
+        let before = rec.targets.len();
+        rec.targets.retain(|path, t| t.done || mounted.contains(path));
+        for t in rec.targets.values_mut() {
+            if !t.done {
+                t.done = true;
+                changed = true;
+            }
+        }
+        changed |= rec.targets.len() != before;
+        let want = match (rec.staging.is_some(), rec.targets.is_empty()) {
+            (_, false) => VolumeState::Published,
+            (true, true) => VolumeState::Staged,
+            (false, true) => VolumeState::Available,
+        };
+        if want != rec.state {
+            rec.state = want;
+            changed = true;
+        }
+        if changed {
+            p.changed.insert(rec.id.clone());
+        }
+        p.keep.push(rec);
+    }
+    for (drive_id, parts) in tables {
+        let Some(d) = present.get(drive_id.as_str()) else { continue };
+        for q in parts.iter().filter(|q| !claimed.contains(&q.guid)) {
+            let name = q.name.strip_prefix(crate::disk::gpt::LABEL_PREFIX).unwrap_or(&q.name).to_string();
+            let whole = crate::disk::gpt::usable_region(d.size_bytes, d.logical_block_size)
+                .is_some_and(|(s, e)| q.start == s && q.size == e - s);
+            p.reports.push(format!("partition {} on drive {} has no record; adopted as volume {}", q.guid, drive_id, q.guid));
+            let rec = VolumeRecord {
+                id: q.guid.to_string(),
+                name,
+                drive_id: drive_id.clone(),
+                part_guid: q.guid,
+                start: q.start,
+                size: q.size,
+                layout: if whole && parts.len() == 1 { LayoutKind::Drive } else { LayoutKind::Partition },
+                media: d.media,
+                block: false,
+                fs_type: String::new(),
+                parameters: BTreeMap::new(),
+                state: VolumeState::Available,
+                formatted: false,
+                staging: None,
+                targets: BTreeMap::new(),
+                created_unix: now,
+                rebuilt: true,
+            };
+            p.changed.insert(rec.id.clone());
+            p.keep.push(rec);
+        }
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actors::inventory::classify::DriveClass;
+    use crate::actors::volumes::model::{Staging, Target};
+    use crate::config::Media;
+
+    const MIB: u64 = 1 << 20;
+
+    fn drive(id: &str) -> Drive {
+        Drive {
+            id: id.into(),
+            path: "/dev/loop9".into(),
+            by_id: None,
+            devnum: (7, 9),
+            serial: None,
+            wwn: None,
+            model: None,
+            vendor: None,
+            size_bytes: 1 << 30,
+            logical_block_size: 512,
+            rotational: false,
+            transport: "loop".into(),
+            media: Media::Virtual,
+            class: DriveClass::Managed,
+            reason: String::new(),
+            backing_file: None,
+            volumes: 0,
+            free_bytes: 0,
+            largest_free_bytes: 0,
+            blank: false,
+            extents: vec![],
+        }
+    }
+
+    fn rec(n: u8, state: VolumeState) -> VolumeRecord {
+        let guid = uuid::Uuid::from_bytes([n; 16]);
+        VolumeRecord {
+            id: guid.to_string(),
+            name: format!("pvc-{n}"),
+            drive_id: "d1".into(),
+            part_guid: guid,
+            start: n as u64 * MIB,
+            size: MIB,
+            layout: LayoutKind::Partition,
+            media: Media::Virtual,
+            block: false,
+            fs_type: "ext4".into(),
+            parameters: BTreeMap::new(),
+            state,
+            formatted: true,
+            staging: None,
+            targets: BTreeMap::new(),
+            created_unix: 0,
+            rebuilt: false,
+        }
+    }
+
+    fn part(r: &VolumeRecord) -> GptPartition {
+        GptPartition { guid: r.part_guid, type_guid: uuid::Uuid::nil(), name: format!("drivelet:{}", r.name), start: r.start, size: r.size }
+    }
+
+    #[test]
+    fn unfinished_creations_roll_back_and_deletions_finish() {
+        let c = rec(1, VolumeState::Creating);
+        let d = rec(2, VolumeState::Deleting);
+        let tables = Tables::from([("d1".to_string(), vec![part(&c), part(&d)])]);
+        let p = plan(vec![c.clone(), d.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0);
+        assert_eq!(p.rollback, vec![c]);
+        assert_eq!(p.finish_delete, vec![d]);
+        assert!(p.keep.is_empty());
+    }
+
+    #[test]
+    fn records_of_absent_drives_are_kept_and_reported() {
+        let a = rec(1, VolumeState::Available);
+        let c = rec(2, VolumeState::Creating);
+        let p = plan(vec![a.clone(), c.clone()], &[], &Tables::new(), &BTreeSet::new(), 0);
+        assert_eq!(p.keep, vec![a, c]);
+        assert!(p.rollback.is_empty());
+        assert_eq!(p.reports.len(), 2);
+    }
+
+    #[test]
+    fn partitions_without_records_are_adopted_and_nothing_is_deleted() {
+        let a = rec(1, VolumeState::Available);
+        let orphan = rec(3, VolumeState::Available);
+        let tables = Tables::from([("d1".to_string(), vec![part(&a), part(&orphan)])]);
+        let p = plan(vec![a.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 7);
+        assert_eq!(p.keep.len(), 2);
+        let adopted = &p.keep[1];
+        assert_eq!(adopted.part_guid, orphan.part_guid);
+        assert_eq!(adopted.name, "pvc-3");
+        assert!(adopted.rebuilt);
+        assert!(p.changed.contains(&adopted.id));
+        assert!(p.rollback.is_empty() && p.finish_delete.is_empty() && p.drop.is_empty());
+    }
+
+    #[test]
+    fn intents_are_confirmed_by_mounts_or_dropped() {
+        let mut a = rec(1, VolumeState::Staged);
+        a.staging = Some(Staging { path: "/k/s1".into(), block: false, flags: vec![], readonly: false, done: true });
+        a.targets.insert("/k/t1".into(), Target { readonly: false, block: false, done: false });
+        a.targets.insert("/k/t2".into(), Target { readonly: false, block: false, done: false });
+        let mut b = rec(2, VolumeState::Available);
+        b.staging = Some(Staging { path: "/k/s2".into(), block: false, flags: vec![], readonly: false, done: false });
+        let tables = Tables::from([("d1".to_string(), vec![part(&a), part(&b)])]);
+        let mounted: BTreeSet<PathBuf> = ["/k/s1", "/k/t1"].iter().map(PathBuf::from).collect();
+        let p = plan(vec![a, b], &[drive("d1")], &tables, &mounted, 0);
+        let a = &p.keep[0];
+        assert_eq!(a.state, VolumeState::Published);
+        assert_eq!(a.targets.keys().collect::<Vec<_>>(), vec![&PathBuf::from("/k/t1")]);
+        let b = &p.keep[1];
+        assert_eq!(b.state, VolumeState::Available);
+        assert!(b.staging.is_none());
+        assert_eq!(p.changed.len(), 2);
+    }
+
+    #[test]
+    fn the_gpt_wins_on_location() {
+        let a = rec(1, VolumeState::Available);
+        let mut q = part(&a);
+        q.start += MIB;
+        let tables = Tables::from([("d1".to_string(), vec![q])]);
+        let p = plan(vec![a], &[drive("d1")], &tables, &BTreeSet::new(), 0);
+        assert_eq!(p.keep[0].start, 2 * MIB);
+        assert_eq!(p.changed.len(), 1);
+    }
+}

@@ -1,0 +1,355 @@
+//! The kernel's view of a disk's partitions (sysfs) and the `BLKPG` ioctl that adds,
+//! deletes and resizes one partition at a time.
+//!
+//! Why not re-read the whole table (`BLKRRPART`): it fails with `EBUSY` as soon as any
+//! partition of the disk is mounted, and on loop devices it may create no nodes at all.
+//! `BLKPG` changes one partition and leaves the others, mounted or not, alone.
+//!
+//! Rules:
+//! - partitions are identified by their extent (start, size), never by number: numbers
+//!   and device nodes are the kernel's, and a re-read of the table (udev runs one after a
+//!   tool closes a written whole disk, when nothing on it is open) may renumber them;
+//! - a partition is added only where no kernel partition overlaps it, with the lowest
+//!   free partition number, and is returned only once its device node exists and is the
+//!   right device;
+//! - a partition in use (mounted, held, open) is never deleted: the error names it and,
+//!   when known, where it is mounted; a short wait covers udev's own brief probes;
+//! - sysfs `start` and `size` are in 512-byte units whatever the logical block size.
+
+use std::fs::File;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+
+use super::DiskError;
+
+/// How long to wait for a new partition's device node.
+const NODE_WAIT: Duration = Duration::from_secs(10);
+/// How often to look for it.
+const POLL: Duration = Duration::from_millis(10);
+/// How long a partition may stay busy (udev probing it) before deleting it gives up.
+const BUSY_WAIT: Duration = Duration::from_secs(3);
+
+/// `BLKPG` operations (`linux/blkpg.h`).
+const BLKPG_ADD_PARTITION: libc::c_int = 1;
+const BLKPG_DEL_PARTITION: libc::c_int = 2;
+const BLKPG_RESIZE_PARTITION: libc::c_int = 3;
+
+/// `struct blkpg_partition`: offsets and lengths in bytes.
+#[repr(C)]
+struct BlkpgPartition {
+    start: libc::c_longlong,
+    length: libc::c_longlong,
+    pno: libc::c_int,
+    devname: [libc::c_char; 64],
+    volname: [libc::c_char; 64],
+}
+
+/// `struct blkpg_ioctl_arg`.
+#[repr(C)]
+struct BlkpgIoctlArg {
+    op: libc::c_int,
+    flags: libc::c_int,
+    datalen: libc::c_int,
+    data: *mut libc::c_void,
+}
+
+/// The raw ioctl, kept private to this file.
+mod sys {
+    nix::ioctl_write_ptr_bad!(
+        /// `BLKPG`: `_IO(0x12, 105)`, taking a pointer to `struct blkpg_ioctl_arg`.
+        blkpg_ioctl,
+        nix::request_code_none!(0x12, 105),
+        super::BlkpgIoctlArg
+    );
+}
+
+/// A partition as the kernel knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelPartition {
+    /// Kernel name, e.g. `loop0p1`.
+    pub name: String,
+    /// Partition number.
+    pub number: u32,
+    /// First byte on the disk.
+    pub start: u64,
+    /// Length in bytes.
+    pub size: u64,
+    /// Device node, e.g. `/dev/loop0p1`.
+    pub devnode: PathBuf,
+    /// `major:minor`.
+    pub devnum: (u32, u32),
+}
+
+fn read_attr(dir: &Path, attr: &str) -> Option<String> {
+    std::fs::read_to_string(dir.join(attr)).ok().map(|s| s.trim().to_string())
+}
+
+fn parse_devnum(s: &str) -> Option<(u32, u32)> {
+    let (a, b) = s.split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+fn rdev_of(path: &Path) -> Option<(u32, u32)> {
+    let md = std::fs::metadata(path).ok()?;
+    if !md.file_type().is_block_device() {
+        return None;
+    }
+    let rdev = md.rdev();
+    Some((nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32))
+}
+
+/// The sysfs directory of a whole disk, from its device node.
+fn sysfs_dir(disk: &Path) -> Result<PathBuf, DiskError> {
+    let (major, minor) = rdev_of(disk)
+        .ok_or_else(|| DiskError::invalid(format!("{} is not a block device", disk.display())))?;
+    let link = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let dir = link.canonicalize().map_err(DiskError::io(format!("resolve {} for {}", link.display(), disk.display())))?;
+    if dir.join("partition").exists() {
+        return Err(DiskError::invalid(format!("{} is a partition, not a whole disk", disk.display())));
+    }
+    Ok(dir)
+}
+
+/// Parses one partition directory of a disk in sysfs; `None` for other entries.
+fn parse_partition_dir(dir: &Path) -> Option<KernelPartition> {
+    let number = read_attr(dir, "partition")?.parse().ok()?;
+    let start = read_attr(dir, "start")?.parse::<u64>().ok()? * 512;
+    let size = read_attr(dir, "size")?.parse::<u64>().ok()? * 512;
+    let name = dir.file_name()?.to_string_lossy().into_owned();
+    let devnum = read_attr(dir, "dev").as_deref().and_then(parse_devnum)?;
+    let devname = read_attr(dir, "uevent")
+        .and_then(|u| u.lines().find_map(|l| l.strip_prefix("DEVNAME=").map(str::to_string)))
+        .unwrap_or_else(|| name.clone());
+    Some(KernelPartition { name, number, start, size, devnode: Path::new("/dev").join(devname), devnum })
+}
+
+fn partitions_in(sys: &Path, disk: &Path) -> Result<Vec<KernelPartition>, DiskError> {
+    let rd = std::fs::read_dir(sys).map_err(DiskError::io(format!("list {} for {}", sys.display(), disk.display())))?;
+    let mut parts: Vec<KernelPartition> =
+        rd.filter_map(|e| e.ok()).filter_map(|e| parse_partition_dir(&e.path())).collect();
+    parts.sort_by_key(|p| p.number);
+    Ok(parts)
+}
+
+/// Partitions the kernel knows for a whole disk, by number.
+pub fn kernel_partitions(disk: &Path) -> Result<Vec<KernelPartition>, DiskError> {
+    partitions_in(&sysfs_dir(disk)?, disk)
+}
+
+/// Opens a whole disk for `BLKPG`. Read-only on purpose: closing a block device opened
+/// for writing makes udev re-read its partition table.
+fn open_disk(disk: &Path) -> Result<File, DiskError> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(disk)
+        .map_err(DiskError::io(format!("open {}", disk.display())))
+}
+
+fn blkpg(disk: &Path, file: &File, op: libc::c_int, number: u32, start: u64, length: u64) -> Result<(), Errno> {
+    let field = |v: u64| libc::c_longlong::try_from(v).map_err(|_| Errno::EOVERFLOW);
+    let mut part = BlkpgPartition {
+        start: field(start)?,
+        length: field(length)?,
+        pno: libc::c_int::try_from(number).map_err(|_| Errno::EOVERFLOW)?,
+        devname: [0; 64],
+        volname: [0; 64],
+    };
+    let arg = BlkpgIoctlArg {
+        op,
+        flags: 0,
+        datalen: std::mem::size_of::<BlkpgPartition>() as libc::c_int,
+        data: (&mut part as *mut BlkpgPartition).cast(),
+    };
+    tracing::debug!(disk = %disk.display(), op, number, start, length, "BLKPG");
+    // SAFETY: the fd is open for the whole call; `arg` and the `part` it points to live
+    // on this stack frame until the ioctl returns, have the kernel's `repr(C)` layout,
+    // and `datalen` is the size of `part`. The kernel only reads them.
+    unsafe { sys::blkpg_ioctl(file.as_raw_fd(), &arg) }.map(drop)
+}
+
+fn ends(p: &KernelPartition) -> u64 {
+    p.start + p.size
+}
+
+/// Waits until the kernel partition at exactly `[start, start+size)` has a device node
+/// of the right device; it may be renumbered meanwhile by a re-read of the table.
+fn wait_for_node(sys: &Path, disk: &Path, start: u64, size: u64) -> Result<KernelPartition, DiskError> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(p) = partitions_in(sys, disk)?.into_iter().find(|p| p.start == start && p.size == size) {
+            if rdev_of(&p.devnode) == Some(p.devnum) {
+                return Ok(p);
+            }
+        }
+        if t0.elapsed() >= NODE_WAIT {
+            return Err(DiskError::Timeout {
+                what: format!("the device node of the partition at [{start}, +{size}) of {}", disk.display()),
+                waited: NODE_WAIT,
+            });
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Makes sure the kernel has a partition at exactly `[start, start+size)` (bytes) on
+/// `disk` and returns it once its device node exists. A missing one is added with the
+/// lowest free partition number; one overlapping it differently is a
+/// [`DiskError::Conflict`].
+pub fn ensure_kernel_partition(disk: &Path, start: u64, size: u64) -> Result<KernelPartition, DiskError> {
+    if size == 0 || start % 512 != 0 || size % 512 != 0 || start.checked_add(size).is_none() {
+        return Err(DiskError::invalid(format!(
+            "{}: partition [{start}, +{size}) bytes is empty or not in whole 512-byte sectors",
+            disk.display()
+        )));
+    }
+    let sys = sysfs_dir(disk)?;
+    let file = open_disk(disk)?;
+    let conflict = |reason: String| DiskError::Conflict { device: disk.to_path_buf(), start, size, reason };
+    // A re-read of the table by udev may race with the add (EBUSY): look again.
+    for _ in 0..50 {
+        let parts = partitions_in(&sys, disk)?;
+        if parts.iter().any(|p| p.start == start && p.size == size) {
+            return wait_for_node(&sys, disk, start, size);
+        }
+        if let Some(p) = parts.iter().find(|p| p.start < start + size && start < ends(p)) {
+            return Err(conflict(format!(
+                "the kernel has partition {} ({}) at [{}, +{}) over it",
+                p.number,
+                p.devnode.display(),
+                p.start,
+                p.size
+            )));
+        }
+        let number = (1u32..).find(|n| parts.iter().all(|p| p.number != *n)).unwrap_or(1);
+        match blkpg(disk, &file, BLKPG_ADD_PARTITION, number, start, size) {
+            Ok(()) => return wait_for_node(&sys, disk, start, size),
+            Err(Errno::EBUSY) => std::thread::sleep(POLL * 5),
+            Err(e) => {
+                return Err(DiskError::Io {
+                    what: format!("add partition {number} at [{start}, +{size}) to {} (BLKPG)", disk.display()),
+                    source: e.into(),
+                })
+            }
+        }
+    }
+    Err(conflict("the kernel kept refusing the partition as busy (overlap or number in use)".into()))
+}
+
+/// What holds a partition for good: its mount points and holders.
+fn users_of(p: &KernelPartition, sys: &Path) -> Vec<String> {
+    let mut users: Vec<String> = super::mounts::read_mountinfo()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.devnum == p.devnum)
+        .map(|m| format!("mounted at {}", m.mount_point.display()))
+        .collect();
+    if let Ok(rd) = std::fs::read_dir(sys.join(&p.name).join("holders")) {
+        users.extend(rd.filter_map(|e| e.ok()).map(|e| format!("held by {}", e.file_name().to_string_lossy())));
+    }
+    users
+}
+
+/// Removes the kernel partition of `disk` that starts at `start` (bytes); success when
+/// there is none. A partition in use is a [`DiskError::Busy`] naming it.
+pub fn remove_kernel_partition(disk: &Path, start: u64) -> Result<(), DiskError> {
+    let sys = sysfs_dir(disk)?;
+    let file = open_disk(disk)?;
+    let t0 = Instant::now();
+    loop {
+        let Some(p) = partitions_in(&sys, disk)?.into_iter().find(|p| p.start == start) else { return Ok(()) };
+        match blkpg(disk, &file, BLKPG_DEL_PARTITION, p.number, 0, 0) {
+            Ok(()) | Err(Errno::ENXIO) => return Ok(()),
+            Err(Errno::EBUSY) => {
+                let users = users_of(&p, &sys);
+                // udev opens a partition briefly to probe it; a mount or holder stays.
+                if t0.elapsed() >= BUSY_WAIT || !users.is_empty() {
+                    let users = if users.is_empty() { "open by a process".to_string() } else { users.join(", ") };
+                    return Err(DiskError::Busy {
+                        path: p.devnode.clone(),
+                        reason: format!("cannot delete partition {} of {}: {users}", p.number, disk.display()),
+                    });
+                }
+                std::thread::sleep(POLL * 5);
+            }
+            Err(e) => {
+                return Err(DiskError::Io {
+                    what: format!("delete partition {} ({}) of {} (BLKPG)", p.number, p.devnode.display(), disk.display()),
+                    source: e.into(),
+                })
+            }
+        }
+    }
+}
+
+/// Tells the kernel the partition of `disk` starting at `start` is now `new_size` bytes.
+pub fn resize_kernel_partition(disk: &Path, start: u64, new_size: u64) -> Result<(), DiskError> {
+    if new_size == 0 || new_size % 512 != 0 {
+        return Err(DiskError::invalid(format!(
+            "{}: new partition size {new_size} is empty or not in whole 512-byte sectors",
+            disk.display()
+        )));
+    }
+    let sys = sysfs_dir(disk)?;
+    let file = open_disk(disk)?;
+    let p = partitions_in(&sys, disk)?.into_iter().find(|p| p.start == start).ok_or_else(|| DiskError::NotFound {
+        device: disk.to_path_buf(),
+        what: format!("kernel partition starting at byte {start}"),
+    })?;
+    if p.size == new_size {
+        return Ok(());
+    }
+    match blkpg(disk, &file, BLKPG_RESIZE_PARTITION, p.number, start, new_size) {
+        Ok(()) => Ok(()),
+        Err(Errno::EBUSY) => Err(DiskError::Conflict {
+            device: disk.to_path_buf(),
+            start,
+            size: new_size,
+            reason: format!("growing partition {} ({}) would overlap another", p.number, p.devnode.display()),
+        }),
+        Err(e) => Err(DiskError::Io {
+            what: format!("resize partition {} ({}) of {} to {new_size} bytes (BLKPG)", p.number, p.devnode.display(), disk.display()),
+            source: e.into(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blkpg_structures_have_the_kernel_layout() {
+        assert_eq!(std::mem::size_of::<BlkpgPartition>(), 152);
+        assert_eq!(std::mem::size_of::<BlkpgIoctlArg>(), 24);
+        assert_eq!(nix::request_code_none!(0x12, 105), 0x1269);
+    }
+
+    #[test]
+    fn sysfs_partition_directories_parse_in_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("loop7p2");
+        std::fs::create_dir(&p).unwrap();
+        for (f, v) in [("partition", "2\n"), ("start", "2048\n"), ("size", "4096\n"), ("dev", "259:3\n")] {
+            std::fs::write(p.join(f), v).unwrap();
+        }
+        std::fs::write(p.join("uevent"), "MAJOR=259\nMINOR=3\nDEVNAME=loop7p2\nDEVTYPE=partition\n").unwrap();
+        std::fs::create_dir(dir.path().join("queue")).unwrap();
+        let parts = partitions_in(dir.path(), Path::new("/dev/loop7")).unwrap();
+        assert_eq!(
+            parts,
+            vec![KernelPartition {
+                name: "loop7p2".into(),
+                number: 2,
+                start: 1 << 20,
+                size: 2 << 20,
+                devnode: PathBuf::from("/dev/loop7p2"),
+                devnum: (259, 3),
+            }]
+        );
+    }
+}

@@ -1,0 +1,183 @@
+//! Filesystems and signatures on a device, through the real tools (`blkid`,
+//! `mkfs.ext4`, `mkfs.xfs`) and plain reads and writes.
+//!
+//! Rules:
+//! - probing is low-level (`blkid -p`, no cache), so it sees what is on the device now;
+//!   a partition table inside a device counts as a signature, so it is never mistaken
+//!   for a blank device;
+//! - only ext4 and xfs are made, without discards (discarding a large device is slow,
+//!   and on loop devices it punches holes in the backing file);
+//! - wiping opens the device exclusively (`O_EXCL`), so a mounted or held device is
+//!   refused rather than wiped, and fsyncs before returning;
+//! - a tool's failure carries its exit status and stderr.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use super::DiskError;
+
+/// Filesystems [`mkfs`] makes.
+pub const SUPPORTED_FS: &[&str] = &["ext4", "xfs"];
+
+/// Bytes zeroed at each end of a device by [`wipe_signatures`].
+pub const WIPE_LEN: u64 = 1 << 20;
+
+fn run(tool: &str, cmd: &mut Command) -> Result<Output, DiskError> {
+    cmd.stdin(Stdio::null())
+        .output()
+        .map_err(DiskError::io(format!("run {tool}")))
+}
+
+fn tool_error(tool: &str, dev: &Path, out: &Output) -> DiskError {
+    DiskError::Tool {
+        tool: tool.to_string(),
+        message: format!("{} on {}: {}", out.status, dev.display(), String::from_utf8_lossy(&out.stderr).trim()),
+    }
+}
+
+/// The signature `blkid -p -o export` reports: `TYPE` (filesystem, swap, RAID or LVM
+/// member, ...), or else a partition table as `partition-table:<PTTYPE>`.
+fn signature_of(export: &str) -> Option<String> {
+    let get = |key: &str| {
+        export
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    get("TYPE").map(str::to_string).or_else(|| get("PTTYPE").map(|t| format!("partition-table:{t}")))
+}
+
+/// The filesystem (or other) signature on a device by a low-level `blkid -p` probe:
+/// `ext4`, `xfs`, `swap`, `linux_raid_member`, ..., or `partition-table:gpt` when the
+/// device holds a partition table. `Ok(None)` when blkid finds nothing.
+pub fn probe_fs(dev: &Path) -> Result<Option<String>, DiskError> {
+    let out = run("blkid", Command::new("blkid").arg("-p").arg("-o").arg("export").arg(dev))?;
+    match out.status.code() {
+        Some(0) => Ok(signature_of(&String::from_utf8_lossy(&out.stdout))),
+        Some(2) => Ok(None),
+        _ => Err(tool_error("blkid", dev, &out)),
+    }
+}
+
+/// Makes an ext4 (`mkfs.ext4 -F -q -E nodiscard`) or xfs (`mkfs.xfs -f -q -K`)
+/// filesystem on a device; any other type is refused.
+pub fn mkfs(dev: &Path, fs: &str) -> Result<(), DiskError> {
+    let (tool, args): (&str, &[&str]) = match fs {
+        "ext4" => ("mkfs.ext4", &["-F", "-q", "-E", "nodiscard"]),
+        "xfs" => ("mkfs.xfs", &["-f", "-q", "-K"]),
+        other => {
+            return Err(DiskError::invalid(format!(
+                "cannot make a {other:?} filesystem on {}: supported are {}",
+                dev.display(),
+                SUPPORTED_FS.join(", ")
+            )))
+        }
+    };
+    let out = run(tool, Command::new(tool).args(args).arg(dev))?;
+    if !out.status.success() {
+        return Err(tool_error(tool, dev, &out));
+    }
+    Ok(())
+}
+
+/// The raw ioctl, kept private to this file.
+mod sys {
+    nix::ioctl_read!(
+        /// `BLKGETSIZE64`: the size of a block device in bytes.
+        blkgetsize64,
+        0x12,
+        114,
+        u64
+    );
+}
+
+fn size_of_open(dev: &Path, file: &File) -> Result<u64, DiskError> {
+    let mut size: u64 = 0;
+    // SAFETY: the fd is open for the whole call and BLKGETSIZE64 writes one u64 into
+    // `size`, which lives on this stack frame.
+    unsafe { sys::blkgetsize64(file.as_raw_fd(), &mut size) }
+        .map_err(DiskError::errno(format!("size of {} (BLKGETSIZE64)", dev.display())))?;
+    Ok(size)
+}
+
+/// Size of a block device in bytes (`BLKGETSIZE64`).
+pub fn device_size(dev: &Path) -> Result<u64, DiskError> {
+    let file = File::open(dev).map_err(DiskError::io(format!("open {}", dev.display())))?;
+    size_of_open(dev, &file)
+}
+
+/// The byte ranges [`wipe_signatures`] zeroes on a device of `size` bytes.
+fn wipe_ranges(size: u64) -> Vec<(u64, u64)> {
+    if size <= 2 * WIPE_LEN {
+        return vec![(0, size)];
+    }
+    vec![(0, WIPE_LEN), (size - WIPE_LEN, WIPE_LEN)]
+}
+
+/// Zeroes the first and the last MiB of a block device (all of it if smaller) and
+/// fsyncs, so no filesystem, partition-table or RAID signature survives. A device that
+/// is mounted or held is refused ([`DiskError::Busy`]).
+pub fn wipe_signatures(dev: &Path) -> Result<(), DiskError> {
+    let file = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_EXCL | libc::O_CLOEXEC)
+        .open(dev)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) => DiskError::Busy {
+                path: dev.to_path_buf(),
+                reason: "it is mounted or held by another device; not wiping it".into(),
+            },
+            _ => DiskError::Io { what: format!("open {} to wipe it", dev.display()), source: e },
+        })?;
+    let size = size_of_open(dev, &file)?;
+    let zeros = vec![0u8; WIPE_LEN as usize];
+    for (start, len) in wipe_ranges(size) {
+        let mut off = start;
+        while off < start + len {
+            let n = (start + len - off).min(WIPE_LEN) as usize;
+            file.write_all_at(&zeros[..n], off)
+                .map_err(DiskError::io(format!("zero {} at byte {off}", dev.display())))?;
+            off += n as u64;
+        }
+    }
+    file.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blkid_export_yields_the_filesystem_type() {
+        let out = "DEVNAME=/dev/loop0p1\nUUID=1234\nBLOCK_SIZE=4096\nTYPE=ext4\nPART_ENTRY_SCHEME=gpt\n";
+        assert_eq!(signature_of(out), Some("ext4".into()));
+    }
+
+    #[test]
+    fn a_partition_table_counts_as_a_signature() {
+        assert_eq!(signature_of("DEVNAME=/dev/loop0\nPTUUID=ab\nPTTYPE=gpt\n"), Some("partition-table:gpt".into()));
+    }
+
+    #[test]
+    fn partition_entry_fields_alone_are_no_signature() {
+        assert_eq!(signature_of("DEVNAME=/dev/loop0p1\nPART_ENTRY_SCHEME=gpt\nPART_ENTRY_TYPE=x\n"), None);
+        assert_eq!(signature_of(""), None);
+    }
+
+    #[test]
+    fn wiping_covers_both_ends_or_the_whole_small_device() {
+        assert_eq!(wipe_ranges(10 * WIPE_LEN), vec![(0, WIPE_LEN), (9 * WIPE_LEN, WIPE_LEN)]);
+        assert_eq!(wipe_ranges(WIPE_LEN + 5), vec![(0, WIPE_LEN + 5)]);
+        assert_eq!(wipe_ranges(0), vec![(0, 0)]);
+    }
+
+    #[test]
+    fn unsupported_filesystems_are_refused_before_running_anything() {
+        let err = mkfs(Path::new("/dev/null"), "btrfs").unwrap_err();
+        assert!(err.to_string().contains("btrfs") && err.to_string().contains("/dev/null"), "{err}");
+    }
+}

@@ -1,0 +1,54 @@
+//! An exclusive BSD lock on a whole disk while its partition table changes, following
+//! systemd's block-device locking protocol.
+//!
+//! Why: closing a disk that was open for writing makes udev re-read its partition
+//! table (BLKRRPART). That re-read drops every unused partition and adds back only
+//! what the kernel's own parser finds, which is racy against the BLKPG adds drivelet
+//! does and, on kernels that cannot parse the table, loses partitions outright. While
+//! a process holds `LOCK_EX` on the disk, udev skips the re-read and only sends change
+//! events.
+//!
+//! Rules: the lock is taken on a read-only descriptor (closing it never counts as a
+//! write); it is held for a short grace period after the last write so udev sees the
+//! close while the lock is still held; dropping the guard releases it.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::Duration;
+
+use super::DiskError;
+
+/// How long the lock outlives the last write, so udev handles the close under it.
+const GRACE: Duration = Duration::from_millis(50);
+
+/// Holds `LOCK_EX` on a whole disk until dropped.
+pub struct DiskLock {
+    file: File,
+}
+
+impl DiskLock {
+    /// Locks `disk`, waiting for another holder (udev probes hold `LOCK_SH` briefly).
+    pub fn exclusive(disk: &Path) -> Result<DiskLock, DiskError> {
+        let file = File::open(disk).map_err(DiskError::io(format!("open {} to lock it", disk.display())))?;
+        loop {
+            // SAFETY: flock on a descriptor this function owns; no memory is passed.
+            let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+            if r == 0 {
+                return Ok(DiskLock { file });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(DiskError::Io { what: format!("lock {}", disk.display()), source: e });
+            }
+        }
+    }
+}
+
+impl Drop for DiskLock {
+    fn drop(&mut self) {
+        std::thread::sleep(GRACE);
+        // SAFETY: as above; unlocking a descriptor this guard owns.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+}

@@ -1,0 +1,340 @@
+//! Mounting and unmounting (`mount(2)`, `umount2(2)`), CSI mount flags, and checks of
+//! what is mounted where against `/proc/self/mountinfo`.
+//!
+//! Rules:
+//! - CSI mount flags pass an allow-list ([`parse_mount_flags`]): generic flags become
+//!   `MsFlags`, a few filesystem options become mount data, everything else is refused
+//!   with the offending flag named; no flag can smuggle a second option (`,`), spaces,
+//!   NUL, or a value outside its list;
+//! - a read-only bind mount is a bind followed by a read-only remount that keeps the
+//!   mount's nosuid/nodev/noexec/atime flags; if the remount fails the bind is undone,
+//!   so a read-only request never leaves a writable mount behind;
+//! - unmounting peels every layer mounted at the exact path (at most
+//!   [`MAX_LAYERS`]), never follows a symlink, and reports a busy mount as
+//!   [`DiskError::Busy`];
+//! - mount points are compared as given (absolute, not canonicalised) with mountinfo's
+//!   unescaped mount points; the topmost entry at a path is the one that is visible.
+
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::mount::{MntFlags, MsFlags};
+
+use super::mounts::{read_mountinfo, MountEntry};
+use super::DiskError;
+
+/// Most mounts stacked on one path that [`unmount_all`] removes.
+pub const MAX_LAYERS: usize = 16;
+
+/// Longest accepted single mount flag.
+const MAX_FLAG_LEN: usize = 64;
+
+/// Validated mount options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountOptions {
+    /// Generic flags for `mount(2)`.
+    pub flags: MsFlags,
+    /// Filesystem-specific options, comma-joined (empty for none).
+    pub data: String,
+    /// Whether the mount is read-only (`ro`).
+    pub readonly: bool,
+}
+
+impl Default for MountOptions {
+    /// A plain writable mount.
+    fn default() -> Self {
+        MountOptions { flags: MsFlags::empty(), data: String::new(), readonly: false }
+    }
+}
+
+/// Generic flags accepted by [`parse_mount_flags`].
+const GENERIC_FLAGS: &[(&str, MsFlags)] = &[
+    ("ro", MsFlags::MS_RDONLY),
+    ("nosuid", MsFlags::MS_NOSUID),
+    ("nodev", MsFlags::MS_NODEV),
+    ("noexec", MsFlags::MS_NOEXEC),
+    ("noatime", MsFlags::MS_NOATIME),
+    ("nodiratime", MsFlags::MS_NODIRATIME),
+    ("relatime", MsFlags::MS_RELATIME),
+    ("strictatime", MsFlags::MS_STRICTATIME),
+    ("sync", MsFlags::MS_SYNCHRONOUS),
+    ("dirsync", MsFlags::MS_DIRSYNC),
+    ("lazytime", MsFlags::MS_LAZYTIME),
+];
+
+/// Filesystem options without a value accepted by [`parse_mount_flags`].
+const DATA_FLAGS: &[&str] = &[
+    "discard", "nodiscard", "nobarrier", "barrier", "nouuid", "noquota", "quota", "usrquota", "grpquota", "prjquota",
+    "user_xattr", "acl", "noacl", "inode64", "largeio",
+];
+
+/// Whether `key=value` is an accepted filesystem option.
+fn valid_keyed(key: &str, value: &str) -> bool {
+    match key {
+        "data" => matches!(value, "ordered" | "writeback" | "journal"),
+        "commit" => {
+            value.bytes().all(|b| b.is_ascii_digit())
+                && !value.starts_with('0')
+                && value.parse::<u32>().is_ok_and(|n| (1..=300).contains(&n))
+        }
+        "errors" => matches!(value, "remount-ro" | "continue"),
+        "logbsize" => matches!(value, "32k" | "64k" | "128k" | "256k"),
+        _ => false,
+    }
+}
+
+/// Parses CSI mount flags against the allow-list. Duplicates are accepted (and kept
+/// once); anything not on the list is an error naming the flag.
+pub fn parse_mount_flags(flags: &[String]) -> Result<MountOptions, String> {
+    let mut opts = MountOptions::default();
+    let mut data: Vec<&str> = Vec::new();
+    for flag in flags {
+        let shown: String = flag.chars().take(MAX_FLAG_LEN).collect();
+        if flag.len() > MAX_FLAG_LEN {
+            return Err(format!("mount flag {shown:?}... is longer than {MAX_FLAG_LEN} bytes"));
+        }
+        if flag.is_empty() || flag.chars().any(|c| c == ',' || c == '\0' || c.is_whitespace() || c.is_control()) {
+            return Err(format!(
+                "mount flag {shown:?} is empty or contains a comma, whitespace or a control character; give one option per flag"
+            ));
+        }
+        if let Some((_, f)) = GENERIC_FLAGS.iter().find(|(name, _)| name == flag) {
+            opts.flags |= *f;
+            opts.readonly |= *f == MsFlags::MS_RDONLY;
+            continue;
+        }
+        let allowed = match flag.split_once('=') {
+            Some((key, value)) => valid_keyed(key, value),
+            None => DATA_FLAGS.contains(&flag.as_str()),
+        };
+        if !allowed {
+            return Err(format!("mount flag {shown:?} is not supported"));
+        }
+        if !data.contains(&flag.as_str()) {
+            data.push(flag);
+        }
+    }
+    opts.data = data.join(",");
+    Ok(opts)
+}
+
+fn check_dir(target: &Path) -> Result<(), DiskError> {
+    match std::fs::symlink_metadata(target) {
+        Ok(md) if md.is_dir() => Ok(()),
+        Ok(_) => Err(DiskError::invalid(format!("mount target {} is not a directory", target.display()))),
+        Err(e) => Err(DiskError::Io { what: format!("mount target {}", target.display()), source: e }),
+    }
+}
+
+fn mount_error(what: String, target: &Path) -> impl FnOnce(Errno) -> DiskError + '_ {
+    move |e| match e {
+        Errno::EBUSY => DiskError::Busy { path: target.to_path_buf(), reason: format!("{what}: {e}") },
+        _ => DiskError::Io { what, source: e.into() },
+    }
+}
+
+/// Mounts the filesystem `fs` on `dev` at the existing directory `target`.
+pub fn mount_fs(dev: &Path, target: &Path, fs: &str, opts: &MountOptions) -> Result<(), DiskError> {
+    check_dir(target)?;
+    let mut flags = opts.flags;
+    if opts.readonly {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    let data = (!opts.data.is_empty()).then_some(opts.data.as_str());
+    nix::mount::mount(Some(dev), target, Some(fs), flags, data).map_err(mount_error(
+        format!("mount {} ({fs}, options {:?}) at {}", dev.display(), opts.data, target.display()),
+        target,
+    ))
+}
+
+/// The per-mount flags of an entry that a remount must keep.
+fn kept_flags(entry: &MountEntry) -> MsFlags {
+    entry
+        .options
+        .split(',')
+        .filter_map(|o| match o {
+            "nosuid" => Some(MsFlags::MS_NOSUID),
+            "nodev" => Some(MsFlags::MS_NODEV),
+            "noexec" => Some(MsFlags::MS_NOEXEC),
+            "noatime" => Some(MsFlags::MS_NOATIME),
+            "nodiratime" => Some(MsFlags::MS_NODIRATIME),
+            "relatime" => Some(MsFlags::MS_RELATIME),
+            _ => None,
+        })
+        .fold(MsFlags::empty(), |a, f| a | f)
+}
+
+/// Bind-mounts `source` (a directory, or a file such as a device node) onto `target`
+/// (of the same kind, existing). With `readonly`, remounts the bind read-only, keeping
+/// its nosuid/nodev/noexec/atime flags; if that fails the bind is undone.
+pub fn bind_mount(source: &Path, target: &Path, readonly: bool) -> Result<(), DiskError> {
+    nix::mount::mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(mount_error(format!("bind-mount {} at {}", source.display(), target.display()), target))?;
+    if !readonly {
+        return Ok(());
+    }
+    let kept = top_mount(target)?.map(|m| kept_flags(&m)).unwrap_or_else(MsFlags::empty);
+    let remount = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | kept;
+    if let Err(e) = nix::mount::mount(None::<&str>, target, None::<&str>, remount, None::<&str>) {
+        let undo = nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW);
+        return Err(DiskError::Io {
+            what: format!(
+                "remount the bind of {} at {} read-only (bind undone: {})",
+                source.display(),
+                target.display(),
+                undo.map_or_else(|u| format!("no, {u}"), |_| "yes".into())
+            ),
+            source: e.into(),
+        });
+    }
+    Ok(())
+}
+
+/// Mount entries whose mount point is exactly `target`, bottom first.
+pub fn mounts_at(target: &Path) -> Result<Vec<MountEntry>, DiskError> {
+    let all = read_mountinfo().map_err(DiskError::io("read /proc/self/mountinfo"))?;
+    Ok(all.into_iter().filter(|m| m.mount_point == target).collect())
+}
+
+/// The visible (topmost) mount at `target`, if any.
+fn top_mount(target: &Path) -> Result<Option<MountEntry>, DiskError> {
+    Ok(mounts_at(target)?.pop())
+}
+
+/// Unmounts every mount stacked at `target`; success when nothing is mounted there. A
+/// mount in use is a [`DiskError::Busy`].
+pub fn unmount_all(target: &Path) -> Result<(), DiskError> {
+    for _ in 0..MAX_LAYERS {
+        if mounts_at(target)?.is_empty() {
+            return Ok(());
+        }
+        match nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW) {
+            // EINVAL: no longer a mount point (raced with another unmount); look again.
+            Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => {}
+            Err(Errno::EBUSY) => {
+                return Err(DiskError::Busy {
+                    path: target.to_path_buf(),
+                    reason: "the mount is in use (open files or a process working there); not unmounted".into(),
+                })
+            }
+            Err(e) => return Err(DiskError::Io { what: format!("unmount {}", target.display()), source: e.into() }),
+        }
+    }
+    if mounts_at(target)?.is_empty() {
+        return Ok(());
+    }
+    Err(DiskError::Busy {
+        path: target.to_path_buf(),
+        reason: format!("still mounted after removing {MAX_LAYERS} layers"),
+    })
+}
+
+/// Whether a mount entry is read-only (`ro` in its per-mount options).
+pub fn is_readonly(entry: &MountEntry) -> bool {
+    entry.options.split(',').any(|o| o == "ro")
+}
+
+/// Whether the visible mount at `target` is of the device `devnum` (major, minor): a
+/// filesystem on it, or a bind mount of one. See [`is_readonly`] for the mode.
+pub fn is_mounted_from(target: &Path, devnum: (u32, u32)) -> Result<bool, DiskError> {
+    Ok(top_mount(target)?.is_some_and(|m| m.devnum == devnum))
+}
+
+/// Whether the visible mount at `target` is a bind mount of the block device node
+/// `devnode` (a block volume published onto a file). Mountinfo shows such a mount as
+/// a devtmpfs entry whose root is the node's path inside /dev (`/loop0p1`); when both
+/// `target` and `devnode` can be stat'ed they must also be the same device.
+pub fn is_block_bind(target: &Path, devnode: &Path) -> Result<bool, DiskError> {
+    let Some(top) = top_mount(target)? else { return Ok(false) };
+    if top.root.file_name().is_none() || top.root.file_name() != devnode.file_name() {
+        return Ok(false);
+    }
+    Ok(match (block_rdev(target), block_rdev(devnode)) {
+        (Some(a), Some(b)) => a == b,
+        _ => top.fs_type == "devtmpfs",
+    })
+}
+
+fn block_rdev(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let md = std::fs::metadata(path).ok()?;
+    md.file_type().is_block_device().then(|| md.rdev())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(flags: &[&str]) -> Result<MountOptions, String> {
+        parse_mount_flags(&flags.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn generic_flags_become_ms_flags_and_ro_marks_readonly() {
+        let o = parse(&["ro", "noatime", "nosuid", "nodev", "noexec", "lazytime"]).unwrap();
+        assert!(o.readonly);
+        assert_eq!(
+            o.flags,
+            MsFlags::MS_RDONLY
+                | MsFlags::MS_NOATIME
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NODEV
+                | MsFlags::MS_NOEXEC
+                | MsFlags::MS_LAZYTIME
+        );
+        assert_eq!(o.data, "");
+    }
+
+    #[test]
+    fn no_flags_mean_a_plain_writable_mount() {
+        assert_eq!(parse(&[]).unwrap(), MountOptions::default());
+    }
+
+    #[test]
+    fn filesystem_options_become_comma_joined_data_without_duplicates() {
+        let o = parse(&["discard", "data=ordered", "commit=30", "discard", "logbsize=256k", "errors=remount-ro"]).unwrap();
+        assert!(!o.readonly);
+        assert_eq!(o.flags, MsFlags::empty());
+        assert_eq!(o.data, "discard,data=ordered,commit=30,logbsize=256k,errors=remount-ro");
+    }
+
+    #[test]
+    fn every_listed_option_is_accepted() {
+        for f in [
+            "nodiratime", "relatime", "strictatime", "sync", "dirsync", "nodiscard", "nobarrier", "barrier", "nouuid",
+            "noquota", "quota", "usrquota", "grpquota", "prjquota", "user_xattr", "acl", "noacl", "inode64", "largeio",
+            "data=writeback", "data=journal", "commit=1", "commit=300", "errors=continue", "logbsize=32k",
+            "logbsize=64k", "logbsize=128k",
+        ] {
+            assert!(parse(&[f]).is_ok(), "{f} should be accepted");
+        }
+    }
+
+    #[test]
+    fn flags_off_the_list_or_malformed_are_refused_by_name() {
+        let long = "a".repeat(65);
+        for f in [
+            "errors=panic", "commit=0", "commit=301", "commit=010", "commit=+5", "commit=", "data=", "data=ordered=x",
+            "logbsize=512k", "rw", "remount", "bind", "suid", "dev", "exec", "context=x", "uid=0", "", "noatime,suid",
+            "noatime suid", "no\0atime", "noatime\n", "=ordered", "data", "defaults", long.as_str(),
+        ] {
+            let err = parse(&["noatime", f]).expect_err(f);
+            assert!(err.contains(&f.chars().take(10).collect::<String>().escape_debug().to_string()), "{err} names {f:?}");
+        }
+    }
+
+    #[test]
+    fn readonly_detection_reads_per_mount_options() {
+        let e = |o: &str| MountEntry {
+            devnum: (7, 1),
+            root: "/".into(),
+            mount_point: "/m".into(),
+            options: o.into(),
+            fs_type: "ext4".into(),
+            source: "/dev/loop1".into(),
+        };
+        assert!(is_readonly(&e("ro,relatime")));
+        assert!(!is_readonly(&e("rw,errors=remount-ro")));
+        assert_eq!(kept_flags(&e("ro,nosuid,nodev,noatime")), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME);
+    }
+}

@@ -1,0 +1,494 @@
+//! The disk operations the volume manager builds on, against real devices: GPT writing
+//! (on image files and loop devices), kernel partitions through BLKPG, mkfs, mount,
+//! bind mounts, unmount, wipe.
+//!
+//! Preconditions are checked, never skipped: the loop-device tests need root and fail
+//! saying so. Every loop device and mount a test makes is undone when the test ends,
+//! also when it fails (drop guards).
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use drivelet::disk::blkpg::{self, KernelPartition};
+use drivelet::disk::gpt::{self, GptTable};
+use drivelet::disk::mount::{self, parse_mount_flags};
+use drivelet::disk::{fs, DiskError};
+use uuid::Uuid;
+
+const MIB: u64 = 1 << 20;
+
+fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests make loop devices, filesystems and mounts: run them as root"
+    );
+    assert!(Path::new("/dev/loop-control").exists(), "no /dev/loop-control: the kernel has no loop device support");
+}
+
+/// Runs a command, returns stdout; panics with stderr on failure.
+fn sh(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn sha256(path: &Path) -> String {
+    sh("sha256sum", &[path.to_str().unwrap()]).split_whitespace().next().unwrap().to_string()
+}
+
+/// `losetup --find` races with itself across parallel tests; one at a time.
+static LOSETUP: Mutex<()> = Mutex::new(());
+
+/// A loop device over a sparse file in a temporary directory, with the mounts a test
+/// makes; on drop, unmounts them (lazily) and detaches the device.
+struct Scene {
+    dir: tempfile::TempDir,
+    dev: PathBuf,
+    mounts: Vec<PathBuf>,
+}
+
+impl Scene {
+    fn new(size: u64) -> Scene {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("drive.img");
+        File::create(&file).unwrap().set_len(size).unwrap();
+        let dev = {
+            let _one = LOSETUP.lock().unwrap_or_else(|e| e.into_inner());
+            PathBuf::from(sh("losetup", &["--find", "--show", "--partscan", file.to_str().unwrap()]))
+        };
+        Scene { dir, dev, mounts: Vec::new() }
+    }
+
+    /// A new directory (or file) in the scene, to mount on; remembered for cleanup.
+    fn mount_point(&mut self, name: &str, file: bool) -> PathBuf {
+        let p = self.dir.path().join(name);
+        if file {
+            File::create(&p).unwrap();
+        } else {
+            std::fs::create_dir(&p).unwrap();
+        }
+        self.mounts.push(p.clone());
+        p
+    }
+}
+
+impl Drop for Scene {
+    fn drop(&mut self) {
+        for m in self.mounts.iter().rev() {
+            for _ in 0..16 {
+                if nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH).is_err() {
+                    break;
+                }
+            }
+        }
+        let _ = Command::new("losetup").arg("--detach").arg(&self.dev).status();
+    }
+}
+
+fn table(dev: &Path) -> GptTable {
+    gpt::read_table(dev, 512).unwrap().expect("a GPT")
+}
+
+/// What `sfdisk --json` (an independent GPT implementation) reads: (start, size,
+/// uuid, name) in bytes.
+fn sfdisk_view(dev: &Path) -> (String, Vec<(u64, u64, String, String)>) {
+    let json: serde_json::Value = serde_json::from_str(&sh("sfdisk", &["--json", dev.to_str().unwrap()])).unwrap();
+    let t = &json["partitiontable"];
+    assert_eq!(t["label"], "gpt");
+    let parts = t["partitions"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    (
+                        p["start"].as_u64().unwrap() * 512,
+                        p["size"].as_u64().unwrap() * 512,
+                        p["uuid"].as_str().unwrap().to_ascii_lowercase(),
+                        p["name"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (t["id"].as_str().unwrap().to_ascii_lowercase(), parts)
+}
+
+fn devnum(p: &KernelPartition) -> (u32, u32) {
+    p.devnum
+}
+
+fn wait_gone(path: &Path) {
+    let t0 = Instant::now();
+    while path.exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!path.exists(), "{} still exists", path.display());
+}
+
+// ---------------------------------------------------------------------------------
+// GPT writing on image files: no root needed.
+
+fn image(size: u64, fill: u8) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.img");
+    let mut f = File::create(&path).unwrap();
+    let chunk = vec![fill; MIB as usize];
+    for _ in 0..size / MIB {
+        f.write_all(&chunk).unwrap();
+    }
+    (dir, path)
+}
+
+#[test]
+fn a_blank_image_gets_a_drivelet_gpt_that_other_tools_read_the_same_way() {
+    let (_d, img) = image(64 * MIB, 0);
+    let a = gpt::volume_partition_guid("pvc-a");
+    let b = gpt::volume_partition_guid("pvc-b");
+    assert_eq!(gpt::read_table(&img, 512).unwrap(), None);
+    gpt::add_partition(&img, 512, a, &gpt::partition_label("pvc-a"), MIB, 8 * MIB).unwrap();
+    gpt::add_partition(&img, 512, b, &gpt::partition_label("pvc-b"), 9 * MIB, 4 * MIB).unwrap();
+
+    let t = table(&img);
+    assert!(t.is_drivelet() && t.disk_guid.to_string().starts_with(gpt::DISK_GUID_PREFIX), "{t:?}");
+    assert_eq!(t.partitions.len(), 2);
+    assert_eq!((t.partitions[0].guid, t.partitions[0].start, t.partitions[0].size), (a, MIB, 8 * MIB));
+    assert_eq!((t.partitions[1].guid, t.partitions[1].start, t.partitions[1].size), (b, 9 * MIB, 4 * MIB));
+    assert!(t.partitions.iter().all(|p| p.is_drivelet()));
+    assert_eq!(t.partitions[1].name, "drivelet:pvc-b");
+
+    let (id, parts) = sfdisk_view(&img);
+    assert_eq!(id, t.disk_guid.to_string());
+    assert_eq!(
+        parts,
+        vec![
+            (MIB, 8 * MIB, a.to_string(), "drivelet:pvc-a".to_string()),
+            (9 * MIB, 4 * MIB, b.to_string(), "drivelet:pvc-b".to_string())
+        ]
+    );
+    // The protective MBR is there, and blkid sees a GPT.
+    assert_eq!(fs::probe_fs(&img).unwrap().as_deref(), Some("partition-table:gpt"));
+    let raw = std::fs::read(&img).unwrap();
+    assert_eq!(&raw[510..512], &[0x55, 0xaa]);
+    assert_eq!(raw[446 + 4], 0xee);
+}
+
+#[test]
+fn a_drivelet_gpt_works_with_4096_byte_sectors() {
+    let (_d, img) = image(64 * MIB, 0);
+    let g = gpt::volume_partition_guid("big-sectors");
+    gpt::add_partition(&img, 4096, g, "drivelet:big-sectors", MIB, 16 * MIB).unwrap();
+    let t = gpt::read_table(&img, 4096).unwrap().unwrap();
+    assert_eq!((t.partitions[0].start, t.partitions[0].size), (MIB, 16 * MIB));
+    let raw = std::fs::read(&img).unwrap();
+    assert_eq!(&raw[4096..4104], b"EFI PART");
+    // Read with the wrong sector size, it is an error, not "no GPT".
+    assert!(matches!(gpt::read_table(&img, 512), Err(DiskError::Gpt { .. })));
+}
+
+#[test]
+fn adding_the_same_partition_again_changes_no_byte() {
+    let (_d, img) = image(32 * MIB, 0);
+    let g = gpt::volume_partition_guid("again");
+    gpt::add_partition(&img, 512, g, "drivelet:again", 2 * MIB, 4 * MIB).unwrap();
+    let before = sha256(&img);
+    gpt::add_partition(&img, 512, g, "drivelet:again", 2 * MIB, 4 * MIB).unwrap();
+    assert_eq!(sha256(&img), before);
+}
+
+#[test]
+fn overlaps_reused_guids_and_unaligned_extents_are_refused() {
+    let (_d, img) = image(64 * MIB, 0);
+    let a = gpt::volume_partition_guid("a");
+    gpt::add_partition(&img, 512, a, "drivelet:a", 4 * MIB, 8 * MIB).unwrap();
+    let before = sha256(&img);
+    let b = gpt::volume_partition_guid("b");
+    let e = gpt::add_partition(&img, 512, b, "drivelet:b", 11 * MIB, 4 * MIB).unwrap_err();
+    assert!(matches!(e, DiskError::Conflict { .. }) && e.to_string().contains(&a.to_string()), "{e}");
+    let e = gpt::add_partition(&img, 512, a, "drivelet:a", 20 * MIB, 8 * MIB).unwrap_err();
+    assert!(matches!(e, DiskError::Conflict { .. }) && e.to_string().contains("already exists"), "{e}");
+    let e = gpt::add_partition(&img, 512, b, "drivelet:b", 20 * MIB + 512, 8 * MIB).unwrap_err();
+    assert!(matches!(e, DiskError::Invalid { .. }), "{e}");
+    let e = gpt::add_partition(&img, 512, b, "drivelet:b", 60 * MIB, 8 * MIB).unwrap_err();
+    assert!(matches!(e, DiskError::Conflict { .. }) && e.to_string().contains("usable"), "{e}");
+    let e = gpt::add_partition(&img, 512, b, &"x".repeat(37), 20 * MIB, 8 * MIB).unwrap_err();
+    assert!(matches!(e, DiskError::Invalid { .. }), "{e}");
+    assert_eq!(sha256(&img), before, "refused requests wrote nothing");
+}
+
+#[test]
+fn removing_a_partition_keeps_the_others_and_a_second_removal_finds_nothing() {
+    let (_d, img) = image(64 * MIB, 0);
+    let [a, b, c] = ["a", "b", "c"].map(gpt::volume_partition_guid);
+    for (i, g) in [a, b, c].into_iter().enumerate() {
+        gpt::add_partition(&img, 512, g, "drivelet:x", (1 + 10 * i as u64) * MIB, 10 * MIB).unwrap();
+    }
+    assert!(gpt::remove_partition(&img, 512, b).unwrap());
+    assert!(!gpt::remove_partition(&img, 512, b).unwrap());
+    let t = table(&img);
+    assert_eq!(t.partitions.iter().map(|p| (p.guid, p.start)).collect::<Vec<_>>(), vec![(a, MIB), (c, 21 * MIB)]);
+    assert_eq!(sfdisk_view(&img).1.len(), 2);
+    // The freed space can be used again.
+    let d = gpt::volume_partition_guid("d");
+    gpt::add_partition(&img, 512, d, "drivelet:d", 11 * MIB, 10 * MIB).unwrap();
+    assert_eq!(table(&img).partitions.len(), 3);
+    // Nothing to remove on a device without a GPT.
+    let (_d2, blank) = image(8 * MIB, 0);
+    assert!(!gpt::remove_partition(&blank, 512, a).unwrap());
+}
+
+#[test]
+fn a_partition_grows_only_into_free_space_and_never_shrinks() {
+    let (_d, img) = image(64 * MIB, 0);
+    let [a, b] = ["a", "b"].map(gpt::volume_partition_guid);
+    gpt::add_partition(&img, 512, a, "drivelet:a", MIB, 4 * MIB).unwrap();
+    gpt::add_partition(&img, 512, b, "drivelet:b", 10 * MIB, 4 * MIB).unwrap();
+    gpt::resize_partition(&img, 512, a, 9 * MIB).unwrap();
+    gpt::resize_partition(&img, 512, a, 9 * MIB).unwrap();
+    assert_eq!(table(&img).partitions[0].size, 9 * MIB);
+    let e = gpt::resize_partition(&img, 512, a, 10 * MIB).unwrap_err();
+    assert!(matches!(e, DiskError::Conflict { .. }) && e.to_string().contains(&b.to_string()), "{e}");
+    let e = gpt::resize_partition(&img, 512, a, 4 * MIB).unwrap_err();
+    assert!(e.to_string().contains("shrinking"), "{e}");
+    let e = gpt::resize_partition(&img, 512, gpt::volume_partition_guid("nope"), 4 * MIB).unwrap_err();
+    assert!(matches!(e, DiskError::NotFound { .. }), "{e}");
+    assert_eq!(sfdisk_view(&img).1[0].1, 9 * MIB);
+}
+
+#[test]
+fn writing_a_gpt_never_touches_bytes_outside_its_structures() {
+    let size = 32 * MIB;
+    let (_d, img) = image(size, 0xa5);
+    let g = gpt::volume_partition_guid("pattern");
+    gpt::add_partition(&img, 512, g, "drivelet:pattern", MIB, 8 * MIB).unwrap();
+    gpt::resize_partition(&img, 512, g, 16 * MIB).unwrap();
+    assert!(gpt::remove_partition(&img, 512, g).unwrap());
+    let raw = std::fs::read(&img).unwrap();
+    // LBA 0 to 33 (MBR, header, entries) and the last 33 sectors (entries, header).
+    let (lo, hi) = (34 * 512, size as usize - 33 * 512);
+    assert!(raw[lo..hi].iter().all(|&b| b == 0xa5), "bytes between the GPT structures changed");
+}
+
+#[test]
+fn an_image_with_a_filesystem_or_a_foreign_gpt_is_refused_untouched() {
+    let (_d, img) = image(32 * MIB, 0);
+    sh("mkfs.ext4", &["-F", "-q", img.to_str().unwrap()]);
+    let before = sha256(&img);
+    let g = gpt::volume_partition_guid("x");
+    let e = gpt::add_partition(&img, 512, g, "drivelet:x", MIB, MIB).unwrap_err();
+    assert!(matches!(e, DiskError::Foreign { .. }) && e.to_string().contains("ext4"), "{e}");
+    assert_eq!(sha256(&img), before);
+
+    let (_d2, img2) = image(32 * MIB, 0);
+    let script = "label: gpt\nlabel-id: 12345678-1234-4234-8234-123456789abc\nstart=2048, size=4096, type=L\n";
+    let mut child = Command::new("sfdisk")
+        .arg("-q")
+        .arg(&img2)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success());
+    let before = sha256(&img2);
+    let e = gpt::add_partition(&img2, 512, g, "drivelet:x", 8 * MIB, MIB).unwrap_err();
+    assert!(matches!(e, DiskError::Foreign { .. }) && e.to_string().contains("12345678"), "{e}");
+    assert!(matches!(gpt::remove_partition(&img2, 512, g), Err(DiskError::Foreign { .. })));
+    assert!(matches!(gpt::resize_partition(&img2, 512, g, 2 * MIB), Err(DiskError::Foreign { .. })));
+    assert_eq!(sha256(&img2), before);
+    assert!(!gpt::read_table(&img2, 512).unwrap().unwrap().is_drivelet());
+}
+
+#[test]
+fn an_image_with_an_mbr_signature_only_is_refused() {
+    let (_d, img) = image(8 * MIB, 0);
+    let mut raw = std::fs::read(&img).unwrap();
+    raw[510] = 0x55;
+    raw[511] = 0xaa;
+    std::fs::write(&img, &raw).unwrap();
+    let e = gpt::add_partition(&img, 512, Uuid::new_v4(), "drivelet:x", MIB, MIB).unwrap_err();
+    assert!(matches!(e, DiskError::Foreign { .. }), "{e}");
+    assert_eq!(std::fs::read(&img).unwrap(), raw);
+}
+
+// ---------------------------------------------------------------------------------
+// Loop devices: root.
+
+#[test]
+fn two_volumes_go_through_partitions_mkfs_mounts_binds_unmount_wipe_and_removal() {
+    let mut s = Scene::new(1024 * MIB);
+    let dev = s.dev.clone();
+    let (ga, gb, gc) = (gpt::volume_partition_guid("vol-a"), gpt::volume_partition_guid("vol-b"), gpt::volume_partition_guid("vol-c"));
+    let (sa, za) = (MIB, 256 * MIB);
+    let (sb, zb) = (257 * MIB, 320 * MIB);
+
+    // GPT: two partitions, idempotent, as other tools see them.
+    gpt::add_partition(&dev, 512, ga, &gpt::partition_label("vol-a"), sa, za).unwrap();
+    gpt::add_partition(&dev, 512, gb, &gpt::partition_label("vol-b"), sb, zb).unwrap();
+    gpt::add_partition(&dev, 512, ga, &gpt::partition_label("vol-a"), sa, za).unwrap();
+    let t = table(&dev);
+    assert!(t.is_drivelet());
+    assert_eq!(t.partitions.iter().map(|p| (p.guid, p.start, p.size)).collect::<Vec<_>>(), vec![(ga, sa, za), (gb, sb, zb)]);
+    assert_eq!(sfdisk_view(&dev).1.len(), 2);
+
+    // Kernel partitions with device nodes; asking again returns the same ones.
+    let pa = blkpg::ensure_kernel_partition(&dev, sa, za).unwrap();
+    let pb = blkpg::ensure_kernel_partition(&dev, sb, zb).unwrap();
+    assert_eq!(blkpg::ensure_kernel_partition(&dev, sa, za).unwrap().devnum, pa.devnum);
+    for p in [&pa, &pb] {
+        assert!(p.devnode.exists(), "{} has no node", p.devnode.display());
+        assert_eq!(fs::device_size(&p.devnode).unwrap(), p.size);
+    }
+    let kp = blkpg::kernel_partitions(&dev).unwrap();
+    assert!(kp.iter().any(|p| p.start == sa && p.size == za) && kp.iter().any(|p| p.start == sb && p.size == zb), "{kp:?}");
+    let e = blkpg::ensure_kernel_partition(&dev, sa, za + MIB).unwrap_err();
+    assert!(matches!(e, DiskError::Conflict { .. }), "{e}");
+
+    // Filesystems.
+    fs::mkfs(&pa.devnode, "ext4").unwrap();
+    fs::mkfs(&pb.devnode, "xfs").unwrap();
+    assert_eq!(fs::probe_fs(&pa.devnode).unwrap().as_deref(), Some("ext4"));
+    assert_eq!(fs::probe_fs(&pb.devnode).unwrap().as_deref(), Some("xfs"));
+
+    // Mounts.
+    let stage_a = s.mount_point("stage-a", false);
+    let stage_b = s.mount_point("stage-b", false);
+    let pub_a = s.mount_point("publish-a", false);
+    let opts = parse_mount_flags(&["noatime".into(), "discard".into(), "commit=30".into()]).unwrap();
+    mount::mount_fs(&pa.devnode, &stage_a, "ext4", &opts).unwrap();
+    mount::mount_fs(&pb.devnode, &stage_b, "xfs", &parse_mount_flags(&["nouuid".into()]).unwrap()).unwrap();
+    assert!(mount::is_mounted_from(&stage_a, devnum(&pa)).unwrap());
+    assert!(!mount::is_mounted_from(&stage_a, devnum(&pb)).unwrap());
+    assert!(mount::mounts_at(&stage_a).unwrap()[0].options.contains("noatime"));
+    std::fs::write(stage_a.join("hello"), b"world").unwrap();
+
+    // Read-only bind: reads work, writes fail with EROFS, the staging mount stays writable.
+    mount::bind_mount(&stage_a, &pub_a, true).unwrap();
+    assert!(mount::is_mounted_from(&pub_a, devnum(&pa)).unwrap());
+    let top = mount::mounts_at(&pub_a).unwrap().pop().unwrap();
+    assert!(mount::is_readonly(&top), "{top:?}");
+    assert!(top.options.contains("noatime"), "remount kept the atime flag: {top:?}");
+    assert_eq!(std::fs::read(pub_a.join("hello")).unwrap(), b"world");
+    let e = std::fs::write(pub_a.join("nope"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    std::fs::write(stage_a.join("still-rw"), b"x").unwrap();
+
+    // A third partition added while the others are mounted (the table cannot be
+    // re-read now): BLKPG still adds it. Published as a block volume onto a file.
+    gpt::add_partition(&dev, 512, gc, &gpt::partition_label("vol-c"), 600 * MIB, 16 * MIB).unwrap();
+    let pc = blkpg::ensure_kernel_partition(&dev, 600 * MIB, 16 * MIB).unwrap();
+    assert!(pc.devnode.exists());
+    let block_target = s.mount_point("block-c", true);
+    mount::bind_mount(&pc.devnode, &block_target, false).unwrap();
+    let entry = mount::mounts_at(&block_target).unwrap().pop().unwrap();
+    eprintln!("block bind mount entry: {entry:?}");
+    assert!(mount::is_block_bind(&block_target, &pc.devnode).unwrap(), "{entry:?}");
+    assert!(!mount::is_block_bind(&block_target, &pa.devnode).unwrap());
+    assert!(!mount::is_block_bind(&stage_a, &pa.devnode).unwrap());
+
+    // A mounted partition cannot be deleted or wiped; the error names it.
+    let e = blkpg::remove_kernel_partition(&dev, sa).unwrap_err();
+    assert!(matches!(e, DiskError::Busy { .. }) && e.to_string().contains(&pa.name) && e.to_string().contains("stage-a"), "{e}");
+    let e = fs::wipe_signatures(&pa.devnode).unwrap_err();
+    assert!(matches!(e, DiskError::Busy { .. }), "{e}");
+
+    // Unmount: several layers at one path, then nothing left; again is fine.
+    nix::mount::mount(Some("tmpfs"), &stage_b, Some("tmpfs"), nix::mount::MsFlags::empty(), None::<&str>).unwrap();
+    assert_eq!(mount::mounts_at(&stage_b).unwrap().len(), 2);
+    for m in [&pub_a, &stage_a, &stage_b, &block_target] {
+        mount::unmount_all(m).unwrap();
+        assert!(mount::mounts_at(m).unwrap().is_empty());
+        mount::unmount_all(m).unwrap();
+    }
+    assert!(!mount::is_mounted_from(&stage_a, devnum(&pa)).unwrap());
+
+    // Wipe: no signature survives.
+    fs::wipe_signatures(&pa.devnode).unwrap();
+    fs::wipe_signatures(&pb.devnode).unwrap();
+    assert_eq!(fs::probe_fs(&pa.devnode).unwrap(), None);
+    assert_eq!(fs::probe_fs(&pb.devnode).unwrap(), None);
+
+    // Removal from the GPT and the kernel, each idempotent.
+    assert!(gpt::remove_partition(&dev, 512, ga).unwrap());
+    assert!(!gpt::remove_partition(&dev, 512, ga).unwrap());
+    let a_now = blkpg::kernel_partitions(&dev).unwrap().into_iter().find(|p| p.start == sa);
+    blkpg::remove_kernel_partition(&dev, sa).unwrap();
+    blkpg::remove_kernel_partition(&dev, sa).unwrap();
+    assert!(blkpg::kernel_partitions(&dev).unwrap().iter().all(|p| p.start != sa));
+    if let Some(p) = a_now {
+        wait_gone(&p.devnode);
+    }
+    let t = table(&dev);
+    assert_eq!(t.partitions.iter().map(|p| p.guid).collect::<Vec<_>>(), vec![gb, gc]);
+}
+
+#[test]
+fn a_loop_device_with_ext4_on_it_is_refused_and_left_byte_for_byte_unchanged() {
+    let s = Scene::new(64 * MIB);
+    sh("mkfs.ext4", &["-F", "-q", s.dev.to_str().unwrap()]);
+    let before = sha256(&s.dev);
+    let g = gpt::volume_partition_guid("x");
+    let e = gpt::add_partition(&s.dev, 512, g, "drivelet:x", MIB, 8 * MIB).unwrap_err();
+    assert!(matches!(e, DiskError::Foreign { .. }) && e.to_string().contains("ext4"), "{e}");
+    assert!(!gpt::remove_partition(&s.dev, 512, g).unwrap());
+    assert_eq!(gpt::read_table(&s.dev, 512).unwrap(), None);
+    assert_eq!(sha256(&s.dev), before);
+}
+
+#[test]
+fn a_loop_device_with_someone_elses_gpt_is_refused_and_left_unchanged() {
+    let s = Scene::new(64 * MIB);
+    let script = "label: gpt\nlabel-id: 0badc0de-1234-4234-8234-123456789abc\nstart=2048, size=8192, type=L\n";
+    let mut child = Command::new("sfdisk")
+        .arg("-q")
+        .arg("--no-reread")
+        .arg(&s.dev)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success());
+    let before = sha256(&s.dev);
+    let g = gpt::volume_partition_guid("x");
+    let e = gpt::add_partition(&s.dev, 512, g, "drivelet:x", 16 * MIB, 8 * MIB).unwrap_err();
+    assert!(matches!(e, DiskError::Foreign { .. }) && e.to_string().contains("0badc0de"), "{e}");
+    assert!(matches!(gpt::remove_partition(&s.dev, 512, g), Err(DiskError::Foreign { .. })));
+    assert_eq!(sha256(&s.dev), before);
+}
+
+#[test]
+fn a_partition_grows_in_the_gpt_and_then_in_the_kernel() {
+    let s = Scene::new(128 * MIB);
+    let [a, b] = ["grow-a", "grow-b"].map(gpt::volume_partition_guid);
+    gpt::add_partition(&s.dev, 512, a, "drivelet:grow-a", MIB, 16 * MIB).unwrap();
+    gpt::add_partition(&s.dev, 512, b, "drivelet:grow-b", 64 * MIB, 16 * MIB).unwrap();
+    let pa = blkpg::ensure_kernel_partition(&s.dev, MIB, 16 * MIB).unwrap();
+    blkpg::ensure_kernel_partition(&s.dev, 64 * MIB, 16 * MIB).unwrap();
+    fs::mkfs(&pa.devnode, "ext4").unwrap();
+    let stage = tempfile::tempdir().unwrap();
+    mount::mount_fs(&pa.devnode, stage.path(), "ext4", &Default::default()).unwrap();
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let _guard = Unmount(stage.path());
+
+    // Online: the partition is mounted while it grows.
+    gpt::resize_partition(&s.dev, 512, a, 48 * MIB).unwrap();
+    blkpg::resize_kernel_partition(&s.dev, MIB, 48 * MIB).unwrap();
+    blkpg::resize_kernel_partition(&s.dev, MIB, 48 * MIB).unwrap();
+    assert_eq!(fs::device_size(&pa.devnode).unwrap(), 48 * MIB);
+    let kp = blkpg::kernel_partitions(&s.dev).unwrap();
+    assert!(kp.iter().any(|p| p.start == MIB && p.size == 48 * MIB), "{kp:?}");
+    // Into the next partition: refused by both.
+    assert!(matches!(gpt::resize_partition(&s.dev, 512, a, 64 * MIB), Err(DiskError::Conflict { .. })));
+    assert!(matches!(blkpg::resize_kernel_partition(&s.dev, MIB, 64 * MIB), Err(DiskError::Conflict { .. })));
+    assert!(matches!(blkpg::resize_kernel_partition(&s.dev, 2 * MIB, 4 * MIB), Err(DiskError::NotFound { .. })));
+    mount::unmount_all(stage.path()).unwrap();
+    assert_eq!(table(&s.dev).partitions[0].size, 48 * MIB);
+}
