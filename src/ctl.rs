@@ -7,6 +7,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
 use crate::actors::inventory::model::Drive;
+use crate::actors::volumes::model::VolumeRecord;
 use crate::grpc::admin::{AdminRequest, AdminResponse};
 
 /// Errors talking to the agent.
@@ -47,7 +48,68 @@ pub async fn drives(socket: &Path) -> Result<Vec<Drive>, CtlError> {
     match request(socket, &AdminRequest::Drives).await? {
         AdminResponse::Drives(d) => Ok(d),
         AdminResponse::Error(e) => Err(CtlError::Agent(e)),
+        other => Err(CtlError::Agent(format!("unexpected answer {other:?}"))),
     }
+}
+
+/// Fetches the volume list.
+pub async fn volumes(socket: &Path) -> Result<Vec<VolumeRecord>, CtlError> {
+    match request(socket, &AdminRequest::Volumes).await? {
+        AdminResponse::Volumes(v) => Ok(v),
+        AdminResponse::Error(e) => Err(CtlError::Agent(e)),
+        other => Err(CtlError::Agent(format!("unexpected answer {other:?}"))),
+    }
+}
+
+/// Renders volumes as an aligned table.
+pub fn volumes_table(vols: &[VolumeRecord]) -> String {
+    let header = ["ID", "NAME", "DRIVE", "SIZE", "KIND", "STATE", "STAGED AT", "PUBLISHED AT"];
+    let rows: Vec<Vec<String>> = vols
+        .iter()
+        .map(|v| {
+            let kind = if v.block { "block".to_string() } else if v.fs_type.is_empty() { "fs".to_string() } else { v.fs_type.clone() };
+            vec![
+                v.id.clone(),
+                v.name.clone(),
+                v.drive_id.clone(),
+                human_bytes(v.size),
+                kind,
+                v.state.as_str().to_string(),
+                v.staging.as_ref().map(|s| s.path.display().to_string()).unwrap_or_else(|| "-".into()),
+                if v.targets.is_empty() {
+                    "-".into()
+                } else {
+                    v.targets.keys().map(|t| t.display().to_string()).collect::<Vec<_>>().join(",")
+                },
+            ]
+        })
+        .collect();
+    table(&header, &rows)
+}
+
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let fmt = |cells: Vec<&str>| {
+        let mut line = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                line.push_str(c);
+            } else {
+                line.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        line.trim_end().to_string() + "\n"
+    };
+    let mut out = fmt(header.to_vec());
+    for r in rows {
+        out += &fmt(r.iter().map(String::as_str).collect());
+    }
+    out
 }
 
 /// Bytes in binary units, e.g. `1.9 GiB`.
@@ -69,10 +131,10 @@ pub fn human_bytes(b: u64) -> String {
 /// Renders drives as an aligned table.
 pub fn drives_table(drives: &[Drive]) -> String {
     let header = ["ID", "PATH", "SIZE", "MEDIA", "CLASS", "FREE", "VOLS", "REASON"];
-    let rows: Vec<[String; 8]> = drives
+    let rows: Vec<Vec<String>> = drives
         .iter()
         .map(|d| {
-            [
+            vec![
                 d.id.clone(),
                 d.path.display().to_string(),
                 human_bytes(d.size_bytes),
@@ -88,28 +150,7 @@ pub fn drives_table(drives: &[Drive]) -> String {
             ]
         })
         .collect();
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in &rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
-        }
-    }
-    let fmt = |cells: Vec<&str>| {
-        let mut line = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                line.push_str(c);
-            } else {
-                line.push_str(&format!("{c:<w$}  ", w = widths[i]));
-            }
-        }
-        line.trim_end().to_string() + "\n"
-    };
-    let mut out = fmt(header.to_vec());
-    for r in &rows {
-        out += &fmt(r.iter().map(String::as_str).collect());
-    }
-    out
+    table(&header, &rows)
 }
 
 #[cfg(test)]

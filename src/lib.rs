@@ -11,6 +11,8 @@ pub mod actors;
 pub mod agent;
 /// Typed configuration and validation.
 pub mod config;
+/// `drivelet csi`: a CSI client for running a lifecycle by hand.
+pub mod csicli;
 /// `drivelet ctl`: the admin client.
 pub mod ctl;
 /// Loop-backed demo drives.

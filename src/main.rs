@@ -44,6 +44,134 @@ enum Cmd {
         #[command(subcommand)]
         cmd: CtlCmd,
     },
+    /// A CSI client for any CSI endpoint (this driver's or another's): run a volume
+    /// lifecycle by hand. Example:
+    /// `drivelet csi -c config/demo.toml create pvc-1 --size 1Gi`, then `stage`,
+    /// `publish`, `unpublish`, `unstage`, `delete`.
+    Csi {
+        /// Configuration file, to find the CSI socket.
+        #[arg(long, short, global = true)]
+        config: Option<PathBuf>,
+        /// CSI socket path (overrides the config).
+        #[arg(long, global = true)]
+        endpoint: Option<PathBuf>,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t = Output::Table, global = true)]
+        output: Output,
+        #[command(subcommand)]
+        cmd: CsiCmd,
+    },
+}
+
+/// How a volume is accessed, for `drivelet csi` commands.
+#[derive(clap::Args, Clone, Default)]
+struct AccessArgs {
+    /// Block access (the raw partition) instead of a filesystem.
+    #[arg(long)]
+    block: bool,
+    /// Filesystem for mount access: ext4 or xfs (default: the driver's).
+    #[arg(long, default_value = "")]
+    fs: String,
+    /// Mount flag (repeatable), e.g. --mount-flag noatime.
+    #[arg(long = "mount-flag")]
+    mount_flags: Vec<String>,
+    /// Access mode: single-node-writer, single-node-reader-only,
+    /// single-node-single-writer, single-node-multi-writer.
+    #[arg(long, default_value = "single-node-writer")]
+    mode: String,
+}
+
+impl AccessArgs {
+    fn access(&self) -> drivelet::csicli::Access {
+        drivelet::csicli::Access {
+            block: self.block,
+            fs_type: self.fs.clone(),
+            mount_flags: self.mount_flags.clone(),
+            mode: self.mode.clone(),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum CsiCmd {
+    /// Plugin info, capabilities, readiness, node id and topology.
+    Info,
+    /// CreateVolume NAME.
+    Create {
+        /// Volume name (idempotency key).
+        name: String,
+        /// Required size, e.g. 1Gi (0: the driver's default).
+        #[arg(long, default_value = "0")]
+        size: String,
+        /// Size limit, e.g. 2Gi (0: none).
+        #[arg(long, default_value = "0")]
+        limit: String,
+        /// StorageClass parameter key=value (repeatable), e.g. --param media=ssd.
+        #[arg(long = "param")]
+        params: Vec<String>,
+        #[command(flatten)]
+        access: AccessArgs,
+    },
+    /// DeleteVolume ID.
+    Delete {
+        /// Volume id.
+        id: String,
+    },
+    /// ValidateVolumeCapabilities ID.
+    Validate {
+        /// Volume id.
+        id: String,
+        #[command(flatten)]
+        access: AccessArgs,
+    },
+    /// GetCapacity.
+    Capacity {
+        /// StorageClass parameter key=value (repeatable).
+        #[arg(long = "param")]
+        params: Vec<String>,
+    },
+    /// NodeStageVolume ID --staging PATH.
+    Stage {
+        /// Volume id.
+        id: String,
+        /// Staging path.
+        #[arg(long)]
+        staging: PathBuf,
+        #[command(flatten)]
+        access: AccessArgs,
+    },
+    /// NodeUnstageVolume ID --staging PATH.
+    Unstage {
+        /// Volume id.
+        id: String,
+        /// Staging path.
+        #[arg(long)]
+        staging: PathBuf,
+    },
+    /// NodePublishVolume ID --staging PATH --target PATH.
+    Publish {
+        /// Volume id.
+        id: String,
+        /// Staging path.
+        #[arg(long)]
+        staging: PathBuf,
+        /// Target path.
+        #[arg(long)]
+        target: PathBuf,
+        /// Publish read-only.
+        #[arg(long)]
+        readonly: bool,
+        #[command(flatten)]
+        access: AccessArgs,
+    },
+    /// NodeUnpublishVolume ID --target PATH.
+    Unpublish {
+        /// Volume id.
+        id: String,
+        /// Target path.
+        #[arg(long)]
+        target: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -51,6 +179,12 @@ enum CtlCmd {
     /// List every disk with its classification (managed, system, foreign, excluded)
     /// and the reason: the answer to "why is my disk not used?".
     Drives {
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// List every volume with its drive, size, state, staging and target paths.
+    Volumes {
         /// Output format.
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -101,6 +235,53 @@ fn ctl(config: Option<PathBuf>, socket: Option<PathBuf>, cmd: CtlCmd) -> anyhow:
                 Output::Table => print!("{}", drivelet::ctl::drives_table(&drives)),
             }
         }
+        CtlCmd::Volumes { output } => {
+            let vols = rt.block_on(drivelet::ctl::volumes(&socket))?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&vols).context("encode")?),
+                Output::Table => print!("{}", drivelet::ctl::volumes_table(&vols)),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn size_arg(s: &str) -> anyhow::Result<u64> {
+    drivelet::config::parse_size(s).map_err(|e| anyhow::anyhow!(e))
+}
+
+fn csi(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, cmd: CsiCmd) -> anyhow::Result<()> {
+    use drivelet::csicli;
+    let socket = match endpoint {
+        Some(s) => s,
+        None => Config::load(config.as_deref())?.paths.csi_socket,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let answer = rt.block_on(async {
+        let ch = csicli::connect(&socket).await?;
+        match cmd {
+            CsiCmd::Info => csicli::info(ch).await,
+            CsiCmd::Create { name, size, limit, params, access } => {
+                let (size, limit) = match (size_arg(&size), size_arg(&limit)) {
+                    (Ok(s), Ok(l)) => (s, l),
+                    (Err(e), _) | (_, Err(e)) => return Err(csicli::CsiCliError::Usage(e.to_string())),
+                };
+                csicli::create(ch, &name, size, limit, &access.access(), csicli::parse_params(&params)?).await
+            }
+            CsiCmd::Delete { id } => csicli::delete(ch, &id).await,
+            CsiCmd::Validate { id, access } => csicli::validate(ch, &id, &access.access()).await,
+            CsiCmd::Capacity { params } => csicli::capacity(ch, csicli::parse_params(&params)?).await,
+            CsiCmd::Stage { id, staging, access } => csicli::stage(ch, &id, &staging, &access.access()).await,
+            CsiCmd::Unstage { id, staging } => csicli::unstage(ch, &id, &staging).await,
+            CsiCmd::Publish { id, staging, target, readonly, access } => {
+                csicli::publish(ch, &id, &staging, &target, &access.access(), readonly).await
+            }
+            CsiCmd::Unpublish { id, target } => csicli::unpublish(ch, &id, &target).await,
+        }
+    })?;
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&answer).context("encode")?),
+        Output::Table => print!("{}", csicli::plain(&answer)),
     }
     Ok(())
 }
@@ -113,6 +294,7 @@ fn main() -> ExitCode {
             println!("{}: valid (node {}, driver {})", file.display(), c.driver.node_name, c.driver.name);
         }).map_err(Into::into),
         Cmd::Ctl { config, socket, cmd } => ctl(config, socket, cmd),
+        Cmd::Csi { config, endpoint, output, cmd } => csi(config, endpoint, output, cmd),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,6 +5,11 @@
 //! Preconditions are checked, never skipped: the loop-device tests need root and fail
 //! saying so. Every loop device and mount a test makes is undone when the test ends,
 //! also when it fails (drop guards).
+//!
+//! On loop devices the tests follow the volume manager's contract: a GPT change and the
+//! BLKPG call that follows it happen under one [`DiskLock`], so udev does not re-read
+//! the table in between (this kernel has no GPT parser: a re-read drops every unused
+//! partition; elsewhere it renumbers them).
 
 use std::fs::File;
 use std::io::Write;
@@ -15,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use drivelet::disk::blkpg::{self, KernelPartition};
 use drivelet::disk::gpt::{self, GptTable};
+use drivelet::disk::lock::DiskLock;
 use drivelet::disk::mount::{self, parse_mount_flags};
 use drivelet::disk::{fs, DiskError};
 use uuid::Uuid;
@@ -120,6 +126,19 @@ fn sfdisk_view(dev: &Path) -> (String, Vec<(u64, u64, String, String)>) {
 
 fn devnum(p: &KernelPartition) -> (u32, u32) {
     p.devnum
+}
+
+/// A volume's partition as the volume manager makes it: GPT entry and kernel partition
+/// under one disk lock.
+fn create(dev: &Path, name: &str, start: u64, size: u64) -> KernelPartition {
+    let _udev = DiskLock::exclusive(dev).unwrap();
+    gpt::add_partition(dev, 512, gpt::volume_partition_guid(name), &gpt::partition_label(name), start, size).unwrap();
+    blkpg::ensure_kernel_partition(dev, start, size).unwrap()
+}
+
+/// Gives udev time to act on anything it was told (and to re-read a table, if it would).
+fn let_udev_act() {
+    std::thread::sleep(Duration::from_millis(500));
 }
 
 fn wait_gone(path: &Path) {
@@ -321,29 +340,29 @@ fn an_image_with_an_mbr_signature_only_is_refused() {
 fn two_volumes_go_through_partitions_mkfs_mounts_binds_unmount_wipe_and_removal() {
     let mut s = Scene::new(1024 * MIB);
     let dev = s.dev.clone();
-    let (ga, gb, gc) = (gpt::volume_partition_guid("vol-a"), gpt::volume_partition_guid("vol-b"), gpt::volume_partition_guid("vol-c"));
+    let [ga, gb, gc] = ["vol-a", "vol-b", "vol-c"].map(gpt::volume_partition_guid);
     let (sa, za) = (MIB, 256 * MIB);
     let (sb, zb) = (257 * MIB, 320 * MIB);
 
-    // GPT: two partitions, idempotent, as other tools see them.
-    gpt::add_partition(&dev, 512, ga, &gpt::partition_label("vol-a"), sa, za).unwrap();
-    gpt::add_partition(&dev, 512, gb, &gpt::partition_label("vol-b"), sb, zb).unwrap();
-    gpt::add_partition(&dev, 512, ga, &gpt::partition_label("vol-a"), sa, za).unwrap();
+    // GPT and kernel: two partitions with device nodes, as other tools see them.
+    let pa = create(&dev, "vol-a", sa, za);
+    let pb = create(&dev, "vol-b", sb, zb);
     let t = table(&dev);
     assert!(t.is_drivelet());
     assert_eq!(t.partitions.iter().map(|p| (p.guid, p.start, p.size)).collect::<Vec<_>>(), vec![(ga, sa, za), (gb, sb, zb)]);
     assert_eq!(sfdisk_view(&dev).1.len(), 2);
-
-    // Kernel partitions with device nodes; asking again returns the same ones.
-    let pa = blkpg::ensure_kernel_partition(&dev, sa, za).unwrap();
-    let pb = blkpg::ensure_kernel_partition(&dev, sb, zb).unwrap();
-    assert_eq!(blkpg::ensure_kernel_partition(&dev, sa, za).unwrap().devnum, pa.devnum);
     for p in [&pa, &pb] {
         assert!(p.devnode.exists(), "{} has no node", p.devnode.display());
         assert_eq!(fs::device_size(&p.devnode).unwrap(), p.size);
     }
     let kp = blkpg::kernel_partitions(&dev).unwrap();
     assert!(kp.iter().any(|p| p.start == sa && p.size == za) && kp.iter().any(|p| p.start == sb && p.size == zb), "{kp:?}");
+
+    // Asking again, without the lock, changes nothing and disturbs nothing.
+    gpt::add_partition(&dev, 512, ga, &gpt::partition_label("vol-a"), sa, za).unwrap();
+    assert_eq!(blkpg::ensure_kernel_partition(&dev, sa, za).unwrap(), pa);
+    let_udev_act();
+    assert_eq!(blkpg::kernel_partitions(&dev).unwrap().len(), 2, "udev re-read the table after a no-op");
     let e = blkpg::ensure_kernel_partition(&dev, sa, za + MIB).unwrap_err();
     assert!(matches!(e, DiskError::Conflict { .. }), "{e}");
 
@@ -378,8 +397,7 @@ fn two_volumes_go_through_partitions_mkfs_mounts_binds_unmount_wipe_and_removal(
 
     // A third partition added while the others are mounted (the table cannot be
     // re-read now): BLKPG still adds it. Published as a block volume onto a file.
-    gpt::add_partition(&dev, 512, gc, &gpt::partition_label("vol-c"), 600 * MIB, 16 * MIB).unwrap();
-    let pc = blkpg::ensure_kernel_partition(&dev, 600 * MIB, 16 * MIB).unwrap();
+    let pc = create(&dev, "vol-c", 600 * MIB, 16 * MIB);
     assert!(pc.devnode.exists());
     let block_target = s.mount_point("block-c", true);
     mount::bind_mount(&pc.devnode, &block_target, false).unwrap();
@@ -411,16 +429,19 @@ fn two_volumes_go_through_partitions_mkfs_mounts_binds_unmount_wipe_and_removal(
     assert_eq!(fs::probe_fs(&pa.devnode).unwrap(), None);
     assert_eq!(fs::probe_fs(&pb.devnode).unwrap(), None);
 
-    // Removal from the GPT and the kernel, each idempotent.
-    assert!(gpt::remove_partition(&dev, 512, ga).unwrap());
-    assert!(!gpt::remove_partition(&dev, 512, ga).unwrap());
-    let a_now = blkpg::kernel_partitions(&dev).unwrap().into_iter().find(|p| p.start == sa);
-    blkpg::remove_kernel_partition(&dev, sa).unwrap();
-    blkpg::remove_kernel_partition(&dev, sa).unwrap();
-    assert!(blkpg::kernel_partitions(&dev).unwrap().iter().all(|p| p.start != sa));
-    if let Some(p) = a_now {
-        wait_gone(&p.devnode);
+    // Removal from the GPT and the kernel, under the lock, each idempotent.
+    {
+        let _udev = DiskLock::exclusive(&dev).unwrap();
+        assert!(gpt::remove_partition(&dev, 512, ga).unwrap());
+        assert!(!gpt::remove_partition(&dev, 512, ga).unwrap());
+        blkpg::remove_kernel_partition(&dev, sa).unwrap();
+        blkpg::remove_kernel_partition(&dev, sa).unwrap();
     }
+    assert!(blkpg::kernel_partitions(&dev).unwrap().iter().all(|p| p.start != sa));
+    wait_gone(&pa.devnode);
+    let_udev_act();
+    let left: Vec<u64> = blkpg::kernel_partitions(&dev).unwrap().iter().map(|p| p.start).collect();
+    assert_eq!(left, vec![sb, 600 * MIB], "the other partitions stay");
     let t = table(&dev);
     assert_eq!(t.partitions.iter().map(|p| p.guid).collect::<Vec<_>>(), vec![gb, gc]);
 }
@@ -442,31 +463,40 @@ fn a_loop_device_with_ext4_on_it_is_refused_and_left_byte_for_byte_unchanged() {
 fn a_loop_device_with_someone_elses_gpt_is_refused_and_left_unchanged() {
     let s = Scene::new(64 * MIB);
     let script = "label: gpt\nlabel-id: 0badc0de-1234-4234-8234-123456789abc\nstart=2048, size=8192, type=L\n";
-    let mut child = Command::new("sfdisk")
-        .arg("-q")
-        .arg("--no-reread")
-        .arg(&s.dev)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
-    assert!(child.wait().unwrap().success());
+    // The kernel cannot parse GPTs here: give it the foreign partition by hand, under
+    // the disk lock so udev's answer to sfdisk's write cannot drop it afterwards.
+    let theirs = {
+        let _udev = DiskLock::exclusive(&s.dev).unwrap();
+        let mut child = Command::new("sfdisk")
+            .args(["-q", "--no-reread", "--lock=no"])
+            .arg(&s.dev)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        assert!(child.wait().unwrap().success());
+        blkpg::ensure_kernel_partition(&s.dev, MIB, 4 * MIB).unwrap()
+    };
+    let_udev_act();
+    assert_eq!(blkpg::kernel_partitions(&s.dev).unwrap(), vec![theirs.clone()], "set-up");
     let before = sha256(&s.dev);
     let g = gpt::volume_partition_guid("x");
     let e = gpt::add_partition(&s.dev, 512, g, "drivelet:x", 16 * MIB, 8 * MIB).unwrap_err();
     assert!(matches!(e, DiskError::Foreign { .. }) && e.to_string().contains("0badc0de"), "{e}");
     assert!(matches!(gpt::remove_partition(&s.dev, 512, g), Err(DiskError::Foreign { .. })));
+    assert!(matches!(gpt::resize_partition(&s.dev, 512, g, 2 * MIB), Err(DiskError::Foreign { .. })));
     assert_eq!(sha256(&s.dev), before);
+    // Refusing never opened the disk for writing, so udev did not re-read its table.
+    let_udev_act();
+    assert_eq!(blkpg::kernel_partitions(&s.dev).unwrap(), vec![theirs]);
 }
 
 #[test]
 fn a_partition_grows_in_the_gpt_and_then_in_the_kernel() {
     let s = Scene::new(128 * MIB);
-    let [a, b] = ["grow-a", "grow-b"].map(gpt::volume_partition_guid);
-    gpt::add_partition(&s.dev, 512, a, "drivelet:grow-a", MIB, 16 * MIB).unwrap();
-    gpt::add_partition(&s.dev, 512, b, "drivelet:grow-b", 64 * MIB, 16 * MIB).unwrap();
-    let pa = blkpg::ensure_kernel_partition(&s.dev, MIB, 16 * MIB).unwrap();
-    blkpg::ensure_kernel_partition(&s.dev, 64 * MIB, 16 * MIB).unwrap();
+    let a = gpt::volume_partition_guid("grow-a");
+    let pa = create(&s.dev, "grow-a", MIB, 16 * MIB);
+    create(&s.dev, "grow-b", 64 * MIB, 16 * MIB);
     fs::mkfs(&pa.devnode, "ext4").unwrap();
     let stage = tempfile::tempdir().unwrap();
     mount::mount_fs(&pa.devnode, stage.path(), "ext4", &Default::default()).unwrap();
@@ -479,9 +509,12 @@ fn a_partition_grows_in_the_gpt_and_then_in_the_kernel() {
     let _guard = Unmount(stage.path());
 
     // Online: the partition is mounted while it grows.
-    gpt::resize_partition(&s.dev, 512, a, 48 * MIB).unwrap();
-    blkpg::resize_kernel_partition(&s.dev, MIB, 48 * MIB).unwrap();
-    blkpg::resize_kernel_partition(&s.dev, MIB, 48 * MIB).unwrap();
+    {
+        let _udev = DiskLock::exclusive(&s.dev).unwrap();
+        gpt::resize_partition(&s.dev, 512, a, 48 * MIB).unwrap();
+        blkpg::resize_kernel_partition(&s.dev, MIB, 48 * MIB).unwrap();
+        blkpg::resize_kernel_partition(&s.dev, MIB, 48 * MIB).unwrap();
+    }
     assert_eq!(fs::device_size(&pa.devnode).unwrap(), 48 * MIB);
     let kp = blkpg::kernel_partitions(&s.dev).unwrap();
     assert!(kp.iter().any(|p| p.start == MIB && p.size == 48 * MIB), "{kp:?}");
@@ -491,4 +524,38 @@ fn a_partition_grows_in_the_gpt_and_then_in_the_kernel() {
     assert!(matches!(blkpg::resize_kernel_partition(&s.dev, 2 * MIB, 4 * MIB), Err(DiskError::NotFound { .. })));
     mount::unmount_all(stage.path()).unwrap();
     assert_eq!(table(&s.dev).partitions[0].size, 48 * MIB);
+}
+
+#[test]
+fn many_partitions_come_and_go_under_the_disk_lock_and_the_kernel_keeps_the_rest() {
+    let s = Scene::new(512 * MIB);
+    let extent = |i: u64| (MIB + i * 16 * MIB, 16 * MIB);
+    let made: Vec<KernelPartition> = (0..12).map(|i| create(&s.dev, &format!("churn-{i}"), extent(i).0, extent(i).1)).collect();
+    let_udev_act();
+    let now = blkpg::kernel_partitions(&s.dev).unwrap();
+    assert_eq!(now.len(), 12, "{now:?}");
+    assert!(made.iter().all(|p| now.contains(p)), "a partition was renumbered or lost: {now:?}");
+
+    // Delete every other one as the volume manager does: wipe, then GPT and kernel.
+    for i in (0..12).step_by(2) {
+        fs::wipe_signatures(&made[i as usize].devnode).unwrap();
+        let _udev = DiskLock::exclusive(&s.dev).unwrap();
+        assert!(gpt::remove_partition(&s.dev, 512, gpt::volume_partition_guid(&format!("churn-{i}"))).unwrap());
+        blkpg::remove_kernel_partition(&s.dev, extent(i).0).unwrap();
+    }
+    // And make new ones in the holes, with the lowest free numbers.
+    for i in (0..12).step_by(4) {
+        create(&s.dev, &format!("again-{i}"), extent(i).0, extent(i).1);
+    }
+    let_udev_act();
+    let now = blkpg::kernel_partitions(&s.dev).unwrap();
+    let kept: Vec<&KernelPartition> = made.iter().skip(1).step_by(2).collect();
+    assert!(kept.iter().all(|p| now.contains(p)), "an untouched partition changed: {now:?}");
+    assert_eq!(now.len(), 6 + 3, "{now:?}");
+    let gpt_starts: Vec<u64> = table(&s.dev).partitions.iter().map(|p| p.start).collect();
+    let mut kernel_starts: Vec<u64> = now.iter().map(|p| p.start).collect();
+    kernel_starts.sort();
+    let mut sorted = gpt_starts.clone();
+    sorted.sort();
+    assert_eq!(kernel_starts, sorted, "the kernel and the GPT agree");
 }

@@ -14,6 +14,10 @@
 //!   right device;
 //! - a partition in use (mounted, held, open) is never deleted: the error names it and,
 //!   when known, where it is mounted; a short wait covers udev's own brief probes;
+//! - a GPT change and the BLKPG call that follows it belong under one
+//!   [`super::lock::DiskLock`]: BLKPG needs no write descriptor, but the GPT write
+//!   does, and without the lock udev answers its close with a re-read that drops (or,
+//!   with a kernel GPT parser, renumbers) every partition not in use;
 //! - sysfs `start` and `size` are in 512-byte units whatever the logical block size.
 
 use std::fs::File;

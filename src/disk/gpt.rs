@@ -100,7 +100,7 @@ pub const LABEL_PREFIX: &str = "drivelet:";
 /// Longest GPT partition name, in UTF-16 code units.
 pub const MAX_LABEL_UNITS: usize = 36;
 
-/// Entries in the partition array of a GPT drivelet writes (the usual 128).
+/// Size in bytes of one partition entry: the usual 128, the only size handled.
 const ENTRY_SIZE: u32 = 128;
 
 /// One used entry of a GPT.
@@ -234,12 +234,12 @@ fn header_offsets(size: u64) -> Vec<u64> {
         .collect()
 }
 
-/// Looks at the raw header of a GPT for `sector` (primary then backup). `Ok(None)` when
-/// neither carries the signature; an error for a header this module cannot handle (the
-/// GPT library asserts 128-byte entries, so that is checked first).
-fn sniff_header(dev: &Path, file: &File, size: u64, sector: u64) -> Result<Option<()>, DiskError> {
+/// Whether the primary or backup header of a GPT for `sector` carries the signature;
+/// an error for a header this module cannot handle (the GPT library asserts 128-byte
+/// entries, so that is checked before it reads anything).
+fn sniff_header(dev: &Path, file: &File, size: u64, sector: u64) -> Result<bool, DiskError> {
     if size < 3 * sector {
-        return Ok(None);
+        return Ok(false);
     }
     let mut found = false;
     for off in [sector, size / sector * sector - sector] {
@@ -259,7 +259,7 @@ fn sniff_header(dev: &Path, file: &File, size: u64, sector: u64) -> Result<Optio
             });
         }
     }
-    Ok(found.then_some(()))
+    Ok(found)
 }
 
 fn to_table(dev: &Path, disk: &GptDisk<&File>, sector: u64) -> Result<GptTable, DiskError> {
@@ -288,9 +288,9 @@ fn open_gpt<'f>(
     sector: u64,
 ) -> Result<Option<GptDisk<&'f File>>, DiskError> {
     let lb = block_size(dev, sector)?;
-    if sniff_header(dev, file, size, sector)?.is_none() {
+    if !sniff_header(dev, file, size, sector)? {
         let other = if sector == 512 { 4096 } else { 512 };
-        if sniff_header(dev, file, size, other)?.is_some() {
+        if sniff_header(dev, file, size, other)? {
             return Err(DiskError::Gpt {
                 device: dev.to_path_buf(),
                 reason: format!("the GPT on it was written for {other}-byte sectors, not {sector}"),
@@ -635,5 +635,54 @@ mod tests {
         assert!(!is_drivelet_table(Some("gpt"), Some("12345678-1111-4222-8333-444455556666")));
         assert!(!is_drivelet_table(Some("dos"), Some("6472766c")));
         assert!(!is_drivelet_table(None, None));
+    }
+
+    #[test]
+    fn volume_guids_are_deterministic_and_distinct_per_name() {
+        let a = volume_partition_guid("pvc-1b2c");
+        assert_eq!(a, volume_partition_guid("pvc-1b2c"));
+        assert_ne!(a, volume_partition_guid("pvc-1b2d"));
+        assert_ne!(a, volume_partition_guid("PVC-1B2C"));
+        assert_eq!(a.get_version_num(), 5);
+        // Pinned: changing the namespace would orphan every existing volume.
+        assert_eq!(volume_partition_guid("pvc-1b2c"), Uuid::new_v5(&VOLUME_GUID_NAMESPACE, b"pvc-1b2c"));
+        assert_eq!(VOLUME_GUID_NAMESPACE.to_string(), "3148d51a-bb5a-497e-a7d1-3d6d10985865");
+    }
+
+    #[test]
+    fn labels_keep_the_prefix_and_as_much_of_the_name_as_fits_in_36_utf16_units() {
+        assert_eq!(partition_label("pvc-a"), "drivelet:pvc-a");
+        let long = "pvc-0123456789abcdef0123456789abcdef";
+        let l = partition_label(long);
+        assert_eq!(l.encode_utf16().count(), MAX_LABEL_UNITS);
+        assert_eq!(l, format!("drivelet:{}", &long[..27]));
+        // A character outside the BMP takes two units and is never split.
+        let emoji = format!("{}\u{1F600}", "a".repeat(26));
+        assert_eq!(partition_label(&emoji), format!("drivelet:{}", "a".repeat(26)));
+        assert_eq!(partition_label(&format!("{}\u{1F600}", "a".repeat(25))).encode_utf16().count(), 36);
+        assert_eq!(partition_label(""), LABEL_PREFIX);
+        assert_eq!(partition_label("a\0b"), "drivelet:a");
+    }
+
+    #[test]
+    fn fresh_disk_guids_carry_the_drivelet_prefix_and_differ() {
+        let (a, b) = (new_disk_guid(), new_disk_guid());
+        assert!(a.to_string().starts_with(DISK_GUID_PREFIX), "{a}");
+        assert!(is_drivelet_disk_guid(&a) && is_drivelet_table(Some("gpt"), Some(&a.to_string().to_uppercase())));
+        assert_ne!(a, b);
+        assert!(!is_drivelet_disk_guid(&Uuid::nil()));
+    }
+
+    #[test]
+    fn the_parsed_partition_type_is_the_documented_one() {
+        assert_eq!(PARTITION_TYPE_GUID.to_string(), PARTITION_TYPE);
+    }
+
+    #[test]
+    fn drivelet_partitions_need_both_the_type_and_the_name_prefix() {
+        let p = |type_guid, name: &str| GptPartition { guid: Uuid::nil(), type_guid, name: name.into(), start: 0, size: 0 };
+        assert!(p(PARTITION_TYPE_GUID, "drivelet:x").is_drivelet());
+        assert!(!p(PARTITION_TYPE_GUID, "x").is_drivelet());
+        assert!(!p(Uuid::nil(), "drivelet:x").is_drivelet());
     }
 }

@@ -22,24 +22,37 @@ use super::DiskError;
 /// How long the lock outlives the last write, so udev handles the close under it.
 const GRACE: Duration = Duration::from_millis(50);
 
+/// How long taking the lock may wait for another holder.
+pub const WAIT: Duration = Duration::from_secs(10);
+
 /// Holds `LOCK_EX` on a whole disk until dropped.
 pub struct DiskLock {
     file: File,
 }
 
 impl DiskLock {
-    /// Locks `disk`, waiting for another holder (udev probes hold `LOCK_SH` briefly).
+    /// Locks `disk`, waiting up to [`WAIT`] for another holder (udev probes hold
+    /// `LOCK_SH` briefly; a partitioning tool may hold `LOCK_EX`).
     pub fn exclusive(disk: &Path) -> Result<DiskLock, DiskError> {
         let file = File::open(disk).map_err(DiskError::io(format!("open {} to lock it", disk.display())))?;
+        let t0 = std::time::Instant::now();
         loop {
             // SAFETY: flock on a descriptor this function owns; no memory is passed.
-            let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+            let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
             if r == 0 {
                 return Ok(DiskLock { file });
             }
             let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(DiskError::Io { what: format!("lock {}", disk.display()), source: e });
+            match e.raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(libc::EWOULDBLOCK) if t0.elapsed() < WAIT => std::thread::sleep(Duration::from_millis(10)),
+                Some(libc::EWOULDBLOCK) => {
+                    return Err(DiskError::Io {
+                        what: format!("lock {}: another process has held it for {}s", disk.display(), WAIT.as_secs()),
+                        source: e,
+                    })
+                }
+                _ => return Err(DiskError::Io { what: format!("lock {}", disk.display()), source: e }),
             }
         }
     }

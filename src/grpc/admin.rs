@@ -1,5 +1,5 @@
 //! The admin socket behind `drivelet ctl`: one JSON request per line, one JSON answer
-//! per line. Root only (mode 0600); read-only queries today.
+//! per line. Root only (mode 0600); read-only queries (drives, volumes).
 //!
 //! Rules: a malformed or unknown request gets `{"error": ...}` and the connection
 //! stays usable; a line longer than 64 KiB closes the connection.
@@ -12,6 +12,8 @@ use tracing::{debug, warn};
 use super::Front;
 use crate::actors::inventory::model::Drive;
 use crate::actors::messages::ListDrives;
+use crate::actors::volumes::model::VolumeRecord;
+use crate::actors::volumes::ListVolumes;
 
 /// A request on the admin socket.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -19,6 +21,8 @@ use crate::actors::messages::ListDrives;
 pub enum AdminRequest {
     /// List every disk with its classification.
     Drives,
+    /// List every volume with its drive, size, state and paths.
+    Volumes,
 }
 
 /// An answer on the admin socket.
@@ -27,6 +31,8 @@ pub enum AdminRequest {
 pub enum AdminResponse {
     /// The drive list.
     Drives(Vec<Drive>),
+    /// The volume list.
+    Volumes(Vec<VolumeRecord>),
     /// The request failed.
     Error(String),
 }
@@ -39,6 +45,10 @@ async fn answer(front: &Front, line: &str) -> AdminResponse {
         Ok(AdminRequest::Drives) => match front.inventory.send(ListDrives).await {
             Ok(d) => AdminResponse::Drives(d),
             Err(e) => AdminResponse::Error(format!("drive inventory is not answering: {e}")),
+        },
+        Ok(AdminRequest::Volumes) => match front.volumes.send(ListVolumes).await {
+            Ok(v) => AdminResponse::Volumes(v),
+            Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
         },
     }
 }

@@ -368,3 +368,119 @@ pub fn unmount_under(dir: &Path) {
         let _ = Command::new("umount").arg("-l").arg(&m).status();
     }
 }
+
+/// Unmounts whatever a failed test left under its directory; declare it after the
+/// agent and before the loop drives so it runs before they are detached.
+pub struct Unmounter(pub PathBuf);
+
+impl Drop for Unmounter {
+    fn drop(&mut self) {
+        unmount_under(&self.0);
+    }
+}
+
+impl Agent {
+    /// Like [`Agent::start`], but the running process has `env` (e.g. an armed
+    /// `FAILPOINTS`): the config is written by a plain start, which is stopped cleanly
+    /// and replaced by one started with `env`, once that one is ready.
+    pub fn start_with(dir: &Path, opts: AgentOpts, env: &[(&str, &str)]) -> Agent {
+        let mut a = Agent::start(dir, opts);
+        assert_eq!(a.stop(), 0, "the plain agent did not stop cleanly; log:\n{}", a.logs());
+        a.spawn_with(env);
+        a.wait_ready();
+        a
+    }
+
+    /// Waits for the process to exit on its own (it killed itself at a crash point)
+    /// and returns how it ended; fails with the log when it is still running after
+    /// `within`.
+    pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        let child = self.child.as_mut().expect("the agent was started");
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return status;
+            }
+            assert!(Instant::now() < deadline, "drivelet still runs {within:?} after the call that should kill it; log:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `drivelet ctl volumes -o json` through the real CLI: the ids of every volume
+    /// record the agent holds. `None` when this build's CLI has no `volumes` command
+    /// yet; callers then check through CSI instead.
+    pub fn ctl_volume_ids(&self) -> Option<Vec<String>> {
+        let out = Command::new(bin())
+            .args(["ctl", "--socket", self.admin_socket.to_str().unwrap(), "volumes", "--output", "json"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() && stderr.contains("unrecognized subcommand") {
+            return None;
+        }
+        assert!(out.status.success(), "ctl volumes failed: {stderr}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ctl volumes json");
+        let list = v.as_array().unwrap_or_else(|| panic!("ctl volumes is not a JSON list: {v}"));
+        Some(list.iter().map(|r| r["id"].as_str().unwrap_or_default().to_string()).collect())
+    }
+}
+
+/// One entry of a GPT as `sfdisk --json` reads it from the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GptEntry {
+    /// Partition GUID (upper case, as sfdisk prints it).
+    pub uuid: String,
+    /// Start, bytes.
+    pub start: u64,
+    /// Size, bytes.
+    pub size: u64,
+    /// Partition name (label).
+    pub name: String,
+}
+
+/// The partitions the on-disk partition table of `dev` lists (none when it has no
+/// table at all), read by `sfdisk --json`, independent of drivelet's own GPT code.
+pub fn gpt_entries(dev: &Path) -> Vec<GptEntry> {
+    let out = Command::new("sfdisk").arg("--json").arg(dev).output().expect("sfdisk");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && stderr.contains("does not contain a recognized partition table") {
+        return Vec::new();
+    }
+    assert!(out.status.success(), "sfdisk --json {} failed: {stderr}", dev.display());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("sfdisk json");
+    let t = &v["partitiontable"];
+    let sector = t["sectorsize"].as_u64().unwrap_or(512);
+    t["partitions"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .map(|p| GptEntry {
+                    uuid: p["uuid"].as_str().unwrap_or_default().to_string(),
+                    start: p["start"].as_u64().unwrap() * sector,
+                    size: p["size"].as_u64().unwrap() * sector,
+                    name: p["name"].as_str().unwrap_or_default().to_string(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Where the first volume on a blank drive of `size` bytes starts: the lowest aligned
+/// offset a partition may take.
+pub fn first_volume_start(size: u64) -> u64 {
+    drivelet::disk::gpt::usable_region(size, 512).expect("drive big enough").0
+}
+
+impl Agent {
+    /// The last `n` lines of the agent log, without the gRPC transport's frame chatter:
+    /// the excerpt a failure message shows.
+    pub fn log_tail(&self, n: usize) -> String {
+        let logs = self.logs();
+        let lines: Vec<&str> = logs
+            .lines()
+            .filter(|l| !["\"target\":\"h2::", "\"target\":\"hyper", "\"target\":\"tower", "\"target\":\"tonic::transport"].iter().any(|t| l.contains(t)))
+            .collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}

@@ -1,0 +1,273 @@
+//! `drivelet csi ...`: a small CSI client for any CSI endpoint (drivelet's or another
+//! driver's), to run a volume lifecycle by hand: info, create, delete, validate,
+//! capacity, stage, unstage, publish, unpublish.
+//!
+//! Rules: every call prints its answer in plain words (or JSON with `-o json`); a gRPC
+//! error prints its code and message and the command exits 1. Nothing here logs
+//! secrets: the client never sends any.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::grpc::proto::csi;
+
+/// Errors of the CSI client.
+#[derive(Debug, thiserror::Error)]
+pub enum CsiCliError {
+    /// The endpoint could not be reached.
+    #[error("cannot connect to the CSI endpoint {path}: {reason}")]
+    Connect {
+        /// Socket path.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The driver answered with an error.
+    #[error("{method} failed: {code:?}: {message}")]
+    Call {
+        /// RPC name.
+        method: &'static str,
+        /// gRPC code.
+        code: tonic::Code,
+        /// Message.
+        message: String,
+    },
+    /// An argument is malformed.
+    #[error("{0}")]
+    Usage(String),
+}
+
+fn call(method: &'static str) -> impl FnOnce(tonic::Status) -> CsiCliError {
+    move |s| CsiCliError::Call { method, code: s.code(), message: s.message().to_string() }
+}
+
+/// Opens a channel over a unix socket.
+pub async fn connect(path: &Path) -> Result<Channel, CsiCliError> {
+    let p = path.to_path_buf();
+    let err = |reason: String| CsiCliError::Connect { path: path.to_path_buf(), reason };
+    Endpoint::try_from("http://[::]:50051")
+        .map_err(|e| err(e.to_string()))?
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let p = p.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(p).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .map_err(|e| err(format!("{e} (is the driver running, and are you root?)")))
+}
+
+/// How the volume is accessed.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// Block access instead of a filesystem.
+    pub block: bool,
+    /// Filesystem (mount access); empty for the driver's default.
+    pub fs_type: String,
+    /// Mount flags (mount access).
+    pub mount_flags: Vec<String>,
+    /// Access mode: `single-node-writer` (default), `single-node-reader-only`,
+    /// `single-node-single-writer`, `single-node-multi-writer`.
+    pub mode: String,
+}
+
+impl Access {
+    /// The CSI capability.
+    pub fn capability(&self) -> Result<csi::VolumeCapability, CsiCliError> {
+        use csi::volume_capability::access_mode::Mode;
+        use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+        let mode = match self.mode.as_str() {
+            "" | "single-node-writer" => Mode::SingleNodeWriter,
+            "single-node-reader-only" => Mode::SingleNodeReaderOnly,
+            "single-node-single-writer" => Mode::SingleNodeSingleWriter,
+            "single-node-multi-writer" => Mode::SingleNodeMultiWriter,
+            other => return Err(CsiCliError::Usage(format!("unknown access mode {other}"))),
+        };
+        let access_type = if self.block {
+            AccessType::Block(BlockVolume {})
+        } else {
+            AccessType::Mount(MountVolume {
+                fs_type: self.fs_type.clone(),
+                mount_flags: self.mount_flags.clone(),
+                volume_mount_group: String::new(),
+            })
+        };
+        Ok(csi::VolumeCapability { access_mode: Some(AccessMode { mode: mode as i32 }), access_type: Some(access_type) })
+    }
+}
+
+/// Parses `key=value` parameters.
+pub fn parse_params(kv: &[String]) -> Result<HashMap<String, String>, CsiCliError> {
+    kv.iter()
+        .map(|s| {
+            s.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| CsiCliError::Usage(format!("parameter {s:?} is not key=value")))
+        })
+        .collect()
+}
+
+/// Plugin info, capabilities, readiness and node info.
+pub async fn info(ch: Channel) -> Result<serde_json::Value, CsiCliError> {
+    let mut id = csi::identity_client::IdentityClient::new(ch.clone());
+    let mut node = csi::node_client::NodeClient::new(ch.clone());
+    let mut ctrl = csi::controller_client::ControllerClient::new(ch);
+    let pi = id.get_plugin_info(csi::GetPluginInfoRequest {}).await.map_err(call("GetPluginInfo"))?.into_inner();
+    let pc = id.get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {}).await.map_err(call("GetPluginCapabilities"))?.into_inner();
+    let probe = id.probe(csi::ProbeRequest {}).await.map_err(call("Probe"))?.into_inner();
+    let ni = node.node_get_info(csi::NodeGetInfoRequest {}).await.map_err(call("NodeGetInfo"))?.into_inner();
+    let nc = node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await.map_err(call("NodeGetCapabilities"))?.into_inner();
+    let cc = ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await.ok().map(|r| r.into_inner());
+    Ok(serde_json::json!({
+        "name": pi.name,
+        "vendor_version": pi.vendor_version,
+        "ready": probe.ready,
+        "plugin_capabilities": pc.capabilities.iter().map(|c| format!("{:?}", c.r#type)).collect::<Vec<_>>(),
+        "controller_capabilities": cc.map(|c| c.capabilities.iter().map(|c| format!("{:?}", c.r#type)).collect::<Vec<_>>()),
+        "node_capabilities": nc.capabilities.iter().map(|c| format!("{:?}", c.r#type)).collect::<Vec<_>>(),
+        "node_id": ni.node_id,
+        "max_volumes_per_node": ni.max_volumes_per_node,
+        "topology": ni.accessible_topology.map(|t| t.segments),
+    }))
+}
+
+/// CreateVolume.
+pub async fn create(
+    ch: Channel,
+    name: &str,
+    required: u64,
+    limit: u64,
+    access: &Access,
+    params: HashMap<String, String>,
+) -> Result<serde_json::Value, CsiCliError> {
+    let mut ctrl = csi::controller_client::ControllerClient::new(ch);
+    let to_i64 = |v: u64| i64::try_from(v).map_err(|_| CsiCliError::Usage(format!("{v} bytes is too large")));
+    let req = csi::CreateVolumeRequest {
+        name: name.to_string(),
+        capacity_range: Some(csi::CapacityRange { required_bytes: to_i64(required)?, limit_bytes: to_i64(limit)? }),
+        volume_capabilities: vec![access.capability()?],
+        parameters: params,
+        ..Default::default()
+    };
+    let v = ctrl.create_volume(req).await.map_err(call("CreateVolume"))?.into_inner().volume.unwrap_or_default();
+    Ok(serde_json::json!({
+        "volume_id": v.volume_id,
+        "capacity_bytes": v.capacity_bytes,
+        "volume_context": v.volume_context,
+        "accessible_topology": v.accessible_topology.into_iter().map(|t| t.segments).collect::<Vec<_>>(),
+    }))
+}
+
+/// DeleteVolume.
+pub async fn delete(ch: Channel, id: &str) -> Result<serde_json::Value, CsiCliError> {
+    let mut ctrl = csi::controller_client::ControllerClient::new(ch);
+    ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.to_string(), ..Default::default() })
+        .await
+        .map_err(call("DeleteVolume"))?;
+    Ok(serde_json::json!({ "deleted": id }))
+}
+
+/// ValidateVolumeCapabilities.
+pub async fn validate(ch: Channel, id: &str, access: &Access) -> Result<serde_json::Value, CsiCliError> {
+    let mut ctrl = csi::controller_client::ControllerClient::new(ch);
+    let r = ctrl
+        .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: id.to_string(),
+            volume_capabilities: vec![access.capability()?],
+            ..Default::default()
+        })
+        .await
+        .map_err(call("ValidateVolumeCapabilities"))?
+        .into_inner();
+    Ok(serde_json::json!({ "confirmed": r.confirmed.is_some(), "message": r.message }))
+}
+
+/// GetCapacity.
+pub async fn capacity(ch: Channel, params: HashMap<String, String>) -> Result<serde_json::Value, CsiCliError> {
+    let mut ctrl = csi::controller_client::ControllerClient::new(ch);
+    let r = ctrl
+        .get_capacity(csi::GetCapacityRequest { parameters: params, ..Default::default() })
+        .await
+        .map_err(call("GetCapacity"))?
+        .into_inner();
+    Ok(serde_json::json!({
+        "available_capacity": r.available_capacity,
+        "maximum_volume_size": r.maximum_volume_size,
+        "minimum_volume_size": r.minimum_volume_size,
+    }))
+}
+
+/// NodeStageVolume.
+pub async fn stage(ch: Channel, id: &str, staging: &Path, access: &Access) -> Result<serde_json::Value, CsiCliError> {
+    let mut node = csi::node_client::NodeClient::new(ch);
+    node.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: id.to_string(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(access.capability()?),
+        ..Default::default()
+    })
+    .await
+    .map_err(call("NodeStageVolume"))?;
+    Ok(serde_json::json!({ "staged": id, "at": staging }))
+}
+
+/// NodeUnstageVolume.
+pub async fn unstage(ch: Channel, id: &str, staging: &Path) -> Result<serde_json::Value, CsiCliError> {
+    let mut node = csi::node_client::NodeClient::new(ch);
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: id.to_string(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .map_err(call("NodeUnstageVolume"))?;
+    Ok(serde_json::json!({ "unstaged": id, "at": staging }))
+}
+
+/// NodePublishVolume.
+pub async fn publish(
+    ch: Channel,
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    access: &Access,
+    readonly: bool,
+) -> Result<serde_json::Value, CsiCliError> {
+    let mut node = csi::node_client::NodeClient::new(ch);
+    node.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: id.to_string(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(access.capability()?),
+        readonly,
+        ..Default::default()
+    })
+    .await
+    .map_err(call("NodePublishVolume"))?;
+    Ok(serde_json::json!({ "published": id, "at": target, "readonly": readonly }))
+}
+
+/// NodeUnpublishVolume.
+pub async fn unpublish(ch: Channel, id: &str, target: &Path) -> Result<serde_json::Value, CsiCliError> {
+    let mut node = csi::node_client::NodeClient::new(ch);
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: id.to_string(), target_path: target.display().to_string() })
+        .await
+        .map_err(call("NodeUnpublishVolume"))?;
+    Ok(serde_json::json!({ "unpublished": id, "at": target }))
+}
+
+/// Renders a JSON answer as `key: value` lines.
+pub fn plain(v: &serde_json::Value) -> String {
+    match v.as_object() {
+        Some(m) => m
+            .iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => format!("{k}: {s}\n"),
+                other => format!("{k}: {other}\n"),
+            })
+            .collect(),
+        None => format!("{v}\n"),
+    }
+}
