@@ -264,7 +264,7 @@ impl Case {
         if let Some(ids) = self.agent.ctl_volume_ids() {
             assert!(ids.is_empty(), "{point}: volume records leaked: {ids:?}");
         }
-        sh("udevadm", &["settle"]); std::thread::sleep(Duration::from_millis(1000));
+        sh("udevadm", &["settle"]);
         // The space is not held by a leftover record: a new volume takes it.
         assert_eq!(self.start, first_volume_start(DRIVE), "{point}: the volume took the first extent of a blank drive");
         self.name = format!("{}-probe", self.name);
@@ -291,7 +291,7 @@ fn crash_and_retry(point: &'static str) {
     for step in LIFECYCLE {
         if step == crash_at {
             c.crash(step);
-            sh("udevadm", &["settle"]); std::thread::sleep(Duration::from_millis(1000)); c.agent.spawn();
+            sh("udevadm", &["settle"]); c.agent.spawn();
             c.after_restart(step);
             c.ok(step, "retried after the crash");
         } else {
@@ -390,7 +390,7 @@ fn create_killed_and_never_retried_is_rolled_back_at_restart() {
     each_point(&unfinished, |point| {
         let mut c = Case::new(point);
         c.crash(Step::Create);
-        sh("udevadm", &["settle"]); std::thread::sleep(Duration::from_millis(1000)); c.agent.spawn();
+        sh("udevadm", &["settle"]); c.agent.spawn();
         assert!(c.parts().is_empty(), "{point}: the restart removed the kernel partition: {:?}; log:\n{}", c.parts(), c.agent.log_tail(40));
         let gpt = gpt_entries(&c.drive.dev);
         assert!(gpt.is_empty(), "{point}: the restart removed the GPT entry: {gpt:?}; log:\n{}", c.agent.log_tail(150));
@@ -399,13 +399,13 @@ fn create_killed_and_never_retried_is_rolled_back_at_restart() {
         }
         // A second restart finds nothing to adopt or roll back.
         c.agent.kill();
-        sh("udevadm", &["settle"]); std::thread::sleep(Duration::from_millis(1000)); c.agent.spawn();
+        sh("udevadm", &["settle"]); c.agent.spawn();
         assert!(c.parts().is_empty() && gpt_entries(&c.drive.dev).is_empty(), "{point}: nothing reappears after a second restart");
         if let Some(ids) = c.agent.ctl_volume_ids() {
             assert!(ids.is_empty(), "{point}: no record after a second restart: {ids:?}");
         }
         // The extent it had reserved is free: another volume takes the first one.
-        sh("udevadm", &["settle"]); std::thread::sleep(Duration::from_millis(1000));
+        sh("udevadm", &["settle"]);
         c.name = format!("{}-other", c.name);
         c.volume_id = drivelet::disk::gpt::volume_partition_guid(&c.name).to_string();
         c.ok(Step::Create, "of another volume after the rollback");

@@ -72,7 +72,16 @@ fn identity_node_and_capacity_answer_field_by_field() {
             params(&[("topology.drivelet.io/node", NODE), ("topology.kubernetes.io/zone", "zone-a")])
         );
         let nc = node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await.unwrap().into_inner();
-        assert!(nc.capabilities.is_empty(), "no node capability is advertised before it is implemented");
+        use csi::node_service_capability::{rpc::Type as NR, Type as NT};
+        let got: Vec<i32> = nc
+            .capabilities
+            .iter()
+            .map(|c| match &c.r#type {
+                Some(NT::Rpc(r)) => r.r#type,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(got, vec![NR::StageUnstageVolume as i32, NR::SingleNodeMultiWriter as i32]);
 
         let mut ctrl = ControllerClient::new(ch.clone());
         let cc = ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await.unwrap().into_inner();
@@ -85,7 +94,7 @@ fn identity_node_and_capacity_answer_field_by_field() {
                 other => panic!("unexpected {other:?}"),
             })
             .collect();
-        assert_eq!(got, vec![R::GetCapacity as i32]);
+        assert_eq!(got, vec![R::CreateDeleteVolume as i32, R::GetCapacity as i32, R::SingleNodeMultiWriter as i32]);
 
         // Two blank drives: 1022 MiB + 2046 MiB usable; the ext4 drive counts for nothing.
         let get = |req: csi::GetCapacityRequest| {
@@ -141,13 +150,13 @@ fn identity_node_and_capacity_answer_field_by_field() {
             assert!(!e.message().is_empty());
         }
 
-        // Not implemented yet: UNIMPLEMENTED, and not advertised above.
+        // Not implemented: UNIMPLEMENTED, and not advertised above.
         let e = ctrl
-            .create_volume(csi::CreateVolumeRequest { name: "v".into(), ..Default::default() })
+            .controller_publish_volume(csi::ControllerPublishVolumeRequest { volume_id: "v".into(), ..Default::default() })
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::Unimplemented);
-        let e = node.node_stage_volume(csi::NodeStageVolumeRequest::default()).await.unwrap_err();
+        let e = node.node_expand_volume(csi::NodeExpandVolumeRequest::default()).await.unwrap_err();
         assert_eq!(e.code(), Code::Unimplemented);
     });
 }
@@ -261,9 +270,15 @@ fn startup_errors_are_clear_and_change_nothing() {
 fn help_documents_every_command() {
     let out = Command::new(bin()).arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    for cmd in ["run", "check-config", "ctl"] {
+    for cmd in ["run", "check-config", "ctl", "csi"] {
         assert!(help.contains(cmd), "{cmd} missing from --help:\n{help}");
     }
     let out = Command::new(bin()).args(["ctl", "--help"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("drives"));
+    let ctl = String::from_utf8_lossy(&out.stdout);
+    assert!(ctl.contains("drives") && ctl.contains("volumes"), "{ctl}");
+    let out = Command::new(bin()).args(["csi", "--help"]).output().unwrap();
+    let csi = String::from_utf8_lossy(&out.stdout);
+    for sub in ["create", "delete", "validate", "capacity", "stage", "unstage", "publish", "unpublish", "info"] {
+        assert!(csi.contains(sub), "csi {sub} missing:\n{csi}");
+    }
 }
