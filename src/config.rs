@@ -53,6 +53,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Volume provisioning and serving.
     pub volumes: VolumesConfig,
+    /// Drive and volume health checks.
+    pub health: HealthConfig,
     /// Loop-backed demo drives created at start.
     pub demo: DemoConfig,
 }
@@ -228,6 +230,55 @@ pub struct VolumesConfig {
 impl Default for VolumesConfig {
     fn default() -> Self {
         Self { allowed_roots: vec!["/var/lib/kubelet".into()], default_size: 1 << 30, default_fs: "ext4".into() }
+    }
+}
+
+/// `[health]`
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// How often each managed drive's SMART data is read.
+    #[serde(deserialize_with = "de_duration")]
+    pub interval: Duration,
+    /// Random spread of each poll, in percent of `interval`, so nodes do not poll in step.
+    pub jitter_percent: u8,
+    /// How many smartctl or fsck runs may be in flight at once.
+    pub concurrency: usize,
+    /// The smartctl program.
+    pub smartctl: PathBuf,
+    /// A smartctl or fsck run taking longer is abandoned (the drive counts as unknown).
+    #[serde(deserialize_with = "de_duration")]
+    pub command_timeout: Duration,
+    /// How often staged and published volumes are checked (mounts, readability, usage,
+    /// and a read-only fsck of unmounted filesystems).
+    #[serde(deserialize_with = "de_duration")]
+    pub volume_check_interval: Duration,
+    /// A volume whose filesystem is fuller than this (percent of blocks or inodes) is
+    /// reported out of space.
+    pub usage_threshold_percent: u8,
+    /// A read-only fsck runs this many times; corruption is reported only if every run
+    /// agrees.
+    pub fsck_runs: u32,
+    /// Release a releasing drive automatically once its last volume is deleted.
+    pub auto_release: bool,
+    /// SMART thresholds.
+    pub smart: crate::disk::smart::SmartThresholds,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(60),
+            jitter_percent: 10,
+            concurrency: 2,
+            smartctl: "smartctl".into(),
+            command_timeout: Duration::from_secs(30),
+            volume_check_interval: Duration::from_secs(30),
+            usage_threshold_percent: 90,
+            fsck_runs: 3,
+            auto_release: false,
+            smart: crate::disk::smart::SmartThresholds::default(),
+        }
     }
 }
 
@@ -439,6 +490,24 @@ impl Config {
         }
         if !matches!(self.volumes.default_fs.as_str(), "ext4" | "xfs") {
             return Err(invalid("volumes.default_fs", format!("is \"{}\"; it must be ext4 or xfs", self.volumes.default_fs)));
+        }
+        if self.health.interval < Duration::from_secs(1) {
+            return Err(invalid("health.interval", "must be at least 1s"));
+        }
+        if self.health.volume_check_interval < Duration::from_millis(100) {
+            return Err(invalid("health.volume_check_interval", "must be at least 100ms"));
+        }
+        if self.health.jitter_percent > 50 {
+            return Err(invalid("health.jitter_percent", "must be between 0 and 50"));
+        }
+        if self.health.concurrency == 0 || self.health.concurrency > 64 {
+            return Err(invalid("health.concurrency", "must be between 1 and 64"));
+        }
+        if self.health.usage_threshold_percent == 0 || self.health.usage_threshold_percent > 100 {
+            return Err(invalid("health.usage_threshold_percent", "must be between 1 and 100"));
+        }
+        if self.health.fsck_runs == 0 || self.health.fsck_runs > 10 {
+            return Err(invalid("health.fsck_runs", "must be between 1 and 10"));
         }
         if self.demo.enabled {
             if !self.drives.allow_loop {

@@ -1,5 +1,5 @@
-//! The embedded, crash-safe store of volume records (redb, one file under the state
-//! directory).
+//! The embedded, crash-safe store of volume records and drive usage records (redb, one
+//! file under the state directory).
 //!
 //! Rules:
 //! - every write is one redb transaction committed with full durability before the call
@@ -15,6 +15,32 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("volumes");
+const DRIVES: TableDefinition<&str, &[u8]> = TableDefinition::new("drives");
+
+/// Which kind of record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Volume records, keyed by volume id.
+    Volume,
+    /// Drive usage records (releasing, released), keyed by drive id.
+    Drive,
+}
+
+impl Kind {
+    fn table(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
+        match self {
+            Kind::Volume => VOLUMES,
+            Kind::Drive => DRIVES,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Volume => "volume",
+            Kind::Drive => "drive",
+        }
+    }
+}
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -75,38 +101,55 @@ impl Store {
             .map_err(|e| open_err(e.to_string()))?;
         let w = db.begin_write().map_err(|e| open_err(e.to_string()))?;
         w.open_table(VOLUMES).map_err(|e| open_err(e.to_string()))?;
+        w.open_table(DRIVES).map_err(|e| open_err(e.to_string()))?;
         w.commit().map_err(|e| open_err(e.to_string()))?;
         Ok(Store { db, path })
     }
 
-    /// Writes (inserts or replaces) one record, durably.
+    /// Writes (inserts or replaces) one volume record, durably.
     pub fn put<T: Serialize>(&self, id: &str, rec: &T) -> Result<(), StoreError> {
-        let what = format!("write of volume {id}");
+        self.put_in(Kind::Volume, id, rec)
+    }
+
+    /// Removes one volume record, durably; removing an absent record is not an error.
+    pub fn remove(&self, id: &str) -> Result<(), StoreError> {
+        self.remove_in(Kind::Volume, id)
+    }
+
+    /// Every volume record, in key order, plus those that could not be decoded.
+    pub fn load<T: DeserializeOwned>(&self) -> Result<(Vec<T>, Vec<Unreadable>), StoreError> {
+        self.load_in(Kind::Volume)
+    }
+
+    /// Writes (inserts or replaces) one record of `kind`, durably.
+    pub fn put_in<T: Serialize>(&self, kind: Kind, id: &str, rec: &T) -> Result<(), StoreError> {
+        let what = format!("write of {} {id}", kind.name());
         let bytes = serde_json::to_vec(rec).map_err(|e| StoreError::Txn { what: what.clone(), reason: e.to_string() })?;
         let w = self.db.begin_write().map_err(|e| txn(what.clone())(e.into()))?;
         {
-            let mut t = w.open_table(VOLUMES).map_err(|e| txn(what.clone())(e.into()))?;
+            let mut t = w.open_table(kind.table()).map_err(|e| txn(what.clone())(e.into()))?;
             t.insert(id, bytes.as_slice()).map_err(|e| txn(what.clone())(e.into()))?;
         }
         w.commit().map_err(|e| txn(what)(e.into()))
     }
 
-    /// Removes one record, durably; removing an absent record is not an error.
-    pub fn remove(&self, id: &str) -> Result<(), StoreError> {
-        let what = format!("removal of volume {id}");
+    /// Removes one record of `kind`, durably; an absent record is not an error.
+    pub fn remove_in(&self, kind: Kind, id: &str) -> Result<(), StoreError> {
+        let what = format!("removal of {} {id}", kind.name());
         let w = self.db.begin_write().map_err(|e| txn(what.clone())(e.into()))?;
         {
-            let mut t = w.open_table(VOLUMES).map_err(|e| txn(what.clone())(e.into()))?;
+            let mut t = w.open_table(kind.table()).map_err(|e| txn(what.clone())(e.into()))?;
             t.remove(id).map_err(|e| txn(what.clone())(e.into()))?;
         }
         w.commit().map_err(|e| txn(what)(e.into()))
     }
 
-    /// Every record, in key order, plus those that could not be decoded.
-    pub fn load<T: DeserializeOwned>(&self) -> Result<(Vec<T>, Vec<Unreadable>), StoreError> {
-        let what = "read of all volumes";
+    /// Every record of `kind`, in key order, plus those that could not be decoded.
+    pub fn load_in<T: DeserializeOwned>(&self, kind: Kind) -> Result<(Vec<T>, Vec<Unreadable>), StoreError> {
+        let what = format!("read of all {} records", kind.name());
+        let what = what.as_str();
         let r = self.db.begin_read().map_err(|e| txn(what)(e.into()))?;
-        let t = r.open_table(VOLUMES).map_err(|e| txn(what)(e.into()))?;
+        let t = r.open_table(kind.table()).map_err(|e| txn(what)(e.into()))?;
         let mut good = Vec::new();
         let mut bad = Vec::new();
         for entry in t.iter().map_err(|e| txn(what)(e.into()))? {

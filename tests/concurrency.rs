@@ -79,8 +79,11 @@ fn describe<T: std::fmt::Debug>(results: &[Result<T, Status>]) -> String {
         .join("\n")
 }
 
-/// Kernel partitions of `dev` that overlap, pairwise.
-fn overlaps(parts: &[(String, u64, u64)]) -> Vec<((String, u64, u64), (String, u64, u64))> {
+/// A kernel partition: name, start and size in bytes.
+type Part = (String, u64, u64);
+
+/// The pairs of partitions that overlap.
+fn overlaps(parts: &[Part]) -> Vec<(Part, Part)> {
     let mut bad = Vec::new();
     for (i, a) in parts.iter().enumerate() {
         for b in &parts[i + 1..] {

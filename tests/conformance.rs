@@ -20,7 +20,9 @@
 //!
 //! Each test walks a table of cases and reports every violated rule at its end, so one
 //! bug does not hide the next; steps the rest depends on fail at once. Where the spec
-//! is ambiguous the suite expects what csi-sanity expects and says so at the case.
+//! is ambiguous the suite expects what csi-sanity expects, or accepts either reading
+//! where csi-sanity has no case, and says so at the case. Capacity is checked as
+//! eventually right: the drive inventory hears of partition changes from udev.
 
 mod common;
 
@@ -187,6 +189,17 @@ impl Report {
                 self.fail(format!("{what}: want {want:?}, got {:?}: {}", s.code(), s.message()));
                 false
             }
+        }
+    }
+
+    /// Expects `got` to fail with one of `want`, where the spec's tables overlap.
+    fn code_any<T>(&mut self, what: &str, got: Result<T, Status>, want: &[Code]) -> bool {
+        match got {
+            Err(s) if want.contains(&s.code()) => {
+                let code = s.code();
+                self.code(what, Err::<T, _>(s), code)
+            }
+            other => self.code(what, other, want[0]),
         }
     }
 
@@ -377,7 +390,7 @@ fn usable(size: u64) -> i64 {
 // ---------------------------------------------------------------------------------
 
 #[test]
-fn identity_and_capabilities_advertise_exactly_what_is_served() {
+fn capabilities_advertised_are_served_and_everything_else_is_unimplemented() {
     let fx = Fixture::start(&[GIB]);
     let mut r = Report::new();
     rt().block_on(async {
@@ -390,21 +403,6 @@ fn identity_and_capabilities_advertise_exactly_what_is_served() {
         let again = must("GetPluginInfo again", c.id.get_plugin_info(csi::GetPluginInfoRequest {}).await);
         r.check(again == info, || format!("GetPluginInfo changed between calls: {info:?} then {again:?}"));
 
-        // GetPluginCapabilities: the controller and topology, nothing else.
-        use csi::plugin_capability::{service::Type as S, Type as PT};
-        let caps = must("GetPluginCapabilities", c.id.get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {}).await);
-        let mut services = Vec::new();
-        for cap in &caps.capabilities {
-            match &cap.r#type {
-                Some(PT::Service(s)) => services.push(s.r#type),
-                other => r.fail(format!("GetPluginCapabilities advertises {other:?}, which drivelet does not serve")),
-            }
-        }
-        services.sort();
-        r.check(services == vec![S::ControllerService as i32, S::VolumeAccessibilityConstraints as i32], || {
-            format!("plugin services {services:?}: want exactly CONTROLLER_SERVICE and VOLUME_ACCESSIBILITY_CONSTRAINTS")
-        });
-
         // Probe: ready (an unset `ready` also means ready), and again.
         for i in 0..2 {
             if let Some(p) = r.ok("Probe", c.id.probe(csi::ProbeRequest {}).await) {
@@ -412,37 +410,54 @@ fn identity_and_capabilities_advertise_exactly_what_is_served() {
             }
         }
 
-        // ControllerGetCapabilities and NodeGetCapabilities: exactly what is implemented.
+        // The three capability lists: known values only, stable across calls, and
+        // including everything drivelet implements.
         use csi::controller_service_capability::{rpc::Type as CR, Type as CT};
-        let cc = must("ControllerGetCapabilities", c.ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await);
-        let mut got: Vec<i32> = cc
-            .capabilities
-            .iter()
-            .map(|x| match &x.r#type {
-                Some(CT::Rpc(rpc)) => rpc.r#type,
-                None => -1,
-            })
-            .collect();
-        got.sort();
-        let want = vec![CR::CreateDeleteVolume as i32, CR::GetCapacity as i32, CR::SingleNodeMultiWriter as i32];
-        r.check(got == want, || format!("controller capabilities {got:?}, want {want:?}"));
         use csi::node_service_capability::{rpc::Type as NR, Type as NT};
+        use csi::plugin_capability::{service::Type as S, Type as PT};
+        let pc = must("GetPluginCapabilities", c.id.get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {}).await);
+        let cc = must("ControllerGetCapabilities", c.ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await);
         let nc = must("NodeGetCapabilities", c.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await);
-        let mut got: Vec<i32> = nc
-            .capabilities
-            .iter()
-            .map(|x| match &x.r#type {
-                Some(NT::Rpc(rpc)) => rpc.r#type,
-                None => -1,
-            })
-            .collect();
-        got.sort();
-        let want = vec![NR::StageUnstageVolume as i32, NR::SingleNodeMultiWriter as i32];
-        r.check(got == want, || format!("node capabilities {got:?}, want {want:?}"));
+        let pc2 = must("GetPluginCapabilities again", c.id.get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {}).await);
+        let cc2 = must("ControllerGetCapabilities again", c.ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await);
+        let nc2 = must("NodeGetCapabilities again", c.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await);
+        r.check(pc2 == pc && cc2 == cc && nc2 == nc, || "a capability list changed between calls".into());
+        let mut plugin = Vec::new();
+        for cap in &pc.capabilities {
+            match &cap.r#type {
+                Some(PT::Service(s)) if S::try_from(s.r#type).is_ok_and(|t| t != S::Unknown) => plugin.push(S::try_from(s.r#type).unwrap()),
+                other => r.fail(format!("GetPluginCapabilities lists {other:?}: drivelet serves no volume expansion and no unknown service")),
+            }
+        }
+        let mut ctrl = Vec::new();
+        for cap in &cc.capabilities {
+            match &cap.r#type {
+                Some(CT::Rpc(rpc)) if CR::try_from(rpc.r#type).is_ok_and(|t| t != CR::Unknown) => ctrl.push(CR::try_from(rpc.r#type).unwrap()),
+                other => r.fail(format!("ControllerGetCapabilities lists {other:?}")),
+            }
+        }
+        let mut node = Vec::new();
+        for cap in &nc.capabilities {
+            match &cap.r#type {
+                Some(NT::Rpc(rpc)) if NR::try_from(rpc.r#type).is_ok_and(|t| t != NR::Unknown) => node.push(NR::try_from(rpc.r#type).unwrap()),
+                other => r.fail(format!("NodeGetCapabilities lists {other:?}")),
+            }
+        }
+        for s in [S::ControllerService, S::VolumeAccessibilityConstraints] {
+            r.check(plugin.contains(&s), || format!("plugin capabilities {plugin:?} lack {s:?}"));
+        }
+        for t in [CR::CreateDeleteVolume, CR::GetCapacity, CR::SingleNodeMultiWriter] {
+            r.check(ctrl.contains(&t), || format!("controller capabilities {ctrl:?} lack {t:?}"));
+        }
+        for t in [NR::StageUnstageVolume, NR::SingleNodeMultiWriter] {
+            r.check(node.contains(&t), || format!("node capabilities {node:?} lack {t:?}"));
+        }
 
         // NodeGetInfo: an id, no negative limit, and a topology (VOLUME_ACCESSIBILITY_CONSTRAINTS)
         // with well-formed keys and values that names this node.
         let ni = must("NodeGetInfo", c.node.node_get_info(csi::NodeGetInfoRequest {}).await);
+        let ni2 = must("NodeGetInfo again", c.node.node_get_info(csi::NodeGetInfoRequest {}).await);
+        r.check(ni2 == ni, || format!("NodeGetInfo changed between calls: {ni:?} then {ni2:?}"));
         r.check(ni.node_id == NODE, || format!("NodeGetInfo node_id {:?}, want {NODE}", ni.node_id));
         r.check(ni.max_volumes_per_node >= 0, || format!("max_volumes_per_node {} is negative", ni.max_volumes_per_node));
         match &ni.accessible_topology {
@@ -456,15 +471,32 @@ fn identity_and_capabilities_advertise_exactly_what_is_served() {
             }
         }
 
-        // A real volume, so that "unimplemented" cannot be mistaken for "not found".
+        // Advertisement matches behaviour: every RPC behind an advertised capability is
+        // served (answers anything but UNIMPLEMENTED), every other one is UNIMPLEMENTED
+        // with a message. A real volume, so "unimplemented" is not mistaken for "not found".
         let vol = must("CreateVolume", c.ctrl.create_volume(vol_req("conf-id-vol", 16 * MIB_I, 0, vec![block_cap()], &[])).await);
         let id = vol.volume.unwrap().volume_id;
         let range = Some(csi::CapacityRange { required_bytes: 32 * MIB_I, limit_bytes: 0 });
-
-        // Every RPC not advertised is UNIMPLEMENTED.
-        let un = Code::Unimplemented;
-        r.code(
+        let path = fx.kubelet.join("pods/p0/volumes/x").display().to_string();
+        let mut served = |what: &str, advertised: bool, got: Result<(), Status>| {
+            if advertised {
+                if let Err(s) = &got {
+                    r.check(s.code() != Code::Unimplemented, || format!("{what} is advertised but UNIMPLEMENTED: {}", s.message()));
+                }
+            } else {
+                r.code(&format!("{what} (not advertised)"), got, Code::Unimplemented);
+            }
+        };
+        let has = |t: CR| ctrl.contains(&t);
+        served(
+            "CreateVolume",
+            has(CR::CreateDeleteVolume),
+            c.ctrl.create_volume(vol_req("conf-id-vol", 16 * MIB_I, 0, vec![block_cap()], &[])).await.map(drop),
+        );
+        served("DeleteVolume", has(CR::CreateDeleteVolume), c.ctrl.delete_volume(del_req(UNKNOWN_ID)).await.map(drop));
+        served(
             "ControllerPublishVolume",
+            has(CR::PublishUnpublishVolume),
             c.ctrl
                 .controller_publish_volume(csi::ControllerPublishVolumeRequest {
                     volume_id: id.clone(),
@@ -472,103 +504,132 @@ fn identity_and_capabilities_advertise_exactly_what_is_served() {
                     volume_capability: Some(block_cap()),
                     ..Default::default()
                 })
-                .await,
-            un,
+                .await
+                .map(drop),
         );
-        r.code(
+        served(
             "ControllerUnpublishVolume",
+            has(CR::PublishUnpublishVolume),
             c.ctrl
                 .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest { volume_id: id.clone(), node_id: NODE.into(), ..Default::default() })
-                .await,
-            un,
+                .await
+                .map(drop),
         );
-        r.code("ListVolumes", c.ctrl.list_volumes(csi::ListVolumesRequest::default()).await, un);
-        r.code(
+        served("ListVolumes", has(CR::ListVolumes), c.ctrl.list_volumes(csi::ListVolumesRequest::default()).await.map(drop));
+        served("GetCapacity", has(CR::GetCapacity), c.ctrl.get_capacity(csi::GetCapacityRequest::default()).await.map(drop));
+        served(
             "CreateSnapshot",
+            has(CR::CreateDeleteSnapshot),
             c.ctrl
                 .create_snapshot(csi::CreateSnapshotRequest { source_volume_id: id.clone(), name: "conf-snap".into(), ..Default::default() })
-                .await,
-            un,
+                .await
+                .map(drop),
         );
-        r.code(
+        served(
             "DeleteSnapshot",
-            c.ctrl.delete_snapshot(csi::DeleteSnapshotRequest { snapshot_id: "conf-snap".into(), ..Default::default() }).await,
-            un,
+            has(CR::CreateDeleteSnapshot),
+            c.ctrl.delete_snapshot(csi::DeleteSnapshotRequest { snapshot_id: "conf-snap".into(), ..Default::default() }).await.map(drop),
         );
-        r.code("ListSnapshots", c.ctrl.list_snapshots(csi::ListSnapshotsRequest::default()).await, un);
-        r.code("GetSnapshot", c.ctrl.get_snapshot(csi::GetSnapshotRequest { snapshot_id: "conf-snap".into(), ..Default::default() }).await, un);
-        r.code(
+        served("ListSnapshots", has(CR::ListSnapshots), c.ctrl.list_snapshots(csi::ListSnapshotsRequest::default()).await.map(drop));
+        served(
+            "GetSnapshot",
+            has(CR::GetSnapshot),
+            c.ctrl.get_snapshot(csi::GetSnapshotRequest { snapshot_id: "conf-snap".into(), ..Default::default() }).await.map(drop),
+        );
+        served(
             "ControllerExpandVolume",
+            has(CR::ExpandVolume),
             c.ctrl
-                .controller_expand_volume(csi::ControllerExpandVolumeRequest { volume_id: id.clone(), capacity_range: range.clone(), ..Default::default() })
-                .await,
-            un,
+                .controller_expand_volume(csi::ControllerExpandVolumeRequest { volume_id: id.clone(), capacity_range: range, ..Default::default() })
+                .await
+                .map(drop),
         );
-        r.code("ControllerGetVolume", c.ctrl.controller_get_volume(csi::ControllerGetVolumeRequest { volume_id: id.clone() }).await, un);
-        r.code(
+        served(
+            "ControllerGetVolume",
+            has(CR::GetVolume),
+            c.ctrl.controller_get_volume(csi::ControllerGetVolumeRequest { volume_id: id.clone() }).await.map(drop),
+        );
+        served(
             "ControllerModifyVolume",
+            has(CR::ModifyVolume),
             c.ctrl
                 .controller_modify_volume(csi::ControllerModifyVolumeRequest {
                     volume_id: id.clone(),
                     mutable_parameters: kv(&[("media", "ssd")]),
                     ..Default::default()
                 })
-                .await,
-            un,
+                .await
+                .map(drop),
         );
-        let path = fx.kubelet.join("pods/p0/volumes/x").display().to_string();
-        r.code(
+        let hasn = |t: NR| node.contains(&t);
+        served(
+            "NodeUnstageVolume",
+            hasn(NR::StageUnstageVolume),
+            c.node.node_unstage_volume(unstage_req(&id, &fx.kubelet.join("plugins/none"))).await.map(drop),
+        );
+        served(
             "NodeGetVolumeStats",
-            c.node.node_get_volume_stats(csi::NodeGetVolumeStatsRequest { volume_id: id.clone(), volume_path: path.clone(), ..Default::default() }).await,
-            un,
+            hasn(NR::GetVolumeStats) || hasn(NR::VolumeCondition),
+            c.node
+                .node_get_volume_stats(csi::NodeGetVolumeStatsRequest { volume_id: id.clone(), volume_path: path.clone(), ..Default::default() })
+                .await
+                .map(drop),
         );
-        r.code(
+        served(
             "NodeExpandVolume",
+            hasn(NR::ExpandVolume),
             c.node
                 .node_expand_volume(csi::NodeExpandVolumeRequest { volume_id: id.clone(), volume_path: path, capacity_range: range, ..Default::default() })
-                .await,
-            un,
+                .await
+                .map(drop),
         );
-        // The GroupController and SnapshotMetadata services are not advertised either.
         let ch = fx.agent.csi().await;
+        let groups = plugin.contains(&S::GroupControllerService);
         let mut group = csi::group_controller_client::GroupControllerClient::new(ch.clone());
-        r.code("GroupControllerGetCapabilities", group.group_controller_get_capabilities(csi::GroupControllerGetCapabilitiesRequest {}).await, un);
-        r.code(
+        served(
+            "GroupControllerGetCapabilities",
+            groups,
+            group.group_controller_get_capabilities(csi::GroupControllerGetCapabilitiesRequest {}).await.map(drop),
+        );
+        served(
             "CreateVolumeGroupSnapshot",
+            groups,
             group
                 .create_volume_group_snapshot(csi::CreateVolumeGroupSnapshotRequest {
                     name: "conf-group".into(),
                     source_volume_ids: vec![id.clone()],
                     ..Default::default()
                 })
-                .await,
-            un,
+                .await
+                .map(drop),
         );
-        r.code(
+        served(
             "DeleteVolumeGroupSnapshot",
-            group.delete_volume_group_snapshot(csi::DeleteVolumeGroupSnapshotRequest { group_snapshot_id: "g".into(), ..Default::default() }).await,
-            un,
+            groups,
+            group.delete_volume_group_snapshot(csi::DeleteVolumeGroupSnapshotRequest { group_snapshot_id: "g".into(), ..Default::default() }).await.map(drop),
         );
-        r.code(
+        served(
             "GetVolumeGroupSnapshot",
-            group.get_volume_group_snapshot(csi::GetVolumeGroupSnapshotRequest { group_snapshot_id: "g".into(), ..Default::default() }).await,
-            un,
+            groups,
+            group.get_volume_group_snapshot(csi::GetVolumeGroupSnapshotRequest { group_snapshot_id: "g".into(), ..Default::default() }).await.map(drop),
         );
+        let metadata = plugin.contains(&S::SnapshotMetadataService);
         let mut meta = csi::snapshot_metadata_client::SnapshotMetadataClient::new(ch);
-        r.code(
+        served(
             "GetMetadataAllocated",
-            meta.get_metadata_allocated(csi::GetMetadataAllocatedRequest { snapshot_id: "s".into(), ..Default::default() }).await,
-            un,
+            metadata,
+            meta.get_metadata_allocated(csi::GetMetadataAllocatedRequest { snapshot_id: "s".into(), ..Default::default() }).await.map(drop),
         );
-        r.code(
+        served(
             "GetMetadataDelta",
+            metadata,
             meta.get_metadata_delta(csi::GetMetadataDeltaRequest {
                 base_snapshot_id: "s1".into(),
                 target_snapshot_id: "s2".into(),
                 ..Default::default()
             })
-            .await,
-            un,
+            .await
+            .map(drop),
         );
 
         must("DeleteVolume", c.ctrl.delete_volume(del_req(&id)).await);
@@ -665,6 +726,7 @@ fn create_delete_validate_and_capacity_follow_the_controller_tables() {
             ),
             ("negative required_bytes", range(-1, 0)),
             ("negative limit_bytes", range(0, -1)),
+            // A malformed range (an invalid field value), not one the plugin cannot serve.
             ("limit_bytes below required_bytes", range(64 * MIB_I, 32 * MIB_I)),
             ("unknown parameter", params(&[("meda", "ssd")])),
             ("media=tape", params(&[("media", "tape")])),
@@ -776,14 +838,22 @@ fn create_delete_validate_and_capacity_follow_the_controller_tables() {
             ("xfs", alter(&|q| q.volume_capabilities = vec![mount_cap("xfs")])),
             ("layout=drive", alter(&|q| q.parameters = kv(&[("layout", "drive")]))),
             ("media=ssd", alter(&|q| q.parameters = kv(&[("media", "ssd")]))),
-            // The table lists accessibility_requirements among what makes a repeat incompatible.
-            ("a requisite topology without this node", alter(&|q| {
-                q.accessibility_requirements = Some(csi::TopologyRequirement { requisite: vec![topo(&[(NODE_KEY, "other-node")])], preferred: vec![] })
-            })),
         ] {
             r.code(&format!("CreateVolume of an existing name with {what}"), c.ctrl.create_volume(q).await, Code::AlreadyExists);
             r.unchanged(&format!("CreateVolume of an existing name with {what}"), &fx, &before);
         }
+        // Both the ALREADY_EXISTS row (incompatible accessibility_requirements) and the
+        // RESOURCE_EXHAUSTED row (cannot provision in the topology) fit; csi-sanity has
+        // no case, so either is accepted.
+        let q = alter(&|q| {
+            q.accessibility_requirements = Some(csi::TopologyRequirement { requisite: vec![topo(&[(NODE_KEY, "other-node")])], preferred: vec![] })
+        });
+        r.code_any(
+            "CreateVolume of an existing name with a requisite topology without this node",
+            c.ctrl.create_volume(q).await,
+            &[Code::AlreadyExists, Code::ResourceExhausted],
+        );
+        r.unchanged("CreateVolume of an existing name with a requisite topology without this node", &fx, &before);
         // ... and compatible: OK with the same volume.
         for (what, q) in [
             ("secrets", alter(&|q| q.secrets = kv(&[("password", "hunter2")]))),
@@ -983,6 +1053,8 @@ fn topology_requirements_and_whole_drive_volumes_are_honoured() {
         let small_idx = fx.drives.iter().position(|d| d.file.ends_with("d0.img")).unwrap();
         if let Some(i) = wholes.iter().position(|w| w.0 == Some(small_idx)) {
             must("DeleteVolume", c.ctrl.delete_volume(del_req(&wholes.remove(i).1)).await);
+            // (Reusing freed space at once is checked on its own below.)
+            capacity_settles(&mut c, layout_req("drive"), |g| g.available_capacity == small).await;
             let before = fx.state();
             r.code("CreateVolume layout=drive within 100 MiB", c.ctrl.create_volume(whole("conf-t-limited", 0, 100 * MIB_I)).await, Code::OutOfRange);
             r.unchanged("CreateVolume layout=drive within 100 MiB", &fx, &before);
@@ -1005,22 +1077,32 @@ fn topology_requirements_and_whole_drive_volumes_are_honoured() {
 
         // --- Space DeleteVolume frees is usable by the very next CreateVolume: once the
         // inventory has seen a volume, deleting it must not leave a stale extent that
-        // makes the next create RESOURCE_EXHAUSTED although the drive is empty.
-        for (what, size, params) in [
-            ("a whole drive at maximum_volume_size", large, &[("layout", "drive")][..]),
-            ("a partition filling the small drive", small, &[][..]),
-        ] {
-            let q = |name: &str| vol_req(name, size, 0, vec![block_cap()], params);
-            let Some(first) = r.ok(&format!("CreateVolume {what}"), c.ctrl.create_volume(q("conf-t-reuse-1")).await) else { continue };
-            let id = first.volume.unwrap().volume_id;
-            let (_, seen) = capacity_settles(&mut c, layout_req("partition"), |g| g.available_capacity == small + large - size).await;
-            r.check(seen, || format!("{what}: GetCapacity still offers its space 10 s after CreateVolume"));
-            must("DeleteVolume", c.ctrl.delete_volume(del_req(&id)).await);
-            let again = r.ok(&format!("CreateVolume {what} right after deleting the previous one"), c.ctrl.create_volume(q("conf-t-reuse-2")).await);
-            if let Some(v) = created(&mut r, &format!("CreateVolume {what} again"), again, size, 0) {
-                must("DeleteVolume", c.ctrl.delete_volume(del_req(&v.volume_id)).await);
+        // makes the next create RESOURCE_EXHAUSTED although the drive is empty. Only the
+        // large drive can hold these, so nothing can fall back to the other one. The
+        // window is a race with udev, so each case gets five tries; a correct driver
+        // passes every one.
+        for (what, params) in [("a whole drive", &[("layout", "drive")][..]), ("a partition as large as a drive", &[][..])] {
+            let q = |name: &str| vol_req(name, large, 0, vec![block_cap()], params);
+            let Some(first) = r.ok(&format!("CreateVolume {what}"), c.ctrl.create_volume(q("conf-t-reuse-0")).await) else { continue };
+            let mut id = first.volume.expect("a volume").volume_id;
+            for round in 1..=5 {
+                let (_, seen) = capacity_settles(&mut c, layout_req("partition"), |g| g.available_capacity == small).await;
+                r.check(seen, || format!("{what}: GetCapacity still offers its space 10 s after CreateVolume"));
+                must("DeleteVolume", c.ctrl.delete_volume(del_req(&id)).await);
+                let what = format!("CreateVolume {what} right after DeleteVolume freed the drive (try {round})");
+                match r.ok(&what, c.ctrl.create_volume(q(&format!("conf-t-reuse-{round}"))).await) {
+                    Some(v) => id = created(&mut r, &what, Some(v), large, 0).expect("a volume").volume_id,
+                    None => {
+                        id = String::new();
+                        break;
+                    }
+                }
             }
-            capacity_settles(&mut c, layout_req("drive"), |g| g.available_capacity == small + large).await;
+            if !id.is_empty() {
+                must("DeleteVolume", c.ctrl.delete_volume(del_req(&id)).await);
+            }
+            let (now, settled) = capacity_settles(&mut c, layout_req("drive"), |g| g.available_capacity == small + large).await;
+            r.check(settled, || format!("{what}: GetCapacity {now:?} 10 s after its volumes were deleted, want both drives free"));
         }
         r.unchanged("the end", &fx, &clean);
     });
@@ -1117,10 +1199,17 @@ fn node_stage_and_publish_follow_the_node_tables() {
             refused.push((format!("NodeStageVolume with mount flags {flags:?}"), s(&id, &stage, mount(Mode::SingleNodeWriter, "ext4", flags)), ia));
         }
         let fp = Code::FailedPrecondition;
+        // A capability drivelet never serves is an unsupported field (INVALID_ARGUMENT) as
+        // much as one this volume lacks ("Exceeds capabilities", FAILED_PRECONDITION);
+        // either is accepted. One drivelet serves but this volume lacks is the latter.
+        for (what, cap) in [
+            ("MULTI_NODE_MULTI_WRITER", mount(Mode::MultiNodeMultiWriter, "ext4", &[])),
+            ("MULTI_NODE_READER_ONLY", mount(Mode::MultiNodeReaderOnly, "ext4", &[])),
+            ("btrfs", mount_cap("btrfs")),
+        ] {
+            refused.push((format!("NodeStageVolume with {what}"), s(&id, &stage, cap), ia));
+        }
         for (what, vid, cap) in [
-            ("MULTI_NODE_MULTI_WRITER", &id, mount(Mode::MultiNodeMultiWriter, "ext4", &[])),
-            ("MULTI_NODE_READER_ONLY", &id, mount(Mode::MultiNodeReaderOnly, "ext4", &[])),
-            ("btrfs on an ext4 volume", &id, mount_cap("btrfs")),
             ("xfs on an ext4 volume", &id, mount_cap("xfs")),
             ("block access to a mount volume", &id, block_cap()),
             ("mount access to a block volume", &bid, mount_cap("")),
@@ -1130,7 +1219,17 @@ fn node_stage_and_publish_follow_the_node_tables() {
         for (what, q, want) in refused {
             let vid = q.volume_id.clone();
             let path = PathBuf::from(&q.staging_target_path);
-            r.code(&what, c.node.node_stage_volume(q).await, want);
+            let unsupported = q.volume_capability.as_ref().is_some_and(|c| {
+                let multi = c.access_mode.as_ref().is_some_and(|m| m.mode >= Mode::MultiNodeReaderOnly as i32 && m.mode <= Mode::MultiNodeMultiWriter as i32);
+                let btrfs = matches!(&c.access_type, Some(AccessType::Mount(m)) if m.fs_type == "btrfs");
+                multi || btrfs
+            });
+            let got = c.node.node_stage_volume(q).await;
+            if unsupported {
+                r.code_any(&what, got, &[ia, fp]);
+            } else {
+                r.code(&what, got, want);
+            }
             r.unchanged(&what, &fx, &clean);
             let sig = fs_signature(&fs_dev);
             r.check(sig.is_none(), || format!("{what}: a filesystem ({sig:?}) was made on the volume"));
@@ -1175,7 +1274,7 @@ fn node_stage_and_publish_follow_the_node_tables() {
                 fp,
             ),
             ("NodePublishVolume from a path it is not staged at".into(), p(&id, &stage2, &t1, cap.clone(), false), fp),
-            ("NodePublishVolume with MULTI_NODE_MULTI_WRITER".into(), p(&id, &stage, &t1, mount(Mode::MultiNodeMultiWriter, "ext4", &[]), false), fp),
+            ("NodePublishVolume with MULTI_NODE_MULTI_WRITER (either code)".into(), p(&id, &stage, &t1, mount(Mode::MultiNodeMultiWriter, "ext4", &[]), false), fp),
             ("NodePublishVolume with block access to a mount volume".into(), p(&id, &stage, &t1, block_cap(), false), fp),
         ];
         for (what, target) in [
@@ -1192,7 +1291,8 @@ fn node_stage_and_publish_follow_the_node_tables() {
         }
         for (what, q, want) in refused {
             let target = PathBuf::from(&q.target_path);
-            let refused_right = r.code(&what, c.node.node_publish_volume(q).await, want);
+            let got = c.node.node_publish_volume(q).await;
+            let refused_right = if what.ends_with("(either code)") { r.code_any(&what, got, &[ia, fp]) } else { r.code(&what, got, want) };
             r.unchanged(&what, &fx, &staged);
             if refused_right {
                 r.check(!t1.exists(), || format!("{what}: the target was created"));

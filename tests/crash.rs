@@ -17,6 +17,9 @@
 //!
 //! Needs the `failpoints` feature (scripts/test.sh passes it); without it every test
 //! fails and says so.
+// The feature check at the top of each test is constant by design: it is the message
+// a run without the feature gets.
+#![allow(clippy::assertions_on_constants)]
 
 mod common;
 
@@ -43,8 +46,8 @@ const UNPUBLISH_POINTS: &[&str] = &["unpublish.unmounted"];
 const UNSTAGE_POINTS: &[&str] = &["unstage.unmounted"];
 const DELETE_POINTS: &[&str] = &["delete.intent_saved", "delete.wiped", "delete.partition_hidden", "delete.gpt_removed"];
 
+/// Fails when the agent binary has no crash points compiled in.
 fn require_failpoints() {
-    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     // The binary is shared by every test binary of the target directory: a concurrent
     // build without the feature replaces it.
     let armed = std::process::Command::new("grep").args(["-q", "-a", "-F", CREATE_POINTS[0], bin()]).status().expect("grep");
@@ -110,7 +113,7 @@ impl Case {
         let unmount = Unmounter(tmp.path().to_path_buf());
         let armed = format!("{point}=return");
         let agent = Agent::start_with(tmp.path(), AgentOpts::default(), &[("FAILPOINTS", &armed)]);
-        let name = format!("pvc-{}", point.replace('.', "-").replace('_', "-"));
+        let name = format!("pvc-{}", point.replace(['.', '_'], "-"));
         let volume_id = drivelet::disk::gpt::volume_partition_guid(&name).to_string();
         Case { point, agent, _unmount: unmount, drive, tmp, name, volume_id, start: 0, staging, target }
     }
@@ -173,9 +176,9 @@ impl Case {
         );
         let status = self.agent.wait_exit(Duration::from_secs(20));
         assert_eq!(
-            status.signal(),
+            status.and_then(|s| s.signal()),
             Some(nix::sys::signal::Signal::SIGKILL as i32),
-            "{}: {step:?} failed with {res:?} but the agent ended with {status}, not SIGKILL; log:\n{}",
+            "{}: {step:?} failed with {res:?}, but the agent did not die of SIGKILL (exit: {status:?}, None = still running); log:\n{}",
             self.point,
             self.agent.log_tail(40)
         );
@@ -183,8 +186,14 @@ impl Case {
 
     /// The agent's view of the drive (`ctl drives`), for failure messages.
     fn drive_view(&self) -> String {
-        let d = self.agent.ctl_drives();
-        drive_by_path(&d, &self.drive.dev).map(|v| v.to_string()).unwrap_or_else(|| format!("not listed: {d}"))
+        let out = std::process::Command::new(bin())
+            .args(["ctl", "--socket", self.agent.admin_socket.to_str().unwrap(), "drives", "--output", "json"])
+            .output()
+            .unwrap();
+        match serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+            Ok(d) => drive_by_path(&d, &self.drive.dev).map(|v| v.to_string()).unwrap_or_else(|| format!("not listed: {d}")),
+            Err(_) => format!("unknown (ctl drives: {})", String::from_utf8_lossy(&out.stderr).trim()),
+        }
     }
 
     fn parts(&self) -> Vec<(String, u64, u64)> {
@@ -264,7 +273,6 @@ impl Case {
         if let Some(ids) = self.agent.ctl_volume_ids() {
             assert!(ids.is_empty(), "{point}: volume records leaked: {ids:?}");
         }
-        sh("udevadm", &["settle"]);
         // The space is not held by a leftover record: a new volume takes it.
         assert_eq!(self.start, first_volume_start(DRIVE), "{point}: the volume took the first extent of a blank drive");
         self.name = format!("{}-probe", self.name);
@@ -291,7 +299,7 @@ fn crash_and_retry(point: &'static str) {
     for step in LIFECYCLE {
         if step == crash_at {
             c.crash(step);
-            sh("udevadm", &["settle"]); c.agent.spawn();
+            c.agent.spawn();
             c.after_restart(step);
             c.ok(step, "retried after the crash");
         } else {
@@ -324,7 +332,7 @@ fn family(points: &[&'static str]) {
 
 #[test]
 fn every_crash_point_in_the_source_has_a_crash_case() {
-    require_failpoints();
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     let covered: BTreeSet<&str> = [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS]
         .concat()
         .into_iter()
@@ -354,58 +362,64 @@ fn every_crash_point_in_the_source_has_a_crash_case() {
 
 #[test]
 fn create_killed_at_any_point_succeeds_when_retried_and_leaves_nothing() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     family(CREATE_POINTS);
 }
 
 #[test]
 fn stage_killed_at_any_point_succeeds_when_retried_and_leaves_nothing() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     family(STAGE_POINTS);
 }
 
 #[test]
 fn publish_killed_at_any_point_succeeds_when_retried_and_keeps_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     family(PUBLISH_POINTS);
 }
 
 #[test]
 fn unpublish_killed_after_unmount_succeeds_when_retried_and_keeps_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     family(UNPUBLISH_POINTS);
 }
 
 #[test]
 fn unstage_killed_after_unmount_succeeds_when_retried_and_keeps_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     family(UNSTAGE_POINTS);
 }
 
 #[test]
 fn delete_killed_at_any_point_is_finished_by_the_restart_and_the_retry_succeeds() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     family(DELETE_POINTS);
 }
 
 #[test]
 fn create_killed_and_never_retried_is_rolled_back_at_restart() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     // create.saved is past the point of no return: the volume exists (its retry case
     // above gets it back); every earlier point leaves an unfinished create.
     let unfinished: Vec<&'static str> = CREATE_POINTS.iter().copied().filter(|p| *p != "create.saved").collect();
     each_point(&unfinished, |point| {
         let mut c = Case::new(point);
         c.crash(Step::Create);
-        sh("udevadm", &["settle"]); c.agent.spawn();
+        c.agent.spawn();
         assert!(c.parts().is_empty(), "{point}: the restart removed the kernel partition: {:?}; log:\n{}", c.parts(), c.agent.log_tail(40));
         let gpt = gpt_entries(&c.drive.dev);
-        assert!(gpt.is_empty(), "{point}: the restart removed the GPT entry: {gpt:?}; log:\n{}", c.agent.log_tail(150));
+        assert!(gpt.is_empty(), "{point}: the restart removed the GPT entry: {gpt:?}; log:\n{}", c.agent.log_tail(60));
         if let Some(ids) = c.agent.ctl_volume_ids() {
             assert!(ids.is_empty(), "{point}: the restart dropped the record: {ids:?}");
         }
         // A second restart finds nothing to adopt or roll back.
         c.agent.kill();
-        sh("udevadm", &["settle"]); c.agent.spawn();
+        c.agent.spawn();
         assert!(c.parts().is_empty() && gpt_entries(&c.drive.dev).is_empty(), "{point}: nothing reappears after a second restart");
         if let Some(ids) = c.agent.ctl_volume_ids() {
             assert!(ids.is_empty(), "{point}: no record after a second restart: {ids:?}");
         }
         // The extent it had reserved is free: another volume takes the first one.
-        sh("udevadm", &["settle"]);
         c.name = format!("{}-other", c.name);
         c.volume_id = drivelet::disk::gpt::volume_partition_guid(&c.name).to_string();
         c.ok(Step::Create, "of another volume after the rollback");

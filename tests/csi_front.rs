@@ -81,7 +81,10 @@ fn identity_node_and_capacity_answer_field_by_field() {
                 other => panic!("unexpected {other:?}"),
             })
             .collect();
-        assert_eq!(got, vec![NR::StageUnstageVolume as i32, NR::SingleNodeMultiWriter as i32]);
+        assert_eq!(
+            got,
+            vec![NR::StageUnstageVolume as i32, NR::SingleNodeMultiWriter as i32, NR::GetVolumeStats as i32, NR::VolumeCondition as i32]
+        );
 
         let mut ctrl = ControllerClient::new(ch.clone());
         let cc = ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await.unwrap().into_inner();
@@ -94,7 +97,18 @@ fn identity_node_and_capacity_answer_field_by_field() {
                 other => panic!("unexpected {other:?}"),
             })
             .collect();
-        assert_eq!(got, vec![R::CreateDeleteVolume as i32, R::GetCapacity as i32, R::SingleNodeMultiWriter as i32]);
+        assert_eq!(
+            got,
+            vec![
+                R::CreateDeleteVolume as i32,
+                R::GetCapacity as i32,
+                R::SingleNodeMultiWriter as i32,
+                R::ListVolumes as i32,
+                R::ListVolumesPublishedNodes as i32,
+                R::GetVolume as i32,
+                R::VolumeCondition as i32,
+            ]
+        );
 
         // Two blank drives: 1022 MiB + 2046 MiB usable; the ext4 drive counts for nothing.
         let get = |req: csi::GetCapacityRequest| {

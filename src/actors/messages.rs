@@ -68,6 +68,16 @@ pub enum DriveEvent {
     DriveRemoved(Drive),
 }
 
+/// Notification from the health poller: a drive's SMART verdict.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct DriveHealthObserved {
+    /// Stable drive id.
+    pub drive_id: String,
+    /// The verdict.
+    pub health: super::inventory::model::DriveHealth,
+}
+
 /// Command: send every future [`DriveEvent`] to this recipient.
 #[derive(Message)]
 #[rtype(result = "()")]

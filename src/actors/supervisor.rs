@@ -4,6 +4,7 @@
 
 use actix::prelude::*;
 
+use super::health::HealthPoller;
 use super::inventory::DriveInventory;
 use super::volumes::VolumeManager;
 use crate::config::Config;
@@ -15,14 +16,19 @@ pub struct Actors {
     pub inventory: Addr<DriveInventory>,
     /// Volume manager.
     pub volumes: Addr<VolumeManager>,
+    /// Health poller.
+    pub health: Addr<HealthPoller>,
 }
 
 /// Starts every actor on the current arbiter, in order: the inventory first, then the
-/// volume manager, which waits for the inventory's first scan before it serves.
+/// volume manager, which waits for the inventory's first scan before it serves, then
+/// the health poller, which reports to both.
 pub fn start(cfg: &Config) -> Actors {
     let drives = cfg.drives.clone();
     let inventory = Supervisor::start(move |_| DriveInventory::new(drives));
-    let (vcfg, dir, inv) = (cfg.volumes.clone(), cfg.paths.state_dir.clone(), inventory.clone());
-    let volumes = Supervisor::start(move |_| VolumeManager::new(vcfg, dir, inv));
-    Actors { inventory, volumes }
+    let (vcfg, dir, inv, auto) = (cfg.volumes.clone(), cfg.paths.state_dir.clone(), inventory.clone(), cfg.health.auto_release);
+    let volumes = Supervisor::start(move |_| VolumeManager::new(vcfg, dir, inv, auto));
+    let (hcfg, inv, vols) = (cfg.health.clone(), inventory.clone(), volumes.clone());
+    let health = Supervisor::start(move |_| HealthPoller::new(hcfg, inv, vols));
+    Actors { inventory, volumes, health }
 }

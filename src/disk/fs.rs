@@ -19,6 +19,95 @@ use std::process::{Command, Output, Stdio};
 
 use super::DiskError;
 
+/// Space and inode usage of a mounted filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Usage {
+    /// Total bytes.
+    pub total_bytes: u64,
+    /// Bytes available to unprivileged users.
+    pub available_bytes: u64,
+    /// Bytes used.
+    pub used_bytes: u64,
+    /// Total inodes.
+    pub total_inodes: u64,
+    /// Free inodes.
+    pub free_inodes: u64,
+    /// Used inodes.
+    pub used_inodes: u64,
+}
+
+impl Usage {
+    /// Percent used, of blocks or of inodes, whichever is higher (0 to 100).
+    pub fn percent_used(&self) -> u8 {
+        let pct = |used: u64, total: u64| if total == 0 { 0 } else { (used.saturating_mul(100) / total).min(100) };
+        // Blocks reserved for root count as used: an application sees them as gone.
+        let blocks = pct(self.total_bytes.saturating_sub(self.available_bytes), self.total_bytes);
+        blocks.max(pct(self.used_inodes, self.total_inodes)) as u8
+    }
+}
+
+/// Usage of the filesystem mounted at `path` (statvfs).
+pub fn usage(path: &Path) -> Result<Usage, DiskError> {
+    let st = nix::sys::statvfs::statvfs(path)
+        .map_err(|e| DiskError::Io { what: format!("statvfs {}", path.display()), source: e.into() })?;
+    let frsize = st.fragment_size() as u64;
+    let total_bytes = st.blocks() as u64 * frsize;
+    let free_bytes = st.blocks_free() as u64 * frsize;
+    Ok(Usage {
+        total_bytes,
+        available_bytes: st.blocks_available() as u64 * frsize,
+        used_bytes: total_bytes.saturating_sub(free_bytes),
+        total_inodes: st.files() as u64,
+        free_inodes: st.files_free() as u64,
+        used_inodes: (st.files() as u64).saturating_sub(st.files_free() as u64),
+    })
+}
+
+/// Verdict of one read-only filesystem check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fsck {
+    /// No problem found.
+    Clean,
+    /// The checker found corruption; its words.
+    Corrupt(String),
+    /// The checker could not run or judge (busy device, unknown fs, tool error).
+    Undecided(String),
+}
+
+/// Runs a read-only check (`e2fsck -n -f`, `xfs_repair -n`) of an unmounted
+/// filesystem; nothing is written to the device.
+pub fn check_readonly(dev: &Path, fs: &str) -> Fsck {
+    let mut cmd = match fs {
+        "ext4" | "ext3" | "ext2" => {
+            let mut c = Command::new("e2fsck");
+            c.arg("-n").arg("-f").arg(dev);
+            c
+        }
+        "xfs" => {
+            let mut c = Command::new("xfs_repair");
+            c.arg("-n").arg(dev);
+            c
+        }
+        other => return Fsck::Undecided(format!("no read-only checker for {other}")),
+    };
+    let out = match run(fs, cmd.stdout(Stdio::piped()).stderr(Stdio::piped())) {
+        Ok(o) => o,
+        Err(e) => return Fsck::Undecided(e.to_string()),
+    };
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let summary = |t: &str| {
+        t.lines().map(str::trim).filter(|l| !l.is_empty()).take(3).collect::<Vec<_>>().join(" / ")
+    };
+    match (fs, out.status.code()) {
+        (_, Some(0)) => Fsck::Clean,
+        // e2fsck: 4 = errors left uncorrected (with -n, any error found).
+        ("ext4" | "ext3" | "ext2", Some(c)) if c & 4 != 0 && c & 8 == 0 => Fsck::Corrupt(summary(&text)),
+        // xfs_repair -n: 1 = corruption found.
+        ("xfs", Some(1)) => Fsck::Corrupt(summary(&text)),
+        (_, code) => Fsck::Undecided(format!("exit {code:?}: {}", summary(&text))),
+    }
+}
+
 /// Filesystems [`mkfs`] makes.
 pub const SUPPORTED_FS: &[&str] = &["ext4", "xfs"];
 

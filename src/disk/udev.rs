@@ -7,7 +7,9 @@
 //!   because libudev handles are neither;
 //! - sysfs attributes are read from files each time (libudev caches them);
 //! - when udev reports no signature on a disk, `blkid -p` confirms it, so a disk udev
-//!   never probed is not mistaken for a blank one.
+//!   never probed is not mistaken for a blank one;
+//! - a drivelet GPT is also read straight from the disk, so drivelet's own changes are
+//!   seen before udev has re-probed them.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -202,7 +204,31 @@ fn disk_of(dev: &udev::Device, partitions: Vec<PartitionProbe>) -> DiskProbe {
     if d.prop("ID_FS_TYPE").is_none() && d.prop("ID_PART_TABLE_TYPE").is_none() && d.partitions.is_empty() && d.size > 0 {
         d.blank_confirmed = Some(blkid_finds_nothing(&d.devnode));
     }
+    if d.size > 0 && (d.blank_confirmed == Some(false) || !d.partitions.is_empty() || d.prop("ID_PART_TABLE_TYPE") == Some("gpt")) {
+        fill_from_drivelet_gpt(&mut d);
+    }
     d
+}
+
+/// udev's view of a disk lags behind drivelet's own partition-table changes by the time
+/// udev takes to re-probe. For a drivelet GPT, the table read straight from the disk
+/// (read-only, so udev is not disturbed) fills in what udev has not caught up with yet:
+/// the table type and id, and the type, GUID and name of each kernel partition.
+fn fill_from_drivelet_gpt(d: &mut DiskProbe) {
+    let Ok(Some(t)) = super::gpt::read_table(&d.devnode, d.logical_block_size) else { return };
+    if !t.is_drivelet() {
+        return;
+    }
+    d.props.insert("ID_PART_TABLE_TYPE".into(), "gpt".into());
+    d.props.insert("ID_PART_TABLE_UUID".into(), t.disk_guid.to_string());
+    d.blank_confirmed = None;
+    for part in d.partitions.iter_mut() {
+        if let Some(q) = t.partitions.iter().find(|q| q.start == part.start && q.size == part.size) {
+            part.part_type = q.type_guid.to_string();
+            part.part_uuid = q.guid.to_string();
+            part.part_name = q.name.clone();
+        }
+    }
 }
 
 /// Runs a low-level `blkid -p` probe (no cache): true only if it positively found no

@@ -2,7 +2,12 @@
 //!
 //! CSI MUSTs honoured:
 //! - `ControllerGetCapabilities` lists only implemented RPCs: CREATE_DELETE_VOLUME,
-//!   GET_CAPACITY, SINGLE_NODE_MULTI_WRITER;
+//!   GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES, LIST_VOLUMES_PUBLISHED_NODES,
+//!   GET_VOLUME, VOLUME_CONDITION;
+//! - `ListVolumes` pages in volume-id order; `next_token` names the last id returned
+//!   and this run of the agent, so a malformed token or one from before a restart is
+//!   ABORTED; entries carry the volume's condition and this node when published;
+//! - `ControllerGetVolume` of an unknown volume is NOT_FOUND;
 //! - `CreateVolume` is idempotent by name: the same name with compatible arguments
 //!   returns the same volume, with incompatible ones ALREADY_EXISTS; a requisite
 //!   topology that does not include this node is RESOURCE_EXHAUSTED, a capacity range
@@ -30,7 +35,8 @@ use super::Front;
 use crate::actors::inventory::model::LayoutKind;
 use crate::actors::messages::GetCapacity;
 use crate::actors::volumes::model::{CapacityRange, VolumeRecord};
-use crate::actors::volumes::{CreateVolume, DeleteVolume, GetVolume};
+use crate::actors::volumes::health::Condition;
+use crate::actors::volumes::{CreateVolume, DeleteVolume, GetVolume, GetVolumeStatus, ListVolumeStatuses};
 use crate::disk::gpt;
 
 /// Controller service over the shared front state.
@@ -94,7 +100,21 @@ fn range_of(r: Option<&csi::CapacityRange>) -> Result<CapacityRange, Status> {
     Ok(CapacityRange { required: r.required_bytes as u64, limit: r.limit_bytes as u64 })
 }
 
+/// The CSI form of a condition.
+pub(crate) fn condition_of(c: &Condition) -> csi::VolumeCondition {
+    csi::VolumeCondition { abnormal: c.abnormal, message: c.message.clone() }
+}
+
 impl ControllerService {
+    /// This node, when the volume is published here.
+    fn published_nodes(&self, rec: &VolumeRecord) -> Vec<String> {
+        if rec.targets.is_empty() {
+            vec![]
+        } else {
+            vec![self.0.cfg.driver.node_name.clone()]
+        }
+    }
+
     fn volume_of(&self, rec: &VolumeRecord) -> csi::Volume {
         csi::Volume {
             capacity_bytes: i64::try_from(rec.size).unwrap_or(i64::MAX),
@@ -134,7 +154,15 @@ impl Controller for ControllerService {
             r#type: Some(controller_service_capability::Type::Rpc(controller_service_capability::Rpc { r#type: t as i32 })),
         };
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
-            capabilities: vec![rpc(Type::CreateDeleteVolume), rpc(Type::GetCapacity), rpc(Type::SingleNodeMultiWriter)],
+            capabilities: vec![
+                rpc(Type::CreateDeleteVolume),
+                rpc(Type::GetCapacity),
+                rpc(Type::SingleNodeMultiWriter),
+                rpc(Type::ListVolumes),
+                rpc(Type::ListVolumesPublishedNodes),
+                rpc(Type::GetVolume),
+                rpc(Type::VolumeCondition),
+            ],
         }))
     }
 
@@ -246,6 +274,69 @@ impl Controller for ControllerService {
                 mutable_parameters: HashMap::new(),
             }),
             message: String::new(),
+        }))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "ListVolumes"), err)]
+    async fn list_volumes(
+        &self,
+        req: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        let req = req.into_inner();
+        if req.max_entries < 0 {
+            return Err(invalid("max_entries must not be negative"));
+        }
+        let after = if req.starting_token.is_empty() {
+            None
+        } else {
+            Some(self.0.parse_token(&req.starting_token).ok_or_else(|| {
+                Status::aborted(format!(
+                    "starting_token {:?} is not valid (malformed, or from before a restart); list again from the start",
+                    req.starting_token
+                ))
+            })?)
+        };
+        let (page, next) = self
+            .0
+            .volumes
+            .send(ListVolumeStatuses { after, max: req.max_entries as usize })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::ListVolumesResponse {
+            entries: page
+                .iter()
+                .map(|st| csi::list_volumes_response::Entry {
+                    volume: Some(self.volume_of(&st.record)),
+                    status: Some(csi::list_volumes_response::VolumeStatus {
+                        published_node_ids: self.published_nodes(&st.record),
+                        volume_condition: Some(condition_of(&st.condition)),
+                    }),
+                })
+                .collect(),
+            next_token: next.map(|id| self.0.token(&id)).unwrap_or_default(),
+        }))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "ControllerGetVolume", volume.id), err)]
+    async fn controller_get_volume(
+        &self,
+        req: Request<csi::ControllerGetVolumeRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
+        let req = req.into_inner();
+        check_id("volume_id", &req.volume_id)?;
+        tracing::Span::current().record("volume.id", req.volume_id.as_str());
+        let st = self
+            .0
+            .volumes
+            .send(GetVolumeStatus { volume_id: req.volume_id })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::ControllerGetVolumeResponse {
+            volume: Some(self.volume_of(&st.record)),
+            status: Some(csi::controller_get_volume_response::VolumeStatus {
+                published_node_ids: self.published_nodes(&st.record),
+                volume_condition: Some(condition_of(&st.condition)),
+            }),
         }))
     }
 

@@ -115,13 +115,28 @@ pub struct Front {
     pub inventory: Addr<DriveInventory>,
     /// The volume manager.
     pub volumes: Addr<VolumeManager>,
+    /// Random per-run value that ListVolumes tokens carry, so a token from an earlier
+    /// run is recognised as stale.
+    pub token_nonce: u64,
 }
 
 impl Front {
     /// Front state for a config and the actors.
     pub fn new(cfg: Arc<Config>, inventory: Addr<DriveInventory>, volumes: Addr<VolumeManager>) -> Front {
         let topology = cfg.topology_segments().into_iter().collect();
-        Front { cfg, topology, inventory, volumes }
+        let token_nonce = uuid::Uuid::new_v4().as_u64_pair().0;
+        Front { cfg, topology, inventory, volumes, token_nonce }
+    }
+
+    /// A ListVolumes token resuming after volume `id`.
+    pub fn token(&self, id: &str) -> String {
+        format!("{:016x}:{id}", self.token_nonce)
+    }
+
+    /// The volume id a token resumes after; `None` when malformed or stale.
+    pub fn parse_token(&self, t: &str) -> Option<String> {
+        let (nonce, id) = t.split_once(':')?;
+        (u64::from_str_radix(nonce, 16).ok()? == self.token_nonce && !id.is_empty()).then(|| id.to_string())
     }
 
     /// Whether a requested topology includes this node: every segment it names must be

@@ -4,7 +4,9 @@
 //! name), `max_volumes_per_node` (0: no limit) and the accessible topology that every
 //! volume of this node carries: `topology.drivelet.io/node` plus configured segments.
 //! `NodeGetCapabilities` lists only what is implemented (STAGE_UNSTAGE_VOLUME,
-//! SINGLE_NODE_MULTI_WRITER). Stage, unstage, publish and unpublish are idempotent:
+//! SINGLE_NODE_MULTI_WRITER, GET_VOLUME_STATS, VOLUME_CONDITION). `NodeGetVolumeStats`
+//! answers for the volume's staging or target path (NOT_FOUND otherwise) with bytes and
+//! inodes for filesystems, the size for block volumes, and the volume's condition. Stage, unstage, publish and unpublish are idempotent:
 //! repeating a call that succeeded succeeds; the same path with an incompatible
 //! capability or read-only setting is ALREADY_EXISTS; an unknown volume is NOT_FOUND;
 //! a missing field or a path outside the allowed roots is INVALID_ARGUMENT; publishing
@@ -20,7 +22,7 @@ use super::proto::csi::{self, node_server::Node, node_service_capability};
 use super::status::FrontError;
 use super::Front;
 use crate::actors::volumes::ops::{PublishArgs, StageArgs};
-use crate::actors::volumes::{PublishVolume, StageVolume, UnpublishVolume, UnstageVolume};
+use crate::actors::volumes::{PublishVolume, StageVolume, UnpublishVolume, UnstageVolume, VolumeStats};
 
 /// Node service over the shared front state.
 pub struct NodeService(pub Front);
@@ -129,6 +131,49 @@ impl Node for NodeService {
         Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
     }
 
+    #[instrument(skip_all, fields(csi.method = "NodeGetVolumeStats", volume.id), err)]
+    async fn node_get_volume_stats(
+        &self,
+        req: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        use csi::volume_usage::Unit;
+        let req = req.into_inner();
+        check_id("volume_id", &req.volume_id)?;
+        tracing::Span::current().record("volume.id", req.volume_id.as_str());
+        let path = path_field("volume_path", &req.volume_path)?;
+        let (st, usage) = self
+            .0
+            .volumes
+            .send(VolumeStats { volume_id: req.volume_id, path })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let usage = match usage {
+            Some(u) => vec![
+                csi::VolumeUsage {
+                    available: n(u.available_bytes),
+                    total: n(u.total_bytes),
+                    used: n(u.used_bytes),
+                    unit: Unit::Bytes as i32,
+                },
+                csi::VolumeUsage {
+                    available: n(u.free_inodes),
+                    total: n(u.total_inodes),
+                    used: n(u.used_inodes),
+                    unit: Unit::Inodes as i32,
+                },
+            ],
+            None if st.record.block => {
+                vec![csi::VolumeUsage { available: 0, total: n(st.record.size), used: 0, unit: Unit::Bytes as i32 }]
+            }
+            None => vec![],
+        };
+        Ok(Response::new(csi::NodeGetVolumeStatsResponse {
+            usage,
+            volume_condition: Some(csi::VolumeCondition { abnormal: st.condition.abnormal, message: st.condition.message }),
+        }))
+    }
+
     #[instrument(skip_all, fields(csi.method = "NodeGetInfo"), err)]
     async fn node_get_info(
         &self,
@@ -151,7 +196,12 @@ impl Node for NodeService {
             r#type: Some(node_service_capability::Type::Rpc(node_service_capability::Rpc { r#type: t as i32 })),
         };
         Ok(Response::new(csi::NodeGetCapabilitiesResponse {
-            capabilities: vec![rpc(Type::StageUnstageVolume), rpc(Type::SingleNodeMultiWriter)],
+            capabilities: vec![
+                rpc(Type::StageUnstageVolume),
+                rpc(Type::SingleNodeMultiWriter),
+                rpc(Type::GetVolumeStats),
+                rpc(Type::VolumeCondition),
+            ],
         }))
     }
 }

@@ -391,18 +391,19 @@ impl Agent {
         a
     }
 
-    /// Waits for the process to exit on its own (it killed itself at a crash point)
-    /// and returns how it ended; fails with the log when it is still running after
-    /// `within`.
-    pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+    /// Waits up to `within` for the process to exit on its own (it killed itself at a
+    /// crash point) and returns how it ended; `None` when it still runs.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + within;
         let child = self.child.as_mut().expect("the agent was started");
         loop {
             if let Some(status) = child.try_wait().unwrap() {
                 self.child = None;
-                return status;
+                return Some(status);
             }
-            assert!(Instant::now() < deadline, "drivelet still runs {within:?} after the call that should kill it; log:\n{}", self.logs());
+            if Instant::now() >= deadline {
+                return None;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -46,6 +46,8 @@ pub struct DriveInventory {
     probing: bool,
     want_full: bool,
     dirty: BTreeSet<String>,
+    /// Health verdicts by drive id, kept across rescans and re-appearances.
+    health: BTreeMap<String, model::DriveHealth>,
 }
 
 impl DriveInventory {
@@ -59,6 +61,7 @@ impl DriveInventory {
             probing: false,
             want_full: true,
             dirty: BTreeSet::new(),
+            health: BTreeMap::new(),
         }
     }
 
@@ -100,8 +103,17 @@ impl DriveInventory {
             return;
         };
         self.probing = true;
+        let first = !self.inv.scanned();
         let fut = async move {
             tokio::task::spawn_blocking(move || {
+                if first {
+                    // Let udev finish what is queued (a previous run's writes, say), so
+                    // the first scan judges settled properties.
+                    let _ = std::process::Command::new("udevadm")
+                        .args(["settle", "--timeout=5"])
+                        .stdin(std::process::Stdio::null())
+                        .status();
+                }
                 let usage = HostUsage::read().unwrap_or_default();
                 let res = match job {
                     ProbeJob::All => udev::probe_all().map(ProbeResult::All),
@@ -133,7 +145,11 @@ impl DriveInventory {
     }
 
     fn drive_of(&self, p: &DiskProbe, usage: &HostUsage) -> Option<Drive> {
-        Drive::from_probe(p, usage, &self.cfg.filters, self.cfg.allow_loop)
+        let mut d = Drive::from_probe(p, usage, &self.cfg.filters, self.cfg.allow_loop)?;
+        if let Some(h) = self.health.get(&d.id) {
+            d.health = h.clone();
+        }
+        Some(d)
     }
 
     fn apply(&mut self, res: ProbeResult, usage: &HostUsage) {
@@ -160,6 +176,16 @@ impl DriveInventory {
         for c in changes {
             self.publish(c);
         }
+    }
+
+    /// Sends a change to subscribers without the generic log line.
+    fn publish_quiet(&mut self, change: DriveChange) {
+        let event = match change {
+            DriveChange::Appeared(d) => DriveEvent::DriveAppeared(d),
+            DriveChange::Changed { old, new } => DriveEvent::DriveChanged { old, new },
+            DriveChange::Gone(d) => DriveEvent::DriveRemoved(d),
+        };
+        self.subscribers.retain(|s| s.try_send(event.clone()).is_ok() || s.connected());
     }
 
     fn publish(&mut self, change: DriveChange) {
@@ -253,6 +279,20 @@ impl Handler<MonitorFailed> for DriveInventory {
     fn handle(&mut self, m: MonitorFailed, ctx: &mut Context<Self>) {
         error!(actor = "inventory", error = %m.0, "udev monitor failed; restarting the inventory");
         ctx.stop();
+    }
+}
+
+impl Handler<DriveHealthObserved> for DriveInventory {
+    type Result = ();
+    fn handle(&mut self, m: DriveHealthObserved, _: &mut Context<Self>) {
+        self.health.insert(m.drive_id.clone(), m.health.clone());
+        if let Some(change) = self.inv.set_health(&m.drive_id, m.health) {
+            if let DriveChange::Changed { old, new } = &change {
+                info!(drive.id = %new.id, drive.path = %new.path.display(), drive.health = new.health.health.as_str(),
+                      drive.health_reason = %new.health.reason, drive.old_health = old.health.health.as_str(), "drive health changed");
+            }
+            self.publish_quiet(change);
+        }
     }
 }
 

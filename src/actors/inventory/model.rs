@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::classify::{self, DriveClass};
 use crate::config::{DriveFilters, Media};
 use crate::disk::gpt;
+use crate::disk::smart::Health;
 use crate::disk::mounts::HostUsage;
 use crate::disk::udev::DiskProbe;
 
@@ -62,9 +63,30 @@ pub struct Drive {
     pub largest_free_bytes: u64,
     /// Whether the drive has no partition table yet (a `layout=drive` candidate).
     pub blank: bool,
-    /// Partitions the kernel reports on it, `(start, len)` in bytes.
+    /// Partitions the kernel reports on it that are not drivelet volumes (those are
+    /// the volume manager's to count), `(start, len)` in bytes.
     #[serde(default)]
     pub extents: Vec<(u64, u64)>,
+    /// Last health verdict (SMART), kept across rescans.
+    #[serde(default)]
+    pub health: DriveHealth,
+}
+
+/// A drive's health as the health poller last found it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriveHealth {
+    /// Good, suspect, bad or unknown.
+    pub health: Health,
+    /// Why, in words an admin can act on.
+    pub reason: String,
+    /// Unix time of the check (0: never checked).
+    pub checked_unix: u64,
+}
+
+impl Default for DriveHealth {
+    fn default() -> Self {
+        DriveHealth { health: Health::Unknown, reason: "not checked yet".into(), checked_unix: 0 }
+    }
 }
 
 impl Drive {
@@ -110,7 +132,13 @@ impl Drive {
             free_bytes,
             largest_free_bytes,
             blank: p.partitions.is_empty() && p.prop("ID_PART_TABLE_TYPE").is_none(),
-            extents: p.partitions.iter().map(|q| (q.start, q.size)).collect(),
+            extents: p
+                .partitions
+                .iter()
+                .filter(|q| q.part_type != gpt::PARTITION_TYPE)
+                .map(|q| (q.start, q.size))
+                .collect(),
+            health: DriveHealth::default(),
         })
     }
 }
@@ -199,6 +227,18 @@ impl Inventory {
         }
     }
 
+    /// Records a health verdict for the drive with `id`; returns the change, if any.
+    pub fn set_health(&mut self, id: &str, h: DriveHealth) -> Option<DriveChange> {
+        let d = self.drives.values_mut().find(|d| d.id == id)?;
+        if d.health.health == h.health && d.health.reason == h.reason {
+            d.health.checked_unix = h.checked_unix;
+            return None;
+        }
+        let old = d.clone();
+        d.health = h;
+        Some(DriveChange::Changed { old, new: d.clone() })
+    }
+
     /// Every drive, ordered by kernel name.
     pub fn list(&self) -> Vec<Drive> {
         self.drives.values().cloned().collect()
@@ -250,6 +290,7 @@ mod tests {
             largest_free_bytes: free / 2,
             blank: volumes == 0,
             extents: vec![],
+            health: Default::default(),
         }
     }
 

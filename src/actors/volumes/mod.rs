@@ -14,6 +14,7 @@
 //! - the drive set comes from the inventory's [`DriveEvent`]s; only managed drives
 //!   take new volumes.
 
+pub mod health;
 pub mod model;
 pub mod ops;
 pub mod reconcile;
@@ -26,6 +27,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use tracing::{error, info, warn};
 
+use self::health::{Condition, DriveUse, DriveUseState, Finding};
 use self::model::{CapacityRange, Candidate, NoRoom, Refusal, VolumeRecord, VolumeState};
 use self::ops::{DriveLoc, Outcome, PublishArgs, StageArgs};
 use super::inventory::classify::DriveClass;
@@ -34,7 +36,7 @@ use super::inventory::DriveInventory;
 use super::messages::{DriveEvent, GetInventoryStatus, ListDrives, SubscribeDrives};
 use crate::config::{Media, VolumesConfig};
 use crate::disk::{gpt, DiskError};
-use crate::store::{Store, StoreError};
+use crate::store::{Kind, Store, StoreError};
 
 /// Errors of volume operations; each maps to one CSI code in `grpc::status`.
 #[derive(Debug, thiserror::Error)]
@@ -212,6 +214,14 @@ pub struct VolumeManager {
     locks: HashMap<String, Arc<Mutex<()>>>,
     ready: bool,
     reconciling: bool,
+    /// Drives that are releasing or released, by id (persisted).
+    drive_use: BTreeMap<String, DriveUse>,
+    /// Latest check findings by volume id (from the health poller).
+    findings: HashMap<String, Vec<Finding>>,
+    /// Last condition logged per volume, to log each change once.
+    conditions: HashMap<String, Condition>,
+    /// Release a releasing drive once its last volume is gone, even unasked.
+    auto_release: bool,
 }
 
 fn now_unix() -> u64 {
@@ -220,8 +230,12 @@ fn now_unix() -> u64 {
 
 impl VolumeManager {
     /// A manager keeping its store under `state_dir`.
-    pub fn new(cfg: VolumesConfig, state_dir: PathBuf, inventory: Addr<DriveInventory>) -> VolumeManager {
+    pub fn new(cfg: VolumesConfig, state_dir: PathBuf, inventory: Addr<DriveInventory>, auto_release: bool) -> VolumeManager {
         VolumeManager {
+            drive_use: BTreeMap::new(),
+            findings: HashMap::new(),
+            conditions: HashMap::new(),
+            auto_release,
             cfg,
             state_dir,
             store: None,
@@ -261,9 +275,11 @@ impl VolumeManager {
         id: String,
         job: impl FnOnce() -> Outcome<T> + Send + 'static,
     ) -> ResponseActFuture<Self, Result<T, VolumeError>> {
+        let drive_id = self.book.get(&id).map(|r| r.drive_id.clone());
         Box::pin(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |joined, act, _| {
             act.busy.remove(&id);
-            match joined {
+            act.findings.remove(&id);
+            let res = match joined {
                 Ok(out) => {
                     match out.record {
                         Some(r) => {
@@ -277,10 +293,66 @@ impl VolumeManager {
                 }
                 Err(e) => {
                     error!(volume.id = %id, error = %e, "volume operation panicked; the record is reloaded at restart");
-                    Err(VolumeError::FailedPrecondition { volume_id: id, reason: format!("operation failed unexpectedly: {e}") })
+                    Err(VolumeError::FailedPrecondition { volume_id: id.clone(), reason: format!("operation failed unexpectedly: {e}") })
                 }
+            };
+            if let Some(d) = drive_id {
+                act.settle_drive(&d);
             }
+            act.refresh(|r| r.id == id);
+            if !act.book.contains_key(&id) {
+                act.conditions.remove(&id);
+            }
+            res
         }))
+    }
+
+    /// The condition of a volume now.
+    fn condition_of(&self, rec: &VolumeRecord) -> Condition {
+        let f = self.findings.get(&rec.id).map(Vec::as_slice).unwrap_or(&[]);
+        health::condition(rec, self.drives.get(&rec.drive_id), self.drive_use.get(&rec.drive_id), f)
+    }
+
+    /// Recomputes the conditions of the matching volumes and logs each change once.
+    fn refresh(&mut self, which: impl Fn(&VolumeRecord) -> bool) {
+        let mut changed = Vec::new();
+        for rec in self.book.values().filter(|r| which(r) && r.state != VolumeState::Creating) {
+            let c = self.condition_of(rec);
+            let before = self.conditions.get(&rec.id);
+            if before != Some(&c) && (before.is_some() || c.abnormal) {
+                changed.push((rec.id.clone(), rec.drive_id.clone(), c));
+            } else if before.is_none() {
+                self.conditions.insert(rec.id.clone(), c);
+            }
+        }
+        for (id, drive, c) in changed {
+            if c.abnormal {
+                warn!(volume.id = %id, drive.id = %drive, volume.abnormal = true, volume.condition = %c.message, "volume condition changed");
+            } else {
+                info!(volume.id = %id, drive.id = %drive, volume.abnormal = false, volume.condition = %c.message, "volume condition changed");
+            }
+            self.conditions.insert(id, c);
+        }
+    }
+
+    fn save_use(&self, u: &DriveUse) {
+        if let Some(store) = &self.store {
+            if let Err(e) = store.put_in(Kind::Drive, &u.drive_id, u) {
+                error!(drive.id = %u.drive_id, error = %e, "cannot record the drive's usage state");
+            }
+        }
+    }
+
+    /// Completes the release of a releasing drive that holds no volume any more.
+    fn settle_drive(&mut self, drive_id: &str) {
+        let Some(u) = self.drive_use.get(drive_id).cloned() else { return };
+        let holds = self.book.values().any(|r| r.drive_id == drive_id && !r.failed);
+        if u.state == DriveUseState::Releasing && !holds && (u.requested || self.auto_release) {
+            let done = DriveUse { state: DriveUseState::Released, ..u };
+            info!(drive.id = %drive_id, drive.usage = "released", "drive released: it holds no volume and may be pulled");
+            self.save_use(&done);
+            self.drive_use.insert(drive_id.to_string(), done);
+        }
     }
 
     fn candidates(&self) -> Vec<Candidate<'_>> {
@@ -291,7 +363,8 @@ impl VolumeManager {
                 let mut used: Vec<(u64, u64)> =
                     self.book.values().filter(|r| r.drive_id == d.id).map(|r| (r.start, r.size)).collect();
                 used.extend(d.extents.iter().copied());
-                Candidate { drive: d, used, closed: false }
+                let closed = self.drive_use.contains_key(&d.id) || d.health.health == crate::disk::smart::Health::Bad;
+                Candidate { drive: d, used, closed }
             })
             .collect()
     }
@@ -357,6 +430,7 @@ impl VolumeManager {
             targets: BTreeMap::new(),
             created_unix: now_unix(),
             rebuilt: false,
+            failed: false,
         };
         Ok((rec, true))
     }
@@ -389,15 +463,29 @@ impl VolumeManager {
         }
         self.reconciling = true;
         let dir = self.state_dir.clone();
-        let drives: Vec<Drive> = self.drives.values().filter(|d| d.class == DriveClass::Managed).cloned().collect();
+        // Every present drive: presence decides what happens to a record, and the
+        // on-disk table (not the inventory's class, which may lag) decides whether
+        // drivelet's own partitions are there.
+        let drives: Vec<Drive> = self.drives.values().cloned().collect();
         let locks: HashMap<String, Arc<Mutex<()>>> = drives.iter().map(|d| (d.id.clone(), self.lock_of(&d.id))).collect();
         let job = move || startup(&dir, &drives, &locks);
+        let _ = &job;
         ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(|res, act, ctx| {
             act.reconciling = false;
             match res {
                 Ok(Ok((store, records))) => {
+                    match store.load_in::<DriveUse>(Kind::Drive) {
+                        Ok((uses, bad)) => {
+                            for b in bad {
+                                error!(actor = "volumes", drive.id = %b.id, error = %b.reason, "unreadable drive record kept aside");
+                            }
+                            act.drive_use = uses.into_iter().map(|u| (u.drive_id.clone(), u)).collect();
+                        }
+                        Err(e) => error!(actor = "volumes", error = %e, "cannot read drive usage records"),
+                    }
                     act.store = Some(Arc::new(store));
                     act.book = records.into_iter().map(|r| (r.id.clone(), r)).collect();
+                    act.refresh(|_| true);
                     act.ready = true;
                     info!(actor = "volumes", volumes = act.book.len(), "volume manager ready");
                 }
@@ -426,14 +514,15 @@ fn startup(
         error!(actor = "volumes", volume.id = %b.id, error = %b.reason, "unreadable volume record kept aside");
     }
     let mut tables = reconcile::Tables::new();
-    for d in drives {
+    // Only managed drives are read for drivelet partitions (and so only they are ever
+    // written to or adopted from); a drive carrying a drivelet GPT is classified
+    // managed from the table on the disk itself, even before udev has caught up.
+    for d in drives.iter().filter(|d| d.class == DriveClass::Managed) {
         match gpt::read_table(&d.path, d.logical_block_size) {
             Ok(Some(t)) if t.is_drivelet() => {
                 tables.insert(d.id.clone(), t.partitions.into_iter().filter(|q| q.is_drivelet()).collect());
             }
-            Ok(_) => {
-                tables.insert(d.id.clone(), Vec::new());
-            }
+            Ok(_) => {}
             Err(e) => warn!(actor = "volumes", drive.id = %d.id, error = %e, "cannot read the partition table"),
         }
     }
@@ -448,9 +537,10 @@ fn startup(
     let lock = |id: &str| locks.get(id).map(|l| l.as_ref()).unwrap_or(&nolock);
     let mut keep = plan.keep;
     for rec in plan.rollback {
-        let res = match loc(&rec.drive_id) {
-            Some(d) => ops::rollback_create(&store, &d, lock(&rec.drive_id), &rec),
-            None => Ok(()),
+        // Without a drivelet table on the drive, nothing was written: only the record goes.
+        let res = match (loc(&rec.drive_id), tables.contains_key(&rec.drive_id)) {
+            (Some(d), true) => ops::rollback_create(&store, &d, lock(&rec.drive_id), &rec),
+            _ => store.remove(&rec.id).map_err(VolumeError::Store),
         };
         if let Err(e) = res {
             error!(actor = "volumes", volume.id = %rec.id, error = %e, "cannot roll back an unfinished create; kept");
@@ -458,7 +548,8 @@ fn startup(
         }
     }
     for rec in plan.finish_delete {
-        if let Err(e) = ops::delete_steps(&store, loc(&rec.drive_id).as_ref(), lock(&rec.drive_id), &rec) {
+        let d = if tables.contains_key(&rec.drive_id) { loc(&rec.drive_id) } else { None };
+        if let Err(e) = ops::delete_steps(&store, d.as_ref(), lock(&rec.drive_id), &rec) {
             error!(actor = "volumes", volume.id = %rec.id, error = %e, "cannot finish an interrupted delete; kept");
             keep.push(rec);
         }
@@ -512,18 +603,236 @@ impl Supervised for VolumeManager {
 impl Handler<DriveEvent> for VolumeManager {
     type Result = ();
     fn handle(&mut self, ev: DriveEvent, _: &mut Context<Self>) {
-        match ev {
+        let id = match ev {
             DriveEvent::DriveAppeared(d) | DriveEvent::DriveChanged { new: d, .. } => {
-                self.drives.insert(d.id.clone(), d);
+                let id = d.id.clone();
+                if self.ready {
+                    if let Some(u) = health::usage_after_health(self.drive_use.get(&id), &id, d.health.health, &d.health.reason) {
+                        warn!(drive.id = %id, drive.usage = "releasing", drive.health_reason = %d.health.reason,
+                              "drive health is BAD: it takes no new volumes and its volumes are asked to move");
+                        self.save_use(&u);
+                        self.drive_use.insert(id.clone(), u);
+                    }
+                }
+                self.drives.insert(id.clone(), d);
+                id
             }
             DriveEvent::DriveRemoved(d) => {
                 let n = self.book.values().filter(|r| r.drive_id == d.id).count();
                 if n > 0 {
                     warn!(actor = "volumes", drive.id = %d.id, volumes = n, "drive holding volumes is gone");
                 }
+                if self.drive_use.get(&d.id).is_some_and(|u| u.state == DriveUseState::Released) {
+                    info!(drive.id = %d.id, "released drive pulled: forgotten");
+                    self.drive_use.remove(&d.id);
+                    if let Some(store) = &self.store {
+                        if let Err(e) = store.remove_in(Kind::Drive, &d.id) {
+                            error!(drive.id = %d.id, error = %e, "cannot forget the drive's usage record");
+                        }
+                    }
+                }
                 self.drives.remove(&d.id);
+                d.id
+            }
+        };
+        self.refresh(|r| r.drive_id == id);
+    }
+}
+
+/// Notification from the health poller: what the checks of one volume found.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct VolumeChecked {
+    /// Volume id.
+    pub volume_id: String,
+    /// Findings (empty: all well).
+    pub findings: Vec<Finding>,
+}
+
+impl Handler<VolumeChecked> for VolumeManager {
+    type Result = ();
+    fn handle(&mut self, m: VolumeChecked, _: &mut Context<Self>) {
+        // A check that raced with an operation on the volume is stale: drop it.
+        if self.busy.contains(&m.volume_id) || !self.book.contains_key(&m.volume_id) {
+            return;
+        }
+        self.findings.insert(m.volume_id.clone(), m.findings);
+        let id = m.volume_id;
+        self.refresh(|r| r.id == id);
+    }
+}
+
+/// Command: release a drive (`drivelet ctl drive release`).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<DriveUse, VolumeError>")]
+pub struct ReleaseDrive {
+    /// Stable drive id.
+    pub drive_id: String,
+    /// Fail the volumes still on it instead of waiting for their deletion.
+    pub force: bool,
+}
+
+impl Handler<ReleaseDrive> for VolumeManager {
+    type Result = Result<DriveUse, VolumeError>;
+    fn handle(&mut self, m: ReleaseDrive, _: &mut Context<Self>) -> Self::Result {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        let known = self.drives.contains_key(&m.drive_id) || self.book.values().any(|r| r.drive_id == m.drive_id);
+        if !known {
+            return Err(VolumeError::InvalidArgument { reason: format!("no drive with id {} is known on this node", m.drive_id) });
+        }
+        let live: Vec<&VolumeRecord> = self.book.values().filter(|r| r.drive_id == m.drive_id && !r.failed).collect();
+        let (u, fail) = health::release(self.drive_use.get(&m.drive_id), &m.drive_id, &live, m.force);
+        for id in fail {
+            if let Some(r) = self.book.get_mut(&id) {
+                r.failed = true;
+                if let Some(store) = &self.store {
+                    store.put(&r.id, r).map_err(VolumeError::Store)?;
+                }
+                warn!(volume.id = %id, drive.id = %m.drive_id, "volume failed by a forced drive release");
             }
         }
+        info!(drive.id = %m.drive_id, drive.usage = u.state.as_str(), volumes = live_count(&self.book, &m.drive_id), "drive release requested");
+        self.save_use(&u);
+        self.drive_use.insert(m.drive_id.clone(), u.clone());
+        let d = m.drive_id;
+        self.refresh(|r| r.drive_id == d);
+        Ok(u)
+    }
+}
+
+fn live_count(book: &BTreeMap<String, VolumeRecord>, drive_id: &str) -> usize {
+    book.values().filter(|r| r.drive_id == drive_id && !r.failed).count()
+}
+
+/// A volume with its live status.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct VolumeStatus {
+    /// The record.
+    pub record: VolumeRecord,
+    /// Its condition now.
+    pub condition: Condition,
+}
+
+/// Query: one volume with its condition.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<VolumeStatus, VolumeError>")]
+pub struct GetVolumeStatus {
+    /// Volume id.
+    pub volume_id: String,
+}
+
+impl Handler<GetVolumeStatus> for VolumeManager {
+    type Result = Result<VolumeStatus, VolumeError>;
+    fn handle(&mut self, m: GetVolumeStatus, _: &mut Context<Self>) -> Self::Result {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        match self.book.get(&m.volume_id) {
+            Some(r) if r.state != VolumeState::Creating => Ok(VolumeStatus { record: r.clone(), condition: self.condition_of(r) }),
+            _ => Err(VolumeError::NotFound { volume_id: m.volume_id }),
+        }
+    }
+}
+
+/// Query: a page of volumes (by id order) with their conditions.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(Vec<VolumeStatus>, Option<String>), VolumeError>")]
+pub struct ListVolumeStatuses {
+    /// Start after this volume id.
+    pub after: Option<String>,
+    /// At most this many (0: all).
+    pub max: usize,
+}
+
+impl Handler<ListVolumeStatuses> for VolumeManager {
+    type Result = Result<(Vec<VolumeStatus>, Option<String>), VolumeError>;
+    fn handle(&mut self, m: ListVolumeStatuses, _: &mut Context<Self>) -> Self::Result {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        use std::ops::Bound;
+        let lower = match &m.after {
+            Some(a) => Bound::Excluded(a.clone()),
+            None => Bound::Unbounded,
+        };
+        let max = if m.max == 0 { usize::MAX } else { m.max };
+        let mut out = Vec::new();
+        let mut next = None;
+        for (id, r) in self.book.range((lower, Bound::Unbounded)) {
+            if r.state == VolumeState::Creating {
+                continue;
+            }
+            if out.len() == max {
+                next = out.last().map(|s: &VolumeStatus| s.record.id.clone());
+                break;
+            }
+            let _ = id;
+            out.push(VolumeStatus { record: r.clone(), condition: self.condition_of(r) });
+        }
+        Ok((out, next))
+    }
+}
+
+/// Query: the usage records of releasing and released drives.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Vec<DriveUse>")]
+pub struct ListDriveUses;
+
+impl Handler<ListDriveUses> for VolumeManager {
+    type Result = MessageResult<ListDriveUses>;
+    fn handle(&mut self, _: ListDriveUses, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.drive_use.values().cloned().collect())
+    }
+}
+
+/// Query: filesystem usage of a volume at one of its paths (NodeGetVolumeStats).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(VolumeStatus, Option<crate::disk::fs::Usage>), VolumeError>")]
+pub struct VolumeStats {
+    /// Volume id.
+    pub volume_id: String,
+    /// The staging or a target path of the volume.
+    pub path: PathBuf,
+}
+
+impl Handler<VolumeStats> for VolumeManager {
+    type Result = ResponseActFuture<Self, Result<(VolumeStatus, Option<crate::disk::fs::Usage>), VolumeError>>;
+    fn handle(&mut self, m: VolumeStats, _: &mut Context<Self>) -> Self::Result {
+        if !self.ready {
+            return Box::pin(fut::ready(Err(VolumeError::NotReady)));
+        }
+        let Some(rec) = self.book.get(&m.volume_id).filter(|r| r.state != VolumeState::Creating).cloned() else {
+            return Box::pin(fut::ready(Err(VolumeError::NotFound { volume_id: m.volume_id })));
+        };
+        let known = rec.staging.as_ref().is_some_and(|s| s.path == m.path) || rec.targets.contains_key(&m.path);
+        if !known {
+            return Box::pin(fut::ready(Err(VolumeError::NotFound {
+                volume_id: format!("{} at path {}", m.volume_id, m.path.display()),
+            })));
+        }
+        let status = VolumeStatus { condition: self.condition_of(&rec), record: rec };
+        if status.record.block {
+            return Box::pin(fut::ready(Ok((status, None))));
+        }
+        let path = m.path;
+        Box::pin(
+            async move { tokio::task::spawn_blocking(move || crate::disk::fs::usage(&path)).await }
+                .into_actor(self)
+                .map(move |res, _, _| match res {
+                    Ok(Ok(u)) => Ok((status, Some(u))),
+                    Ok(Err(e)) => {
+                        let mut st = status;
+                        st.condition = Condition {
+                            abnormal: true,
+                            message: format!("{}; usage cannot be read: {e}", st.condition.message),
+                        };
+                        Ok((st, None))
+                    }
+                    Err(e) => Err(VolumeError::FailedPrecondition { volume_id: status.record.id.clone(), reason: e.to_string() }),
+                }),
+        )
     }
 }
 

@@ -195,6 +195,9 @@ pub struct VolumeRecord {
     pub created_unix: u64,
     /// Rebuilt from the drive's GPT (the store had no record).
     pub rebuilt: bool,
+    /// Failed by a forced release of its drive: its condition stays abnormal.
+    #[serde(default)]
+    pub failed: bool,
 }
 
 impl VolumeRecord {
@@ -412,6 +415,7 @@ mod tests {
             largest_free_bytes: 0,
             blank: true,
             extents: vec![],
+            health: Default::default(),
         }
     }
 

@@ -132,6 +132,10 @@ pub fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec
 /// The steps of a deletion whose intent is recorded; also finishes one at start-up.
 pub fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, rec: &VolumeRecord) -> Result<(), VolumeError> {
     if let Some(drive) = drive {
+        // The table is read, and changed, under both locks: a parallel delete on the
+        // same drive rewrites it.
+        let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
         let on_disk = gpt::read_table(&drive.path, drive.sector)
             .map_err(disk(&rec.id, "read the partition table"))?
             .is_some_and(|t| t.partitions.iter().any(|q| q.guid == rec.part_guid));
@@ -149,13 +153,9 @@ pub fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, r
             fs::wipe_signatures(&kp.devnode).map_err(disk(&rec.id, "wipe the partition"))?;
         }
         crash_point!("delete.wiped");
-        {
-            let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
-            let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
-            blkpg::remove_kernel_partition(&drive.path, rec.start).map_err(disk(&rec.id, "remove the kernel partition"))?;
-            crash_point!("delete.partition_hidden");
-            gpt::remove_partition(&drive.path, drive.sector, rec.part_guid).map_err(disk(&rec.id, "update the partition table"))?;
-        }
+        blkpg::remove_kernel_partition(&drive.path, rec.start).map_err(disk(&rec.id, "remove the kernel partition"))?;
+        crash_point!("delete.partition_hidden");
+        gpt::remove_partition(&drive.path, drive.sector, rec.part_guid).map_err(disk(&rec.id, "update the partition table"))?;
         crash_point!("delete.gpt_removed");
     } else {
         warn!(volume.id = %rec.id, drive.id = %rec.drive_id, "drive is absent: only the record is removed; the partition is listed again if the drive returns");

@@ -153,6 +153,7 @@ pub fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mount
                 targets: BTreeMap::new(),
                 created_unix: now,
                 rebuilt: true,
+                failed: false,
             };
             p.changed.insert(rec.id.clone());
             p.keep.push(rec);
@@ -193,6 +194,7 @@ mod tests {
             largest_free_bytes: 0,
             blank: false,
             extents: vec![],
+            health: Default::default(),
         }
     }
 
@@ -216,6 +218,7 @@ mod tests {
             targets: BTreeMap::new(),
             created_unix: 0,
             rebuilt: false,
+            failed: false,
         }
     }
 
