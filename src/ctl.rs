@@ -6,9 +6,9 @@ use std::path::Path;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
-use crate::actors::inventory::model::Drive;
 use crate::actors::volumes::model::VolumeRecord;
-use crate::grpc::admin::{AdminRequest, AdminResponse};
+use crate::actors::volumes::health::DriveUse;
+use crate::grpc::admin::{AdminRequest, AdminResponse, DriveView};
 
 /// Errors talking to the agent.
 #[derive(Debug, thiserror::Error)]
@@ -43,8 +43,17 @@ pub async fn request(socket: &Path, req: &AdminRequest) -> Result<AdminResponse,
     serde_json::from_str(&answer).map_err(|e| CtlError::Agent(format!("unreadable answer: {e}")))
 }
 
+/// Asks the agent to release a drive.
+pub async fn release(socket: &Path, drive_id: &str, force: bool) -> Result<DriveUse, CtlError> {
+    match request(socket, &AdminRequest::ReleaseDrive { drive_id: drive_id.to_string(), force }).await? {
+        AdminResponse::Released(u) => Ok(u),
+        AdminResponse::Error(e) => Err(CtlError::Agent(e)),
+        other => Err(CtlError::Agent(format!("unexpected answer {other:?}"))),
+    }
+}
+
 /// Fetches the drive list.
-pub async fn drives(socket: &Path) -> Result<Vec<Drive>, CtlError> {
+pub async fn drives(socket: &Path) -> Result<Vec<DriveView>, CtlError> {
     match request(socket, &AdminRequest::Drives).await? {
         AdminResponse::Drives(d) => Ok(d),
         AdminResponse::Error(e) => Err(CtlError::Agent(e)),
@@ -129,24 +138,36 @@ pub fn human_bytes(b: u64) -> String {
 }
 
 /// Renders drives as an aligned table.
-pub fn drives_table(drives: &[Drive]) -> String {
-    let header = ["ID", "PATH", "SIZE", "MEDIA", "CLASS", "FREE", "VOLS", "REASON"];
+pub fn drives_table(drives: &[DriveView]) -> String {
+    let header = ["ID", "PATH", "SIZE", "MEDIA", "CLASS", "HEALTH", "USAGE", "FREE", "VOLS", "REASON"];
     let rows: Vec<Vec<String>> = drives
         .iter()
-        .map(|d| {
+        .map(|v| {
+            let d = &v.drive;
+            let mut reason = d.reason.clone();
+            if d.class == crate::actors::inventory::classify::DriveClass::Managed {
+                if !matches!(d.health.health, crate::disk::smart::Health::Good) && d.health.checked_unix != 0 {
+                    reason = format!("{reason}; health: {}", d.health.reason);
+                }
+                if !v.usage_reason.is_empty() {
+                    reason = format!("{reason}; {}: {}", v.usage, v.usage_reason);
+                }
+            }
             vec![
                 d.id.clone(),
                 d.path.display().to_string(),
                 human_bytes(d.size_bytes),
                 d.media.as_str().to_string(),
                 d.class.as_str().to_string(),
+                d.health.health.as_str().to_string(),
+                v.usage.clone(),
                 if d.class == crate::actors::inventory::classify::DriveClass::Managed {
                     human_bytes(d.free_bytes)
                 } else {
                     "-".into()
                 },
                 d.volumes.to_string(),
-                d.reason.clone(),
+                reason,
             ]
         })
         .collect();

@@ -189,6 +189,26 @@ enum CtlCmd {
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Drive replacement: `drive release ID` stops new volumes on a drive and marks it
+    /// released once its volumes are deleted.
+    Drive {
+        #[command(subcommand)]
+        cmd: DriveCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum DriveCmd {
+    /// Release a drive for replacement: no new volumes go on it; it is marked released
+    /// (safe to pull) once its volumes are deleted. With --force it is released at once
+    /// and the volumes still on it are marked failed.
+    Release {
+        /// Drive id, as `drivelet ctl drives` shows it.
+        id: String,
+        /// Release now, failing the volumes still on the drive.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -234,6 +254,10 @@ fn ctl(config: Option<PathBuf>, socket: Option<PathBuf>, cmd: CtlCmd) -> anyhow:
                 Output::Json => println!("{}", serde_json::to_string_pretty(&drives).context("encode")?),
                 Output::Table => print!("{}", drivelet::ctl::drives_table(&drives)),
             }
+        }
+        CtlCmd::Drive { cmd: DriveCmd::Release { id, force } } => {
+            let u = rt.block_on(drivelet::ctl::release(&socket, &id, force))?;
+            println!("drive {}: {} ({})", u.drive_id, u.state.as_str(), u.reason);
         }
         CtlCmd::Volumes { output } => {
             let vols = rt.block_on(drivelet::ctl::volumes(&socket))?;

@@ -1,5 +1,6 @@
 //! The admin socket behind `drivelet ctl`: one JSON request per line, one JSON answer
-//! per line. Root only (mode 0600); read-only queries (drives, volumes).
+//! per line. Root only (mode 0600): queries (drives, volumes) and the drive release
+//! command.
 //!
 //! Rules: a malformed or unknown request gets `{"error": ...}` and the connection
 //! stays usable; a line longer than 64 KiB closes the connection.
@@ -13,7 +14,8 @@ use super::Front;
 use crate::actors::inventory::model::Drive;
 use crate::actors::messages::ListDrives;
 use crate::actors::volumes::model::VolumeRecord;
-use crate::actors::volumes::ListVolumes;
+use crate::actors::volumes::health::DriveUse;
+use crate::actors::volumes::{ListDriveUses, ListVolumes, ReleaseDrive};
 
 /// A request on the admin socket.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -23,6 +25,27 @@ pub enum AdminRequest {
     Drives,
     /// List every volume with its drive, size, state and paths.
     Volumes,
+    /// Release a drive: no new volumes; released once empty (or at once with force,
+    /// failing the volumes left on it).
+    ReleaseDrive {
+        /// Stable drive id.
+        drive_id: String,
+        /// Fail the remaining volumes.
+        force: bool,
+    },
+}
+
+/// A drive with its usage state, as `drivelet ctl drives` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DriveView {
+    /// The inventory's view.
+    #[serde(flatten)]
+    pub drive: Drive,
+    /// `active`, `releasing` or `released`.
+    pub usage: String,
+    /// Why it is releasing or released.
+    #[serde(default)]
+    pub usage_reason: String,
 }
 
 /// An answer on the admin socket.
@@ -30,7 +53,9 @@ pub enum AdminRequest {
 #[serde(rename_all = "kebab-case")]
 pub enum AdminResponse {
     /// The drive list.
-    Drives(Vec<Drive>),
+    Drives(Vec<DriveView>),
+    /// A drive's new usage state.
+    Released(DriveUse),
     /// The volume list.
     Volumes(Vec<VolumeRecord>),
     /// The request failed.
@@ -42,9 +67,28 @@ const MAX_LINE: usize = 64 << 10;
 async fn answer(front: &Front, line: &str) -> AdminResponse {
     match serde_json::from_str::<AdminRequest>(line) {
         Err(e) => AdminResponse::Error(format!("bad request: {e}")),
-        Ok(AdminRequest::Drives) => match front.inventory.send(ListDrives).await {
-            Ok(d) => AdminResponse::Drives(d),
-            Err(e) => AdminResponse::Error(format!("drive inventory is not answering: {e}")),
+        Ok(AdminRequest::Drives) => match (front.inventory.send(ListDrives).await, front.volumes.send(ListDriveUses).await) {
+            (Ok(d), uses) => {
+                let uses = uses.unwrap_or_default();
+                AdminResponse::Drives(
+                    d.into_iter()
+                        .map(|drive| {
+                            let u = uses.iter().find(|u| u.drive_id == drive.id);
+                            DriveView {
+                                usage: u.map(|u| u.state.as_str()).unwrap_or("active").to_string(),
+                                usage_reason: u.map(|u| u.reason.clone()).unwrap_or_default(),
+                                drive,
+                            }
+                        })
+                        .collect(),
+                )
+            }
+            (Err(e), _) => AdminResponse::Error(format!("drive inventory is not answering: {e}")),
+        },
+        Ok(AdminRequest::ReleaseDrive { drive_id, force }) => match front.volumes.send(ReleaseDrive { drive_id, force }).await {
+            Ok(Ok(u)) => AdminResponse::Released(u),
+            Ok(Err(e)) => AdminResponse::Error(e.to_string()),
+            Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
         },
         Ok(AdminRequest::Volumes) => match front.volumes.send(ListVolumes).await {
             Ok(v) => AdminResponse::Volumes(v),
