@@ -1471,27 +1471,53 @@ fn access_modes_and_read_only_publishes_are_enforced() {
         r.ok("NodeUnpublishVolume reader-only", c.node.node_unpublish_volume(unpublish_req(&ro, &rt1)).await);
         r.ok("NodeUnstageVolume reader-only", c.node.node_unstage_volume(unstage_req(&ro, &rs)).await);
 
-        // --- Block: a read-only publish cannot be opened for writing; a read-write one can.
+        // --- Block: a read-only publish cannot be opened for writing; a read-write one
+        // can. drivelet marks the partition itself read-only in the kernel (a read-only
+        // bind of a device node does not stop writes), so read-only and read-write
+        // block targets of one volume cannot coexist: mixing is FAILED_PRECONDITION.
         let bs = fx.staging("blk");
         let (bw, bro) = (fx.target("p1", "blk"), fx.target("p2", "blk"));
         r.ok("NodeStageVolume block", c.node.node_stage_volume(stage_req(&blk, &bs, blk_cap.clone())).await);
         r.ok("NodePublishVolume block read-write", c.node.node_publish_volume(publish_req(&blk, &bs, &bw, blk_cap.clone(), false)).await);
-        r.ok("NodePublishVolume block read-only", c.node.node_publish_volume(publish_req(&blk, &bs, &bro, blk_cap.clone(), true)).await);
+        r.code(
+            "NodePublishVolume block read-only beside a read-write target",
+            c.node.node_publish_volume(publish_req(&blk, &bs, &bro, blk_cap.clone(), true)).await,
+            Code::FailedPrecondition,
+        );
         let open_rw = |p: &Path| std::fs::OpenOptions::new().write(true).open(p);
         r.check(open_rw(&bw).is_ok(), || format!("cannot open the read-write block target: {:?}", open_rw(&bw).err()));
+        r.ok("NodeUnpublishVolume block", c.node.node_unpublish_volume(unpublish_req(&blk, &bw)).await);
+        r.ok("NodePublishVolume block read-only", c.node.node_publish_volume(publish_req(&blk, &bs, &bro, blk_cap.clone(), true)).await);
+        // Refused either at open (EROFS/EACCES) or at the first write (EPERM), by kernel
+        // version; no byte may reach the device.
+        let refused = |e: &std::io::Error| matches!(e.raw_os_error(), Some(nix::libc::EROFS | nix::libc::EACCES | nix::libc::EPERM));
         match open_rw(&bro) {
             Ok(mut f) => {
                 use std::io::Write;
-                let wrote = f.write_all(&[0u8; 4096]).and_then(|_| f.sync_all());
-                r.fail(format!("the read-only block target opens for writing (a 4 KiB write: {wrote:?})"));
+                match f.write_all(&[0xabu8; 4096]).and_then(|_| f.sync_all()) {
+                    Ok(()) => {
+                        r.fail("a 4 KiB write through the read-only block target succeeded".into());
+                    }
+                    Err(e) => {
+                        r.check(refused(&e), || format!("the read-only block target refuses the write with {e}, not a read-only error"));
+                    }
+                }
             }
             Err(e) => {
-                r.check(e.raw_os_error() == Some(nix::libc::EROFS), || format!("the read-only block target refuses writing with {e}, not EROFS"));
+                r.check(refused(&e), || format!("the read-only block target refuses writing with {e}, not a read-only error"));
             }
         }
-        for t in [&bw, &bro] {
-            r.ok("NodeUnpublishVolume block", c.node.node_unpublish_volume(unpublish_req(&blk, t)).await);
-        }
+        let head = std::fs::read(&bro).map(|b| b.iter().take(4096).any(|x| *x == 0xab)).unwrap_or(false);
+        r.check(!head, || "bytes of the refused write reached the device".into());
+        r.code(
+            "NodePublishVolume block read-write beside a read-only target",
+            c.node.node_publish_volume(publish_req(&blk, &bs, &bw, blk_cap.clone(), false)).await,
+            Code::FailedPrecondition,
+        );
+        r.ok("NodeUnpublishVolume block", c.node.node_unpublish_volume(unpublish_req(&blk, &bro)).await);
+        r.ok("NodePublishVolume block read-write after the read-only one is gone", c.node.node_publish_volume(publish_req(&blk, &bs, &bw, blk_cap.clone(), false)).await);
+        r.check(open_rw(&bw).is_ok(), || "the partition stayed read-only after its read-only target went".into());
+        r.ok("NodeUnpublishVolume block", c.node.node_unpublish_volume(unpublish_req(&blk, &bw)).await);
         r.ok("NodeUnstageVolume block", c.node.node_unstage_volume(unstage_req(&blk, &bs)).await);
 
         r.check(fx.state().mounts.is_empty(), || format!("mounts left: {:?}", fx.state().mounts));
@@ -1499,6 +1525,168 @@ fn access_modes_and_read_only_publishes_are_enforced() {
             r.ok("DeleteVolume", c.ctrl.delete_volume(del_req(id)).await);
         }
         r.unchanged("the end", &fx, &clean);
+    });
+    r.finish(&fx);
+}
+
+// ---------------------------------------------------------------------------------
+// ListVolumes, ControllerGetVolume, NodeGetVolumeStats: held to their tables when
+// advertised (UNIMPLEMENTED otherwise, checked with the other capabilities above).
+// ---------------------------------------------------------------------------------
+
+#[test]
+fn listing_stats_and_conditions_follow_their_tables_when_advertised() {
+    let fx = Fixture::start(&[GIB]);
+    let mut r = Report::new();
+    rt().block_on(async {
+        let mut c = Csi::connect(&fx.agent).await;
+        use csi::controller_service_capability::{rpc::Type as CR, Type as CT};
+        use csi::node_service_capability::{rpc::Type as NR, Type as NT};
+        let cc = must("ControllerGetCapabilities", c.ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await);
+        let nc = must("NodeGetCapabilities", c.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await);
+        let ctrl: Vec<i32> = cc.capabilities.iter().filter_map(|x| x.r#type.as_ref().map(|CT::Rpc(rpc)| rpc.r#type)).collect();
+        let node: Vec<i32> = nc.capabilities.iter().filter_map(|x| x.r#type.as_ref().map(|NT::Rpc(rpc)| rpc.r#type)).collect();
+        let has = |t: CR| ctrl.contains(&(t as i32));
+        let hasn = |t: NR| node.contains(&(t as i32));
+
+        // Capabilities that depend on others [ControllerServiceCapability].
+        r.check(!has(CR::ListVolumesPublishedNodes) || has(CR::PublishUnpublishVolume), || {
+            "LIST_VOLUMES_PUBLISHED_NODES is advertised without PUBLISH_UNPUBLISH_VOLUME, which the spec says the SP MUST also support".into()
+        });
+
+        // Two volumes, each staged and published, so every listing has something to show.
+        let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-l-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
+        let blk = must("CreateVolume block", c.ctrl.create_volume(vol_req("conf-l-blk", 16 * MIB_I, 0, vec![block_cap()], &[])).await).volume.unwrap();
+        let (s1, t1, sb, tb) = (fx.staging("fs"), fx.target("p1", "fs"), fx.staging("blk"), fx.target("p1", "blk"));
+        must("NodeStageVolume", c.node.node_stage_volume(stage_req(&fs.volume_id, &s1, mount_cap("ext4"))).await);
+        must("NodePublishVolume", c.node.node_publish_volume(publish_req(&fs.volume_id, &s1, &t1, mount_cap("ext4"), false)).await);
+        must("NodeStageVolume", c.node.node_stage_volume(stage_req(&blk.volume_id, &sb, block_cap())).await);
+        must("NodePublishVolume", c.node.node_publish_volume(publish_req(&blk.volume_id, &sb, &tb, block_cap(), false)).await);
+        let before = fx.state();
+
+        // --- ListVolumes.
+        let list = |max: i32, token: &str| csi::ListVolumesRequest { max_entries: max, starting_token: token.into() };
+        if has(CR::ListVolumes) {
+            if let Some(all) = r.ok("ListVolumes", c.ctrl.list_volumes(list(0, "")).await) {
+                for v in [&fs, &blk] {
+                    // The same volume as CreateVolume returned: id, size, context, topology.
+                    let entry = all.entries.iter().find(|e| e.volume.as_ref().is_some_and(|x| x.volume_id == v.volume_id));
+                    r.check(entry.and_then(|e| e.volume.as_ref()) == Some(v), || format!("ListVolumes shows {:?}, CreateVolume returned {v:?}", entry));
+                    if has(CR::VolumeCondition) {
+                        r.check(entry.and_then(|e| e.status.as_ref()).is_some_and(|s| s.volume_condition.is_some()), || {
+                            format!("ListVolumes entry of {} has no volume_condition though VOLUME_CONDITION is advertised", v.volume_id)
+                        });
+                    }
+                }
+                r.check(all.entries.len() == 2 && all.next_token.is_empty(), || format!("ListVolumes without a limit: {} entries, next_token {:?}", all.entries.len(), all.next_token));
+            }
+            // Paging: one entry per page, the token leads to the rest, nothing twice.
+            let mut seen = Vec::new();
+            let mut token = String::new();
+            for page in 0..4 {
+                let Some(p) = r.ok(&format!("ListVolumes page {page}"), c.ctrl.list_volumes(list(1, &token)).await) else { break };
+                r.check(p.entries.len() <= 1, || format!("ListVolumes max_entries 1 returned {} entries", p.entries.len()));
+                seen.extend(p.entries.iter().filter_map(|e| e.volume.as_ref().map(|v| v.volume_id.clone())));
+                if p.next_token.is_empty() {
+                    break;
+                }
+                token = p.next_token;
+            }
+            seen.sort();
+            let mut want = vec![fs.volume_id.clone(), blk.volume_id.clone()];
+            want.sort();
+            r.check(seen == want, || format!("ListVolumes one page at a time gave {seen:?}, want {want:?}"));
+            // csi-sanity: "should fail when an invalid starting_token is passed".
+            r.code("ListVolumes with an invalid starting_token", c.ctrl.list_volumes(list(0, "invalid-token")).await, Code::Aborted);
+            r.code("ListVolumes with negative max_entries", c.ctrl.list_volumes(list(-1, "")).await, Code::InvalidArgument);
+        } else {
+            r.code("ListVolumes (not advertised)", c.ctrl.list_volumes(list(0, "")).await, Code::Unimplemented);
+        }
+
+        // --- ControllerGetVolume.
+        let get = |id: &str| csi::ControllerGetVolumeRequest { volume_id: id.into() };
+        if has(CR::GetVolume) {
+            r.code("ControllerGetVolume without volume_id", c.ctrl.controller_get_volume(get("")).await, Code::InvalidArgument);
+            r.code("ControllerGetVolume of an unknown volume", c.ctrl.controller_get_volume(get(UNKNOWN_ID)).await, Code::NotFound);
+            for v in [&fs, &blk] {
+                if let Some(g) = r.ok("ControllerGetVolume", c.ctrl.controller_get_volume(get(&v.volume_id)).await) {
+                    r.check(g.volume.as_ref() == Some(v), || format!("ControllerGetVolume gives {:?}, CreateVolume returned {v:?}", g.volume));
+                    r.check(g.status.is_some(), || "ControllerGetVolume has no status (REQUIRED)".into());
+                    if has(CR::VolumeCondition) {
+                        // "MUST provide a non-empty volume_condition" with VOLUME_CONDITION.
+                        let cond = g.status.as_ref().and_then(|s| s.volume_condition.as_ref());
+                        r.check(cond.is_some_and(|c| !c.message.is_empty() && !c.abnormal), || {
+                            format!("ControllerGetVolume of a healthy volume: volume_condition {cond:?}, want normal with a message")
+                        });
+                    }
+                }
+            }
+        } else {
+            r.code("ControllerGetVolume (not advertised)", c.ctrl.controller_get_volume(get(&fs.volume_id)).await, Code::Unimplemented);
+        }
+
+        // --- NodeGetVolumeStats.
+        let stats = |id: &str, path: &Path| csi::NodeGetVolumeStatsRequest {
+            volume_id: id.into(),
+            volume_path: path.display().to_string(),
+            ..Default::default()
+        };
+        if hasn(NR::GetVolumeStats) || hasn(NR::VolumeCondition) {
+            let ia = Code::InvalidArgument;
+            r.code("NodeGetVolumeStats without volume_id", c.node.node_get_volume_stats(stats("", &t1)).await, ia);
+            r.code("NodeGetVolumeStats without volume_path", c.node.node_get_volume_stats(stats(&fs.volume_id, Path::new(""))).await, ia);
+            r.code("NodeGetVolumeStats of an unknown volume", c.node.node_get_volume_stats(stats(UNKNOWN_ID, &t1)).await, Code::NotFound);
+            // csi-sanity: "should fail when volume does not exist on the specified path".
+            r.code(
+                "NodeGetVolumeStats at a path the volume is not at",
+                c.node.node_get_volume_stats(stats(&fs.volume_id, &fx.target("p9", "nothing"))).await,
+                Code::NotFound,
+            );
+            r.code("NodeGetVolumeStats at another volume's target", c.node.node_get_volume_stats(stats(&fs.volume_id, &tb)).await, Code::NotFound);
+            for (what, id, path, size) in [
+                ("the fs target", &fs.volume_id, &t1, fs.capacity_bytes),
+                ("the fs staging path", &fs.volume_id, &s1, fs.capacity_bytes),
+                ("the block target", &blk.volume_id, &tb, blk.capacity_bytes),
+            ] {
+                let Some(st) = r.ok(&format!("NodeGetVolumeStats at {what}"), c.node.node_get_volume_stats(stats(id, path)).await) else { continue };
+                if hasn(NR::GetVolumeStats) {
+                    r.check(!st.usage.is_empty(), || format!("NodeGetVolumeStats at {what}: no usage"));
+                }
+                for u in &st.usage {
+                    r.check(u.total >= 0 && u.used >= 0 && u.available >= 0, || format!("NodeGetVolumeStats at {what}: negative usage {u:?}"));
+                    r.check(u.unit != csi::volume_usage::Unit::Unknown as i32, || format!("NodeGetVolumeStats at {what}: usage without a unit {u:?}"));
+                    if u.unit == csi::volume_usage::Unit::Bytes as i32 {
+                        r.check(u.total > 0 && u.total <= size, || format!("NodeGetVolumeStats at {what}: {} total bytes on a {size}-byte volume", u.total));
+                        r.check(u.used + u.available <= u.total, || format!("NodeGetVolumeStats at {what}: used + available exceed total: {u:?}"));
+                    }
+                }
+                if hasn(NR::VolumeCondition) {
+                    r.check(st.volume_condition.as_ref().is_some_and(|c| !c.message.is_empty() && !c.abnormal), || {
+                        format!("NodeGetVolumeStats at {what}: volume_condition {:?}, want normal with a message", st.volume_condition)
+                    });
+                }
+            }
+        } else {
+            r.code("NodeGetVolumeStats (not advertised)", c.node.node_get_volume_stats(stats(&fs.volume_id, &t1)).await, Code::Unimplemented);
+        }
+        r.unchanged("listing and stats calls", &fx, &before);
+
+        // Teardown; a deleted volume is no longer listed or found.
+        for (id, s, t) in [(&fs.volume_id, &s1, &t1), (&blk.volume_id, &sb, &tb)] {
+            must("NodeUnpublishVolume", c.node.node_unpublish_volume(unpublish_req(id, t)).await);
+            must("NodeUnstageVolume", c.node.node_unstage_volume(unstage_req(id, s)).await);
+        }
+        must("DeleteVolume", c.ctrl.delete_volume(del_req(&fs.volume_id)).await);
+        if has(CR::ListVolumes) {
+            if let Some(all) = r.ok("ListVolumes after a delete", c.ctrl.list_volumes(list(0, "")).await) {
+                let ids: Vec<&str> = all.entries.iter().filter_map(|e| e.volume.as_ref().map(|v| v.volume_id.as_str())).collect();
+                r.check(ids == vec![blk.volume_id.as_str()], || format!("ListVolumes after deleting {}: {ids:?}", fs.volume_id));
+            }
+        }
+        if has(CR::GetVolume) {
+            r.code("ControllerGetVolume of a deleted volume", c.ctrl.controller_get_volume(get(&fs.volume_id)).await, Code::NotFound);
+        }
+        must("DeleteVolume", c.ctrl.delete_volume(del_req(&blk.volume_id)).await);
     });
     r.finish(&fx);
 }

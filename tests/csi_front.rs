@@ -104,7 +104,6 @@ fn identity_node_and_capacity_answer_field_by_field() {
                 R::GetCapacity as i32,
                 R::SingleNodeMultiWriter as i32,
                 R::ListVolumes as i32,
-                R::ListVolumesPublishedNodes as i32,
                 R::GetVolume as i32,
                 R::VolumeCondition as i32,
             ]
@@ -118,7 +117,7 @@ fn identity_node_and_capacity_answer_field_by_field() {
         let all = get(csi::GetCapacityRequest::default()).await.unwrap().into_inner();
         assert_eq!(all.available_capacity, 3068 * MIB);
         assert_eq!(all.maximum_volume_size, Some(2046 * MIB));
-        assert_eq!(all.minimum_volume_size, Some(MIB));
+        assert_eq!(all.minimum_volume_size, Some(MIB), "no capability: a block volume's minimum");
 
         let ours = get(csi::GetCapacityRequest {
             accessible_topology: topo(&[("topology.drivelet.io/node", NODE)]),

@@ -322,6 +322,31 @@ pub fn resize_kernel_partition(disk: &Path, start: u64, new_size: u64) -> Result
     }
 }
 
+nix::ioctl_write_ptr_bad!(
+    /// `BLKROSET`: `_IO(0x12, 93)`, taking a pointer to an `int` (1: read-only).
+    blkroset_ioctl,
+    nix::request_code_none!(0x12, 93),
+    libc::c_int
+);
+
+/// Marks a block device (a partition) read-only or read-write in the kernel: every
+/// opener, every bind of its node, sees the same setting until it is changed back.
+pub fn set_read_only(dev: &Path, ro: bool) -> Result<(), DiskError> {
+    let file = open_disk(dev)?;
+    let v: libc::c_int = ro.into();
+    // SAFETY: the fd is open for the call and `v` lives on this frame; the kernel reads
+    // one int through the pointer.
+    unsafe { blkroset_ioctl(file.as_raw_fd(), &v) }
+        .map(drop)
+        .map_err(|e| DiskError::Io { what: format!("set {} read-only={ro} (BLKROSET)", dev.display()), source: e.into() })
+}
+
+/// Whether the kernel has a block device marked read-only (`/sys/.../ro`).
+pub fn is_read_only(dev: &Path) -> bool {
+    let Some((major, minor)) = rdev_of(dev) else { return false };
+    std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/ro")).map(|s| s.trim() == "1").unwrap_or(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

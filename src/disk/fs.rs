@@ -96,7 +96,13 @@ pub fn check_readonly(dev: &Path, fs: &str) -> Fsck {
     };
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let summary = |t: &str| {
-        t.lines().map(str::trim).filter(|l| !l.is_empty()).take(3).collect::<Vec<_>>().join(" / ")
+        t.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("Pass ") && !l.starts_with("e2fsck ") && !l.starts_with("Phase "))
+            .filter(|l| !l.starts_with("- ") && !l.starts_with("Warning: skipping"))
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" / ")
     };
     match (fs, out.status.code()) {
         (_, Some(0)) => Fsck::Clean,

@@ -2,8 +2,8 @@
 //!
 //! CSI MUSTs honoured:
 //! - `ControllerGetCapabilities` lists only implemented RPCs: CREATE_DELETE_VOLUME,
-//!   GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES, LIST_VOLUMES_PUBLISHED_NODES,
-//!   GET_VOLUME, VOLUME_CONDITION;
+//!   GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES, GET_VOLUME, VOLUME_CONDITION
+//!   (LIST_VOLUMES_PUBLISHED_NODES needs PUBLISH_UNPUBLISH_VOLUME, which is not served);
 //! - `ListVolumes` pages in volume-id order; `next_token` names the last id returned
 //!   and this run of the agent, so a malformed token or one from before a restart is
 //!   ABORTED; entries carry the volume's condition and this node when published;
@@ -34,7 +34,7 @@ use super::status::FrontError;
 use super::Front;
 use crate::actors::inventory::model::LayoutKind;
 use crate::actors::messages::GetCapacity;
-use crate::actors::volumes::model::{CapacityRange, VolumeRecord};
+use crate::actors::volumes::model::{minimum_size, CapacityRange, VolumeRecord};
 use crate::actors::volumes::health::Condition;
 use crate::actors::volumes::{CreateVolume, DeleteVolume, GetVolume, GetVolumeStatus, ListVolumeStatuses};
 use crate::disk::gpt;
@@ -54,7 +54,8 @@ pub(crate) fn check_id(field: &str, v: &str) -> Result<(), Status> {
     if v.len() > 128 {
         return Err(invalid(format!("{field} is {} bytes long; the limit is 128", v.len())));
     }
-    if v.chars().any(|c| c.is_control()) {
+    // The CSI spec bans U+0000-0008, U+000B, U+000C, U+000E-001F and U+007F-009F.
+    if v.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r')) {
         return Err(invalid(format!("{field} contains control characters")));
     }
     Ok(())
@@ -96,6 +97,12 @@ fn range_of(r: Option<&csi::CapacityRange>) -> Result<CapacityRange, Status> {
     let Some(r) = r else { return Ok(CapacityRange { required: 0, limit: 0 }) };
     if r.required_bytes < 0 || r.limit_bytes < 0 {
         return Err(invalid("capacity_range values must not be negative"));
+    }
+    if r.limit_bytes != 0 && r.limit_bytes < r.required_bytes {
+        return Err(invalid(format!(
+            "capacity_range limit_bytes {} is below required_bytes {}",
+            r.limit_bytes, r.required_bytes
+        )));
     }
     Ok(CapacityRange { required: r.required_bytes as u64, limit: r.limit_bytes as u64 })
 }
@@ -159,7 +166,6 @@ impl Controller for ControllerService {
                 rpc(Type::GetCapacity),
                 rpc(Type::SingleNodeMultiWriter),
                 rpc(Type::ListVolumes),
-                rpc(Type::ListVolumesPublishedNodes),
                 rpc(Type::GetVolume),
                 rpc(Type::VolumeCondition),
             ],
@@ -354,10 +360,23 @@ impl Controller for ControllerService {
         if let Some(t) = &req.accessible_topology {
             servable &= self.0.topology_matches(t);
         }
+        // The smallest volume the capabilities allow: xfs needs 300 MiB, ext4 16 MiB.
+        let minimum = req
+            .volume_capabilities
+            .iter()
+            .map(|c| match &c.access_type {
+                Some(csi::volume_capability::AccessType::Mount(m)) => {
+                    let fs = if m.fs_type.is_empty() { self.0.cfg.volumes.default_fs.as_str() } else { m.fs_type.as_str() };
+                    minimum_size(false, fs)
+                }
+                _ => minimum_size(true, ""),
+            })
+            .max()
+            .unwrap_or(gpt::ALIGN) as i64;
         let zero = || csi::GetCapacityResponse {
             available_capacity: 0,
             maximum_volume_size: Some(0),
-            minimum_volume_size: Some(gpt::ALIGN as i64),
+            minimum_volume_size: Some(minimum),
         };
         if !servable {
             return Ok(Response::new(zero()));
@@ -371,7 +390,7 @@ impl Controller for ControllerService {
         Ok(Response::new(csi::GetCapacityResponse {
             available_capacity: i64::try_from(cap.available).unwrap_or(i64::MAX),
             maximum_volume_size: Some(i64::try_from(cap.maximum_volume_size).unwrap_or(i64::MAX)),
-            minimum_volume_size: Some(gpt::ALIGN as i64),
+            minimum_volume_size: Some(minimum),
         }))
     }
 }

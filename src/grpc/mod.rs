@@ -153,15 +153,31 @@ pub async fn serve_csi(
     listener: UnixListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    use proto::csi::{controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer};
+    use proto::csi::{
+        controller_server::ControllerServer, group_controller_server::GroupControllerServer,
+        identity_server::IdentityServer, node_server::NodeServer, snapshot_metadata_server::SnapshotMetadataServer,
+    };
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
     tonic::transport::Server::builder()
         .add_service(IdentityServer::new(identity::IdentityService(front.clone())))
         .add_service(ControllerServer::new(controller::ControllerService(front.clone())))
         .add_service(NodeServer::new(node::NodeService(front)))
+        // Not served: registered so that their calls answer UNIMPLEMENTED with a message.
+        .add_service(GroupControllerServer::new(NotServed))
+        .add_service(SnapshotMetadataServer::new(NotServed))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
+
+/// The CSI services drivelet does not serve (volume group snapshots, snapshot
+/// metadata): every call answers UNIMPLEMENTED.
+pub struct NotServed;
+
+#[tonic::async_trait]
+impl proto::csi::group_controller_server::GroupController for NotServed {}
+
+#[tonic::async_trait]
+impl proto::csi::snapshot_metadata_server::SnapshotMetadata for NotServed {}
 
 /// The actor that owns the CSI socket and its serving task.
 pub struct CsiFront {

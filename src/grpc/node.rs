@@ -101,11 +101,22 @@ impl Node for NodeService {
         check_id("volume_id", &req.volume_id)?;
         tracing::Span::current().record("volume.id", req.volume_id.as_str());
         let target = path_field("target_path", &req.target_path)?;
-        let staging = path_field("staging_target_path", &req.staging_target_path)?;
         let cap = req.volume_capability.ok_or_else(|| invalid("volume_capability is required"))?;
         let (block, _) = access_of(std::slice::from_ref(&cap))?;
+        // STAGE_UNSTAGE_VOLUME is advertised: a publish must name the staging path.
+        if req.staging_target_path.is_empty() {
+            return Err(Status::failed_precondition("staging_target_path is required: stage the volume first (NodeStageVolume)"));
+        }
+        let staging = PathBuf::from(&req.staging_target_path);
         let (ro_mode, single_writer) = mode_of(&cap);
-        let args = PublishArgs { target, staging, block, readonly: req.readonly || ro_mode, single_writer };
+        let args = PublishArgs {
+            target,
+            staging,
+            block,
+            readonly: req.readonly || ro_mode,
+            single_writer,
+            flags: mount_flags(&cap),
+        };
         self.0
             .volumes
             .send(PublishVolume { volume_id: req.volume_id, args })

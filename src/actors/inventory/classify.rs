@@ -54,7 +54,7 @@ const NOT_DRIVES: &[&str] = &["ram", "zram", "dm-", "md", "sr", "fd", "nbd", "rb
 /// Whether a whole disk is a drive at all.
 pub fn is_drive(p: &DiskProbe, allow_loop: bool) -> bool {
     if p.name.starts_with("loop") {
-        return allow_loop && p.loop_backing_file.is_some();
+        return allow_loop && p.loop_backing_file.is_some() && p.size > 0;
     }
     if NOT_DRIVES.iter().any(|prefix| p.name.starts_with(prefix)) {
         return false;

@@ -34,7 +34,8 @@ enum ProbeJob {
 /// Result of a probe round, made off the actor thread.
 enum ProbeResult {
     All(Vec<DiskProbe>),
-    Disks(Vec<(String, Option<DiskProbe>)>),
+    /// Per disk: gone or not a drive (`Ok(None)`), probed, or the probe failed.
+    Disks(Vec<(String, Result<Option<DiskProbe>, crate::disk::DiskError>)>),
 }
 
 /// The drive inventory actor.
@@ -121,7 +122,7 @@ impl DriveInventory {
                         names
                             .into_iter()
                             .map(|n| {
-                                let p = udev::probe_disk(&n).ok().flatten();
+                                let p = udev::probe_disk(&n);
                                 (n, p)
                             })
                             .collect(),
@@ -164,9 +165,17 @@ impl DriveInventory {
             }
             ProbeResult::Disks(list) => list
                 .into_iter()
-                .filter_map(|(name, p)| {
-                    let d = p.as_ref().and_then(|p| self.drive_of(p, usage));
-                    self.inv.apply_one(&name, d)
+                .filter_map(|(name, p)| match p {
+                    Ok(p) => {
+                        let d = p.as_ref().and_then(|p| self.drive_of(p, usage));
+                        self.inv.apply_one(&name, d)
+                    }
+                    Err(e) => {
+                        // A failed probe says nothing about the disk: keep what is known
+                        // and look again at the next rescan.
+                        warn!(actor = "inventory", drive.name = %name, error = %e, "probe failed; keeping the last known state");
+                        None
+                    }
                 })
                 .collect(),
         };

@@ -147,7 +147,7 @@ pub fn condition(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&Drive
     if rec.failed {
         why.insert(0, "volume failed: its drive was force-released; delete the volume and restore from backup".into());
     }
-    if let Some(u) = usage {
+    if let Some(u) = usage.filter(|u| !(u.state == DriveUseState::Releasing && drive.is_some_and(|d| d.health.health == Health::Bad) && !u.requested)) {
         why.push(format!(
             "drive {} is {} ({}): move the data to another volume and delete this one",
             u.drive_id,

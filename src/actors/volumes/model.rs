@@ -292,19 +292,27 @@ pub struct Candidate<'a> {
 /// Picks a drive and extent for a volume of `size` (for `layout=drive`, `size` is the
 /// minimum and the whole usable region is taken).
 pub fn place(cands: &[Candidate<'_>], media: Option<Media>, layout: LayoutKind, size: u64) -> Result<Placement, NoRoom> {
-    let eligible: Vec<&Candidate<'_>> = cands
+    let managed: Vec<&Candidate<'_>> = cands
         .iter()
-        .filter(|c| c.drive.class == DriveClass::Managed && !c.closed && media.is_none_or(|m| c.drive.media == m))
+        .filter(|c| c.drive.class == DriveClass::Managed && media.is_none_or(|m| c.drive.media == m))
         .collect();
     let what = media.map(|m| format!("{} ", m.as_str())).unwrap_or_default();
-    if eligible.is_empty() {
+    if managed.is_empty() {
         return Err(NoRoom::Full(format!("no managed {what}drive is available on this node")));
     }
     let region = |c: &Candidate<'_>| gpt::usable_region(c.drive.size_bytes, c.drive.logical_block_size);
-    let biggest = eligible.iter().filter_map(|c| region(c).map(|(s, e)| e - s)).max().unwrap_or(0);
+    // Too big is judged against every managed drive, closed ones included: a volume
+    // that would fit a drive being released is a matter of room, not of range.
+    let biggest = managed.iter().filter_map(|c| region(c).map(|(s, e)| e - s)).max().unwrap_or(0);
     if size > biggest {
         return Err(NoRoom::TooBig(format!(
             "{size} bytes is more than the largest managed {what}drive can hold ({biggest} bytes)"
+        )));
+    }
+    let eligible: Vec<&Candidate<'_>> = managed.into_iter().filter(|c| !c.closed).collect();
+    if eligible.is_empty() {
+        return Err(NoRoom::Full(format!(
+            "every managed {what}drive is closed to new volumes (failing or being released)"
         )));
     }
     let mut best: Option<(u64, &str, Placement)> = None;

@@ -22,6 +22,8 @@ use tracing::{info, warn};
 
 use super::model::{next, Op, Staging, Target, VolumeRecord};
 use super::VolumeError;
+use nix::mount::MsFlags;
+
 use crate::disk::lock::DiskLock;
 use crate::disk::{blkpg, fs, gpt, mount, paths, DiskError};
 use crate::store::Store;
@@ -150,6 +152,9 @@ pub fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, r
                     reason: format!("its partition {} is still mounted; unpublish and unstage it first", kp.devnode.display()),
                 });
             }
+            if blkpg::is_read_only(&kp.devnode) {
+                blkpg::set_read_only(&kp.devnode, false).map_err(disk(&rec.id, "mark the partition writable"))?;
+            }
             fs::wipe_signatures(&kp.devnode).map_err(disk(&rec.id, "wipe the partition"))?;
         }
         crash_point!("delete.wiped");
@@ -239,13 +244,20 @@ fn stage_steps(store: &Store, drive: &DriveLoc, roots: &[PathBuf], mut rec: Volu
         }
     }
     let next_state = next(rec.state, Op::Stage).map_err(|r| (VolumeError::refused(&id, r), None))?;
-    if !a.block && rec.block {
-        return Err((VolumeError::InvalidArgument { reason: format!("volume {id} was created for block access; it cannot be staged as a filesystem") }, None));
+    if a.block != rec.block && !rec.rebuilt {
+        let (was, asked) = if rec.block { ("block", "a filesystem") } else { ("a filesystem", "block") };
+        return Err((
+            VolumeError::FailedPrecondition {
+                volume_id: id.clone(),
+                reason: format!("was created for {was} access; it cannot be staged for {asked} access"),
+            },
+            None,
+        ));
     }
     let fs_type = if a.fs_type.is_empty() { rec.fs_type.clone() } else { a.fs_type.clone() };
     if !a.block && !rec.fs_type.is_empty() && fs_type != rec.fs_type {
         return Err((
-            VolumeError::InvalidArgument { reason: format!("volume {id} holds {}, not {fs_type}", rec.fs_type) },
+            VolumeError::FailedPrecondition { volume_id: id.clone(), reason: format!("holds {}, not {fs_type}", rec.fs_type) },
             None,
         ));
     }
@@ -255,7 +267,7 @@ fn stage_steps(store: &Store, drive: &DriveLoc, roots: &[PathBuf], mut rec: Volu
     if let Some(found) = &found {
         if rec.formatted && *found != fs_type {
             return Err((
-                VolumeError::InvalidArgument { reason: format!("volume {id} holds a {found} filesystem, not {fs_type}") },
+                VolumeError::FailedPrecondition { volume_id: id.clone(), reason: format!("holds a {found} filesystem, not {fs_type}") },
                 None,
             ));
         }
@@ -340,6 +352,8 @@ pub struct PublishArgs {
     pub readonly: bool,
     /// Only one target may be published (SINGLE_NODE_SINGLE_WRITER).
     pub single_writer: bool,
+    /// Mount flags of the capability (validated; generic ones apply to the bind).
+    pub flags: Vec<String>,
 }
 
 /// Publishes: intent, target directory (file for block), bind mount, then `Published`.
@@ -360,7 +374,25 @@ pub fn publish(store: &Store, drive: &DriveLoc, roots: &[PathBuf], rec: VolumeRe
             });
         }
         if st.block != a.block {
-            return Err(VolumeError::InvalidArgument { reason: format!("volume {id} was staged with a different access type") });
+            return Err(VolumeError::FailedPrecondition {
+                volume_id: id.clone(),
+                reason: "was staged for a different access type (block or filesystem)".into(),
+            });
+        }
+        let opts = mount::parse_mount_flags(&a.flags)
+            .map_err(|reason| VolumeError::InvalidArgument { reason: format!("volume {id}: {reason}") })?;
+        // A read-only block target is the partition itself marked read-only in the
+        // kernel (a read-only bind of a device node does not stop writes to the
+        // device), so read-only and read-write block targets cannot coexist.
+        if a.block {
+            let other_rw = r.targets.iter().any(|(p, t)| *p != a.target && t.block && !t.readonly);
+            let other_ro = r.targets.iter().any(|(p, t)| *p != a.target && t.block && t.readonly);
+            if (a.readonly && other_rw) || (!a.readonly && other_ro) {
+                return Err(VolumeError::FailedPrecondition {
+                    volume_id: id.clone(),
+                    reason: "is published as a block device with the other read-only setting elsewhere; a block volume is read-only or read-write for all its targets".into(),
+                });
+            }
         }
         let kp = blkpg::ensure_kernel_partition(&drive.path, r.start, r.size).map_err(disk(&id, "find the kernel partition"))?;
         if let Some(t) = r.targets.get(&a.target) {
@@ -400,10 +432,19 @@ pub fn publish(store: &Store, drive: &DriveLoc, roots: &[PathBuf], rec: VolumeRe
                 if !a.target.exists() {
                     std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&a.target).map_err(io("create file"))?;
                 }
+                if a.readonly {
+                    blkpg::set_read_only(&kp.devnode, true).map_err(disk(&id, "mark the partition read-only"))?;
+                }
                 mount::bind_mount(&kp.devnode, &a.target, a.readonly).map_err(disk(&id, "bind the device to the target"))?;
             } else {
                 std::fs::create_dir_all(&a.target).map_err(io("create directory"))?;
                 mount::bind_mount(&st.path, &a.target, a.readonly).map_err(disk(&id, "bind the staging path to the target"))?;
+            }
+            let extra = opts.flags & (MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC | MsFlags::MS_NOATIME | MsFlags::MS_NODIRATIME | MsFlags::MS_RELATIME);
+            if !extra.is_empty() {
+                let ro = if a.readonly || opts.readonly { MsFlags::MS_RDONLY } else { MsFlags::empty() };
+                nix::mount::mount(None::<&str>, &a.target, None::<&str>, MsFlags::MS_REMOUNT | MsFlags::MS_BIND | extra | ro, None::<&str>)
+                    .map_err(|e| disk(&id, "apply the mount flags to the target")(DiskError::Io { what: a.target.display().to_string(), source: e.into() }))?;
             }
         }
         crash_point!("publish.mounted");
@@ -458,6 +499,11 @@ pub fn unpublish(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, tar
             Err(_) => {}
         }
         r.targets.remove(target);
+        if recorded.as_ref().is_some_and(|t| t.block && t.readonly) && !r.targets.values().any(|t| t.block && t.readonly) {
+            if let Some(kp) = &kp {
+                blkpg::set_read_only(&kp.devnode, false).map_err(disk(&id, "mark the partition read-write again"))?;
+            }
+        }
         r.state = next(r.state, Op::Unpublish { remaining: r.targets.len() }).map_err(|x| VolumeError::refused(&id, x))?;
         save(store, &r)
     })();
