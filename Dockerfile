@@ -7,6 +7,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto proto
 COPY src src
+COPY benches benches
 RUN cargo build --release --locked && strip target/release/drivelet
 
 # Runtime stage: the tools drivelet runs (mkfs, fsck, blkid, losetup, smartctl, udevadm).

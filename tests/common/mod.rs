@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use drivelet::grpc::proto::csi;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 /// Fails the test with a reason when the machine cannot run integration tests.
 pub fn require_host() {
@@ -242,18 +242,9 @@ pub fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
 }
 
-/// A gRPC channel over a unix socket.
-pub async fn channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
-    let path = path.to_path_buf();
-    Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
-        .await
+/// A gRPC channel over a unix socket (the library's own CSI client connector).
+pub async fn channel(path: &Path) -> Result<Channel, drivelet::csicli::CsiCliError> {
+    drivelet::csicli::connect(path).await
 }
 
 /// The drive entry whose path is `dev`, from ctl JSON.

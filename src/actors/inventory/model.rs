@@ -143,6 +143,37 @@ impl Drive {
     }
 }
 
+#[cfg(test)]
+impl Drive {
+    /// A blank managed drive for unit tests.
+    pub(crate) fn for_test(id: &str, media: Media, size: u64) -> Drive {
+        Drive {
+            id: id.into(),
+            path: format!("/dev/{id}").into(),
+            by_id: None,
+            devnum: (7, 0),
+            serial: None,
+            wwn: None,
+            model: None,
+            vendor: None,
+            size_bytes: size,
+            logical_block_size: 512,
+            rotational: false,
+            transport: "loop".into(),
+            media,
+            class: DriveClass::Managed,
+            reason: String::new(),
+            backing_file: None,
+            volumes: 0,
+            free_bytes: 0,
+            largest_free_bytes: 0,
+            blank: true,
+            extents: vec![],
+            health: DriveHealth::default(),
+        }
+    }
+}
+
 /// A change to the set of drives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DriveChange {
@@ -268,30 +299,15 @@ mod tests {
     use super::*;
 
     fn drive(id: &str, class: DriveClass, media: Media, free: u64, volumes: u32) -> Drive {
-        Drive {
-            id: id.into(),
-            path: format!("/dev/{id}").into(),
-            by_id: None,
-            devnum: (8, 0),
-            serial: None,
-            wwn: None,
-            model: None,
-            vendor: None,
-            size_bytes: free + (2 << 20),
-            logical_block_size: 512,
-            rotational: false,
-            transport: "sata".into(),
-            media,
-            class,
-            reason: String::new(),
-            backing_file: None,
-            volumes,
-            free_bytes: free,
-            largest_free_bytes: free / 2,
-            blank: volumes == 0,
-            extents: vec![],
-            health: Default::default(),
-        }
+        let mut d = Drive::for_test(id, media, free + (2 << 20));
+        d.class = class;
+        d.transport = "sata".into();
+        d.devnum = (8, 0);
+        d.volumes = volumes;
+        d.free_bytes = free;
+        d.largest_free_bytes = free / 2;
+        d.blank = volumes == 0;
+        d
     }
 
     #[test]

@@ -195,60 +195,20 @@ pub fn release(current: Option<&DriveUse>, drive_id: &str, live_volumes: &[&Volu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::actors::inventory::classify::DriveClass;
-    use crate::actors::inventory::model::{DriveHealth, LayoutKind};
+    use crate::actors::inventory::model::DriveHealth;
     use crate::actors::volumes::model::VolumeState;
     use crate::config::Media;
-    use std::collections::BTreeMap;
 
     fn rec() -> VolumeRecord {
-        VolumeRecord {
-            id: "v1".into(),
-            name: "pvc-1".into(),
-            drive_id: "d1".into(),
-            part_guid: uuid::Uuid::nil(),
-            start: 1 << 20,
-            size: 1 << 30,
-            layout: LayoutKind::Partition,
-            media: Media::Ssd,
-            block: false,
-            fs_type: "ext4".into(),
-            parameters: BTreeMap::new(),
-            state: VolumeState::Published,
-            formatted: true,
-            staging: None,
-            targets: BTreeMap::new(),
-            created_unix: 0,
-            rebuilt: false,
-            failed: false,
-        }
+        let mut r = VolumeRecord::for_test(1, VolumeState::Published);
+        r.id = "v1".into();
+        r
     }
 
     fn drive(h: Health) -> Drive {
-        Drive {
-            id: "d1".into(),
-            path: "/dev/sdb".into(),
-            by_id: None,
-            devnum: (8, 16),
-            serial: None,
-            wwn: None,
-            model: None,
-            vendor: None,
-            size_bytes: 1 << 40,
-            logical_block_size: 512,
-            rotational: false,
-            transport: "sata".into(),
-            media: Media::Ssd,
-            class: DriveClass::Managed,
-            reason: String::new(),
-            backing_file: None,
-            volumes: 1,
-            free_bytes: 0,
-            largest_free_bytes: 0,
-            blank: false,
-            extents: vec![],
-            health: DriveHealth { health: h, reason: "12 reallocated sectors".into(), checked_unix: 1 },
-        }
+        let mut d = Drive::for_test("d1", Media::Ssd, 1 << 40);
+        d.health = DriveHealth { health: h, reason: "12 reallocated sectors".into(), checked_unix: 1 };
+        d
     }
 
     #[test]

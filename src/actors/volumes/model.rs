@@ -200,6 +200,34 @@ pub struct VolumeRecord {
     pub failed: bool,
 }
 
+#[cfg(test)]
+impl VolumeRecord {
+    /// An ext4 partition volume of 1 MiB at `n` MiB on drive `d1`, for unit tests.
+    pub(crate) fn for_test(n: u8, state: VolumeState) -> VolumeRecord {
+        let guid = uuid::Uuid::from_bytes([n; 16]);
+        VolumeRecord {
+            id: guid.to_string(),
+            name: format!("pvc-{n}"),
+            drive_id: "d1".into(),
+            part_guid: guid,
+            start: n as u64 * gpt::ALIGN,
+            size: gpt::ALIGN,
+            layout: LayoutKind::Partition,
+            media: Media::Virtual,
+            block: false,
+            fs_type: "ext4".into(),
+            parameters: BTreeMap::new(),
+            state,
+            formatted: true,
+            staging: None,
+            targets: BTreeMap::new(),
+            created_unix: 0,
+            rebuilt: false,
+            failed: false,
+        }
+    }
+}
+
 impl VolumeRecord {
     /// Published targets that are confirmed.
     pub fn published_targets(&self) -> usize {
@@ -401,30 +429,7 @@ mod tests {
     }
 
     fn drive(id: &str, media: Media, size: u64) -> Drive {
-        Drive {
-            id: id.into(),
-            path: format!("/dev/{id}").into(),
-            by_id: None,
-            devnum: (7, 0),
-            serial: None,
-            wwn: None,
-            model: None,
-            vendor: None,
-            size_bytes: size,
-            logical_block_size: 512,
-            rotational: false,
-            transport: "loop".into(),
-            media,
-            class: DriveClass::Managed,
-            reason: String::new(),
-            backing_file: None,
-            volumes: 0,
-            free_bytes: 0,
-            largest_free_bytes: 0,
-            blank: true,
-            extents: vec![],
-            health: Default::default(),
-        }
+        Drive::for_test(id, media, size)
     }
 
     #[test]

@@ -165,61 +165,19 @@ pub fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mount
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::actors::inventory::classify::DriveClass;
     use crate::actors::volumes::model::{Staging, Target};
     use crate::config::Media;
 
     const MIB: u64 = 1 << 20;
 
     fn drive(id: &str) -> Drive {
-        Drive {
-            id: id.into(),
-            path: "/dev/loop9".into(),
-            by_id: None,
-            devnum: (7, 9),
-            serial: None,
-            wwn: None,
-            model: None,
-            vendor: None,
-            size_bytes: 1 << 30,
-            logical_block_size: 512,
-            rotational: false,
-            transport: "loop".into(),
-            media: Media::Virtual,
-            class: DriveClass::Managed,
-            reason: String::new(),
-            backing_file: None,
-            volumes: 0,
-            free_bytes: 0,
-            largest_free_bytes: 0,
-            blank: false,
-            extents: vec![],
-            health: Default::default(),
-        }
+        let mut d = Drive::for_test(id, Media::Virtual, 1 << 30);
+        d.blank = false;
+        d
     }
 
     fn rec(n: u8, state: VolumeState) -> VolumeRecord {
-        let guid = uuid::Uuid::from_bytes([n; 16]);
-        VolumeRecord {
-            id: guid.to_string(),
-            name: format!("pvc-{n}"),
-            drive_id: "d1".into(),
-            part_guid: guid,
-            start: n as u64 * MIB,
-            size: MIB,
-            layout: LayoutKind::Partition,
-            media: Media::Virtual,
-            block: false,
-            fs_type: "ext4".into(),
-            parameters: BTreeMap::new(),
-            state,
-            formatted: true,
-            staging: None,
-            targets: BTreeMap::new(),
-            created_unix: 0,
-            rebuilt: false,
-            failed: false,
-        }
+        VolumeRecord::for_test(n, state)
     }
 
     fn part(r: &VolumeRecord) -> GptPartition {
