@@ -12,7 +12,8 @@
 //!   `health.fsck_runs` times, corruption reported only when every run agrees; it is
 //!   re-run only after the volume was mounted again, or after [`FSCK_EVERY`].
 //! - Findings go to the volume manager, which turns them into conditions.
-//! - Slow work runs off the actor thread; a cycle still running skips the next tick.
+//! - Slow work runs off the actor thread; a cycle still running skips the next tick;
+//!   volume checks (and their fsck runs) go one at a time on one blocking thread.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -108,14 +109,13 @@ impl HealthPoller {
         self.volumes_running = true;
         let (inv, vols) = (self.inventory.clone(), self.volumes.clone());
         let cfg = self.cfg.clone();
-        let limit = self.limit.clone();
         let fscked = std::mem::take(&mut self.fscked);
         ctx.spawn(
             async move {
                 let drives: HashMap<String, Drive> =
                     inv.send(ListDrives).await.unwrap_or_default().into_iter().map(|d| (d.id.clone(), d)).collect();
                 let records = vols.send(ListVolumes).await.unwrap_or_default();
-                let job = move || check_all(&cfg, &drives, records, fscked, &limit);
+                let job = move || check_all(&cfg, &drives, records, fscked);
                 match tokio::task::spawn_blocking(job).await {
                     Ok((results, fscked)) => {
                         for (volume_id, findings) in results {
@@ -193,7 +193,6 @@ fn check_all(
     drives: &HashMap<String, Drive>,
     records: Vec<VolumeRecord>,
     mut fscked: Fscked,
-    _limit: &Semaphore,
 ) -> (Vec<(String, Vec<Finding>)>, Fscked) {
     let mountinfo = mounts::read_mountinfo().unwrap_or_default();
     let mounted_at = |p: &Path| mountinfo.iter().any(|m| m.mount_point == p);

@@ -204,7 +204,12 @@ fn disk_of(dev: &udev::Device, partitions: Vec<PartitionProbe>) -> DiskProbe {
     if d.prop("ID_FS_TYPE").is_none() && d.prop("ID_PART_TABLE_TYPE").is_none() && d.partitions.is_empty() && d.size > 0 {
         d.blank_confirmed = Some(blkid_finds_nothing(&d.devnode));
     }
-    if d.size > 0 && (d.blank_confirmed == Some(false) || !d.partitions.is_empty() || d.prop("ID_PART_TABLE_TYPE") == Some("gpt")) {
+    // Only where udev's record is incomplete (a new table or partition it has not
+    // probed yet): reading every partitioned disk at each rescan would wake idle drives.
+    let lagging = d.blank_confirmed == Some(false)
+        || d.partitions.iter().any(|q| q.part_type.is_empty() || q.part_uuid.is_empty())
+        || (d.prop("ID_PART_TABLE_TYPE") == Some("gpt") && d.prop("ID_PART_TABLE_UUID").is_none());
+    if d.size > 0 && lagging {
         fill_from_drivelet_gpt(&mut d);
     }
     d

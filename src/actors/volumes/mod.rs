@@ -469,7 +469,6 @@ impl VolumeManager {
         let drives: Vec<Drive> = self.drives.values().cloned().collect();
         let locks: HashMap<String, Arc<Mutex<()>>> = drives.iter().map(|d| (d.id.clone(), self.lock_of(&d.id))).collect();
         let job = move || startup(&dir, &drives, &locks);
-        let _ = &job;
         ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(|res, act, ctx| {
             act.reconciling = false;
             match res {
@@ -485,6 +484,19 @@ impl VolumeManager {
                     }
                     act.store = Some(Arc::new(store));
                     act.book = records.into_iter().map(|r| (r.id.clone(), r)).collect();
+                    // Health verdicts that arrived before the usage records were loaded.
+                    let bad: Vec<(String, String)> = act
+                        .drives
+                        .values()
+                        .filter(|d| d.health.health == crate::disk::smart::Health::Bad)
+                        .map(|d| (d.id.clone(), d.health.reason.clone()))
+                        .collect();
+                    for (id, reason) in bad {
+                        if let Some(u) = health::usage_after_health(act.drive_use.get(&id), &id, crate::disk::smart::Health::Bad, &reason) {
+                            act.save_use(&u);
+                            act.drive_use.insert(id, u);
+                        }
+                    }
                     act.refresh(|_| true);
                     act.ready = true;
                     info!(actor = "volumes", volumes = act.book.len(), "volume manager ready");
