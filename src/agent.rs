@@ -1,7 +1,9 @@
 //! `drivelet run`: brings the node agent up in order and down cleanly.
 //!
 //! Order: state directory, demo drives, sockets (bind errors are fatal here, before any
-//! actor starts), actors, CSI and admin servers. SIGTERM or SIGINT: stop accepting,
+//! actor starts), actors, CSI and admin servers, then (with `kubelet.registration`) the
+//! kubelet registration server, last, so kubelet finds a CSI socket that answers.
+//! SIGTERM or SIGINT: stop accepting (registration first, so kubelet deregisters),
 //! finish in-flight calls, remove the sockets, detach demo drives, stop the system.
 
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use crate::actors::supervisor;
 use crate::config::Config;
 use crate::demo::Demo;
 use crate::disk::DiskError;
+use crate::grpc::registration::{Registrar, RegistrationService, RegistrationState};
 use crate::grpc::{self, admin, CsiFront, Front, Shutdown, SocketError};
 
 /// Fatal errors of the agent.
@@ -56,13 +59,21 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     };
     // Only a socket this run bound is removed on failure: an error may mean another
     // live agent owns the path, or that something that is not a socket sits there.
+    let reg_path = cfg.registration_socket();
     let sockets = match grpc::bind_socket(&cfg.paths.csi_socket) {
         Ok(c) => grpc::bind_socket(&cfg.paths.admin_socket).map(|a| (c, a)).inspect_err(|_| {
             let _ = std::fs::remove_file(&cfg.paths.csi_socket);
         }),
         Err(e) => Err(e),
     };
-    let (csi_listener, admin_listener) = match sockets {
+    let sockets = sockets.and_then(|(c, a)| {
+        let reg = if cfg.kubelet.registration { grpc::bind_socket(&reg_path).map(Some) } else { Ok(None) };
+        reg.map(|r| (c, a, r)).inspect_err(|_| {
+            let _ = std::fs::remove_file(&cfg.paths.csi_socket);
+            let _ = std::fs::remove_file(&cfg.paths.admin_socket);
+        })
+    });
+    let (csi_listener, admin_listener, reg_listener) = match sockets {
         Ok(s) => s,
         Err(e) => {
             if let Some(d) = demo.as_mut() {
@@ -81,12 +92,26 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     let (admin_stop, admin_rx) = tokio::sync::oneshot::channel();
     let admin_task = tokio::spawn(admin::serve_admin(front, admin_listener, admin_rx));
     info!(socket.path = %cfg.paths.admin_socket.display(), "serving admin");
+    // Kubelet's last registration report; shared so the admin socket can show it.
+    let registration = RegistrationState::default();
+    let registrar = reg_listener.map(|l| {
+        let service = RegistrationService {
+            driver: cfg.driver.name.clone(),
+            endpoint: cfg.paths.csi_socket.clone(),
+            state: registration.clone(),
+        };
+        let path = reg_path.clone();
+        Supervisor::start(move |_| Registrar::new(service, path, l))
+    });
 
     let which = tokio::select! {
         _ = sigterm.recv() => "SIGTERM",
         _ = sigint.recv() => "SIGINT",
     };
     info!(signal = which, "shutting down");
+    if let Some(r) = &registrar {
+        let _ = r.send(Shutdown).await;
+    }
     let _ = csi_front.send(Shutdown).await;
     let _ = admin_stop.send(());
     let _ = admin_task.await;

@@ -57,6 +57,8 @@ pub struct Config {
     pub health: HealthConfig,
     /// Loop-backed demo drives created at start.
     pub demo: DemoConfig,
+    /// Kubelet plugin registration.
+    pub kubelet: KubeletConfig,
 }
 
 /// `[driver]`
@@ -311,6 +313,24 @@ impl Default for DemoConfig {
     }
 }
 
+/// `[kubelet]`: registering the plugin with kubelet (instead of node-driver-registrar).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubeletConfig {
+    /// Serve kubelet's plugin registration API, so kubelet finds the CSI socket by
+    /// itself. Off by default: drivelet also runs where there is no kubelet.
+    pub registration: bool,
+    /// Kubelet's root directory; the registration socket is
+    /// `<dir>/plugins_registry/<driver.name>-reg.sock`.
+    pub dir: PathBuf,
+}
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        Self { registration: false, dir: "/var/lib/kubelet".into() }
+    }
+}
+
 /// Parses a size: a whole number with an optional unit. `K`, `M`, `G`, `T` (and `KB`...)
 /// are powers of 1000; `Ki`, `Mi`, `Gi`, `Ti` (and `KiB`...) are powers of 1024.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -509,6 +529,21 @@ impl Config {
         if self.health.fsck_runs == 0 || self.health.fsck_runs > 10 {
             return Err(invalid("health.fsck_runs", "must be between 1 and 10"));
         }
+        if !self.kubelet.dir.is_absolute() {
+            return Err(invalid("kubelet.dir", "must be an absolute path, e.g. \"/var/lib/kubelet\""));
+        }
+        if self.kubelet.registration {
+            let reg = self.registration_socket();
+            if reg.as_os_str().len() > 107 {
+                return Err(invalid(
+                    "kubelet.dir",
+                    format!("makes the registration socket path {} longer than 107 bytes, the limit of a unix socket path; choose a shorter directory", reg.display()),
+                ));
+            }
+            if reg == self.paths.csi_socket || reg == self.paths.admin_socket {
+                return Err(invalid("kubelet.dir", format!("makes the registration socket {} collide with paths.csi_socket or paths.admin_socket", reg.display())));
+            }
+        }
         if self.demo.enabled {
             if !self.drives.allow_loop {
                 return Err(invalid("demo.enabled", "needs drives.allow_loop = true, or drivelet would ignore its own demo drives"));
@@ -524,6 +559,12 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Where kubelet's plugin watcher looks for this driver's registration socket:
+    /// `<kubelet.dir>/plugins_registry/<driver.name>-reg.sock`.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.kubelet.dir.join("plugins_registry").join(format!("{}-reg.sock", self.driver.name))
     }
 
     /// The `[driver.topology]` segments plus `topology.drivelet.io/node`.
@@ -655,6 +696,8 @@ mod tests {
             (Box::new(|c| c.drives.rescan_interval = Duration::from_millis(10)), "drives.rescan_interval"),
             (Box::new(|c| c.drives.filters.exclude_paths.push("/dev/[".into())), "drives.filters.exclude_paths[0]"),
             (Box::new(|c| c.log.level = "info,,=x=".into()), "log.level"),
+            (Box::new(|c| c.kubelet.dir = "var/lib/kubelet".into()), "kubelet.dir"),
+            (Box::new(|c| { c.kubelet.registration = true; c.kubelet.dir = format!("/{}", "k".repeat(90)).into(); }), "kubelet.dir"),
             (Box::new(|c| c.demo.enabled = true), "demo.enabled"),
             (Box::new(|c| { c.demo.enabled = true; c.drives.allow_loop = true; c.demo.drives = 0; }), "demo.drives"),
             (Box::new(|c| { c.demo.enabled = true; c.drives.allow_loop = true; c.demo.size = 1; }), "demo.size"),
@@ -672,6 +715,15 @@ mod tests {
         let p = dir.path().join("c.toml");
         std::fs::write(&p, toml).unwrap();
         Config::load(Some(&p))
+    }
+
+    #[test]
+    fn registration_socket_lies_in_kubelets_plugin_registry_named_after_the_driver() {
+        let mut c = valid();
+        assert_eq!(c.registration_socket(), Path::new("/var/lib/kubelet/plugins_registry/csi.drivelet.io-reg.sock"));
+        c.kubelet.dir = "/k".into();
+        c.driver.name = "x.example.com".into();
+        assert_eq!(c.registration_socket(), Path::new("/k/plugins_registry/x.example.com-reg.sock"));
     }
 
     #[test]

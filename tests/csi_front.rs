@@ -101,9 +101,11 @@ fn identity_node_and_capacity_answer_field_by_field() {
             got,
             vec![
                 R::CreateDeleteVolume as i32,
+                R::PublishUnpublishVolume as i32,
                 R::GetCapacity as i32,
                 R::SingleNodeMultiWriter as i32,
                 R::ListVolumes as i32,
+                R::ListVolumesPublishedNodes as i32,
                 R::GetVolume as i32,
                 R::VolumeCondition as i32,
             ]
@@ -165,7 +167,7 @@ fn identity_node_and_capacity_answer_field_by_field() {
 
         // Not implemented: UNIMPLEMENTED, and not advertised above.
         let e = ctrl
-            .controller_publish_volume(csi::ControllerPublishVolumeRequest { volume_id: "v".into(), ..Default::default() })
+            .controller_expand_volume(csi::ControllerExpandVolumeRequest { volume_id: "v".into(), ..Default::default() })
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::Unimplemented);

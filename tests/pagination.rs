@@ -41,6 +41,7 @@ fn seed(dir: &std::path::Path, n: u32) -> BTreeSet<String> {
             created_unix: 0,
             rebuilt: false,
             failed: false,
+            published_node: None,
         };
         store.put(&rec.id, &rec).unwrap();
         ids.insert(rec.id);

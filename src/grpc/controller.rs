@@ -2,11 +2,25 @@
 //!
 //! CSI MUSTs honoured:
 //! - `ControllerGetCapabilities` lists only implemented RPCs: CREATE_DELETE_VOLUME,
-//!   GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES, GET_VOLUME, VOLUME_CONDITION
-//!   (LIST_VOLUMES_PUBLISHED_NODES needs PUBLISH_UNPUBLISH_VOLUME, which is not served);
+//!   PUBLISH_UNPUBLISH_VOLUME, GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES,
+//!   LIST_VOLUMES_PUBLISHED_NODES, GET_VOLUME, VOLUME_CONDITION (not PUBLISH_READONLY:
+//!   read-only access is the SINGLE_NODE_READER_ONLY mode, enforced on the node);
 //! - `ListVolumes` pages in volume-id order; `next_token` names the last id returned
 //!   and this run of the agent, so a malformed token or one from before a restart is
-//!   ABORTED; entries carry the volume's condition and this node when published;
+//!   ABORTED; entries (and `ControllerGetVolume`) carry the volume's condition and
+//!   this node in `published_node_ids` when the volume is attached or node-published;
+//! - `ControllerPublishVolume` attaches a volume to this node only: missing fields, an
+//!   unsupported capability or `readonly` (PUBLISH_READONLY is not offered) are
+//!   INVALID_ARGUMENT; an unknown volume, or any node id but this node's, NOT_FOUND; a
+//!   capability the volume cannot serve (block vs filesystem, another filesystem), a
+//!   volume being deleted, or a drive that is missing, failing or being released
+//!   FAILED_PRECONDITION (a repeat of an attachment that exists succeeds unless the
+//!   drive is missing); the attachment is persisted, a repeat succeeds with the same
+//!   `publish_context` (`drivelet.io/device`, the partition's device node, and
+//!   `drivelet.io/partition-guid`);
+//! - `ControllerUnpublishVolume` detaches; a volume unknown or not attached to the
+//!   node is detached already (OK, as the spec says SHOULD and csi-sanity expects);
+//!   without a node id it detaches from every node;
 //! - `ControllerGetVolume` of an unknown volume is NOT_FOUND;
 //! - `CreateVolume` is idempotent by name: the same name with compatible arguments
 //!   returns the same volume, with incompatible ones ALREADY_EXISTS; a requisite
@@ -14,8 +28,8 @@
 //!   that no drive could ever meet OUT_OF_RANGE, no room now RESOURCE_EXHAUSTED;
 //!   volume content sources (snapshots, clones) and mutable parameters are refused
 //!   with INVALID_ARGUMENT because they are not advertised;
-//! - `DeleteVolume` of an unknown volume succeeds; of a staged or published one is
-//!   FAILED_PRECONDITION;
+//! - `DeleteVolume` of an unknown volume succeeds; of a staged, node-published or
+//!   attached (controller-published) one is FAILED_PRECONDITION;
 //! - `ValidateVolumeCapabilities` confirms only what the volume can serve;
 //! - `GetCapacity` reports the bytes that volumes matching the parameters, capabilities
 //!   and topology could use, with `maximum_volume_size` = the largest free extent; a
@@ -36,8 +50,15 @@ use crate::actors::inventory::model::LayoutKind;
 use crate::actors::messages::GetCapacity;
 use crate::actors::volumes::model::{minimum_size, CapacityRange, VolumeRecord};
 use crate::actors::volumes::health::Condition;
-use crate::actors::volumes::{CreateVolume, DeleteVolume, GetVolume, GetVolumeStatus, ListVolumeStatuses};
+use crate::actors::volumes::{
+    AttachVolume, CreateVolume, DeleteVolume, DetachVolume, GetVolume, GetVolumeStatus, ListVolumeStatuses,
+};
 use crate::disk::gpt;
+
+/// `publish_context` key: the kernel device node of the volume's partition.
+pub const PUBLISH_DEVICE_KEY: &str = "drivelet.io/device";
+/// `publish_context` key: the volume's GPT partition GUID.
+pub const PUBLISH_PARTITION_GUID_KEY: &str = "drivelet.io/partition-guid";
 
 /// Controller service over the shared front state.
 pub struct ControllerService(pub Front);
@@ -113,13 +134,15 @@ pub(crate) fn condition_of(c: &Condition) -> csi::VolumeCondition {
 }
 
 impl ControllerService {
-    /// This node, when the volume is published here.
+    /// The node the volume is attached to (ControllerPublishVolume) or published on
+    /// (NodePublishVolume): this node, or none.
     fn published_nodes(&self, rec: &VolumeRecord) -> Vec<String> {
-        if rec.targets.is_empty() {
-            vec![]
-        } else {
-            vec![self.0.cfg.driver.node_name.clone()]
+        let mut nodes: Vec<String> = rec.published_node.iter().cloned().collect();
+        let here = &self.0.cfg.driver.node_name;
+        if !rec.targets.is_empty() && !nodes.contains(here) {
+            nodes.push(here.clone());
         }
+        nodes
     }
 
     fn volume_of(&self, rec: &VolumeRecord) -> csi::Volume {
@@ -163,9 +186,11 @@ impl Controller for ControllerService {
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
             capabilities: vec![
                 rpc(Type::CreateDeleteVolume),
+                rpc(Type::PublishUnpublishVolume),
                 rpc(Type::GetCapacity),
                 rpc(Type::SingleNodeMultiWriter),
                 rpc(Type::ListVolumes),
+                rpc(Type::ListVolumesPublishedNodes),
                 rpc(Type::GetVolume),
                 rpc(Type::VolumeCondition),
             ],
@@ -234,6 +259,67 @@ impl Controller for ControllerService {
             .await
             .map_err(FrontError::mailbox("volume manager"))??;
         Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "ControllerPublishVolume", volume.id, node.name), err)]
+    async fn controller_publish_volume(
+        &self,
+        req: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        let req = req.into_inner();
+        check_id("volume_id", &req.volume_id)?;
+        tracing::Span::current().record("volume.id", req.volume_id.as_str());
+        check_id("node_id", &req.node_id)?;
+        tracing::Span::current().record("node.name", req.node_id.as_str());
+        let cap = req.volume_capability.ok_or_else(|| invalid("volume_capability is required"))?;
+        let (block, fs_type) = access_of(std::slice::from_ref(&cap))?;
+        if req.readonly {
+            return Err(invalid(
+                "readonly is not supported (PUBLISH_READONLY is not advertised); ask for the SINGLE_NODE_READER_ONLY access mode instead",
+            ));
+        }
+        let here = &self.0.cfg.driver.node_name;
+        if req.node_id != *here {
+            return Err(Status::not_found(format!(
+                "node {} is unknown to this driver instance: it serves only node {here}, where its drives are",
+                req.node_id
+            )));
+        }
+        let ctx = self
+            .0
+            .volumes
+            .send(AttachVolume { volume_id: req.volume_id, node_id: req.node_id, block, fs_type })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::ControllerPublishVolumeResponse {
+            publish_context: HashMap::from([
+                (PUBLISH_DEVICE_KEY.to_string(), ctx.device.display().to_string()),
+                (PUBLISH_PARTITION_GUID_KEY.to_string(), ctx.part_guid.to_string()),
+            ]),
+        }))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "ControllerUnpublishVolume", volume.id, node.name), err)]
+    async fn controller_unpublish_volume(
+        &self,
+        req: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        let req = req.into_inner();
+        check_id("volume_id", &req.volume_id)?;
+        tracing::Span::current().record("volume.id", req.volume_id.as_str());
+        let node_id = if req.node_id.is_empty() {
+            None
+        } else {
+            check_id("node_id", &req.node_id)?;
+            tracing::Span::current().record("node.name", req.node_id.as_str());
+            Some(req.node_id)
+        };
+        self.0
+            .volumes
+            .send(DetachVolume { volume_id: req.volume_id, node_id })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
     }
 
     #[instrument(skip_all, fields(csi.method = "ValidateVolumeCapabilities", volume.id), err)]

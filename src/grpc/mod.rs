@@ -1,6 +1,7 @@
-//! The gRPC front: CSI Identity, Controller and Node on the CSI socket, and the admin
-//! socket for `drivelet ctl`. Validates input, turns requests into actor messages and
-//! maps errors to status codes; it never touches a disk.
+//! The gRPC front: CSI Identity, Controller and Node on the CSI socket, kubelet plugin
+//! registration on the registration socket, and the admin socket for `drivelet ctl`.
+//! Validates input, turns requests into actor messages and maps errors to status
+//! codes; it never touches a disk.
 //!
 //! Rules:
 //! - sockets are created mode 0600 (owner only); a stale socket from a previous run is
@@ -14,6 +15,7 @@ pub mod controller;
 pub mod identity;
 pub mod node;
 pub mod params;
+pub mod registration;
 pub mod status;
 
 use std::collections::HashMap;
@@ -196,7 +198,7 @@ impl CsiFront {
 }
 
 /// How long shutdown waits for in-flight CSI calls.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Notification: the serving task ended by itself.
 #[derive(Message)]

@@ -18,6 +18,12 @@
 //! - the last volume of a releasing drive is deleted: -> released when auto-release
 //!   is on (or the release was asked for);
 //! - a released drive disappears: its record is forgotten.
+//!
+//! Attaching (ControllerPublishVolume, [`attach_refusal`]): a volume is attached only
+//! while its drive is present and it was not failed by a forced release; a new
+//! attachment also needs a drive that is not BAD and not releasing or released. Repeating
+//! the attachment a node already holds succeeds on a drive that is merely closed to new
+//! work, so a retrying attacher never detaches a running workload.
 
 use serde::{Deserialize, Serialize};
 
@@ -163,6 +169,38 @@ pub fn condition(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&Drive
     }
 }
 
+/// Why a volume may not be attached to `node` now (`None`: it may), in words for
+/// FAILED_PRECONDITION.
+pub fn attach_refusal(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&DriveUse>, node: &str) -> Option<String> {
+    if rec.failed {
+        return Some(format!(
+            "was failed by a forced release of drive {}; delete it and restore from backup",
+            rec.drive_id
+        ));
+    }
+    let Some(d) = drive else {
+        return Some(format!("lives on drive {} which is missing from this node; put the drive back", rec.drive_id));
+    };
+    if rec.published_node.as_deref() == Some(node) {
+        return None;
+    }
+    if d.health.health == Health::Bad {
+        return Some(format!(
+            "lives on drive {} which is failing ({}); it takes no new attachments: move the data to another volume",
+            d.id, d.health.reason
+        ));
+    }
+    if let Some(u) = usage {
+        return Some(format!(
+            "lives on drive {} which is {} ({}); it takes no new attachments: move the data to another volume",
+            u.drive_id,
+            u.state.as_str(),
+            u.reason
+        ));
+    }
+    None
+}
+
 /// What health turning to `h` does to a drive's usage: BAD starts releasing it.
 pub fn usage_after_health(current: Option<&DriveUse>, drive_id: &str, h: Health, reason: &str) -> Option<DriveUse> {
     match (current, h) {
@@ -244,6 +282,41 @@ mod tests {
         }
         let c = condition(&r, None, None, &[Finding::OutOfSpace { percent: 99, threshold: 90 }]);
         assert!(c.message.contains("missing") && c.message.contains("99%"), "{}", c.message);
+    }
+
+    #[test]
+    fn attachments_need_a_present_usable_drive_unless_they_are_repeats() {
+        let releasing = DriveUse { drive_id: "d1".into(), state: DriveUseState::Releasing, reason: "asked".into(), requested: true };
+        let released = DriveUse { state: DriveUseState::Released, ..releasing.clone() };
+        let fresh = rec();
+        let mut attached = rec();
+        attached.published_node = Some("n1".into());
+        let mut failed = rec();
+        failed.failed = true;
+        // (case, volume, its drive, the drive's usage, what the refusal must say or None)
+        type Case<'a> = (&'a str, &'a VolumeRecord, Option<Drive>, Option<&'a DriveUse>, Option<&'a str>);
+        let table: Vec<Case<'_>> = vec![
+            ("healthy drive", &fresh, Some(drive(Health::Good)), None, None),
+            ("no SMART", &fresh, Some(drive(Health::Unknown)), None, None),
+            ("suspect drive", &fresh, Some(drive(Health::Suspect)), None, None),
+            ("missing drive", &fresh, None, None, Some("drive d1 which is missing")),
+            ("failing drive", &fresh, Some(drive(Health::Bad)), None, Some("failing (12 reallocated sectors)")),
+            ("releasing drive", &fresh, Some(drive(Health::Good)), Some(&releasing), Some("is releasing (asked)")),
+            ("released drive", &fresh, Some(drive(Health::Good)), Some(&released), Some("is released")),
+            ("force-failed volume", &failed, Some(drive(Health::Good)), None, Some("forced release")),
+            ("repeat on a releasing drive", &attached, Some(drive(Health::Good)), Some(&releasing), None),
+            ("repeat on a failing drive", &attached, Some(drive(Health::Bad)), None, None),
+            ("repeat with the drive missing", &attached, None, None, Some("missing")),
+        ];
+        for (what, r, d, u, want) in table {
+            let got = attach_refusal(r, d.as_ref(), u, "n1");
+            match (want, &got) {
+                (None, None) => {}
+                (Some(w), Some(g)) => assert!(g.contains(w), "{what}: {g:?} should contain {w:?}"),
+                _ => panic!("{what}: want {want:?}, got {got:?}"),
+            }
+        }
+        assert!(attach_refusal(&attached, Some(&drive(Health::Bad)), None, "n2").is_some(), "another node is no repeat");
     }
 
     #[test]

@@ -183,6 +183,40 @@ pub struct UnpublishVolume {
     pub target: PathBuf,
 }
 
+/// Command: ControllerPublishVolume, attach a volume to this node.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<PublishContext, VolumeError>")]
+pub struct AttachVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// The node (validated by the caller to be this one).
+    pub node_id: String,
+    /// The capability asks for block access.
+    pub block: bool,
+    /// Filesystem the capability names (empty: any).
+    pub fs_type: String,
+}
+
+/// What an attachment hands the node calls (CSI `publish_context`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishContext {
+    /// Kernel device node of the volume's partition.
+    pub device: PathBuf,
+    /// The partition GUID.
+    pub part_guid: uuid::Uuid,
+}
+
+/// Command: ControllerUnpublishVolume, detach a volume (idempotent; an unknown volume
+/// or one not attached to the node is done already).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), VolumeError>")]
+pub struct DetachVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// Detach from this node only; `None`: from every node.
+    pub node_id: Option<String>,
+}
+
 /// Query: one volume.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "Result<VolumeRecord, VolumeError>")]
@@ -431,6 +465,7 @@ impl VolumeManager {
             created_unix: now_unix(),
             rebuilt: false,
             failed: false,
+            published_node: None,
         };
         Ok((rec, true))
     }
@@ -964,6 +999,84 @@ impl Handler<UnpublishVolume> for VolumeManager {
             Err(e) => return Box::pin(fut::ready(Err(e))),
         };
         self.run(m.volume_id, move || ops::unpublish(&store, loc.as_ref(), rec, &m.target))
+    }
+}
+
+impl Handler<AttachVolume> for VolumeManager {
+    type Result = ResponseActFuture<Self, Result<PublishContext, VolumeError>>;
+    fn handle(&mut self, m: AttachVolume, _: &mut Context<Self>) -> Self::Result {
+        match self.attach_check(&m) {
+            Ok((store, rec, loc)) => {
+                let guid = rec.part_guid;
+                let (id, node) = (m.volume_id, m.node_id);
+                if rec.published_node.is_none() {
+                    info!(volume.id = %id, node.name = %node, "attaching volume to node");
+                }
+                Box::pin(
+                    self.run(id, move || ops::controller_publish(&store, &loc, rec, node))
+                        .map(move |res, _, _| res.map(|device| PublishContext { device, part_guid: guid })),
+                )
+            }
+            Err(e) => Box::pin(fut::ready(Err(e))),
+        }
+    }
+}
+
+impl VolumeManager {
+    /// Whether a volume may be attached as asked: it exists, serves the access type and
+    /// filesystem, is attached to no other node, and its drive takes the attachment.
+    fn attach_check(&mut self, m: &AttachVolume) -> Result<(Arc<Store>, VolumeRecord, DriveLoc), VolumeError> {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        let id = m.volume_id.as_str();
+        let refuse = |reason: String| VolumeError::FailedPrecondition { volume_id: id.to_string(), reason };
+        let rec = match self.book.get(id) {
+            Some(r) if r.state != VolumeState::Creating => r.clone(),
+            _ => return Err(VolumeError::NotFound { volume_id: id.to_string() }),
+        };
+        if rec.state == VolumeState::Deleting {
+            return Err(VolumeError::refused(id, model::Refusal::BeingDeleted));
+        }
+        if m.block != rec.block && !rec.rebuilt {
+            let (was, asked) = if rec.block { ("block", "filesystem") } else { ("filesystem", "block") };
+            return Err(refuse(format!("was created for {was} access; it cannot be published for {asked} access")));
+        }
+        if !m.block && !m.fs_type.is_empty() && !rec.fs_type.is_empty() && m.fs_type != rec.fs_type {
+            return Err(refuse(format!("holds {}, not {}", rec.fs_type, m.fs_type)));
+        }
+        if let Some(other) = rec.published_node.as_deref().filter(|n| *n != m.node_id) {
+            return Err(refuse(format!("is already attached to node {other}; a local volume serves one node")));
+        }
+        let d = self.drives.get(&rec.drive_id);
+        if let Some(reason) = health::attach_refusal(&rec, d, self.drive_use.get(&rec.drive_id), &m.node_id) {
+            return Err(refuse(reason));
+        }
+        let loc = self.loc_of(&rec.drive_id).ok_or_else(|| refuse(format!("lives on drive {} which is missing", rec.drive_id)))?;
+        let store = self.claim(id)?;
+        Ok((store, rec, loc))
+    }
+}
+
+impl Handler<DetachVolume> for VolumeManager {
+    type Result = Result<(), VolumeError>;
+    fn handle(&mut self, m: DetachVolume, _: &mut Context<Self>) -> Self::Result {
+        let (store, ready) = (self.store.clone(), self.ready);
+        let Some(store) = store.filter(|_| ready) else { return Err(VolumeError::NotReady) };
+        let Some(rec) = self.book.get(&m.volume_id) else { return Ok(()) };
+        let Some(attached) = rec.published_node.clone() else { return Ok(()) };
+        if m.node_id.as_ref().is_some_and(|n| *n != attached) {
+            return Ok(());
+        }
+        if self.busy.contains(&m.volume_id) {
+            return Err(VolumeError::Aborted { volume_id: m.volume_id });
+        }
+        let mut rec = rec.clone();
+        rec.published_node = None;
+        store.put(&rec.id, &rec).map_err(VolumeError::Store)?;
+        info!(volume.id = %rec.id, node.name = %attached, "volume detached from node");
+        self.book.insert(rec.id.clone(), rec);
+        Ok(())
     }
 }
 

@@ -198,6 +198,11 @@ pub struct VolumeRecord {
     /// Failed by a forced release of its drive: its condition stays abnormal.
     #[serde(default)]
     pub failed: bool,
+    /// The node the volume is controller-published (attached) to, by
+    /// ControllerPublishVolume; cleared by ControllerUnpublishVolume. A volume attached
+    /// to a node is not deleted.
+    #[serde(default)]
+    pub published_node: Option<String>,
 }
 
 #[cfg(test)]
@@ -224,6 +229,7 @@ impl VolumeRecord {
             created_unix: 0,
             rebuilt: false,
             failed: false,
+            published_node: None,
         }
     }
 }

@@ -117,6 +117,13 @@ pub fn rollback_create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: &
 /// absent (`drive` is `None`) only the record goes.
 pub fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec: VolumeRecord) -> Outcome<()> {
     let prev = rec.clone();
+    if let Some(node) = &rec.published_node {
+        let e = VolumeError::FailedPrecondition {
+            volume_id: rec.id.clone(),
+            reason: format!("is still attached to node {node}; call ControllerUnpublishVolume first"),
+        };
+        return Outcome { record: Some(prev), result: Err(e) };
+    }
     match next(rec.state, Op::Delete) {
         Ok(s) => rec.state = s,
         Err(r) => return Outcome { record: Some(prev), result: Err(VolumeError::refused(&rec.id, r)) },
@@ -166,6 +173,24 @@ pub fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, r
         warn!(volume.id = %rec.id, drive.id = %rec.drive_id, "drive is absent: only the record is removed; the partition is listed again if the drive returns");
     }
     store.remove(&rec.id).map_err(VolumeError::Store)
+}
+
+/// Attaches a volume to `node` (ControllerPublishVolume): makes sure the kernel has its
+/// partition, then records the attachment. Returns the partition's device node.
+pub fn controller_publish(store: &Store, drive: &DriveLoc, mut rec: VolumeRecord, node: String) -> Outcome<PathBuf> {
+    let prev = rec.clone();
+    let res = (|| {
+        let kp = blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size).map_err(disk(&rec.id, "find the kernel partition"))?;
+        if rec.published_node.as_deref() != Some(node.as_str()) {
+            rec.published_node = Some(node);
+            save(store, &rec)?;
+        }
+        Ok(kp.devnode)
+    })();
+    match res {
+        Ok(dev) => Outcome { record: Some(rec), result: Ok(dev) },
+        Err(e) => Outcome { record: Some(prev), result: Err(e) },
+    }
 }
 
 /// What NodeStageVolume asks.

@@ -154,6 +154,7 @@ pub fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mount
                 created_unix: now,
                 rebuilt: true,
                 failed: false,
+                published_node: None,
             };
             p.changed.insert(rec.id.clone());
             p.keep.push(rec);
