@@ -1,0 +1,202 @@
+//! The cluster-scoped `Drive` custom resource (`drives.drivelet.io`, v1alpha1): one object
+//! per disk a node's agent sees, managed or not, so `kubectl get drives` is a cluster-wide
+//! inventory.
+//!
+//! Rules:
+//! - The Rust types are the source of truth; `deploy/crd-drive.yaml` is generated from
+//!   them by `crd_yaml` and a test fails when the file and the types disagree
+//!   (`DRIVELET_WRITE_CRD=1 cargo test --lib k8s::crd` rewrites it).
+//! - The wire names of class, health and usage are the lowercase names drivelet prints
+//!   elsewhere (`ctl drives`), so the two views read the same.
+//! - Spec holds what identifies the hardware (it never changes for one disk); status holds
+//!   what drivelet concluded about it and may change on every rescan or health probe.
+
+use kube::core::CustomResourceExt;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// What identifies one disk on one node.
+#[derive(CustomResource, Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "drivelet.io",
+    version = "v1alpha1",
+    kind = "Drive",
+    plural = "drives",
+    shortname = "drv",
+    status = "DriveStatus",
+    doc = "A disk seen by drivelet on one node, with its classification, health and usage.",
+    printcolumn(name = "NODE", type_ = "string", json_path = ".spec.node"),
+    printcolumn(name = "MEDIA", type_ = "string", json_path = ".spec.media"),
+    printcolumn(name = "SIZE", type_ = "integer", json_path = ".spec.sizeBytes", description = "Size in bytes"),
+    printcolumn(name = "CLASS", type_ = "string", json_path = ".status.class"),
+    printcolumn(name = "HEALTH", type_ = "string", json_path = ".status.health"),
+    printcolumn(name = "USAGE", type_ = "string", json_path = ".status.usage"),
+    printcolumn(name = "AGE", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DriveSpec {
+    /// The node the disk is attached to.
+    pub node: String,
+    /// The disk's serial number, when it reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// The disk's World Wide Name, when it reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wwn: Option<String>,
+    /// The disk's model string, when it reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Size of the whole disk in bytes.
+    pub size_bytes: u64,
+    /// Media: `hdd`, `ssd`, `nvme` or `virtual`.
+    pub media: String,
+}
+
+/// What drivelet concluded about the disk.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriveStatus {
+    /// What drivelet may do with the disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<DriveClass>,
+    /// Why it has that class, in plain words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_reason: Option<String>,
+    /// The disk's health.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<DriveHealth>,
+    /// Why it has that health, in plain words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_reason: Option<String>,
+    /// Whether the disk takes new volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<DriveUsage>,
+    /// Ids of the volumes on the disk.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
+}
+
+/// What drivelet may do with a disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DriveClass {
+    /// Blank or carrying a drivelet GPT: drivelet may write to it.
+    Managed,
+    /// Backs the running system; never touched.
+    System,
+    /// Holds data or structures drivelet did not create; never touched.
+    Foreign,
+    /// Ruled out by configuration.
+    Excluded,
+}
+
+/// A disk's health, from SMART.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DriveHealth {
+    /// SMART data was read and nothing is wrong.
+    Good,
+    /// No SMART data (virtual disk, or smartctl could not open it).
+    Unknown,
+    /// Early signs of trouble: plan a replacement.
+    Suspect,
+    /// Failing: replace the disk.
+    Bad,
+}
+
+/// Whether a disk takes new volumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DriveUsage {
+    /// Takes new volumes.
+    Active,
+    /// Takes no new volumes; its volumes are asked to move.
+    Releasing,
+    /// Holds no live volume; may be pulled.
+    Released,
+}
+
+/// The CustomResourceDefinition of `Drive` as YAML, as written to `deploy/crd-drive.yaml`.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    let body = serde_yaml::to_string(&Drive::crd())?;
+    Ok(format!(
+        "# Generated from src/k8s/crd.rs; do not edit. Regenerate with:\n\
+         #   DRIVELET_WRITE_CRD=1 cargo test --lib k8s::crd\n{body}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    const CRD_FILE: &str = "deploy/crd-drive.yaml";
+
+    #[test]
+    fn deployed_crd_matches_the_rust_types() {
+        let want = crd_yaml().expect("CRD serializes");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(CRD_FILE);
+        if std::env::var_os("DRIVELET_WRITE_CRD").is_some() {
+            std::fs::write(&path, &want).expect("write the CRD file");
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            have == want,
+            "{CRD_FILE} is out of date with src/k8s/crd.rs; regenerate it with \
+             `DRIVELET_WRITE_CRD=1 cargo test --lib k8s::crd` and commit the result"
+        );
+    }
+
+    #[test]
+    fn crd_is_cluster_scoped_with_short_name_and_status_subresource() {
+        let crd = Drive::crd();
+        assert_eq!(crd.metadata.name.as_deref(), Some("drives.drivelet.io"));
+        assert_eq!(crd.spec.scope, "Cluster");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["drv".to_string()]));
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, "v1alpha1");
+        assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+        let columns: Vec<&str> = version
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(columns, ["NODE", "MEDIA", "SIZE", "CLASS", "HEALTH", "USAGE", "AGE"]);
+    }
+
+    #[test]
+    fn drive_serializes_with_camel_case_fields_and_lowercase_states() {
+        let mut drive = Drive::new(
+            "node-a-sn123",
+            DriveSpec {
+                node: "node-a".into(),
+                serial: Some("SN123".into()),
+                wwn: None,
+                model: Some("Samsung SSD 870".into()),
+                size_bytes: 2_000_398_934_016,
+                media: "ssd".into(),
+            },
+        );
+        drive.status = Some(DriveStatus {
+            class: Some(DriveClass::Managed),
+            class_reason: Some("carries a drivelet GPT".into()),
+            health: Some(DriveHealth::Suspect),
+            health_reason: Some("12 reallocated sectors".into()),
+            usage: Some(DriveUsage::Releasing),
+            volumes: vec!["vol-1".into()],
+        });
+        let value = serde_json::to_value(&drive).expect("serializes");
+        assert_eq!(value["apiVersion"], "drivelet.io/v1alpha1");
+        assert_eq!(value["kind"], "Drive");
+        assert_eq!(value["spec"]["sizeBytes"], 2_000_398_934_016u64);
+        assert!(value["spec"].get("wwn").is_none());
+        assert_eq!(value["status"]["class"], "managed");
+        assert_eq!(value["status"]["classReason"], "carries a drivelet GPT");
+        assert_eq!(value["status"]["health"], "suspect");
+        assert_eq!(value["status"]["usage"], "releasing");
+        let back: Drive = serde_json::from_value(value).expect("round trips");
+        assert_eq!(back.status, drive.status);
+    }
+}
