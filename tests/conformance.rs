@@ -51,14 +51,6 @@ const GIB_I: i64 = GIB as i64;
 // and a report that collects every violation.
 // ---------------------------------------------------------------------------------
 
-/// Unmounts whatever a failed test left under its directory before the loop drives go.
-struct Unmounter(PathBuf);
-impl Drop for Unmounter {
-    fn drop(&mut self) {
-        unmount_under(&self.0);
-    }
-}
-
 /// One agent over loop drives in a temporary directory. Fields drop in order: the agent
 /// first, then every mount under the directory, then the drives, then the directory.
 struct Fixture {

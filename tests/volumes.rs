@@ -4,19 +4,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
 use drivelet::grpc::proto::csi;
 use tonic::Code;
-
-/// Unmounts whatever a failed test left under its directory before the loop drives go.
-struct Unmounter(PathBuf);
-impl Drop for Unmounter {
-    fn drop(&mut self) {
-        unmount_under(&self.0);
-    }
-}
 
 fn free_of(agent: &Agent, dev: &Path) -> u64 {
     let d = agent.ctl_drives();
