@@ -711,9 +711,10 @@ mod tests {
     }
 
     fn load_str(toml: &str) -> Result<Config, ConfigError> {
-        let dir = tempfile::tempdir().unwrap();
+        let io = |e: std::io::Error| ConfigError::Load { path: "(test file)".into(), reason: e.to_string() };
+        let dir = tempfile::tempdir().map_err(io)?;
         let p = dir.path().join("c.toml");
-        std::fs::write(&p, toml).unwrap();
+        std::fs::write(&p, toml).map_err(io)?;
         Config::load(Some(&p))
     }
 

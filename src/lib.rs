@@ -3,7 +3,7 @@
 
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
-#![forbid(clippy::unwrap_in_result)]
+#![deny(clippy::unwrap_in_result)]
 
 /// Actors: drive inventory, volume manager, supervisor, messages.
 pub mod actors;

@@ -205,7 +205,7 @@ fn wait_for_node(sys: &Path, disk: &Path, start: u64, size: u64) -> Result<Kerne
 /// lowest free partition number; one overlapping it differently is a
 /// [`DiskError::Conflict`].
 pub fn ensure_kernel_partition(disk: &Path, start: u64, size: u64) -> Result<KernelPartition, DiskError> {
-    if size == 0 || start % 512 != 0 || size % 512 != 0 || start.checked_add(size).is_none() {
+    if size == 0 || !start.is_multiple_of(512) || !size.is_multiple_of(512) || start.checked_add(size).is_none() {
         return Err(DiskError::invalid(format!(
             "{}: partition [{start}, +{size}) bytes is empty or not in whole 512-byte sectors",
             disk.display()
@@ -292,7 +292,7 @@ pub fn remove_kernel_partition(disk: &Path, start: u64) -> Result<(), DiskError>
 
 /// Tells the kernel the partition of `disk` starting at `start` is now `new_size` bytes.
 pub fn resize_kernel_partition(disk: &Path, start: u64, new_size: u64) -> Result<(), DiskError> {
-    if new_size == 0 || new_size % 512 != 0 {
+    if new_size == 0 || !new_size.is_multiple_of(512) {
         return Err(DiskError::invalid(format!(
             "{}: new partition size {new_size} is empty or not in whole 512-byte sectors",
             disk.display()

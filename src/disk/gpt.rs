@@ -370,7 +370,7 @@ fn ensure_drivelet(dev: &Path, disk: &GptDisk<&File>) -> Result<(), DiskError> {
 }
 
 fn check_extent(dev: &Path, start: u64, size: u64) -> Result<(), DiskError> {
-    if size == 0 || start % ALIGN != 0 || size % ALIGN != 0 || start.checked_add(size).is_none() {
+    if size == 0 || !start.is_multiple_of(ALIGN) || !size.is_multiple_of(ALIGN) || start.checked_add(size).is_none() {
         return Err(DiskError::invalid(format!(
             "{}: partition [{start}, +{size}) bytes is empty or not aligned to {ALIGN} bytes",
             dev.display()
