@@ -21,14 +21,14 @@
 //! - sysfs `start` and `size` are in 512-byte units whatever the logical block size.
 
 use std::fs::File;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 
-use super::DiskError;
+use super::{block_devnum, parse_devnum, sysfs_attr, DiskError};
 
 /// How long to wait for a new partition's device node.
 const NODE_WAIT: Duration = Duration::from_secs(10);
@@ -88,27 +88,9 @@ pub struct KernelPartition {
     pub devnum: (u32, u32),
 }
 
-fn read_attr(dir: &Path, attr: &str) -> Option<String> {
-    std::fs::read_to_string(dir.join(attr)).ok().map(|s| s.trim().to_string())
-}
-
-fn parse_devnum(s: &str) -> Option<(u32, u32)> {
-    let (a, b) = s.split_once(':')?;
-    Some((a.parse().ok()?, b.parse().ok()?))
-}
-
-fn rdev_of(path: &Path) -> Option<(u32, u32)> {
-    let md = std::fs::metadata(path).ok()?;
-    if !md.file_type().is_block_device() {
-        return None;
-    }
-    let rdev = md.rdev();
-    Some((nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32))
-}
-
 /// The sysfs directory of a whole disk, from its device node.
 fn sysfs_dir(disk: &Path) -> Result<PathBuf, DiskError> {
-    let (major, minor) = rdev_of(disk)
+    let (major, minor) = block_devnum(disk)
         .ok_or_else(|| DiskError::invalid(format!("{} is not a block device", disk.display())))?;
     let link = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
     let dir = link.canonicalize().map_err(DiskError::io(format!("resolve {} for {}", link.display(), disk.display())))?;
@@ -120,12 +102,12 @@ fn sysfs_dir(disk: &Path) -> Result<PathBuf, DiskError> {
 
 /// Parses one partition directory of a disk in sysfs; `None` for other entries.
 fn parse_partition_dir(dir: &Path) -> Option<KernelPartition> {
-    let number = read_attr(dir, "partition")?.parse().ok()?;
-    let start = read_attr(dir, "start")?.parse::<u64>().ok()? * 512;
-    let size = read_attr(dir, "size")?.parse::<u64>().ok()? * 512;
+    let number = sysfs_attr(dir, "partition")?.parse().ok()?;
+    let start = sysfs_attr(dir, "start")?.parse::<u64>().ok()? * 512;
+    let size = sysfs_attr(dir, "size")?.parse::<u64>().ok()? * 512;
     let name = dir.file_name()?.to_string_lossy().into_owned();
-    let devnum = read_attr(dir, "dev").as_deref().and_then(parse_devnum)?;
-    let devname = read_attr(dir, "uevent")
+    let devnum = sysfs_attr(dir, "dev").as_deref().and_then(parse_devnum)?;
+    let devname = sysfs_attr(dir, "uevent")
         .and_then(|u| u.lines().find_map(|l| l.strip_prefix("DEVNAME=").map(str::to_string)))
         .unwrap_or_else(|| name.clone());
     Some(KernelPartition { name, number, start, size, devnode: Path::new("/dev").join(devname), devnum })
@@ -186,7 +168,7 @@ fn wait_for_node(sys: &Path, disk: &Path, start: u64, size: u64) -> Result<Kerne
     let t0 = Instant::now();
     loop {
         if let Some(p) = partitions_in(sys, disk)?.into_iter().find(|p| p.start == start && p.size == size) {
-            if rdev_of(&p.devnode) == Some(p.devnum) {
+            if block_devnum(&p.devnode) == Some(p.devnum) {
                 return Ok(p);
             }
         }
@@ -343,7 +325,7 @@ pub fn set_read_only(dev: &Path, ro: bool) -> Result<(), DiskError> {
 
 /// Whether the kernel has a block device marked read-only (`/sys/.../ro`).
 pub fn is_read_only(dev: &Path) -> bool {
-    let Some((major, minor)) = rdev_of(dev) else { return false };
+    let Some((major, minor)) = block_devnum(dev) else { return false };
     std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/ro")).map(|s| s.trim() == "1").unwrap_or(false)
 }
 

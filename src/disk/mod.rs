@@ -14,6 +14,28 @@ pub mod paths;
 pub mod smart;
 pub mod udev;
 
+/// A sysfs attribute of a device directory, trimmed; `None` when it cannot be read.
+pub(crate) fn sysfs_attr(dir: &std::path::Path, attr: &str) -> Option<String> {
+    std::fs::read_to_string(dir.join(attr)).ok().map(|s| s.trim().to_string())
+}
+
+/// `"8:16"` -> `(8, 16)`.
+pub(crate) fn parse_devnum(s: &str) -> Option<(u32, u32)> {
+    let (a, b) = s.split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// The `major:minor` of a block device node; `None` when the path is not one.
+pub(crate) fn block_devnum(path: &std::path::Path) -> Option<(u32, u32)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let md = std::fs::metadata(path).ok()?;
+    if !md.file_type().is_block_device() {
+        return None;
+    }
+    let rdev = md.rdev();
+    Some((nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32))
+}
+
 /// Errors from talking to the OS about disks.
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {

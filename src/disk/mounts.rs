@@ -4,7 +4,6 @@
 //! sources are unescaped (`\040` is a space), so paths compare equal to what we stat.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// One line of mountinfo.
@@ -81,16 +80,6 @@ pub fn parse_swaps(text: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-fn devnum_of(path: &Path) -> Option<(u32, u32)> {
-    let md = std::fs::metadata(path).ok()?;
-    use std::os::unix::fs::FileTypeExt;
-    if !md.file_type().is_block_device() {
-        return None;
-    }
-    let rdev = md.rdev();
-    Some((nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32))
-}
-
 /// Which block devices (by `major:minor`) back a mount or swap, and where.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostUsage {
@@ -132,7 +121,7 @@ impl HostUsage {
     pub fn read() -> std::io::Result<HostUsage> {
         let mounts = read_mountinfo()?;
         let swaps = std::fs::read_to_string("/proc/swaps").map(|t| parse_swaps(&t)).unwrap_or_default();
-        Ok(HostUsage::build(&mounts, &swaps, devnum_of))
+        Ok(HostUsage::build(&mounts, &swaps, super::block_devnum))
     }
 }
 

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::DiskError;
+use super::{parse_devnum, sysfs_attr, DiskError};
 
 /// One partition of a disk, from udev's blkid properties.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -104,12 +104,8 @@ fn os(s: Option<&OsStr>) -> String {
     s.map(|v| v.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
-fn read_attr(syspath: &Path, attr: &str) -> Option<String> {
-    std::fs::read_to_string(syspath.join(attr)).ok().map(|s| s.trim().to_string())
-}
-
 fn read_u64(syspath: &Path, attr: &str) -> u64 {
-    read_attr(syspath, attr).and_then(|s| s.parse().ok()).unwrap_or(0)
+    sysfs_attr(syspath, attr).and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
 fn list_dir(p: &Path) -> Vec<String> {
@@ -130,12 +126,7 @@ fn holders_of(syspath: &Path) -> Vec<Holder> {
                 continue;
             }
             let sys = Path::new("/sys/class/block").join(&name);
-            let devnum = read_attr(&sys, "dev")
-                .and_then(|d| {
-                    let (a, b) = d.split_once(':')?;
-                    Some((a.parse().ok()?, b.parse().ok()?))
-                })
-                .unwrap_or((0, 0));
+            let devnum = sysfs_attr(&sys, "dev").as_deref().and_then(parse_devnum).unwrap_or((0, 0));
             todo.push(sys.join("holders"));
             out.push(Holder { name, devnum });
         }
@@ -164,7 +155,7 @@ fn partition_of(dev: &udev::Device) -> PartitionProbe {
         name: os(Some(dev.sysname())),
         devnode: dev.devnode().map(Path::to_path_buf).unwrap_or_default(),
         devnum: devnum_of(dev),
-        number: read_attr(sys, "partition").and_then(|s| s.parse().ok()).unwrap_or(0),
+        number: sysfs_attr(sys, "partition").and_then(|s| s.parse().ok()).unwrap_or(0),
         start: read_u64(sys, "start") * 512,
         size: read_u64(sys, "size") * 512,
         part_name: get("ID_PART_ENTRY_NAME"),
@@ -182,7 +173,7 @@ fn disk_of(dev: &udev::Device, partitions: Vec<PartitionProbe>) -> DiskProbe {
         .get("DEVLINKS")
         .map(|l| l.split_whitespace().map(PathBuf::from).collect())
         .unwrap_or_default();
-    let loop_backing_file = read_attr(&sys, "loop/backing_file").filter(|s| !s.is_empty()).map(PathBuf::from);
+    let loop_backing_file = sysfs_attr(&sys, "loop/backing_file").filter(|s| !s.is_empty()).map(PathBuf::from);
     let mut d = DiskProbe {
         name: os(Some(dev.sysname())),
         devnode: dev.devnode().map(Path::to_path_buf).unwrap_or_default(),
@@ -192,9 +183,9 @@ fn disk_of(dev: &udev::Device, partitions: Vec<PartitionProbe>) -> DiskProbe {
         devlinks,
         size: read_u64(&sys, "size") * 512,
         logical_block_size: read_u64(&sys, "queue/logical_block_size").max(512),
-        rotational: read_attr(&sys, "queue/rotational").as_deref() == Some("1"),
-        read_only: read_attr(&sys, "ro").as_deref() == Some("1"),
-        removable: read_attr(&sys, "removable").as_deref() == Some("1"),
+        rotational: sysfs_attr(&sys, "queue/rotational").as_deref() == Some("1"),
+        read_only: sysfs_attr(&sys, "ro").as_deref() == Some("1"),
+        removable: sysfs_attr(&sys, "removable").as_deref() == Some("1"),
         holders: holders_of(&sys),
         loop_backing_file,
         partitions,
