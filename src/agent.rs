@@ -12,7 +12,9 @@ use actix::prelude::*;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::info;
 
+use crate::actors::attach::{AttachQueue, ManagerBackend, QueueConfig};
 use crate::actors::supervisor;
+use crate::k8s::attach::{Identity, RetryPolicy};
 use crate::config::Config;
 use crate::demo::Demo;
 use crate::disk::DiskError;
@@ -36,6 +38,9 @@ pub enum AgentError {
     /// A socket could not be set up.
     #[error(transparent)]
     Socket(#[from] SocketError),
+    /// `[kubernetes]` is on but no API client could be made.
+    #[error("kubernetes: {0}")]
+    Kubernetes(String),
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
@@ -50,6 +55,12 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         .map_err(|source| AgentError::StateDir { dir: cfg.paths.state_dir.display().to_string(), source })?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(AgentError::Signals)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(AgentError::Signals)?;
+
+    let kube = if cfg.kubernetes.enabled {
+        Some(crate::k8s::client(&cfg.kubernetes).await.map_err(AgentError::Kubernetes)?)
+    } else {
+        None
+    };
 
     let mut demo = if cfg.demo.enabled {
         let dc = cfg.demo.clone();
@@ -104,6 +115,10 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         Supervisor::start(move |_| Registrar::new(service, path, l))
     });
 
+    if let Some(client) = kube {
+        start_kubernetes(&cfg, client, &actors);
+    }
+
     let which = tokio::select! {
         _ = sigterm.recv() => "SIGTERM",
         _ = sigint.recv() => "SIGINT",
@@ -121,4 +136,24 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     }
     info!("drivelet stopped");
     Ok(())
+}
+
+/// Starts what `[kubernetes]` turns on: the attach queue and the node labels.
+fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &supervisor::Actors) {
+    let k = &cfg.kubernetes;
+    let identity = Identity { driver: cfg.driver.name.clone(), node: cfg.driver.node_name.clone() };
+    if k.attach {
+        let qcfg = QueueConfig {
+            identity,
+            policy: RetryPolicy { base: k.attach_backoff_base, cap: k.attach_backoff_cap, terminal: k.attach_terminal_retry },
+            resync: k.resync_interval,
+        };
+        let (c, backend) = (client.clone(), ManagerBackend::new(actors.volumes.clone()));
+        Supervisor::start(move |_| AttachQueue::new(c, qcfg, backend));
+    }
+    if k.label_node {
+        let labels = cfg.topology_segments();
+        tokio::spawn(crate::k8s::node::label_node(client, cfg.driver.node_name.clone(), labels, k.attach_backoff_base, k.attach_backoff_cap));
+    }
+    info!(attach = k.attach, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node, "kubernetes integration started");
 }

@@ -59,6 +59,8 @@ pub struct Config {
     pub demo: DemoConfig,
     /// Kubelet plugin registration.
     pub kubelet: KubeletConfig,
+    /// The Kubernetes API: attach queue, Events, Drive objects, node labels.
+    pub kubernetes: KubernetesConfig,
 }
 
 /// `[driver]`
@@ -331,6 +333,69 @@ impl Default for KubeletConfig {
     }
 }
 
+/// `[kubernetes]`: what drivelet does through the Kubernetes API. Off by default; with it
+/// off drivelet serves CSI and never talks to an API server.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// Talk to the API server at all.
+    pub enabled: bool,
+    /// A kubeconfig file; empty: the in-cluster service account (or `KUBECONFIG` /
+    /// `~/.kube/config` when not in a pod).
+    pub kubeconfig: PathBuf,
+    /// Run the in-process attacher: VolumeAttachments of this driver and node are
+    /// attached and detached here (no external-attacher sidecar).
+    pub attach: bool,
+    /// Backoff after the first failed attach or detach; doubled per failure.
+    #[serde(deserialize_with = "de_duration")]
+    pub attach_backoff_base: Duration,
+    /// The longest backoff.
+    #[serde(deserialize_with = "de_duration")]
+    pub attach_backoff_cap: Duration,
+    /// Retry delay after an attach that cannot succeed by retrying (failing, releasing
+    /// or missing drive).
+    #[serde(deserialize_with = "de_duration")]
+    pub attach_terminal_retry: Duration,
+    /// Every VolumeAttachment of this node is looked at again this often even without
+    /// a change (0s: never).
+    #[serde(deserialize_with = "de_duration")]
+    pub resync_interval: Duration,
+    /// Record an Event on the PVC and its pods when a volume's condition turns abnormal
+    /// or back to normal.
+    pub events: bool,
+    /// At most one such Event per volume in this interval; changes in between are
+    /// folded into the next one.
+    #[serde(deserialize_with = "de_duration")]
+    pub event_interval: Duration,
+    /// Keep a `Drive` object (drives.drivelet.io) per disk of this node.
+    pub drive_objects: bool,
+    /// Drive objects are rewritten from the inventory at least this often (health and
+    /// volume counts change without udev events).
+    #[serde(deserialize_with = "de_duration")]
+    pub drive_resync_interval: Duration,
+    /// Label the Node object with `driver.topology` and `topology.drivelet.io/node`.
+    pub label_node: bool,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            kubeconfig: PathBuf::new(),
+            attach: true,
+            attach_backoff_base: Duration::from_secs(1),
+            attach_backoff_cap: Duration::from_secs(300),
+            attach_terminal_retry: Duration::from_secs(600),
+            resync_interval: Duration::from_secs(600),
+            events: true,
+            event_interval: Duration::from_secs(60),
+            drive_objects: true,
+            drive_resync_interval: Duration::from_secs(300),
+            label_node: false,
+        }
+    }
+}
+
 /// Parses a size: a whole number with an optional unit. `K`, `M`, `G`, `T` (and `KB`...)
 /// are powers of 1000; `Ki`, `Mi`, `Gi`, `Ti` (and `KiB`...) are powers of 1024.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -542,6 +607,27 @@ impl Config {
             }
             if reg == self.paths.csi_socket || reg == self.paths.admin_socket {
                 return Err(invalid("kubelet.dir", format!("makes the registration socket {} collide with paths.csi_socket or paths.admin_socket", reg.display())));
+            }
+        }
+        let k = &self.kubernetes;
+        if k.enabled {
+            if !k.kubeconfig.as_os_str().is_empty() && !k.kubeconfig.is_absolute() {
+                return Err(invalid("kubernetes.kubeconfig", "must be an absolute path, or empty for the in-cluster service account"));
+            }
+            if k.attach_backoff_base < Duration::from_millis(10) {
+                return Err(invalid("kubernetes.attach_backoff_base", "must be at least 10ms"));
+            }
+            if k.attach_backoff_cap < k.attach_backoff_base {
+                return Err(invalid("kubernetes.attach_backoff_cap", "must be at least kubernetes.attach_backoff_base"));
+            }
+            if k.attach_terminal_retry < Duration::from_secs(1) {
+                return Err(invalid("kubernetes.attach_terminal_retry", "must be at least 1s"));
+            }
+            if k.resync_interval != Duration::ZERO && k.resync_interval < Duration::from_secs(10) {
+                return Err(invalid("kubernetes.resync_interval", "must be 0s (off) or at least 10s"));
+            }
+            if k.drive_resync_interval < Duration::from_secs(10) {
+                return Err(invalid("kubernetes.drive_resync_interval", "must be at least 10s"));
             }
         }
         if self.demo.enabled {

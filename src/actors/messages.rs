@@ -82,3 +82,21 @@ pub struct DriveHealthObserved {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct SubscribeDrives(pub Recipient<DriveEvent>);
+
+/// Notification from the volume manager: a volume's condition turned abnormal, or back
+/// to normal.
+#[derive(Message, Debug, Clone, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct VolumeConditionChanged {
+    /// The volume id.
+    pub volume_id: String,
+    /// Something is wrong now.
+    pub abnormal: bool,
+    /// What, and what to do (the CSI volume condition message).
+    pub message: String,
+}
+
+/// Command: send every future [`VolumeConditionChanged`] to this recipient.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SubscribeConditions(pub Recipient<VolumeConditionChanged>);

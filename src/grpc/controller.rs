@@ -55,11 +55,6 @@ use crate::actors::volumes::{
 };
 use crate::disk::gpt;
 
-/// `publish_context` key: the kernel device node of the volume's partition.
-pub const PUBLISH_DEVICE_KEY: &str = "drivelet.io/device";
-/// `publish_context` key: the volume's GPT partition GUID.
-pub const PUBLISH_PARTITION_GUID_KEY: &str = "drivelet.io/partition-guid";
-
 /// Controller service over the shared front state.
 pub struct ControllerService(pub Front);
 
@@ -292,10 +287,7 @@ impl Controller for ControllerService {
             .await
             .map_err(FrontError::mailbox("volume manager"))??;
         Ok(Response::new(csi::ControllerPublishVolumeResponse {
-            publish_context: HashMap::from([
-                (PUBLISH_DEVICE_KEY.to_string(), ctx.device.display().to_string()),
-                (PUBLISH_PARTITION_GUID_KEY.to_string(), ctx.part_guid.to_string()),
-            ]),
+            publish_context: ctx.to_map().into_iter().collect(),
         }))
     }
 

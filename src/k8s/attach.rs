@@ -11,7 +11,8 @@
 //!     left alone, apart from adding a missing PV finalizer;
 //!   - otherwise our finalizer (`external-attacher/<driver with '/' as '-'>`) is added to
 //!     the VolumeAttachment and to the PV before anything else, then the volume is
-//!     published; success writes `attached=true`, the publish context as
+//!     published with the access type the PV asks for (`volumeMode`, `csi.fsType`);
+//!     success writes `attached=true`, the publish context the publish returned as
 //!     `attachmentMetadata` and clears `attachError`;
 //!   - failure leaves `attached=false`, writes `attachError` and a Warning Event and
 //!     requeues: with exponential backoff (`backoff`) when the failure may pass (volume not
@@ -70,12 +71,9 @@ pub fn finalizer_name(driver: &str) -> String {
 /// What the volume manager says about the volume a VolumeAttachment names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VolumeState {
-    /// The volume lives on this node and its drive is usable; publishing it yields this
-    /// context (device path, partition GUID).
-    Usable {
-        /// The CSI publish context, saved as `status.attachmentMetadata`.
-        publish_context: BTreeMap<String, String>,
-    },
+    /// The volume lives on this node, serves the access type asked for, and its drive is
+    /// usable.
+    Usable,
     /// The volume manager knows no such volume (not created yet, deleted, or another
     /// node's).
     Missing,
@@ -142,16 +140,14 @@ pub enum Action {
     /// Add our finalizer to the PV.
     AddPvFinalizer,
     /// Publish the volume to this node (ControllerPublishVolume in process).
-    Publish {
-        /// The CSI volume id.
-        volume_id: String,
-    },
+    Publish(PublishSpec),
+    /// Patch the status after a successful `Publish`: `attached=true`, the publish
+    /// context as `attachmentMetadata`, no `attachError`.
+    MarkAttached,
     /// Patch the VolumeAttachment's status subresource.
     PatchStatus {
         /// New `attached`, or `None` to keep it.
         attached: Option<bool>,
-        /// New `attachmentMetadata`, or `None` to keep it.
-        attachment_metadata: Option<BTreeMap<String, String>>,
         /// What to do with `attachError`.
         attach_error: ErrorPatch,
         /// What to do with `detachError`.
@@ -182,6 +178,33 @@ pub enum Action {
         /// The delay.
         after: Duration,
     },
+}
+
+/// What a VolumeAttachment asks to publish: the volume and the access type its PV (or
+/// inline spec) names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishSpec {
+    /// The CSI volume id (`csi.volumeHandle`).
+    pub volume_id: String,
+    /// `volumeMode: Block`.
+    pub block: bool,
+    /// `csi.fsType` (empty: any).
+    pub fs_type: String,
+}
+
+/// The volume a VolumeAttachment names, through its PV when it has one, else its inline
+/// CSI spec; `None` when neither carries a CSI source.
+pub fn publish_spec(va: &VolumeAttachment, pv: Option<&PersistentVolume>) -> Option<PublishSpec> {
+    let spec = match pv {
+        Some(pv) => pv.spec.as_ref()?,
+        None => va.spec.source.inline_volume_spec.as_ref()?,
+    };
+    let csi = spec.csi.as_ref()?;
+    Some(PublishSpec {
+        volume_id: csi.volume_handle.clone(),
+        block: spec.volume_mode.as_deref() == Some("Block"),
+        fs_type: csi.fs_type.clone().unwrap_or_default(),
+    })
 }
 
 /// Everything a reconcile of one VolumeAttachment looks at.
@@ -215,10 +238,10 @@ pub fn reconcile(obs: &Observed<'_>, id: &Identity, policy: &RetryPolicy) -> Vec
             return if release_pv { vec![Action::RemovePvFinalizer] } else { Vec::new() };
         }
         let mut actions = Vec::new();
-        let volume_id = obs.pv.and_then(pv_volume_id).or_else(|| inline_volume_id(va));
-        if let Some(volume_id) = volume_id {
+        // A PV already gone takes the volume id with it.
+        if let Some(spec) = publish_spec(va, obs.pv) {
             if *obs.volume != VolumeState::Missing {
-                actions.push(Action::Unpublish { volume_id });
+                actions.push(Action::Unpublish { volume_id: spec.volume_id });
             }
         }
         actions.push(Action::RemoveFinalizer);
@@ -249,11 +272,7 @@ pub fn reconcile(obs: &Observed<'_>, id: &Identity, policy: &RetryPolicy) -> Vec
     if already_attached {
         return actions;
     }
-    let volume_id = match obs.pv {
-        Some(pv) => pv_volume_id(pv),
-        None => inline_volume_id(va),
-    };
-    let Some(volume_id) = volume_id else {
+    let Some(spec) = publish_spec(va, obs.pv) else {
         let message = match pv_name {
             Some(pv) => format!("PersistentVolume {pv} has no CSI source"),
             None => "VolumeAttachment names neither a PersistentVolume nor a CSI inline volume".to_string(),
@@ -262,21 +281,16 @@ pub fn reconcile(obs: &Observed<'_>, id: &Identity, policy: &RetryPolicy) -> Vec
         return actions;
     };
     match obs.volume {
-        VolumeState::Usable { publish_context } => {
-            actions.push(Action::Publish { volume_id });
-            actions.push(Action::PatchStatus {
-                attached: Some(true),
-                attachment_metadata: Some(publish_context.clone()),
-                attach_error: ErrorPatch::Clear,
-                detach_error: ErrorPatch::Keep,
-            });
+        VolumeState::Usable => {
+            actions.push(Action::Publish(spec));
+            actions.push(Action::MarkAttached);
         }
         VolumeState::Missing => {
-            let message = format!("volume {volume_id} does not exist on node {}", id.node);
+            let message = format!("volume {} does not exist on node {}", spec.volume_id, id.node);
             actions.extend(attach_failed(message, false, obs.failures, policy));
         }
         VolumeState::Unusable { reason } => {
-            let message = format!("volume {volume_id} cannot be attached: {reason}");
+            let message = format!("volume {} cannot be attached: {reason}", spec.volume_id);
             actions.extend(attach_failed(message, true, obs.failures, policy));
         }
     }
@@ -300,7 +314,6 @@ pub fn attach_failed(message: String, terminal: bool, failures: u32, policy: &Re
     vec![
         Action::PatchStatus {
             attached: Some(false),
-            attachment_metadata: None,
             attach_error: ErrorPatch::Set(message.clone()),
             detach_error: ErrorPatch::Keep,
         },
@@ -320,7 +333,6 @@ pub fn detach_failed(message: String, failures: u32, policy: &RetryPolicy) -> Ve
     vec![
         Action::PatchStatus {
             attached: None,
-            attachment_metadata: None,
             attach_error: ErrorPatch::Keep,
             detach_error: ErrorPatch::Set(message.clone()),
         },
@@ -338,21 +350,12 @@ fn has_finalizer<K: Resource>(obj: &K, finalizer: &str) -> bool {
     obj.meta().finalizers.as_ref().is_some_and(|f| f.iter().any(|x| x == finalizer))
 }
 
-fn pv_volume_id(pv: &PersistentVolume) -> Option<String> {
-    Some(pv.spec.as_ref()?.csi.as_ref()?.volume_handle.clone())
-}
-
-fn inline_volume_id(va: &VolumeAttachment) -> Option<String> {
-    let spec = va.spec.source.inline_volume_spec.as_ref()?;
-    Some(spec.csi.as_ref()?.volume_handle.clone())
-}
-
 /// The in-process CSI controller calls the executor makes; the actor wiring implements
 /// them by asking the VolumeManager.
 pub trait VolumeOps {
-    /// ControllerPublishVolume of `volume_id` to `node`; the error is the whole error
-    /// chain in plain words.
-    fn publish(&self, volume_id: &str, node: &str) -> impl Future<Output = Result<(), String>> + Send;
+    /// ControllerPublishVolume of `spec` to `node`, answering the publish context; the
+    /// error is the whole error chain in plain words.
+    fn publish(&self, spec: &PublishSpec, node: &str) -> impl Future<Output = Result<BTreeMap<String, String>, String>> + Send;
     /// ControllerUnpublishVolume of `volume_id` from `node`.
     fn unpublish(&self, volume_id: &str, node: &str) -> impl Future<Output = Result<(), String>> + Send;
 }
@@ -418,14 +421,31 @@ impl Executor {
         let mut va = va.clone();
         let mut pv = pv.cloned();
         let mut requeue = None;
+        let mut context = BTreeMap::new();
         let mut queue: std::collections::VecDeque<Action> = actions.into();
         while let Some(action) = queue.pop_front() {
             let failed = match &action {
-                Action::Publish { volume_id } => ops
-                    .publish(volume_id, &self.identity.node)
-                    .await
-                    .err()
-                    .map(|e| attach_failed(format!("publishing volume {volume_id}: {e}"), false, failures, &self.policy)),
+                Action::Publish(spec) => match ops.publish(spec, &self.identity.node).await {
+                    Ok(c) => {
+                        context = c;
+                        None
+                    }
+                    Err(e) => Some(attach_failed(
+                        format!("publishing volume {}: {e}", spec.volume_id),
+                        false,
+                        failures,
+                        &self.policy,
+                    )),
+                },
+                Action::MarkAttached => {
+                    let patch = json!({ "status": {
+                        "attached": true,
+                        "attachmentMetadata": context,
+                        "attachError": Value::Null,
+                    }});
+                    self.patch_status(&mut va, patch).await?;
+                    None
+                }
                 Action::Unpublish { volume_id } => ops
                     .unpublish(volume_id, &self.identity.node)
                     .await
@@ -473,13 +493,10 @@ impl Executor {
                     .map_err(|source| AttachError::PersistentVolume { name, source })?;
                 *pv = Some(updated);
             }
-            Action::PatchStatus { attached, attachment_metadata, attach_error, detach_error } => {
+            Action::PatchStatus { attached, attach_error, detach_error } => {
                 let mut status = Map::new();
                 if let Some(attached) = attached {
                     status.insert("attached".into(), json!(attached));
-                }
-                if let Some(metadata) = attachment_metadata {
-                    status.insert("attachmentMetadata".into(), json!(metadata));
                 }
                 let now = Time(Timestamp::now());
                 for (field, patch) in [("attachError", attach_error), ("detachError", detach_error)] {
@@ -493,8 +510,7 @@ impl Executor {
                         }
                     }
                 }
-                let patch = json!({ "status": status });
-                *va = vas.patch_status(&va.name_any(), &params, &Patch::Merge(patch)).await.map_err(va_err)?;
+                self.patch_status(va, json!({ "status": status })).await?;
             }
             Action::RecordEvent { kind, reason, action, message } => {
                 let event = Event {
@@ -509,8 +525,29 @@ impl Executor {
                 };
                 self.recorder.publish(&event, &va.object_ref(&())).await.map_err(va_err)?;
             }
-            Action::Publish { .. } | Action::Unpublish { .. } | Action::Requeue { .. } => {}
+            Action::Publish(_) | Action::MarkAttached | Action::Unpublish { .. } | Action::Requeue { .. } => {}
         }
+        Ok(())
+    }
+
+    /// Remove our finalizer from a PV (the `RemovePvFinalizer` of `reconcile_pv`).
+    pub async fn release_pv(&self, pv: &PersistentVolume) -> Result<(), AttachError> {
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let name = pv.name_any();
+        let patch = finalizer_patch(pv, &self.identity.finalizer(), false);
+        pvs.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(|source| AttachError::PersistentVolume { name, source })?;
+        Ok(())
+    }
+
+    async fn patch_status(&self, va: &mut VolumeAttachment, patch: Value) -> Result<(), AttachError> {
+        let vas: Api<VolumeAttachment> = Api::all(self.client.clone());
+        let name = va.name_any();
+        *va = vas
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(|source| AttachError::VolumeAttachment { name, source })?;
         Ok(())
     }
 }
@@ -609,7 +646,11 @@ pub(crate) mod fixtures {
     }
 
     pub(crate) fn usable() -> VolumeState {
-        VolumeState::Usable { publish_context: context() }
+        VolumeState::Usable
+    }
+
+    pub(crate) fn publish(volume_id: &str) -> Action {
+        Action::Publish(PublishSpec { volume_id: volume_id.to_string(), block: false, fs_type: String::new() })
     }
 }
 
@@ -626,22 +667,13 @@ mod tests {
     }
 
     fn publish_ok() -> Vec<Action> {
-        vec![
-            Action::Publish { volume_id: "vol-1".into() },
-            Action::PatchStatus {
-                attached: Some(true),
-                attachment_metadata: Some(context()),
-                attach_error: ErrorPatch::Clear,
-                detach_error: ErrorPatch::Keep,
-            },
-        ]
+        vec![publish("vol-1"), Action::MarkAttached]
     }
 
     fn attach_error(message: &str, after: Duration) -> Vec<Action> {
         vec![
             Action::PatchStatus {
                 attached: Some(false),
-                attachment_metadata: None,
                 attach_error: ErrorPatch::Set(message.into()),
                 detach_error: ErrorPatch::Keep,
             },
@@ -887,6 +919,34 @@ mod tests {
     }
 
     #[test]
+    fn publish_spec_takes_the_access_type_from_the_pv_or_the_inline_spec() {
+        let va1 = va("va", "pv-1");
+        assert_eq!(publish_spec(&va1, None), None, "a named PV not at hand gives nothing");
+        let mut block = pv("pv-1", "vol-1");
+        let spec = block.spec.as_mut().expect("spec");
+        spec.volume_mode = Some("Block".into());
+        assert_eq!(
+            publish_spec(&va1, Some(&block)),
+            Some(PublishSpec { volume_id: "vol-1".into(), block: true, fs_type: String::new() })
+        );
+        let mut xfs = pv("pv-1", "vol-1");
+        let spec = xfs.spec.as_mut().expect("spec");
+        spec.volume_mode = Some("Filesystem".into());
+        spec.csi.as_mut().expect("csi").fs_type = Some("xfs".into());
+        assert_eq!(
+            publish_spec(&va1, Some(&xfs)),
+            Some(PublishSpec { volume_id: "vol-1".into(), block: false, fs_type: "xfs".into() })
+        );
+        let mut inline = va("va", "pv-1");
+        inline.spec.source.persistent_volume_name = None;
+        inline.spec.source.inline_volume_spec = pv("x", "vol-9").spec;
+        assert_eq!(
+            publish_spec(&inline, None),
+            Some(PublishSpec { volume_id: "vol-9".into(), block: false, fs_type: String::new() })
+        );
+    }
+
+    #[test]
     fn pv_finalizer_is_removed_only_from_a_deleted_pv_no_attachment_names() {
         let mut deleting = pv_with_finalizer(pv("pv-1", "vol-1"));
         deleting.metadata.deletion_timestamp = deleted();
@@ -910,7 +970,6 @@ mod tests {
             vec![
                 Action::PatchStatus {
                     attached: None,
-                    attachment_metadata: None,
                     attach_error: ErrorPatch::Keep,
                     detach_error: ErrorPatch::Set("volume vol-1 busy".into()),
                 },

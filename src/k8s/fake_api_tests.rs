@@ -6,7 +6,7 @@
 //! the script does not expect (the handle is checked empty at the end); time is paused, so
 //! backoff delays are asserted exactly with `advance`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -54,11 +54,11 @@ impl FakeVolumes {
 }
 
 impl VolumeOps for FakeVolumes {
-    async fn publish(&self, volume_id: &str, node: &str) -> Result<(), String> {
-        self.calls.lock().expect("calls lock").push(format!("publish {volume_id} {node}"));
+    async fn publish(&self, spec: &PublishSpec, node: &str) -> Result<BTreeMap<String, String>, String> {
+        self.calls.lock().expect("calls lock").push(format!("publish {} {node}", spec.volume_id));
         match self.publish_errors.lock().expect("errors lock").pop_front() {
             Some(error) => Err(error),
-            None => Ok(()),
+            None => Ok(context()),
         }
     }
 

@@ -14,6 +14,25 @@
 pub mod attach;
 /// The cluster-scoped `Drive` custom resource and its CRD manifest.
 pub mod crd;
+/// Labelling the Node with drivelet's topology segments.
+pub mod node;
+/// A keyed work queue with dedup, one run per key at a time and per-key retry delays.
+pub mod workqueue;
 
 #[cfg(test)]
 mod fake_api_tests;
+
+/// The API client `[kubernetes]` asks for: the kubeconfig file when one is named, else
+/// the in-cluster service account (or `KUBECONFIG` / `~/.kube/config` outside a pod).
+pub async fn client(cfg: &crate::config::KubernetesConfig) -> Result<kube::Client, String> {
+    let config = if cfg.kubeconfig.as_os_str().is_empty() {
+        kube::Config::infer().await.map_err(|e| format!("no in-cluster service account and no kubeconfig: {e}"))?
+    } else {
+        let file = kube::config::Kubeconfig::read_from(&cfg.kubeconfig)
+            .map_err(|e| format!("cannot read kubernetes.kubeconfig {}: {e}", cfg.kubeconfig.display()))?;
+        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| format!("kubernetes.kubeconfig {}: {e}", cfg.kubeconfig.display()))?
+    };
+    kube::Client::try_from(config).map_err(|e| format!("cannot build the Kubernetes client: {e}"))
+}

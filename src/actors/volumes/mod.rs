@@ -33,7 +33,7 @@ use self::ops::{DriveLoc, Outcome, PublishArgs, StageArgs};
 use super::inventory::classify::DriveClass;
 use super::inventory::model::{Drive, LayoutKind};
 use super::inventory::DriveInventory;
-use super::messages::{DriveEvent, GetInventoryStatus, ListDrives, SubscribeDrives};
+use super::messages::{DriveEvent, GetInventoryStatus, ListDrives, SubscribeConditions, SubscribeDrives, VolumeConditionChanged};
 use crate::config::{Media, VolumesConfig};
 use crate::disk::{gpt, DiskError};
 use crate::store::{Kind, Store, StoreError};
@@ -206,6 +206,21 @@ pub struct PublishContext {
     pub part_guid: uuid::Uuid,
 }
 
+/// `publish_context` key: the kernel device node of the volume's partition.
+pub const PUBLISH_DEVICE_KEY: &str = "drivelet.io/device";
+/// `publish_context` key: the volume's GPT partition GUID.
+pub const PUBLISH_PARTITION_GUID_KEY: &str = "drivelet.io/partition-guid";
+
+impl PublishContext {
+    /// As the CSI `publish_context` map (also a VolumeAttachment's `attachmentMetadata`).
+    pub fn to_map(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (PUBLISH_DEVICE_KEY.to_string(), self.device.display().to_string()),
+            (PUBLISH_PARTITION_GUID_KEY.to_string(), self.part_guid.to_string()),
+        ])
+    }
+}
+
 /// Command: ControllerUnpublishVolume, detach a volume (idempotent; an unknown volume
 /// or one not attached to the node is done already).
 #[derive(Message, Debug, Clone)]
@@ -256,6 +271,8 @@ pub struct VolumeManager {
     conditions: HashMap<String, Condition>,
     /// Release a releasing drive once its last volume is gone, even unasked.
     auto_release: bool,
+    /// Who hears of condition changes (the Kubernetes Event reporter).
+    condition_subscribers: Vec<Recipient<VolumeConditionChanged>>,
 }
 
 fn now_unix() -> u64 {
@@ -269,6 +286,7 @@ impl VolumeManager {
             drive_use: BTreeMap::new(),
             findings: HashMap::new(),
             conditions: HashMap::new(),
+            condition_subscribers: Vec::new(),
             auto_release,
             cfg,
             state_dir,
@@ -365,6 +383,8 @@ impl VolumeManager {
             } else {
                 info!(volume.id = %id, drive.id = %drive, volume.abnormal = false, volume.condition = %c.message, "volume condition changed");
             }
+            let event = VolumeConditionChanged { volume_id: id.clone(), abnormal: c.abnormal, message: c.message.clone() };
+            self.condition_subscribers.retain(|s| s.try_send(event.clone()).is_ok() || s.connected());
             self.conditions.insert(id, c);
         }
     }
@@ -1025,7 +1045,7 @@ impl Handler<AttachVolume> for VolumeManager {
 impl VolumeManager {
     /// Whether a volume may be attached as asked: it exists, serves the access type and
     /// filesystem, is attached to no other node, and its drive takes the attachment.
-    fn attach_check(&mut self, m: &AttachVolume) -> Result<(Arc<Store>, VolumeRecord, DriveLoc), VolumeError> {
+    fn attach_refusal(&self, m: &AttachVolume) -> Result<VolumeRecord, VolumeError> {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
@@ -1052,9 +1072,37 @@ impl VolumeManager {
         if let Some(reason) = health::attach_refusal(&rec, d, self.drive_use.get(&rec.drive_id), &m.node_id) {
             return Err(refuse(reason));
         }
-        let loc = self.loc_of(&rec.drive_id).ok_or_else(|| refuse(format!("lives on drive {} which is missing", rec.drive_id)))?;
-        let store = self.claim(id)?;
+        if self.loc_of(&rec.drive_id).is_none() {
+            return Err(refuse(format!("lives on drive {} which is missing", rec.drive_id)));
+        }
+        Ok(rec)
+    }
+
+    fn attach_check(&mut self, m: &AttachVolume) -> Result<(Arc<Store>, VolumeRecord, DriveLoc), VolumeError> {
+        let rec = self.attach_refusal(m)?;
+        let loc = self.loc_of(&rec.drive_id).ok_or(VolumeError::NotReady)?;
+        let store = self.claim(&m.volume_id)?;
         Ok((store, rec, loc))
+    }
+}
+
+/// Query: would [`AttachVolume`] be accepted now? Changes nothing; the answer is the
+/// error the attach would fail with, if any (before any disk step).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), VolumeError>")]
+pub struct AttachPreview(pub AttachVolume);
+
+impl Handler<AttachPreview> for VolumeManager {
+    type Result = Result<(), VolumeError>;
+    fn handle(&mut self, m: AttachPreview, _: &mut Context<Self>) -> Self::Result {
+        self.attach_refusal(&m.0).map(|_| ())
+    }
+}
+
+impl Handler<SubscribeConditions> for VolumeManager {
+    type Result = ();
+    fn handle(&mut self, m: SubscribeConditions, _: &mut Context<Self>) {
+        self.condition_subscribers.push(m.0);
     }
 }
 

@@ -1,0 +1,345 @@
+//! The AttachQueue actor against a fake API server (`tower_test::mock::pair`) that serves
+//! lists and watch streams from a script and hands every other request to the test,
+//! which checks it and answers it in order. Time is paused.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Method, Request, Response};
+use kube::client::Body;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tower_test::mock::{self, SendResponse};
+
+use super::*;
+use crate::k8s::attach::fixtures::*;
+
+type Reply = SendResponse<Response<Body>>;
+
+/// What the fake API server serves for one resource: list answers and watch bodies, in
+/// order; once the script runs out, watches are held open and never answered.
+#[derive(Default)]
+struct Script {
+    lists: VecDeque<Value>,
+    watches: VecDeque<Vec<Value>>,
+}
+
+/// A request the script does not serve: method, path and query, JSON body, reply.
+struct Call {
+    method: Method,
+    uri: String,
+    body: Value,
+    reply: Reply,
+}
+
+struct FakeApi {
+    calls: mpsc::UnboundedReceiver<Call>,
+    requests: Arc<Mutex<Vec<String>>>,
+}
+
+fn list(kind: &str, api_version: &str, rv: &str, items: Vec<Value>) -> Value {
+    json!({"apiVersion": api_version, "kind": format!("{kind}List"), "metadata": {"resourceVersion": rv}, "items": items})
+}
+
+fn gone() -> Value {
+    json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "too old resource version", "reason": "Expired", "code": 410}})
+}
+
+fn ok(reply: Reply, body: &impl serde::Serialize) {
+    let bytes = serde_json::to_vec(body).expect("serializes");
+    reply.send_response(Response::builder().body(Body::from(bytes)).expect("response"));
+}
+
+/// Starts the fake API server; returns the client and the test's end of it.
+fn fake_api(vas: Script, pvs: Script) -> (Client, FakeApi) {
+    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let log = requests.clone();
+    tokio::spawn(async move {
+        let mut scripts = [("/apis/storage.k8s.io/v1/volumeattachments", vas), ("/api/v1/persistentvolumes", pvs)];
+        let mut held = Vec::new();
+        while let Some((request, reply)) = handle.next_request().await {
+            let uri = request.uri().to_string();
+            let path = request.uri().path().to_string();
+            let method = request.method().clone();
+            log.lock().expect("log").push(format!("{method} {uri}"));
+            let script = scripts.iter_mut().find(|(p, _)| *p == path && method == Method::GET).map(|(_, s)| s);
+            match script {
+                Some(script) if uri.contains("watch=true") => match script.watches.pop_front() {
+                    Some(events) => {
+                        let mut body = Vec::new();
+                        for e in events {
+                            body.extend(serde_json::to_vec(&e).expect("event"));
+                            body.push(b'\n');
+                        }
+                        reply.send_response(Response::builder().body(Body::from(body)).expect("response"));
+                    }
+                    None => held.push(reply),
+                },
+                Some(script) => {
+                    let answer = script.lists.pop_front().expect("the script has a list answer for every list");
+                    ok(reply, &answer);
+                }
+                None => {
+                    let bytes = request.into_body().collect_bytes().await.expect("body");
+                    let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("JSON body") };
+                    tx.send(Call { method, uri, body, reply }).expect("the test is listening");
+                }
+            }
+        }
+    });
+    (Client::new(service, "default"), FakeApi { calls: rx, requests })
+}
+
+impl FakeApi {
+    /// The next request the script does not serve; checks its method and path.
+    async fn expect(&mut self, method: Method, path: &str) -> (Value, Reply) {
+        let call = tokio::time::timeout(Duration::from_secs(3600), self.calls.recv())
+            .await
+            .expect("a request came within the hour")
+            .expect("the server runs");
+        assert_eq!((&call.method, call.uri.split('?').next().unwrap_or("")), (&method, path), "request {}", call.uri);
+        (call.body, call.reply)
+    }
+
+    /// No unscripted request is pending after everything settled.
+    async fn assert_quiet(&mut self) {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        if let Ok(call) = self.calls.try_recv() {
+            panic!("unexpected {} {}", call.method, call.uri);
+        }
+    }
+
+    fn count(&self, what: &str) -> usize {
+        self.requests.lock().expect("log").iter().filter(|r| r.starts_with(what)).count()
+    }
+}
+
+/// The volume manager, scripted: every volume is in the state given.
+#[derive(Clone, Default)]
+struct FakeBackend {
+    states: Arc<Mutex<BTreeMap<String, VolumeState>>>,
+    calls: Arc<Mutex<Vec<String>>>,
+}
+
+impl FakeBackend {
+    fn with(volume: &str, state: VolumeState) -> Self {
+        let b = FakeBackend::default();
+        b.states.lock().expect("states").insert(volume.to_string(), state);
+        b
+    }
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().expect("calls").clone()
+    }
+}
+
+impl VolumeOps for FakeBackend {
+    async fn publish(&self, spec: &PublishSpec, node: &str) -> Result<BTreeMap<String, String>, String> {
+        self.calls.lock().expect("calls").push(format!("publish {} {node}", spec.volume_id));
+        Ok(context())
+    }
+    async fn unpublish(&self, volume_id: &str, node: &str) -> Result<(), String> {
+        self.calls.lock().expect("calls").push(format!("unpublish {volume_id} {node}"));
+        Ok(())
+    }
+}
+
+impl AttachBackend for FakeBackend {
+    async fn volume_state(&self, spec: &PublishSpec, _node: &str) -> Result<VolumeState, String> {
+        Ok(self.states.lock().expect("states").get(&spec.volume_id).cloned().unwrap_or(VolumeState::Missing))
+    }
+}
+
+fn queue_config() -> QueueConfig {
+    QueueConfig {
+        identity: identity(),
+        policy: RetryPolicy { base: Duration::from_secs(1), cap: Duration::from_secs(60), terminal: Duration::from_secs(600) },
+        resync: Duration::ZERO,
+    }
+}
+
+fn va_list(rv: &str, items: &[&VolumeAttachment]) -> Value {
+    let items = items.iter().map(|v| serde_json::to_value(v).expect("va")).collect();
+    list("VolumeAttachment", "storage.k8s.io/v1", rv, items)
+}
+
+fn pv_list(rv: &str, items: &[&PersistentVolume]) -> Value {
+    let items = items.iter().map(|v| serde_json::to_value(v).expect("pv")).collect();
+    list("PersistentVolume", "v1", rv, items)
+}
+
+fn deleting_va(mut va: VolumeAttachment) -> VolumeAttachment {
+    va.metadata.deletion_timestamp = deleted();
+    va
+}
+
+const VA: &str = "/apis/storage.k8s.io/v1/volumeattachments/va-1";
+const VA_STATUS: &str = "/apis/storage.k8s.io/v1/volumeattachments/va-1/status";
+const PV: &str = "/api/v1/persistentvolumes/pv-1";
+
+#[actix_rt::test]
+async fn a_listed_attachment_is_attached_and_others_are_left_alone() {
+    tokio::time::pause();
+    let mut other_node = va("va-2", "pv-2");
+    other_node.spec.node_name = "node-b".into();
+    let mut other_driver = va("va-3", "pv-3");
+    other_driver.spec.attacher = "ebs.csi.aws.com".into();
+    let vas = Script { lists: [va_list("10", &[&va("va-1", "pv-1"), &other_node, &other_driver])].into(), ..Default::default() };
+    let pvs = Script { lists: [pv_list("20", &[&pv("pv-1", "vol-1")])].into(), ..Default::default() };
+    let (client, mut api) = fake_api(vas, pvs);
+    let backend = FakeBackend::with("vol-1", VolumeState::Usable);
+    let queue = AttachQueue::new(client, queue_config(), backend.clone()).start();
+
+    let (body, reply) = api.expect(Method::PATCH, VA).await;
+    assert_eq!(body["metadata"]["finalizers"], json!([FINALIZER]));
+    ok(reply, &with_finalizer(va("va-1", "pv-1")));
+    let (body, reply) = api.expect(Method::PATCH, PV).await;
+    assert_eq!(body["metadata"]["finalizers"], json!([FINALIZER]));
+    ok(reply, &pv_with_finalizer(pv("pv-1", "vol-1")));
+    let (body, reply) = api.expect(Method::PATCH, VA_STATUS).await;
+    assert_eq!(body["status"]["attached"], true);
+    assert_eq!(body["status"]["attachmentMetadata"], json!(context()));
+    ok(reply, &attached(with_finalizer(va("va-1", "pv-1"))));
+
+    api.assert_quiet().await;
+    assert_eq!(backend.calls(), ["publish vol-1 node-a"]);
+    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    assert_eq!((stats.attachments, stats.waiting, stats.running, stats.retries), (1, 0, 0, 0));
+}
+
+#[actix_rt::test]
+async fn a_change_missed_while_the_watch_was_down_is_found_by_the_relist() {
+    tokio::time::pause();
+    let done = attached(with_finalizer(va("va-1", "pv-1")));
+    let fin_pv = pv_with_finalizer(pv("pv-1", "vol-1"));
+    // The first watch dies with 410 Gone (its resourceVersion expired); meanwhile the
+    // attachment was deleted, which only the second list shows.
+    let vas = Script {
+        lists: [va_list("10", &[&done]), va_list("30", &[&deleting_va(done.clone())])].into(),
+        watches: [vec![gone()]].into(),
+    };
+    let pvs = Script { lists: [pv_list("20", &[&fin_pv])].into(), ..Default::default() };
+    let (client, mut api) = fake_api(vas, pvs);
+    let backend = FakeBackend::with("vol-1", VolumeState::Usable);
+    let queue = AttachQueue::new(client, queue_config(), backend.clone()).start();
+
+    let (body, reply) = api.expect(Method::PATCH, VA).await;
+    assert_eq!(body["metadata"]["finalizers"], json!([]), "detached: our finalizer goes");
+    ok(reply, &deleting_va(attached(va("va-1", "pv-1"))));
+    api.assert_quiet().await;
+
+    assert_eq!(backend.calls(), ["unpublish vol-1 node-a"], "nothing to do for the first list, one unpublish after the second");
+    assert_eq!(api.count("GET /apis/storage.k8s.io/v1/volumeattachments?&limit=500"), 2, "listed again after the watch broke");
+    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    assert_eq!(stats.relists, 2);
+}
+
+#[actix_rt::test]
+async fn the_pv_finalizer_goes_only_when_the_deleted_pv_is_named_by_no_attachment_anywhere() {
+    tokio::time::pause();
+    let done = attached(with_finalizer(va("va-1", "pv-1")));
+    let mut elsewhere = with_finalizer(va("va-2", "pv-1"));
+    elsewhere.spec.node_name = "node-b".into();
+    let fin_pv = pv_with_finalizer(pv("pv-1", "vol-1"));
+    let mut deleting_pv = fin_pv.clone();
+    deleting_pv.metadata.deletion_timestamp = deleted();
+    let vas = Script { lists: [va_list("10", &[&deleting_va(done.clone()), &elsewhere])].into(), ..Default::default() };
+    let pvs = Script { lists: [pv_list("20", &[&fin_pv])].into(), ..Default::default() };
+    let (client, mut api) = fake_api(vas, pvs);
+    let backend = FakeBackend::with("vol-1", VolumeState::Usable);
+    let queue = AttachQueue::new(client, queue_config(), backend.clone()).start();
+
+    // The attachment is detached; the PV is alive, so its finalizer stays.
+    let (body, reply) = api.expect(Method::PATCH, VA).await;
+    assert_eq!(body["metadata"]["finalizers"], json!([]));
+    ok(reply, &deleting_va(attached(va("va-1", "pv-1"))));
+    queue.do_send(VaEvent(Ok(Event::Delete(deleting_va(attached(va("va-1", "pv-1")))))));
+    api.assert_quiet().await;
+
+    // The PV is deleted, but node-b's attachment still names it.
+    queue.do_send(PvEvent(Ok(Event::Apply(deleting_pv.clone()))));
+    api.assert_quiet().await;
+    assert_eq!(api.count("PATCH /api/v1/persistentvolumes"), 0, "va-2 on node-b still names the PV");
+
+    // node-b's attachment goes: nothing names the PV any more.
+    queue.do_send(VaEvent(Ok(Event::Delete(elsewhere))));
+    let (body, reply) = api.expect(Method::PATCH, PV).await;
+    assert_eq!(body, json!({"metadata": {"finalizers": [], "resourceVersion": "7"}}));
+    ok(reply, &deleting_pv);
+    api.assert_quiet().await;
+    assert_eq!(backend.calls(), ["unpublish vol-1 node-a"]);
+}
+
+#[actix_rt::test]
+async fn a_failing_attach_is_retried_on_its_backoff_and_not_on_its_own_status_write() {
+    tokio::time::pause();
+    let vas = Script { lists: [va_list("10", &[&with_finalizer(va("va-1", "pv-1"))])].into(), ..Default::default() };
+    let pvs = Script { lists: [pv_list("20", &[&pv_with_finalizer(pv("pv-1", "vol-1"))])].into(), ..Default::default() };
+    let (client, mut api) = fake_api(vas, pvs);
+    let backend = FakeBackend::with("vol-1", VolumeState::Missing);
+    let queue = AttachQueue::new(client, queue_config(), backend.clone()).start();
+
+    let start = Instant::now();
+    let (body, reply) = api.expect(Method::PATCH, VA_STATUS).await;
+    assert_eq!(body["status"]["attachError"]["message"], "volume vol-1 does not exist on node node-a");
+    let mut failed = with_finalizer(va("va-1", "pv-1"));
+    failed.status = serde_json::from_value(json!({"attached": false, "attachError": {"message": "volume vol-1 does not exist on node node-a"}})).expect("status");
+    failed.metadata.resource_version = Some("11".into());
+    ok(reply, &failed);
+    let (_, reply) = api.expect(Method::POST, "/apis/events.k8s.io/v1/namespaces/default/events").await;
+    ok(reply, &json!({}));
+    // Our own status write comes back through the watch: it must not trigger a retry.
+    queue.do_send(VaEvent(Ok(Event::Apply(failed.clone()))));
+
+    // The volume appears; the retry comes after the 1 s backoff, not before.
+    backend.states.lock().expect("states").insert("vol-1".into(), VolumeState::Usable);
+    let (body, reply) = api.expect(Method::PATCH, VA_STATUS).await;
+    let waited = Instant::now() - start;
+    assert!(waited >= Duration::from_secs(1) && waited < Duration::from_millis(1010), "retried on the 1 s backoff, after {waited:?}");
+    assert_eq!(body["status"]["attached"], true);
+    assert_eq!(body["status"]["attachError"], Value::Null);
+    ok(reply, &attached(with_finalizer(va("va-1", "pv-1"))));
+    api.assert_quiet().await;
+    assert_eq!(backend.calls(), ["publish vol-1 node-a"]);
+    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    assert_eq!(stats.retries, 1);
+}
+
+#[test]
+fn only_changes_the_decisions_read_count_as_changes() {
+    let base = with_finalizer(va("va-1", "pv-1"));
+    let mut rv = base.clone();
+    rv.metadata.resource_version = Some("99".into());
+    let mut error = base.clone();
+    error.status = serde_json::from_value(json!({"attached": false, "attachError": {"message": "x"}})).expect("status");
+    let mut attached_now = base.clone();
+    attached_now.status = serde_json::from_value(json!({"attached": true})).expect("status");
+    let deleting = deleting_va(base.clone());
+    let bare = va("va-1", "pv-1");
+    assert!(!decisions_differ(&base, &rv), "resourceVersion alone");
+    assert!(decisions_differ(&base, &attached_now), "attached");
+    assert!(decisions_differ(&base, &deleting), "deletionTimestamp");
+    assert!(decisions_differ(&base, &bare), "finalizers");
+    let mut plain_error = base.clone();
+    plain_error.status = serde_json::from_value(json!({"attached": false})).expect("status");
+    assert!(!decisions_differ(&plain_error, &error), "attachError alone");
+}
+
+#[test]
+fn slim_pv_keeps_what_the_decisions_read() {
+    let mut full = pv_with_finalizer(pv("pv-1", "vol-1"));
+    full.metadata.deletion_timestamp = deleted();
+    full.metadata.annotations = Some(BTreeMap::from([("a".to_string(), "b".repeat(1000))]));
+    let spec = full.spec.as_mut().expect("spec");
+    spec.volume_mode = Some("Block".into());
+    spec.storage_class_name = Some("local".into());
+    let slim = slim_pv(full.clone());
+    assert_eq!(slim.metadata.annotations, None);
+    assert_eq!(slim.metadata.finalizers, full.metadata.finalizers);
+    assert_eq!(slim.metadata.deletion_timestamp, full.metadata.deletion_timestamp);
+    assert_eq!(slim.metadata.resource_version, full.metadata.resource_version);
+    assert_eq!(publish_spec(&va("va-1", "pv-1"), Some(&slim)), publish_spec(&va("va-1", "pv-1"), Some(&full)));
+    assert_eq!(slim.spec.as_ref().and_then(|s| s.storage_class_name.clone()), None);
+}

@@ -1,0 +1,116 @@
+//! Labelling this node's Node object with drivelet's topology segments (`label_node`).
+//!
+//! Rules:
+//! - Only the operator's choice: nothing is written unless `kubernetes.label_node` is on.
+//! - Only our keys are written (the `driver.topology` keys and
+//!   `topology.drivelet.io/node`), with a merge patch, so other labels are untouched;
+//!   a label already carrying the value is not written again.
+//! - A failure is retried with backoff until it succeeds or the agent stops; the node
+//!   serves CSI meanwhile (kubelet still learns the topology through NodeGetInfo).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube::Client;
+use serde_json::{json, Value};
+use tracing::{info, warn};
+
+use super::attach::backoff;
+
+/// The merge patch setting `wanted` on a node that has `current` labels; `None` when
+/// every label already has its value.
+pub fn label_patch(current: Option<&BTreeMap<String, String>>, wanted: &BTreeMap<String, String>) -> Option<Value> {
+    let missing: BTreeMap<&String, &String> =
+        wanted.iter().filter(|(k, v)| current.and_then(|c| c.get(*k)) != Some(*v)).collect();
+    if missing.is_empty() {
+        None
+    } else {
+        Some(json!({ "metadata": { "labels": missing } }))
+    }
+}
+
+/// Reads the node and writes the labels it lacks.
+pub async fn label_once(client: &Client, node: &str, wanted: &BTreeMap<String, String>) -> Result<bool, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let current = nodes.get(node).await?;
+    let Some(patch) = label_patch(current.metadata.labels.as_ref(), wanted) else { return Ok(false) };
+    nodes.patch(node, &PatchParams::default(), &Patch::Merge(patch)).await?;
+    Ok(true)
+}
+
+/// Labels the node, retrying with backoff (`base` doubling up to `cap`) until it works.
+pub async fn label_node(client: Client, node: String, wanted: BTreeMap<String, String>, base: Duration, cap: Duration) {
+    let mut attempt = 0;
+    loop {
+        match label_once(&client, &node, &wanted).await {
+            Ok(written) => {
+                info!(node.name = %node, labels = ?wanted, written, "node carries drivelet's topology labels");
+                return;
+            }
+            Err(e) => {
+                let after = backoff(attempt, base, cap);
+                warn!(node.name = %node, error = %e, retry.after_ms = after.as_millis() as u64, "cannot label the node; retrying");
+                tokio::time::sleep(after).await;
+                attempt = attempt.saturating_add(1);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Method, Request, Response};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use kube::client::Body;
+    use tower_test::mock;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn patch_holds_only_labels_that_are_missing_or_different() {
+        let wanted = labels(&[("topology.drivelet.io/node", "n1"), ("example.com/rack", "r7")]);
+        assert_eq!(
+            label_patch(None, &wanted),
+            Some(json!({"metadata": {"labels": {"topology.drivelet.io/node": "n1", "example.com/rack": "r7"}}}))
+        );
+        let current = labels(&[("topology.drivelet.io/node", "n1"), ("example.com/rack", "r6"), ("other", "x")]);
+        assert_eq!(label_patch(Some(&current), &wanted), Some(json!({"metadata": {"labels": {"example.com/rack": "r7"}}})));
+        let done = labels(&[("topology.drivelet.io/node", "n1"), ("example.com/rack", "r7")]);
+        assert_eq!(label_patch(Some(&done), &wanted), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn node_is_read_then_patched_with_the_missing_labels_after_a_failure() {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let wanted = labels(&[("topology.drivelet.io/node", "n1")]);
+        let task = tokio::spawn(label_node(client, "n1".into(), wanted, Duration::from_secs(1), Duration::from_secs(8)));
+
+        let (request, send) = handle.next_request().await.expect("node read");
+        assert_eq!(request.method(), Method::GET);
+        assert_eq!(request.uri().path(), "/api/v1/nodes/n1");
+        send.send_response(Response::builder().status(503).body(Body::from(b"{}".to_vec())).expect("response"));
+
+        let (request, send) = handle.next_request().await.expect("node read again after the backoff");
+        assert_eq!(request.uri().path(), "/api/v1/nodes/n1");
+        let node = Node {
+            metadata: ObjectMeta { name: Some("n1".into()), labels: Some(labels(&[("kubernetes.io/hostname", "n1")])), ..Default::default() },
+            ..Default::default()
+        };
+        send.send_response(Response::builder().body(Body::from(serde_json::to_vec(&node).expect("json"))).expect("response"));
+
+        let (request, send) = handle.next_request().await.expect("node patch");
+        assert_eq!(request.method(), Method::PATCH);
+        assert_eq!(request.uri().path(), "/api/v1/nodes/n1");
+        assert_eq!(request.headers()["content-type"], "application/merge-patch+json");
+        let body: Value = serde_json::from_slice(&request.into_body().collect_bytes().await.expect("body")).expect("json");
+        assert_eq!(body, json!({"metadata": {"labels": {"topology.drivelet.io/node": "n1"}}}));
+        send.send_response(Response::builder().body(Body::from(serde_json::to_vec(&node).expect("json"))).expect("response"));
+        task.await.expect("labelling ends once written");
+    }
+}
