@@ -14,7 +14,9 @@ use tracing::info;
 
 use crate::actors::attach::{AttachQueue, ManagerBackend, QueueConfig};
 use crate::actors::supervisor;
+use crate::actors::messages::SubscribeConditions;
 use crate::k8s::attach::{Identity, RetryPolicy};
+use crate::k8s::events::{ConditionEvents, ConditionReporter};
 use crate::config::Config;
 use crate::demo::Demo;
 use crate::disk::DiskError;
@@ -144,12 +146,18 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &supervisor::Act
     let identity = Identity { driver: cfg.driver.name.clone(), node: cfg.driver.node_name.clone() };
     if k.attach {
         let qcfg = QueueConfig {
-            identity,
+            identity: identity.clone(),
             policy: RetryPolicy { base: k.attach_backoff_base, cap: k.attach_backoff_cap, terminal: k.attach_terminal_retry },
             resync: k.resync_interval,
         };
         let (c, backend) = (client.clone(), ManagerBackend::new(actors.volumes.clone()));
         Supervisor::start(move |_| AttachQueue::new(c, qcfg, backend));
+    }
+    if k.events {
+        let reporter = ConditionReporter::new(client.clone(), identity.clone());
+        let interval = k.event_interval;
+        let events = Supervisor::start(move |_| ConditionEvents::new(reporter, interval));
+        actors.volumes.do_send(SubscribeConditions(events.recipient()));
     }
     if k.label_node {
         let labels = cfg.topology_segments();

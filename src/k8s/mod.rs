@@ -1,24 +1,32 @@
-//! Kubernetes side of drivelet: the in-process external-attacher and the `Drive` custom
-//! resource.
+//! Kubernetes side of drivelet: the in-process external-attacher, Events about volume
+//! conditions and the `Drive` custom resource.
 //!
 //! Rules:
 //! - Decisions are pure functions over Kubernetes objects (`attach::reconcile`,
-//!   `attach::reconcile_pv`); the only code that talks to the API server is the executor
-//!   in `attach` (`Executor::apply`), so the decisions are table-tested without a cluster
-//!   and the executor is tested against a scripted fake API server.
-//! - Nothing here touches a disk or knows about actors: publishing and unpublishing a
-//!   volume go through the `attach::VolumeOps` trait, which the actor wiring implements by
-//!   asking the VolumeManager.
+//!   `attach::reconcile_pv`, `events::EventGate`, `events::find_claim`,
+//!   `events::pods_using`); the only code that talks to the API server is in the
+//!   executors (`attach::Executor::apply`, `events::ConditionReporter::report`), so the decisions are
+//!   table-tested without a cluster and the executors are tested against a scripted fake
+//!   API server.
+//! - Nothing here touches a disk or knows about the other actors: publishing and
+//!   unpublishing a volume go through the `attach::VolumeOps` trait, which the actor wiring
+//!   implements by asking the VolumeManager; `events::ConditionEvents`, the one actor here,
+//!   only receives `events::VolumeConditionChanged` and holds no address.
 
 /// The external-attacher: reconcile decisions, backoff and the executor of their actions.
 pub mod attach;
 /// The cluster-scoped `Drive` custom resource and its CRD manifest.
 pub mod crd;
+/// Rate-limited Events on a volume's claim and pods when its condition turns abnormal or
+/// back to normal.
+pub mod events;
 /// Labelling the Node with drivelet's topology segments.
 pub mod node;
 /// A keyed work queue with dedup, one run per key at a time and per-key retry delays.
 pub mod workqueue;
 
+#[cfg(test)]
+mod events_fake_api_tests;
 #[cfg(test)]
 mod fake_api_tests;
 
