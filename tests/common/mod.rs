@@ -16,7 +16,7 @@ use tonic::transport::Channel;
 pub fn require_host() {
     assert!(nix::unistd::geteuid().is_root(), "integration tests need root (loop devices, mkfs, mount); run as root");
     let udevd = Command::new("pgrep").arg("-x").arg("systemd-udevd").output().expect("pgrep");
-    assert!(udevd.status.success(), "systemd-udevd is not running; start it with scripts/start-udev.sh");
+    assert!(udevd.status.success(), "systemd-udevd is not running; start it with scripts/setup-host.sh");
     assert!(Path::new("/dev/loop-control").exists(), "no /dev/loop-control: the kernel has no loop device support");
 }
 
