@@ -21,7 +21,7 @@ pub mod demo;
 pub mod disk;
 /// The gRPC front: CSI services and the admin socket.
 pub mod grpc;
-/// Kubernetes: the in-process external-attacher and the `Drive` custom resource.
+/// Kubernetes: the in-process external-attacher, the `Drive` custom resource and its sync.
 pub mod k8s;
 /// Structured logging setup.
 pub mod logging;

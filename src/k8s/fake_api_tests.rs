@@ -4,7 +4,8 @@
 //! Rules: every request is checked for method, path and body (error times are only
 //! checked to be present, since they come from the wall clock); no request may come that
 //! the script does not expect (the handle is checked empty at the end); time is paused, so
-//! backoff delays are asserted exactly with `advance`.
+//! backoff delays are asserted exactly with `advance`. The request helpers serve the
+//! `Drive` sync's fake API server tests too.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -23,14 +24,14 @@ use tower_test::mock::{self, Handle, SendResponse};
 use super::attach::fixtures::*;
 use super::attach::*;
 
-type ApiHandle = Handle<Request<Body>, Response<Body>>;
+pub(super) type ApiHandle = Handle<Request<Body>, Response<Body>>;
 
 const VA_PATH: &str = "/apis/storage.k8s.io/v1/volumeattachments/va-1?";
 const VA_STATUS_PATH: &str = "/apis/storage.k8s.io/v1/volumeattachments/va-1/status?";
 const PV_PATH: &str = "/api/v1/persistentvolumes/pv-1?";
 const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 
-fn fake_api() -> (Client, ApiHandle) {
+pub(super) fn fake_api() -> (Client, ApiHandle) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     (Client::new(service, "default"), handle)
 }
@@ -69,7 +70,7 @@ impl VolumeOps for FakeVolumes {
 }
 
 /// Wait for the next request, check its method and path, return its JSON body.
-async fn expect(handle: &mut ApiHandle, method: Method, path: &str) -> (Value, SendResponse<Response<Body>>) {
+pub(super) async fn expect(handle: &mut ApiHandle, method: Method, path: &str) -> (Value, SendResponse<Response<Body>>) {
     let (request, send) = handle.next_request().await.expect("the executor made no request");
     assert_eq!(request.method(), method, "method of {}", request.uri());
     assert_eq!(request.uri().to_string(), path);
@@ -79,13 +80,13 @@ async fn expect(handle: &mut ApiHandle, method: Method, path: &str) -> (Value, S
 }
 
 /// Fail on any request the script did not expect (a closed client is fine).
-fn assert_no_more_requests(handle: &mut ApiHandle, why: &str) {
+pub(super) fn assert_no_more_requests(handle: &mut ApiHandle, why: &str) {
     if let Poll::Ready(Some((request, _))) = handle.poll_request() {
         panic!("{why}: unexpected {} {}", request.method(), request.uri());
     }
 }
 
-fn respond(send: SendResponse<Response<Body>>, object: &impl serde::Serialize) {
+pub(super) fn respond(send: SendResponse<Response<Body>>, object: &impl serde::Serialize) {
     let bytes = serde_json::to_vec(object).expect("response serializes");
     send.send_response(Response::builder().body(Body::from(bytes)).expect("response"));
 }
