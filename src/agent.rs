@@ -16,6 +16,7 @@ use crate::actors::attach::{AttachQueue, ManagerBackend, QueueConfig};
 use crate::actors::supervisor;
 use crate::actors::messages::SubscribeConditions;
 use crate::k8s::attach::{Identity, RetryPolicy};
+use crate::k8s::drives::DriveSync;
 use crate::k8s::events::{ConditionEvents, ConditionReporter};
 use crate::config::Config;
 use crate::demo::Demo;
@@ -158,6 +159,11 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &supervisor::Act
         let interval = k.event_interval;
         let events = Supervisor::start(move |_| ConditionEvents::new(reporter, interval));
         actors.volumes.do_send(SubscribeConditions(events.recipient()));
+    }
+    if k.drive_objects {
+        let (c, node, inv, vols, resync) =
+            (client.clone(), cfg.driver.node_name.clone(), actors.inventory.clone(), actors.volumes.clone(), k.drive_resync_interval);
+        Supervisor::start(move |_| DriveSync::new(c, node, inv, vols, resync));
     }
     if k.label_node {
         let labels = cfg.topology_segments();

@@ -21,8 +21,8 @@ pub mod demo;
 pub mod disk;
 /// The gRPC front: CSI services and the admin socket.
 pub mod grpc;
-/// Kubernetes: the in-process external-attacher, volume condition Events and the `Drive`
-/// custom resource.
+/// Kubernetes: the in-process external-attacher, volume condition Events, the `Drive`
+/// custom resource and its sync, node labels.
 pub mod k8s;
 /// Structured logging setup.
 pub mod logging;

@@ -30,6 +30,7 @@ const VAS: &str = "/apis/storage.k8s.io/v1/volumeattachments";
 const PVS: &str = "/api/v1/persistentvolumes";
 const NODES: &str = "/api/v1/nodes";
 const PODS: &str = "/api/v1/namespaces/apps/pods";
+const DRIVES: &str = "/apis/drivelet.io/v1alpha1/drives";
 const PLURALS: [&str; 6] = ["volumeattachments", "persistentvolumes", "drives", "nodes", "pods", "events"];
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -465,6 +466,16 @@ fn volume_attachments_are_attached_detached_and_refused_through_the_api() {
     };
     assert_eq!(published(&rt), [NODE], "the volume manager holds the attachment");
 
+    // The drive has its Drive object, owned by this node, listing the volume.
+    let drive_object = |api: &FakeApi| {
+        api.list(DRIVES).into_iter().find(|d| d["status"]["volumes"].as_array().is_some_and(|v| v.contains(&json!(id))))
+    };
+    let object = api.wait_for(Duration::from_secs(10), "the drive's Drive object", &agent, drive_object);
+    assert_eq!(object["spec"]["node"], NODE);
+    assert_eq!(object["metadata"]["labels"]["drivelet.io/node"], NODE);
+    assert_eq!(object["status"]["class"], "managed");
+    assert_eq!(object["spec"]["sizeBytes"], 1u64 << 30);
+
     // kubectl delete: our finalizer holds the object until the volume is detached.
     api.delete(VAS, "va-1");
     api.wait_for(Duration::from_secs(10), "va-1 detached and gone", &agent, |api| api.get(VAS, "va-1").is_none().then_some(()));
@@ -480,6 +491,10 @@ fn volume_attachments_are_attached_detached_and_refused_through_the_api() {
         (claim > 0 && pod > 0).then_some(events)
     });
     let on_claim = events_about(&events, "PersistentVolumeClaim", "claim-1", "VolumeConditionAbnormal")[0];
+    let pulled = api.wait_for(Duration::from_secs(15), "the pulled drive's object marked missing", &agent, |api| {
+        drive_object(api).filter(|d| d["status"]["missing"] == true)
+    });
+    assert_eq!(pulled["status"]["volumes"], json!([id]), "a pulled drive holding a volume keeps its object");
     assert_eq!(on_claim["type"], "Warning");
     assert_eq!(on_claim["regarding"]["namespace"], "apps");
     assert!(on_claim["note"].as_str().unwrap_or("").contains("missing"), "the note says what is wrong: {on_claim}");

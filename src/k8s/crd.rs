@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
     plural = "drives",
     shortname = "drv",
     status = "DriveStatus",
+    derive = "PartialEq",
     doc = "A disk seen by drivelet on one node, with its classification, health and usage.",
     printcolumn(name = "NODE", type_ = "string", json_path = ".spec.node"),
     printcolumn(name = "MEDIA", type_ = "string", json_path = ".spec.media"),
@@ -38,6 +39,9 @@ use serde::{Deserialize, Serialize};
 pub struct DriveSpec {
     /// The node the disk is attached to.
     pub node: String,
+    /// drivelet's stable id of the disk (from its WWN, serial or udev path), as volumes
+    /// and `ctl drives` name it.
+    pub drive_id: String,
     /// The disk's serial number, when it reports one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial: Option<String>,
@@ -72,6 +76,13 @@ pub struct DriveStatus {
     /// Whether the disk takes new volumes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<DriveUsage>,
+    /// Why it is releasing or released, in plain words (absent while active).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_reason: Option<String>,
+    /// The node no longer sees the disk (pulled or dead) but volumes still live on it;
+    /// the health reason says what to do. Absent while the disk is present.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub missing: bool,
     /// Ids of the volumes on the disk.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
@@ -172,6 +183,7 @@ mod tests {
             "node-a-sn123",
             DriveSpec {
                 node: "node-a".into(),
+                drive_id: "ata-SN123".into(),
                 serial: Some("SN123".into()),
                 wwn: None,
                 model: Some("Samsung SSD 870".into()),
@@ -185,17 +197,22 @@ mod tests {
             health: Some(DriveHealth::Suspect),
             health_reason: Some("12 reallocated sectors".into()),
             usage: Some(DriveUsage::Releasing),
+            usage_reason: Some("health is BAD: 12 reallocated sectors".into()),
+            missing: false,
             volumes: vec!["vol-1".into()],
         });
         let value = serde_json::to_value(&drive).expect("serializes");
         assert_eq!(value["apiVersion"], "drivelet.io/v1alpha1");
         assert_eq!(value["kind"], "Drive");
         assert_eq!(value["spec"]["sizeBytes"], 2_000_398_934_016u64);
+        assert_eq!(value["spec"]["driveId"], "ata-SN123");
         assert!(value["spec"].get("wwn").is_none());
         assert_eq!(value["status"]["class"], "managed");
         assert_eq!(value["status"]["classReason"], "carries a drivelet GPT");
         assert_eq!(value["status"]["health"], "suspect");
         assert_eq!(value["status"]["usage"], "releasing");
+        assert_eq!(value["status"]["usageReason"], "health is BAD: 12 reallocated sectors");
+        assert!(value["status"].get("missing").is_none(), "a present drive carries no missing flag");
         let back: Drive = serde_json::from_value(value).expect("round trips");
         assert_eq!(back.status, drive.status);
     }

@@ -4,8 +4,8 @@
 //! Rules: every request is checked for method, path and body (error times are only
 //! checked to be present, since they come from the wall clock); no request may come that
 //! the script does not expect (the handle is checked empty at the end); time is paused, so
-//! backoff delays are asserted exactly with `advance`. The helpers are shared with
-//! `events_fake_api_tests`.
+//! backoff delays are asserted exactly with `advance`. The helpers are shared with the
+//! fake API server tests of condition Events and of the `Drive` sync.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};

@@ -1,22 +1,26 @@
-//! Kubernetes side of drivelet: the in-process external-attacher, Events about volume
-//! conditions and the `Drive` custom resource.
+//! Kubernetes side of drivelet: the in-process external-attacher's decisions, Events
+//! about volume conditions, the `Drive` custom resource and its sync, node labels.
 //!
 //! Rules:
-//! - Decisions are pure functions over Kubernetes objects (`attach::reconcile`,
-//!   `attach::reconcile_pv`, `events::EventGate`, `events::find_claim`,
-//!   `events::pods_using`); the only code that talks to the API server is in the
-//!   executors (`attach::Executor::apply`, `events::ConditionReporter::report`), so the decisions are
-//!   table-tested without a cluster and the executors are tested against a scripted fake
-//!   API server.
-//! - Nothing here touches a disk or knows about the other actors: publishing and
-//!   unpublishing a volume go through the `attach::VolumeOps` trait, which the actor wiring
-//!   implements by asking the VolumeManager; `events::ConditionEvents`, the one actor here,
-//!   only receives `events::VolumeConditionChanged` and holds no address.
+//! - Decisions are pure functions over Kubernetes objects and domain values
+//!   (`attach::reconcile`, `attach::reconcile_pv`, `events::EventGate`,
+//!   `events::find_claim`, `events::pods_using`, `drives::desired`, `drives::plan`,
+//!   `node::label_patch`); the only code that talks to the API server is in the
+//!   executors (`attach::Executor`, `events::ConditionReporter`, `drives::Executor`,
+//!   `node::label_once`), so the decisions are table-tested without a cluster and the
+//!   executors are tested against a scripted fake API server.
+//! - Nothing here touches a disk. Publishing and unpublishing a volume go through the
+//!   `attach::VolumeOps` trait, which `actors::attach` implements by asking the
+//!   VolumeManager. The two small actors here only take messages
+//!   (`events::ConditionEvents`) or ask read-only queries (`drives::DriveSync`).
 
 /// The external-attacher: reconcile decisions, backoff and the executor of their actions.
 pub mod attach;
 /// The cluster-scoped `Drive` custom resource and its CRD manifest.
 pub mod crd;
+/// The sync of this node's `Drive` objects: names, desired objects, the plan of writes,
+/// its executor and the `DriveSync` actor.
+pub mod drives;
 /// Rate-limited Events on a volume's claim and pods when its condition turns abnormal or
 /// back to normal.
 pub mod events;
@@ -25,6 +29,8 @@ pub mod node;
 /// A keyed work queue with dedup, one run per key at a time and per-key retry delays.
 pub mod workqueue;
 
+#[cfg(test)]
+mod drives_fake_api_tests;
 #[cfg(test)]
 mod events_fake_api_tests;
 #[cfg(test)]

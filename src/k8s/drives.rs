@@ -1,0 +1,955 @@
+//! Keeps this node's cluster-scoped `Drive` objects in step with the drives its agent
+//! sees: one object per disk of any class, written by this node's agent alone.
+//!
+//! Rules:
+//! - An object's name is `<node>-<drive id>` turned into a DNS-1123 subdomain (lowercase;
+//!   any other character becomes `-`), cut to fit 253 characters, with a hash of the
+//!   exact node name and drive id appended ([`object_name`]). The hash is always there,
+//!   so two nodes or drives whose names sanitize alike, or split differently at a `-`,
+//!   never share an object.
+//! - Every object carries the label `drivelet.io/node=<node>` ([`NODE_LABEL`]). This node
+//!   lists only objects with its label, deletes only those that also name it in
+//!   `spec.node`, and writes only names made from its own node name, so objects of other
+//!   nodes are never touched.
+//! - The domain states map to the CRD's in one place ([`class_of`], [`health_of`],
+//!   [`usage_of`]).
+//! - A disk the inventory no longer sees keeps its object while the volume manager holds
+//!   a live volume on it (neither failed nor still being created): `status.missing`,
+//!   health `unknown` with a reason that says what to do, and the spec the object already
+//!   had (the hardware did not change). Any other object of this node without a drive is
+//!   deleted.
+//! - [`plan`] writes only what differs, comparing spec, status and our labels (metadata
+//!   the server fills in is ignored): a new object, or one whose spec or labels changed,
+//!   is applied (server-side apply, field manager [`FIELD_MANAGER`], forced) and then its
+//!   status; an object whose status alone changed gets only the status applied.
+//! - [`DriveSync`] syncs at start, after drive events (a burst within [`DEBOUNCE`] is one
+//!   sync), and every `resync` period (health, usage and volume changes). One sync runs at
+//!   a time; a failed one is logged and retried after [`backoff`]. Nothing is synced, so
+//!   nothing is deleted, before the inventory's first scan and the volume manager's
+//!   start-up reconciliation are done.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use actix::prelude::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use super::attach::backoff;
+use super::crd;
+use crate::actors::inventory::classify::DriveClass;
+use crate::actors::inventory::model::Drive;
+use crate::actors::inventory::DriveInventory;
+use crate::actors::messages::{DriveEvent, GetInventoryStatus, ListDrives, SubscribeDrives};
+use crate::actors::volumes::health::{DriveUse, DriveUseState};
+use crate::actors::volumes::model::{VolumeRecord, VolumeState};
+use crate::actors::volumes::{ListDriveUses, ListVolumes, VolumeManager, VolumesReady};
+use crate::disk::smart::Health;
+
+/// The label naming the node a `Drive` object belongs to.
+pub const NODE_LABEL: &str = "drivelet.io/node";
+
+/// The field manager of every server-side apply.
+pub const FIELD_MANAGER: &str = "drivelet";
+
+/// Drive events within this long of the first one are folded into one sync.
+pub const DEBOUNCE: Duration = Duration::from_millis(500);
+
+/// How often a sync waiting for the inventory's first scan (or the volume manager's
+/// start-up) asks again.
+pub const READY_POLL: Duration = Duration::from_secs(1);
+
+/// Delay after the first failed sync; doubled per consecutive failure.
+pub const RETRY_BASE: Duration = Duration::from_secs(1);
+
+/// The longest delay between retries of a failing sync.
+pub const RETRY_CAP: Duration = Duration::from_secs(300);
+
+const MAX_NAME: usize = 253;
+const MAX_LABEL_VALUE: usize = 63;
+
+/// FNV-1a over the node name and drive id, NUL-separated so the split is part of it.
+fn name_hash(parts: &[&str]) -> String {
+    let mut hash = 0x811c_9dc5_u32;
+    for (i, part) in parts.iter().enumerate() {
+        let sep: &[u8] = if i == 0 { &[] } else { &[0] };
+        for b in sep.iter().chain(part.as_bytes()) {
+            hash = (hash ^ u32::from(*b)).wrapping_mul(0x0100_0193);
+        }
+    }
+    format!("{hash:08x}")
+}
+
+/// `s` as a DNS-1123 subdomain: lowercase ASCII letters and digits kept, `.` kept between
+/// labels, anything else `-`; labels trimmed of `-` at both ends, empty labels dropped.
+fn dns_subdomain(s: &str) -> String {
+    let mapped: String = s
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' { c } else { '-' })
+        .collect();
+    mapped.split('.').map(|label| label.trim_matches('-')).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(".")
+}
+
+/// The name of the `Drive` object for `drive_id` on `node` (see the module rules): a valid
+/// DNS-1123 subdomain of at most 253 characters, the same on every call, different for
+/// every node and drive.
+pub fn object_name(node: &str, drive_id: &str) -> String {
+    let hash = name_hash(&[node, drive_id]);
+    let mut base = dns_subdomain(&format!("{node}-{drive_id}"));
+    // Every character of `base` is ASCII, so cutting at a byte count is cutting at a char.
+    base.truncate(MAX_NAME - 1 - hash.len());
+    let base = base.trim_end_matches(['-', '.']);
+    if base.is_empty() {
+        hash
+    } else {
+        format!("{base}-{hash}")
+    }
+}
+
+/// Whether `v` is a valid label value: at most 63 characters, ASCII letters, digits, `-`,
+/// `_` and `.`, starting and ending with a letter or digit (or empty).
+fn is_label_value(v: &str) -> bool {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+    v.len() <= MAX_LABEL_VALUE
+        && v.chars().all(ok_char)
+        && v.chars().next().is_none_or(|c| c.is_ascii_alphanumeric())
+        && v.chars().last().is_none_or(|c| c.is_ascii_alphanumeric())
+}
+
+/// The value of [`NODE_LABEL`] for `node`: the node name itself when it is a valid label
+/// value (Kubernetes node names up to 63 characters are), otherwise a sanitized prefix
+/// of it with a hash of the whole name appended.
+pub fn node_label_value(node: &str) -> String {
+    if is_label_value(node) {
+        return node.to_string();
+    }
+    let hash = name_hash(&[node]);
+    let mut base: String =
+        node.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '-' }).collect();
+    base.truncate(MAX_LABEL_VALUE - 1 - hash.len());
+    let base = base.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    if base.is_empty() {
+        hash
+    } else {
+        format!("{base}-{hash}")
+    }
+}
+
+/// The CRD class of an inventory class.
+pub fn class_of(class: DriveClass) -> crd::DriveClass {
+    match class {
+        DriveClass::Managed => crd::DriveClass::Managed,
+        DriveClass::System => crd::DriveClass::System,
+        DriveClass::Foreign => crd::DriveClass::Foreign,
+        DriveClass::Excluded => crd::DriveClass::Excluded,
+    }
+}
+
+/// The CRD health of a SMART verdict.
+pub fn health_of(health: Health) -> crd::DriveHealth {
+    match health {
+        Health::Good => crd::DriveHealth::Good,
+        Health::Unknown => crd::DriveHealth::Unknown,
+        Health::Suspect => crd::DriveHealth::Suspect,
+        Health::Bad => crd::DriveHealth::Bad,
+    }
+}
+
+/// The CRD usage of a drive's usage record (`None`: no record, so active).
+pub fn usage_of(state: Option<DriveUseState>) -> crd::DriveUsage {
+    match state {
+        None => crd::DriveUsage::Active,
+        Some(DriveUseState::Releasing) => crd::DriveUsage::Releasing,
+        Some(DriveUseState::Released) => crd::DriveUsage::Released,
+    }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+fn object(node: &str, drive_id: &str, spec: crd::DriveSpec, status: crd::DriveStatus) -> crd::Drive {
+    let mut obj = crd::Drive::new(&object_name(node, drive_id), spec);
+    obj.metadata.labels = Some(BTreeMap::from([(NODE_LABEL.to_string(), node_label_value(node))]));
+    obj.status = Some(status);
+    obj
+}
+
+/// The objects this node should have: one per drive the inventory sees, and one per
+/// drive it does not see that still holds a live volume (marked missing), ordered by name.
+pub fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: &[VolumeRecord]) -> Vec<crd::Drive> {
+    let uses: BTreeMap<&str, &DriveUse> = uses.iter().map(|u| (u.drive_id.as_str(), u)).collect();
+    let mut on_drive: BTreeMap<&str, Vec<&VolumeRecord>> = BTreeMap::new();
+    for rec in volumes.iter().filter(|r| r.state != VolumeState::Creating) {
+        on_drive.entry(rec.drive_id.as_str()).or_default().push(rec);
+    }
+    let ids_on = |id: &str| -> Vec<String> {
+        let mut ids: Vec<String> = on_drive.get(id).into_iter().flatten().map(|r| r.id.clone()).collect();
+        ids.sort();
+        ids
+    };
+    let mut out: BTreeMap<String, crd::Drive> = BTreeMap::new();
+    for d in drives {
+        let usage = uses.get(d.id.as_str());
+        let spec = crd::DriveSpec {
+            node: node.to_string(),
+            drive_id: d.id.clone(),
+            serial: d.serial.clone(),
+            wwn: d.wwn.clone(),
+            model: d.model.clone(),
+            size_bytes: d.size_bytes,
+            media: d.media.as_str().to_string(),
+        };
+        let status = crd::DriveStatus {
+            class: Some(class_of(d.class)),
+            class_reason: non_empty(&d.reason),
+            health: Some(health_of(d.health.health)),
+            health_reason: non_empty(&d.health.reason),
+            usage: Some(usage_of(usage.map(|u| u.state))),
+            usage_reason: usage.and_then(|u| non_empty(&u.reason)),
+            missing: false,
+            volumes: ids_on(&d.id),
+        };
+        let obj = object(node, &d.id, spec, status);
+        out.entry(obj.name_any()).or_insert(obj);
+    }
+    let present: BTreeSet<&str> = drives.iter().map(|d| d.id.as_str()).collect();
+    for (id, recs) in &on_drive {
+        if present.contains(id) || recs.iter().all(|r| r.failed) {
+            continue;
+        }
+        let usage = uses.get(id);
+        let mut live: Vec<&str> = recs.iter().filter(|r| !r.failed).map(|r| r.id.as_str()).collect();
+        live.sort();
+        let spec = crd::DriveSpec {
+            node: node.to_string(),
+            drive_id: id.to_string(),
+            serial: None,
+            wwn: None,
+            model: None,
+            size_bytes: 0,
+            media: recs.first().map(|r| r.media.as_str()).unwrap_or_default().to_string(),
+        };
+        let status = crd::DriveStatus {
+            class: Some(crd::DriveClass::Managed),
+            class_reason: Some("carries drivelet volumes".to_string()),
+            health: Some(crd::DriveHealth::Unknown),
+            health_reason: Some(format!(
+                "drive {id} is missing from node {node} while volumes live on it ({}): the data is unreachable; \
+                 put the drive back, or if it failed, delete those volumes and restore from backup",
+                live.join(", ")
+            )),
+            usage: Some(usage_of(usage.map(|u| u.state))),
+            usage_reason: usage.and_then(|u| non_empty(&u.reason)),
+            missing: true,
+            volumes: ids_on(id),
+        };
+        let obj = object(node, id, spec, status);
+        out.entry(obj.name_any()).or_insert(obj);
+    }
+    out.into_values().collect()
+}
+
+/// One write to the API server.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SyncAction {
+    /// Create or update the object (spec and labels), then apply its status.
+    Apply(Box<crd::Drive>),
+    /// Only the status differs: apply the status subresource.
+    ApplyStatus(Box<crd::Drive>),
+    /// Delete this node's object of that name: no drive wants it any more.
+    Delete(String),
+}
+
+impl SyncAction {
+    /// The name of the object the action writes.
+    pub fn name(&self) -> String {
+        match self {
+            SyncAction::Apply(obj) | SyncAction::ApplyStatus(obj) => obj.name_any(),
+            SyncAction::Delete(name) => name.clone(),
+        }
+    }
+}
+
+/// Whether `obj` is this node's: our label and our node in the spec.
+fn is_ours(obj: &crd::Drive, node: &str) -> bool {
+    obj.spec.node == node && obj.labels().get(NODE_LABEL).is_some_and(|v| *v == node_label_value(node))
+}
+
+/// What to write so that this node's objects among `existing` become `desired`: applies
+/// in the order of `desired`, then deletes by name (see the module rules). Objects of
+/// other nodes in `existing` are ignored.
+pub fn plan(node: &str, desired: &[crd::Drive], existing: &[crd::Drive]) -> Vec<SyncAction> {
+    let ours: BTreeMap<String, &crd::Drive> =
+        existing.iter().filter(|e| is_ours(e, node)).map(|e| (e.name_any(), e)).collect();
+    let mut actions = Vec::new();
+    for want in desired {
+        let Some(have) = ours.get(&want.name_any()) else {
+            actions.push(SyncAction::Apply(Box::new(want.clone())));
+            continue;
+        };
+        let mut want = want.clone();
+        if want.status.as_ref().is_some_and(|s| s.missing) {
+            want.spec = have.spec.clone();
+        }
+        let labels_match = want.labels().iter().all(|(k, v)| have.labels().get(k) == Some(v));
+        if have.spec != want.spec || !labels_match {
+            actions.push(SyncAction::Apply(Box::new(want)));
+        } else if have.status != want.status {
+            actions.push(SyncAction::ApplyStatus(Box::new(want)));
+        }
+    }
+    let wanted: BTreeSet<String> = desired.iter().map(|d| d.name_any()).collect();
+    for (name, have) in &ours {
+        if !wanted.contains(name) && have.metadata.deletion_timestamp.is_none() {
+            actions.push(SyncAction::Delete(name.clone()));
+        }
+    }
+    actions
+}
+
+/// Errors of a sync.
+#[derive(Debug, thiserror::Error)]
+pub enum DrivesError {
+    /// Listing this node's objects failed.
+    #[error("listing the Drive objects of node {node}: {source}")]
+    List {
+        /// This node.
+        node: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Applying an object (spec and labels) failed.
+    #[error("applying Drive {name}: {source}")]
+    Apply {
+        /// The object.
+        name: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Applying an object's status failed.
+    #[error("applying the status of Drive {name}: {source}")]
+    ApplyStatus {
+        /// The object.
+        name: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Deleting a stale object failed.
+    #[error("deleting Drive {name}: {source}")]
+    Delete {
+        /// The object.
+        name: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// A query to another actor got no answer.
+    #[error("asking the {actor} for {what}: {source}")]
+    Ask {
+        /// The actor asked.
+        actor: &'static str,
+        /// What was asked.
+        what: &'static str,
+        /// Why there was no answer.
+        source: MailboxError,
+    },
+}
+
+/// Carries out [`SyncAction`]s against the API server.
+#[derive(Clone)]
+pub struct Executor {
+    api: Api<crd::Drive>,
+}
+
+impl Executor {
+    /// An executor writing `Drive` objects as [`FIELD_MANAGER`].
+    pub fn new(client: Client) -> Self {
+        Self { api: Api::all(client) }
+    }
+
+    /// The objects labelled as `node`'s.
+    pub async fn list(&self, node: &str) -> Result<Vec<crd::Drive>, DrivesError> {
+        let params = ListParams::default().labels(&format!("{NODE_LABEL}={}", node_label_value(node)));
+        let list = self.api.list(&params).await.map_err(|source| DrivesError::List { node: node.to_string(), source })?;
+        Ok(list.items)
+    }
+
+    /// Performs `actions` in order and stops at the first failure. A delete of an object
+    /// that is already gone succeeds.
+    pub async fn execute(&self, actions: &[SyncAction]) -> Result<(), DrivesError> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for action in actions {
+            match action {
+                SyncAction::Apply(obj) => {
+                    self.apply(obj, &params).await?;
+                    self.apply_status(obj, &params).await?;
+                }
+                SyncAction::ApplyStatus(obj) => self.apply_status(obj, &params).await?,
+                SyncAction::Delete(name) => self.delete(name).await?,
+            }
+        }
+        Ok(())
+    }
+
+    async fn apply(&self, obj: &crd::Drive, params: &PatchParams) -> Result<(), DrivesError> {
+        let name = obj.name_any();
+        let mut body = crd::Drive::new(&name, obj.spec.clone());
+        body.metadata = ObjectMeta { name: Some(name.clone()), labels: obj.metadata.labels.clone(), ..Default::default() };
+        self.api
+            .patch(&name, params, &Patch::Apply(&body))
+            .await
+            .map_err(|source| DrivesError::Apply { name, source })?;
+        Ok(())
+    }
+
+    async fn apply_status(&self, obj: &crd::Drive, params: &PatchParams) -> Result<(), DrivesError> {
+        let name = obj.name_any();
+        let body = json!({
+            "apiVersion": crd::Drive::api_version(&()),
+            "kind": crd::Drive::kind(&()),
+            "metadata": { "name": name },
+            "status": obj.status.clone().unwrap_or_default(),
+        });
+        self.api
+            .patch_status(&name, params, &Patch::Apply(&body))
+            .await
+            .map_err(|source| DrivesError::ApplyStatus { name, source })?;
+        Ok(())
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), DrivesError> {
+        match self.api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(source) => Err(DrivesError::Delete { name: name.to_string(), source }),
+        }
+    }
+}
+
+/// The queries a sync asks, as recipients so tests can answer them with stand-ins.
+#[derive(Clone)]
+pub(crate) struct Sources {
+    pub(crate) inventory_status: Recipient<GetInventoryStatus>,
+    pub(crate) drives: Recipient<ListDrives>,
+    pub(crate) subscribe: Recipient<SubscribeDrives>,
+    pub(crate) volumes_ready: Recipient<VolumesReady>,
+    pub(crate) uses: Recipient<ListDriveUses>,
+    pub(crate) volumes: Recipient<ListVolumes>,
+}
+
+impl Sources {
+    fn of(inventory: Addr<DriveInventory>, volumes: Addr<VolumeManager>) -> Self {
+        Self {
+            inventory_status: inventory.clone().recipient(),
+            drives: inventory.clone().recipient(),
+            subscribe: inventory.recipient(),
+            volumes_ready: volumes.clone().recipient(),
+            uses: volumes.clone().recipient(),
+            volumes: volumes.recipient(),
+        }
+    }
+}
+
+/// How a sync ended, when it did not fail.
+#[derive(Debug)]
+enum Synced {
+    /// Not started: waiting for this to be done.
+    NotReady(&'static str),
+    /// Done: these writes were made.
+    Done(Vec<SyncAction>),
+}
+
+fn ask(actor: &'static str, what: &'static str) -> impl FnOnce(MailboxError) -> DrivesError {
+    move |source| DrivesError::Ask { actor, what, source }
+}
+
+/// One sync: gather, decide, write.
+async fn sync_once(node: String, sources: Sources, executor: Executor) -> Result<Synced, DrivesError> {
+    let status = sources.inventory_status.send(GetInventoryStatus).await.map_err(ask("inventory", "its scan status"))?;
+    if !status.scanned {
+        return Ok(Synced::NotReady("the inventory's first drive scan"));
+    }
+    let ready = sources.volumes_ready.send(VolumesReady).await.map_err(ask("volume manager", "its readiness"))?;
+    if !ready {
+        return Ok(Synced::NotReady("the volume manager's start-up reconciliation"));
+    }
+    let drives = sources.drives.send(ListDrives).await.map_err(ask("inventory", "its drives"))?;
+    let uses = sources.uses.send(ListDriveUses).await.map_err(ask("volume manager", "the drive usage records"))?;
+    let volumes = sources.volumes.send(ListVolumes).await.map_err(ask("volume manager", "its volumes"))?;
+    let want = desired(&node, &drives, &uses, &volumes);
+    let existing = executor.list(&node).await?;
+    let actions = plan(&node, &want, &existing);
+    executor.execute(&actions).await?;
+    Ok(Synced::Done(actions))
+}
+
+/// The actor that keeps this node's `Drive` objects in sync (see the module rules). Start
+/// it under `actix::Supervisor`.
+pub struct DriveSync {
+    node: String,
+    executor: Executor,
+    sources: Sources,
+    resync: Duration,
+    /// The subscription to drive events survives restarts (the address does).
+    subscribed: bool,
+    /// A sync is in flight.
+    syncing: bool,
+    /// Something may have changed since the last sync started.
+    dirty: bool,
+    /// Consecutive failed syncs.
+    failures: u32,
+    /// The next sync, when one is scheduled.
+    timer: Option<SpawnHandle>,
+}
+
+impl DriveSync {
+    /// A sync of `node`'s objects through `client`, fed by the inventory and the volume
+    /// manager, with a full resync every `resync` (zero: no periodic resync).
+    pub fn new(
+        client: Client,
+        node: String,
+        inventory: Addr<DriveInventory>,
+        volumes: Addr<VolumeManager>,
+        resync: Duration,
+    ) -> Self {
+        Self::with_sources(client, node, Sources::of(inventory, volumes), resync)
+    }
+
+    pub(crate) fn with_sources(client: Client, node: String, sources: Sources, resync: Duration) -> Self {
+        Self {
+            node,
+            executor: Executor::new(client),
+            sources,
+            resync,
+            subscribed: false,
+            syncing: false,
+            dirty: false,
+            failures: 0,
+            timer: None,
+        }
+    }
+
+    /// Asks for a sync within `after`; one already scheduled or running covers it.
+    fn request(&mut self, ctx: &mut Context<Self>, after: Duration) {
+        self.dirty = true;
+        if !self.syncing && self.timer.is_none() {
+            self.schedule(ctx, after);
+        }
+    }
+
+    fn schedule(&mut self, ctx: &mut Context<Self>, after: Duration) {
+        if let Some(timer) = self.timer.take() {
+            ctx.cancel_future(timer);
+        }
+        self.timer = Some(ctx.run_later(after, |act, ctx| {
+            act.timer = None;
+            act.run(ctx);
+        }));
+    }
+
+    fn run(&mut self, ctx: &mut Context<Self>) {
+        if self.syncing {
+            return;
+        }
+        self.syncing = true;
+        self.dirty = false;
+        let fut = sync_once(self.node.clone(), self.sources.clone(), self.executor.clone());
+        ctx.spawn(fut.into_actor(self).map(|result, act, ctx| act.finished(result, ctx)));
+    }
+
+    fn finished(&mut self, result: Result<Synced, DrivesError>, ctx: &mut Context<Self>) {
+        self.syncing = false;
+        match result {
+            Ok(Synced::NotReady(waiting_for)) => {
+                debug!(actor = "drive-sync", node.name = %self.node, waiting_for, "drive objects not synced yet");
+                self.dirty = true;
+                self.schedule(ctx, READY_POLL);
+            }
+            Ok(Synced::Done(actions)) => {
+                self.failures = 0;
+                for action in &actions {
+                    let (node, object) = (&self.node, action.name());
+                    match action {
+                        SyncAction::Apply(_) => {
+                            info!(actor = "drive-sync", node.name = %node, drive.object = %object, "drive object applied")
+                        }
+                        SyncAction::ApplyStatus(_) => {
+                            debug!(actor = "drive-sync", node.name = %node, drive.object = %object, "drive object status applied")
+                        }
+                        SyncAction::Delete(_) => {
+                            info!(actor = "drive-sync", node.name = %node, drive.object = %object, "stale drive object deleted")
+                        }
+                    }
+                }
+                if self.dirty {
+                    self.schedule(ctx, DEBOUNCE);
+                }
+            }
+            Err(e) => {
+                let delay = backoff(self.failures, RETRY_BASE, RETRY_CAP);
+                self.failures = self.failures.saturating_add(1);
+                warn!(actor = "drive-sync", node.name = %self.node, error = %e, failures = self.failures,
+                      retry_in = ?delay, "drive object sync failed");
+                self.dirty = true;
+                self.schedule(ctx, delay);
+            }
+        }
+    }
+}
+
+impl Actor for DriveSync {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        if !self.subscribed {
+            self.sources.subscribe.do_send(SubscribeDrives(ctx.address().recipient()));
+            self.subscribed = true;
+        }
+        if !self.resync.is_zero() {
+            ctx.run_interval(self.resync, |act, ctx| act.request(ctx, Duration::ZERO));
+        }
+        self.request(ctx, Duration::ZERO);
+    }
+}
+
+impl Supervised for DriveSync {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        warn!(actor = "drive-sync", node.name = %self.node, "restarting: syncing drive objects from scratch");
+        self.syncing = false;
+        self.dirty = false;
+        self.failures = 0;
+        self.timer = None;
+    }
+}
+
+impl Handler<DriveEvent> for DriveSync {
+    type Result = ();
+    fn handle(&mut self, _: DriveEvent, ctx: &mut Context<Self>) {
+        self.request(ctx, DEBOUNCE);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures {
+    //! Values shared by the decision tests and the fake API server tests.
+
+    use super::*;
+    use crate::actors::inventory::model::DriveHealth;
+    use crate::config::Media;
+
+    pub(crate) const NODE: &str = "node-a";
+
+    /// An inventory drive of `class` with a serial, a model and a good health verdict.
+    pub(crate) fn drive(id: &str, class: DriveClass, reason: &str) -> Drive {
+        let mut d = Drive::for_test(id, Media::Ssd, 1 << 40);
+        d.class = class;
+        d.reason = reason.into();
+        d.serial = Some(format!("SN-{id}"));
+        d.model = Some("Samsung SSD 870".into());
+        d.health = DriveHealth { health: Health::Good, reason: "SMART overall-health passed".into(), checked_unix: 1 };
+        d
+    }
+
+    /// A volume `n` on drive `drive_id`.
+    pub(crate) fn volume(n: u8, drive_id: &str, state: VolumeState) -> VolumeRecord {
+        let mut r = VolumeRecord::for_test(n, state);
+        r.drive_id = drive_id.into();
+        r
+    }
+
+    /// The object `desired` makes of a lone drive without volumes.
+    pub(crate) fn object_of(d: &Drive) -> crd::Drive {
+        desired(NODE, std::slice::from_ref(d), &[], &[]).remove(0)
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::*;
+    use super::*;
+    use crate::actors::inventory::model::DriveHealth;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    /// Kubernetes' own check (IsDNS1123Subdomain): at most 253 characters, dot-separated
+    /// labels of lowercase letters, digits and `-` that start and end with a letter or digit.
+    fn is_dns_subdomain(s: &str) -> bool {
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        !s.is_empty() && s.len() <= 253 && s.split('.').all(label_ok)
+    }
+
+    #[test]
+    fn object_names_are_stable_dns_subdomains_with_a_hash_of_node_and_drive() {
+        let long_node = "n".repeat(200);
+        let long_id = format!("wwn-{}", "A".repeat(100));
+        let long_prefix = format!("{long_node}-wwn-aaaa");
+        // (node, drive id, the name, or when `cut`, what the name starts with)
+        let table: Vec<(&str, &str, &str, bool)> = vec![
+            ("node-a", "wwn-0x5000c500a1b2c3d4", "node-a-wwn-0x5000c500a1b2c3d4-6e07307b", false),
+            ("Node_A", "ata-Samsung_SSD_870_S5Y1NX0R", "node-a-ata-samsung-ssd-870-s5y1nx0r-41bb2af8", false),
+            ("node-a", "loop-d1.img-1a2b3c4d", "node-a-loop-d1.img-1a2b3c4d-bfa81c97", false),
+            ("-", ".", "c23b4572", false),
+            (&long_node, &long_id, &long_prefix, true),
+        ];
+        for (node, id, want, cut) in table {
+            let name = object_name(node, id);
+            assert!(is_dns_subdomain(&name), "{name:?} is not a DNS-1123 subdomain");
+            assert_eq!(name, object_name(node, id), "the same on every call");
+            if cut {
+                assert!(name.starts_with(want), "{name}");
+                assert_eq!(name.len(), 253);
+                assert_ne!(name, object_name(node, &format!("{id}B")), "cut alike, still apart");
+            } else {
+                assert_eq!(name, want, "{node} {id}");
+            }
+        }
+        assert_ne!(object_name("a-b", "c"), object_name("a", "b-c"), "the split between node and drive counts");
+        assert_ne!(object_name("node-a", "ata-X_1"), object_name("node-a", "ata-x-1"), "sanitized alike, still apart");
+        assert_ne!(object_name("node-a", "d1"), object_name("node-b", "d1"));
+        assert!(is_dns_subdomain(&object_name("node.example.com", "loop-.img.-")), "no empty or dashed labels");
+    }
+
+    #[test]
+    fn node_label_is_the_node_name_unless_it_is_no_valid_label_value() {
+        let long = "n".repeat(70);
+        let table = [
+            ("node-a", "node-a"),
+            ("ip-10-0-0-1.ec2.internal", "ip-10-0-0-1.ec2.internal"),
+            ("Worker_1", "Worker_1"),
+            ("Worker 1/A", "Worker-1-A-c49e3a08"),
+            (long.as_str(), "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn-3395645d"),
+        ];
+        for (node, want) in table {
+            let value = node_label_value(node);
+            assert_eq!(value, want, "{node}");
+            assert!(is_label_value(&value), "{value}");
+        }
+    }
+
+    fn use_of(drive_id: &str, state: DriveUseState, reason: &str) -> DriveUse {
+        DriveUse { drive_id: drive_id.into(), state, reason: reason.into(), requested: false }
+    }
+
+    #[test]
+    fn desired_has_one_object_per_drive_of_any_class_with_mapped_states() {
+        let managed = drive("wwn-m", DriveClass::Managed, "carries a drivelet GPT");
+        let system = drive("ata-sys", DriveClass::System, "backs the mounted filesystem at /");
+        let foreign = drive("ata-for", DriveClass::Foreign, "has a partition table drivelet did not create");
+        let excluded = drive("ata-exc", DriveClass::Excluded, "matches drives.filters.exclude");
+        let mut bad = drive("wwn-bad", DriveClass::Managed, "carries a drivelet GPT");
+        bad.health = DriveHealth { health: Health::Bad, reason: "SMART overall-health failed".into(), checked_unix: 2 };
+        let mut released = drive("wwn-rel", DriveClass::Managed, "blank");
+        released.health = DriveHealth::default();
+        let uses = [
+            use_of("wwn-bad", DriveUseState::Releasing, "health is BAD: SMART overall-health failed"),
+            use_of("wwn-rel", DriveUseState::Released, "release requested"),
+        ];
+        let volumes = [
+            volume(2, "wwn-m", VolumeState::Published),
+            volume(1, "wwn-m", VolumeState::Available),
+            volume(3, "wwn-m", VolumeState::Creating),
+            volume(4, "wwn-bad", VolumeState::Staged),
+        ];
+        let drives = [managed.clone(), system, foreign, excluded, bad, released];
+        let got = desired(NODE, &drives, &uses, &volumes);
+
+        let status = |class, class_reason: &str, health, health_reason: &str, usage, usage_reason: Option<&str>, vols: &[u8]| {
+            crd::DriveStatus {
+                class: Some(class),
+                class_reason: Some(class_reason.into()),
+                health: Some(health),
+                health_reason: Some(health_reason.into()),
+                usage: Some(usage),
+                usage_reason: usage_reason.map(str::to_string),
+                missing: false,
+                volumes: vols.iter().map(|n| volume(*n, "", VolumeState::Available).id).collect(),
+            }
+        };
+        let passed = "SMART overall-health passed";
+        use crd::{DriveClass as C, DriveHealth as H, DriveUsage as U};
+        let want: Vec<(&str, crd::DriveStatus)> = vec![
+            ("ata-sys", status(C::System, "backs the mounted filesystem at /", H::Good, passed, U::Active, None, &[])),
+            ("ata-for", status(C::Foreign, "has a partition table drivelet did not create", H::Good, passed, U::Active, None, &[])),
+            ("ata-exc", status(C::Excluded, "matches drives.filters.exclude", H::Good, passed, U::Active, None, &[])),
+            ("wwn-m", status(C::Managed, "carries a drivelet GPT", H::Good, passed, U::Active, None, &[1, 2])),
+            (
+                "wwn-bad",
+                status(
+                    C::Managed,
+                    "carries a drivelet GPT",
+                    H::Bad,
+                    "SMART overall-health failed",
+                    U::Releasing,
+                    Some("health is BAD: SMART overall-health failed"),
+                    &[4],
+                ),
+            ),
+            ("wwn-rel", status(C::Managed, "blank", H::Unknown, "not checked yet", U::Released, Some("release requested"), &[])),
+        ];
+        assert_eq!(got.len(), want.len(), "one object per drive");
+        for (id, status) in want {
+            let obj = got.iter().find(|o| o.spec.drive_id == id).unwrap_or_else(|| panic!("no object for {id}"));
+            assert_eq!(obj.name_any(), object_name(NODE, id));
+            assert_eq!(obj.status.as_ref(), Some(&status), "status of {id}");
+        }
+        let names: Vec<String> = got.iter().map(|o| o.name_any()).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted, "ordered by name");
+
+        let m = got.iter().find(|o| o.spec.drive_id == "wwn-m").expect("managed object");
+        assert_eq!(
+            m.spec,
+            crd::DriveSpec {
+                node: NODE.into(),
+                drive_id: "wwn-m".into(),
+                serial: Some("SN-wwn-m".into()),
+                wwn: None,
+                model: Some("Samsung SSD 870".into()),
+                size_bytes: 1 << 40,
+                media: "ssd".into(),
+            }
+        );
+        for obj in &got {
+            assert_eq!(obj.labels().get(NODE_LABEL).map(String::as_str), Some(NODE), "{}", obj.name_any());
+            assert_eq!(obj.spec.node, NODE);
+        }
+    }
+
+    #[test]
+    fn a_pulled_drive_keeps_a_missing_object_only_while_live_volumes_are_on_it() {
+        let present = drive("wwn-m", DriveClass::Managed, "carries a drivelet GPT");
+        let mut failed = volume(4, "wwn-gone", VolumeState::Available);
+        failed.failed = true;
+        let mut dead = volume(5, "wwn-dead", VolumeState::Staged);
+        dead.failed = true;
+        let volumes = [
+            volume(3, "wwn-gone", VolumeState::Published),
+            failed.clone(),
+            dead,
+            volume(6, "wwn-new", VolumeState::Creating),
+        ];
+        let uses = [use_of("wwn-gone", DriveUseState::Releasing, "release requested")];
+        let got = desired(NODE, &[present], &uses, &volumes);
+        let ids: Vec<&str> = got.iter().map(|o| o.spec.drive_id.as_str()).collect();
+        assert_eq!(ids.len(), 2, "{ids:?}: only failed volumes or a volume being created keep no object");
+        let gone = got.iter().find(|o| o.spec.drive_id == "wwn-gone").expect("object of the pulled drive");
+        let live = volume(3, "", VolumeState::Available).id;
+        assert_eq!(gone.name_any(), object_name(NODE, "wwn-gone"));
+        assert_eq!(gone.labels().get(NODE_LABEL).map(String::as_str), Some(NODE));
+        assert_eq!(gone.spec.media, "virtual", "the media its volumes record");
+        assert_eq!(
+            gone.status,
+            Some(crd::DriveStatus {
+                class: Some(crd::DriveClass::Managed),
+                class_reason: Some("carries drivelet volumes".into()),
+                health: Some(crd::DriveHealth::Unknown),
+                health_reason: Some(format!(
+                    "drive wwn-gone is missing from node node-a while volumes live on it ({live}): the data is \
+                     unreachable; put the drive back, or if it failed, delete those volumes and restore from backup"
+                )),
+                usage: Some(crd::DriveUsage::Releasing),
+                usage_reason: Some("release requested".into()),
+                missing: true,
+                volumes: vec![live.clone(), failed.id.clone()],
+            })
+        );
+    }
+
+    /// `obj` as the API server returns it: with the metadata it fills in and a label of
+    /// someone else's.
+    fn served(obj: &crd::Drive) -> crd::Drive {
+        let mut obj = obj.clone();
+        obj.metadata.resource_version = Some("42".into());
+        obj.metadata.uid = Some("0b7a1c3e-1111-4000-8000-000000000001".into());
+        obj.metadata.generation = Some(3);
+        obj.metadata.creation_timestamp = Some(Time(Timestamp::from_second(1_700_000_000).expect("valid timestamp")));
+        obj.metadata.labels.get_or_insert_default().insert("team".into(), "storage".into());
+        obj
+    }
+
+    fn apply(obj: &crd::Drive) -> SyncAction {
+        SyncAction::Apply(Box::new(obj.clone()))
+    }
+
+    fn apply_status(obj: &crd::Drive) -> SyncAction {
+        SyncAction::ApplyStatus(Box::new(obj.clone()))
+    }
+
+    #[test]
+    fn plan_writes_only_what_differs_and_deletes_only_this_nodes_stale_objects() {
+        let a = object_of(&drive("wwn-a", DriveClass::Managed, "blank"));
+        let b = object_of(&drive("wwn-b", DriveClass::Foreign, "has a filesystem"));
+        let c = object_of(&drive("wwn-c", DriveClass::System, "backs /"));
+        let mut a_bad = a.clone();
+        a_bad.status.get_or_insert_default().health = Some(crd::DriveHealth::Bad);
+        let mut a_grown = a.clone();
+        a_grown.spec.size_bytes *= 2;
+        let mut a_unlabelled = served(&a);
+        a_unlabelled.metadata.labels = None;
+        let other_node = desired("node-b", &[drive("wwn-x", DriveClass::Managed, "blank")], &[], &[]).remove(0);
+        let mut our_label_other_spec = served(&b);
+        our_label_other_spec.spec.node = "node-b".into();
+        let mut b_deleting = served(&b);
+        b_deleting.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(1_700_000_100).expect("valid timestamp")));
+
+        let pulled = desired(NODE, &[], &[], &[volume(1, "wwn-a", VolumeState::Published)]).remove(0);
+        let mut pulled_keeps_spec = pulled.clone();
+        pulled_keeps_spec.spec = a.spec.clone();
+
+        // (case, desired, existing, expected)
+        type Case = (&'static str, Vec<crd::Drive>, Vec<crd::Drive>, Vec<SyncAction>);
+        let table: Vec<Case> = vec![
+            ("a new drive is created", vec![a.clone()], vec![], vec![apply(&a)]),
+            ("an unchanged object is left alone, whatever the server filled in", vec![a.clone()], vec![served(&a)], vec![]),
+            ("a changed status is applied to the status alone", vec![a_bad.clone()], vec![served(&a)], vec![apply_status(&a_bad)]),
+            ("a changed spec is applied whole", vec![a_grown.clone()], vec![served(&a)], vec![apply(&a_grown)]),
+            ("an object without our label is applied again", vec![a.clone()], vec![a_unlabelled], vec![apply(&a)]),
+            ("a stale object of this node is deleted", vec![a.clone()], vec![served(&a), served(&b)], vec![Delete(b.name_any())]),
+            ("another node's object is never touched", vec![], vec![served(&other_node)], vec![]),
+            ("an object naming another node in its spec is not ours", vec![], vec![our_label_other_spec], vec![]),
+            ("a stale object already being deleted is not deleted again", vec![], vec![b_deleting], vec![]),
+            (
+                "a pulled drive keeps the spec its object has and changes only its status",
+                vec![pulled.clone()],
+                vec![served(&a)],
+                vec![apply_status(&pulled_keeps_spec)],
+            ),
+            ("a pulled drive without an object gets one", vec![pulled.clone()], vec![], vec![apply(&pulled)]),
+            (
+                "applies come in desired order, then deletes",
+                vec![a.clone(), c.clone()],
+                vec![served(&b), served(&c)],
+                vec![apply(&a), Delete(b.name_any())],
+            ),
+        ];
+        use SyncAction::Delete;
+        for (case, desired, existing, want) in table {
+            assert_eq!(plan(NODE, &desired, &existing), want, "{case}");
+        }
+    }
+
+    #[test]
+    fn domain_states_map_to_the_crd_states_of_the_same_name() {
+        for class in [DriveClass::Managed, DriveClass::System, DriveClass::Foreign, DriveClass::Excluded] {
+            assert_eq!(serde_json::to_value(class_of(class)).ok(), Some(class.as_str().into()));
+        }
+        for health in [Health::Good, Health::Unknown, Health::Suspect, Health::Bad] {
+            assert_eq!(serde_json::to_value(health_of(health)).ok(), Some(health.as_str().into()));
+        }
+        assert_eq!(usage_of(None), crd::DriveUsage::Active);
+        for state in [DriveUseState::Releasing, DriveUseState::Released] {
+            assert_eq!(serde_json::to_value(usage_of(Some(state))).ok(), Some(state.as_str().into()));
+        }
+    }
+}

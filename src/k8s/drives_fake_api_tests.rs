@@ -1,0 +1,402 @@
+//! The `Drive` sync against a scripted fake API server (`tower_test::mock::pair`): the
+//! executor's exact requests for a list, an apply, a status apply and a delete, and the
+//! `DriveSync` actor's timing (first scan, debounce, backoff, resync) with stand-in
+//! inventory and volume manager actors answering its queries.
+//!
+//! Rules: as in `fake_api_tests`: every request is checked for method, whole path with
+//! query, and body; no request may come that the script does not expect; time is paused,
+//! so delays are asserted exactly.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use http::{Method, Response};
+use kube::client::Body;
+use kube::{Client, ResourceExt};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+use tower_test::mock::SendResponse;
+
+use super::crd;
+use super::drives::fixtures::*;
+use super::drives::*;
+use super::fake_api_tests::{assert_no_more_requests, expect, fake_api, respond, ApiHandle};
+use crate::actors::inventory::classify::DriveClass;
+use crate::actors::inventory::model::{Drive, DriveHealth};
+use crate::actors::messages::{DriveEvent, GetInventoryStatus, InventoryStatus, ListDrives, SubscribeDrives};
+use crate::actors::volumes::{ListDriveUses, ListVolumes, VolumesReady};
+use crate::disk::smart::Health;
+
+const LIST_PATH: &str = "/apis/drivelet.io/v1alpha1/drives?&labelSelector=drivelet.io%2Fnode%3Dnode-a";
+
+fn apply_path(name: &str) -> String {
+    format!("/apis/drivelet.io/v1alpha1/drives/{name}?&force=true&fieldManager=drivelet")
+}
+
+fn status_path(name: &str) -> String {
+    format!("/apis/drivelet.io/v1alpha1/drives/{name}/status?&force=true&fieldManager=drivelet")
+}
+
+fn delete_path(name: &str) -> String {
+    format!("/apis/drivelet.io/v1alpha1/drives/{name}?")
+}
+
+/// Wait for the next request, check it is a server-side apply (method, path, content
+/// type), return its JSON body.
+async fn expect_apply(handle: &mut ApiHandle, path: &str) -> (Value, SendResponse<Response<Body>>) {
+    let (request, send) = handle.next_request().await.expect("the sync made no request");
+    assert_eq!(request.method(), Method::PATCH, "method of {}", request.uri());
+    assert_eq!(request.uri().to_string(), path);
+    let content_type = request.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    assert_eq!(content_type, Some("application/apply-patch+yaml"), "server-side apply of {path}");
+    let bytes = request.into_body().collect_bytes().await.expect("request body");
+    (serde_json::from_slice(&bytes).expect("JSON body"), send)
+}
+
+fn respond_error(send: SendResponse<Response<Body>>, code: u16, message: &str) {
+    let status = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": "InternalError", "code": code,
+    });
+    let bytes = serde_json::to_vec(&status).expect("status serializes");
+    send.send_response(Response::builder().status(code).body(Body::from(bytes)).expect("response"));
+}
+
+fn list_of(items: &[crd::Drive]) -> Value {
+    json!({
+        "apiVersion": "drivelet.io/v1alpha1",
+        "kind": "DriveList",
+        "metadata": { "resourceVersion": "100" },
+        "items": items,
+    })
+}
+
+/// `obj` as the API server returns it.
+fn served(obj: &crd::Drive) -> crd::Drive {
+    let mut obj = obj.clone();
+    obj.metadata.resource_version = Some("42".into());
+    obj.metadata.uid = Some(format!("uid-{}", obj.name_any()));
+    obj
+}
+
+fn managed() -> Drive {
+    drive("wwn-a", DriveClass::Managed, "blank")
+}
+
+/// The apply body of `managed()`'s object.
+fn managed_apply_body() -> Value {
+    json!({
+        "apiVersion": "drivelet.io/v1alpha1",
+        "kind": "Drive",
+        "metadata": { "name": "node-a-wwn-a-72896ad9", "labels": { "drivelet.io/node": "node-a" } },
+        "spec": {
+            "node": "node-a",
+            "driveId": "wwn-a",
+            "serial": "SN-wwn-a",
+            "model": "Samsung SSD 870",
+            "sizeBytes": 1u64 << 40,
+            "media": "ssd",
+        },
+    })
+}
+
+/// The status apply body of `managed()`'s object with this health.
+fn managed_status_body(health: &str, reason: &str) -> Value {
+    json!({
+        "apiVersion": "drivelet.io/v1alpha1",
+        "kind": "Drive",
+        "metadata": { "name": "node-a-wwn-a-72896ad9" },
+        "status": {
+            "class": "managed",
+            "classReason": "blank",
+            "health": health,
+            "healthReason": reason,
+            "usage": "active",
+        },
+    })
+}
+
+const PASSED: &str = "SMART overall-health passed";
+
+#[tokio::test(start_paused = true)]
+async fn executor_lists_by_node_label_then_applies_a_new_object_and_its_status() {
+    let (client, mut handle) = fake_api();
+    let executor = Executor::new(client);
+    let obj = object_of(&managed());
+    assert_eq!(obj.name_any(), "node-a-wwn-a-72896ad9");
+
+    let server = tokio::spawn(async move {
+        let (body, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+        assert_eq!(body, Value::Null);
+        respond(send, &list_of(&[]));
+        let (body, send) = expect_apply(&mut handle, &apply_path("node-a-wwn-a-72896ad9")).await;
+        assert_eq!(body, managed_apply_body());
+        respond(send, &served(&object_of(&managed())));
+        let (body, send) = expect_apply(&mut handle, &status_path("node-a-wwn-a-72896ad9")).await;
+        assert_eq!(body, managed_status_body("good", PASSED));
+        respond(send, &served(&object_of(&managed())));
+        handle
+    });
+
+    let existing = executor.list(NODE).await.expect("lists");
+    let actions = plan(NODE, std::slice::from_ref(&obj), &existing);
+    assert_eq!(actions, vec![SyncAction::Apply(Box::new(obj))]);
+    executor.execute(&actions).await.expect("applies");
+    let mut handle = server.await.expect("script ran to the end");
+    assert_no_more_requests(&mut handle, "no request beyond the script");
+}
+
+#[tokio::test(start_paused = true)]
+async fn executor_applies_only_the_status_when_only_the_status_changed() {
+    let (client, mut handle) = fake_api();
+    let executor = Executor::new(client);
+    let mut failing = managed();
+    failing.health = DriveHealth { health: Health::Bad, reason: "SMART overall-health failed".into(), checked_unix: 2 };
+    let actions = plan(NODE, &[object_of(&failing)], &[served(&object_of(&managed()))]);
+    assert!(matches!(actions.as_slice(), [SyncAction::ApplyStatus(_)]), "{actions:?}");
+
+    let server = tokio::spawn(async move {
+        let (body, send) = expect_apply(&mut handle, &status_path("node-a-wwn-a-72896ad9")).await;
+        assert_eq!(body, managed_status_body("bad", "SMART overall-health failed"));
+        respond(send, &served(&object_of(&failing)));
+        handle
+    });
+    executor.execute(&actions).await.expect("applies the status");
+    let mut handle = server.await.expect("script ran to the end");
+    assert_no_more_requests(&mut handle, "no apply of the unchanged spec");
+}
+
+#[tokio::test(start_paused = true)]
+async fn executor_deletes_stale_objects_and_one_already_gone_is_no_error() {
+    let (client, mut handle) = fake_api();
+    let executor = Executor::new(client);
+    let stale = served(&object_of(&drive("wwn-old", DriveClass::Foreign, "has a filesystem")));
+    let gone = served(&object_of(&drive("wwn-gone", DriveClass::Foreign, "has a filesystem")));
+    let other = served(&desired("node-b", &[drive("wwn-b", DriveClass::Managed, "blank")], &[], &[]).remove(0));
+    let actions = plan(NODE, &[], &[stale.clone(), gone.clone(), other]);
+    assert_eq!(actions, vec![SyncAction::Delete(gone.name_any()), SyncAction::Delete(stale.name_any())]);
+
+    let server = tokio::spawn({
+        let (stale, gone) = (stale.clone(), gone.clone());
+        async move {
+            let (_, send) = expect(&mut handle, Method::DELETE, &delete_path(&gone.name_any())).await;
+            respond_error(send, 404, "drives.drivelet.io \"node-a-wwn-gone\" not found");
+            let (body, send) = expect(&mut handle, Method::DELETE, &delete_path(&stale.name_any())).await;
+            assert_eq!(body, json!({}));
+            respond(send, &stale);
+            handle
+        }
+    });
+    executor.execute(&actions).await.expect("deletes");
+    let mut handle = server.await.expect("script ran to the end");
+    assert_no_more_requests(&mut handle, "the other node's object is not touched");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_apply_stops_before_its_status_and_the_rest() {
+    let (client, mut handle) = fake_api();
+    let executor = Executor::new(client);
+    let stale = served(&object_of(&drive("wwn-old", DriveClass::Foreign, "has a filesystem")));
+    let actions = plan(NODE, &[object_of(&managed())], std::slice::from_ref(&stale));
+    assert_eq!(actions.len(), 2, "{actions:?}");
+
+    let server = tokio::spawn(async move {
+        let (_, send) = expect_apply(&mut handle, &apply_path("node-a-wwn-a-72896ad9")).await;
+        respond_error(send, 500, "etcdserver: request timed out");
+        handle
+    });
+    let err = executor.execute(&actions).await.expect_err("the apply fails");
+    assert!(matches!(&err, DrivesError::Apply { name, .. } if name == "node-a-wwn-a-72896ad9"), "{err}");
+    assert!(err.to_string().starts_with("applying Drive node-a-wwn-a-72896ad9: "), "{err}");
+    let mut handle = server.await.expect("script ran to the end");
+    assert_no_more_requests(&mut handle, "nothing after a failed write");
+}
+
+/// What the stand-in inventory and volume manager answer.
+#[derive(Default)]
+struct World {
+    scanned: bool,
+    ready: bool,
+    drives: Vec<Drive>,
+    subscriber: Option<Recipient<DriveEvent>>,
+}
+
+type Shared = Arc<Mutex<World>>;
+
+struct FakeInventory(Shared);
+
+impl Actor for FakeInventory {
+    type Context = Context<Self>;
+}
+
+impl Handler<GetInventoryStatus> for FakeInventory {
+    type Result = InventoryStatus;
+    fn handle(&mut self, _: GetInventoryStatus, _: &mut Context<Self>) -> InventoryStatus {
+        let world = self.0.lock().expect("world lock");
+        InventoryStatus { scanned: world.scanned, drives: world.drives.len() }
+    }
+}
+
+impl Handler<ListDrives> for FakeInventory {
+    type Result = Vec<Drive>;
+    fn handle(&mut self, _: ListDrives, _: &mut Context<Self>) -> Vec<Drive> {
+        self.0.lock().expect("world lock").drives.clone()
+    }
+}
+
+impl Handler<SubscribeDrives> for FakeInventory {
+    type Result = ();
+    fn handle(&mut self, m: SubscribeDrives, _: &mut Context<Self>) {
+        self.0.lock().expect("world lock").subscriber = Some(m.0);
+    }
+}
+
+struct FakeVolumes(Shared);
+
+impl Actor for FakeVolumes {
+    type Context = Context<Self>;
+}
+
+impl Handler<VolumesReady> for FakeVolumes {
+    type Result = bool;
+    fn handle(&mut self, _: VolumesReady, _: &mut Context<Self>) -> bool {
+        self.0.lock().expect("world lock").ready
+    }
+}
+
+impl Handler<ListDriveUses> for FakeVolumes {
+    type Result = MessageResult<ListDriveUses>;
+    fn handle(&mut self, _: ListDriveUses, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(Vec::new())
+    }
+}
+
+impl Handler<ListVolumes> for FakeVolumes {
+    type Result = MessageResult<ListVolumes>;
+    fn handle(&mut self, _: ListVolumes, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(Vec::new())
+    }
+}
+
+const RESYNC: Duration = Duration::from_secs(60);
+
+/// Starts a `DriveSync` fed by stand-ins over `world` (inside a `LocalSet`).
+fn start_sync(client: Client, world: &Shared) -> Addr<DriveSync> {
+    let inventory = FakeInventory(world.clone()).start();
+    let volumes = FakeVolumes(world.clone()).start();
+    let sources = Sources {
+        inventory_status: inventory.clone().recipient(),
+        drives: inventory.clone().recipient(),
+        subscribe: inventory.recipient(),
+        volumes_ready: volumes.clone().recipient(),
+        uses: volumes.clone().recipient(),
+        volumes: volumes.recipient(),
+    };
+    DriveSync::with_sources(client, NODE.to_string(), sources, RESYNC).start()
+}
+
+fn world(scanned: bool, drives: Vec<Drive>) -> Shared {
+    Arc::new(Mutex::new(World { scanned, ready: true, drives, subscriber: None }))
+}
+
+#[tokio::test(start_paused = true)]
+async fn drive_sync_waits_for_the_first_scan_then_creates_and_deletes() {
+    tokio::task::LocalSet::new()
+        .run_until(async {
+            let (client, mut handle) = fake_api();
+            let world = world(false, vec![managed()]);
+            let _sync = start_sync(client, &world);
+
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            assert_no_more_requests(&mut handle, "no API call before the inventory's first scan");
+            assert!(world.lock().expect("world lock").subscriber.is_some(), "subscribed to drive events");
+
+            world.lock().expect("world lock").scanned = true;
+            let scanned_at = Instant::now();
+            let stale = served(&object_of(&drive("wwn-old", DriveClass::Foreign, "has a filesystem")));
+            let other = served(&desired("node-b", &[drive("wwn-b", DriveClass::Managed, "blank")], &[], &[]).remove(0));
+            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            assert_eq!(scanned_at.elapsed(), Duration::from_millis(500), "asked again on the next one-second poll");
+            respond(send, &list_of(&[stale.clone(), other]));
+            let (body, send) = expect_apply(&mut handle, &apply_path("node-a-wwn-a-72896ad9")).await;
+            assert_eq!(body, managed_apply_body());
+            respond(send, &served(&object_of(&managed())));
+            let (body, send) = expect_apply(&mut handle, &status_path("node-a-wwn-a-72896ad9")).await;
+            assert_eq!(body, managed_status_body("good", PASSED));
+            respond(send, &served(&object_of(&managed())));
+            let (_, send) = expect(&mut handle, Method::DELETE, &delete_path(&stale.name_any())).await;
+            respond(send, &stale);
+
+            tokio::time::sleep(RESYNC / 2).await;
+            assert_no_more_requests(&mut handle, "nothing more until the resync");
+        })
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_drive_events_is_one_sync_after_the_debounce() {
+    tokio::task::LocalSet::new()
+        .run_until(async {
+            let (client, mut handle) = fake_api();
+            let world = world(true, vec![managed()]);
+            let _sync = start_sync(client, &world);
+            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            respond(send, &list_of(&[served(&object_of(&managed()))]));
+
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            assert_no_more_requests(&mut handle, "an object in step is not written");
+
+            let mut failing = managed();
+            failing.health = DriveHealth { health: Health::Bad, reason: "SMART overall-health failed".into(), checked_unix: 2 };
+            let subscriber = {
+                let mut w = world.lock().expect("world lock");
+                w.drives = vec![failing.clone()];
+                w.subscriber.clone().expect("subscribed")
+            };
+            let first_event = Instant::now();
+            for _ in 0..3 {
+                subscriber.do_send(DriveEvent::DriveChanged { old: managed(), new: failing.clone() });
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            assert_eq!(first_event.elapsed(), DEBOUNCE, "one sync, the debounce after the first event");
+            respond(send, &list_of(&[served(&object_of(&managed()))]));
+            let (body, send) = expect_apply(&mut handle, &status_path("node-a-wwn-a-72896ad9")).await;
+            assert_eq!(body, managed_status_body("bad", "SMART overall-health failed"));
+            respond(send, &served(&object_of(&failing)));
+
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            assert_no_more_requests(&mut handle, "three events, one sync");
+        })
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_sync_is_retried_with_exponential_backoff_then_resyncs_on_schedule() {
+    tokio::task::LocalSet::new()
+        .run_until(async {
+            let (client, mut handle) = fake_api();
+            let world = world(true, vec![managed()]);
+            let started = Instant::now();
+            let _sync = start_sync(client, &world);
+
+            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            respond_error(send, 500, "etcdserver: request timed out");
+            let failed_at = Instant::now();
+            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            assert_eq!(failed_at.elapsed(), RETRY_BASE, "first retry after the base delay");
+            respond_error(send, 500, "etcdserver: request timed out");
+            let failed_at = Instant::now();
+            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            assert_eq!(failed_at.elapsed(), RETRY_BASE * 2, "second retry after twice the base delay");
+            respond(send, &list_of(&[served(&object_of(&managed()))]));
+
+            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            assert_eq!(started.elapsed(), RESYNC, "the periodic resync");
+            respond(send, &list_of(&[served(&object_of(&managed()))]));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_no_more_requests(&mut handle, "nothing to write");
+        })
+        .await;
+}
