@@ -44,6 +44,14 @@ pub enum AgentError {
     /// `[kubernetes]` is on but no API client could be made.
     #[error("kubernetes: {0}")]
     Kubernetes(String),
+    /// The HTTP endpoints' address could not be bound.
+    #[error("cannot listen on http.address {address}: {source}")]
+    Http {
+        /// The address.
+        address: String,
+        /// OS error.
+        source: std::io::Error,
+    },
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
@@ -87,13 +95,28 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
             let _ = std::fs::remove_file(&cfg.paths.admin_socket);
         })
     });
-    let (csi_listener, admin_listener, reg_listener) = match sockets {
+    let http_listener = match sockets {
+        Ok(s) if !cfg.http.address.is_empty() => match tokio::net::TcpListener::bind(&cfg.http.address).await {
+            Ok(l) => Ok((s, Some(l))),
+            Err(e) => {
+                let _ = std::fs::remove_file(&cfg.paths.csi_socket);
+                let _ = std::fs::remove_file(&cfg.paths.admin_socket);
+                if s.2.is_some() {
+                    let _ = std::fs::remove_file(&reg_path);
+                }
+                Err(AgentError::Http { address: cfg.http.address.clone(), source: e })
+            }
+        },
+        Ok(s) => Ok((s, None)),
+        Err(e) => Err(e.into()),
+    };
+    let ((csi_listener, admin_listener, reg_listener), http_listener) = match http_listener {
         Ok(s) => s,
         Err(e) => {
             if let Some(d) = demo.as_mut() {
                 d.teardown();
             }
-            return Err(e.into());
+            return Err(e);
         }
     };
 
@@ -118,9 +141,13 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         Supervisor::start(move |_| Registrar::new(service, path, l))
     });
 
-    if let Some(client) = kube {
-        start_kubernetes(&cfg, client, &actors);
-    }
+    let attach = kube.and_then(|client| start_kubernetes(&cfg, client, &actors));
+    let http_stop = http_listener.map(|l| {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let endpoints = crate::http::Endpoints { inventory: actors.inventory.clone(), volumes: actors.volumes.clone(), attach };
+        tokio::spawn(crate::http::serve(l, endpoints, rx));
+        tx
+    });
 
     let which = tokio::select! {
         _ = sigterm.recv() => "SIGTERM",
@@ -129,6 +156,9 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     info!(signal = which, "shutting down");
     if let Some(r) = &registrar {
         let _ = r.send(Shutdown).await;
+    }
+    if let Some(tx) = http_stop {
+        let _ = tx.send(());
     }
     let _ = csi_front.send(Shutdown).await;
     let _ = admin_stop.send(());
@@ -141,10 +171,12 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// Starts what `[kubernetes]` turns on: the attach queue and the node labels.
-fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &supervisor::Actors) {
+/// Starts what `[kubernetes]` turns on: the attach queue (its address is returned),
+/// condition Events, Drive objects and node labels.
+fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &supervisor::Actors) -> Option<Addr<AttachQueue<ManagerBackend>>> {
     let k = &cfg.kubernetes;
     let identity = Identity { driver: cfg.driver.name.clone(), node: cfg.driver.node_name.clone() };
+    let mut attach = None;
     if k.attach {
         let qcfg = QueueConfig {
             identity: identity.clone(),
@@ -152,7 +184,7 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &supervisor::Act
             resync: k.resync_interval,
         };
         let (c, backend) = (client.clone(), ManagerBackend::new(actors.volumes.clone()));
-        Supervisor::start(move |_| AttachQueue::new(c, qcfg, backend));
+        attach = Some(Supervisor::start(move |_| AttachQueue::new(c, qcfg, backend)));
     }
     if k.events {
         let reporter = ConditionReporter::new(client.clone(), identity.clone());
@@ -170,4 +202,5 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &supervisor::Act
         tokio::spawn(crate::k8s::node::label_node(client, cfg.driver.node_name.clone(), labels, k.attach_backoff_base, k.attach_backoff_cap));
     }
     info!(attach = k.attach, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node, "kubernetes integration started");
+    attach
 }

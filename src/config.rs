@@ -61,6 +61,16 @@ pub struct Config {
     pub kubelet: KubeletConfig,
     /// The Kubernetes API: attach queue, Events, Drive objects, node labels.
     pub kubernetes: KubernetesConfig,
+    /// The HTTP endpoints for probes and metrics.
+    pub http: HttpConfig,
+}
+
+/// `[http]`: `/healthz`, `/readyz` and `/metrics` (Prometheus) over plain HTTP.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// `host:port` to listen on; empty: no HTTP endpoints.
+    pub address: String,
 }
 
 /// `[driver]`
@@ -609,6 +619,9 @@ impl Config {
                 return Err(invalid("kubelet.dir", format!("makes the registration socket {} collide with paths.csi_socket or paths.admin_socket", reg.display())));
             }
         }
+        if !self.http.address.is_empty() && self.http.address.parse::<std::net::SocketAddr>().is_err() {
+            return Err(invalid("http.address", format!("\"{}\" is not host:port with a numeric host, e.g. \"0.0.0.0:9808\" or \"127.0.0.1:9808\"", self.http.address)));
+        }
         let k = &self.kubernetes;
         if k.enabled {
             if !k.kubeconfig.as_os_str().is_empty() && !k.kubeconfig.is_absolute() {
@@ -787,6 +800,14 @@ mod tests {
             (Box::new(|c| c.demo.enabled = true), "demo.enabled"),
             (Box::new(|c| { c.demo.enabled = true; c.drives.allow_loop = true; c.demo.drives = 0; }), "demo.drives"),
             (Box::new(|c| { c.demo.enabled = true; c.drives.allow_loop = true; c.demo.size = 1; }), "demo.size"),
+            (Box::new(|c| c.http.address = "localhost:9808".into()), "http.address"),
+            (Box::new(|c| c.http.address = "0.0.0.0".into()), "http.address"),
+            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.kubeconfig = "kube/config".into(); }), "kubernetes.kubeconfig"),
+            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.attach_backoff_base = Duration::ZERO; }), "kubernetes.attach_backoff_base"),
+            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.attach_backoff_cap = Duration::from_millis(500); }), "kubernetes.attach_backoff_cap"),
+            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.attach_terminal_retry = Duration::from_millis(5); }), "kubernetes.attach_terminal_retry"),
+            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.resync_interval = Duration::from_secs(1); }), "kubernetes.resync_interval"),
+            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.drive_resync_interval = Duration::from_secs(1); }), "kubernetes.drive_resync_interval"),
         ];
         for (mutate, key) in cases {
             let mut c = valid();

@@ -24,8 +24,12 @@ pub mod grpc;
 /// Kubernetes: the in-process external-attacher, volume condition Events, the `Drive`
 /// custom resource and its sync, node labels.
 pub mod k8s;
+/// The HTTP endpoints: `/healthz`, `/readyz`, `/metrics`.
+pub mod http;
 /// Structured logging setup.
 pub mod logging;
+/// Process-wide counters and their Prometheus rendering.
+pub mod metrics;
 /// The embedded store of volume records.
 pub mod store;
 

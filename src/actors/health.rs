@@ -83,6 +83,7 @@ impl HealthPoller {
         let limit = self.limit.clone();
         ctx.spawn(
             async move {
+                let start = Instant::now();
                 let drives = inv.send(ListDrives).await.unwrap_or_default();
                 let mut tasks = Vec::new();
                 for d in drives.into_iter().filter(|d| d.class == DriveClass::Managed) {
@@ -96,6 +97,7 @@ impl HealthPoller {
                 for t in tasks {
                     let _ = t.await;
                 }
+                crate::metrics::metrics().record_health_poll(start.elapsed());
             }
             .into_actor(self)
             .map(|_, act, _| act.smart_running = false),

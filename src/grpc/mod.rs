@@ -161,6 +161,7 @@ pub async fn serve_csi(
     };
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
     tonic::transport::Server::builder()
+        .layer(RpcMetricsLayer)
         .add_service(IdentityServer::new(identity::IdentityService(front.clone())))
         .add_service(ControllerServer::new(controller::ControllerService(front.clone())))
         .add_service(NodeServer::new(node::NodeService(front)))
@@ -169,6 +170,57 @@ pub async fn serve_csi(
         .add_service(SnapshotMetadataServer::new(NotServed))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
+}
+
+/// Counts every CSI request by method and gRPC code and times it (`metrics`). The code
+/// is the `grpc-status` of the response headers (tonic answers every error
+/// trailers-only, so it is there), else OK.
+#[derive(Debug, Clone, Copy)]
+pub struct RpcMetricsLayer;
+
+impl<S> tower::Layer<S> for RpcMetricsLayer {
+    type Service = RpcMetrics<S>;
+    fn layer(&self, inner: S) -> RpcMetrics<S> {
+        RpcMetrics(inner)
+    }
+}
+
+/// The service of [`RpcMetricsLayer`].
+#[derive(Debug, Clone)]
+pub struct RpcMetrics<S>(S);
+
+impl<S, B, RB> tower::Service<tonic::codegen::http::Request<B>> for RpcMetrics<S>
+where
+    S: tower::Service<tonic::codegen::http::Request<B>, Response = tonic::codegen::http::Response<RB>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
+        let method = req.uri().path().rsplit('/').next().unwrap_or("").to_string();
+        let start = std::time::Instant::now();
+        let fut = self.0.call(req);
+        Box::pin(async move {
+            let res = fut.await;
+            let code = match &res {
+                Ok(r) => r
+                    .headers()
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<i32>().ok())
+                    .unwrap_or(0),
+                Err(_) => tonic::Code::Internal as i32,
+            };
+            crate::metrics::metrics().record_rpc(&method, code, start.elapsed());
+            res
+        })
+    }
 }
 
 /// The CSI services drivelet does not serve (volume group snapshots, snapshot
@@ -231,6 +283,7 @@ impl Actor for CsiFront {
         let addr = ctx.address();
         let front = self.front.clone();
         info!(actor = "csi-front", socket.path = %path.display(), "serving CSI");
+        crate::metrics::metrics().set_csi_serving(true);
         // Spawned onto the runtime's worker threads; actors stay on this thread.
         self.task = Some(tokio::spawn(async move {
             let res = serve_csi(front, listener, async {
@@ -257,6 +310,7 @@ impl Handler<ServerEnded> for CsiFront {
     type Result = ();
     fn handle(&mut self, m: ServerEnded, ctx: &mut Context<Self>) {
         if self.stop_tx.is_some() {
+            crate::metrics::metrics().set_csi_serving(false);
             error!(actor = "csi-front", error = %m.0, "CSI server stopped unexpectedly; restarting it");
             ctx.stop();
         }
@@ -269,6 +323,7 @@ impl Handler<Shutdown> for CsiFront {
         if let Some(tx) = self.stop_tx.take() {
             let _ = tx.send(());
         }
+        crate::metrics::metrics().set_csi_serving(false);
         let task = self.task.take();
         let path = self.front.cfg.paths.csi_socket.clone();
         Box::pin(

@@ -108,6 +108,9 @@ impl DriveInventory {
         let fut = async move {
             tokio::task::spawn_blocking(move || {
                 if first {
+                    // Tests hold the first scan here (`FAILPOINTS=inventory.first_scan=sleep(N)`)
+                    // to watch readiness wait for it.
+                    fail::fail_point!("inventory.first_scan");
                     // Let udev finish what is queued (a previous run's writes, say), so
                     // the first scan judges settled properties.
                     let _ = std::process::Command::new("udevadm")
@@ -179,6 +182,7 @@ impl DriveInventory {
                 })
                 .collect(),
         };
+        crate::metrics::metrics().record_scan();
         if first && self.inv.scanned() {
             info!(actor = "inventory", drives = self.inv.list().len(), "first drive scan complete");
         }

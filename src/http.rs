@@ -1,0 +1,189 @@
+//! The HTTP endpoints (`[http] address`): `/healthz`, `/readyz` and `/metrics`.
+//!
+//! Rules:
+//! - `/healthz` is the liveness probe: 200 when the inventory and the volume manager
+//!   answer a query within `ACTOR_TIMEOUT` (an actor wedged on its thread makes it
+//!   fail, so kubelet restarts the pod); 503 says which actor did not answer.
+//! - `/readyz` is the readiness probe: 200 only once the first drive scan is done, the
+//!   volume manager has reconciled its store, and the CSI socket serves; 503 lists what
+//!   is missing.
+//! - `/metrics` is the Prometheus text format (`metrics::render`), state read from the
+//!   actors at scrape time.
+//! - GET (and HEAD) only; anything else is 405, an unknown path 404. Plain HTTP: the
+//!   endpoints say nothing secret.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::time::Duration;
+
+use actix::prelude::*;
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+use crate::actors::attach::{AttachQueue, GetQueueStats, ManagerBackend};
+use crate::actors::inventory::DriveInventory;
+use crate::actors::messages::{GetInventoryStatus, InventoryStatus, ListDrives};
+use crate::actors::volumes::{ListDriveUses, ListVolumeStatuses, VolumeManager, VolumesReady};
+use crate::metrics::{metrics, render, Gauges};
+
+/// How long a probe waits for an actor to answer.
+pub const ACTOR_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The actors the endpoints ask.
+#[derive(Clone)]
+pub struct Endpoints {
+    /// Drive inventory.
+    pub inventory: Addr<DriveInventory>,
+    /// Volume manager.
+    pub volumes: Addr<VolumeManager>,
+    /// The attach queue, when it runs.
+    pub attach: Option<Addr<AttachQueue<ManagerBackend>>>,
+}
+
+async fn ask<A, M>(addr: &Addr<A>, m: M) -> Option<M::Result>
+where
+    A: Actor + Handler<M>,
+    A::Context: actix::dev::ToEnvelope<A, M>,
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    tokio::time::timeout(ACTOR_TIMEOUT, addr.send(m)).await.ok()?.ok()
+}
+
+impl Endpoints {
+    async fn healthz(&self) -> (StatusCode, String) {
+        let mut silent = Vec::new();
+        if ask(&self.inventory, GetInventoryStatus).await.is_none() {
+            silent.push("inventory");
+        }
+        if ask(&self.volumes, VolumesReady).await.is_none() {
+            silent.push("volume manager");
+        }
+        if silent.is_empty() {
+            (StatusCode::OK, "ok\n".into())
+        } else {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("not answering: {}\n", silent.join(", ")))
+        }
+    }
+
+    /// What keeps the agent from being ready (empty: ready).
+    async fn not_ready(&self) -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        match ask(&self.inventory, GetInventoryStatus).await {
+            Some(InventoryStatus { scanned: true, .. }) => {}
+            Some(_) => missing.push("first drive scan not done"),
+            None => missing.push("inventory not answering"),
+        }
+        match ask(&self.volumes, VolumesReady).await {
+            Some(true) => {}
+            Some(false) => missing.push("volume store not reconciled"),
+            None => missing.push("volume manager not answering"),
+        }
+        if !metrics().csi_serving() {
+            missing.push("CSI socket not serving");
+        }
+        missing
+    }
+
+    async fn readyz(&self) -> (StatusCode, String) {
+        let missing = self.not_ready().await;
+        if missing.is_empty() {
+            (StatusCode::OK, "ready\n".into())
+        } else {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}\n", missing.join(", ")))
+        }
+    }
+
+    async fn gauges(&self) -> Gauges {
+        let mut g = Gauges::default();
+        let uses: HashMap<String, &'static str> = ask(&self.volumes, ListDriveUses)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .map(|u| (u.drive_id, u.state.as_str()))
+            .collect();
+        for d in ask(&self.inventory, ListDrives).await.unwrap_or_default() {
+            let usage = uses.get(&d.id).copied().unwrap_or("active");
+            let key = (d.class.as_str().to_string(), d.health.health.as_str().to_string(), usage.to_string());
+            *g.drives.entry(key).or_default() += 1;
+        }
+        if let Some(Ok((page, _))) = ask(&self.volumes, ListVolumeStatuses { after: None, max: 0 }).await {
+            let mut volumes: BTreeMap<(String, String), u64> = BTreeMap::new();
+            for v in page {
+                let condition = if v.condition.abnormal { "abnormal" } else { "normal" };
+                *volumes.entry((v.record.state.as_str().to_string(), condition.to_string())).or_default() += 1;
+            }
+            g.volumes = volumes;
+        }
+        if let Some(q) = &self.attach {
+            if let Some(s) = ask(q, GetQueueStats).await {
+                g.attach = Some((s.waiting, s.running, s.retries, s.relists));
+            }
+        }
+        g.ready = self.not_ready().await.is_empty();
+        g
+    }
+
+    async fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let (status, ctype, body) = if req.method() != Method::GET && req.method() != Method::HEAD {
+            (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".to_string())
+        } else {
+            match req.uri().path() {
+                "/healthz" => {
+                    let (s, b) = self.healthz().await;
+                    (s, "text/plain", b)
+                }
+                "/readyz" => {
+                    let (s, b) = self.readyz().await;
+                    (s, "text/plain", b)
+                }
+                "/metrics" => {
+                    let g = self.gauges().await;
+                    (StatusCode::OK, "text/plain; version=0.0.4", render(&metrics().snapshot(), &g))
+                }
+                _ => (StatusCode::NOT_FOUND, "text/plain", "not found; try /healthz, /readyz or /metrics\n".to_string()),
+            }
+        };
+        let mut resp = Response::new(Full::new(Bytes::from(body)));
+        *resp.status_mut() = status;
+        if let Ok(v) = hyper::header::HeaderValue::from_str(ctype) {
+            resp.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+        }
+        resp
+    }
+}
+
+/// Serves the endpoints on `listener` until `stop` fires.
+pub async fn serve(listener: TcpListener, endpoints: Endpoints, mut stop: tokio::sync::oneshot::Receiver<()>) {
+    if let Ok(addr) = listener.local_addr() {
+        info!(http.address = %addr, "serving /healthz, /readyz and /metrics");
+    }
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut stop => break,
+            a = listener.accept() => a,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                warn!(error = %e, "HTTP accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let ep = endpoints.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let ep = ep.clone();
+                async move { Ok::<_, Infallible>(ep.answer(req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            // A probe that never finishes its request does not hold a task forever.
+            let _ = tokio::time::timeout(Duration::from_secs(60), conn).await;
+        });
+    }
+}
