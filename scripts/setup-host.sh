@@ -21,11 +21,23 @@ command -v blkid >/dev/null || need+=(util-linux)
 command -v smartctl >/dev/null || need+=(smartmontools)
 command -v sfdisk >/dev/null || need+=(fdisk)
 command -v modprobe >/dev/null || need+=(kmod)
+# scripts/validate-deploy.sh (run by tests/deploy.rs) checks deploy/ with the Python
+# package kubernetes-validate.
+command -v python3 >/dev/null || need+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+kubernetes_validate="kubernetes-validate==1.37.0"
+if ! python3 -c 'import kubernetes_validate.utils' 2>/dev/null; then
+  echo "installing: $kubernetes_validate (pip)"
+  # Debian 12's python3 refuses pip installs into the system environment unless told.
+  python3 -m pip install --quiet --disable-pip-version-check "$kubernetes_validate" 2>/dev/null \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$kubernetes_validate"
 fi
 
 if ! pgrep -x systemd-udevd >/dev/null; then

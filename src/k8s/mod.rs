@@ -26,6 +26,8 @@ pub mod drives;
 pub mod events;
 /// Labelling the Node with drivelet's topology segments.
 pub mod node;
+/// The API permissions drivelet needs, the table the deployment's RBAC is checked against.
+pub mod rbac;
 /// A keyed work queue with dedup, one run per key at a time and per-key retry delays.
 pub mod workqueue;
 

@@ -1,0 +1,112 @@
+//! The Kubernetes API permissions drivelet itself needs, as one table that the
+//! deployment's RBAC is checked against (`tests/deploy.rs` compares the `drivelet`
+//! ClusterRole in `deploy/rbac.yaml` with [`PERMISSIONS`], both ways).
+//!
+//! Rules:
+//! - One entry per (API group, resource); a subresource is its own resource
+//!   (`volumeattachments/status`). Verbs are the ones the code's requests are authorized
+//!   as, no more: a watch starts with a list, so a watched resource needs both; a
+//!   server-side apply that may create the object needs `create` besides `patch`.
+//! - Every entry names the code that makes the calls (`used_by`). A change to those calls
+//!   changes this table, and the test then says which rule of the deployment to change.
+//! - The external-provisioner sidecar's rules are not here: they follow that project's
+//!   published RBAC, not drivelet's code (see `deploy/README.md`).
+
+/// One permission: the verbs drivelet uses on one resource of one API group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Permission {
+    /// API group; `""` is the core group.
+    pub group: &'static str,
+    /// Resource name as in an RBAC rule, with `/subresource` for a subresource.
+    pub resource: &'static str,
+    /// Verbs, as in an RBAC rule.
+    pub verbs: &'static [&'static str],
+    /// The code that makes these calls.
+    pub used_by: &'static str,
+}
+
+/// Everything drivelet asks of the API server with `[kubernetes] enabled = true` and
+/// every integration on (attach, events, drive objects, node labels). All of it is
+/// cluster-wide: VolumeAttachments, PersistentVolumes, Nodes and Drives are
+/// cluster-scoped, and the claims and pods an Event is about live in any namespace.
+pub const PERMISSIONS: &[Permission] = &[
+    Permission {
+        group: "storage.k8s.io",
+        resource: "volumeattachments",
+        verbs: &["list", "watch", "patch"],
+        used_by: "actors::attach (watcher: list, then watch) and k8s::attach::Executor (finalizer merge patches)",
+    },
+    Permission {
+        group: "storage.k8s.io",
+        resource: "volumeattachments/status",
+        verbs: &["patch"],
+        used_by: "k8s::attach::Executor (attached, attachmentMetadata, attachError, detachError)",
+    },
+    Permission {
+        group: "",
+        resource: "persistentvolumes",
+        verbs: &["list", "watch", "patch"],
+        used_by: "actors::attach (watcher), k8s::attach::Executor (PV finalizer patches), \
+                  k8s::events::ConditionReporter (lists PVs to find a volume's claim)",
+    },
+    Permission {
+        group: "",
+        resource: "pods",
+        verbs: &["list"],
+        used_by: "k8s::events::ConditionReporter (this node's pods in the claim's namespace, by field selector)",
+    },
+    Permission {
+        group: "events.k8s.io",
+        resource: "events",
+        verbs: &["create", "patch"],
+        used_by: "kube::runtime::events::Recorder in k8s::attach and k8s::events \
+                  (create; patch when a repeated Event becomes a series)",
+    },
+    Permission {
+        group: "",
+        resource: "nodes",
+        verbs: &["get", "patch"],
+        used_by: "k8s::node::label_once (only with kubernetes.label_node = true)",
+    },
+    Permission {
+        group: "drivelet.io",
+        resource: "drives",
+        verbs: &["list", "create", "patch", "delete"],
+        used_by: "Drive object sync (kubernetes.drive_objects): list by node label, server-side \
+                  apply (patch, and create when the object is new), delete of stale objects",
+    },
+    Permission {
+        group: "drivelet.io",
+        resource: "drives/status",
+        verbs: &["patch"],
+        used_by: "Drive object sync (kubernetes.drive_objects): server-side apply of the status",
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn each_resource_appears_once_with_sorted_unique_known_verbs() {
+        let known = ["get", "list", "watch", "create", "update", "patch", "delete"];
+        let mut seen = BTreeSet::new();
+        for p in PERMISSIONS {
+            assert!(seen.insert((p.group, p.resource)), "{}/{} is listed twice", p.group, p.resource);
+            let verbs: BTreeSet<&str> = p.verbs.iter().copied().collect();
+            assert_eq!(verbs.len(), p.verbs.len(), "{}: a verb is repeated", p.resource);
+            for v in p.verbs {
+                assert!(known.contains(v), "{}: unknown verb {v}", p.resource);
+            }
+            assert!(!p.used_by.is_empty(), "{}: say which code makes the calls", p.resource);
+        }
+    }
+
+    #[test]
+    fn a_watched_resource_can_also_be_listed() {
+        for p in PERMISSIONS.iter().filter(|p| p.verbs.contains(&"watch")) {
+            assert!(p.verbs.contains(&"list"), "{}: a watch starts with a list", p.resource);
+        }
+    }
+}

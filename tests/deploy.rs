@@ -1,0 +1,486 @@
+//! The deployment in `deploy/` (`kubectl apply -k deploy/`), checked offline: the
+//! manifests are parsed into the Kubernetes API types and held against drivelet's own
+//! code (its config loader, its StorageClass parameter parser, its table of API
+//! permissions), and `scripts/validate-deploy.sh` validates them against the
+//! Kubernetes OpenAPI schemas. No cluster, no root.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use drivelet::actors::inventory::model::LayoutKind;
+use drivelet::config::{Config, Media};
+use drivelet::grpc::params::VolumeParams;
+use drivelet::k8s::rbac::PERMISSIONS;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, Volume, VolumeMount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_yaml::Value;
+
+const NAMESPACE: &str = "drivelet-system";
+const SERVICE_ACCOUNT: &str = "drivelet";
+const HTTP_PORT: i32 = 9808;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy")
+}
+
+/// Every object of a manifest file, in order.
+fn documents(file: &str) -> Vec<Value> {
+    let path = deploy_dir().join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("parse {}: {e}", path.display())))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// The objects of `kind` in `file`, as API types.
+fn objects<K: DeserializeOwned>(file: &str, kind: &str) -> Vec<K> {
+    documents(file)
+        .into_iter()
+        .filter(|v| v["kind"].as_str() == Some(kind))
+        .map(|v| serde_yaml::from_value(v).unwrap_or_else(|e| panic!("{file}: a {kind} does not parse: {e}")))
+        .collect()
+}
+
+/// The one object of `kind` named `name` in `file`.
+fn object<K: DeserializeOwned + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>>(
+    file: &str,
+    kind: &str,
+    name: &str,
+) -> K {
+    let mut found: Vec<K> = objects::<K>(file, kind)
+        .into_iter()
+        .filter(|o| o.metadata().name.as_deref() == Some(name))
+        .collect();
+    assert_eq!(found.len(), 1, "{file}: expected exactly one {kind} named {name}");
+    found.remove(0)
+}
+
+fn daemonset() -> DaemonSet {
+    object("daemonset.yaml", "DaemonSet", "drivelet")
+}
+
+fn pod_spec(ds: &DaemonSet) -> PodSpec {
+    ds.spec.template.spec.clone().expect("the DaemonSet has a pod template spec")
+}
+
+fn container(pod: &PodSpec, name: &str) -> Container {
+    pod.containers.iter().find(|c| c.name == name).cloned().unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn mount(c: &Container, name: &str) -> VolumeMount {
+    c.volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("container {} does not mount volume {name}", c.name))
+}
+
+fn volume(pod: &PodSpec, name: &str) -> Volume {
+    pod.volumes.iter().flatten().find(|v| v.name == name).cloned().unwrap_or_else(|| panic!("no volume {name}"))
+}
+
+/// `(host path, hostPath type)` of a hostPath volume.
+fn host_path(pod: &PodSpec, name: &str) -> (PathBuf, String) {
+    let hp = volume(pod, name).host_path.unwrap_or_else(|| panic!("volume {name} is not a hostPath"));
+    (PathBuf::from(hp.path), hp.type_.unwrap_or_default())
+}
+
+/// The volume mounted at the deepest mount point of `c` that contains `path`.
+fn mount_holding(c: &Container, path: &Path) -> VolumeMount {
+    c.volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| path.starts_with(&m.mount_path))
+        .max_by_key(|m| m.mount_path.len())
+        .cloned()
+        .unwrap_or_else(|| panic!("no mount of container {} holds {}", c.name, path.display()))
+}
+
+fn field_ref(env: &[EnvVar], name: &str) -> Option<String> {
+    env.iter()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.clone())
+}
+
+/// The value of `--flag=value` among a container's args.
+fn arg(c: &Container, flag: &str) -> Option<String> {
+    let prefix = format!("{flag}=");
+    c.args.iter().flatten().find_map(|a| a.strip_prefix(&prefix).map(str::to_string))
+}
+
+/// deploy/drivelet.toml without its `[http]` table, for a `Config` that does not know
+/// that section yet (the HTTP server's config lands separately).
+fn without_http_table(toml: &str) -> String {
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in toml.lines() {
+        let header = line.trim_start().starts_with('[');
+        if header {
+            skipping = line.trim() == "[http]";
+        }
+        if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn load_config_text(text: &str) -> Result<Config, drivelet::config::ConfigError> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("drivelet.toml");
+    std::fs::write(&path, text).expect("write config");
+    Config::load(Some(&path))
+}
+
+/// The ConfigMap's drivelet.toml through drivelet's own loader and validation, and the
+/// `[http] address` it serves probes on.
+fn deploy_config() -> (Config, String) {
+    let path = deploy_dir().join("drivelet.toml");
+    let text = std::fs::read_to_string(&path).expect("read deploy/drivelet.toml");
+    let cfg = match load_config_text(&text) {
+        Ok(cfg) => cfg,
+        Err(e) if e.to_string().contains("unknown field `http`") => load_config_text(&without_http_table(&text))
+            .unwrap_or_else(|e| panic!("deploy/drivelet.toml (without [http]) is not a valid drivelet config: {e}")),
+        Err(e) => panic!("deploy/drivelet.toml is not a valid drivelet config: {e}"),
+    };
+    let raw = config::Config::builder()
+        .add_source(config::File::from_str(&text, config::FileFormat::Toml))
+        .build()
+        .expect("deploy/drivelet.toml is TOML");
+    let address = raw.get_string("http.address").expect("deploy/drivelet.toml sets [http] address");
+    (cfg, address)
+}
+
+fn grants(rules: &[PolicyRule]) -> BTreeMap<(String, String), BTreeSet<String>> {
+    let mut out: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for rule in rules {
+        assert!(rule.resource_names.is_none(), "a rule limited to named objects: {rule:?}");
+        assert!(rule.non_resource_urls.is_none(), "a non-resource rule: {rule:?}");
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                assert!(group != "*" && resource != "*", "a wildcard rule: {rule:?}");
+                assert!(!rule.verbs.iter().any(|v| v == "*"), "a wildcard verb: {rule:?}");
+                out.entry((group.clone(), resource.clone())).or_default().extend(rule.verbs.iter().cloned());
+            }
+        }
+    }
+    out
+}
+
+fn table(entries: &[(&str, &str, &[&str])]) -> BTreeMap<(String, String), BTreeSet<String>> {
+    entries
+        .iter()
+        .map(|(g, r, verbs)| ((g.to_string(), r.to_string()), verbs.iter().map(|v| v.to_string()).collect()))
+        .collect()
+}
+
+#[test]
+fn drivelet_container_is_privileged_with_the_host_mounts_it_needs() {
+    let pod = pod_spec(&daemonset());
+    let c = container(&pod, "drivelet");
+    let sc = c.security_context.clone().expect("drivelet has a security context");
+    assert_eq!(sc.privileged, Some(true), "mount(2), BLKPG and every block device need a privileged container");
+    assert_ne!(pod.host_network, Some(true));
+    assert_ne!(pod.host_pid, Some(true));
+
+    for (volume_name, path, read_only) in [("dev", "/dev", false), ("sys", "/sys", true), ("udev", "/run/udev", true)] {
+        let m = mount(&c, volume_name);
+        assert_eq!(m.mount_path, path, "{volume_name} is mounted where drivelet looks");
+        assert_eq!(m.read_only.unwrap_or(false), read_only, "{volume_name} read-only");
+        assert_eq!(host_path(&pod, volume_name).0, PathBuf::from(path), "{volume_name} is the host's {path}");
+    }
+
+    let (cfg, _) = deploy_config();
+    let kubelet = mount(&c, "kubelet-dir");
+    assert_eq!(
+        kubelet.mount_propagation.as_deref(),
+        Some("Bidirectional"),
+        "staging and publish mounts must reach the host"
+    );
+    assert_eq!(PathBuf::from(&kubelet.mount_path), cfg.kubelet.dir, "the kubelet dir is mounted at kubelet.dir");
+    assert_eq!(host_path(&pod, "kubelet-dir").0, cfg.kubelet.dir, "kubelet hands out host paths: same path inside");
+    for m in c.volume_mounts.iter().flatten().filter(|m| m.name != "kubelet-dir") {
+        assert!(
+            !Path::new(&m.mount_path).starts_with(&kubelet.mount_path),
+            "{} is mounted inside the Bidirectional kubelet mount; its bind mount would propagate to the host",
+            m.mount_path
+        );
+    }
+
+    let state = mount(&c, "state");
+    assert_eq!(PathBuf::from(&state.mount_path), cfg.paths.state_dir);
+    assert_eq!(host_path(&pod, "state"), (cfg.paths.state_dir.clone(), "DirectoryOrCreate".to_string()));
+}
+
+#[test]
+fn node_name_comes_from_the_downward_api_in_both_containers() {
+    let pod = pod_spec(&daemonset());
+    for name in ["drivelet", "csi-provisioner"] {
+        let c = container(&pod, name);
+        assert_eq!(field_ref(c.env.as_deref().unwrap_or_default(), "NODE_NAME").as_deref(), Some("spec.nodeName"), "{name}");
+    }
+    let (cfg, _) = deploy_config();
+    assert!(cfg.kubernetes.enabled && cfg.kubelet.registration);
+}
+
+#[test]
+fn probes_ask_healthz_and_readyz_on_the_http_port_the_config_serves() {
+    let pod = pod_spec(&daemonset());
+    let c = container(&pod, "drivelet");
+    let port = c.ports.iter().flatten().find(|p| p.name.as_deref() == Some("http")).expect("a port named http");
+    assert_eq!(port.container_port, HTTP_PORT);
+    assert_eq!(port.protocol.as_deref().unwrap_or("TCP"), "TCP");
+    for (probe, path) in [(&c.liveness_probe, "/healthz"), (&c.readiness_probe, "/readyz")] {
+        let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).unwrap_or_else(|| panic!("an httpGet probe on {path}"));
+        assert_eq!(get.path.as_deref(), Some(path));
+        assert_eq!(get.port, IntOrString::String("http".into()));
+    }
+    let (_, address) = deploy_config();
+    let served: std::net::SocketAddr = address.parse().expect("[http] address is host:port");
+    assert_eq!(served.port() as i32, HTTP_PORT, "drivelet serves the probes on the container port");
+    assert!(served.ip().is_unspecified(), "kubelet probes the pod IP, so drivelet listens on every address");
+}
+
+#[test]
+fn drivelet_requests_little_and_limits_only_memory() {
+    let pod = pod_spec(&daemonset());
+    let res = container(&pod, "drivelet").resources.expect("resources");
+    let q = |m: &Option<BTreeMap<String, Quantity>>, k: &str| m.as_ref().and_then(|m| m.get(k)).map(|q| q.0.clone());
+    assert_eq!(q(&res.requests, "memory").as_deref(), Some("32Mi"));
+    assert_eq!(q(&res.requests, "cpu").as_deref(), Some("10m"));
+    assert_eq!(q(&res.limits, "memory").as_deref(), Some("128Mi"));
+    assert_eq!(q(&res.limits, "cpu"), None, "no CPU limit: mkfs and fsck bursts are not throttled");
+}
+
+#[test]
+fn deploy_config_is_valid_and_its_sockets_match_the_mounts() {
+    let (cfg, _) = deploy_config();
+    let pod = pod_spec(&daemonset());
+    let drivelet = container(&pod, "drivelet");
+    let provisioner = container(&pod, "csi-provisioner");
+
+    // The CSI socket lies in the plugin directory, reached by drivelet through the
+    // kubelet mount and by the provisioner through its /csi mount.
+    let socket = &cfg.paths.csi_socket;
+    assert_eq!(mount_holding(&drivelet, socket).name, "kubelet-dir");
+    let (plugin_dir, plugin_type) = host_path(&pod, "plugin-dir");
+    assert_eq!(plugin_type, "DirectoryOrCreate");
+    assert_eq!(socket.parent(), Some(plugin_dir.as_path()), "paths.csi_socket is in the plugin-dir hostPath");
+    assert_eq!(plugin_dir, cfg.kubelet.dir.join("plugins").join(&cfg.driver.name));
+    let csi = mount(&provisioner, "plugin-dir");
+    let file = socket.file_name().expect("socket file name").to_string_lossy();
+    assert_eq!(arg(&provisioner, "--csi-address"), Some(format!("{}/{file}", csi.mount_path)));
+
+    // Kubelet finds the registration socket in its plugins_registry, inside the mount.
+    let reg = cfg.registration_socket();
+    assert!(reg.starts_with(cfg.kubelet.dir.join("plugins_registry")));
+    assert_eq!(mount_holding(&drivelet, &reg).name, "kubelet-dir");
+
+    // Staging and target paths are under the kubelet dir, which drivelet may use.
+    assert!(cfg.volumes.allowed_roots.contains(&cfg.kubelet.dir));
+    // The admin socket stays in the container.
+    assert!(!cfg.paths.admin_socket.starts_with(&cfg.kubelet.dir));
+    assert!(!cfg.paths.admin_socket.starts_with(&cfg.paths.state_dir));
+
+    // The ConfigMap is mounted where the container's args point.
+    let config_mount = mount(&drivelet, "config");
+    assert_eq!(config_mount.read_only, Some(true));
+    let config_file = Path::new(&config_mount.mount_path).join("drivelet.toml");
+    let args: Vec<&str> = drivelet.args.iter().flatten().map(String::as_str).collect();
+    assert_eq!(args, ["run", "--config", config_file.to_str().expect("utf-8 path")]);
+}
+
+#[test]
+fn csidriver_matches_the_driver_and_its_in_process_attacher() {
+    let (cfg, _) = deploy_config();
+    let driver: CSIDriver = object("csidriver.yaml", "CSIDriver", &cfg.driver.name);
+    let spec = driver.spec;
+    assert_eq!(spec.attach_required, Some(true), "VolumeAttachments go to drivelet's in-process attacher");
+    assert_eq!(spec.pod_info_on_mount, Some(true));
+    assert_eq!(spec.storage_capacity, Some(true));
+    assert_eq!(spec.fs_group_policy.as_deref(), Some("File"));
+    assert_eq!(spec.volume_lifecycle_modes, Some(vec!["Persistent".to_string()]));
+    assert_eq!(spec.requires_republish, Some(false));
+}
+
+#[test]
+fn storage_classes_use_only_parameters_create_volume_accepts() {
+    let (cfg, _) = deploy_config();
+    let classes: Vec<StorageClass> = objects("storageclasses.yaml", "StorageClass");
+    let mut kinds = BTreeSet::new();
+    for sc in &classes {
+        let name = sc.metadata.name.clone().unwrap_or_default();
+        assert_eq!(sc.provisioner, cfg.driver.name, "{name}");
+        assert_eq!(sc.volume_binding_mode.as_deref(), Some("WaitForFirstConsumer"), "{name}");
+        assert_eq!(sc.reclaim_policy.as_deref(), Some("Delete"), "{name}");
+        assert_eq!(sc.allow_volume_expansion, Some(false), "{name}: ControllerExpandVolume is not implemented");
+        let params: HashMap<String, String> = sc.parameters.clone().unwrap_or_default().into_iter().collect();
+        let parsed = VolumeParams::parse(&params).unwrap_or_else(|e| panic!("{name}: CreateVolume refuses {params:?}: {e}"));
+        kinds.insert((parsed.media.map(Media::as_str), parsed.layout == LayoutKind::Drive));
+    }
+    let want: BTreeSet<(Option<&str>, bool)> =
+        [(Some("hdd"), false), (Some("ssd"), false), (Some("nvme"), false), (None, true)].into_iter().collect();
+    assert_eq!(kinds, want, "one class per media, one for whole drives");
+    assert_eq!(classes.len(), want.len());
+}
+
+#[test]
+fn drivelet_cluster_role_grants_exactly_the_permissions_table() {
+    let role: ClusterRole = object("rbac.yaml", "ClusterRole", "drivelet");
+    let have = grants(role.rules.as_deref().unwrap_or_default());
+    let want: BTreeMap<(String, String), BTreeSet<String>> = PERMISSIONS
+        .iter()
+        .map(|p| ((p.group.to_string(), p.resource.to_string()), p.verbs.iter().map(|v| v.to_string()).collect()))
+        .collect();
+    for (key, verbs) in &want {
+        assert_eq!(have.get(key), Some(verbs), "deploy/rbac.yaml ClusterRole drivelet, {key:?}: src/k8s/rbac.rs wants {verbs:?}");
+    }
+    for (key, verbs) in &have {
+        assert!(want.contains_key(key), "deploy/rbac.yaml grants {key:?} {verbs:?}, which src/k8s/rbac.rs does not list");
+    }
+}
+
+#[test]
+fn provisioner_roles_grant_exactly_its_documented_rules() {
+    let cluster: ClusterRole = object("rbac.yaml", "ClusterRole", "drivelet-external-provisioner");
+    let want_cluster = table(&[
+        ("", "persistentvolumes", &["get", "list", "watch", "create", "patch", "delete"]),
+        ("", "persistentvolumeclaims", &["get", "list", "watch", "update"]),
+        ("storage.k8s.io", "storageclasses", &["get", "list", "watch"]),
+        ("", "events", &["list", "watch", "create", "update", "patch"]),
+        ("storage.k8s.io", "csinodes", &["get", "list", "watch"]),
+        ("", "nodes", &["get", "list", "watch"]),
+        ("storage.k8s.io", "volumeattachments", &["get", "list", "watch"]),
+    ]);
+    assert_eq!(grants(cluster.rules.as_deref().unwrap_or_default()), want_cluster);
+
+    let role: Role = object("rbac.yaml", "Role", "drivelet-external-provisioner");
+    assert_eq!(role.metadata.namespace.as_deref(), Some(NAMESPACE));
+    let want_role = table(&[
+        ("storage.k8s.io", "csistoragecapacities", &["get", "list", "watch", "create", "update", "patch", "delete"]),
+        ("", "pods", &["get"]),
+    ]);
+    assert_eq!(grants(role.rules.as_deref().unwrap_or_default()), want_role);
+}
+
+#[test]
+fn bindings_give_the_daemonsets_service_account_every_role() {
+    let pod = pod_spec(&daemonset());
+    assert_eq!(pod.service_account_name.as_deref(), Some(SERVICE_ACCOUNT));
+    let sa: k8s_openapi::api::core::v1::ServiceAccount = object("rbac.yaml", "ServiceAccount", SERVICE_ACCOUNT);
+    assert_eq!(sa.metadata.namespace.as_deref(), Some(NAMESPACE));
+
+    let bound_to_us = |subjects: &Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
+        subjects.iter().flatten().any(|s| {
+            s.kind == "ServiceAccount" && s.name == SERVICE_ACCOUNT && s.namespace.as_deref() == Some(NAMESPACE)
+        })
+    };
+    let cluster_bindings: Vec<ClusterRoleBinding> = objects("rbac.yaml", "ClusterRoleBinding");
+    for role in ["drivelet", "drivelet-external-provisioner"] {
+        assert!(
+            cluster_bindings.iter().any(|b| b.role_ref.kind == "ClusterRole" && b.role_ref.name == role && bound_to_us(&b.subjects)),
+            "ClusterRole {role} is bound to the ServiceAccount"
+        );
+    }
+    let bindings: Vec<RoleBinding> = objects("rbac.yaml", "RoleBinding");
+    assert!(bindings.iter().any(|b| b.metadata.namespace.as_deref() == Some(NAMESPACE)
+        && b.role_ref.kind == "Role"
+        && b.role_ref.name == "drivelet-external-provisioner"
+        && bound_to_us(&b.subjects)));
+}
+
+#[test]
+fn provisioner_sidecar_runs_per_node_with_capacity_tracking() {
+    let pod = pod_spec(&daemonset());
+    let c = container(&pod, "csi-provisioner");
+    let image = c.image.clone().unwrap_or_default();
+    assert!(image.starts_with("registry.k8s.io/sig-storage/csi-provisioner:v5."), "{image}");
+    for (flag, value) in [
+        ("--node-deployment", "true"),
+        ("--node-deployment-immediate-binding", "false"),
+        ("--strict-topology", "true"),
+        ("--immediate-topology", "false"),
+        ("--enable-capacity", "true"),
+        ("--capacity-ownerref-level", "1"),
+        ("--extra-create-metadata", "true"),
+    ] {
+        assert_eq!(arg(&c, flag).as_deref(), Some(value), "{flag}");
+    }
+    let env = c.env.clone().unwrap_or_default();
+    assert_eq!(field_ref(&env, "NAMESPACE").as_deref(), Some("metadata.namespace"));
+    assert_eq!(field_ref(&env, "POD_NAME").as_deref(), Some("metadata.name"));
+    assert_eq!(c.security_context.and_then(|s| s.privileged), None, "the sidecar needs no privileges");
+}
+
+#[test]
+fn pod_tolerates_every_taint_runs_node_critical_and_rolls_one_node_at_a_time() {
+    let ds = daemonset();
+    assert_eq!(ds.metadata.namespace.as_deref(), Some(NAMESPACE));
+    let pod = pod_spec(&ds);
+    assert_eq!(pod.priority_class_name.as_deref(), Some("system-node-critical"));
+    assert_eq!(pod.termination_grace_period_seconds, Some(30));
+    let tolerations = pod.tolerations.clone().unwrap_or_default();
+    assert!(
+        tolerations.iter().any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none() && t.effect.is_none()),
+        "a toleration of every taint: {tolerations:?}"
+    );
+    let strategy = ds.spec.update_strategy.expect("an update strategy");
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    assert_eq!(strategy.rolling_update.and_then(|r| r.max_unavailable), Some(IntOrString::Int(1)));
+}
+
+#[test]
+fn kustomization_lists_every_manifest_generates_the_config_and_sets_the_image() {
+    let k = &documents("kustomization.yaml")[0];
+    assert_eq!(k["namespace"].as_str(), Some(NAMESPACE));
+    let resources: BTreeSet<String> =
+        k["resources"].as_sequence().expect("resources").iter().filter_map(|r| r.as_str().map(str::to_string)).collect();
+    let manifests: BTreeSet<String> = std::fs::read_dir(deploy_dir())
+        .expect("list deploy/")
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+        .collect();
+    assert_eq!(resources, manifests, "kustomization.yaml resources are every manifest in deploy/");
+
+    let generators = k["configMapGenerator"].as_sequence().expect("configMapGenerator");
+    let pod = pod_spec(&daemonset());
+    let config_map = volume(&pod, "config").config_map.expect("the config volume is a ConfigMap").name;
+    let generator = generators
+        .iter()
+        .find(|g| g["name"].as_str() == Some(config_map.as_str()))
+        .unwrap_or_else(|| panic!("no configMapGenerator makes {config_map}"));
+    let files: Vec<&str> = generator["files"].as_sequence().expect("files").iter().filter_map(|f| f.as_str()).collect();
+    assert_eq!(files, ["drivelet.toml"]);
+
+    let images = k["images"].as_sequence().expect("images");
+    assert!(images.iter().any(|i| i["name"].as_str() == Some("drivelet")), "operators set the image through images:");
+    assert_eq!(container(&pod, "drivelet").image.as_deref(), Some("drivelet:latest"));
+}
+
+#[test]
+fn manifests_validate_against_the_kubernetes_schemas() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/validate-deploy.sh");
+    let out = std::process::Command::new("bash").arg(&script).output().expect("run scripts/validate-deploy.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    match out.status.code() {
+        Some(0) => {}
+        Some(2) => panic!(
+            "scripts/validate-deploy.sh could not run its validator: install it with scripts/setup-host.sh \
+             (python3 -m pip install kubernetes-validate)\n{stderr}{stdout}"
+        ),
+        _ => panic!("deploy/ does not validate ({}):\n{stdout}{stderr}", out.status),
+    }
+    assert!(stdout.contains("ok   deploy/daemonset.yaml: DaemonSet/drivelet"), "{stdout}");
+}
