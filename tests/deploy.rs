@@ -118,24 +118,6 @@ fn arg(c: &Container, flag: &str) -> Option<String> {
     c.args.iter().flatten().find_map(|a| a.strip_prefix(&prefix).map(str::to_string))
 }
 
-/// deploy/drivelet.toml without its `[http]` table, for a `Config` that does not know
-/// that section yet (the HTTP server's config lands separately).
-fn without_http_table(toml: &str) -> String {
-    let mut out = String::new();
-    let mut skipping = false;
-    for line in toml.lines() {
-        let header = line.trim_start().starts_with('[');
-        if header {
-            skipping = line.trim() == "[http]";
-        }
-        if !skipping {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
 fn load_config_text(text: &str) -> Result<Config, drivelet::config::ConfigError> {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("drivelet.toml");
@@ -148,17 +130,8 @@ fn load_config_text(text: &str) -> Result<Config, drivelet::config::ConfigError>
 fn deploy_config() -> (Config, String) {
     let path = deploy_dir().join("drivelet.toml");
     let text = std::fs::read_to_string(&path).expect("read deploy/drivelet.toml");
-    let cfg = match load_config_text(&text) {
-        Ok(cfg) => cfg,
-        Err(e) if e.to_string().contains("unknown field `http`") => load_config_text(&without_http_table(&text))
-            .unwrap_or_else(|e| panic!("deploy/drivelet.toml (without [http]) is not a valid drivelet config: {e}")),
-        Err(e) => panic!("deploy/drivelet.toml is not a valid drivelet config: {e}"),
-    };
-    let raw = config::Config::builder()
-        .add_source(config::File::from_str(&text, config::FileFormat::Toml))
-        .build()
-        .expect("deploy/drivelet.toml is TOML");
-    let address = raw.get_string("http.address").expect("deploy/drivelet.toml sets [http] address");
+    let cfg = load_config_text(&text).unwrap_or_else(|e| panic!("deploy/drivelet.toml is not a valid drivelet config: {e}"));
+    let address = cfg.http.address.clone();
     (cfg, address)
 }
 
@@ -191,7 +164,8 @@ fn drivelet_container_is_privileged_with_the_host_mounts_it_needs() {
     let c = container(&pod, "drivelet");
     let sc = c.security_context.clone().expect("drivelet has a security context");
     assert_eq!(sc.privileged, Some(true), "mount(2), BLKPG and every block device need a privileged container");
-    assert_ne!(pod.host_network, Some(true));
+    assert_eq!(pod.host_network, Some(true), "udev's events reach only the host's network namespace");
+    assert_eq!(pod.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"), "cluster DNS with the host's network");
     assert_ne!(pod.host_pid, Some(true));
 
     for (volume_name, path, read_only) in [("dev", "/dev", false), ("sys", "/sys", true), ("udev", "/run/udev", true)] {

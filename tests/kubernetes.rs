@@ -351,6 +351,40 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Resp
     Ok(response)
 }
 
+/// The RBAC (verb, group, resource) a logged request is authorized as.
+fn authorized_as(line: &str) -> (String, String, String) {
+    let (method, uri) = line.split_once(' ').expect("METHOD uri");
+    let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match segs[0] {
+        "api" => (String::new(), &segs[2..]),
+        _ => (segs[1].to_string(), &segs[3..]),
+    };
+    let rest: Vec<&str> = if rest.first() == Some(&"namespaces") && rest.len() > 2 { rest[2..].to_vec() } else { rest.to_vec() };
+    let resource = if rest.len() == 3 { format!("{}/{}", rest[0], rest[2]) } else { rest[0].to_string() };
+    let verb = match (method, rest.len()) {
+        ("GET", 1) if query.contains("watch=true") => "watch",
+        ("GET", 1) => "list",
+        ("GET", _) => "get",
+        ("POST", _) => "create",
+        ("PATCH", _) => "patch",
+        ("DELETE", _) => "delete",
+        (m, _) => panic!("unexpected method {m}"),
+    };
+    (verb.to_string(), group, resource)
+}
+
+/// Every request drivelet made is allowed by `k8s::rbac::PERMISSIONS` (which the
+/// deployment's ClusterRole must equal).
+fn assert_requests_are_permitted(api: &FakeApi) {
+    use drivelet::k8s::rbac::PERMISSIONS;
+    for line in api.log() {
+        let (verb, group, resource) = authorized_as(&line);
+        let allowed = PERMISSIONS.iter().any(|p| p.group == group && p.resource == resource && p.verbs.contains(&verb.as_str()));
+        assert!(allowed, "{line} needs {verb} on {group}/{resource}, which k8s::rbac::PERMISSIONS (and the deployment's RBAC) lacks");
+    }
+}
+
 fn pv(name: &str, volume_id: &str, claim: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "PersistentVolume",
@@ -530,4 +564,5 @@ fn volume_attachments_are_attached_detached_and_refused_through_the_api() {
     std::thread::sleep(Duration::from_secs(1));
     let touched: Vec<String> = api.log().into_iter().filter(|l| l.contains("/va-x") || l.contains("/va-y")).collect();
     assert!(touched.is_empty(), "no request about other attachments: {touched:?}");
+    assert_requests_are_permitted(&api);
 }
