@@ -62,6 +62,9 @@ pub enum AgentError {
 pub async fn run(cfg: Config) -> Result<(), AgentError> {
     let cfg = Arc::new(cfg);
     info!(node.name = %cfg.driver.node_name, driver.name = %cfg.driver.name, version = env!("CARGO_PKG_VERSION"), "drivelet starting");
+    if !crate::disk::has_capability(crate::disk::CAP_SYS_RESOURCE) {
+        tracing::warn!("no CAP_SYS_RESOURCE: mounted ext4 volumes cannot grow (NodeExpandVolume fails); xfs and block volumes can");
+    }
     std::fs::create_dir_all(&cfg.paths.state_dir)
         .map_err(|source| AgentError::StateDir { dir: cfg.paths.state_dir.display().to_string(), source })?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(AgentError::Signals)?;

@@ -1,6 +1,6 @@
 //! `drivelet csi ...`: a small CSI client for any CSI endpoint (drivelet's or another
 //! driver's), to run a volume lifecycle by hand: info, create, delete, validate,
-//! capacity, stage, unstage, publish, unpublish.
+//! capacity, stage, unstage, publish, unpublish, expand, node-expand.
 //!
 //! Rules: every call prints its answer in plain words (or JSON with `-o json`); a gRPC
 //! error prints its code and message and the command exits 1. Nothing here logs
@@ -256,6 +256,37 @@ pub async fn unpublish(ch: Channel, id: &str, target: &Path) -> Result<serde_jso
         .await
         .map_err(call("NodeUnpublishVolume"))?;
     Ok(serde_json::json!({ "unpublished": id, "at": target }))
+}
+
+/// ControllerExpandVolume to `size` bytes.
+pub async fn expand(ch: Channel, id: &str, size: u64) -> Result<serde_json::Value, CsiCliError> {
+    let mut ctrl = csi::controller_client::ControllerClient::new(ch);
+    let required = i64::try_from(size).map_err(|_| CsiCliError::Usage(format!("{size} bytes is too large")))?;
+    let r = ctrl
+        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: id.to_string(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: required, limit_bytes: 0 }),
+            ..Default::default()
+        })
+        .await
+        .map_err(call("ControllerExpandVolume"))?
+        .into_inner();
+    Ok(serde_json::json!({ "volume_id": id, "capacity_bytes": r.capacity_bytes, "node_expansion_required": r.node_expansion_required }))
+}
+
+/// NodeExpandVolume at the volume's staging or target `path`.
+pub async fn node_expand(ch: Channel, id: &str, path: &Path) -> Result<serde_json::Value, CsiCliError> {
+    let mut node = csi::node_client::NodeClient::new(ch);
+    let r = node
+        .node_expand_volume(csi::NodeExpandVolumeRequest {
+            volume_id: id.to_string(),
+            volume_path: path.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .map_err(call("NodeExpandVolume"))?
+        .into_inner();
+    Ok(serde_json::json!({ "volume_id": id, "capacity_bytes": r.capacity_bytes }))
 }
 
 /// Renders a JSON answer as `key: value` lines.

@@ -172,6 +172,22 @@ enum CsiCmd {
         #[arg(long)]
         target: PathBuf,
     },
+    /// ControllerExpandVolume ID --size SIZE: grow the volume.
+    Expand {
+        /// Volume id.
+        id: String,
+        /// New size, e.g. 2Gi.
+        #[arg(long)]
+        size: String,
+    },
+    /// NodeExpandVolume ID --path PATH: grow its filesystem (staging or target path).
+    NodeExpand {
+        /// Volume id.
+        id: String,
+        /// The volume's staging or target path.
+        #[arg(long)]
+        path: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -301,6 +317,11 @@ fn csi(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, cmd: 
                 csicli::publish(ch, &id, &staging, &target, &access.access(), readonly).await
             }
             CsiCmd::Unpublish { id, target } => csicli::unpublish(ch, &id, &target).await,
+            CsiCmd::Expand { id, size } => {
+                let size = size_arg(&size).map_err(|e| csicli::CsiCliError::Usage(e.to_string()))?;
+                csicli::expand(ch, &id, size).await
+            }
+            CsiCmd::NodeExpand { id, path } => csicli::node_expand(ch, &id, &path).await,
         }
     })?;
     match output {

@@ -421,11 +421,14 @@ fn capabilities_advertised_are_served_and_everything_else_is_unimplemented() {
         let cc2 = must("ControllerGetCapabilities again", c.ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await);
         let nc2 = must("NodeGetCapabilities again", c.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await);
         r.check(pc2 == pc && cc2 == cc && nc2 == nc, || "a capability list changed between calls".into());
+        use csi::plugin_capability::volume_expansion::Type as VE;
         let mut plugin = Vec::new();
+        let mut expansion = Vec::new();
         for cap in &pc.capabilities {
             match &cap.r#type {
                 Some(PT::Service(s)) if S::try_from(s.r#type).is_ok_and(|t| t != S::Unknown) => plugin.push(S::try_from(s.r#type).unwrap()),
-                other => r.fail(format!("GetPluginCapabilities lists {other:?}: drivelet serves no volume expansion and no unknown service")),
+                Some(PT::VolumeExpansion(e)) if VE::try_from(e.r#type).is_ok_and(|t| t != VE::Unknown) => expansion.push(VE::try_from(e.r#type).unwrap()),
+                other => r.fail(format!("GetPluginCapabilities lists {other:?}: an unknown service or expansion type")),
             }
         }
         let mut ctrl = Vec::new();
@@ -451,6 +454,11 @@ fn capabilities_advertised_are_served_and_everything_else_is_unimplemented() {
         for t in [NR::StageUnstageVolume, NR::SingleNodeMultiWriter] {
             r.check(node.contains(&t), || format!("node capabilities {node:?} lack {t:?}"));
         }
+        // Volume expansion: ONLINE (partitions grow while published), with both RPCs.
+        r.check(expansion == [VE::Online], || format!("plugin volume expansion {expansion:?}, want [Online]"));
+        r.check(ctrl.contains(&CR::ExpandVolume) && node.contains(&NR::ExpandVolume), || {
+            format!("online expansion without EXPAND_VOLUME on both services: controller {ctrl:?}, node {node:?}")
+        });
 
         // NodeGetInfo: an id, no negative limit, and a topology (VOLUME_ACCESSIBILITY_CONSTRAINTS)
         // with well-formed keys and values that names this node.

@@ -1,9 +1,13 @@
 //! Crash safety of the volume operations: the agent is killed (SIGKILL) at every named
-//! crash point of create, stage, publish, unpublish, unstage and delete, and a
-//! restarted agent finishes or undoes what the killed one left.
+//! crash point of create, stage, publish, expand (controller and node), unpublish,
+//! unstage and delete, and a restarted agent finishes or undoes what the killed one
+//! left.
 //!
 //! Each case gets its own directory, 1 GiB loop drive and agent armed with
-//! `FAILPOINTS=<point>=return`, and drives one ext4 volume through the whole lifecycle.
+//! `FAILPOINTS=<point>=return`, and drives one ext4 volume through the whole lifecycle;
+//! the cases of the expansion points use xfs and grow the published volume to twice
+//! its size on the way (growing a mounted ext4 needs CAP_SYS_RESOURCE, which some
+//! machines withhold; tests/expansion.rs covers ext4 growth).
 //! The rules checked:
 //! - the call that reaches the point fails, because the agent died of SIGKILL;
 //! - the same call, retried against a restarted agent (nothing armed), succeeds, and
@@ -32,8 +36,8 @@ use common::*;
 use drivelet::grpc::proto::csi;
 use tonic::Status;
 
-/// Size of each test volume.
-const VOLUME: u64 = 64 * MIB;
+/// Size of each test volume (xfs needs 300 MiB at least).
+const VOLUME: u64 = 320 * MIB;
 /// Size of each case's loop drive.
 const DRIVE: u64 = GIB;
 /// No single CSI call may take longer than this.
@@ -42,6 +46,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 const CREATE_POINTS: &[&str] = &["create.intent_saved", "create.gpt_written", "create.partition_visible", "create.wiped", "create.saved"];
 const STAGE_POINTS: &[&str] = &["stage.intent_saved", "stage.formatted", "stage.mounted"];
 const PUBLISH_POINTS: &[&str] = &["publish.intent_saved", "publish.mounted"];
+const EXPAND_POINTS: &[&str] = &["expand.gpt_resized", "expand.kernel_resized"];
+const NODE_EXPAND_POINTS: &[&str] = &["node_expand.grown"];
 const UNPUBLISH_POINTS: &[&str] = &["unpublish.unmounted"];
 const UNSTAGE_POINTS: &[&str] = &["unstage.unmounted"];
 const DELETE_POINTS: &[&str] = &["delete.intent_saved", "delete.wiped", "delete.partition_hidden", "delete.gpt_removed"];
@@ -64,12 +70,15 @@ enum Step {
     Create,
     Stage,
     Publish,
+    Expand,
+    NodeExpand,
     Unpublish,
     Unstage,
     Delete,
 }
 
-const LIFECYCLE: [Step; 6] = [Step::Create, Step::Stage, Step::Publish, Step::Unpublish, Step::Unstage, Step::Delete];
+const LIFECYCLE: [Step; 8] =
+    [Step::Create, Step::Stage, Step::Publish, Step::Expand, Step::NodeExpand, Step::Unpublish, Step::Unstage, Step::Delete];
 
 /// The call that reaches a crash point: the part of its name before the dot.
 fn step_of(point: &str) -> Step {
@@ -77,6 +86,8 @@ fn step_of(point: &str) -> Step {
         "create" => Step::Create,
         "stage" => Step::Stage,
         "publish" => Step::Publish,
+        "expand" => Step::Expand,
+        "node_expand" => Step::NodeExpand,
         "unpublish" => Step::Unpublish,
         "unstage" => Step::Unstage,
         "delete" => Step::Delete,
@@ -98,6 +109,8 @@ struct Case {
     start: u64,
     staging: PathBuf,
     target: PathBuf,
+    /// ext4, or xfs for the expansion points.
+    fs: &'static str,
 }
 
 impl Case {
@@ -115,12 +128,13 @@ impl Case {
         let agent = Agent::start_with(tmp.path(), AgentOpts::default(), &[("FAILPOINTS", &armed)]);
         let name = format!("pvc-{}", point.replace(['.', '_'], "-"));
         let volume_id = drivelet::disk::gpt::volume_partition_guid(&name).to_string();
-        Case { point, agent, _unmount: unmount, drive, tmp, name, volume_id, start: 0, staging, target }
+        let fs = if point.starts_with("expand.") || point.starts_with("node_expand.") { "xfs" } else { "ext4" };
+        Case { point, agent, _unmount: unmount, drive, tmp, name, volume_id, start: 0, staging, target, fs }
     }
 
     /// Makes one lifecycle call against the running agent, on a fresh connection.
     fn call(&self, step: Step) -> Result<(), Status> {
-        let (id, cap) = (self.volume_id.clone(), mount_cap("ext4"));
+        let (id, cap) = (self.volume_id.clone(), mount_cap(self.fs));
         let fut = async {
             let mut c = Csi::connect(&self.agent).await;
             match step {
@@ -134,6 +148,23 @@ impl Case {
                 }
                 Step::Publish => {
                     c.node.node_publish_volume(publish_req(&id, &self.staging, &self.target, cap, false)).await?;
+                }
+                Step::Expand => {
+                    let range = csi::CapacityRange { required_bytes: 2 * VOLUME as i64, limit_bytes: 0 };
+                    let req = csi::ControllerExpandVolumeRequest { volume_id: id, capacity_range: Some(range), ..Default::default() };
+                    let r = c.ctrl.controller_expand_volume(req).await?.into_inner();
+                    assert_eq!(r.capacity_bytes, 2 * VOLUME as i64, "{}: expanded to twice the size", self.point);
+                    assert!(r.node_expansion_required, "{}: a filesystem needs the node step", self.point);
+                }
+                Step::NodeExpand => {
+                    let req = csi::NodeExpandVolumeRequest {
+                        volume_id: id,
+                        volume_path: self.target.display().to_string(),
+                        capacity_range: Some(csi::CapacityRange { required_bytes: 2 * VOLUME as i64, limit_bytes: 0 }),
+                        ..Default::default()
+                    };
+                    let r = c.node.node_expand_volume(req).await?.into_inner();
+                    assert_eq!(r.capacity_bytes, 2 * VOLUME as i64, "{}: the node answers the new size", self.point);
                 }
                 Step::Unpublish => {
                     let req = csi::NodeUnpublishVolumeRequest { volume_id: id, target_path: self.target.display().to_string() };
@@ -235,6 +266,21 @@ impl Case {
                 assert_eq!(self.read(self.target.join("a.txt")), self.text("written after stage"));
                 self.write(self.target.join("b.txt"), &self.text("written after publish"));
             }
+            Step::Expand => {
+                let parts = self.parts();
+                assert_eq!(parts.len(), 1, "{point}: one partition after expand: {parts:?}");
+                assert_eq!((parts[0].1, parts[0].2), (self.start, 2 * VOLUME), "{point}: the partition grew in place");
+                let gpt = gpt_entries(&self.drive.dev);
+                assert_eq!(gpt.iter().map(|e| (e.start, e.size)).collect::<Vec<_>>(), vec![(self.start, 2 * VOLUME)], "{point}: the GPT entry grew");
+                assert_eq!(self.read(self.target.join("b.txt")), self.text("written after publish"));
+            }
+            Step::NodeExpand => {
+                let st = nix::sys::statvfs::statvfs(&self.target).unwrap();
+                let total = st.blocks() as u64 * st.fragment_size() as u64;
+                assert!(total > VOLUME, "{point}: the filesystem grew: {total} bytes");
+                assert_eq!(self.read(self.target.join("a.txt")), self.text("written after stage"));
+                self.write(self.target.join("c.txt"), &self.text("written after growth"));
+            }
             Step::Unpublish => {
                 assert!(!self.target.exists(), "{point}: the target {} is removed", self.target.display());
                 assert_eq!(self.read(self.staging.join("b.txt")), self.text("written after publish"));
@@ -296,7 +342,10 @@ impl Case {
 fn crash_and_retry(point: &'static str) {
     let crash_at = step_of(point);
     let mut c = Case::new(point);
-    for step in LIFECYCLE {
+    // Growth is part of the lifecycle of the expansion cases (xfs) only.
+    let grows = c.fs == "xfs";
+    let steps = LIFECYCLE.into_iter().filter(|s| grows || !matches!(s, Step::Expand | Step::NodeExpand));
+    for step in steps {
         if step == crash_at {
             c.crash(step);
             c.agent.spawn();
@@ -333,7 +382,8 @@ fn family(points: &[&'static str]) {
 #[test]
 fn every_crash_point_in_the_source_has_a_crash_case() {
     assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
-    let covered: BTreeSet<&str> = [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS]
+    let covered: BTreeSet<&str> =
+        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS]
         .concat()
         .into_iter()
         .collect();
@@ -376,6 +426,18 @@ fn stage_killed_at_any_point_succeeds_when_retried_and_leaves_nothing() {
 fn publish_killed_at_any_point_succeeds_when_retried_and_keeps_the_data() {
     assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     family(PUBLISH_POINTS);
+}
+
+#[test]
+fn expand_killed_at_any_point_succeeds_when_retried_and_keeps_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    family(EXPAND_POINTS);
+}
+
+#[test]
+fn node_expand_killed_after_growing_succeeds_when_retried_and_keeps_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    family(NODE_EXPAND_POINTS);
 }
 
 #[test]

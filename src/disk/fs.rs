@@ -179,6 +179,28 @@ pub fn mkfs(dev: &Path, fs: &str) -> Result<(), DiskError> {
     Ok(())
 }
 
+/// Grows the mounted filesystem on `dev` to fill the device: `resize2fs` (ext4, online
+/// through the device) or `xfs_growfs` (xfs, through its mount point `mounted_at`).
+/// Growing a filesystem that already fills its device changes nothing.
+pub fn grow(dev: &Path, mounted_at: &Path, fs: &str) -> Result<(), DiskError> {
+    let (tool, target): (&str, &Path) = match fs {
+        "ext4" => ("resize2fs", dev),
+        "xfs" => ("xfs_growfs", mounted_at),
+        other => {
+            return Err(DiskError::invalid(format!(
+                "cannot grow a {other:?} filesystem on {}: supported are {}",
+                dev.display(),
+                SUPPORTED_FS.join(", ")
+            )))
+        }
+    };
+    let out = run(tool, Command::new(tool).arg(target))?;
+    if !out.status.success() {
+        return Err(tool_error(tool, target, &out));
+    }
+    Ok(())
+}
+
 /// The raw ioctl, kept private to this file.
 mod sys {
     nix::ioctl_read!(

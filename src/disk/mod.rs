@@ -144,3 +144,19 @@ impl DiskError {
         DiskError::Invalid { what: what.into() }
     }
 }
+
+/// `CAP_SYS_RESOURCE`: the kernel grows a mounted ext4 filesystem only for a caller
+/// that has it.
+pub const CAP_SYS_RESOURCE: u32 = 24;
+
+/// Whether this process has the capability numbered `cap` in its effective set (from
+/// `/proc/self/status`); `false` when that cannot be read.
+pub fn has_capability(cap: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return false };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|mask| cap < 64 && mask & (1 << cap) != 0)
+}
+

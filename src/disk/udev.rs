@@ -209,7 +209,9 @@ fn disk_of(dev: &udev::Device, partitions: Vec<PartitionProbe>) -> DiskProbe {
 /// udev's view of a disk lags behind drivelet's own partition-table changes by the time
 /// udev takes to re-probe. For a drivelet GPT, the table read straight from the disk
 /// (read-only, so udev is not disturbed) fills in what udev has not caught up with yet:
-/// the table type and id, and the type, GUID and name of each kernel partition.
+/// the table type and id, and the type, GUID and name of each kernel partition. A
+/// kernel partition matches the GPT entry that starts where it starts and is at least
+/// as long: while a volume grows, the GPT entry is written before the kernel is told.
 fn fill_from_drivelet_gpt(d: &mut DiskProbe) {
     let Ok(Some(t)) = super::gpt::read_table(&d.devnode, d.logical_block_size) else { return };
     if !t.is_drivelet() {
@@ -219,7 +221,7 @@ fn fill_from_drivelet_gpt(d: &mut DiskProbe) {
     d.props.insert("ID_PART_TABLE_UUID".into(), t.disk_guid.to_string());
     d.blank_confirmed = None;
     for part in d.partitions.iter_mut() {
-        if let Some(q) = t.partitions.iter().find(|q| q.start == part.start && q.size == part.size) {
+        if let Some(q) = t.partitions.iter().find(|q| q.start == part.start && q.size >= part.size) {
             part.part_type = q.type_guid.to_string();
             part.part_uuid = q.guid.to_string();
             part.part_name = q.name.clone();

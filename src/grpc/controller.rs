@@ -3,8 +3,15 @@
 //! CSI MUSTs honoured:
 //! - `ControllerGetCapabilities` lists only implemented RPCs: CREATE_DELETE_VOLUME,
 //!   PUBLISH_UNPUBLISH_VOLUME, GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES,
-//!   LIST_VOLUMES_PUBLISHED_NODES, GET_VOLUME, VOLUME_CONDITION (not PUBLISH_READONLY:
-//!   read-only access is the SINGLE_NODE_READER_ONLY mode, enforced on the node);
+//!   LIST_VOLUMES_PUBLISHED_NODES, GET_VOLUME, VOLUME_CONDITION, EXPAND_VOLUME (not
+//!   PUBLISH_READONLY: read-only access is the SINGLE_NODE_READER_ONLY mode, enforced on
+//!   the node);
+//! - `ControllerExpandVolume` grows a partition in place into the free space that
+//!   follows it (online: staged and published volumes too); a missing id or capacity
+//!   range is INVALID_ARGUMENT, an unknown volume NOT_FOUND, a size the volume already
+//!   has (or exceeds) OK with its size, a limit below its size or past the end of the
+//!   drive OUT_OF_RANGE, another volume in the way RESOURCE_EXHAUSTED, a missing drive
+//!   FAILED_PRECONDITION; `node_expansion_required` is true for filesystem volumes;
 //! - `ListVolumes` pages in volume-id order; `next_token` names the last id returned
 //!   and this run of the agent, so a malformed token or one from before a restart is
 //!   ABORTED; entries (and `ControllerGetVolume`) carry the volume's condition and
@@ -51,7 +58,7 @@ use crate::actors::messages::GetCapacity;
 use crate::actors::volumes::model::{minimum_size, CapacityRange, VolumeRecord};
 use crate::actors::volumes::health::Condition;
 use crate::actors::volumes::{
-    AttachVolume, CreateVolume, DeleteVolume, DetachVolume, GetVolume, GetVolumeStatus, ListVolumeStatuses,
+    AttachVolume, CreateVolume, DeleteVolume, DetachVolume, ExpandVolume, GetVolume, GetVolumeStatus, ListVolumeStatuses,
 };
 use crate::disk::gpt;
 
@@ -188,6 +195,7 @@ impl Controller for ControllerService {
                 rpc(Type::ListVolumesPublishedNodes),
                 rpc(Type::GetVolume),
                 rpc(Type::VolumeCondition),
+                rpc(Type::ExpandVolume),
             ],
         }))
     }
@@ -398,6 +406,33 @@ impl Controller for ControllerService {
                 })
                 .collect(),
             next_token: next.map(|id| self.0.token(&id)).unwrap_or_default(),
+        }))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "ControllerExpandVolume", volume.id), err)]
+    async fn controller_expand_volume(
+        &self,
+        req: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        let req = req.into_inner();
+        check_id("volume_id", &req.volume_id)?;
+        tracing::Span::current().record("volume.id", req.volume_id.as_str());
+        let Some(range) = req.capacity_range.as_ref() else {
+            return Err(invalid("capacity_range is required: say how large the volume should become"));
+        };
+        let range = range_of(Some(range))?;
+        if let Some(cap) = &req.volume_capability {
+            access_of(std::slice::from_ref(cap))?;
+        }
+        let (size, node_expansion_required) = self
+            .0
+            .volumes
+            .send(ExpandVolume { volume_id: req.volume_id, range })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::ControllerExpandVolumeResponse {
+            capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),
+            node_expansion_required,
         }))
     }
 

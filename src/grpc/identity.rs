@@ -1,7 +1,8 @@
 //! CSI Identity service.
 //!
 //! CSI MUSTs honoured: `GetPluginInfo` returns the configured driver name and a
-//! non-empty vendor version; `GetPluginCapabilities` lists only what drivelet serves;
+//! non-empty vendor version; `GetPluginCapabilities` lists only what drivelet serves
+//! (controller service, topology, ONLINE volume expansion);
 //! `Probe` answers `ready=false` until the drive inventory finished its first scan
 //! and the volume manager reconciled its store with the drives,
 //! and an error when the inventory does not answer at all.
@@ -41,8 +42,14 @@ impl Identity for IdentityService {
         let service = |t: Type| csi::PluginCapability {
             r#type: Some(plugin_capability::Type::Service(plugin_capability::Service { r#type: t as i32 })),
         };
+        // Partition volumes grow in place, with their filesystem mounted and in use.
+        let online = csi::PluginCapability {
+            r#type: Some(plugin_capability::Type::VolumeExpansion(plugin_capability::VolumeExpansion {
+                r#type: plugin_capability::volume_expansion::Type::Online as i32,
+            })),
+        };
         Ok(Response::new(csi::GetPluginCapabilitiesResponse {
-            capabilities: vec![service(Type::ControllerService), service(Type::VolumeAccessibilityConstraints)],
+            capabilities: vec![service(Type::ControllerService), service(Type::VolumeAccessibilityConstraints), online],
         }))
     }
 

@@ -4,7 +4,10 @@
 //! name), `max_volumes_per_node` (0: no limit) and the accessible topology that every
 //! volume of this node carries: `topology.drivelet.io/node` plus configured segments.
 //! `NodeGetCapabilities` lists only what is implemented (STAGE_UNSTAGE_VOLUME,
-//! SINGLE_NODE_MULTI_WRITER, GET_VOLUME_STATS, VOLUME_CONDITION). `NodeGetVolumeStats`
+//! SINGLE_NODE_MULTI_WRITER, GET_VOLUME_STATS, VOLUME_CONDITION, EXPAND_VOLUME).
+//! `NodeExpandVolume` grows a staged filesystem online to its partition (resize2fs,
+//! xfs_growfs), for the volume's staging or target path (NOT_FOUND otherwise); a block
+//! volume needs nothing; a partition not grown yet is FAILED_PRECONDITION. `NodeGetVolumeStats`
 //! answers for the volume's staging or target path (NOT_FOUND otherwise) with bytes and
 //! inodes for filesystems, the size for block volumes, and the volume's condition. Stage, unstage, publish and unpublish are idempotent:
 //! repeating a call that succeeded succeeds; the same path with an incompatible
@@ -22,7 +25,7 @@ use super::proto::csi::{self, node_server::Node, node_service_capability};
 use super::status::FrontError;
 use super::Front;
 use crate::actors::volumes::ops::{PublishArgs, StageArgs};
-use crate::actors::volumes::{PublishVolume, StageVolume, UnpublishVolume, UnstageVolume, VolumeStats};
+use crate::actors::volumes::{NodeExpandVolume, PublishVolume, StageVolume, UnpublishVolume, UnstageVolume, VolumeStats};
 
 /// Node service over the shared front state.
 pub struct NodeService(pub Front);
@@ -142,6 +145,37 @@ impl Node for NodeService {
         Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
     }
 
+    #[instrument(skip_all, fields(csi.method = "NodeExpandVolume", volume.id), err)]
+    async fn node_expand_volume(
+        &self,
+        req: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        let req = req.into_inner();
+        check_id("volume_id", &req.volume_id)?;
+        tracing::Span::current().record("volume.id", req.volume_id.as_str());
+        let path = path_field("volume_path", &req.volume_path)?;
+        if let Some(r) = &req.capacity_range {
+            if r.required_bytes < 0 || r.limit_bytes < 0 {
+                return Err(invalid("capacity_range values must not be negative"));
+            }
+        }
+        let size = self
+            .0
+            .volumes
+            .send(NodeExpandVolume { volume_id: req.volume_id.clone(), path })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        if let Some(r) = &req.capacity_range {
+            if r.required_bytes as u64 > size {
+                return Err(Status::out_of_range(format!(
+                    "volume {} is {size} bytes, less than the {} asked for: grow it with ControllerExpandVolume first",
+                    req.volume_id, r.required_bytes
+                )));
+            }
+        }
+        Ok(Response::new(csi::NodeExpandVolumeResponse { capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX) }))
+    }
+
     #[instrument(skip_all, fields(csi.method = "NodeGetVolumeStats", volume.id), err)]
     async fn node_get_volume_stats(
         &self,
@@ -212,6 +246,7 @@ impl Node for NodeService {
                 rpc(Type::SingleNodeMultiWriter),
                 rpc(Type::GetVolumeStats),
                 rpc(Type::VolumeCondition),
+                rpc(Type::ExpandVolume),
             ],
         }))
     }

@@ -33,7 +33,7 @@ impl FrontError {
 impl From<VolumeError> for Status {
     fn from(e: VolumeError) -> Status {
         let code = match &e {
-            VolumeError::NotFound { .. } => Code::NotFound,
+            VolumeError::NotFound { .. } | VolumeError::PathNotFound { .. } => Code::NotFound,
             VolumeError::InvalidArgument { .. } => Code::InvalidArgument,
             VolumeError::AlreadyExists { .. } => Code::AlreadyExists,
             VolumeError::ResourceExhausted { .. } => Code::ResourceExhausted,

@@ -81,6 +81,14 @@ pub enum VolumeError {
         /// Why, and what to do.
         reason: String,
     },
+    /// The volume is neither staged nor published at the path a node call names.
+    #[error("volume {volume_id} is not staged or published at {}", path.display())]
+    PathNotFound {
+        /// The volume.
+        volume_id: String,
+        /// The path asked about.
+        path: PathBuf,
+    },
     /// Another operation on the volume is in flight.
     #[error("another operation on volume {volume_id} is in progress; retry")]
     Aborted {
@@ -230,6 +238,28 @@ pub struct DetachVolume {
     pub volume_id: String,
     /// Detach from this node only; `None`: from every node.
     pub node_id: Option<String>,
+}
+
+/// Command: ControllerExpandVolume, grow a volume's partition in place. Answers the new
+/// size and whether the node must grow a filesystem.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(u64, bool), VolumeError>")]
+pub struct ExpandVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// The size asked for.
+    pub range: CapacityRange,
+}
+
+/// Command: NodeExpandVolume, grow a staged volume's filesystem to its partition.
+/// Answers the size.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<u64, VolumeError>")]
+pub struct NodeExpandVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// The staging or a target path the request names.
+    pub path: PathBuf,
 }
 
 /// Query: one volume.
@@ -1103,6 +1133,95 @@ impl Handler<SubscribeConditions> for VolumeManager {
     type Result = ();
     fn handle(&mut self, m: SubscribeConditions, _: &mut Context<Self>) {
         self.condition_subscribers.push(m.0);
+    }
+}
+
+impl VolumeManager {
+    /// The size a volume may grow to as asked: the range rounded like a create, never
+    /// below the current size; room after it on its drive (OUT_OF_RANGE past the end of
+    /// the drive, RESOURCE_EXHAUSTED when another extent is in the way).
+    fn expand_check(&self, m: &ExpandVolume) -> Result<(VolumeRecord, DriveLoc, u64), VolumeError> {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        let id = m.volume_id.as_str();
+        let rec = match self.book.get(id) {
+            Some(r) if r.state != VolumeState::Creating => r.clone(),
+            _ => return Err(VolumeError::NotFound { volume_id: id.to_string() }),
+        };
+        if rec.state == VolumeState::Deleting {
+            return Err(VolumeError::refused(id, model::Refusal::BeingDeleted));
+        }
+        let new_size = model::size_for(m.range, rec.size, rec.size).map_err(|reason| VolumeError::OutOfRange {
+            reason: format!("volume {id} is {} bytes and cannot shrink: {reason}", rec.size),
+        })?;
+        let d = self.drives.get(&rec.drive_id).ok_or_else(|| VolumeError::FailedPrecondition {
+            volume_id: id.to_string(),
+            reason: format!("lives on drive {} which is absent from this node; it cannot grow until the drive is back", rec.drive_id),
+        })?;
+        let loc = DriveLoc { path: d.path.clone(), sector: d.logical_block_size };
+        if new_size == rec.size {
+            return Ok((rec, loc, new_size));
+        }
+        let region_end = gpt::usable_region(d.size_bytes, d.logical_block_size).map_or(0, |(_, e)| e);
+        let mut others: Vec<(u64, u64)> =
+            self.book.values().filter(|r| r.drive_id == rec.drive_id && r.id != rec.id).map(|r| (r.start, r.size)).collect();
+        others.extend(d.extents.iter().copied());
+        let room = model::grow_room(rec.start, rec.size, &others, region_end);
+        if new_size > room.max_size {
+            let reason = format!(
+                "volume {id} can grow in place to at most {} bytes on drive {}, not {new_size}",
+                room.max_size, rec.drive_id
+            );
+            return Err(if room.blocked {
+                VolumeError::ResourceExhausted { reason: format!("{reason}: another volume or partition follows it") }
+            } else {
+                VolumeError::OutOfRange { reason: format!("{reason}: the drive ends there") }
+            });
+        }
+        Ok((rec, loc, new_size))
+    }
+}
+
+impl Handler<ExpandVolume> for VolumeManager {
+    type Result = ResponseActFuture<Self, Result<(u64, bool), VolumeError>>;
+    fn handle(&mut self, m: ExpandVolume, _: &mut Context<Self>) -> Self::Result {
+        let (rec, loc, new_size) = match self.expand_check(&m) {
+            Ok(x) => x,
+            Err(e) => return Box::pin(fut::ready(Err(e))),
+        };
+        let store = match self.claim(&m.volume_id) {
+            Ok(s) => s,
+            Err(e) => return Box::pin(fut::ready(Err(e))),
+        };
+        let lock = self.lock_of(&rec.drive_id);
+        let node_step = !rec.block;
+        // The space is the volume's from now on: a create placed meanwhile sees it taken.
+        let mut reserved = rec.clone();
+        reserved.size = new_size;
+        self.book.insert(reserved.id.clone(), reserved);
+        Box::pin(
+            self.run(m.volume_id, move || ops::expand(&store, &loc, &lock, rec, new_size))
+                .map(move |res, _, _| res.map(|size| (size, node_step))),
+        )
+    }
+}
+
+impl Handler<NodeExpandVolume> for VolumeManager {
+    type Result = ResponseActFuture<Self, Result<u64, VolumeError>>;
+    fn handle(&mut self, m: NodeExpandVolume, _: &mut Context<Self>) -> Self::Result {
+        let (store, rec, loc) = match self.node_call(&m.volume_id, true) {
+            Ok(x) => x,
+            Err(e) => return Box::pin(fut::ready(Err(e))),
+        };
+        drop(store);
+        let at_path = rec.staging.as_ref().is_some_and(|s| s.path == m.path) || rec.targets.contains_key(&m.path);
+        if !at_path {
+            self.busy.remove(&m.volume_id);
+            return Box::pin(fut::ready(Err(VolumeError::PathNotFound { volume_id: m.volume_id, path: m.path })));
+        }
+        let loc = loc.expect("checked by node_call");
+        self.run(m.volume_id, move || ops::node_expand(&loc, rec))
     }
 }
 

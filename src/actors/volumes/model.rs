@@ -292,6 +292,27 @@ pub fn size_for(range: CapacityRange, default: u64, minimum: u64) -> Result<u64,
     Ok(size)
 }
 
+/// How far a volume at `start` can grow in place: up to the first extent in use that
+/// begins at or after its end, or the end of the usable region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrowRoom {
+    /// The largest size the volume can take.
+    pub max_size: u64,
+    /// Another extent (a volume or foreign partition) sets the limit, not the end of
+    /// the drive: deleting it would make room.
+    pub blocked: bool,
+}
+
+/// See [`GrowRoom`]. `others` are the drive's other used extents `(start, len)`.
+pub fn grow_room(start: u64, size: u64, others: &[(u64, u64)], region_end: u64) -> GrowRoom {
+    let end = start.saturating_add(size);
+    let next = others.iter().map(|(s, _)| *s).filter(|s| *s >= end).min();
+    match next {
+        Some(n) if n < region_end => GrowRoom { max_size: n - start, blocked: true },
+        _ => GrowRoom { max_size: region_end.saturating_sub(start), blocked: false },
+    }
+}
+
 /// Where a new volume goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
@@ -379,6 +400,22 @@ pub fn place(cands: &[Candidate<'_>], media: Option<Media>, layout: LayoutKind, 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn grow_room_ends_at_the_next_extent_or_the_drive() {
+        const M: u64 = 1 << 20;
+        // (start, size, others, region end) -> (max size, blocked)
+        let table: [(u64, u64, &[(u64, u64)], u64, u64, bool); 5] = [
+            (M, 10 * M, &[], 100 * M, 99 * M, false),
+            (M, 10 * M, &[(20 * M, 5 * M)], 100 * M, 19 * M, true),
+            (M, 10 * M, &[(11 * M, 5 * M), (50 * M, M)], 100 * M, 10 * M, true),
+            (30 * M, 10 * M, &[(M, 5 * M)], 100 * M, 70 * M, false),
+            (M, 99 * M, &[], 100 * M, 99 * M, false),
+        ];
+        for (start, size, others, end, max_size, blocked) in table {
+            assert_eq!(grow_room(start, size, others, end), GrowRoom { max_size, blocked }, "{start}+{size} among {others:?}");
+        }
+    }
+
     use super::*;
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;

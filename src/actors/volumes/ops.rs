@@ -193,6 +193,79 @@ pub fn controller_publish(store: &Store, drive: &DriveLoc, mut rec: VolumeRecord
     }
 }
 
+/// Grows a volume's partition in place to `new_size` (ControllerExpandVolume): the GPT
+/// entry, then the kernel's partition, then the record. Every step is a no-op when
+/// already done, so a retry after a crash anywhere finishes the job (a restart in
+/// between takes the size from the GPT). `rec` is the record before the call.
+pub fn expand(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: VolumeRecord, new_size: u64) -> Outcome<u64> {
+    let prev = rec.clone();
+    let res = (|| {
+        {
+            let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
+            let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
+            gpt::resize_partition(&drive.path, drive.sector, rec.part_guid, new_size)
+                .map_err(disk(&rec.id, "grow the partition in the partition table"))?;
+            crash_point!("expand.gpt_resized");
+            match blkpg::resize_kernel_partition(&drive.path, rec.start, new_size) {
+                Ok(()) => {}
+                // No kernel partition (it is made again at stage): nothing to tell.
+                Err(DiskError::NotFound { .. }) => {}
+                Err(e) => return Err(disk(&rec.id, "grow the kernel partition")(e)),
+            }
+        }
+        crash_point!("expand.kernel_resized");
+        if rec.size != new_size {
+            info!(volume.id = %rec.id, volume.size = new_size, volume.old_size = rec.size, "volume grown");
+            rec.size = new_size;
+            save(store, &rec)?;
+        }
+        Ok(new_size)
+    })();
+    match res {
+        Ok(size) => Outcome { record: Some(rec), result: Ok(size) },
+        Err(e) => Outcome { record: Some(prev), result: Err(e) },
+    }
+}
+
+/// Grows a staged volume's filesystem to its partition (NodeExpandVolume), online;
+/// block volumes have nothing to grow. The partition must already have its new size.
+pub fn node_expand(drive: &DriveLoc, rec: VolumeRecord) -> Outcome<u64> {
+    let res = (|| {
+        if rec.block {
+            return Ok(rec.size);
+        }
+        let Some(staging) = rec.staging.as_ref().filter(|s| s.done).map(|s| s.path.clone()) else {
+            return Err(VolumeError::FailedPrecondition {
+                volume_id: rec.id.clone(),
+                reason: "is not staged; its filesystem grows when it is staged and published".into(),
+            });
+        };
+        let parts = blkpg::kernel_partitions(&drive.path).map_err(disk(&rec.id, "list the kernel partitions"))?;
+        if let Some(p) = parts.iter().find(|p| p.start == rec.start && p.size < rec.size) {
+            return Err(VolumeError::FailedPrecondition {
+                volume_id: rec.id.clone(),
+                reason: format!(
+                    "has a {} byte partition in the kernel but should have {}: ControllerExpandVolume has not finished; retry it first",
+                    p.size, rec.size
+                ),
+            });
+        }
+        if rec.fs_type == "ext4" && !crate::disk::has_capability(crate::disk::CAP_SYS_RESOURCE) {
+            return Err(VolumeError::FailedPrecondition {
+                volume_id: rec.id.clone(),
+                reason: "cannot grow its mounted ext4 filesystem: the kernel grows ext4 online only for a process \
+                         with CAP_SYS_RESOURCE, which drivelet lacks here; run it privileged (the DaemonSet does)"
+                    .into(),
+            });
+        }
+        let kp = blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size).map_err(disk(&rec.id, "find the kernel partition"))?;
+        fs::grow(&kp.devnode, &staging, &rec.fs_type).map_err(disk(&rec.id, "grow the filesystem"))?;
+        crash_point!("node_expand.grown");
+        Ok(rec.size)
+    })();
+    Outcome { record: Some(rec), result: res }
+}
+
 /// What NodeStageVolume asks.
 #[derive(Debug, Clone)]
 pub struct StageArgs {
