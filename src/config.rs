@@ -825,6 +825,27 @@ mod tests {
         Config::load(Some(&p))
     }
 
+    /// Every key of config/drivelet.toml has a row in the README's key table.
+    #[test]
+    fn readme_documents_every_config_key() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+        let text = std::fs::read_to_string(root.join("config/drivelet.toml")).expect("config/drivelet.toml");
+        let mut section = String::new();
+        let mut missing = Vec::new();
+        for line in text.lines().map(str::trim) {
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = name.to_string();
+            } else if let Some((key, _)) = line.split_once('=').filter(|_| !line.starts_with('#')) {
+                let full = format!("{section}.{}", key.trim());
+                if !readme.contains(&format!("| `{full}` |")) {
+                    missing.push(full);
+                }
+            }
+        }
+        assert!(missing.is_empty(), "README.md's key table lacks {missing:?}");
+    }
+
     #[test]
     fn registration_socket_lies_in_kubelets_plugin_registry_named_after_the_driver() {
         let mut c = valid();

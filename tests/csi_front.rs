@@ -51,16 +51,22 @@ fn identity_node_and_capacity_answer_field_by_field() {
         assert_eq!(info.manifest.get("node").map(String::as_str), Some(NODE));
 
         let caps = id.get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {}).await.unwrap().into_inner();
-        use csi::plugin_capability::{service::Type as S, Type};
-        let got: Vec<i32> = caps
+        use csi::plugin_capability::{service::Type as S, volume_expansion::Type as VE, Type};
+        let got: Vec<String> = caps
             .capabilities
             .iter()
             .map(|c| match &c.r#type {
-                Some(Type::Service(s)) => s.r#type,
+                Some(Type::Service(s)) => format!("service {}", s.r#type),
+                Some(Type::VolumeExpansion(e)) => format!("expansion {}", e.r#type),
                 other => panic!("unexpected capability {other:?}"),
             })
             .collect();
-        assert_eq!(got, vec![S::ControllerService as i32, S::VolumeAccessibilityConstraints as i32]);
+        let want = [
+            format!("service {}", S::ControllerService as i32),
+            format!("service {}", S::VolumeAccessibilityConstraints as i32),
+            format!("expansion {}", VE::Online as i32),
+        ];
+        assert_eq!(got, want);
         assert_eq!(id.probe(csi::ProbeRequest {}).await.unwrap().into_inner().ready, Some(true));
 
         let mut node = NodeClient::new(ch.clone());
@@ -83,7 +89,13 @@ fn identity_node_and_capacity_answer_field_by_field() {
             .collect();
         assert_eq!(
             got,
-            vec![NR::StageUnstageVolume as i32, NR::SingleNodeMultiWriter as i32, NR::GetVolumeStats as i32, NR::VolumeCondition as i32]
+            vec![
+                NR::StageUnstageVolume as i32,
+                NR::SingleNodeMultiWriter as i32,
+                NR::GetVolumeStats as i32,
+                NR::VolumeCondition as i32,
+                NR::ExpandVolume as i32
+            ]
         );
 
         let mut ctrl = ControllerClient::new(ch.clone());
@@ -108,6 +120,7 @@ fn identity_node_and_capacity_answer_field_by_field() {
                 R::ListVolumesPublishedNodes as i32,
                 R::GetVolume as i32,
                 R::VolumeCondition as i32,
+                R::ExpandVolume as i32,
             ]
         );
 
@@ -167,12 +180,18 @@ fn identity_node_and_capacity_answer_field_by_field() {
 
         // Not implemented: UNIMPLEMENTED, and not advertised above.
         let e = ctrl
-            .controller_expand_volume(csi::ControllerExpandVolumeRequest { volume_id: "v".into(), ..Default::default() })
+            .create_snapshot(csi::CreateSnapshotRequest { source_volume_id: "v".into(), name: "s".into(), ..Default::default() })
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::Unimplemented);
+        // Expansion is served: a request without a capacity range is refused, not unknown.
+        let e = ctrl
+            .controller_expand_volume(csi::ControllerExpandVolumeRequest { volume_id: "v".into(), ..Default::default() })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
         let e = node.node_expand_volume(csi::NodeExpandVolumeRequest::default()).await.unwrap_err();
-        assert_eq!(e.code(), Code::Unimplemented);
+        assert_eq!(e.code(), Code::InvalidArgument);
     });
 }
 
