@@ -63,6 +63,17 @@ pub struct Config {
     pub kubernetes: KubernetesConfig,
     /// The HTTP endpoints for probes and metrics.
     pub http: HttpConfig,
+    /// CSI migration of in-tree volume plugins' PVs, one switch per plugin.
+    pub migration: MigrationConfig,
+}
+
+/// `[migration]`: which Kubernetes in-tree volume plugins have their PVs translated to
+/// drivelet CSI PVs (see `migration`). Every switch is off by default.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MigrationConfig {
+    /// Translate kubernetes.io/local-volume PVs.
+    pub local: bool,
 }
 
 /// `[http]`: `/healthz`, `/readyz` and `/metrics` (Prometheus) over plain HTTP.
@@ -853,6 +864,15 @@ mod tests {
         c.kubelet.dir = "/k".into();
         c.driver.name = "x.example.com".into();
         assert_eq!(c.registration_socket(), Path::new("/k/plugins_registry/x.example.com-reg.sock"));
+    }
+
+    #[test]
+    fn migration_switches_are_off_by_default_and_local_can_be_turned_on() {
+        assert!(!Config::default().migration.local);
+        let c = load_str("[driver]\nnode_name = \"n\"\n[migration]\nlocal = true\n").unwrap();
+        assert!(c.migration.local);
+        let err = load_str("[migration]\nhostpath = true\n").unwrap_err().to_string();
+        assert!(err.contains("hostpath"), "{err}");
     }
 
     #[test]

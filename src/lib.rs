@@ -30,6 +30,8 @@ pub mod http;
 pub mod logging;
 /// Process-wide counters and their Prometheus rendering.
 pub mod metrics;
+/// CSI migration: in-tree `kubernetes.io/local-volume` PVs to drivelet CSI PVs and back.
+pub mod migration;
 /// The embedded store of volume records.
 pub mod store;
 
