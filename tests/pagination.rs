@@ -42,6 +42,7 @@ fn seed(dir: &std::path::Path, n: u32) -> BTreeSet<String> {
             rebuilt: false,
             failed: false,
             published_node: None,
+            adopted: None,
         };
         store.put(&rec.id, &rec).unwrap();
         ids.insert(rec.id);

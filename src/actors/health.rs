@@ -204,8 +204,17 @@ fn check_all(
         if matches!(rec.state, VolumeState::Creating | VolumeState::Deleting) {
             continue;
         }
-        let Some(drive) = drives.get(&rec.drive_id) else { continue };
+        let drive = drives.get(&rec.drive_id);
+        if drive.is_none() && rec.adopted.is_none() {
+            continue;
+        }
         let mut findings = Vec::new();
+        // An adopted volume's data is a directory of the host: it must still be there.
+        if let Some(a) = &rec.adopted {
+            if let Err(error) = readable(&a.path, cfg.command_timeout) {
+                findings.push(Finding::Unreadable { path: a.path.display().to_string(), error });
+            }
+        }
         if let Some(st) = rec.staging.as_ref().filter(|s| s.done && !s.block) {
             if !mounted_at(&st.path) {
                 findings.push(Finding::StagingNotMounted { path: st.path.display().to_string() });
@@ -224,7 +233,7 @@ fn check_all(
             }
         }
         let idle = rec.staging.is_none() && rec.targets.is_empty() && rec.formatted && !rec.block && !rec.fs_type.is_empty();
-        if idle {
+        if let (true, Some(drive), None) = (idle, drive, &rec.adopted) {
             let fresh = fscked.remove(&rec.id).filter(|(at, _)| at.elapsed() < FSCK_EVERY);
             let verdict = match fresh {
                 Some((at, v)) => {

@@ -1,6 +1,6 @@
 //! The admin socket behind `drivelet ctl`: one JSON request per line, one JSON answer
-//! per line. Root only (mode 0600): queries (drives, volumes) and the drive release
-//! command.
+//! per line. Root only (mode 0600): queries (drives, volumes), the drive release
+//! command and the adoption of a migrated in-tree `local` volume.
 //!
 //! Rules: a malformed or unknown request gets `{"error": ...}` and the connection
 //! stays usable; a line longer than 64 KiB closes the connection.
@@ -15,7 +15,7 @@ use crate::actors::inventory::model::Drive;
 use crate::actors::messages::ListDrives;
 use crate::actors::volumes::model::VolumeRecord;
 use crate::actors::volumes::health::DriveUse;
-use crate::actors::volumes::{ListDriveUses, ListVolumes, ReleaseDrive};
+use crate::actors::volumes::{AdoptVolume, ListDriveUses, ListVolumes, ReleaseDrive};
 
 /// A request on the admin socket.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -32,6 +32,19 @@ pub enum AdminRequest {
         drive_id: String,
         /// Fail the remaining volumes.
         force: bool,
+    },
+    /// Adopt the data of a translated in-tree `local` PV as a volume of this node.
+    Adopt {
+        /// The volume id (the translated PV's volume handle).
+        volume_id: String,
+        /// The PersistentVolume it came from.
+        pv_name: String,
+        /// The node the PV lives on (must be this one).
+        node: String,
+        /// The directory holding the data.
+        path: std::path::PathBuf,
+        /// The PV's filesystem (may be empty).
+        fs_type: String,
     },
 }
 
@@ -58,6 +71,8 @@ pub enum AdminResponse {
     Released(DriveUse),
     /// The volume list.
     Volumes(Vec<VolumeRecord>),
+    /// The adopted volume.
+    Adopted(VolumeRecord),
     /// The request failed.
     Error(String),
 }
@@ -90,6 +105,17 @@ async fn answer(front: &Front, line: &str) -> AdminResponse {
             Ok(Err(e)) => AdminResponse::Error(e.to_string()),
             Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
         },
+        Ok(AdminRequest::Adopt { volume_id, pv_name, node, path, fs_type }) => {
+            let here = &front.cfg.driver.node_name;
+            if node != *here {
+                return AdminResponse::Error(format!("the volume lives on node {node}; adopt it there (this is {here})"));
+            }
+            match front.volumes.send(AdoptVolume { volume_id, pv_name, path, fs_type }).await {
+                Ok(Ok(r)) => AdminResponse::Adopted(r),
+                Ok(Err(e)) => AdminResponse::Error(e.to_string()),
+                Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
+            }
+        }
         Ok(AdminRequest::Volumes) => match front.volumes.send(ListVolumes).await {
             Ok(v) => AdminResponse::Volumes(v),
             Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),

@@ -135,6 +135,8 @@ pub struct Condition {
 pub fn condition(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&DriveUse>, findings: &[Finding]) -> Condition {
     let mut why: Vec<String> = Vec::new();
     match drive {
+        // An adopted volume on storage drivelet does not manage has no drive to judge.
+        None if rec.adopted.is_some() && rec.drive_id.is_empty() => {}
         None => why.push(format!(
             "drive {} is missing from this node: the data is unreachable; put the drive back, or if it failed, delete the volume and restore from backup",
             rec.drive_id
@@ -179,6 +181,9 @@ pub fn attach_refusal(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&
         ));
     }
     let Some(d) = drive else {
+        if rec.adopted.is_some() && rec.drive_id.is_empty() {
+            return None;
+        }
         return Some(format!("lives on drive {} which is missing from this node; put the drive back", rec.drive_id));
     };
     if rec.published_node.as_deref() == Some(node) {

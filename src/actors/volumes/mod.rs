@@ -219,9 +219,16 @@ pub const PUBLISH_DEVICE_KEY: &str = "drivelet.io/device";
 /// `publish_context` key: the volume's GPT partition GUID.
 pub const PUBLISH_PARTITION_GUID_KEY: &str = "drivelet.io/partition-guid";
 
+/// `publish_context` key of an adopted volume: the host directory it binds.
+pub const PUBLISH_LOCAL_PATH_KEY: &str = "drivelet.io/local-path";
+
 impl PublishContext {
     /// As the CSI `publish_context` map (also a VolumeAttachment's `attachmentMetadata`).
+    /// An adopted volume (no partition: a nil GUID) names its directory instead.
     pub fn to_map(&self) -> BTreeMap<String, String> {
+        if self.part_guid.is_nil() {
+            return BTreeMap::from([(PUBLISH_LOCAL_PATH_KEY.to_string(), self.device.display().to_string())]);
+        }
         BTreeMap::from([
             (PUBLISH_DEVICE_KEY.to_string(), self.device.display().to_string()),
             (PUBLISH_PARTITION_GUID_KEY.to_string(), self.part_guid.to_string()),
@@ -445,7 +452,7 @@ impl VolumeManager {
             .filter(|d| d.class == DriveClass::Managed)
             .map(|d| {
                 let mut used: Vec<(u64, u64)> =
-                    self.book.values().filter(|r| r.drive_id == d.id).map(|r| (r.start, r.size)).collect();
+                    self.book.values().filter(|r| r.drive_id == d.id && r.adopted.is_none()).map(|r| (r.start, r.size)).collect();
                 used.extend(d.extents.iter().copied());
                 let closed = self.drive_use.contains_key(&d.id) || d.health.health == crate::disk::smart::Health::Bad;
                 Candidate { drive: d, used, closed }
@@ -516,6 +523,7 @@ impl VolumeManager {
             rebuilt: false,
             failed: false,
             published_node: None,
+            adopted: None,
         };
         Ok((rec, true))
     }
@@ -992,8 +1000,10 @@ impl VolumeManager {
             return Err(VolumeError::NotReady);
         }
         let rec = self.book.get(id).cloned().ok_or_else(|| VolumeError::NotFound { volume_id: id.to_string() })?;
-        let loc = self.loc_of(&rec.drive_id);
-        if need_drive && loc.is_none() {
+        // An adopted volume's drive (if drivelet knows it) is never handed to a disk
+        // step: it is not drivelet's to change.
+        let loc = if rec.adopted.is_some() { None } else { self.loc_of(&rec.drive_id) };
+        if need_drive && loc.is_none() && rec.adopted.is_none() {
             return Err(VolumeError::FailedPrecondition {
                 volume_id: id.to_string(),
                 reason: format!("lives on drive {} which is absent from this node", rec.drive_id),
@@ -1012,8 +1022,7 @@ impl Handler<StageVolume> for VolumeManager {
             Err(e) => return Box::pin(fut::ready(Err(e))),
         };
         let roots = self.cfg.allowed_roots.clone();
-        let loc = loc.expect("checked");
-        self.run(m.volume_id, move || ops::stage(&store, &loc, &roots, rec, m.args))
+        self.run(m.volume_id, move || ops::stage(&store, loc.as_ref(), &roots, rec, m.args))
     }
 }
 
@@ -1036,8 +1045,7 @@ impl Handler<PublishVolume> for VolumeManager {
             Err(e) => return Box::pin(fut::ready(Err(e))),
         };
         let roots = self.cfg.allowed_roots.clone();
-        let loc = loc.expect("checked");
-        self.run(m.volume_id, move || ops::publish(&store, &loc, &roots, rec, m.args))
+        self.run(m.volume_id, move || ops::publish(&store, loc.as_ref(), &roots, rec, m.args))
     }
 }
 
@@ -1063,7 +1071,7 @@ impl Handler<AttachVolume> for VolumeManager {
                     info!(volume.id = %id, node.name = %node, "attaching volume to node");
                 }
                 Box::pin(
-                    self.run(id, move || ops::controller_publish(&store, &loc, rec, node))
+                    self.run(id, move || ops::controller_publish(&store, loc.as_ref(), rec, node))
                         .map(move |res, _, _| res.map(|device| PublishContext { device, part_guid: guid })),
                 )
             }
@@ -1102,15 +1110,15 @@ impl VolumeManager {
         if let Some(reason) = health::attach_refusal(&rec, d, self.drive_use.get(&rec.drive_id), &m.node_id) {
             return Err(refuse(reason));
         }
-        if self.loc_of(&rec.drive_id).is_none() {
+        if rec.adopted.is_none() && self.loc_of(&rec.drive_id).is_none() {
             return Err(refuse(format!("lives on drive {} which is missing", rec.drive_id)));
         }
         Ok(rec)
     }
 
-    fn attach_check(&mut self, m: &AttachVolume) -> Result<(Arc<Store>, VolumeRecord, DriveLoc), VolumeError> {
+    fn attach_check(&mut self, m: &AttachVolume) -> Result<(Arc<Store>, VolumeRecord, Option<DriveLoc>), VolumeError> {
         let rec = self.attach_refusal(m)?;
-        let loc = self.loc_of(&rec.drive_id).ok_or(VolumeError::NotReady)?;
+        let loc = if rec.adopted.is_some() { None } else { self.loc_of(&rec.drive_id) };
         let store = self.claim(&m.volume_id)?;
         Ok((store, rec, loc))
     }
@@ -1126,6 +1134,81 @@ impl Handler<AttachPreview> for VolumeManager {
     type Result = Result<(), VolumeError>;
     fn handle(&mut self, m: AttachPreview, _: &mut Context<Self>) -> Self::Result {
         self.attach_refusal(&m.0).map(|_| ())
+    }
+}
+
+/// Command: adopt a host directory holding an existing volume's data (an in-tree
+/// `local` PV translated by `migration`) as volume `volume_id`. Idempotent for the same
+/// directory. The data is never formatted, moved or deleted.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<VolumeRecord, VolumeError>")]
+pub struct AdoptVolume {
+    /// The volume id (the translated PV's volume handle).
+    pub volume_id: String,
+    /// The PersistentVolume it came from.
+    pub pv_name: String,
+    /// The directory holding the data.
+    pub path: PathBuf,
+    /// The filesystem the PV names (may be empty).
+    pub fs_type: String,
+}
+
+impl Handler<AdoptVolume> for VolumeManager {
+    type Result = ResponseActFuture<Self, Result<VolumeRecord, VolumeError>>;
+    fn handle(&mut self, m: AdoptVolume, _: &mut Context<Self>) -> Self::Result {
+        let refuse = |reason: String| VolumeError::InvalidArgument { reason: format!("cannot adopt {}: {reason}", m.path.display()) };
+        let canonical = match std::fs::canonicalize(&m.path) {
+            Ok(p) => p,
+            Err(e) => return Box::pin(fut::ready(Err(refuse(e.to_string())))),
+        };
+        if !canonical.is_dir() || canonical == std::path::Path::new("/") {
+            return Box::pin(fut::ready(Err(refuse("not a directory other than /; block local volumes cannot be adopted".into()))));
+        }
+        if let Some(r) = self.book.get(&m.volume_id) {
+            let same = r.adopted.as_ref().is_some_and(|a| a.path == canonical && a.pv_name == m.pv_name);
+            return Box::pin(fut::ready(if same {
+                Ok(r.clone())
+            } else {
+                Err(VolumeError::AlreadyExists { volume: m.volume_id.clone(), reason: "exists with other data".into() })
+            }));
+        }
+        if let Some(r) = self.book.values().find(|r| r.adopted.as_ref().is_some_and(|a| a.path == canonical)) {
+            let e = VolumeError::AlreadyExists { volume: r.id.clone(), reason: format!("already adopts {}", canonical.display()) };
+            return Box::pin(fut::ready(Err(e)));
+        }
+        let store = match self.claim(&m.volume_id) {
+            Ok(s) => s,
+            Err(e) => return Box::pin(fut::ready(Err(e))),
+        };
+        let drive = crate::disk::whole_disk_of(&canonical).and_then(|n| self.drives.values().find(|d| d.devnum == n));
+        let size = crate::disk::fs::usage(&canonical).map(|u| u.total_bytes).unwrap_or(0);
+        let rec = VolumeRecord {
+            id: m.volume_id.clone(),
+            name: m.pv_name.clone(),
+            drive_id: drive.map(|d| d.id.clone()).unwrap_or_default(),
+            part_guid: uuid::Uuid::nil(),
+            start: 0,
+            size,
+            layout: LayoutKind::Partition,
+            media: drive.map(|d| d.media).unwrap_or(Media::Virtual),
+            block: false,
+            fs_type: m.fs_type.clone(),
+            parameters: BTreeMap::new(),
+            state: VolumeState::Available,
+            formatted: true,
+            staging: None,
+            targets: BTreeMap::new(),
+            created_unix: now_unix(),
+            rebuilt: false,
+            failed: false,
+            published_node: None,
+            adopted: Some(model::Adopted { path: canonical, pv_name: m.pv_name }),
+        };
+        info!(volume.id = %rec.id, volume.path = ?rec.adopted.as_ref().map(|a| &a.path), drive.id = %rec.drive_id, "adopting volume");
+        self.run(m.volume_id, move || match store.put(&rec.id, &rec) {
+            Ok(()) => Outcome { record: Some(rec.clone()), result: Ok(rec) },
+            Err(e) => Outcome { record: None, result: Err(VolumeError::Store(e)) },
+        })
     }
 }
 
@@ -1151,6 +1234,12 @@ impl VolumeManager {
         };
         if rec.state == VolumeState::Deleting {
             return Err(VolumeError::refused(id, model::Refusal::BeingDeleted));
+        }
+        if let Some(a) = &rec.adopted {
+            return Err(VolumeError::FailedPrecondition {
+                volume_id: id.to_string(),
+                reason: format!("is adopted from {}: its size is its filesystem's, which drivelet does not manage", a.path.display()),
+            });
         }
         let new_size = model::size_for(m.range, rec.size, rec.size).map_err(|reason| VolumeError::OutOfRange {
             reason: format!("volume {id} is {} bytes and cannot shrink: {reason}", rec.size),
@@ -1220,7 +1309,13 @@ impl Handler<NodeExpandVolume> for VolumeManager {
             self.busy.remove(&m.volume_id);
             return Box::pin(fut::ready(Err(VolumeError::PathNotFound { volume_id: m.volume_id, path: m.path })));
         }
-        let loc = loc.expect("checked by node_call");
+        let Some(loc) = loc.filter(|_| rec.adopted.is_none()) else {
+            self.busy.remove(&m.volume_id);
+            return Box::pin(fut::ready(Err(VolumeError::FailedPrecondition {
+                volume_id: m.volume_id,
+                reason: "is adopted: its filesystem is not drivelet's to grow".into(),
+            })));
+        };
         self.run(m.volume_id, move || ops::node_expand(&loc, rec))
     }
 }

@@ -203,6 +203,19 @@ pub struct VolumeRecord {
     /// to a node is not deleted.
     #[serde(default)]
     pub published_node: Option<String>,
+    /// An adopted volume (an in-tree `local` PV brought under drivelet's care): its
+    /// data is a directory of the host that drivelet never created and never deletes.
+    #[serde(default)]
+    pub adopted: Option<Adopted>,
+}
+
+/// Where an adopted volume's data lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Adopted {
+    /// The directory (canonical) that staging binds.
+    pub path: PathBuf,
+    /// The PersistentVolume it came from.
+    pub pv_name: String,
 }
 
 #[cfg(test)]
@@ -230,6 +243,7 @@ impl VolumeRecord {
             rebuilt: false,
             failed: false,
             published_node: None,
+            adopted: None,
         }
     }
 }

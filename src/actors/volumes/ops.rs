@@ -65,6 +65,52 @@ fn save(store: &Store, rec: &VolumeRecord) -> Result<(), VolumeError> {
     store.put(&rec.id, rec).map_err(VolumeError::Store)
 }
 
+/// What a volume's data lives on: its partition, or (adopted) a directory of the host.
+enum Backing {
+    /// A drivelet partition, as the kernel knows it.
+    Partition(blkpg::KernelPartition),
+    /// An adopted volume's directory and the device number of its filesystem.
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// `st_dev` of the directory's filesystem.
+        devnum: (u32, u32),
+    },
+}
+
+impl Backing {
+    fn devnum(&self) -> (u32, u32) {
+        match self {
+            Backing::Partition(kp) => kp.devnum,
+            Backing::Dir { devnum, .. } => *devnum,
+        }
+    }
+}
+
+/// The backing of `rec`: its adopted directory, or its kernel partition on `drive`.
+fn backing(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<Backing, VolumeError> {
+    if let Some(a) = &rec.adopted {
+        let md = std::fs::metadata(&a.path).map_err(|e| VolumeError::FailedPrecondition {
+            volume_id: rec.id.clone(),
+            reason: format!("is adopted from {}, which cannot be read: {e}; put the data back", a.path.display()),
+        })?;
+        if !md.is_dir() {
+            return Err(VolumeError::FailedPrecondition {
+                volume_id: rec.id.clone(),
+                reason: format!("is adopted from {}, which is no longer a directory", a.path.display()),
+            });
+        }
+        use std::os::unix::fs::MetadataExt;
+        let dev = md.dev();
+        return Ok(Backing::Dir { path: a.path.clone(), devnum: (nix::sys::stat::major(dev) as u32, nix::sys::stat::minor(dev) as u32) });
+    }
+    let drive = drive.ok_or_else(|| VolumeError::FailedPrecondition {
+        volume_id: rec.id.clone(),
+        reason: format!("lives on drive {} which is absent from this node", rec.drive_id),
+    })?;
+    blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size).map(Backing::Partition).map_err(disk(&rec.id, "find the kernel partition"))
+}
+
 /// Creates the partition of a `Creating` record: intent, GPT entry, kernel partition,
 /// wipe, then `Available`.
 pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeRecord) -> Outcome<VolumeRecord> {
@@ -128,6 +174,16 @@ pub fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec
         Ok(s) => rec.state = s,
         Err(r) => return Outcome { record: Some(prev), result: Err(VolumeError::refused(&rec.id, r)) },
     }
+    if let Some(a) = &rec.adopted {
+        // Retain: an adopted volume's data was never drivelet's; only its record goes.
+        return match store.remove(&rec.id) {
+            Ok(()) => {
+                info!(volume.id = %rec.id, volume.path = %a.path.display(), "adopted volume released; its data is kept where it is");
+                Outcome { record: None, result: Ok(()) }
+            }
+            Err(e) => Outcome { record: Some(prev), result: Err(VolumeError::Store(e)) },
+        };
+    }
     if let Err(e) = save(store, &rec) {
         return Outcome { record: Some(prev), result: Err(e) };
     }
@@ -177,15 +233,18 @@ pub fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, r
 
 /// Attaches a volume to `node` (ControllerPublishVolume): makes sure the kernel has its
 /// partition, then records the attachment. Returns the partition's device node.
-pub fn controller_publish(store: &Store, drive: &DriveLoc, mut rec: VolumeRecord, node: String) -> Outcome<PathBuf> {
+pub fn controller_publish(store: &Store, drive: Option<&DriveLoc>, mut rec: VolumeRecord, node: String) -> Outcome<PathBuf> {
     let prev = rec.clone();
     let res = (|| {
-        let kp = blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size).map_err(disk(&rec.id, "find the kernel partition"))?;
+        let at = match backing(drive, &rec)? {
+            Backing::Partition(kp) => kp.devnode,
+            Backing::Dir { path, .. } => path,
+        };
         if rec.published_node.as_deref() != Some(node.as_str()) {
             rec.published_node = Some(node);
             save(store, &rec)?;
         }
-        Ok(kp.devnode)
+        Ok(at)
     })();
     match res {
         Ok(dev) => Outcome { record: Some(rec), result: Ok(dev) },
@@ -289,7 +348,7 @@ fn check_path(id: &str, p: &Path, roots: &[PathBuf]) -> Result<(), VolumeError> 
 
 /// Stages a volume: intent, mkfs (only on a volume drivelet wiped and never
 /// formatted), mount, then `Staged`.
-pub fn stage(store: &Store, drive: &DriveLoc, roots: &[PathBuf], rec: VolumeRecord, a: StageArgs) -> Outcome<()> {
+pub fn stage(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: VolumeRecord, a: StageArgs) -> Outcome<()> {
     let prev = rec.clone();
     match stage_steps(store, drive, roots, rec, &a) {
         Ok(done) => Outcome { record: Some(done), result: Ok(()) },
@@ -312,7 +371,7 @@ pub fn stage(store: &Store, drive: &DriveLoc, roots: &[PathBuf], rec: VolumeReco
 
 type StepErr = (VolumeError, Option<VolumeRecord>);
 
-fn stage_steps(store: &Store, drive: &DriveLoc, roots: &[PathBuf], mut rec: VolumeRecord, a: &StageArgs) -> Result<VolumeRecord, StepErr> {
+fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut rec: VolumeRecord, a: &StageArgs) -> Result<VolumeRecord, StepErr> {
     let id = rec.id.clone();
     check_path(&id, &a.path, roots).map_err(|e| (e, None))?;
     let mut opts = mount::parse_mount_flags(&a.flags)
@@ -359,9 +418,13 @@ fn stage_steps(store: &Store, drive: &DriveLoc, roots: &[PathBuf], mut rec: Volu
             None,
         ));
     }
-    let kp = blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size)
-        .map_err(|e| (disk(&id, "find the kernel partition")(e), None))?;
-    let found = if a.block { None } else { fs::probe_fs(&kp.devnode).map_err(|e| (disk(&id, "probe the filesystem")(e), None))? };
+    let b = backing(drive, &rec).map_err(|e| (e, None))?;
+    let found = match &b {
+        Backing::Partition(kp) if !a.block => fs::probe_fs(&kp.devnode).map_err(|e| (disk(&id, "probe the filesystem")(e), None))?,
+        // An adopted directory holds the data of its filesystem: never formatted.
+        Backing::Dir { .. } => Some(rec.fs_type.clone()),
+        Backing::Partition(_) => None,
+    };
     if let Some(found) = &found {
         if rec.formatted && *found != fs_type {
             return Err((
@@ -370,7 +433,7 @@ fn stage_steps(store: &Store, drive: &DriveLoc, roots: &[PathBuf], mut rec: Volu
             ));
         }
     }
-    if rec.staging.as_ref().is_some_and(|s| s.done) && (a.block || mount::is_mounted_from(&a.path, kp.devnum).unwrap_or(false)) {
+    if rec.staging.as_ref().is_some_and(|s| s.done) && (a.block || mount::is_mounted_from(&a.path, b.devnum()).unwrap_or(false)) {
         return Ok(rec);
     }
     rec.staging = Some(Staging { path: a.path.clone(), block: a.block, flags: a.flags.clone(), readonly: a.readonly, done: false });
@@ -378,7 +441,7 @@ fn stage_steps(store: &Store, drive: &DriveLoc, roots: &[PathBuf], mut rec: Volu
     crash_point!("stage.intent_saved");
     let mut r2 = rec.clone();
     let res = (|| {
-        if !a.block {
+        if let (false, Backing::Partition(kp)) = (a.block, &b) {
             if found.is_none() || !r2.formatted {
                 fs::mkfs(&kp.devnode, &fs_type).map_err(disk(&id, "make the filesystem"))?;
                 crash_point!("stage.formatted");
@@ -392,6 +455,12 @@ fn stage_steps(store: &Store, drive: &DriveLoc, roots: &[PathBuf], mut rec: Volu
                 mount::mount_fs(&kp.devnode, &a.path, &fs_type, &opts).map_err(disk(&id, "mount the filesystem"))?;
             }
             crash_point!("stage.mounted");
+        }
+        if let Backing::Dir { path, devnum } = &b {
+            std::fs::create_dir_all(&a.path).map_err(|e| disk(&id, "create the staging directory")(DiskError::Io { what: a.path.display().to_string(), source: e }))?;
+            if !mount::is_mounted_from(&a.path, *devnum).map_err(disk(&id, "read mounts"))? {
+                mount::bind_mount(path, &a.path, a.readonly).map_err(disk(&id, "bind the adopted directory to the staging path"))?;
+            }
         }
         if let Some(st) = r2.staging.as_mut() {
             st.done = true;
@@ -455,7 +524,7 @@ pub struct PublishArgs {
 }
 
 /// Publishes: intent, target directory (file for block), bind mount, then `Published`.
-pub fn publish(store: &Store, drive: &DriveLoc, roots: &[PathBuf], rec: VolumeRecord, a: PublishArgs) -> Outcome<()> {
+pub fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: VolumeRecord, a: PublishArgs) -> Outcome<()> {
     let id = rec.id.clone();
     let prev = rec.clone();
     let mut r = rec;
@@ -492,7 +561,7 @@ pub fn publish(store: &Store, drive: &DriveLoc, roots: &[PathBuf], rec: VolumeRe
                 });
             }
         }
-        let kp = blkpg::ensure_kernel_partition(&drive.path, r.start, r.size).map_err(disk(&id, "find the kernel partition"))?;
+        let b = backing(drive, &r)?;
         if let Some(t) = r.targets.get(&a.target) {
             if t.readonly != a.readonly || t.block != a.block {
                 return Err(VolumeError::AlreadyExists {
@@ -509,10 +578,9 @@ pub fn publish(store: &Store, drive: &DriveLoc, roots: &[PathBuf], rec: VolumeRe
             });
         }
         let state = next(r.state, Op::Publish).map_err(|x| VolumeError::refused(&id, x))?;
-        let mounted = if a.block {
-            mount::is_block_bind(&a.target, &kp.devnode).unwrap_or(false)
-        } else {
-            mount::is_mounted_from(&a.target, kp.devnum).unwrap_or(false)
+        let mounted = match (&b, a.block) {
+            (Backing::Partition(kp), true) => mount::is_block_bind(&a.target, &kp.devnode).unwrap_or(false),
+            _ => mount::is_mounted_from(&a.target, b.devnum()).unwrap_or(false),
         };
         if mounted && r.targets.get(&a.target).is_some_and(|t| t.done) {
             return Ok(());
@@ -526,7 +594,7 @@ pub fn publish(store: &Store, drive: &DriveLoc, roots: &[PathBuf], rec: VolumeRe
                 let id = id.clone();
                 move |e| disk(&id, "prepare the target")(DiskError::Io { what, source: e })
             };
-            if a.block {
+            if let (true, Backing::Partition(kp)) = (a.block, &b) {
                 if !a.target.exists() {
                     std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&a.target).map_err(io("create file"))?;
                 }

@@ -76,6 +76,8 @@ pub fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mount
         }
         let mut changed = false;
         match (drive_present, on_disk) {
+            // An adopted volume has no partition; its directory is checked by the health poller.
+            _ if rec.adopted.is_some() => {}
             (false, _) => p.reports.push(format!("volume {}: drive {} is absent", rec.id, rec.drive_id)),
             (true, None) => p.reports.push(format!(
                 "volume {}: its partition {} is missing from drive {}; kept for inspection, nothing deleted",
@@ -155,6 +157,7 @@ pub fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mount
                 rebuilt: true,
                 failed: false,
                 published_node: None,
+                adopted: None,
             };
             p.changed.insert(rec.id.clone());
             p.keep.push(rec);
