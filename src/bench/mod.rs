@@ -687,7 +687,7 @@ pub async fn run_lifecycle(o: &LifecycleOptions) -> Result<Report, BenchError> {
         mode: "lifecycle".into(),
         concurrency: o.common.concurrency,
         connections: o.common.connections.as_str().into(),
-        duration_s: o.count.is_none().then(|| o.duration.as_secs_f64()),
+        duration_s: o.count.is_none().then_some(o.duration.as_secs_f64()),
         count: o.count,
         endpoints,
     })
