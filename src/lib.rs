@@ -9,6 +9,8 @@
 pub mod actors;
 /// `drivelet run`: startup order and clean shutdown.
 pub mod agent;
+/// `drivelet bench`: a CSI load generator for any CSI endpoint.
+pub mod bench;
 /// Typed configuration and validation.
 pub mod config;
 /// `drivelet csi`: a CSI client for running a lifecycle by hand.

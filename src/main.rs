@@ -61,6 +61,90 @@ enum Cmd {
         #[command(subcommand)]
         cmd: CsiCmd,
     },
+    /// A CSI load generator for any CSI endpoint (this driver's or another's): cheap
+    /// RPCs (`rpc`) or whole volume lifecycles (`lifecycle`), with throughput, latency
+    /// percentiles and errors by code. Several `--endpoint LABEL=PATH` are measured one
+    /// after another and reported side by side. Example:
+    /// `drivelet bench rpc --endpoint drivelet=/tmp/drivelet-demo/csi.sock --duration 5s`.
+    Bench {
+        #[command(subcommand)]
+        mode: BenchMode,
+    },
+}
+
+/// Settings of both bench modes.
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// CSI socket to measure, as PATH or LABEL=PATH (repeatable: endpoints run one
+    /// after another, never at once, and are reported side by side).
+    #[arg(long = "endpoint", required = true)]
+    endpoints: Vec<String>,
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// One connection per caller, or one shared channel (HTTP/2 multiplexing).
+    #[arg(long, value_enum, default_value_t = drivelet::bench::Connections::PerCaller)]
+    connections: drivelet::bench::Connections,
+    /// Time limit of each call, e.g. 30s (running out counts as DEADLINE_EXCEEDED).
+    #[arg(long, default_value = "60s")]
+    timeout: String,
+    /// Worker threads of the load generator (it shares the machine with the driver).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+#[derive(Subcommand)]
+enum BenchMode {
+    /// N callers call each cheap RPC back to back for --duration (one phase per RPC):
+    /// Probe, NodeGetCapabilities, GetCapacity, ListVolumes (first page).
+    Rpc {
+        #[command(flatten)]
+        args: BenchArgs,
+        /// How long each RPC is called, e.g. 5s.
+        #[arg(long, default_value = "5s")]
+        duration: String,
+        /// Only these RPCs (repeatable; default: all four).
+        #[arg(long = "rpc", value_enum)]
+        rpcs: Vec<drivelet::bench::Rpc>,
+        /// max_entries of ListVolumes.
+        #[arg(long, default_value_t = 100)]
+        page_size: i32,
+    },
+    /// N workers run whole volume lifecycles: create, (controller publish,) stage,
+    /// publish, write and read a small file through the target path, unpublish,
+    /// unstage, (controller unpublish,) delete. Failed lifecycles are cleaned up.
+    Lifecycle {
+        #[command(flatten)]
+        args: BenchArgs,
+        /// Lifecycles per endpoint (default: as many as fit in --duration).
+        #[arg(long)]
+        count: Option<u64>,
+        /// Time limit when no --count is given, e.g. 30s.
+        #[arg(long, default_value = "30s")]
+        duration: String,
+        /// Volume size, e.g. 64Mi (0: the driver's default).
+        #[arg(long, default_value = "64Mi")]
+        size: String,
+        /// Filesystem, e.g. ext4 or xfs (default: the driver's).
+        #[arg(long, default_value = "")]
+        fs: String,
+        /// Block volumes instead of filesystems.
+        #[arg(long)]
+        block: bool,
+        /// StorageClass parameter key=value (repeatable), e.g. --param media=ssd.
+        #[arg(long = "param")]
+        params: Vec<String>,
+        /// Staging paths go under this directory; it must lie under the driver's
+        /// allowed roots (drivelet: volumes.allowed_roots).
+        #[arg(long)]
+        staging_dir: PathBuf,
+        /// Target paths go under this directory (same rule as --staging-dir).
+        #[arg(long)]
+        target_dir: PathBuf,
+    },
 }
 
 /// How a volume is accessed, for `drivelet csi` commands.
@@ -405,6 +489,51 @@ fn csi(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, cmd: 
     Ok(())
 }
 
+fn bench(mode: BenchMode) -> anyhow::Result<()> {
+    use drivelet::bench::{self, Common};
+    let duration = |s: &str| drivelet::config::parse_duration(s).map_err(|e| anyhow::anyhow!(e));
+    let common = |a: &BenchArgs| -> anyhow::Result<Common> {
+        Ok(Common {
+            endpoints: a.endpoints.iter().map(|e| bench::parse_endpoint(e)).collect::<Result<_, _>>()?,
+            concurrency: a.concurrency,
+            connections: a.connections,
+            timeout: duration(&a.timeout)?,
+        })
+    };
+    let args = match &mode {
+        BenchMode::Rpc { args, .. } | BenchMode::Lifecycle { args, .. } => args,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads.max(1)).enable_all().build()?;
+    let report = match &mode {
+        BenchMode::Rpc { args, duration: d, rpcs, page_size } => {
+            let o = bench::RpcOptions { common: common(args)?, duration: duration(d)?, rpcs: rpcs.clone(), page_size: *page_size };
+            rt.block_on(bench::run_rpc(&o))?
+        }
+        BenchMode::Lifecycle { args, count, duration: d, size, fs, block, params, staging_dir, target_dir } => {
+            let o = bench::LifecycleOptions {
+                common: common(args)?,
+                count: *count,
+                duration: duration(d)?,
+                size: size_arg(size)?,
+                access: drivelet::csicli::Access { block: *block, fs_type: fs.clone(), mount_flags: Vec::new(), mode: String::new() },
+                params: drivelet::csicli::parse_params(params)?,
+                staging_dir: staging_dir.clone(),
+                target_dir: target_dir.clone(),
+            };
+            rt.block_on(bench::run_lifecycle(&o))?
+        }
+    };
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&report).context("encode")?),
+        Output::Table => print!("{}", bench::render_table(&report)),
+    }
+    let left = report.left_behind();
+    if !left.is_empty() {
+        anyhow::bail!("{} volume(s) could not be cleaned up and are left behind: {}", left.len(), left.join(", "));
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
@@ -414,6 +543,7 @@ fn main() -> ExitCode {
         }).map_err(Into::into),
         Cmd::Ctl { config, socket, cmd } => ctl(config, socket, cmd),
         Cmd::Csi { config, endpoint, output, cmd } => csi(config, endpoint, output, cmd),
+        Cmd::Bench { mode } => bench(mode),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
