@@ -12,7 +12,11 @@
 //! - nothing is served until start-up reconciliation of the store with the drives'
 //!   GPTs and the host's mounts is done (calls get `NotReady`);
 //! - the drive set comes from the inventory's [`DriveEvent`]s; only managed drives
-//!   take new volumes.
+//!   take new volumes;
+//! - on restart (supervisor) the book is rebuilt from the store, the drives and the
+//!   mounts; calls in flight are answered UNAVAILABLE, and their disk steps run on to
+//!   their end, holding the store, which the rebuild waits for; tests make the actor
+//!   fail while answering `ListVolumeStatuses` (fail point `actor.volumes.stop`).
 
 pub mod health;
 pub mod model;
@@ -845,9 +849,13 @@ pub struct ListVolumeStatuses {
 
 impl Handler<ListVolumeStatuses> for VolumeManager {
     type Result = Result<(Vec<VolumeStatus>, Option<String>), VolumeError>;
-    fn handle(&mut self, m: ListVolumeStatuses, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, m: ListVolumeStatuses, ctx: &mut Context<Self>) -> Self::Result {
         if !self.ready {
             return Err(VolumeError::NotReady);
+        }
+        if super::supervisor::injected_failure("actor.volumes.stop") {
+            warn!(actor = "volumes", "failure injected: stopping after this answer");
+            ctx.stop();
         }
         use std::ops::Bound;
         let lower = match &m.after {
