@@ -116,7 +116,7 @@ pub(crate) fn access_of(caps: &[csi::VolumeCapability]) -> Result<(bool, String)
     Ok((block.unwrap_or(false), fs))
 }
 
-fn range_of(r: Option<&csi::CapacityRange>) -> Result<CapacityRange, Status> {
+pub(crate) fn range_of(r: Option<&csi::CapacityRange>) -> Result<CapacityRange, Status> {
     let Some(r) = r else { return Ok(CapacityRange { required: 0, limit: 0 }) };
     if r.required_bytes < 0 || r.limit_bytes < 0 {
         return Err(invalid("capacity_range values must not be negative"));
