@@ -36,6 +36,12 @@ use crate::grpc::params::{capability_supported, VolumeParams};
 use crate::grpc::proto::csi;
 use crate::grpc::{list_token, parse_list_token};
 
+/// Cases per property: `PROPTEST_CASES` when set (the on-demand long run), else
+/// `default` (the bounded run).
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 /// Strings that mix plain text with the characters validation cares about.
 fn hostile_string(max: usize) -> impl Strategy<Value = String> {
     let piece = prop_oneof![
@@ -62,7 +68,7 @@ fn banned(c: char) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(cases(256)))]
 
     #[test]
     fn names_and_ids_are_accepted_only_within_the_csi_rules(v in prop_oneof![hostile_string(40), "[a-z]{120,140}", any::<String>()]) {
@@ -95,7 +101,7 @@ proptest! {
             }
             Err(e) => {
                 let msg = e.to_string();
-                prop_assert!(params.keys().any(|k| msg.contains(&format!("\"{k}\""))), "{} names no key of {:?}", msg, params);
+                prop_assert!(params.keys().any(|k| msg.contains(&crate::grpc::status::echo(k))), "{} names no key of {:?}", msg, params);
             }
         }
     }
@@ -230,7 +236,7 @@ fn landing(p: &Path) -> Option<PathBuf> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(cases(512)))]
 
     #[test]
     fn accepted_paths_resolve_under_an_allowed_root(
@@ -293,7 +299,7 @@ fn hostile_value() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(cases(128)))]
 
     #[test]
     fn config_values_that_are_refused_name_their_key(

@@ -1176,13 +1176,17 @@ impl VolumeManager {
             self.book.values().filter(|r| r.drive_id == rec.drive_id && r.id != rec.id).map(|r| (r.start, r.size)).collect();
         others.extend(d.extents.iter().copied());
         let room = model::grow_room(rec.start, rec.size, &others, region_end);
+        // Past the end of the drive it can never grow, whatever follows it now.
+        let blocked = room.blocked && new_size <= region_end.saturating_sub(rec.start);
         if new_size > room.max_size {
             let reason = format!(
                 "volume {id} can grow in place to at most {} bytes on drive {}, not {new_size}",
                 room.max_size, rec.drive_id
             );
-            return Err(if room.blocked {
+            return Err(if blocked {
                 VolumeError::ResourceExhausted { reason: format!("{reason}: another volume or partition follows it") }
+            } else if room.blocked {
+                VolumeError::OutOfRange { reason: format!("{reason}, and {new_size} bytes from its start run past the end of the drive") }
             } else {
                 VolumeError::OutOfRange { reason: format!("{reason}: the drive ends there") }
             });
