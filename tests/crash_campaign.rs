@@ -547,7 +547,7 @@ impl Volume {
         }
         // Not before a retried call: the crash may have done part of it already (the
         // unmount, say); the data is checked wherever the volume is mounted next.
-        if matches!(op, Op::Unpublish | Op::Unstage) && !self.trace.last().is_some_and(|t| t == "[restart]") {
+        if matches!(op, Op::Unpublish | Op::Unstage) && self.trace.last().is_none_or(|t| t != "[restart]") {
             self.verify(sh, &format!("before {op:?}"));
         }
         let done = self.attempt(sh, op, crash_expected)?;
