@@ -57,7 +57,17 @@ pub async fn connect(path: &Path) -> Result<Channel, CsiCliError> {
             }
         }))
         .await
-        .map_err(|e| err(format!("{e} (is the driver running, and are you root?)")))
+        .map_err(|e| {
+            // The whole chain: "transport error" alone hides the OS error (refused,
+            // permission denied, no such file).
+            let mut reason = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                reason.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            err(format!("{reason} (is the driver running, and are you root?)"))
+        })
 }
 
 /// How the volume is accessed.

@@ -36,6 +36,9 @@ pub mod metrics;
 pub mod migration;
 /// The embedded store of volume records.
 pub mod store;
+/// Property tests of request and config validation.
+#[cfg(test)]
+mod validation_props;
 
 /// The topology key every drivelet volume and node carries.
 pub const TOPOLOGY_NODE_KEY: &str = "topology.drivelet.io/node";

@@ -13,7 +13,9 @@
 //!   re-run only after the volume was mounted again, or after [`FSCK_EVERY`].
 //! - Findings go to the volume manager, which turns them into conditions.
 //! - Slow work runs off the actor thread; a cycle still running skips the next tick;
-//!   volume checks (and their fsck runs) go one at a time on one blocking thread.
+//!   volume checks (and their fsck runs) go one at a time on one blocking thread;
+//! - tests make the poller fail at the start of a volume check cycle (fail point
+//!   `actor.health.stop`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -105,6 +107,11 @@ impl HealthPoller {
     }
 
     fn volume_cycle(&mut self, ctx: &mut Context<Self>) {
+        if super::supervisor::injected_failure("actor.health.stop") {
+            warn!(actor = "health", "failure injected: stopping at a volume check cycle");
+            ctx.stop();
+            return;
+        }
         if self.volumes_running {
             return;
         }

@@ -16,7 +16,9 @@
 //!   a fresh table gets a protective MBR and a drivelet disk GUID;
 //! - writes touch only the GPT structures (LBA 0, the primary header and entry array,
 //!   the backup entry array and header), are serialised within the process, and are
-//!   fsynced before returning; a device is inspected read-only and opened for writing
+//!   fsynced before returning; the backup copy is written (array, then header) and
+//!   flushed before the primary copy, so a process killed mid-write leaves one copy
+//!   whose header matches its entry array; a device is inspected read-only and opened for writing
 //!   only to write, so a refusal or a change already made never looks like a write to
 //!   udev; callers hold a [`super::lock::DiskLock`] across the
 //!   write and the kernel update that follows, so udev neither probes a half-written
@@ -420,9 +422,76 @@ fn set_entries(dev: &Path, disk: &mut GptDisk<&File>, parts: BTreeMap<u32, Parti
     Ok(())
 }
 
+/// Stands in for the device while the GPT library writes a table: reads go through to
+/// the device with the writes made so far laid over them (the library reads the entry
+/// array back to checksum it), and writes are kept in memory, in order, for [`commit`]
+/// to put on the device in a crash-safe order.
+#[derive(Debug)]
+struct Staged<'f> {
+    dev: &'f File,
+    size: u64,
+    pos: u64,
+    writes: Vec<(u64, Vec<u8>)>,
+}
+
+impl std::io::Read for Staged<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.dev.read_at(buf, self.pos)?;
+        let (from, to) = (self.pos, self.pos + n as u64);
+        for (off, data) in &self.writes {
+            let (start, end) = ((*off).max(from), (off + data.len() as u64).min(to));
+            if start < end {
+                buf[(start - from) as usize..(end - from) as usize].copy_from_slice(&data[(start - off) as usize..(end - off) as usize]);
+            }
+        }
+        self.pos = to;
+        Ok(n)
+    }
+}
+
+impl std::io::Write for Staged<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.writes.push((self.pos, buf.to_vec()));
+        self.pos += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Seek for Staged<'_> {
+    fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+        let at = match to {
+            SeekFrom::Start(n) => Some(n),
+            SeekFrom::End(d) => self.size.checked_add_signed(d),
+            SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        self.pos = at.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "seek before the start of the device"))?;
+        Ok(self.pos)
+    }
+}
+
+/// The writes that put the table prepared in `disk` on a device of `size` bytes
+/// (read through `file`), in the order they must reach it: first everything in the
+/// backup half (entry array, then header), then everything in the primary half (entry
+/// array, then header). So at every moment one of the two headers describes the entry
+/// array beside it, and a process killed in the middle leaves a readable table: the
+/// old one, or the new one. (The GPT library writes both arrays before either header;
+/// a kill between them left both copies failing their checksums, and the drive, with
+/// every volume on it, looking foreign to blkid and the kernel.)
+fn ordered_writes(dev: &Path, disk: &GptDisk<&File>, file: &File, size: u64) -> Result<Vec<(u64, Vec<u8>)>, DiskError> {
+    let mut staged = Staged { dev: file, size, pos: 0, writes: Vec::new() };
+    disk.with_disk_device(&mut staged, true).write_inplace().map_err(gpt_error(dev, "write the partition table"))?;
+    let half = size / 2;
+    let (backup, primary): (Vec<_>, Vec<_>) = staged.writes.into_iter().partition(|(off, _)| *off >= half);
+    Ok(backup.into_iter().chain(primary).collect())
+}
+
 /// Writes the table prepared in `disk` (and, for a fresh table on a device of `fresh`
 /// bytes, the protective MBR) through a read-write descriptor opened only for this,
-/// and flushes it to the device.
+/// backup copy first and flushed, then the primary copy, and flushes it to the device.
 fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>) -> Result<(), DiskError> {
     let rw = OpenOptions::new()
         .read(true)
@@ -430,8 +499,17 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>) -> Result<(), D
         .custom_flags(libc::O_CLOEXEC)
         .open(dev)
         .map_err(DiskError::io(format!("open {} for writing", dev.display())))?;
-    let mut out = disk.with_disk_device(&rw, true);
-    out.write_inplace().map_err(gpt_error(dev, "write the partition table"))?;
+    let size = len_of(dev, &rw)?;
+    let half = size / 2;
+    let mut in_backup = true;
+    for (off, data) in ordered_writes(dev, disk, &rw, size)? {
+        if in_backup && off < half {
+            // The backup copy is whole on the device before the primary is touched.
+            rw.sync_data().map_err(DiskError::io(format!("fsync {}", dev.display())))?;
+            in_backup = false;
+        }
+        rw.write_all_at(&data, off).map_err(DiskError::io(format!("write {} at byte {off}", dev.display())))?;
+    }
     if let Some(size) = fresh {
         let sectors = size / disk.logical_block_size().as_u64();
         let pmbr = gpt::mbr::ProtectiveMBR::with_lb_size(u32::try_from(sectors - 1).unwrap_or(u32::MAX));
@@ -684,5 +762,82 @@ mod tests {
         assert!(p(PARTITION_TYPE_GUID, "drivelet:x").is_drivelet());
         assert!(!p(PARTITION_TYPE_GUID, "x").is_drivelet());
         assert!(!p(Uuid::nil(), "drivelet:x").is_drivelet());
+    }
+
+    /// CRC-32 (ISO-HDLC), as the GPT checksums use it.
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut c = !0u32;
+        for b in bytes {
+            c ^= u32::from(*b);
+            for _ in 0..8 {
+                c = if c & 1 == 1 { (c >> 1) ^ 0xEDB8_8320 } else { c >> 1 };
+            }
+        }
+        !c
+    }
+
+    /// The partition GUIDs a GPT header at `lba` of `img` lists, when the header and
+    /// the entry array it names both pass their checksums.
+    fn consistent_copy(img: &[u8], lba: u64) -> Option<Vec<Uuid>> {
+        let h = &img[(lba * 512) as usize..(lba * 512 + 512) as usize];
+        let le32 = |o: usize| u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
+        let le64 = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap());
+        if &h[..8] != b"EFI PART" {
+            return None;
+        }
+        let mut hdr = h[..le32(12) as usize].to_vec();
+        hdr[16..20].fill(0);
+        let (start, count, size) = (le64(72) as usize * 512, le32(80) as usize, le32(84) as usize);
+        let array = &img[start..start + count * size];
+        if crc32(&hdr) != le32(16) || crc32(array) != le32(88) {
+            return None;
+        }
+        let used = array.chunks(size).filter(|e| e[..16] != [0u8; 16]);
+        Some(used.map(|e| Uuid::from_bytes_le(e[16..32].try_into().unwrap())).collect())
+    }
+
+    #[test]
+    fn a_table_write_cut_short_anywhere_leaves_one_copy_that_passes_its_checksums() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk.img");
+        let size = 64 * MIB;
+        std::fs::File::create(&img).unwrap().set_len(size).unwrap();
+        let (a, b) = (volume_partition_guid("a"), volume_partition_guid("b"));
+        add_partition(&img, 512, a, "drivelet:a", MIB, 4 * MIB).unwrap();
+        let base = std::fs::read(&img).unwrap();
+        let backup_lba = size / 512 - 1;
+        assert_eq!(consistent_copy(&base, 1), Some(vec![a]));
+        assert_eq!(consistent_copy(&base, backup_lba), Some(vec![a]));
+
+        // The writes adding a second partition, in the order commit makes them.
+        let file = std::fs::File::open(&img).unwrap();
+        let mut disk = open_gpt(&img, &file, size, 512).unwrap().unwrap();
+        let mut parts = disk.partitions().clone();
+        parts.retain(|_, p| p.is_used());
+        let next = parts.keys().next_back().unwrap() + 1;
+        let mut entry = parts.values().next().unwrap().clone();
+        (entry.part_guid, entry.first_lba, entry.last_lba, entry.name) = (b, 8 * MIB / 512, 12 * MIB / 512 - 1, "drivelet:b".into());
+        parts.insert(next, entry);
+        set_entries(&img, &mut disk, parts).unwrap();
+        let writes = ordered_writes(&img, &disk, &file, size).unwrap();
+        assert!(writes.len() > 2, "the table is written in pieces: {}", writes.len());
+
+        for cut in 0..=writes.len() {
+            let mut now = base.clone();
+            for (off, data) in &writes[..cut] {
+                now[*off as usize..*off as usize + data.len()].copy_from_slice(data);
+            }
+            let copies = [consistent_copy(&now, 1), consistent_copy(&now, backup_lba)];
+            assert!(copies.iter().any(Option::is_some), "cut after {cut} of {} writes: neither copy passes its checksums", writes.len());
+            for c in copies.into_iter().flatten() {
+                assert!(c == vec![a] || c == vec![a, b], "cut after {cut}: a copy lists {c:?}");
+            }
+        }
+        let mut end = base.clone();
+        for (off, data) in &writes {
+            end[*off as usize..*off as usize + data.len()].copy_from_slice(data);
+        }
+        assert_eq!(consistent_copy(&end, 1), Some(vec![a, b]));
+        assert_eq!(consistent_copy(&end, backup_lba), Some(vec![a, b]));
     }
 }

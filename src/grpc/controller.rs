@@ -9,8 +9,9 @@
 //! - `ControllerExpandVolume` grows a partition in place into the free space that
 //!   follows it (online: staged and published volumes too); a missing id or capacity
 //!   range is INVALID_ARGUMENT, an unknown volume NOT_FOUND, a size the volume already
-//!   has (or exceeds) OK with its size, a limit below its size or past the end of the
-//!   drive OUT_OF_RANGE, another volume in the way RESOURCE_EXHAUSTED, a missing drive
+//!   has (or exceeds) OK with its size, a limit below its size or a size that would
+//!   run past the end of the drive OUT_OF_RANGE (even when another volume is in the
+//!   way too), another volume in the way RESOURCE_EXHAUSTED, a missing drive
 //!   FAILED_PRECONDITION; `node_expansion_required` is true for filesystem volumes;
 //! - `ListVolumes` pages in volume-id order; `next_token` names the last id returned
 //!   and this run of the agent, so a malformed token or one from before a restart is
@@ -116,7 +117,7 @@ pub(crate) fn access_of(caps: &[csi::VolumeCapability]) -> Result<(bool, String)
     Ok((block.unwrap_or(false), fs))
 }
 
-fn range_of(r: Option<&csi::CapacityRange>) -> Result<CapacityRange, Status> {
+pub(crate) fn range_of(r: Option<&csi::CapacityRange>) -> Result<CapacityRange, Status> {
     let Some(r) = r else { return Ok(CapacityRange { required: 0, limit: 0 }) };
     if r.required_bytes < 0 || r.limit_bytes < 0 {
         return Err(invalid("capacity_range values must not be negative"));
@@ -383,8 +384,8 @@ impl Controller for ControllerService {
         } else {
             Some(self.0.parse_token(&req.starting_token).ok_or_else(|| {
                 Status::aborted(format!(
-                    "starting_token {:?} is not valid (malformed, or from before a restart); list again from the start",
-                    req.starting_token
+                    "starting_token {} is not valid (malformed, or from before a restart); list again from the start",
+                    super::status::echo(&req.starting_token)
                 ))
             })?)
         };

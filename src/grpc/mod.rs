@@ -132,13 +132,12 @@ impl Front {
 
     /// A ListVolumes token resuming after volume `id`.
     pub fn token(&self, id: &str) -> String {
-        format!("{:016x}:{id}", self.token_nonce)
+        list_token(self.token_nonce, id)
     }
 
     /// The volume id a token resumes after; `None` when malformed or stale.
     pub fn parse_token(&self, t: &str) -> Option<String> {
-        let (nonce, id) = t.split_once(':')?;
-        (u64::from_str_radix(nonce, 16).ok()? == self.token_nonce && !id.is_empty()).then(|| id.to_string())
+        parse_list_token(self.token_nonce, t)
     }
 
     /// Whether a requested topology includes this node: every segment it names must be
@@ -146,6 +145,18 @@ impl Front {
     pub fn topology_matches(&self, t: &proto::csi::Topology) -> bool {
         t.segments.iter().all(|(k, v)| self.topology.get(k) == Some(v))
     }
+}
+
+/// A ListVolumes token of the run with `nonce`, resuming after volume `id`.
+pub(crate) fn list_token(nonce: u64, id: &str) -> String {
+    format!("{nonce:016x}:{id}")
+}
+
+/// The volume id a ListVolumes token of the run with `nonce` resumes after; `None` when
+/// the token is malformed or from another run.
+pub(crate) fn parse_list_token(nonce: u64, t: &str) -> Option<String> {
+    let (n, id) = t.split_once(':')?;
+    (u64::from_str_radix(n, 16).ok()? == nonce && !id.is_empty()).then(|| id.to_string())
 }
 
 /// Serves the three CSI services on `listener` until `shutdown` fires, then finishes

@@ -12,7 +12,8 @@
 //! inodes for filesystems, the size for block volumes, and the volume's condition. Stage, unstage, publish and unpublish are idempotent:
 //! repeating a call that succeeded succeeds; the same path with an incompatible
 //! capability or read-only setting is ALREADY_EXISTS; an unknown volume is NOT_FOUND;
-//! a missing field or a path outside the allowed roots is INVALID_ARGUMENT; publishing
+//! a missing field, a path longer than 4096 bytes (PATH_MAX; so no reply repeats more
+//! of a path than that) or a path outside the allowed roots is INVALID_ARGUMENT; publishing
 //! an unstaged volume is FAILED_PRECONDITION. Secrets are never read or logged.
 
 use std::path::PathBuf;
@@ -34,9 +35,15 @@ fn invalid(msg: impl Into<String>) -> Status {
     FrontError::InvalidArgument(msg.into()).into()
 }
 
+/// Longest path a node call takes: the kernel's PATH_MAX.
+const MAX_PATH: usize = 4096;
+
 fn path_field(field: &str, v: &str) -> Result<PathBuf, Status> {
     if v.is_empty() {
         return Err(invalid(format!("{field} is required")));
+    }
+    if v.len() > MAX_PATH {
+        return Err(invalid(format!("{field} is {} bytes long; the limit is {MAX_PATH}", v.len())));
     }
     Ok(PathBuf::from(v))
 }

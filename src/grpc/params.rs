@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use super::proto::csi;
-use super::status::FrontError;
+use super::status::{echo, FrontError};
 use crate::actors::inventory::model::LayoutKind;
 use crate::config::Media;
 
@@ -37,7 +37,8 @@ impl VolumeParams {
                         "any" | "" => None,
                         other => Some(Media::parse(other).ok_or_else(|| {
                             FrontError::InvalidArgument(format!(
-                                "parameter \"media\" is \"{other}\"; it must be one of hdd, ssd, nvme, virtual, any"
+                                "parameter \"media\" is {}; it must be one of hdd, ssd, nvme, virtual, any",
+                                echo(other)
                             ))
                         })?),
                     }
@@ -48,7 +49,8 @@ impl VolumeParams {
                         "drive" => LayoutKind::Drive,
                         other => {
                             return Err(FrontError::InvalidArgument(format!(
-                                "parameter \"layout\" is \"{other}\"; it must be partition or drive"
+                                "parameter \"layout\" is {}; it must be partition or drive",
+                                echo(other)
                             )))
                         }
                     }
@@ -56,7 +58,8 @@ impl VolumeParams {
                 k if k.starts_with("csi.storage.k8s.io/") => {}
                 other => {
                     return Err(FrontError::InvalidArgument(format!(
-                        "unknown parameter \"{other}\"; drivelet understands media and layout"
+                        "unknown parameter {}; drivelet understands media and layout",
+                        echo(other)
                     )))
                 }
             }

@@ -1,7 +1,9 @@
 //! The one place where domain errors become `tonic::Status` codes (CSI spec tables).
 //!
 //! Rules: the message is the whole error chain in plain words and names the object;
-//! errors are logged once, here at the boundary, by the handler's `instrument(err)`.
+//! client input is repeated in it only through [`echo`] (quoted, at most 64
+//! characters); errors are logged once, here at the boundary, by the handler's
+//! `instrument(err)`.
 
 use tonic::{Code, Status};
 
@@ -28,6 +30,20 @@ impl FrontError {
     pub fn mailbox(actor: &'static str) -> impl FnOnce(actix::MailboxError) -> FrontError {
         move |e| FrontError::Unavailable { actor, reason: e.to_string() }
     }
+}
+
+/// Longest piece of client input an error message repeats.
+const MAX_ECHO: usize = 64;
+
+/// A piece of client input as an error message shows it: quoted and escaped, cut to
+/// [`MAX_ECHO`] characters with the full length said, so that hostile input (a 1 MiB
+/// parameter) never makes a reply too large to read or a log line of a megabyte.
+pub fn echo(input: &str) -> String {
+    if input.chars().count() <= MAX_ECHO {
+        return format!("{input:?}");
+    }
+    let head: String = input.chars().take(MAX_ECHO).collect();
+    format!("{head:?}... ({} bytes)", input.len())
 }
 
 impl From<VolumeError> for Status {
@@ -76,6 +92,14 @@ mod tests {
             assert_eq!(s.code(), code);
             assert!(s.message().contains(text), "{}", s.message());
         }
+    }
+
+    #[test]
+    fn echoed_input_is_quoted_and_cut() {
+        assert_eq!(echo("ssd"), "\"ssd\"");
+        assert_eq!(echo("a\0b"), "\"a\\0b\"");
+        let long = echo(&"v".repeat(1 << 20));
+        assert!(long.len() < 100 && long.ends_with("... (1048576 bytes)"), "{long}");
     }
 
     #[test]

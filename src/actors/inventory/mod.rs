@@ -6,7 +6,9 @@
 //!   runs are coalesced per disk and probed right after, so the newest state wins and
 //!   queries are never stuck behind a burst of events;
 //! - every change is logged once and sent to subscribers as a [`DriveEvent`];
-//! - on restart (supervisor) the actor forgets everything and rebuilds from the host.
+//! - on restart (supervisor) the actor forgets everything and rebuilds from the host;
+//!   tests make it fail while answering `GetCapacity` (fail point
+//!   `actor.inventory.stop`).
 
 pub mod classify;
 pub mod model;
@@ -265,7 +267,11 @@ impl Handler<GetInventoryStatus> for DriveInventory {
 
 impl Handler<GetCapacity> for DriveInventory {
     type Result = MessageResult<GetCapacity>;
-    fn handle(&mut self, m: GetCapacity, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, m: GetCapacity, ctx: &mut Context<Self>) -> Self::Result {
+        if super::supervisor::injected_failure("actor.inventory.stop") {
+            warn!(actor = "inventory", "failure injected: stopping after this answer");
+            ctx.stop();
+        }
         MessageResult(self.inv.capacity(m.media, m.layout))
     }
 }

@@ -12,7 +12,11 @@
 //! - nothing is served until start-up reconciliation of the store with the drives'
 //!   GPTs and the host's mounts is done (calls get `NotReady`);
 //! - the drive set comes from the inventory's [`DriveEvent`]s; only managed drives
-//!   take new volumes.
+//!   take new volumes;
+//! - on restart (supervisor) the book is rebuilt from the store, the drives and the
+//!   mounts; calls in flight are answered UNAVAILABLE, and their disk steps run on to
+//!   their end, holding the store, which the rebuild waits for; tests make the actor
+//!   fail while answering `ListVolumeStatuses` (fail point `actor.volumes.stop`).
 
 pub mod health;
 pub mod model;
@@ -853,9 +857,13 @@ pub struct ListVolumeStatuses {
 
 impl Handler<ListVolumeStatuses> for VolumeManager {
     type Result = Result<(Vec<VolumeStatus>, Option<String>), VolumeError>;
-    fn handle(&mut self, m: ListVolumeStatuses, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, m: ListVolumeStatuses, ctx: &mut Context<Self>) -> Self::Result {
         if !self.ready {
             return Err(VolumeError::NotReady);
+        }
+        if super::supervisor::injected_failure("actor.volumes.stop") {
+            warn!(actor = "volumes", "failure injected: stopping after this answer");
+            ctx.stop();
         }
         use std::ops::Bound;
         let lower = match &m.after {
@@ -1257,13 +1265,17 @@ impl VolumeManager {
             self.book.values().filter(|r| r.drive_id == rec.drive_id && r.id != rec.id).map(|r| (r.start, r.size)).collect();
         others.extend(d.extents.iter().copied());
         let room = model::grow_room(rec.start, rec.size, &others, region_end);
+        // Past the end of the drive it can never grow, whatever follows it now.
+        let blocked = room.blocked && new_size <= region_end.saturating_sub(rec.start);
         if new_size > room.max_size {
             let reason = format!(
                 "volume {id} can grow in place to at most {} bytes on drive {}, not {new_size}",
                 room.max_size, rec.drive_id
             );
-            return Err(if room.blocked {
+            return Err(if blocked {
                 VolumeError::ResourceExhausted { reason: format!("{reason}: another volume or partition follows it") }
+            } else if room.blocked {
+                VolumeError::OutOfRange { reason: format!("{reason}, and {new_size} bytes from its start run past the end of the drive") }
             } else {
                 VolumeError::OutOfRange { reason: format!("{reason}: the drive ends there") }
             });

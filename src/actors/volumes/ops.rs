@@ -643,8 +643,11 @@ pub fn unpublish(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, tar
     let res = (|| {
         let recorded = r.targets.get(target).cloned();
         let kp = drive.and_then(|d| blkpg::ensure_kernel_partition(&d.path, r.start, r.size).ok());
+        // The volume's own staging path is no target: the mount there is the stage's.
+        let staging_path = r.staging.as_ref().is_some_and(|s| s.path == target);
         let ours_mounted = match (&recorded, &kp) {
             (Some(_), _) => !mount::mounts_at(target).map_err(disk(&id, "read mounts"))?.is_empty(),
+            (None, _) if staging_path => false,
             (None, Some(kp)) => mount::is_mounted_from(target, kp.devnum).unwrap_or(false) || mount::is_block_bind(target, &kp.devnode).unwrap_or(false),
             (None, None) => false,
         };
