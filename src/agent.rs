@@ -152,6 +152,14 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         tx
     });
 
+    // Start-up code (config parsing, the first scan, store reconciliation) is not run
+    // again: once the agent is up, its pages go back to the kernel.
+    tokio::spawn(async {
+        tokio::time::sleep(STARTUP_CODE_COLD_AFTER).await;
+        let released = tokio::task::spawn_blocking(release_startup_code).await.unwrap_or(0);
+        info!(released_kib = released / 1024, "start-up code pages released to the kernel");
+    });
+
     let which = tokio::select! {
         _ = sigterm.recv() => "SIGTERM",
         _ = sigint.recv() => "SIGINT",
@@ -206,4 +214,42 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &supervisor::Act
     }
     info!(attach = k.attach, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node, "kubernetes integration started");
     attach
+}
+
+/// How long after start the binary's start-up code counts as cold.
+const STARTUP_CODE_COLD_AFTER: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Asks the kernel to reclaim the resident pages of drivelet's own executable mapping
+/// (`MADV_PAGEOUT`): after start-up most of the binary's code (argument and config
+/// parsing, the first scan, reconciliation, one-off setup) is never run again, yet the
+/// kernel keeps every page it faulted in (and its fault-around neighbours) mapped. The
+/// pages are clean and file-backed: reclaiming them frees the memory, and any page
+/// needed later is read back on its next use. Returns the bytes of the mappings
+/// advised; errors (an old kernel without MADV_PAGEOUT) only mean nothing is released.
+fn release_startup_code() -> usize {
+    let Ok(exe) = std::fs::read_link("/proc/self/exe") else { return 0 };
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return 0 };
+    let mut advised = 0;
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
+        let path = fields.nth(3).unwrap_or("");
+        if std::path::Path::new(path) != exe || !perms.starts_with('r') {
+            continue;
+        }
+        let Some((start, end)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16)) else { continue };
+        if perms.contains('w') || end <= start {
+            continue;
+        }
+        // SAFETY: the range is a whole read-only mapping of this process's executable,
+        // as /proc/self/maps lists it; MADV_PAGEOUT only drops resident pages, which are
+        // faulted back in from the file on their next use, so no memory the program
+        // relies on changes.
+        let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT) };
+        if rc == 0 {
+            advised += end - start;
+        }
+    }
+    advised
 }
