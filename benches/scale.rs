@@ -180,6 +180,7 @@ fn make_drives(dir: &Path, volumes: usize, drives: usize) -> (Vec<PathBuf>, Vec<
                 rebuilt: false,
                 failed: false,
                 published_node: None,
+                adopted: None,
             });
         }
     }

@@ -55,7 +55,7 @@ pub async fn release(socket: &Path, drive_id: &str, force: bool) -> Result<Drive
 /// Asks the agent to adopt a migrated volume (an `AdminRequest::Adopt`).
 pub async fn adopt(socket: &Path, req: &AdminRequest) -> Result<VolumeRecord, CtlError> {
     match request(socket, req).await? {
-        AdminResponse::Adopted(r) => Ok(r),
+        AdminResponse::Adopted(r) => Ok(*r),
         AdminResponse::Error(e) => Err(CtlError::Agent(e)),
         other => Err(CtlError::Agent(format!("unexpected answer {other:?}"))),
     }

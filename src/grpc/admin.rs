@@ -72,7 +72,7 @@ pub enum AdminResponse {
     /// The volume list.
     Volumes(Vec<VolumeRecord>),
     /// The adopted volume.
-    Adopted(VolumeRecord),
+    Adopted(Box<VolumeRecord>),
     /// The request failed.
     Error(String),
 }
@@ -111,7 +111,7 @@ async fn answer(front: &Front, line: &str) -> AdminResponse {
                 return AdminResponse::Error(format!("the volume lives on node {node}; adopt it there (this is {here})"));
             }
             match front.volumes.send(AdoptVolume { volume_id, pv_name, path, fs_type }).await {
-                Ok(Ok(r)) => AdminResponse::Adopted(r),
+                Ok(Ok(r)) => AdminResponse::Adopted(Box::new(r)),
                 Ok(Err(e)) => AdminResponse::Error(e.to_string()),
                 Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
             }
