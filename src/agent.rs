@@ -224,8 +224,10 @@ const STARTUP_CODE_COLD_AFTER: std::time::Duration = std::time::Duration::from_s
 /// parsing, the first scan, reconciliation, one-off setup) is never run again, yet the
 /// kernel keeps every page it faulted in (and its fault-around neighbours) mapped. The
 /// pages are clean and file-backed: reclaiming them frees the memory, and any page
-/// needed later is read back on its next use. Returns the bytes of the mappings
-/// advised; errors (an old kernel without MADV_PAGEOUT) only mean nothing is released.
+/// needed later is read back on its next use, alone (`MADV_RANDOM`: no read-ahead, so
+/// the periodic work brings back only the code it runs). Returns the bytes of the
+/// mappings advised; errors (an old kernel without MADV_PAGEOUT) only mean nothing is
+/// released.
 fn release_startup_code() -> usize {
     let Ok(exe) = std::fs::read_link("/proc/self/exe") else { return 0 };
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return 0 };
@@ -243,10 +245,14 @@ fn release_startup_code() -> usize {
             continue;
         }
         // SAFETY: the range is a whole read-only mapping of this process's executable,
-        // as /proc/self/maps lists it; MADV_PAGEOUT only drops resident pages, which are
-        // faulted back in from the file on their next use, so no memory the program
-        // relies on changes.
-        let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT) };
+        // as /proc/self/maps lists it; MADV_RANDOM only stops read-ahead for it and
+        // MADV_PAGEOUT only drops resident pages, which are faulted back in from the file
+        // on their next use, so no memory the program relies on changes.
+        let rc = unsafe {
+            // Without read-ahead a page faulted back in brings no neighbours with it.
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_RANDOM);
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT)
+        };
         if rc == 0 {
             advised += end - start;
         }
