@@ -589,26 +589,6 @@ fn block_of(text: &str) -> Vec<u8> {
 // Rounds.
 // ---------------------------------------------------------------------------------
 
-/// Every crash point named in `src/`.
-fn crash_points() -> Vec<String> {
-    let mut found = BTreeSet::new();
-    let mut dirs = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")];
-    while let Some(dir) = dirs.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                let src = std::fs::read_to_string(&p).unwrap();
-                for piece in src.split("crash_point!(\"").skip(1) {
-                    found.insert(piece.split('"').next().unwrap().to_string());
-                }
-            }
-        }
-    }
-    assert!(!found.is_empty(), "no crash_point!(\"...\") found under src/");
-    found.into_iter().collect()
-}
 
 /// Fails when the agent binary has no crash points compiled in.
 fn require_failpoints(point: &str) {

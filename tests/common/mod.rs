@@ -476,3 +476,25 @@ impl Agent {
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 }
+
+/// Every crash point (`crash_point!("name")`) named under `src/`, sorted; fails when
+/// there is none.
+pub fn crash_points() -> Vec<String> {
+    let mut found = std::collections::BTreeSet::new();
+    let mut dirs = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let src = std::fs::read_to_string(&p).unwrap();
+                for piece in src.split("crash_point!(\"").skip(1) {
+                    found.insert(piece.split('"').next().unwrap().to_string());
+                }
+            }
+        }
+    }
+    assert!(!found.is_empty(), "no crash_point!(\"...\") found under src/");
+    found.into_iter().collect()
+}
