@@ -400,6 +400,18 @@ impl VolumeManager {
         }))
     }
 
+    /// A volume callers may see: the manager is ready and the volume exists and is not
+    /// still being created (a `Creating` record was never handed out).
+    fn visible(&self, id: &str) -> Result<&VolumeRecord, VolumeError> {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        match self.book.get(id) {
+            Some(r) if r.state != VolumeState::Creating => Ok(r),
+            _ => Err(VolumeError::NotFound { volume_id: id.to_string() }),
+        }
+    }
+
     /// The condition of a volume now.
     fn condition_of(&self, rec: &VolumeRecord) -> Condition {
         let f = self.findings.get(&rec.id).map(Vec::as_slice).unwrap_or(&[]);
@@ -835,13 +847,8 @@ pub struct GetVolumeStatus {
 impl Handler<GetVolumeStatus> for VolumeManager {
     type Result = Result<VolumeStatus, VolumeError>;
     fn handle(&mut self, m: GetVolumeStatus, _: &mut Context<Self>) -> Self::Result {
-        if !self.ready {
-            return Err(VolumeError::NotReady);
-        }
-        match self.book.get(&m.volume_id) {
-            Some(r) if r.state != VolumeState::Creating => Ok(VolumeStatus { record: r.clone(), condition: self.condition_of(r) }),
-            _ => Err(VolumeError::NotFound { volume_id: m.volume_id }),
-        }
+        let r = self.visible(&m.volume_id)?;
+        Ok(VolumeStatus { record: r.clone(), condition: self.condition_of(r) })
     }
 }
 
@@ -1092,15 +1099,9 @@ impl VolumeManager {
     /// Whether a volume may be attached as asked: it exists, serves the access type and
     /// filesystem, is attached to no other node, and its drive takes the attachment.
     fn attach_refusal(&self, m: &AttachVolume) -> Result<VolumeRecord, VolumeError> {
-        if !self.ready {
-            return Err(VolumeError::NotReady);
-        }
         let id = m.volume_id.as_str();
         let refuse = |reason: String| VolumeError::FailedPrecondition { volume_id: id.to_string(), reason };
-        let rec = match self.book.get(id) {
-            Some(r) if r.state != VolumeState::Creating => r.clone(),
-            _ => return Err(VolumeError::NotFound { volume_id: id.to_string() }),
-        };
+        let rec = self.visible(id)?.clone();
         if rec.state == VolumeState::Deleting {
             return Err(VolumeError::refused(id, model::Refusal::BeingDeleted));
         }
@@ -1232,14 +1233,8 @@ impl VolumeManager {
     /// below the current size; room after it on its drive (OUT_OF_RANGE past the end of
     /// the drive, RESOURCE_EXHAUSTED when another extent is in the way).
     fn expand_check(&self, m: &ExpandVolume) -> Result<(VolumeRecord, DriveLoc, u64), VolumeError> {
-        if !self.ready {
-            return Err(VolumeError::NotReady);
-        }
         let id = m.volume_id.as_str();
-        let rec = match self.book.get(id) {
-            Some(r) if r.state != VolumeState::Creating => r.clone(),
-            _ => return Err(VolumeError::NotFound { volume_id: id.to_string() }),
-        };
+        let rec = self.visible(id)?.clone();
         if rec.state == VolumeState::Deleting {
             return Err(VolumeError::refused(id, model::Refusal::BeingDeleted));
         }
@@ -1357,13 +1352,7 @@ impl Handler<DetachVolume> for VolumeManager {
 impl Handler<GetVolume> for VolumeManager {
     type Result = Result<VolumeRecord, VolumeError>;
     fn handle(&mut self, m: GetVolume, _: &mut Context<Self>) -> Self::Result {
-        if !self.ready {
-            return Err(VolumeError::NotReady);
-        }
-        match self.book.get(&m.volume_id) {
-            Some(r) if r.state != VolumeState::Creating => Ok(r.clone()),
-            _ => Err(VolumeError::NotFound { volume_id: m.volume_id }),
-        }
+        self.visible(&m.volume_id).cloned()
     }
 }
 
