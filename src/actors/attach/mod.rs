@@ -528,8 +528,8 @@ impl<B: AttachBackend> Actor for AttachQueue<B> {
         let cfg = watcher::Config::default();
         let vas: Api<VolumeAttachment> = Api::all(self.client.clone());
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        ctx.add_stream(watcher(vas, cfg.clone()).default_backoff().map(VaEvent));
-        ctx.add_stream(watcher(pvs, cfg).default_backoff().map(PvEvent));
+        ctx.add_stream(watcher(vas, cfg.clone()).default_backoff().map(WatchItem::Va));
+        ctx.add_stream(watcher(pvs, cfg).default_backoff().map(WatchItem::Pv));
         if self.cfg.resync > Duration::ZERO {
             ctx.run_interval(self.cfg.resync, |act, ctx| {
                 act.queue_all(Instant::now());
@@ -551,66 +551,45 @@ impl<B: AttachBackend> Supervised for AttachQueue<B> {
     }
 }
 
-/// A VolumeAttachment watch item.
-struct VaEvent(Result<Event<VolumeAttachment>, watcher::Error>);
-/// A PersistentVolume watch item.
-struct PvEvent(Result<Event<PersistentVolume>, watcher::Error>);
+/// An item of one of the two watches.
+enum WatchItem {
+    /// From the VolumeAttachment watch.
+    Va(Result<Event<VolumeAttachment>, watcher::Error>),
+    /// From the PersistentVolume watch.
+    Pv(Result<Event<PersistentVolume>, watcher::Error>),
+}
 
-
-impl Message for VaEvent {
+impl Message for WatchItem {
     type Result = ();
 }
 
 /// A watch item delivered by message (the tests inject deletions this way).
-impl<B: AttachBackend> Handler<VaEvent> for AttachQueue<B> {
+impl<B: AttachBackend> Handler<WatchItem> for AttachQueue<B> {
     type Result = ();
-    fn handle(&mut self, item: VaEvent, ctx: &mut Context<Self>) {
-        <Self as StreamHandler<VaEvent>>::handle(self, item, ctx);
+    fn handle(&mut self, item: WatchItem, ctx: &mut Context<Self>) {
+        <Self as StreamHandler<WatchItem>>::handle(self, item, ctx);
     }
 }
 
-impl<B: AttachBackend> StreamHandler<VaEvent> for AttachQueue<B> {
-    fn handle(&mut self, item: VaEvent, ctx: &mut Context<Self>) {
-        match item.0 {
-            Ok(event) => {
-                self.on_va(event);
-                self.kick(ctx);
+impl<B: AttachBackend> StreamHandler<WatchItem> for AttachQueue<B> {
+    fn handle(&mut self, item: WatchItem, ctx: &mut Context<Self>) {
+        match item {
+            WatchItem::Va(Ok(event)) => self.on_va(event),
+            WatchItem::Pv(Ok(event)) => self.on_pv(event),
+            WatchItem::Va(Err(e)) => {
+                warn!(error = %e, "VolumeAttachment watch failed; it restarts with backoff");
+                return;
             }
-            Err(e) => warn!(error = %e, "VolumeAttachment watch failed; it restarts with backoff"),
+            WatchItem::Pv(Err(e)) => {
+                warn!(error = %e, "PersistentVolume watch failed; it restarts with backoff");
+                return;
+            }
         }
+        self.kick(ctx);
     }
 
     fn finished(&mut self, ctx: &mut Context<Self>) {
-        warn!("VolumeAttachment watch ended; restarting the attach queue");
-        ctx.stop();
-    }
-}
-
-impl Message for PvEvent {
-    type Result = ();
-}
-
-/// A watch item delivered by message.
-impl<B: AttachBackend> Handler<PvEvent> for AttachQueue<B> {
-    type Result = ();
-    fn handle(&mut self, item: PvEvent, ctx: &mut Context<Self>) {
-        <Self as StreamHandler<PvEvent>>::handle(self, item, ctx);
-    }
-}
-
-impl<B: AttachBackend> StreamHandler<PvEvent> for AttachQueue<B> {
-    fn handle(&mut self, item: PvEvent, ctx: &mut Context<Self>) {
-        match item.0 {
-            Ok(event) => {
-                self.on_pv(event);
-                self.kick(ctx);
-            }
-            Err(e) => warn!(error = %e, "PersistentVolume watch failed; it restarts with backoff"),
-        }
-    }
-
-    fn finished(&mut self, ctx: &mut Context<Self>) {
-        warn!("PersistentVolume watch ended; restarting the attach queue");
+        warn!("a VolumeAttachment or PersistentVolume watch ended; restarting the attach queue");
         ctx.stop();
     }
 }
