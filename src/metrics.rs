@@ -45,12 +45,18 @@ impl Histogram {
 /// Counters bumped as the process runs.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    rpcs: Mutex<BTreeMap<(String, &'static str), u64>>,
-    latency: Mutex<BTreeMap<String, Histogram>>,
+    /// Per CSI method: requests by code, and latency (one lock per request).
+    rpcs: Mutex<BTreeMap<String, MethodStats>>,
     health_polls: AtomicU64,
     health_poll_micros: AtomicU64,
     last_scan_unix: AtomicU64,
     csi_serving: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct MethodStats {
+    codes: BTreeMap<&'static str, u64>,
+    latency: Histogram,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::default);
@@ -67,8 +73,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Metrics {
     /// One CSI request ended with gRPC `code` after `took`.
     pub fn record_rpc(&self, method: &str, code: i32, took: Duration) {
-        *lock(&self.rpcs).entry((method.to_string(), code_name(code))).or_default() += 1;
-        lock(&self.latency).entry(method.to_string()).or_default().observe(took.as_secs_f64());
+        let mut rpcs = lock(&self.rpcs);
+        if !rpcs.contains_key(method) {
+            rpcs.insert(method.to_string(), MethodStats::default());
+        }
+        if let Some(m) = rpcs.get_mut(method) {
+            *m.codes.entry(code_name(code)).or_default() += 1;
+            m.latency.observe(took.as_secs_f64());
+        }
     }
 
     /// One SMART poll of every managed drive took `took`.
@@ -95,9 +107,10 @@ impl Metrics {
 
     /// A copy of the counters.
     pub fn snapshot(&self) -> Counters {
+        let stats = lock(&self.rpcs);
         Counters {
-            rpcs: lock(&self.rpcs).clone(),
-            latency: lock(&self.latency).clone(),
+            rpcs: stats.iter().flat_map(|(m, s)| s.codes.iter().map(move |(c, n)| ((m.clone(), *c), *n))).collect(),
+            latency: stats.iter().map(|(m, s)| (m.clone(), s.latency.clone())).collect(),
             health_polls: self.health_polls.load(Ordering::Relaxed),
             health_poll_seconds: self.health_poll_micros.load(Ordering::Relaxed) as f64 / 1e6,
             last_scan_unix: self.last_scan_unix.load(Ordering::Relaxed),
