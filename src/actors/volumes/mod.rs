@@ -346,8 +346,13 @@ impl VolumeManager {
         self.locks.entry(drive_id.to_string()).or_default().clone()
     }
 
-    fn loc_of(&self, drive_id: &str) -> Option<DriveLoc> {
-        self.drives.get(drive_id).map(|d| DriveLoc { path: d.path.clone(), sector: d.logical_block_size })
+    /// Where a volume's drive is, for its disk steps. An adopted volume's drive (if
+    /// drivelet knows it) is never handed to a disk step: it is not drivelet's to change.
+    fn loc_of(&self, rec: &VolumeRecord) -> Option<DriveLoc> {
+        if rec.adopted.is_some() {
+            return None;
+        }
+        self.drives.get(&rec.drive_id).map(|d| DriveLoc { path: d.path.clone(), sector: d.logical_block_size })
     }
 
     /// Checks readiness and busyness, and marks the volume busy.
@@ -975,7 +980,7 @@ impl Handler<CreateVolume> for VolumeManager {
                 return Box::pin(fut::ready(Err(e)));
             }
         };
-        let Some(loc) = self.loc_of(&rec.drive_id) else {
+        let Some(loc) = self.loc_of(&rec) else {
             self.busy.remove(&id);
             return Box::pin(fut::ready(Err(VolumeError::FailedPrecondition {
                 volume_id: id,
@@ -1001,7 +1006,7 @@ impl Handler<DeleteVolume> for VolumeManager {
             self.busy.remove(&id);
             return Box::pin(fut::ready(Ok(())));
         };
-        let loc = self.loc_of(&rec.drive_id);
+        let loc = self.loc_of(&rec);
         let lock = self.lock_of(&rec.drive_id);
         info!(volume.id = %id, drive.id = %rec.drive_id, "deleting volume");
         self.run(id, move || ops::delete(&store, loc.as_ref(), &lock, rec))
@@ -1015,9 +1020,7 @@ impl VolumeManager {
             return Err(VolumeError::NotReady);
         }
         let rec = self.book.get(id).cloned().ok_or_else(|| VolumeError::NotFound { volume_id: id.to_string() })?;
-        // An adopted volume's drive (if drivelet knows it) is never handed to a disk
-        // step: it is not drivelet's to change.
-        let loc = if rec.adopted.is_some() { None } else { self.loc_of(&rec.drive_id) };
+        let loc = self.loc_of(&rec);
         if need_drive && loc.is_none() && rec.adopted.is_none() {
             return Err(VolumeError::FailedPrecondition {
                 volume_id: id.to_string(),
@@ -1119,7 +1122,7 @@ impl VolumeManager {
         if let Some(reason) = health::attach_refusal(&rec, d, self.drive_use.get(&rec.drive_id), &m.node_id) {
             return Err(refuse(reason));
         }
-        if rec.adopted.is_none() && self.loc_of(&rec.drive_id).is_none() {
+        if rec.adopted.is_none() && self.loc_of(&rec).is_none() {
             return Err(refuse(format!("lives on drive {} which is missing", rec.drive_id)));
         }
         Ok(rec)
@@ -1127,7 +1130,7 @@ impl VolumeManager {
 
     fn attach_check(&mut self, m: &AttachVolume) -> Result<(Arc<Store>, VolumeRecord, Option<DriveLoc>), VolumeError> {
         let rec = self.attach_refusal(m)?;
-        let loc = if rec.adopted.is_some() { None } else { self.loc_of(&rec.drive_id) };
+        let loc = self.loc_of(&rec);
         let store = self.claim(&m.volume_id)?;
         Ok((store, rec, loc))
     }
@@ -1316,7 +1319,8 @@ impl Handler<NodeExpandVolume> for VolumeManager {
             self.busy.remove(&m.volume_id);
             return Box::pin(fut::ready(Err(VolumeError::PathNotFound { volume_id: m.volume_id, path: m.path })));
         }
-        let Some(loc) = loc.filter(|_| rec.adopted.is_none()) else {
+        let Some(loc) = loc else {
+            // node_call answered without a drive: only an adopted volume has none.
             self.busy.remove(&m.volume_id);
             return Box::pin(fut::ready(Err(VolumeError::FailedPrecondition {
                 volume_id: m.volume_id,
