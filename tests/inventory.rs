@@ -15,6 +15,9 @@ fn disks_are_classified_with_reasons_and_foreign_data_is_untouched() {
     let blank = LoopDrive::new(tmp.path(), "blank.img", GIB);
     let with_fs = LoopDrive::new(tmp.path(), "with-fs.img", GIB);
     sh("mkfs.ext4", &["-q", "-F", with_fs.dev.to_str().unwrap()]);
+    // udev re-probes a device after a writer closes it, but that event may not be
+    // queued yet when `settle` runs: ask for the probe and wait for it.
+    sh("udevadm", &["trigger", "--action=change", "--settle", with_fs.dev.to_str().unwrap()]);
     let excluded = LoopDrive::new(tmp.path(), "excluded-1.img", GIB);
     sh("udevadm", &["settle"]);
     let before = digest(&with_fs.file);
