@@ -8,6 +8,7 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto proto
 COPY src src
 COPY benches benches
+COPY vendor vendor
 RUN cargo build --release --locked && strip target/release/drivelet
 
 # Runtime stage: the tools drivelet runs (mkfs, fsck, blkid, losetup, smartctl, udevadm).
