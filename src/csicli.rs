@@ -180,6 +180,51 @@ pub async fn delete(ch: Channel, id: &str) -> Result<serde_json::Value, CsiCliEr
     Ok(serde_json::json!({ "deleted": id }))
 }
 
+/// A volume as ControllerGetVolume and ListVolumes show it.
+fn volume_json(v: Option<csi::Volume>, status: Option<(Vec<String>, Option<csi::VolumeCondition>)>) -> serde_json::Value {
+    let v = v.unwrap_or_default();
+    let (nodes, condition) = status.unwrap_or_default();
+    serde_json::json!({
+        "volume_id": v.volume_id,
+        "capacity_bytes": v.capacity_bytes,
+        "volume_context": v.volume_context,
+        "published_node_ids": nodes,
+        "abnormal": condition.as_ref().is_some_and(|c| c.abnormal),
+        "condition": condition.map(|c| c.message),
+    })
+}
+
+/// ControllerGetVolume.
+pub async fn get(ch: Channel, id: &str) -> Result<serde_json::Value, CsiCliError> {
+    let mut ctrl = csi::controller_client::ControllerClient::new(ch);
+    let r = ctrl
+        .controller_get_volume(csi::ControllerGetVolumeRequest { volume_id: id.to_string() })
+        .await
+        .map_err(call("ControllerGetVolume"))?
+        .into_inner();
+    Ok(volume_json(r.volume, r.status.map(|s| (s.published_node_ids, s.volume_condition))))
+}
+
+/// ListVolumes, following `next_token` to the last page.
+pub async fn list(ch: Channel) -> Result<serde_json::Value, CsiCliError> {
+    let mut ctrl = csi::controller_client::ControllerClient::new(ch);
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let r = ctrl
+            .list_volumes(csi::ListVolumesRequest { max_entries: 0, starting_token: token })
+            .await
+            .map_err(call("ListVolumes"))?
+            .into_inner();
+        out.extend(r.entries.into_iter().map(|e| volume_json(e.volume, e.status.map(|s| (s.published_node_ids, s.volume_condition)))));
+        if r.next_token.is_empty() {
+            break;
+        }
+        token = r.next_token;
+    }
+    Ok(serde_json::json!({ "volumes": out }))
+}
+
 /// ValidateVolumeCapabilities.
 pub async fn validate(ch: Channel, id: &str, access: &Access) -> Result<serde_json::Value, CsiCliError> {
     let mut ctrl = csi::controller_client::ControllerClient::new(ch);

@@ -201,6 +201,13 @@ enum CsiCmd {
         /// Volume id.
         id: String,
     },
+    /// ControllerGetVolume ID: the volume, where it is published and its condition.
+    Get {
+        /// Volume id.
+        id: String,
+    },
+    /// ListVolumes, every page: each volume with its published nodes and condition.
+    List,
     /// ValidateVolumeCapabilities ID.
     Validate {
         /// Volume id.
@@ -475,6 +482,8 @@ fn csi(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, cmd: 
                 csicli::create(ch, &name, size, limit, &access.access(), csicli::parse_params(&params)?).await
             }
             CsiCmd::Delete { id } => csicli::delete(ch, &id).await,
+            CsiCmd::Get { id } => csicli::get(ch, &id).await,
+            CsiCmd::List => csicli::list(ch).await,
             CsiCmd::Validate { id, access } => csicli::validate(ch, &id, &access.access()).await,
             CsiCmd::Capacity { params } => csicli::capacity(ch, csicli::parse_params(&params)?).await,
             CsiCmd::Stage { id, staging, access } => csicli::stage(ch, &id, &staging, &access.access()).await,

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The end-to-end suite on a real single-node Kubernetes (the kit in ../shared/k8s), in
+# one command, as root:
+#   1. builds the release binary and the image archive (scripts/image.sh), and the suite;
+#   2. brings the kit up and imports the image into its containerd;
+#   3. makes the suite's three 2 GiB loop drives (/var/tmp/drivelet-e2e/drives) and the
+#      smartctl stand-in the suite uses to make a drive fail;
+#   4. runs tests/e2e (it deploys with `kubectl apply -k tests/e2e/overlay` and walks the
+#      journeys; on failure it prints the kubelet and drivelet log lines that explain it);
+#   5. deletes the deployment, detaches the drives and takes the kit down, pass or fail.
+# KEEP=1 leaves the kit, the deployment and the drives up for a look
+# (`. /var/tmp/k8s-kit/kit.env; kubectl get drives`); run again to start afresh.
+# KIT (default ../shared/k8s) is the kit's directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+kit="${KIT:-$root/../shared/k8s}"
+e2e=/var/tmp/drivelet-e2e
+overlay=tests/e2e/overlay
+[ -x "$kit/up.sh" ] || { echo "e2e.sh: no cluster kit at $kit (set KIT)" >&2; exit 1; }
+
+log() { echo "e2e.sh: $*" >&2; }
+started=$(date +%s)
+
+scripts/setup-host.sh
+cargo build --release --locked
+SKIP_BUILD=1 scripts/image.sh target/image/drivelet.tar
+# Built now, so the suite's clock does not include compiling it.
+cargo test --locked --features failpoints --test e2e --no-run
+
+log "bringing the kit up"
+"$kit/up.sh" >/dev/null
+kit_dir="${KIT_DIR:-/var/tmp/k8s-kit}"
+# shellcheck disable=SC1091
+. "$kit_dir/kit.env"
+export KIT_DIR="$kit_dir"
+
+detach_drives() {
+  for f in "$e2e"/drives/*.img; do
+    [ -e "$f" ] || continue
+    for dev in $(losetup -j "$f" -O NAME -n 2>/dev/null); do losetup -d "$dev" 2>/dev/null || true; done
+  done
+}
+
+undeploy() {
+  kubectl delete namespace drivelet-e2e --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
+  kubectl delete -k "$overlay" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
+  # The DaemonSet's pod must be gone before its drives and state go.
+  for _ in $(seq 1 60); do
+    kubectl get pods -n drivelet-system -o name 2>/dev/null | grep -q . || break
+    sleep 1
+  done
+}
+
+cleanup() {
+  rc=$?
+  if [ "${KEEP:-0}" = 1 ]; then
+    log "KEEP=1: the kit, the deployment and the drives stay up"
+  else
+    log "taking the deployment, the drives and the kit down"
+    undeploy
+    detach_drives
+    rm -rf "$e2e" /var/lib/drivelet
+    "$kit/down.sh" >/dev/null 2>&1 || log "down.sh failed; run $kit/down.sh"
+  fi
+  log "finished in $(( $(date +%s) - started ))s, exit $rc"
+  exit $rc
+}
+trap cleanup EXIT
+
+# A previous run left with KEEP=1: start from nothing.
+undeploy
+detach_drives
+# drivelet's volume store (a hostPath) must match the blank drives made below.
+rm -rf "$e2e" /var/lib/drivelet
+
+log "importing the image"
+ctr images import target/image/drivelet.tar >/dev/null
+
+log "making the drives and the smartctl stand-in under $e2e"
+mkdir -p "$e2e/drives" "$e2e/bin" "$e2e/smart" "$e2e/fixtures"
+cp tests/fixtures/smartctl/*.json "$e2e/fixtures/"
+# `smartctl --json -a DEVICE` prints the output chosen for DEVICE in $e2e/smart/NAME
+# ("FIXTURE EXIT-CODE"), else what smartctl prints for a device it cannot open.
+cat >"$e2e/bin/smartctl" <<EOF
+#!/bin/sh
+for a in "\$@"; do dev="\$a"; done
+choice="$e2e/smart/\$(basename "\$dev")"
+[ -f "\$choice" ] || choice="$e2e/smart/default"
+read -r fixture code < "\$choice"
+cat "\$fixture"
+exit "\$code"
+EOF
+chmod 755 "$e2e/bin/smartctl"
+open_failed="$e2e/fixtures/error-open-failed-megaraid.json"
+echo "$open_failed $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["smartctl"]["exit_status"])' "$open_failed")" \
+  >"$e2e/smart/default"
+for i in 0 1 2; do
+  truncate -s 2G "$e2e/drives/drive-$i.img"
+  losetup --find --show "$e2e/drives/drive-$i.img" >/dev/null
+done
+udevadm settle --timeout=30 || true
+
+log "running the suite"
+timeout 900 cargo test --locked --features failpoints --test e2e

@@ -1,0 +1,703 @@
+//! The end-to-end suite: drivelet as a DaemonSet pod on a real single-node Kubernetes
+//! (the kit in `../shared/k8s`: kube-apiserver, controller-manager, scheduler, kubelet
+//! with containerd, the real external-provisioner), walking the journeys a user walks.
+//!
+//! Run it with `scripts/e2e.sh`, which builds the image, brings the kit up, attaches the
+//! suite's loop drives and installs the smartctl stand-in, runs this binary, and takes
+//! everything down again. Run alone (`cargo test --test e2e`), it expects all of that
+//! done and fails, saying what is missing, when it is not.
+//!
+//! Journeys, in order, each building on the one before:
+//! 1. deploy: `kubectl apply -k tests/e2e/overlay`; the DaemonSet Ready; CSINode lists
+//!    the driver with its topology key; the node carries the label; `kubectl get drives`
+//!    shows each drive; each CSIStorageCapacity equals GetCapacity for its class;
+//! 2. claims used by pods: ext4, xfs with fsGroup, block, ReadWriteOncePod, data written
+//!    and read back; a second pod on the same ReadWriteOnce claim;
+//! 3. the drivelet pod deleted with volumes in use, then a rolling update: pods keep
+//!    their data, nothing is formatted again;
+//! 4. pods deleted: VolumeAttachments detached and gone, finalizers removed, no mount
+//!    left; a claim deleted: PV gone, partition gone, capacity back;
+//! 5. a drive failing under a running pod: Events on the claim and the pod within 2 s,
+//!    the Drive object shows it, ControllerGetVolume and ListVolumes say abnormal, new
+//!    claims land on other drives; `drivelet ctl drive release` through `kubectl exec`
+//!    keeps new claims off a drive;
+//! 6. everything deleted: no volume, PV, VolumeAttachment or mount left.
+//!
+//! On failure it prints what explains it: the cluster's objects and Events, drivelet's
+//! and the provisioner's logs, and kubelet's log lines about the driver.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const NS: &str = "drivelet-e2e";
+const SYSTEM_NS: &str = "drivelet-system";
+const DRIVER: &str = "csi.drivelet.io";
+const TOPOLOGY_KEY: &str = "topology.drivelet.io/node";
+const CONFIG: &str = "/etc/drivelet/drivelet.toml";
+const CSI_SOCKET: &str = "/var/lib/kubelet/plugins/csi.drivelet.io/csi.sock";
+/// Host directory of the suite (made by scripts/e2e.sh, mounted into the pod).
+const E2E_DIR: &str = "/var/tmp/drivelet-e2e";
+const BUSYBOX: &str = "k8s-kit.local/busybox:1.35";
+const MIB: u64 = 1 << 20;
+
+type Check = Result<(), String>;
+
+fn main() {
+    let started = Instant::now();
+    let mut ctx = match Ctx::new() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("e2e: cannot run: {e}");
+            std::process::exit(2);
+        }
+    };
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 6] = [
+        ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
+        ("claims used by pods: ext4, xfs with fsGroup, block, ReadWriteOncePod, a second pod", journey_claims),
+        ("drivelet pod deleted, then a rolling update, with volumes in use", journey_restart),
+        ("pods and a claim deleted: detach, finalizers, mounts, partition, capacity", journey_delete),
+        ("a drive failing under a running pod; a drive released", journey_failure),
+        ("clean-up: nothing left behind", journey_cleanup),
+    ];
+    let mut failed = None;
+    for (i, (name, run)) in journeys.iter().enumerate() {
+        let t = Instant::now();
+        println!("e2e: [{}/{}] {name}", i + 1, journeys.len());
+        match run(&mut ctx) {
+            Ok(()) => println!("e2e: [{}/{}] ok in {:.1}s", i + 1, journeys.len(), t.elapsed().as_secs_f64()),
+            Err(e) => {
+                println!("e2e: [{}/{}] FAILED after {:.1}s: {e}", i + 1, journeys.len(), t.elapsed().as_secs_f64());
+                failed = Some(format!("{name}: {e}"));
+                break;
+            }
+        }
+    }
+    if let Some(f) = failed {
+        diagnostics(&ctx);
+        println!("\ne2e: FAILED in {:.0}s: {f}", started.elapsed().as_secs_f64());
+        std::process::exit(1);
+    }
+    println!("\ne2e: all journeys passed in {:.0}s", started.elapsed().as_secs_f64());
+    for (k, v) in &ctx.measured {
+        println!("e2e: measured {k}: {v}");
+    }
+}
+
+/// What the journeys share.
+struct Ctx {
+    root: PathBuf,
+    kit_dir: PathBuf,
+    node: String,
+    /// Capacity of the suite's StorageClass before any claim, for "capacity back".
+    initial_capacity: Option<u64>,
+    /// Figures printed at the end.
+    measured: BTreeMap<String, String>,
+}
+
+impl Ctx {
+    fn new() -> Result<Ctx, String> {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        if std::env::var_os("KUBECONFIG").is_none() {
+            return Err("KUBECONFIG is not set: run scripts/e2e.sh (or `. /var/tmp/k8s-kit/kit.env` with the kit up)".into());
+        }
+        kubectl(&["version", "--request-timeout=5s"])
+            .map_err(|e| format!("no cluster answers (is ../shared/k8s up? scripts/e2e.sh brings it up): {e}"))?;
+        for f in ["bin/smartctl", "drives"] {
+            if !Path::new(E2E_DIR).join(f).exists() {
+                return Err(format!("{E2E_DIR}/{f} is missing: scripts/e2e.sh prepares the drives and the smartctl stand-in"));
+            }
+        }
+        let kit_dir = PathBuf::from(std::env::var("KIT_DIR").unwrap_or_else(|_| "/var/tmp/k8s-kit".into()));
+        let nodes = get_json(&["get", "nodes"])?;
+        let node = nodes["items"][0]["metadata"]["name"].as_str().ok_or("the cluster has no node")?.to_string();
+        Ok(Ctx { root, kit_dir, node, initial_capacity: None, measured: BTreeMap::new() })
+    }
+
+    fn overlay(&self) -> String {
+        self.root.join("tests/e2e/overlay").display().to_string()
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// kubectl and waiting
+
+fn kubectl(args: &[&str]) -> Result<String, String> {
+    kubectl_stdin(args, None)
+}
+
+fn kubectl_stdin(args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+    let mut cmd = Command::new("kubectl");
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    if stdin.is_some() {
+        cmd.stdin(Stdio::piped());
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("kubectl cannot run ({e}): is it on PATH? scripts/e2e.sh sets it"))?;
+    if let Some(text) = stdin {
+        use std::io::Write;
+        child.stdin.take().expect("stdin").write_all(text.as_bytes()).map_err(|e| e.to_string())?;
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!("kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+fn get_json(args: &[&str]) -> Result<Value, String> {
+    let mut a = args.to_vec();
+    a.extend(["-o", "json"]);
+    let text = kubectl(&a)?;
+    serde_json::from_str(&text).map_err(|e| format!("kubectl {}: unreadable JSON: {e}", args.join(" ")))
+}
+
+fn apply(yaml: &str) -> Check {
+    kubectl_stdin(&["apply", "-f", "-"], Some(yaml)).map(|_| ())
+}
+
+/// Polls `f` every 200 ms until it returns `Some`, or fails after `timeout` with `what`
+/// and the last reason `f` gave.
+fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<Option<T>, String>) -> Result<T, String> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    loop {
+        match f() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last = e,
+        }
+        if Instant::now() > deadline {
+            let why = if last.is_empty() { String::new() } else { format!(" (last: {last})") };
+            return Err(format!("{what}: not within {timeout:?}{why}"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn ensure(ok: bool, what: impl FnOnce() -> String) -> Check {
+    if ok {
+        Ok(())
+    } else {
+        Err(what())
+    }
+}
+
+/// `kubectl exec` in the drivelet container.
+fn drivelet(args: &[&str]) -> Result<String, String> {
+    let mut a = vec!["exec", "-n", SYSTEM_NS, "ds/drivelet", "-c", "drivelet", "--", "drivelet"];
+    a.extend(args);
+    kubectl(&a)
+}
+
+fn drivelet_json(args: &[&str]) -> Result<Value, String> {
+    let mut a = args.to_vec();
+    a.extend(["-o", "json"]);
+    let text = drivelet(&a)?;
+    serde_json::from_str(&text).map_err(|e| format!("drivelet {}: unreadable JSON: {e}: {text}", args.join(" ")))
+}
+
+fn ctl_drives() -> Result<Vec<Value>, String> {
+    Ok(drivelet_json(&["ctl", "-c", CONFIG, "drives"])?.as_array().cloned().unwrap_or_default())
+}
+
+fn ctl_volumes() -> Result<Vec<Value>, String> {
+    Ok(drivelet_json(&["ctl", "-c", CONFIG, "volumes"])?.as_array().cloned().unwrap_or_default())
+}
+
+/// `kubectl exec` in a test pod.
+fn in_pod(pod: &str, script: &str) -> Result<String, String> {
+    kubectl(&["exec", "-n", NS, pod, "--", "sh", "-c", script]).map(|s| s.trim().to_string())
+}
+
+fn host_mounts() -> String {
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------
+// objects
+
+/// The suite's StorageClasses: partitions on the suite's loop drives (media
+/// `virtual`), ext4 and xfs.
+fn storage_classes() -> String {
+    let class = |name: &str, fs: &str| {
+        format!(
+            "apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: {name}
+provisioner: {DRIVER}
+parameters:
+  media: virtual
+  layout: partition
+  csi.storage.k8s.io/fstype: {fs}
+volumeBindingMode: WaitForFirstConsumer
+reclaimPolicy: Delete
+---
+"
+        )
+    };
+    class("drivelet-e2e-ext4", "ext4") + &class("drivelet-e2e-xfs", "xfs")
+}
+
+fn claim(name: &str, class: &str, size_mib: u64, mode: &str, access: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: {name}
+  namespace: {NS}
+spec:
+  storageClassName: {class}
+  volumeMode: {mode}
+  accessModes: [{access}]
+  resources:
+    requests:
+      storage: {size_mib}Mi
+---
+"
+    )
+}
+
+/// A hostNetwork busybox pod (the kit runs no other) using `claim` at /data, or as the
+/// block device /dev/e2e-block; it runs `script`, then waits to be deleted.
+fn pod(name: &str, claim: &str, block: bool, security: &str, script: &str) -> String {
+    let (mounts, devices) = if block {
+        (String::new(), "      volumeDevices:\n        - name: v\n          devicePath: /dev/e2e-block\n".to_string())
+    } else {
+        ("      volumeMounts:\n        - name: v\n          mountPath: /data\n".to_string(), String::new())
+    };
+    // A JSON string is a YAML flow scalar: no quoting to get wrong.
+    let command = serde_json::to_string(&format!("{script}; trap 'exit 0' TERM; while true; do sleep 1; done")).expect("string");
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {NS}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 2
+  restartPolicy: Never
+{security}  containers:
+    - name: c
+      image: {BUSYBOX}
+      imagePullPolicy: IfNotPresent
+      command: [sh, -c, {command}]
+{mounts}{devices}  volumes:
+    - name: v
+      persistentVolumeClaim:
+        claimName: {claim}
+---
+"
+    )
+}
+
+fn wait_pod_running(name: &str, timeout: Duration) -> Check {
+    wait_for(&format!("pod {name} Running"), timeout, || {
+        let p = get_json(&["get", "pod", "-n", NS, name])?;
+        match p["status"]["phase"].as_str() {
+            Some("Running") => Ok(Some(())),
+            Some("Failed") | Some("Succeeded") => Err(format!("pod {name} ended: {}", p["status"])),
+            _ => Err(format!("phase {}", p["status"]["phase"])),
+        }
+    })
+}
+
+/// The PV bound to claim `name`.
+fn pv_of(name: &str) -> Result<String, String> {
+    let c = get_json(&["get", "pvc", "-n", NS, name])?;
+    c["spec"]["volumeName"].as_str().filter(|s| !s.is_empty()).map(str::to_string).ok_or(format!("claim {name} is not bound"))
+}
+
+/// The CSI volume id of claim `name`.
+fn volume_id_of(name: &str) -> Result<String, String> {
+    let pv = get_json(&["get", "pv", &pv_of(name)?])?;
+    pv["spec"]["csi"]["volumeHandle"].as_str().map(str::to_string).ok_or("PV has no volume handle".into())
+}
+
+/// drivelet's record of claim `name`'s volume.
+fn record_of(name: &str) -> Result<Value, String> {
+    let id = volume_id_of(name)?;
+    ctl_volumes()?.into_iter().find(|v| v["id"] == id.as_str()).ok_or(format!("drivelet has no volume {id}"))
+}
+
+/// CSIStorageCapacity of a StorageClass on this node: (capacity, maximumVolumeSize).
+fn capacity_object(class: &str) -> Result<Option<(u64, u64)>, String> {
+    let list = get_json(&["get", "csistoragecapacities", "-n", SYSTEM_NS])?;
+    let q = |v: &Value| v.as_str().map(parse_quantity).transpose();
+    for c in list["items"].as_array().into_iter().flatten() {
+        if c["storageClassName"] == class {
+            return Ok(Some((q(&c["capacity"])?.unwrap_or(0), q(&c["maximumVolumeSize"])?.unwrap_or(0))));
+        }
+    }
+    Ok(None)
+}
+
+/// A Kubernetes quantity as the provisioner writes capacities: a whole number with an
+/// optional binary or decimal suffix.
+fn parse_quantity(s: &str) -> Result<u64, String> {
+    let units: [(&str, u64); 8] =
+        [("Ki", 1 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("Ti", 1 << 40), ("k", 1000), ("M", 1_000_000), ("G", 1_000_000_000), ("T", 1_000_000_000_000)];
+    for (suffix, mult) in units {
+        if let Some(n) = s.strip_suffix(suffix) {
+            return n.parse::<u64>().map(|n| n * mult).map_err(|e| format!("quantity {s}: {e}"));
+        }
+    }
+    s.parse::<u64>().map_err(|e| format!("quantity {s}: {e}"))
+}
+
+/// GetCapacity for the suite's class parameters, through `drivelet csi` in the pod.
+fn get_capacity() -> Result<(u64, u64), String> {
+    let v = drivelet_json(&["csi", "--endpoint", CSI_SOCKET, "capacity", "--param", "media=virtual", "--param", "layout=partition"])?;
+    Ok((v["available_capacity"].as_u64().unwrap_or(0), v["maximum_volume_size"].as_u64().unwrap_or(0)))
+}
+
+/// Makes `smartctl` (the stand-in) print `fixture` for the loop device `dev`.
+fn choose_smart(dev: &str, fixture: &str) -> Check {
+    let name = Path::new(dev).file_name().and_then(|n| n.to_str()).ok_or("bad device")?;
+    let path = Path::new(E2E_DIR).join("fixtures").join(fixture);
+    let json: Value = serde_json::from_slice(&std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?)
+        .map_err(|e| e.to_string())?;
+    let code = json["smartctl"]["exit_status"].as_i64().ok_or("fixture has no exit status")?;
+    let dir = Path::new(E2E_DIR).join("smart");
+    let tmp = dir.join(format!(".{name}.new"));
+    std::fs::write(&tmp, format!("{} {code}\n", path.display())).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, dir.join(name)).map_err(|e| e.to_string())
+}
+
+fn events_for(kind: &str, name: &str, reason: &str) -> Result<Vec<Value>, String> {
+    let sel = format!("involvedObject.kind={kind},involvedObject.name={name},reason={reason}");
+    let ev = get_json(&["get", "events", "-n", NS, "--field-selector", &sel])?;
+    Ok(ev["items"].as_array().cloned().unwrap_or_default())
+}
+
+// ---------------------------------------------------------------------------------
+// journeys
+
+fn journey_deploy(ctx: &mut Ctx) -> Check {
+    kubectl(&["apply", "-k", &ctx.overlay()])?;
+    kubectl(&["rollout", "status", "-n", SYSTEM_NS, "ds/drivelet", "--timeout=120s"])?;
+    let ds = get_json(&["get", "ds", "-n", SYSTEM_NS, "drivelet"])?;
+    ensure(ds["status"]["numberReady"] == 1, || format!("DaemonSet not Ready: {}", ds["status"]))?;
+
+    // Registration: kubelet lists the driver with its topology key in CSINode.
+    let node = ctx.node.clone();
+    wait_for("CSINode lists csi.drivelet.io with its topology key", Duration::from_secs(60), || {
+        let n = get_json(&["get", "csinode", &node])?;
+        let drivers = n["spec"]["drivers"].as_array().cloned().unwrap_or_default();
+        Ok(drivers
+            .iter()
+            .find(|d| d["name"] == DRIVER && d["nodeID"] == node.as_str())
+            .filter(|d| d["topologyKeys"].as_array().is_some_and(|k| k.iter().any(|k| k == TOPOLOGY_KEY)))
+            .map(|_| ()))
+    })?;
+    let n = get_json(&["get", "node", &ctx.node])?;
+    ensure(n["metadata"]["labels"][TOPOLOGY_KEY] == ctx.node.as_str(), || {
+        format!("node lacks the label {TOPOLOGY_KEY}={}: {}", ctx.node, n["metadata"]["labels"])
+    })?;
+
+    // Every suite drive is managed and has its Drive object; nothing else of the suite
+    // (kubelet's loop devices included) pretends to be a drive.
+    let want: Vec<String> = (0..3).map(|i| format!("{E2E_DIR}/drives/drive-{i}.img")).collect();
+    let drives = wait_for("the three suite drives managed", Duration::from_secs(30), || {
+        let d = ctl_drives()?;
+        let ours: Vec<Value> = d.iter().filter(|d| want.iter().any(|w| d["backing_file"] == w.as_str())).cloned().collect();
+        Ok((ours.len() == 3 && ours.iter().all(|d| d["class"] == "managed")).then_some(ours))
+    })?;
+    let table = kubectl(&["get", "drives"])?;
+    println!("{table}");
+    for d in &drives {
+        let id = d["id"].as_str().unwrap_or_default();
+        let objs = get_json(&["get", "drives"])?;
+        let found = objs["items"].as_array().into_iter().flatten().any(|o| o["spec"]["driveId"] == id && o["status"]["class"] == "managed");
+        ensure(found, || format!("no managed Drive object for {id}:\n{table}"))?;
+    }
+
+    // CSIStorageCapacity: published for every class, equal to what GetCapacity answers.
+    apply(&storage_classes())?;
+    let (cap, max) = get_capacity()?;
+    ensure(cap > 0 && max > 0 && max <= cap, || format!("GetCapacity answers {cap} available, {max} maximum"))?;
+    for class in ["drivelet-e2e-ext4", "drivelet-e2e-xfs"] {
+        wait_for(&format!("CSIStorageCapacity of {class} equal to GetCapacity ({cap}, max {max})"), Duration::from_secs(60), || {
+            Ok(capacity_object(class)?.filter(|&c| c == (cap, max)).map(|_| ()))
+        })?;
+    }
+    for class in ["drivelet-hdd", "drivelet-ssd", "drivelet-nvme"] {
+        ensure(capacity_object(class)? == Some((0, 0)), || format!("{class} promises capacity on a node with no such drive"))?;
+    }
+    ctx.initial_capacity = Some(cap);
+    ctx.measured.insert("capacity before claims (bytes)".into(), cap.to_string());
+    Ok(())
+}
+
+const WRITE_EXT4: &str = "echo hello-ext4 > /data/hello && sync && cat /data/hello";
+
+fn journey_claims(ctx: &mut Ctx) -> Check {
+    kubectl(&["create", "namespace", NS]).or_else(|e| if e.contains("AlreadyExists") { Ok(String::new()) } else { Err(e) })?;
+    let fs_group = "  securityContext:\n    runAsUser: 1000\n    runAsGroup: 1000\n    fsGroup: 2000\n";
+    let mut objects = String::new();
+    objects += &claim("ext4", "drivelet-e2e-ext4", 128, "Filesystem", "ReadWriteOnce");
+    objects += &claim("xfs", "drivelet-e2e-xfs", 512, "Filesystem", "ReadWriteOnce");
+    objects += &claim("block", "drivelet-e2e-ext4", 64, "Block", "ReadWriteOnce");
+    objects += &claim("rwop", "drivelet-e2e-ext4", 64, "Filesystem", "ReadWriteOncePod");
+    objects += &pod("writer", "ext4", false, "", WRITE_EXT4);
+    objects += &pod("xfs", "xfs", false, fs_group, "echo hello-xfs > /data/hello && sync");
+    objects += &pod("block", "block", true, "", "echo hello-block | dd of=/dev/e2e-block bs=512 count=1 conv=sync,fsync");
+    objects += &pod("rwop", "rwop", false, "", "echo hello-rwop > /data/hello && sync");
+    let t = Instant::now();
+    apply(&objects)?;
+    for p in ["writer", "xfs", "block", "rwop"] {
+        wait_pod_running(p, Duration::from_secs(120))?;
+    }
+    ctx.measured.insert("four claims provisioned, attached, staged, published, pods Running".into(), format!("{:.1}s", t.elapsed().as_secs_f64()));
+
+    ensure(in_pod("writer", "cat /data/hello")? == "hello-ext4", || "ext4 data not read back".into())?;
+    ensure(in_pod("writer", "grep ' /data ' /proc/mounts | cut -d' ' -f3")? == "ext4", || "/data is not ext4".into())?;
+    ensure(in_pod("xfs", "cat /data/hello")? == "hello-xfs", || "xfs data not read back".into())?;
+    ensure(in_pod("xfs", "grep ' /data ' /proc/mounts | cut -d' ' -f3")? == "xfs", || "/data is not xfs".into())?;
+    let owner = in_pod("xfs", "stat -c '%g' /data; stat -c '%g' /data/hello; id -G")?;
+    ensure(owner.lines().take(2).all(|g| g == "2000"), || format!("fsGroup 2000 not applied to the xfs volume: {owner}"))?;
+    let block = in_pod("block", "dd if=/dev/e2e-block bs=512 count=1 2>/dev/null | head -c 11")?;
+    ensure(block == "hello-block", || format!("block data not read back: {block:?}"))?;
+    let size = in_pod("block", "blockdev --getsize64 /dev/e2e-block 2>/dev/null || wc -c < /dev/e2e-block")?;
+    ensure(size.trim().parse::<u64>().ok() == Some(64 * MIB), || format!("block device size {size}, want 64 MiB"))?;
+    ensure(in_pod("rwop", "cat /data/hello")? == "hello-rwop", || "ReadWriteOncePod data not read back".into())?;
+
+    // A second pod on the same ReadWriteOnce claim, on the same node.
+    apply(&pod("reader", "ext4", false, "", "cat /data/hello"))?;
+    wait_pod_running("reader", Duration::from_secs(60))?;
+    ensure(in_pod("reader", "cat /data/hello")? == "hello-ext4", || "the second pod does not see the data".into())?;
+
+    // Each volume is where drivelet says, attached to this node once.
+    for c in ["ext4", "xfs", "block", "rwop"] {
+        let r = record_of(c)?;
+        ensure(r["state"] != "creating", || format!("claim {c}: volume record {r}"))?;
+        let pv = pv_of(c)?;
+        let vas = get_json(&["get", "volumeattachments"])?;
+        let va: Vec<&Value> = vas["items"].as_array().into_iter().flatten().filter(|v| v["spec"]["source"]["persistentVolumeName"] == pv.as_str()).collect();
+        ensure(va.len() == 1 && va[0]["status"]["attached"] == true, || format!("claim {c}: VolumeAttachments {va:?}"))?;
+    }
+    Ok(())
+}
+
+/// The content every pod must still read.
+fn check_data() -> Check {
+    for (p, want) in [("writer", "hello-ext4"), ("reader", "hello-ext4"), ("xfs", "hello-xfs"), ("rwop", "hello-rwop")] {
+        let got = in_pod(p, "cat /data/hello")?;
+        ensure(got == want, || format!("pod {p} reads {got:?}, want {want:?}"))?;
+    }
+    let b = in_pod("block", "dd if=/dev/e2e-block bs=512 count=1 2>/dev/null | head -c 11")?;
+    ensure(b == "hello-block", || format!("block pod reads {b:?}"))
+}
+
+fn drivelet_pod() -> Result<String, String> {
+    let pods = get_json(&["get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/name=drivelet"])?;
+    let items = pods["items"].as_array().cloned().unwrap_or_default();
+    let ready: Vec<&Value> = items
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter(|p| p["status"]["containerStatuses"].as_array().is_some_and(|c| c.iter().all(|c| c["ready"] == true)))
+        .collect();
+    match ready.as_slice() {
+        [p] => Ok(p["metadata"]["name"].as_str().unwrap_or_default().to_string()),
+        _ => Err(format!("{} drivelet pods ready", ready.len())),
+    }
+}
+
+/// Every formatting drivelet logged since its pod started.
+fn formats_logged(pod: &str) -> Result<usize, String> {
+    let logs = kubectl(&["logs", "-n", SYSTEM_NS, pod, "-c", "drivelet"])?;
+    Ok(logs.lines().filter(|l| l.contains("filesystem made")).count())
+}
+
+fn journey_restart(ctx: &mut Ctx) -> Check {
+    let before = drivelet_pod()?;
+    let t = Instant::now();
+    kubectl(&["delete", "pod", "-n", SYSTEM_NS, &before, "--wait=true", "--timeout=60s"])?;
+    let after = wait_for("a new drivelet pod Ready", Duration::from_secs(90), || {
+        Ok(drivelet_pod().ok().filter(|p| *p != before))
+    })?;
+    ctx.measured.insert("drivelet pod deleted -> new pod Ready".into(), format!("{:.1}s", t.elapsed().as_secs_f64()));
+    check_data()?;
+    in_pod("writer", "echo after-restart > /data/after && sync")?;
+    ensure(formats_logged(&after)? == 0, || format!("the new drivelet pod {after} formatted something"))?;
+    // It still serves: the volumes are listed, published to this node, and normal.
+    let list = drivelet_json(&["csi", "--endpoint", CSI_SOCKET, "list"])?;
+    let vols = list["volumes"].as_array().cloned().unwrap_or_default();
+    ensure(vols.len() == 4 && vols.iter().all(|v| v["abnormal"] == false && v["published_node_ids"][0] == ctx.node.as_str()), || {
+        format!("ListVolumes after the restart: {list}")
+    })?;
+
+    // A rolling update of the DaemonSet (a changed pod template).
+    let t = Instant::now();
+    kubectl(&["rollout", "restart", "-n", SYSTEM_NS, "ds/drivelet"])?;
+    kubectl(&["rollout", "status", "-n", SYSTEM_NS, "ds/drivelet", "--timeout=120s"])?;
+    let updated = wait_for("the updated drivelet pod Ready", Duration::from_secs(60), || Ok(drivelet_pod().ok().filter(|p| *p != after)))?;
+    ctx.measured.insert("rolling update of the DaemonSet".into(), format!("{:.1}s", t.elapsed().as_secs_f64()));
+    check_data()?;
+    ensure(in_pod("reader", "cat /data/after")? == "after-restart", || "data written between restarts is lost".into())?;
+    ensure(formats_logged(&updated)? == 0, || format!("the updated drivelet pod {updated} formatted something"))
+}
+
+fn journey_delete(ctx: &mut Ctx) -> Check {
+    let pv = pv_of("ext4")?;
+    let rec = record_of("ext4")?;
+    let drive_id = rec["drive_id"].as_str().unwrap_or_default().to_string();
+    let free_before = drive_free(&drive_id)?;
+    kubectl(&["delete", "pod", "-n", NS, "writer", "reader", "--wait=true", "--timeout=60s"])?;
+
+    // No pod uses the claim: the VolumeAttachment is detached and gone, the PV keeps no
+    // attacher finalizer, no mount of the volume is left on the node.
+    wait_for(&format!("the VolumeAttachment of {pv} gone"), Duration::from_secs(90), || {
+        let vas = get_json(&["get", "volumeattachments"])?;
+        let left = vas["items"].as_array().into_iter().flatten().any(|v| v["spec"]["source"]["persistentVolumeName"] == pv.as_str());
+        Ok((!left).then_some(()))
+    })?;
+    let p = get_json(&["get", "pv", &pv])?;
+    let fins = p["metadata"]["finalizers"].as_array().cloned().unwrap_or_default();
+    ensure(!fins.iter().any(|f| f.as_str().is_some_and(|f| f.starts_with("external-attacher/"))), || {
+        format!("PV {pv} keeps attacher finalizers: {fins:?}")
+    })?;
+    ensure(!host_mounts().contains(&pv), || format!("a mount of {pv} is left:\n{}", host_mounts()))?;
+    let r = record_of("ext4")?;
+    ensure(r["staging"].is_null() && r["targets"].as_object().is_none_or(|t| t.is_empty()), || format!("record not unstaged: {r}"))?;
+
+    // The claim deleted: PV gone, partition gone, capacity back.
+    let id = volume_id_of("ext4")?;
+    kubectl(&["delete", "pvc", "-n", NS, "ext4", "--wait=true", "--timeout=60s"])?;
+    wait_for(&format!("PV {pv} gone"), Duration::from_secs(60), || Ok(kubectl(&["get", "pv", &pv]).is_err().then_some(())))?;
+    ensure(!ctl_volumes()?.iter().any(|v| v["id"] == id.as_str()), || format!("drivelet still has volume {id}"))?;
+    let free_after = drive_free(&drive_id)?;
+    ensure(free_after == free_before + rec["size"].as_u64().unwrap_or(0), || {
+        format!("drive {drive_id} free {free_before} -> {free_after} after deleting a volume of {}", rec["size"])
+    })?;
+    let (cap, _) = get_capacity()?;
+    wait_for("CSIStorageCapacity follows the freed space", Duration::from_secs(60), || {
+        Ok(capacity_object("drivelet-e2e-ext4")?.filter(|c| c.0 == cap).map(|_| ()))
+    })?;
+    let _ = ctx;
+    Ok(())
+}
+
+fn drive_free(id: &str) -> Result<u64, String> {
+    ctl_drives()?
+        .iter()
+        .find(|d| d["id"] == id)
+        .and_then(|d| d["free_bytes"].as_u64())
+        .ok_or(format!("drivelet does not list drive {id}"))
+}
+
+fn journey_failure(ctx: &mut Ctx) -> Check {
+    // The xfs pod's drive turns BAD (smartctl: overall-health self-assessment failed).
+    let rec = record_of("xfs")?;
+    let bad = rec["drive_id"].as_str().unwrap_or_default().to_string();
+    let drives = ctl_drives()?;
+    let dev = drives.iter().find(|d| d["id"] == bad.as_str()).and_then(|d| d["path"].as_str()).ok_or("no device")?.to_string();
+    let pvc_events = events_for("PersistentVolumeClaim", "xfs", "VolumeConditionAbnormal")?.len();
+    let pod_events = events_for("Pod", "xfs", "VolumeConditionAbnormal")?.len();
+    let failed = Instant::now();
+    choose_smart(&dev, "sata-hdd-smart-failed.json")?;
+    let (mut on_claim, mut on_pod) = (None, None);
+    wait_for("VolumeConditionAbnormal Events on the claim and the pod", Duration::from_secs(10), || {
+        if on_claim.is_none() && events_for("PersistentVolumeClaim", "xfs", "VolumeConditionAbnormal")?.len() > pvc_events {
+            on_claim = Some(failed.elapsed());
+        }
+        if on_pod.is_none() && events_for("Pod", "xfs", "VolumeConditionAbnormal")?.len() > pod_events {
+            on_pod = Some(failed.elapsed());
+        }
+        Ok((on_claim.is_some() && on_pod.is_some()).then_some(()))
+    })?;
+    let (c, p) = (on_claim.unwrap_or_default(), on_pod.unwrap_or_default());
+    ctx.measured.insert("drive BAD -> Event on the claim / on the pod (seen by kubectl polling)".into(), format!("{c:.2?} / {p:.2?}"));
+    ensure(c <= Duration::from_secs(2) && p <= Duration::from_secs(2), || format!("Events took {c:?} (claim) and {p:?} (pod); limit 2 s"))?;
+
+    // The Drive object says so at a glance.
+    let obj = wait_for("the Drive object shows the drive bad", Duration::from_secs(10), || {
+        let objs = get_json(&["get", "drives"])?;
+        Ok(objs["items"].as_array().into_iter().flatten().find(|o| o["spec"]["driveId"] == bad.as_str() && o["status"]["health"] == "bad").cloned())
+    })?;
+    let table = kubectl(&["get", "drives"])?;
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    ensure(table.lines().any(|l| l.starts_with(name) && l.contains("bad")), || format!("`kubectl get drives` does not show {name} bad:\n{table}"))?;
+
+    // ControllerGetVolume and ListVolumes: abnormal, naming the drive.
+    let id = volume_id_of("xfs")?;
+    let got = drivelet_json(&["csi", "--endpoint", CSI_SOCKET, "get", &id])?;
+    ensure(got["abnormal"] == true, || format!("ControllerGetVolume of {id}: {got}"))?;
+    let list = drivelet_json(&["csi", "--endpoint", CSI_SOCKET, "list"])?;
+    let entry = list["volumes"].as_array().into_iter().flatten().find(|v| v["volume_id"] == id.as_str()).cloned().unwrap_or_default();
+    ensure(entry["abnormal"] == true, || format!("ListVolumes entry of {id}: {entry}"))?;
+
+    // New claims land on other drives.
+    apply(&(claim("after-bad", "drivelet-e2e-ext4", 64, "Filesystem", "ReadWriteOnce") + &pod("after-bad", "after-bad", false, "", "echo ok > /data/ok")))?;
+    wait_pod_running("after-bad", Duration::from_secs(120))?;
+    let placed = record_of("after-bad")?["drive_id"].as_str().unwrap_or_default().to_string();
+    ensure(placed != bad, || format!("a new claim landed on the BAD drive {bad}"))?;
+
+    // `drivelet ctl drive release` through kubectl exec: the next claim goes elsewhere.
+    drivelet(&["ctl", "-c", CONFIG, "drive", "release", &placed])?;
+    let d = ctl_drives()?.into_iter().find(|d| d["id"] == placed.as_str()).unwrap_or_default();
+    ensure(d["usage"] == "releasing", || format!("released drive {placed}: {d}"))?;
+    apply(&(claim("after-release", "drivelet-e2e-ext4", 64, "Filesystem", "ReadWriteOnce") + &pod("after-release", "after-release", false, "", "echo ok > /data/ok")))?;
+    wait_pod_running("after-release", Duration::from_secs(120))?;
+    let third = record_of("after-release")?["drive_id"].as_str().unwrap_or_default().to_string();
+    ensure(third != bad && third != placed, || format!("a new claim landed on {third} (BAD: {bad}, releasing: {placed})"))?;
+    // The failing drive's pod still runs and its data reads back.
+    ensure(in_pod("xfs", "cat /data/hello")? == "hello-xfs", || "the xfs pod lost its data".into())
+}
+
+fn journey_cleanup(_: &mut Ctx) -> Check {
+    let pvs: Vec<String> = ["xfs", "block", "rwop", "after-bad", "after-release"].iter().filter_map(|c| pv_of(c).ok()).collect();
+    kubectl(&["delete", "namespace", NS, "--wait=true", "--timeout=120s"])?;
+    wait_for("every PV of the suite gone", Duration::from_secs(90), || {
+        Ok(pvs.iter().all(|pv| kubectl(&["get", "pv", pv]).is_err()).then_some(()))
+    })?;
+    let vas = get_json(&["get", "volumeattachments"])?;
+    ensure(vas["items"].as_array().is_none_or(|v| v.is_empty()), || format!("VolumeAttachments left: {vas}"))?;
+    let vols = ctl_volumes()?;
+    ensure(vols.is_empty(), || format!("drivelet volumes left: {vols:?}"))?;
+    let mounts = host_mounts();
+    ensure(!pvs.iter().any(|pv| mounts.contains(pv.as_str())), || format!("mounts left:\n{mounts}"))?;
+    kubectl_stdin(&["delete", "--ignore-not-found", "-f", "-"], Some(&storage_classes()))?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// diagnostics
+
+fn diagnostics(ctx: &Ctx) {
+    let show = |title: &str, args: &[&str]| {
+        println!("\n===== {title}: kubectl {}", args.join(" "));
+        match kubectl(args) {
+            Ok(s) => println!("{s}"),
+            Err(e) => println!("({e})"),
+        }
+    };
+    show("pods", &["get", "pods", "-A", "-o", "wide"]);
+    show("claims, volumes, attachments", &["get", "pvc,pv,volumeattachments", "-A"]);
+    show("drives", &["get", "drives"]);
+    show("storage capacity", &["get", "csistoragecapacities", "-A"]);
+    show("events", &["get", "events", "-A", "--sort-by=.lastTimestamp"]);
+    show("drivelet log", &["logs", "-n", SYSTEM_NS, "ds/drivelet", "-c", "drivelet", "--tail=150"]);
+    show("drivelet log (previous container)", &["logs", "-n", SYSTEM_NS, "ds/drivelet", "-c", "drivelet", "--previous", "--tail=50"]);
+    show("provisioner log", &["logs", "-n", SYSTEM_NS, "ds/drivelet", "-c", "csi-provisioner", "--tail=60"]);
+    let kubelet_log = ctx.kit_dir.join("log/kubelet.log");
+    println!("\n===== kubelet log lines about the driver and the suite's pods: {}", kubelet_log.display());
+    match std::fs::read_to_string(&kubelet_log) {
+        Ok(text) => {
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("drivelet") || l.contains("csi") || l.contains(NS))
+                .filter(|l| l.starts_with('E') || l.starts_with('W') || l.contains("rror") || l.contains("ailed"))
+                .collect();
+            for l in &lines[lines.len().saturating_sub(60)..] {
+                println!("{l}");
+            }
+        }
+        Err(e) => println!("({e})"),
+    }
+}
