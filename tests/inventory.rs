@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -143,4 +144,19 @@ fn loop_devices_are_not_drives_unless_allowed() {
     let drives = agent.ctl_drives();
     assert!(drive_by_path(&drives, &d.dev).is_none(), "loop device listed although allow_loop = false: {drives}");
     assert!(drives.as_array().unwrap().iter().all(|d| d["transport"] != "loop"));
+}
+
+#[test]
+fn a_loop_device_over_a_block_device_is_not_a_drive() {
+    require_host();
+    let tmp = short_tempdir();
+    let d = LoopDrive::new(tmp.path(), "disk.img", GIB);
+    // What kubelet does for a block volume a pod uses: a loop device whose backing file
+    // is the volume's device node.
+    let over = LoopDrive { file: d.dev.clone(), dev: PathBuf::from(sh("losetup", &["--find", "--show", d.dev.to_str().unwrap()])) };
+    sh("udevadm", &["settle"]);
+    let agent = Agent::start(tmp.path(), AgentOpts::default());
+    let drives = agent.ctl_drives();
+    assert!(drive_by_path(&drives, &d.dev).is_some(), "the loop over a file is a drive: {drives}");
+    assert!(drive_by_path(&drives, &over.dev).is_none(), "{} over {} listed: {drives}", over.dev.display(), d.dev.display());
 }

@@ -86,6 +86,10 @@ pub struct DiskProbe {
     pub holders: Vec<Holder>,
     /// For loop devices: the backing file, when attached.
     pub loop_backing_file: Option<PathBuf>,
+    /// For loop devices: the backing file is a block device node, not a regular file
+    /// (kubelet's loop over a block volume's device). False when it is a regular file,
+    /// not attached, or cannot be stat-ed.
+    pub loop_over_block_device: bool,
     /// Partitions, by number.
     pub partitions: Vec<PartitionProbe>,
     /// When udev reports no signature: whether `blkid -p` confirmed the disk is blank
@@ -174,6 +178,7 @@ fn disk_of(dev: &udev::Device, partitions: Vec<PartitionProbe>) -> DiskProbe {
         .map(|l| l.split_whitespace().map(PathBuf::from).collect())
         .unwrap_or_default();
     let loop_backing_file = sysfs_attr(&sys, "loop/backing_file").filter(|s| !s.is_empty()).map(PathBuf::from);
+    let loop_over_block_device = loop_backing_file.as_deref().is_some_and(is_block_device);
     let mut d = DiskProbe {
         name: os(Some(dev.sysname())),
         devnode: dev.devnode().map(Path::to_path_buf).unwrap_or_default(),
@@ -188,6 +193,7 @@ fn disk_of(dev: &udev::Device, partitions: Vec<PartitionProbe>) -> DiskProbe {
         removable: sysfs_attr(&sys, "removable").as_deref() == Some("1"),
         holders: holders_of(&sys),
         loop_backing_file,
+        loop_over_block_device,
         partitions,
         blank_confirmed: None,
     };
@@ -242,6 +248,13 @@ fn blkid_finds_nothing(devnode: &Path) -> bool {
         Ok(s) => s.code() == Some(2),
         Err(_) => false,
     }
+}
+
+/// Whether `path` is a block device node (following symlinks); false when it cannot be
+/// stat-ed.
+fn is_block_device(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
 }
 
 fn is_partition(dev: &udev::Device) -> bool {
@@ -401,5 +414,20 @@ mod tests {
         assert_eq!(strip_partition_suffix("nvme0n1p2"), "nvme0n1");
         assert_eq!(strip_partition_suffix("loop3p1"), "loop3");
         assert_eq!(strip_partition_suffix("mmcblk0p1"), "mmcblk0");
+    }
+
+    #[test]
+    fn only_block_device_nodes_count_as_block_devices() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("drive.img");
+        std::fs::write(&file, b"").expect("write");
+        assert!(!is_block_device(&file), "a regular file");
+        assert!(!is_block_device(&dir.path().join("gone")), "a path that cannot be stat-ed");
+        assert!(!is_block_device(Path::new("/dev/null")), "a character device");
+        // Any block device the host has, by its node in /dev.
+        let node = list_dir(Path::new("/sys/class/block")).into_iter().map(|n| Path::new("/dev").join(n)).find(|p| p.exists());
+        if let Some(node) = node {
+            assert!(is_block_device(&node), "{}", node.display());
+        }
     }
 }

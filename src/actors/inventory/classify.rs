@@ -4,7 +4,10 @@
 //! A whole disk is a **drive** unless it is a partition, a RAM/zram disk, a
 //! device-mapper/md/bcache device, an optical or floppy drive, a network block device,
 //! a zero-size device (no medium), or a loop device (unless `drives.allow_loop`, and
-//! then only while attached). Each drive gets exactly one class, checked in this order:
+//! then only while attached to a regular file). A loop device whose backing file is a
+//! block device node (kubelet attaches one to the device of every block volume a pod
+//! uses) is only another name for that device, never a drive, whatever
+//! `drives.allow_loop` says. Each drive gets exactly one class, checked in this order:
 //!
 //! 1. `system`: the disk, one of its non-drivelet partitions, or a device stacked on it
 //!    backs a mounted filesystem or swap.
@@ -54,7 +57,7 @@ const NOT_DRIVES: &[&str] = &["ram", "zram", "dm-", "md", "sr", "fd", "nbd", "rb
 /// Whether a whole disk is a drive at all.
 pub fn is_drive(p: &DiskProbe, allow_loop: bool) -> bool {
     if p.name.starts_with("loop") {
-        return allow_loop && p.loop_backing_file.is_some() && p.size > 0;
+        return allow_loop && p.loop_backing_file.is_some() && !p.loop_over_block_device && p.size > 0;
     }
     if NOT_DRIVES.iter().any(|prefix| p.name.starts_with(prefix)) {
         return false;
@@ -484,6 +487,21 @@ mod tests {
         let mut q = fixture("sata-hdd-blank.env");
         q.size = 0;
         assert!(!is_drive(&q, true), "no medium");
+    }
+
+    #[test]
+    fn a_loop_over_a_block_device_is_no_drive_but_one_over_a_file_is() {
+        // kubelet's loop over the device node of a block volume a pod uses.
+        let mut p = fixture("loop-blank.env");
+        p.loop_backing_file =
+            Some(PathBuf::from("/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/pvc-1/dev/0b7a1c3e-1111"));
+        p.loop_over_block_device = true;
+        assert!(!is_drive(&p, true), "another name for a device the node has");
+        assert!(classify(&p, &HostUsage::default(), &DriveFilters::default(), true).is_none());
+        // A backing file that could not be stat-ed (or a regular file) is judged as today.
+        p.loop_over_block_device = false;
+        assert!(is_drive(&p, true));
+        assert!(is_drive(&blank_loop(), true), "a loop over an image file");
     }
 
     #[test]
