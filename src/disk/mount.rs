@@ -332,6 +332,7 @@ mod tests {
             options: o.into(),
             fs_type: "ext4".into(),
             source: "/dev/loop1".into(),
+            super_options: "rw".into(),
         };
         assert!(is_readonly(&e("ro,relatime")));
         assert!(!is_readonly(&e("rw,errors=remount-ro")));

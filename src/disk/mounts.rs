@@ -2,6 +2,17 @@
 //!
 //! Parsing is pure (tested on samples); reading is a thin wrapper. Mount points and
 //! sources are unescaped (`\040` is a space), so paths compare equal to what we stat.
+//!
+//! How a mount shows a filesystem ([`MountKind`], from mountinfo's `root`, the path
+//! inside the filesystem that is mounted, taken relative to the btrfs subvolume the
+//! mount names in `subvol=`):
+//! - root `/`: the whole filesystem, named by its mount point (on a host, `/`);
+//! - root equal to the mount point: a directory bound at its own path, as a DaemonSet
+//!   mounts a hostPath such as `/var/lib/kubelet` at the same path; the filesystem is
+//!   the one mounted at the host's `/`;
+//! - any other root: a bind of a part of the filesystem, such as the files a container
+//!   runtime binds into a pod (`/etc/hosts`, `/dev/termination-log`); it says where
+//!   the filesystem is used, not where it is.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,6 +32,43 @@ pub struct MountEntry {
     pub fs_type: String,
     /// Mount source, e.g. `/dev/sda1`.
     pub source: String,
+    /// Per-superblock options (`rw,subvolid=256,subvol=/@`).
+    pub super_options: String,
+}
+
+/// What one mount shows of its filesystem (see the module rules).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountKind {
+    /// The whole filesystem (root `/`).
+    Whole,
+    /// A directory bound at its own path: the filesystem is the host's `/`.
+    SamePath,
+    /// A bind of some other part of the filesystem.
+    Part,
+}
+
+impl MountEntry {
+    /// `root` relative to the btrfs subvolume the mount names (`subvol=/@` makes root
+    /// `/@/var/lib/kubelet` read `/var/lib/kubelet`); other filesystems: `root`.
+    fn root_in_volume(&self) -> PathBuf {
+        let subvol = self.super_options.split(',').find_map(|o| o.strip_prefix("subvol="));
+        match subvol.map(Path::new).and_then(|s| self.root.strip_prefix(s).ok()) {
+            Some(rest) => Path::new("/").join(rest),
+            None => self.root.clone(),
+        }
+    }
+
+    /// What the mount shows of its filesystem.
+    pub fn kind(&self) -> MountKind {
+        let root = self.root_in_volume();
+        if root == Path::new("/") {
+            MountKind::Whole
+        } else if root == self.mount_point {
+            MountKind::SamePath
+        } else {
+            MountKind::Part
+        }
+    }
 }
 
 /// Undoes the octal escapes the kernel writes for space, tab, newline and backslash.
@@ -56,6 +104,7 @@ fn parse_line(line: &str) -> Option<MountEntry> {
     let mut p = post.split(' ');
     let fs_type = p.next()?.to_string();
     let source = unescape(p.next()?);
+    let super_options = p.next().unwrap_or_default().to_string();
     Some(MountEntry {
         devnum: (maj.parse().ok()?, min.parse().ok()?),
         root: PathBuf::from(unescape(f[3])),
@@ -63,6 +112,7 @@ fn parse_line(line: &str) -> Option<MountEntry> {
         options: f[5].to_string(),
         fs_type,
         source,
+        super_options,
     })
 }
 
@@ -80,11 +130,45 @@ pub fn parse_swaps(text: &str) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Where one device's filesystem is mounted, by what each mount shows of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Mounted {
+    /// Mount points of the whole filesystem.
+    pub whole: BTreeSet<PathBuf>,
+    /// Mount points of directories bound at their own path (the host's `/`).
+    pub same_path: BTreeSet<PathBuf>,
+    /// Mount points of binds of other parts of it.
+    pub parts: BTreeSet<PathBuf>,
+}
+
+impl Mounted {
+    /// Records one mount point of the filesystem.
+    pub fn insert(&mut self, kind: MountKind, mount_point: PathBuf) {
+        match kind {
+            MountKind::Whole => self.whole.insert(mount_point),
+            MountKind::SamePath => self.same_path.insert(mount_point),
+            MountKind::Part => self.parts.insert(mount_point),
+        };
+    }
+
+    /// The whole filesystem mounted at `mount_point`, and nothing else.
+    pub fn whole_at(mount_point: impl Into<PathBuf>) -> Mounted {
+        let mut m = Mounted::default();
+        m.insert(MountKind::Whole, mount_point.into());
+        m
+    }
+
+    /// Whether any mount of the filesystem is at `mount_point`.
+    pub fn contains(&self, mount_point: &Path) -> bool {
+        self.whole.contains(mount_point) || self.same_path.contains(mount_point) || self.parts.contains(mount_point)
+    }
+}
+
 /// Which block devices (by `major:minor`) back a mount or swap, and where.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostUsage {
-    /// Device -> mount points of that device.
-    pub mounted: BTreeMap<(u32, u32), BTreeSet<PathBuf>>,
+    /// Device -> where its filesystem is mounted.
+    pub mounted: BTreeMap<(u32, u32), Mounted>,
     /// Devices in use as swap.
     pub swap: BTreeSet<(u32, u32)>,
 }
@@ -100,11 +184,12 @@ impl HostUsage {
     ) -> HostUsage {
         let mut u = HostUsage::default();
         for m in mounts {
-            u.mounted.entry(m.devnum).or_default().insert(m.mount_point.clone());
+            let kind = m.kind();
+            u.mounted.entry(m.devnum).or_default().insert(kind, m.mount_point.clone());
             if m.source.starts_with("/dev/") {
                 if let Some(d) = resolve(Path::new(&m.source)) {
                     if d != m.devnum {
-                        u.mounted.entry(d).or_default().insert(m.mount_point.clone());
+                        u.mounted.entry(d).or_default().insert(kind, m.mount_point.clone());
                     }
                 }
             }
@@ -165,6 +250,45 @@ mod tests {
         assert!(u.mounted[&(8, 18)].contains(Path::new("/home")));
         assert!(u.mounted[&(0, 45)].contains(Path::new("/home")));
         assert!(u.swap.contains(&(8, 33)));
+    }
+
+    fn fixture(name: &str) -> Vec<MountEntry> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mountinfo").join(name);
+        parse_mountinfo(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+    }
+
+    fn vda1(p: &Path) -> Option<(u32, u32)> {
+        (p == Path::new("/dev/vda1")).then_some((254, 1))
+    }
+
+    #[test]
+    fn a_pods_binds_tell_whole_filesystems_host_paths_and_parts_apart() {
+        let u = HostUsage::build(&fixture("daemonset-pod.txt"), &[], vda1);
+        let root = &u.mounted[&(254, 1)];
+        assert!(root.whole.is_empty(), "the pod sees no whole mount of the host's root disk: {root:?}");
+        let paths = |v: &[&str]| v.iter().map(PathBuf::from).collect::<BTreeSet<_>>();
+        assert_eq!(root.same_path, paths(&["/var/lib/drivelet", "/var/lib/kubelet"]));
+        assert_eq!(root.parts, paths(&["/dev/termination-log", "/etc/drivelet", "/etc/hostname", "/etc/hosts"]));
+        let volume = &u.mounted[&(7, 3)];
+        assert_eq!(volume.whole.len(), 2, "a volume mounted whole at staging and target: {volume:?}");
+
+        let u = HostUsage::build(&fixture("host.txt"), &[], vda1);
+        let root = &u.mounted[&(254, 1)];
+        assert_eq!(root.whole, paths(&["/"]));
+        assert_eq!(root.same_path, paths(&["/var/lib/kubelet"]));
+        assert!(root.parts.is_empty());
+    }
+
+    #[test]
+    fn btrfs_roots_are_taken_inside_the_mounted_subvolume() {
+        let text = "\
+27 1 0:31 /@ / rw,relatime - btrfs /dev/sda2 rw,ssd,space_cache=v2,subvolid=256,subvol=/@
+28 27 0:31 /@home /home rw,relatime - btrfs /dev/sda2 rw,ssd,space_cache=v2,subvolid=257,subvol=/@home
+3020 2997 0:31 /@/var/lib/kubelet /var/lib/kubelet rw,relatime - btrfs /dev/sda2 rw,subvolid=256,subvol=/@
+3017 2997 0:31 /@/var/lib/kubelet/pods/x/etc-hosts /etc/hosts rw,relatime - btrfs /dev/sda2 rw,subvolid=256,subvol=/@
+";
+        let kinds: Vec<MountKind> = parse_mountinfo(text).iter().map(MountEntry::kind).collect();
+        assert_eq!(kinds, [MountKind::Whole, MountKind::Whole, MountKind::SamePath, MountKind::Part]);
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! `drives.allow_loop` says. Each drive gets exactly one class, checked in this order:
 //!
 //! 1. `system`: the disk, one of its non-drivelet partitions, or a device stacked on it
-//!    backs a mounted filesystem or swap.
+//!    backs a mounted filesystem or swap. The reason names the filesystem as the host
+//!    knows it: by where it is mounted whole, or, seen from a pod only through hostPath
+//!    binds at their own path, as the host's `/`; never by the pod's own file binds.
 //! 2. `excluded`: a `[drives.filters]` entry rules it out; the entry is named.
 //! 3. `foreign`: udev has not probed it, it is read-only, something is stacked on it,
 //!    or it carries a filesystem/RAID signature or a partition table drivelet did not
@@ -23,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{DriveFilters, Media};
 use crate::disk::gpt;
-use crate::disk::mounts::HostUsage;
+use crate::disk::mounts::{HostUsage, Mounted};
 use crate::disk::udev::DiskProbe;
 
 /// What drivelet may do with a drive.
@@ -153,9 +155,25 @@ fn fmt_mounts(mps: &std::collections::BTreeSet<std::path::PathBuf>) -> String {
     mps.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ")
 }
 
+/// The filesystem a device backs, as an admin of the host knows it: where it is mounted
+/// whole; else, when only directories bound at their own path show it (drivelet in a
+/// pod with hostPath mounts), the host's `/`; else that only parts of it are bound here.
+/// Binds of parts (a pod's `/etc/hosts`) are never listed: they say where the
+/// filesystem is used, not where it is.
+fn filesystem_of(m: &Mounted) -> String {
+    if !m.whole.is_empty() {
+        format!("the mounted filesystem at {}", fmt_mounts(&m.whole))
+    } else if !m.same_path.is_empty() {
+        format!("the host's / (seen here through {})", fmt_mounts(&m.same_path))
+    } else {
+        let n = m.parts.len();
+        format!("a filesystem of which only parts are bind-mounted here ({n} bind mount{})", if n == 1 { "" } else { "s" })
+    }
+}
+
 fn system_reason(p: &DiskProbe, usage: &HostUsage) -> Option<String> {
     if let Some(m) = usage.mounted.get(&p.devnum) {
-        return Some(format!("backs the mounted filesystem at {}", fmt_mounts(m)));
+        return Some(format!("backs {}", filesystem_of(m)));
     }
     if usage.swap.contains(&p.devnum) {
         return Some("is in use as swap".into());
@@ -165,7 +183,7 @@ fn system_reason(p: &DiskProbe, usage: &HostUsage) -> Option<String> {
             continue;
         }
         if let Some(m) = usage.mounted.get(&part.devnum) {
-            return Some(format!("partition {} backs the mounted filesystem at {}", part.name, fmt_mounts(m)));
+            return Some(format!("partition {} backs {}", part.name, filesystem_of(m)));
         }
         if usage.swap.contains(&part.devnum) {
             return Some(format!("partition {} is in use as swap", part.name));
@@ -174,7 +192,7 @@ fn system_reason(p: &DiskProbe, usage: &HostUsage) -> Option<String> {
     let holders = p.holders.iter().chain(p.partitions.iter().flat_map(|q| q.holders.iter()));
     for h in holders {
         if let Some(m) = usage.mounted.get(&h.devnum) {
-            return Some(format!("{} (stacked on this disk) backs the mounted filesystem at {}", h.name, fmt_mounts(m)));
+            return Some(format!("{} (stacked on this disk) backs {}", h.name, filesystem_of(m)));
         }
         if usage.swap.contains(&h.devnum) {
             return Some(format!("{} (stacked on this disk) is in use as swap", h.name));
@@ -296,8 +314,9 @@ pub fn classify(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::disk::mounts::{parse_mountinfo, MountEntry, MountKind};
     use crate::disk::udev::{Holder, PartitionProbe};
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeMap;
     use std::path::PathBuf;
 
     /// Loads a udev property dump (`udevadm info --query=property` output) as a probe.
@@ -339,7 +358,7 @@ mod tests {
 
     fn mounted(devnum: (u32, u32), at: &str) -> HostUsage {
         let mut u = HostUsage::default();
-        u.mounted.insert(devnum, BTreeSet::from([PathBuf::from(at)]));
+        u.mounted.insert(devnum, Mounted::whole_at(at));
         u
     }
 
@@ -414,6 +433,41 @@ mod tests {
         let (c, r) = class(&q, &HostUsage::default(), &DriveFilters::default());
         assert_eq!(c, DriveClass::Foreign);
         assert!(r.contains("dm-0"), "{r}");
+    }
+
+    /// The host's usage as `/proc/self/mountinfo` of `file` (tests/fixtures/mountinfo)
+    /// shows it, with the root disk vda partitioned as vda1 (254:1).
+    fn usage_in(file: &str, keep: impl Fn(&MountEntry) -> bool) -> HostUsage {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mountinfo").join(file);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mounts: Vec<MountEntry> = parse_mountinfo(&text).into_iter().filter(keep).collect();
+        HostUsage::build(&mounts, &[], |d| (d == Path::new("/dev/vda1")).then_some((254, 1)))
+    }
+
+    #[test]
+    fn the_root_disk_seen_from_a_pod_is_the_hosts_root_not_a_list_of_the_pods_binds() {
+        let mut p = fixture("virtio-root.env");
+        p.partitions.push(PartitionProbe { name: "vda1".into(), devnum: (254, 1), ..Default::default() });
+        let all = |_: &MountEntry| true;
+        let (c, r) = class(&p, &usage_in("daemonset-pod.txt", all), &DriveFilters::default());
+        assert_eq!(c, DriveClass::System);
+        assert_eq!(r, "partition vda1 backs the host's / (seen here through /var/lib/drivelet, /var/lib/kubelet)");
+
+        let (c, r) = class(&p, &usage_in("host.txt", all), &DriveFilters::default());
+        assert_eq!(c, DriveClass::System);
+        assert_eq!(r, "partition vda1 backs the mounted filesystem at /", "on the host, its mount point");
+
+        // Without the hostPath mounts, the pod's own files still make the disk system.
+        let parts_only = usage_in("daemonset-pod.txt", |m| m.kind() != MountKind::SamePath);
+        let (c, r) = class(&p, &parts_only, &DriveFilters::default());
+        assert_eq!(c, DriveClass::System);
+        assert_eq!(r, "partition vda1 backs a filesystem of which only parts are bind-mounted here (4 bind mounts)");
+
+        // A whole disk mounted without a partition, as this host's vda is.
+        let mut whole = HostUsage::default();
+        whole.mounted.insert((254, 0), Mounted::whole_at("/"));
+        whole.mounted.get_mut(&(254, 0)).expect("just inserted").insert(MountKind::SamePath, "/var/lib/kubelet".into());
+        assert_eq!(class(&fixture("virtio-root.env"), &whole, &DriveFilters::default()).1, "backs the mounted filesystem at /");
     }
 
     #[test]
