@@ -22,7 +22,7 @@ command -v smartctl >/dev/null || need+=(smartmontools)
 command -v sfdisk >/dev/null || need+=(fdisk)
 command -v modprobe >/dev/null || need+=(kmod)
 # scripts/validate-deploy.sh (run by tests/deploy.rs) checks deploy/ with the Python
-# package kubernetes-validate.
+# package kubernetes-validate; tests/interop.rs calls the gRPC sockets with grpcio.
 command -v python3 >/dev/null || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if [ ${#need[@]} -gt 0 ]; then
@@ -38,6 +38,14 @@ if ! python3 -c 'import kubernetes_validate.utils' 2>/dev/null; then
   # Debian 12's python3 refuses pip installs into the system environment unless told.
   python3 -m pip install --quiet --disable-pip-version-check "$kubernetes_validate" 2>/dev/null \
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$kubernetes_validate"
+fi
+
+# gRPC C-core's Python binding: tests/interop.rs calls both gRPC sockets with it.
+grpcio="grpcio==1.76.0"
+if ! python3 -c 'import grpc' 2>/dev/null; then
+  echo "installing: $grpcio (pip)"
+  python3 -m pip install --quiet --disable-pip-version-check "$grpcio" 2>/dev/null \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$grpcio"
 fi
 
 if ! pgrep -x systemd-udevd >/dev/null; then
