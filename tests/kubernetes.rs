@@ -509,6 +509,8 @@ fn volume_attachments_are_attached_detached_and_refused_through_the_api() {
     assert_eq!(object["metadata"]["labels"]["drivelet.io/node"], NODE);
     assert_eq!(object["status"]["class"], "managed");
     assert_eq!(object["spec"]["sizeBytes"], 1u64 << 30);
+    assert_eq!(object["spec"]["size"], "1.0 GiB", "the SIZE column in binary units");
+    assert_eq!(object["status"]["presence"], "present", "the PRESENCE column");
 
     // kubectl delete: our finalizer holds the object until the volume is detached.
     api.delete(VAS, "va-1");
@@ -529,6 +531,8 @@ fn volume_attachments_are_attached_detached_and_refused_through_the_api() {
         drive_object(api).filter(|d| d["status"]["missing"] == true)
     });
     assert_eq!(pulled["status"]["volumes"], json!([id]), "a pulled drive holding a volume keeps its object");
+    assert_eq!(pulled["status"]["presence"], "missing", "the PRESENCE column shows it");
+    assert_eq!(pulled["spec"]["size"], "1.0 GiB", "the spec the object had is kept");
     assert_eq!(on_claim["type"], "Warning");
     assert_eq!(on_claim["regarding"]["namespace"], "apps");
     assert!(on_claim["note"].as_str().unwrap_or("").contains("missing"), "the note says what is wrong: {on_claim}");

@@ -10,6 +10,9 @@
 //!   elsewhere (`ctl drives`), so the two views read the same.
 //! - Spec holds what identifies the hardware (it never changes for one disk); status holds
 //!   what drivelet concluded about it and may change on every rescan or health probe.
+//! - What an admin needs at a glance is a printed column: whether the node still sees
+//!   the disk (`status.presence`, always set) and its size in binary units
+//!   (`spec.size`, as `ctl drives` prints it; `spec.sizeBytes` stays the exact figure).
 
 use kube::core::CustomResourceExt;
 use kube::CustomResource;
@@ -28,14 +31,22 @@ use serde::{Deserialize, Serialize};
     derive = "PartialEq",
     doc = "A disk seen by drivelet on one node, with its classification, health and usage.",
     printcolumn(name = "NODE", type_ = "string", json_path = ".spec.node"),
+    printcolumn(
+        name = "PRESENCE",
+        type_ = "string",
+        json_path = ".status.presence",
+        description = "present, or missing: the node no longer sees the disk but volumes live on it"
+    ),
     printcolumn(name = "MEDIA", type_ = "string", json_path = ".spec.media"),
-    printcolumn(name = "SIZE", type_ = "integer", json_path = ".spec.sizeBytes", description = "Size in bytes"),
+    printcolumn(name = "SIZE", type_ = "string", json_path = ".spec.size", description = "Size in binary units"),
     printcolumn(name = "CLASS", type_ = "string", json_path = ".status.class"),
     printcolumn(name = "HEALTH", type_ = "string", json_path = ".status.health"),
     printcolumn(name = "USAGE", type_ = "string", json_path = ".status.usage"),
     printcolumn(name = "AGE", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
+// Every printcolumn repeats `type_`, which clippy takes for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 pub struct DriveSpec {
     /// The node the disk is attached to.
     pub node: String,
@@ -53,6 +64,10 @@ pub struct DriveSpec {
     pub model: Option<String>,
     /// Size of the whole disk in bytes.
     pub size_bytes: u64,
+    /// The size in binary units, e.g. `2.0 GiB` (absent when the size is not known: a
+    /// disk missing since before its object was made).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
     /// Media: `hdd`, `ssd`, `nvme` or `virtual`.
     pub media: String,
 }
@@ -79,13 +94,28 @@ pub struct DriveStatus {
     /// Why it is releasing or released, in plain words (absent while active).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_reason: Option<String>,
-    /// The node no longer sees the disk (pulled or dead) but volumes still live on it;
-    /// the health reason says what to do. Absent while the disk is present.
+    /// Whether the node sees the disk: `present`, or `missing` (pulled or dead while
+    /// volumes still live on it; the health reason says what to do). Always set.
+    #[serde(default)]
+    pub presence: DrivePresence,
+    /// The same as presence `missing`, kept for readers of earlier versions. Absent while
+    /// the disk is present.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub missing: bool,
     /// Ids of the volumes on the disk.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
+}
+
+/// Whether the node sees a disk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DrivePresence {
+    /// The node sees the disk.
+    #[default]
+    Present,
+    /// The node no longer sees the disk, but volumes still live on it.
+    Missing,
 }
 
 /// What drivelet may do with a disk.
@@ -174,7 +204,24 @@ mod tests {
             .flatten()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(columns, ["NODE", "MEDIA", "SIZE", "CLASS", "HEALTH", "USAGE", "AGE"]);
+        assert_eq!(columns, ["NODE", "PRESENCE", "MEDIA", "SIZE", "CLASS", "HEALTH", "USAGE", "AGE"]);
+    }
+
+    #[test]
+    fn presence_and_the_humane_size_are_printed_columns() {
+        let crd = Drive::crd();
+        let columns = crd.spec.versions[0].additional_printer_columns.clone().unwrap_or_default();
+        let path_of = |name: &str| columns.iter().find(|c| c.name == name).map(|c| (c.json_path.clone(), c.type_.clone()));
+        assert_eq!(path_of("PRESENCE"), Some((".status.presence".to_string(), "string".to_string())));
+        assert_eq!(path_of("SIZE"), Some((".spec.size".to_string(), "string".to_string())));
+        let missing = DriveStatus { presence: DrivePresence::Missing, missing: true, ..Default::default() };
+        let value = serde_json::to_value(&missing).expect("serializes");
+        assert_eq!((&value["presence"], &value["missing"]), (&"missing".into(), &true.into()));
+        let present = serde_json::to_value(DriveStatus::default()).expect("serializes");
+        assert_eq!(present["presence"], "present", "always set");
+        // An object written before presence existed reads as present.
+        let old: DriveStatus = serde_json::from_value(serde_json::json!({"class": "managed"})).expect("reads");
+        assert_eq!(old.presence, DrivePresence::Present);
     }
 
     #[test]
@@ -188,6 +235,7 @@ mod tests {
                 wwn: None,
                 model: Some("Samsung SSD 870".into()),
                 size_bytes: 2_000_398_934_016,
+                size: Some("1.8 TiB".into()),
                 media: "ssd".into(),
             },
         );
@@ -198,6 +246,7 @@ mod tests {
             health_reason: Some("12 reallocated sectors".into()),
             usage: Some(DriveUsage::Releasing),
             usage_reason: Some("health is BAD: 12 reallocated sectors".into()),
+            presence: DrivePresence::Present,
             missing: false,
             volumes: vec!["vol-1".into()],
         });
@@ -213,6 +262,8 @@ mod tests {
         assert_eq!(value["status"]["usage"], "releasing");
         assert_eq!(value["status"]["usageReason"], "health is BAD: 12 reallocated sectors");
         assert!(value["status"].get("missing").is_none(), "a present drive carries no missing flag");
+        assert_eq!(value["status"]["presence"], "present");
+        assert_eq!(value["spec"]["size"], "1.8 TiB");
         let back: Drive = serde_json::from_value(value).expect("round trips");
         assert_eq!(back.status, drive.status);
     }

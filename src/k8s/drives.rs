@@ -13,10 +13,12 @@
 //!   nodes are never touched.
 //! - The domain states map to the CRD's in one place ([`class_of`], [`health_of`],
 //!   [`usage_of`]).
-//! - A disk the inventory no longer sees keeps its object while the volume manager holds
-//!   a live volume on it (neither failed nor still being created): `status.missing`,
-//!   health `unknown` with a reason that says what to do, and the spec the object already
-//!   had (the hardware did not change). Any other object of this node without a drive is
+//! - Every object says whether the node sees its disk: `status.presence` `present` or
+//!   `missing` (a printed column). A disk the inventory no longer sees keeps its object
+//!   while the volume manager holds a live volume on it (neither failed nor still being
+//!   created): presence `missing` (and `status.missing`, for earlier readers), health
+//!   `unknown` with a reason that says what to do, and the spec the object already had
+//!   (the hardware did not change). Any other object of this node without a drive is
 //!   deleted.
 //! - [`plan`] writes only what differs, comparing spec, status and our labels (metadata
 //!   the server fills in is ignored): a new object, or one whose spec or labels changed,
@@ -202,6 +204,7 @@ pub fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: &[Volum
             wwn: d.wwn.clone(),
             model: d.model.clone(),
             size_bytes: d.size_bytes,
+            size: Some(crate::ctl::human_bytes(d.size_bytes)),
             media: d.media.as_str().to_string(),
         };
         let status = crd::DriveStatus {
@@ -211,6 +214,7 @@ pub fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: &[Volum
             health_reason: non_empty(&d.health.reason),
             usage: Some(usage_of(usage.map(|u| u.state))),
             usage_reason: usage.and_then(|u| non_empty(&u.reason)),
+            presence: crd::DrivePresence::Present,
             missing: false,
             volumes: ids_on(&d.id),
         };
@@ -232,6 +236,7 @@ pub fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: &[Volum
             wwn: None,
             model: None,
             size_bytes: 0,
+            size: None,
             media: recs.first().map(|r| r.media.as_str()).unwrap_or_default().to_string(),
         };
         let status = crd::DriveStatus {
@@ -245,6 +250,7 @@ pub fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: &[Volum
             )),
             usage: Some(usage_of(usage.map(|u| u.state))),
             usage_reason: usage.and_then(|u| non_empty(&u.reason)),
+            presence: crd::DrivePresence::Missing,
             missing: true,
             volumes: ids_on(id),
         };
@@ -293,7 +299,7 @@ pub fn plan(node: &str, desired: &[crd::Drive], existing: &[crd::Drive]) -> Vec<
             continue;
         };
         let mut want = want.clone();
-        if want.status.as_ref().is_some_and(|s| s.missing) {
+        if want.status.as_ref().is_some_and(|s| s.presence == crd::DrivePresence::Missing) {
             want.spec = have.spec.clone();
         }
         let labels_match = want.labels().iter().all(|(k, v)| have.labels().get(k) == Some(v));
@@ -771,6 +777,7 @@ mod tests {
                 health_reason: Some(health_reason.into()),
                 usage: Some(usage),
                 usage_reason: usage_reason.map(str::to_string),
+                presence: crd::DrivePresence::Present,
                 missing: false,
                 volumes: vols.iter().map(|n| volume(*n, "", VolumeState::Available).id).collect(),
             }
@@ -817,6 +824,7 @@ mod tests {
                 wwn: None,
                 model: Some("Samsung SSD 870".into()),
                 size_bytes: 1 << 40,
+                size: Some("1.0 TiB".into()),
                 media: "ssd".into(),
             }
         );
@@ -860,6 +868,7 @@ mod tests {
                 )),
                 usage: Some(crd::DriveUsage::Releasing),
                 usage_reason: Some("release requested".into()),
+                presence: crd::DrivePresence::Missing,
                 missing: true,
                 volumes: vec![live.clone(), failed.id.clone()],
             })

@@ -96,6 +96,7 @@ fn managed_apply_body() -> Value {
             "serial": "SN-wwn-a",
             "model": "Samsung SSD 870",
             "sizeBytes": 1u64 << 40,
+            "size": "1.0 TiB",
             "media": "ssd",
         },
     })
@@ -113,6 +114,7 @@ fn managed_status_body(health: &str, reason: &str) -> Value {
             "health": health,
             "healthReason": reason,
             "usage": "active",
+            "presence": "present",
         },
     })
 }
