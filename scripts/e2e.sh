@@ -10,7 +10,8 @@
 #   5. deletes the deployment, detaches the drives and takes the kit down, pass or fail.
 # KEEP=1 leaves the kit, the deployment and the drives up for a look
 # (`. /var/tmp/k8s-kit/kit.env; kubectl get drives`); run again to start afresh.
-# KIT (default ../shared/k8s) is the kit's directory.
+# KIT (default ../shared/k8s) is the kit's directory. SKIP_BUILD=1 takes the image in
+# target/image/drivelet.tar as it is (a quicker rerun after changing only the suite).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -23,8 +24,11 @@ log() { echo "e2e.sh: $*" >&2; }
 started=$(date +%s)
 
 scripts/setup-host.sh
-cargo build --release --locked
-SKIP_BUILD=1 scripts/image.sh target/image/drivelet.tar
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  cargo build --release --locked
+  SKIP_BUILD=1 scripts/image.sh target/image/drivelet.tar
+fi
+[ -f target/image/drivelet.tar ] || { log "no target/image/drivelet.tar (run without SKIP_BUILD)"; exit 1; }
 # Built now, so the suite's clock does not include compiling it.
 cargo test --locked --features failpoints --test e2e --no-run
 
@@ -42,9 +46,26 @@ detach_drives() {
   done
 }
 
+driver_pvs() {
+  kubectl get pv -o jsonpath='{range .items[?(@.spec.csi.driver=="csi.drivelet.io")]}{.metadata.name}{"\n"}{end}' 2>/dev/null
+}
+
 undeploy() {
   kubectl delete namespace drivelet-e2e --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
+  # The claims' PVs are deleted by the provisioner and drivelet: wait for them while
+  # both still run. Any left after that (drivelet was not running) are dropped by force,
+  # so the next run starts from an empty cluster.
+  for _ in $(seq 1 90); do
+    [ -z "$(driver_pvs)" ] && break
+    sleep 1
+  done
   kubectl delete -k "$overlay" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
+  for pv in $(driver_pvs); do
+    log "PV $pv outlived drivelet; removing it by force"
+    kubectl patch pv "$pv" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+    kubectl delete pv "$pv" --wait=false >/dev/null 2>&1 || true
+  done
+  kubectl delete volumeattachments --all --wait=false >/dev/null 2>&1 || true
   # The DaemonSet's pod must be gone before its drives and state go.
   for _ in $(seq 1 60); do
     kubectl get pods -n drivelet-system -o name 2>/dev/null | grep -q . || break

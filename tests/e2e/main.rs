@@ -92,8 +92,6 @@ struct Ctx {
     root: PathBuf,
     kit_dir: PathBuf,
     node: String,
-    /// Capacity of the suite's StorageClass before any claim, for "capacity back".
-    initial_capacity: Option<u64>,
     /// Figures printed at the end.
     measured: BTreeMap<String, String>,
 }
@@ -114,7 +112,7 @@ impl Ctx {
         let kit_dir = PathBuf::from(std::env::var("KIT_DIR").unwrap_or_else(|_| "/var/tmp/k8s-kit".into()));
         let nodes = get_json(&["get", "nodes"])?;
         let node = nodes["items"][0]["metadata"]["name"].as_str().ok_or("the cluster has no node")?.to_string();
-        Ok(Ctx { root, kit_dir, node, initial_capacity: None, measured: BTreeMap::new() })
+        Ok(Ctx { root, kit_dir, node, measured: BTreeMap::new() })
     }
 
     fn overlay(&self) -> String {
@@ -325,12 +323,17 @@ fn record_of(name: &str) -> Result<Value, String> {
     ctl_volumes()?.into_iter().find(|v| v["id"] == id.as_str()).ok_or(format!("drivelet has no volume {id}"))
 }
 
-/// CSIStorageCapacity of a StorageClass on this node: (capacity, maximumVolumeSize).
+/// CSIStorageCapacity of a StorageClass on this node, as the running DaemonSet's
+/// provisioner published it: (capacity, maximumVolumeSize). Objects of an earlier
+/// DaemonSet (owned by it, garbage-collected after it) are not looked at.
 fn capacity_object(class: &str) -> Result<Option<(u64, u64)>, String> {
+    let ds = get_json(&["get", "ds", "-n", SYSTEM_NS, "drivelet"])?;
+    let uid = ds["metadata"]["uid"].clone();
     let list = get_json(&["get", "csistoragecapacities", "-n", SYSTEM_NS])?;
     let q = |v: &Value| v.as_str().map(parse_quantity).transpose();
     for c in list["items"].as_array().into_iter().flatten() {
-        if c["storageClassName"] == class {
+        let owned = c["metadata"]["ownerReferences"].as_array().is_some_and(|o| o.iter().any(|o| o["uid"] == uid));
+        if c["storageClassName"] == class && owned {
             return Ok(Some((q(&c["capacity"])?.unwrap_or(0), q(&c["maximumVolumeSize"])?.unwrap_or(0))));
         }
     }
@@ -408,14 +411,21 @@ fn journey_deploy(ctx: &mut Ctx) -> Check {
         let ours: Vec<Value> = d.iter().filter(|d| want.iter().any(|w| d["backing_file"] == w.as_str())).cloned().collect();
         Ok((ours.len() == 3 && ours.iter().all(|d| d["class"] == "managed")).then_some(ours))
     })?;
-    let table = kubectl(&["get", "drives"])?;
-    println!("{table}");
-    for d in &drives {
-        let id = d["id"].as_str().unwrap_or_default();
+    wait_for("a managed Drive object for each suite drive", Duration::from_secs(30), || {
         let objs = get_json(&["get", "drives"])?;
-        let found = objs["items"].as_array().into_iter().flatten().any(|o| o["spec"]["driveId"] == id && o["status"]["class"] == "managed");
-        ensure(found, || format!("no managed Drive object for {id}:\n{table}"))?;
-    }
+        let items = objs["items"].as_array().cloned().unwrap_or_default();
+        let missing: Vec<&str> = drives
+            .iter()
+            .filter_map(|d| d["id"].as_str())
+            .filter(|id| !items.iter().any(|o| o["spec"]["driveId"] == *id && o["status"]["class"] == "managed"))
+            .collect();
+        if missing.is_empty() {
+            Ok(Some(()))
+        } else {
+            Err(format!("none for {missing:?}"))
+        }
+    })?;
+    println!("{}", kubectl(&["get", "drives"])?);
 
     // CSIStorageCapacity: published for every class, equal to what GetCapacity answers.
     apply(&storage_classes())?;
@@ -427,9 +437,13 @@ fn journey_deploy(ctx: &mut Ctx) -> Check {
         })?;
     }
     for class in ["drivelet-hdd", "drivelet-ssd", "drivelet-nvme"] {
-        ensure(capacity_object(class)? == Some((0, 0)), || format!("{class} promises capacity on a node with no such drive"))?;
+        wait_for(&format!("CSIStorageCapacity of {class} zero (no such drive on the node)"), Duration::from_secs(30), || {
+            Ok(capacity_object(class)?.filter(|&c| c == (0, 0)).map(|_| ()))
+        })?;
     }
-    ctx.initial_capacity = Some(cap);
+    // Idle: the agent has scanned, registered and published; kubelet's stats lag ~10 s.
+    std::thread::sleep(Duration::from_secs(15));
+    record_memory(ctx, "idle after deploy");
     ctx.measured.insert("capacity before claims (bytes)".into(), cap.to_string());
     Ok(())
 }
@@ -550,17 +564,14 @@ fn journey_delete(ctx: &mut Ctx) -> Check {
     let free_before = drive_free(&drive_id)?;
     kubectl(&["delete", "pod", "-n", NS, "writer", "reader", "--wait=true", "--timeout=60s"])?;
 
-    // No pod uses the claim: the VolumeAttachment is detached and gone, the PV keeps no
-    // attacher finalizer, no mount of the volume is left on the node.
+    // No pod uses the claim: the VolumeAttachment is detached, its finalizer removed and
+    // it is gone; no mount of the volume is left on the node. (The attacher's finalizer on
+    // the PV stays until the PV itself is deleted, as with the external-attacher: "PV
+    // gone" below proves it is released then.)
     wait_for(&format!("the VolumeAttachment of {pv} gone"), Duration::from_secs(90), || {
         let vas = get_json(&["get", "volumeattachments"])?;
         let left = vas["items"].as_array().into_iter().flatten().any(|v| v["spec"]["source"]["persistentVolumeName"] == pv.as_str());
         Ok((!left).then_some(()))
-    })?;
-    let p = get_json(&["get", "pv", &pv])?;
-    let fins = p["metadata"]["finalizers"].as_array().cloned().unwrap_or_default();
-    ensure(!fins.iter().any(|f| f.as_str().is_some_and(|f| f.starts_with("external-attacher/"))), || {
-        format!("PV {pv} keeps attacher finalizers: {fins:?}")
     })?;
     ensure(!host_mounts().contains(&pv), || format!("a mount of {pv} is left:\n{}", host_mounts()))?;
     let r = record_of("ext4")?;
@@ -568,6 +579,7 @@ fn journey_delete(ctx: &mut Ctx) -> Check {
 
     // The claim deleted: PV gone, partition gone, capacity back.
     let id = volume_id_of("ext4")?;
+    let (cap_before, _) = get_capacity()?;
     kubectl(&["delete", "pvc", "-n", NS, "ext4", "--wait=true", "--timeout=60s"])?;
     wait_for(&format!("PV {pv} gone"), Duration::from_secs(60), || Ok(kubectl(&["get", "pv", &pv]).is_err().then_some(())))?;
     ensure(!ctl_volumes()?.iter().any(|v| v["id"] == id.as_str()), || format!("drivelet still has volume {id}"))?;
@@ -576,11 +588,57 @@ fn journey_delete(ctx: &mut Ctx) -> Check {
         format!("drive {drive_id} free {free_before} -> {free_after} after deleting a volume of {}", rec["size"])
     })?;
     let (cap, _) = get_capacity()?;
+    ensure(cap == cap_before + rec["size"].as_u64().unwrap_or(0), || format!("GetCapacity {cap_before} -> {cap} after deleting {}", rec["size"]))?;
+    let t = Instant::now();
     wait_for("CSIStorageCapacity follows the freed space", Duration::from_secs(60), || {
         Ok(capacity_object("drivelet-e2e-ext4")?.filter(|c| c.0 == cap).map(|_| ()))
     })?;
-    let _ = ctx;
+    ctx.measured.insert("claim deleted -> CSIStorageCapacity updated".into(), format!("{:.1}s", t.elapsed().as_secs_f64()));
     Ok(())
+}
+
+/// drivelet's container memory as kubelet reports it (summary API: the working set the
+/// kubelet evicts by, and RSS), beside the process's VmRSS, recorded under `when`.
+fn record_memory(ctx: &mut Ctx, when: &str) {
+    // Straight from kubelet (the API server's node proxy refuses the kit's loopback node
+    // address), with the kit's admin client certificate.
+    let pki = ctx.kit_dir.join("pki");
+    let arg = |f: &str| pki.join(f).display().to_string();
+    let summary: Value = Command::new("curl")
+        .args(["-sf", "--max-time", "10", "--cacert", &arg("ca.crt"), "--cert", &arg("admin.crt"), "--key", &arg("admin.key")])
+        .arg("https://127.0.0.1:10250/stats/summary")
+        .output()
+        .ok()
+        .and_then(|o| serde_json::from_slice(&o.stdout).ok())
+        .unwrap_or_default();
+    let container = summary["pods"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["podRef"]["namespace"] == SYSTEM_NS)
+        .flat_map(|p| p["containers"].as_array().cloned().unwrap_or_default())
+        .find(|c| c["name"] == "drivelet");
+    let mib = |v: &Value| v.as_f64().map(|b| format!("{:.1} MiB", b / MIB as f64)).unwrap_or_else(|| "?".into());
+    let vm_rss = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c.starts_with(b"/usr/local/bin/drivelet\0run")))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+        .filter_map(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string()))
+        .next()
+        .and_then(|kib| kib.parse::<f64>().ok())
+        .map(|kib| format!("{:.1} MiB", kib / 1024.0))
+        .unwrap_or_else(|| "?".into());
+    let text = match container {
+        Some(c) => format!(
+            "working set {}, RSS {} (kubelet summary); VmRSS {vm_rss}",
+            mib(&c["memory"]["workingSetBytes"]),
+            mib(&c["memory"]["rssBytes"])
+        ),
+        None => format!("kubelet summary has no drivelet container; VmRSS {vm_rss}"),
+    };
+    ctx.measured.insert(format!("drivelet memory {when}"), text);
 }
 
 fn drive_free(id: &str) -> Result<u64, String> {
@@ -650,7 +708,7 @@ fn journey_failure(ctx: &mut Ctx) -> Check {
     ensure(in_pod("xfs", "cat /data/hello")? == "hello-xfs", || "the xfs pod lost its data".into())
 }
 
-fn journey_cleanup(_: &mut Ctx) -> Check {
+fn journey_cleanup(ctx: &mut Ctx) -> Check {
     let pvs: Vec<String> = ["xfs", "block", "rwop", "after-bad", "after-release"].iter().filter_map(|c| pv_of(c).ok()).collect();
     kubectl(&["delete", "namespace", NS, "--wait=true", "--timeout=120s"])?;
     wait_for("every PV of the suite gone", Duration::from_secs(90), || {
@@ -663,6 +721,8 @@ fn journey_cleanup(_: &mut Ctx) -> Check {
     let mounts = host_mounts();
     ensure(!pvs.iter().any(|pv| mounts.contains(pv.as_str())), || format!("mounts left:\n{mounts}"))?;
     kubectl_stdin(&["delete", "--ignore-not-found", "-f", "-"], Some(&storage_classes()))?;
+    std::thread::sleep(Duration::from_secs(15));
+    record_memory(ctx, "after the suite");
     Ok(())
 }
 
