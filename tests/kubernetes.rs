@@ -558,6 +558,17 @@ fn volume_attachments_are_attached_detached_and_refused_through_the_api() {
     api.delete(PVS, "pv-1");
     api.wait_for(Duration::from_secs(10), "pv-1 released and gone", &agent, |api| api.get(PVS, "pv-1").is_none().then_some(()));
 
+    // The volume on the pulled drive is deleted: the drive's object goes with its last
+    // live volume, within the sync's debounce rather than at the 10 s resync.
+    let pulled_name = pulled["metadata"]["name"].as_str().expect("object name").to_string();
+    rt.block_on(async {
+        let mut csi = Csi::connect(&agent).await;
+        csi.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.expect("delete volume");
+    });
+    api.wait_for(Duration::from_secs(3), "the pulled drive's object deleted with its last volume", &agent, |api| {
+        api.get(DRIVES, &pulled_name).is_none().then_some(())
+    });
+
     // Other drivers' and other nodes' attachments are never touched.
     let mut foreign = va("va-x", "pv-x");
     foreign["spec"]["attacher"] = json!("ebs.csi.aws.com");

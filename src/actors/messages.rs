@@ -100,3 +100,17 @@ pub struct VolumeConditionChanged {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct SubscribeConditions(pub Recipient<VolumeConditionChanged>);
+
+/// Notification from the volume manager: what a drive holds changed (a volume on it was
+/// created, deleted or failed, or the drive's usage record changed).
+#[derive(Message, Debug, Clone, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct VolumesChanged {
+    /// The drive's stable id.
+    pub drive_id: String,
+}
+
+/// Command: send every future [`VolumesChanged`] to this recipient.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SubscribeVolumes(pub Recipient<VolumesChanged>);

@@ -24,11 +24,14 @@
 //!   the server fills in is ignored): a new object, or one whose spec or labels changed,
 //!   is applied (server-side apply, field manager [`FIELD_MANAGER`], forced) and then its
 //!   status; an object whose status alone changed gets only the status applied.
-//! - [`DriveSync`] syncs at start, after drive events (a burst within [`DEBOUNCE`] is one
-//!   sync), and every `resync` period (health, usage and volume changes). One sync runs at
-//!   a time; a failed one is logged and retried after [`backoff`]. Nothing is synced, so
-//!   nothing is deleted, before the inventory's first scan and the volume manager's
-//!   start-up reconciliation are done.
+//! - [`DriveSync`] syncs at start, after the inventory's drive events and the volume
+//!   manager's [`VolumesChanged`] (a volume created, deleted or failed, a drive's usage
+//!   changed; a burst of either within [`DEBOUNCE`] is one sync), and every `resync`
+//!   period as a safety net. So a drive's volume list follows creates and deletes within
+//!   the debounce, and the object of a missing drive goes once its last live volume is
+//!   deleted. One sync runs at a time; a failed one is logged and retried after
+//!   [`backoff`]. Nothing is synced, so nothing is deleted, before the inventory's first
+//!   scan and the volume manager's start-up reconciliation are done.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -45,7 +48,7 @@ use super::crd;
 use crate::actors::inventory::classify::DriveClass;
 use crate::actors::inventory::model::Drive;
 use crate::actors::inventory::DriveInventory;
-use crate::actors::messages::{DriveEvent, GetInventoryStatus, ListDrives, SubscribeDrives};
+use crate::actors::messages::{DriveEvent, GetInventoryStatus, ListDrives, SubscribeDrives, SubscribeVolumes, VolumesChanged};
 use crate::actors::volumes::health::{DriveUse, DriveUseState};
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::actors::volumes::{ListDriveUses, ListVolumes, VolumeManager, VolumesReady};
@@ -442,6 +445,7 @@ pub(crate) struct Sources {
     pub(crate) inventory_status: Recipient<GetInventoryStatus>,
     pub(crate) drives: Recipient<ListDrives>,
     pub(crate) subscribe: Recipient<SubscribeDrives>,
+    pub(crate) subscribe_volumes: Recipient<SubscribeVolumes>,
     pub(crate) volumes_ready: Recipient<VolumesReady>,
     pub(crate) uses: Recipient<ListDriveUses>,
     pub(crate) volumes: Recipient<ListVolumes>,
@@ -453,6 +457,7 @@ impl Sources {
             inventory_status: inventory.clone().recipient(),
             drives: inventory.clone().recipient(),
             subscribe: inventory.recipient(),
+            subscribe_volumes: volumes.clone().recipient(),
             volumes_ready: volumes.clone().recipient(),
             uses: volumes.clone().recipient(),
             volumes: volumes.recipient(),
@@ -500,7 +505,7 @@ pub struct DriveSync {
     executor: Executor,
     sources: Sources,
     resync: Duration,
-    /// The subscription to drive events survives restarts (the address does).
+    /// The subscriptions to drive and volume events survive restarts (the address does).
     subscribed: bool,
     /// A sync is in flight.
     syncing: bool,
@@ -613,6 +618,7 @@ impl Actor for DriveSync {
     fn started(&mut self, ctx: &mut Context<Self>) {
         if !self.subscribed {
             self.sources.subscribe.do_send(SubscribeDrives(ctx.address().recipient()));
+            self.sources.subscribe_volumes.do_send(SubscribeVolumes(ctx.address().recipient()));
             self.subscribed = true;
         }
         if !self.resync.is_zero() {
@@ -635,6 +641,13 @@ impl Supervised for DriveSync {
 impl Handler<DriveEvent> for DriveSync {
     type Result = ();
     fn handle(&mut self, _: DriveEvent, ctx: &mut Context<Self>) {
+        self.request(ctx, DEBOUNCE);
+    }
+}
+
+impl Handler<VolumesChanged> for DriveSync {
+    type Result = ();
+    fn handle(&mut self, _: VolumesChanged, ctx: &mut Context<Self>) {
         self.request(ctx, DEBOUNCE);
     }
 }

@@ -24,7 +24,10 @@ use super::drives::*;
 use super::fake_api_tests::{assert_no_more_requests, expect, fake_api, respond, ApiHandle};
 use crate::actors::inventory::classify::DriveClass;
 use crate::actors::inventory::model::{Drive, DriveHealth};
-use crate::actors::messages::{DriveEvent, GetInventoryStatus, InventoryStatus, ListDrives, SubscribeDrives};
+use crate::actors::messages::{
+    DriveEvent, GetInventoryStatus, InventoryStatus, ListDrives, SubscribeDrives, SubscribeVolumes, VolumesChanged,
+};
+use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::actors::volumes::{ListDriveUses, ListVolumes, VolumesReady};
 use crate::disk::smart::Health;
 
@@ -221,7 +224,9 @@ struct World {
     scanned: bool,
     ready: bool,
     drives: Vec<Drive>,
+    volumes: Vec<VolumeRecord>,
     subscriber: Option<Recipient<DriveEvent>>,
+    volume_subscriber: Option<Recipient<VolumesChanged>>,
 }
 
 type Shared = Arc<Mutex<World>>;
@@ -277,7 +282,14 @@ impl Handler<ListDriveUses> for FakeVolumes {
 impl Handler<ListVolumes> for FakeVolumes {
     type Result = MessageResult<ListVolumes>;
     fn handle(&mut self, _: ListVolumes, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(Vec::new())
+        MessageResult(self.0.lock().expect("world lock").volumes.clone())
+    }
+}
+
+impl Handler<SubscribeVolumes> for FakeVolumes {
+    type Result = ();
+    fn handle(&mut self, m: SubscribeVolumes, _: &mut Context<Self>) {
+        self.0.lock().expect("world lock").volume_subscriber = Some(m.0);
     }
 }
 
@@ -291,6 +303,7 @@ fn start_sync(client: Client, world: &Shared) -> Addr<DriveSync> {
         inventory_status: inventory.clone().recipient(),
         drives: inventory.clone().recipient(),
         subscribe: inventory.recipient(),
+        subscribe_volumes: volumes.clone().recipient(),
         volumes_ready: volumes.clone().recipient(),
         uses: volumes.clone().recipient(),
         volumes: volumes.recipient(),
@@ -299,7 +312,7 @@ fn start_sync(client: Client, world: &Shared) -> Addr<DriveSync> {
 }
 
 fn world(scanned: bool, drives: Vec<Drive>) -> Shared {
-    Arc::new(Mutex::new(World { scanned, ready: true, drives, subscriber: None }))
+    Arc::new(Mutex::new(World { scanned, ready: true, drives, ..Default::default() }))
 }
 
 #[tokio::test(start_paused = true)]
@@ -399,6 +412,58 @@ async fn a_failed_sync_is_retried_with_exponential_backoff_then_resyncs_on_sched
             respond(send, &list_of(&[served(&object_of(&managed()))]));
             tokio::time::sleep(Duration::from_secs(1)).await;
             assert_no_more_requests(&mut handle, "nothing to write");
+        })
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn volume_changes_are_synced_after_the_debounce_and_a_missing_drive_goes_with_its_last_volume() {
+    tokio::task::LocalSet::new()
+        .run_until(async {
+            let (client, mut handle) = fake_api();
+            // wwn-gone was pulled while two volumes lived on it.
+            let world = world(true, vec![managed()]);
+            let (one, two) = (volume(1, "wwn-gone", VolumeState::Published), volume(2, "wwn-gone", VolumeState::Available));
+            world.lock().expect("world lock").volumes = vec![one.clone(), two.clone()];
+            let in_step = |volumes: &[VolumeRecord]| -> Vec<crd::Drive> {
+                desired(NODE, &[managed()], &[], volumes).iter().map(served).collect()
+            };
+            let _sync = start_sync(client, &world);
+            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            respond(send, &list_of(&in_step(&[one.clone(), two.clone()])));
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            assert_no_more_requests(&mut handle, "objects in step are not written");
+
+            // One volume is deleted: the missing drive's object lists only the other.
+            let subscriber = {
+                let mut w = world.lock().expect("world lock");
+                w.volumes = vec![two.clone()];
+                w.volume_subscriber.clone().expect("subscribed to volume changes")
+            };
+            let deleted_at = Instant::now();
+            subscriber.do_send(VolumesChanged { drive_id: "wwn-gone".into() });
+            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            assert_eq!(deleted_at.elapsed(), DEBOUNCE, "synced the debounce after the change, not at the resync");
+            respond(send, &list_of(&in_step(&[one.clone(), two.clone()])));
+            let gone = object_name(NODE, "wwn-gone");
+            let (body, send) = expect_apply(&mut handle, &status_path(&gone)).await;
+            assert_eq!(body["status"]["volumes"], json!([two.id]));
+            assert_eq!(body["status"]["presence"], "missing");
+            respond(send, &in_step(std::slice::from_ref(&two))[1]);
+
+            // The last live volume goes, in a burst with another change: the object goes, once.
+            world.lock().expect("world lock").volumes.clear();
+            let deleted_at = Instant::now();
+            subscriber.do_send(VolumesChanged { drive_id: "wwn-gone".into() });
+            subscriber.do_send(VolumesChanged { drive_id: "wwn-m".into() });
+            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            assert_eq!(deleted_at.elapsed(), DEBOUNCE);
+            respond(send, &list_of(&in_step(std::slice::from_ref(&two))));
+            let (_, send) = expect(&mut handle, Method::DELETE, &delete_path(&gone)).await;
+            respond(send, &in_step(std::slice::from_ref(&two))[1]);
+
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            assert_no_more_requests(&mut handle, "one sync per burst");
         })
         .await;
 }

@@ -12,7 +12,8 @@
 //! - Nothing here touches a disk. Publishing and unpublishing a volume go through the
 //!   `attach::VolumeOps` trait, which `actors::attach` implements by asking the
 //!   VolumeManager. The two small actors here only take messages
-//!   (`events::ConditionEvents`) or ask read-only queries (`drives::DriveSync`).
+//!   (`events::ConditionEvents`) or ask read-only queries and take notifications
+//!   (`drives::DriveSync`).
 
 /// The external-attacher: reconcile decisions, backoff and the executor of their actions.
 pub mod attach;

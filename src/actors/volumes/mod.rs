@@ -13,6 +13,9 @@
 //!   GPTs and the host's mounts is done (calls get `NotReady`);
 //! - the drive set comes from the inventory's [`DriveEvent`]s; only managed drives
 //!   take new volumes;
+//! - subscribers hear [`VolumesChanged`] for a drive whenever what it holds changes: a
+//!   volume on it is handed out (created or adopted), deleted or failed, or its usage
+//!   record changes (the `Drive` objects list a drive's volumes);
 //! - on restart (supervisor) the book is rebuilt from the store, the drives and the
 //!   mounts; calls in flight are answered UNAVAILABLE, and their disk steps run on to
 //!   their end, holding the store, which the rebuild waits for; tests make the actor
@@ -37,7 +40,10 @@ use self::ops::{DriveLoc, Outcome, PublishArgs, StageArgs};
 use super::inventory::classify::DriveClass;
 use super::inventory::model::{Drive, LayoutKind};
 use super::inventory::DriveInventory;
-use super::messages::{DriveEvent, GetInventoryStatus, ListDrives, SubscribeConditions, SubscribeDrives, VolumeConditionChanged};
+use super::messages::{
+    DriveEvent, GetInventoryStatus, ListDrives, SubscribeConditions, SubscribeDrives, SubscribeVolumes, VolumeConditionChanged,
+    VolumesChanged,
+};
 use crate::config::{Media, VolumesConfig};
 use crate::disk::{gpt, DiskError};
 use crate::store::{Kind, Store, StoreError};
@@ -314,6 +320,14 @@ pub struct VolumeManager {
     auto_release: bool,
     /// Who hears of condition changes (the Kubernetes Event reporter).
     condition_subscribers: Vec<Recipient<VolumeConditionChanged>>,
+    /// Who hears of changes to what a drive holds (the Drive object sync).
+    volume_subscribers: Vec<Recipient<VolumesChanged>>,
+}
+
+/// What the Drive objects show of one volume: its drive and whether it failed; `None`
+/// while it is unknown or still being created (never handed out).
+fn shown(rec: Option<&VolumeRecord>) -> Option<(String, bool)> {
+    rec.filter(|r| r.state != VolumeState::Creating).map(|r| (r.drive_id.clone(), r.failed))
 }
 
 fn now_unix() -> u64 {
@@ -328,6 +342,7 @@ impl VolumeManager {
             findings: HashMap::new(),
             conditions: HashMap::new(),
             condition_subscribers: Vec::new(),
+            volume_subscribers: Vec::new(),
             auto_release,
             cfg,
             state_dir,
@@ -374,6 +389,7 @@ impl VolumeManager {
         job: impl FnOnce() -> Outcome<T> + Send + 'static,
     ) -> ResponseActFuture<Self, Result<T, VolumeError>> {
         let drive_id = self.book.get(&id).map(|r| r.drive_id.clone());
+        let before = shown(self.book.get(&id));
         Box::pin(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |joined, act, _| {
             act.busy.remove(&id);
             act.findings.remove(&id);
@@ -394,6 +410,13 @@ impl VolumeManager {
                     Err(VolumeError::FailedPrecondition { volume_id: id.clone(), reason: format!("operation failed unexpectedly: {e}") })
                 }
             };
+            let after = shown(act.book.get(&id));
+            if before != after {
+                let drives: BTreeSet<String> = before.into_iter().chain(after).map(|(drive, _)| drive).collect();
+                for drive in drives {
+                    act.announce(&drive);
+                }
+            }
             if let Some(d) = drive_id {
                 act.settle_drive(&d);
             }
@@ -447,6 +470,12 @@ impl VolumeManager {
         }
     }
 
+    /// Tells the subscribers that what `drive_id` holds changed.
+    fn announce(&mut self, drive_id: &str) {
+        let event = VolumesChanged { drive_id: drive_id.to_string() };
+        self.volume_subscribers.retain(|s| s.try_send(event.clone()).is_ok() || s.connected());
+    }
+
     fn save_use(&self, u: &DriveUse) {
         if let Some(store) = &self.store {
             if let Err(e) = store.put_in(Kind::Drive, &u.drive_id, u) {
@@ -464,6 +493,7 @@ impl VolumeManager {
             info!(drive.id = %drive_id, drive.usage = "released", "drive released: it holds no volume and may be pulled");
             self.save_use(&done);
             self.drive_use.insert(drive_id.to_string(), done);
+            self.announce(drive_id);
         }
     }
 
@@ -738,6 +768,7 @@ impl Handler<DriveEvent> for VolumeManager {
                               "drive health is BAD: it takes no new volumes and its volumes are asked to move");
                         self.save_use(&u);
                         self.drive_use.insert(id.clone(), u);
+                        self.announce(&id);
                     }
                 }
                 self.drives.insert(id.clone(), d);
@@ -822,6 +853,7 @@ impl Handler<ReleaseDrive> for VolumeManager {
         info!(drive.id = %m.drive_id, drive.usage = u.state.as_str(), volumes = live_count(&self.book, &m.drive_id), "drive release requested");
         self.save_use(&u);
         self.drive_use.insert(m.drive_id.clone(), u.clone());
+        self.announce(&m.drive_id);
         let d = m.drive_id;
         self.refresh(|r| r.drive_id == d);
         Ok(u)
@@ -1228,6 +1260,13 @@ impl Handler<SubscribeConditions> for VolumeManager {
     type Result = ();
     fn handle(&mut self, m: SubscribeConditions, _: &mut Context<Self>) {
         self.condition_subscribers.push(m.0);
+    }
+}
+
+impl Handler<SubscribeVolumes> for VolumeManager {
+    type Result = ();
+    fn handle(&mut self, m: SubscribeVolumes, _: &mut Context<Self>) {
+        self.volume_subscribers.push(m.0);
     }
 }
 
