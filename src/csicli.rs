@@ -344,6 +344,30 @@ pub async fn node_expand(ch: Channel, id: &str, path: &Path) -> Result<serde_jso
     Ok(serde_json::json!({ "volume_id": id, "capacity_bytes": r.capacity_bytes }))
 }
 
+/// NodeGetVolumeStats at `path`.
+pub async fn stats(ch: Channel, id: &str, path: &Path) -> Result<serde_json::Value, CsiCliError> {
+    let mut node = csi::node_client::NodeClient::new(ch);
+    let r = node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: id.to_string(),
+            volume_path: path.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .map_err(call("NodeGetVolumeStats"))?
+        .into_inner();
+    let usage = |unit: csi::volume_usage::Unit| {
+        r.usage.iter().find(|u| u.unit == unit as i32).map(|u| serde_json::json!({ "total": u.total, "used": u.used, "available": u.available }))
+    };
+    Ok(serde_json::json!({
+        "volume_id": id,
+        "bytes": usage(csi::volume_usage::Unit::Bytes),
+        "inodes": usage(csi::volume_usage::Unit::Inodes),
+        "abnormal": r.volume_condition.as_ref().is_some_and(|c| c.abnormal),
+        "condition": r.volume_condition.map(|c| c.message),
+    }))
+}
+
 /// Renders a JSON answer as `key: value` lines.
 pub fn plain(v: &serde_json::Value) -> String {
     match v.as_object() {

@@ -279,6 +279,14 @@ enum CsiCmd {
         #[arg(long)]
         path: PathBuf,
     },
+    /// NodeGetVolumeStats ID --path PATH: usage in bytes and inodes, and the condition.
+    Stats {
+        /// Volume id.
+        id: String,
+        /// A path of the volume: its staging or a target path, or (block) a device node of it.
+        #[arg(long)]
+        path: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -497,6 +505,7 @@ fn csi(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, cmd: 
                 csicli::expand(ch, &id, size).await
             }
             CsiCmd::NodeExpand { id, path } => csicli::node_expand(ch, &id, &path).await,
+            CsiCmd::Stats { id, path } => csicli::stats(ch, &id, &path).await,
         }
     })?;
     match output {

@@ -11,17 +11,20 @@
 //! 1. deploy: `kubectl apply -k tests/e2e/overlay`; the DaemonSet Ready; CSINode lists
 //!    the driver with its topology key; the node carries the label; `kubectl get drives`
 //!    shows each drive; each CSIStorageCapacity equals GetCapacity for its class;
-//! 2. claims used by pods: ext4, xfs with fsGroup, block, ReadWriteOncePod, data written
+//! 2. a drive vanishing while it holds a volume: the Drive object shows it missing and
+//!    lists the volume, the volume is abnormal; the claim deleted: the object goes; the
+//!    drive back: the volume's partition is listed again and can be deleted by hand;
+//! 3. claims used by pods: ext4, xfs with fsGroup, block, ReadWriteOncePod, data written
 //!    and read back; a second pod on the same ReadWriteOnce claim;
-//! 3. the drivelet pod deleted with volumes in use, then a rolling update: pods keep
+//! 4. the drivelet pod deleted with volumes in use, then a rolling update: pods keep
 //!    their data, nothing is formatted again;
-//! 4. pods deleted: VolumeAttachments detached and gone, finalizers removed, no mount
+//! 5. pods deleted: VolumeAttachments detached and gone, finalizers removed, no mount
 //!    left; a claim deleted: PV gone, partition gone, capacity back;
-//! 5. a drive failing under a running pod: Events on the claim and the pod within 2 s,
+//! 6. a drive failing under a running pod: Events on the claim and the pod within 2 s,
 //!    the Drive object shows it, ControllerGetVolume and ListVolumes say abnormal, new
 //!    claims land on other drives; `drivelet ctl drive release` through `kubectl exec`
 //!    keeps new claims off a drive;
-//! 6. everything deleted: no volume, PV, VolumeAttachment or mount left.
+//! 7. everything deleted: no volume, PV, VolumeAttachment or mount left.
 //!
 //! On failure it prints what explains it: the cluster's objects and Events, drivelet's
 //! and the provisioner's logs, and kubelet's log lines about the driver.
@@ -55,8 +58,9 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 6] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 7] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
+        ("a drive vanishing while it holds a volume, and coming back", journey_vanish),
         ("claims used by pods: ext4, xfs with fsGroup, block, ReadWriteOncePod, a second pod", journey_claims),
         ("drivelet pod deleted, then a rolling update, with volumes in use", journey_restart),
         ("pods and a claim deleted: detach, finalizers, mounts, partition, capacity", journey_delete),
@@ -448,6 +452,65 @@ fn journey_deploy(ctx: &mut Ctx) -> Check {
     Ok(())
 }
 
+fn drive_object(drive_id: &str) -> Result<Option<Value>, String> {
+    let objs = get_json(&["get", "drives"])?;
+    Ok(objs["items"].as_array().into_iter().flatten().find(|o| o["spec"]["driveId"] == drive_id).cloned())
+}
+
+fn journey_vanish(ctx: &mut Ctx) -> Check {
+    kubectl(&["create", "namespace", NS]).or_else(|e| if e.contains("AlreadyExists") { Ok(String::new()) } else { Err(e) })?;
+    apply(&(claim("vanish", "drivelet-e2e-ext4", 64, "Filesystem", "ReadWriteOnce") + &pod("vanish", "vanish", false, "", "echo v > /data/v")))?;
+    wait_pod_running("vanish", Duration::from_secs(120))?;
+    let pv = pv_of("vanish")?;
+    let id = volume_id_of("vanish")?;
+    let drive_id = record_of("vanish")?["drive_id"].as_str().unwrap_or_default().to_string();
+    let d = ctl_drives()?.into_iter().find(|d| d["id"] == drive_id.as_str()).ok_or("drive not listed")?;
+    let (dev, file) = (d["path"].as_str().unwrap_or_default().to_string(), d["backing_file"].as_str().unwrap_or_default().to_string());
+    // Unused, so nothing holds the loop device and it really goes.
+    kubectl(&["delete", "pod", "-n", NS, "vanish", "--wait=true", "--timeout=60s"])?;
+    wait_for(&format!("the VolumeAttachment of {pv} gone"), Duration::from_secs(90), || {
+        let vas = get_json(&["get", "volumeattachments"])?;
+        Ok((!vas["items"].as_array().into_iter().flatten().any(|v| v["spec"]["source"]["persistentVolumeName"] == pv.as_str())).then_some(()))
+    })?;
+    let out = Command::new("losetup").args(["-d", &dev]).output().map_err(|e| e.to_string())?;
+    ensure(out.status.success(), || format!("losetup -d {dev}: {}", String::from_utf8_lossy(&out.stderr)))?;
+
+    let obj = wait_for("the Drive object of the vanished drive: missing, listing the volume", Duration::from_secs(10), || {
+        Ok(drive_object(&drive_id)?.filter(|o| o["status"]["presence"] == "missing"))
+    })?;
+    ensure(obj["status"]["volumes"].as_array().is_some_and(|v| v.iter().any(|v| v == id.as_str())), || format!("missing drive's object: {obj}"))?;
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let table = kubectl(&["get", "drives"])?;
+    println!("{table}");
+    ensure(table.lines().any(|l| l.starts_with(&name) && l.contains("missing")), || format!("`kubectl get drives` does not show {name} missing:\n{table}"))?;
+    let got = drivelet_json(&["csi", "--endpoint", CSI_SOCKET, "get", &id])?;
+    ensure(got["abnormal"] == true && got["condition"].as_str().is_some_and(|m| m.contains("missing")), || format!("ControllerGetVolume: {got}"))?;
+
+    // The claim deleted with the drive gone: the PV goes, and with the last live volume
+    // the missing drive's object goes too.
+    kubectl(&["delete", "pvc", "-n", NS, "vanish", "--wait=true", "--timeout=60s"])?;
+    wait_for(&format!("PV {pv} gone"), Duration::from_secs(60), || Ok(kubectl(&["get", "pv", &pv]).is_err().then_some(())))?;
+    let t = Instant::now();
+    wait_for("the missing drive's object deleted once no volume lives on it", Duration::from_secs(30), || {
+        Ok(drive_object(&drive_id)?.is_none().then_some(()))
+    })?;
+    ctx.measured.insert("last volume of a missing drive deleted -> Drive object gone".into(), format!("{:.1}s", t.elapsed().as_secs_f64()));
+
+    // The drive comes back: its GPT still holds the partition, so drivelet lists the
+    // volume again (it cannot know it was deleted meanwhile); the admin deletes it.
+    let out = Command::new("losetup").args(["--find", "--show", &file]).output().map_err(|e| e.to_string())?;
+    ensure(out.status.success(), || format!("losetup {file}: {}", String::from_utf8_lossy(&out.stderr)))?;
+    wait_for("the returned drive managed again, its volume listed again", Duration::from_secs(30), || {
+        let back = ctl_drives()?.into_iter().any(|d| d["id"] == drive_id.as_str() && d["class"] == "managed");
+        Ok((back && ctl_volumes()?.iter().any(|v| v["id"] == id.as_str())).then_some(()))
+    })?;
+    drivelet(&["csi", "--endpoint", CSI_SOCKET, "delete", &id])?;
+    ensure(!ctl_volumes()?.iter().any(|v| v["id"] == id.as_str()), || format!("volume {id} still listed after DeleteVolume"))?;
+    wait_for("the returned drive's Drive object present again", Duration::from_secs(30), || {
+        Ok(drive_object(&drive_id)?.filter(|o| o["status"]["presence"] == "present").map(|_| ()))
+    })
+}
+
 const WRITE_EXT4: &str = "echo hello-ext4 > /data/hello && sync && cat /data/hello";
 
 fn journey_claims(ctx: &mut Ctx) -> Check {
@@ -485,6 +548,18 @@ fn journey_claims(ctx: &mut Ctx) -> Check {
     apply(&pod("reader", "ext4", false, "", "cat /data/hello"))?;
     wait_pod_running("reader", Duration::from_secs(60))?;
     ensure(in_pod("reader", "cat /data/hello")? == "hello-ext4", || "the second pod does not see the data".into())?;
+
+    // NodeGetVolumeStats at the paths kubelet asks about: a filesystem volume's target,
+    // and a block volume's device node in kubelet's global map directory.
+    let uid = |p: &str| get_json(&["get", "pod", "-n", NS, p]).map(|v| v["metadata"]["uid"].as_str().unwrap_or_default().to_string());
+    let target = format!("/var/lib/kubelet/pods/{}/volumes/kubernetes.io~csi/{}/mount", uid("xfs")?, pv_of("xfs")?);
+    let st = drivelet_json(&["csi", "--endpoint", CSI_SOCKET, "stats", &volume_id_of("xfs")?, "--path", &target])?;
+    ensure(st["bytes"]["total"].as_u64().is_some_and(|t| t > 400 * MIB) && st["inodes"]["total"].as_u64().is_some_and(|t| t > 0), || {
+        format!("stats of the xfs volume at {target}: {st}")
+    })?;
+    let map = format!("/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/{}/dev/{}", pv_of("block")?, uid("block")?);
+    let st = drivelet_json(&["csi", "--endpoint", CSI_SOCKET, "stats", &volume_id_of("block")?, "--path", &map])?;
+    ensure(st["bytes"]["total"].as_u64() == Some(64 * MIB) && st["abnormal"] == false, || format!("stats of the block volume at {map}: {st}"))?;
 
     // Each volume is where drivelet says, attached to this node once.
     for c in ["ext4", "xfs", "block", "rwop"] {
