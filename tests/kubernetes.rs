@@ -581,3 +581,35 @@ fn volume_attachments_are_attached_detached_and_refused_through_the_api() {
     assert!(touched.is_empty(), "no request about other attachments: {touched:?}");
     assert_requests_are_permitted(&api);
 }
+
+#[test]
+fn attachments_waiting_at_start_are_attached_without_a_warning() {
+    require_host();
+    let tmp = short_tempdir();
+    let dir = tmp.path();
+    let _drive = LoopDrive::new(dir, "k2.img", 1 << 30);
+    let api = FakeApi::start();
+    api.create(NODES, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}}));
+    let mut agent = Agent::start(dir, kube_opts(&api, dir));
+    let rt = rt();
+    let id = rt.block_on(async {
+        let mut csi = Csi::connect(&agent).await;
+        let r = csi.ctrl.create_volume(create_req("pvc-k2", 64 << 20, mount_cap("ext4"))).await.expect("create");
+        r.into_inner().volume.expect("volume").volume_id
+    });
+    assert_eq!(agent.stop(), 0, "clean stop; log:\n{}", agent.logs());
+
+    // While the agent is down, a pod using the volume is scheduled: at the next start the
+    // attachment is waiting, listed before the volume manager has reconciled its store.
+    api.create(PVS, pv("pv-1", &id, "claim-1"));
+    api.create(VAS, va("va-1", "pv-1"));
+    let before = agent.logs().len();
+    agent.spawn();
+    api.wait_for(Duration::from_secs(10), "va-1 attached after the restart", &agent, |api| {
+        api.get(VAS, "va-1").filter(|v| v["status"]["attached"] == true)
+    });
+    let log = agent.logs();
+    let attach_side = |l: &&str| l.contains("\"target\":\"drivelet::actors::attach") || l.contains("\"target\":\"drivelet::k8s::");
+    let warnings: Vec<&str> = log[before..].lines().filter(|l| l.contains("\"level\":\"WARN\"")).filter(attach_side).collect();
+    assert!(warnings.is_empty(), "a normal start logs no attach warning:\n{}", warnings.join("\n"));
+}

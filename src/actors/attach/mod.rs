@@ -22,9 +22,13 @@
 //!   never spins on its own status patch. The newest object is always kept (patches
 //!   carry its resourceVersion).
 //! - Nothing runs before both watches have delivered their first full list, so no
-//!   attachment is judged against a PV that simply was not listed yet.
+//!   attachment is judged against a PV that simply was not listed yet, nor before the
+//!   volume side is ready ([`AttachBackend::wait_ready`]: the volume manager's start-up
+//!   reconciliation is done), so a normal start makes no failed attempt and logs no
+//!   retry. Keys queued meanwhile wait, and run as soon as both hold.
 //! - At most `WORKERS` keys run at once, one run per key; a failed run (an API error,
-//!   or the volume manager not ready) is retried with backoff.
+//!   or the volume manager not ready after all, e.g. restarting) is retried with backoff
+//!   and logged.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -41,7 +45,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::volumes::{AttachPreview, AttachVolume, DetachVolume, VolumeError, VolumeManager};
+use super::volumes::{AttachPreview, AttachVolume, DetachVolume, VolumeError, VolumeManager, WaitReady};
 use crate::k8s::attach::{
     backoff, publish_spec, reconcile, reconcile_pv, Action, Executor, Identity, Observed, PublishSpec, RetryPolicy,
     VolumeOps, VolumeState,
@@ -54,12 +58,20 @@ mod tests;
 /// How many VolumeAttachments are worked on at once.
 pub const WORKERS: usize = 4;
 
+/// How long to wait before asking the volume manager for its readiness again, when it
+/// could not answer (it was restarting).
+pub const READY_RETRY: Duration = Duration::from_secs(1);
+
 /// The volume side of attaching: what the volume manager says about a volume, and the
 /// in-process ControllerPublish / ControllerUnpublish.
 pub trait AttachBackend: VolumeOps + Clone + Unpin + 'static {
     /// Whether publishing `spec` to `node` would be accepted now; `Err` when the volume
     /// side cannot tell yet (starting, busy), which is retried with backoff.
     fn volume_state(&self, spec: &PublishSpec, node: &str) -> impl Future<Output = Result<VolumeState, String>> + Send;
+
+    /// Resolves once the volume side is ready to answer (start-up done); the queue runs
+    /// nothing before.
+    fn wait_ready(&self) -> impl Future<Output = ()> + Send;
 }
 
 /// The backend of a running agent: the VolumeManager actor.
@@ -110,6 +122,12 @@ impl AttachBackend for ManagerBackend {
             Ok(Err(VolumeError::FailedPrecondition { reason, .. })) => Ok(VolumeState::Unusable { reason }),
             Ok(Err(e)) => Err(e.to_string()),
             Err(e) => Err(format!("the volume manager did not answer: {e}")),
+        }
+    }
+
+    async fn wait_ready(&self) {
+        while !matches!(self.volumes.send(WaitReady).await, Ok(true)) {
+            tokio::time::sleep(READY_RETRY).await;
         }
     }
 }
@@ -175,6 +193,8 @@ pub struct AttachQueue<B: AttachBackend> {
     /// Both watches have delivered their first full list: work starts only then, so no
     /// attachment is judged against a PV not listed yet.
     synced: (bool, bool),
+    /// The volume side is ready: work starts only then too.
+    backend_ready: bool,
     stats: QueueStats,
 }
 
@@ -195,8 +215,14 @@ impl<B: AttachBackend> AttachQueue<B> {
             queue: WorkQueue::new(),
             wake: None,
             synced: (false, false),
+            backend_ready: false,
             stats: QueueStats::default(),
         }
+    }
+
+    /// Whether work may run: both watches listed and the volume side ready.
+    fn runnable(&self) -> bool {
+        self.synced == (true, true) && self.backend_ready
     }
 
     /// Which VolumeAttachment map an object belongs in, if any.
@@ -355,14 +381,14 @@ impl<B: AttachBackend> AttachQueue<B> {
     /// Start every due key there is a worker for, and wake up when the next one is due.
     fn kick(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
-        while self.synced == (true, true) && self.queue.running() < WORKERS {
+        while self.runnable() && self.queue.running() < WORKERS {
             let Some((key, failures)) = self.queue.pop(now) else { break };
             self.start(key, failures, ctx);
         }
         if let Some(h) = self.wake.take() {
             ctx.cancel_future(h);
         }
-        if self.synced == (true, true) && self.queue.running() < WORKERS {
+        if self.runnable() && self.queue.running() < WORKERS {
             if let Some(at) = self.queue.next_due() {
                 let delay = at.saturating_duration_since(now);
                 self.wake = Some(ctx.run_later(delay, |act, ctx| {
@@ -536,6 +562,12 @@ impl<B: AttachBackend> Actor for AttachQueue<B> {
                 act.kick(ctx);
             });
         }
+        let backend = self.backend.clone();
+        ctx.spawn(async move { backend.wait_ready().await }.into_actor(self).map(|(), act, ctx| {
+            act.backend_ready = true;
+            debug!(waiting = act.queue.waiting(), "volume manager ready; attach work may run");
+            act.kick(ctx);
+        }));
         info!(driver.name = %self.cfg.identity.driver, node.name = %self.cfg.identity.node, "attach queue started");
     }
 }
@@ -548,6 +580,7 @@ impl<B: AttachBackend> Supervised for AttachQueue<B> {
         self.queue = WorkQueue::new();
         self.wake = None;
         self.synced = (false, false);
+        self.backend_ready = false;
     }
 }
 

@@ -117,11 +117,27 @@ impl FakeApi {
     }
 }
 
-/// The volume manager, scripted: every volume is in the state given.
-#[derive(Clone, Default)]
+/// The volume manager, scripted: every volume is in the state given; ready unless
+/// made otherwise.
+#[derive(Clone)]
 struct FakeBackend {
     states: Arc<Mutex<BTreeMap<String, VolumeState>>>,
     calls: Arc<Mutex<Vec<String>>>,
+    /// Whether start-up is done.
+    ready: Arc<tokio::sync::watch::Sender<bool>>,
+    /// How many times the queue asked for a volume's state.
+    asked: Arc<Mutex<usize>>,
+}
+
+impl Default for FakeBackend {
+    fn default() -> Self {
+        FakeBackend {
+            states: Arc::default(),
+            calls: Arc::default(),
+            ready: Arc::new(tokio::sync::watch::channel(true).0),
+            asked: Arc::default(),
+        }
+    }
 }
 
 impl FakeBackend {
@@ -148,7 +164,16 @@ impl VolumeOps for FakeBackend {
 
 impl AttachBackend for FakeBackend {
     async fn volume_state(&self, spec: &PublishSpec, _node: &str) -> Result<VolumeState, String> {
+        *self.asked.lock().expect("asked") += 1;
+        if !*self.ready.borrow() {
+            return Err("the volume manager is still starting; retry shortly".into());
+        }
         Ok(self.states.lock().expect("states").get(&spec.volume_id).cloned().unwrap_or(VolumeState::Missing))
+    }
+
+    async fn wait_ready(&self) {
+        let mut ready = self.ready.subscribe();
+        let _ = ready.wait_for(|r| *r).await;
     }
 }
 
@@ -207,6 +232,41 @@ async fn a_listed_attachment_is_attached_and_others_are_left_alone() {
     assert_eq!(backend.calls(), ["publish vol-1 node-a"]);
     let stats = queue.send(GetQueueStats).await.expect("queue answers");
     assert_eq!((stats.attachments, stats.waiting, stats.running, stats.retries), (1, 0, 0, 0));
+}
+
+#[actix_rt::test]
+async fn no_attach_work_runs_before_the_volume_manager_is_ready() {
+    tokio::time::pause();
+    let vas = Script { lists: [va_list("10", &[&va("va-1", "pv-1")])].into(), ..Default::default() };
+    let pvs = Script { lists: [pv_list("20", &[&pv("pv-1", "vol-1")])].into(), ..Default::default() };
+    let (client, mut api) = fake_api(vas, pvs);
+    let backend = FakeBackend::with("vol-1", VolumeState::Usable);
+    backend.ready.send_replace(false);
+    let queue = AttachQueue::new(client, queue_config(), backend.clone()).start();
+
+    // Both watches have listed; the volume manager is still reconciling its store.
+    api.assert_quiet().await;
+    assert_eq!(*backend.asked.lock().expect("asked"), 0, "no volume was asked about");
+    assert!(backend.calls().is_empty(), "nothing published or unpublished");
+    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    assert_eq!((stats.attachments, stats.waiting, stats.running, stats.retries), (1, 1, 0, 0), "queued, waiting, no retry");
+
+    // Ready: the waiting attachment runs at once, first time right.
+    let ready_at = Instant::now();
+    backend.ready.send_replace(true);
+    let (body, reply) = api.expect(Method::PATCH, VA).await;
+    assert_eq!(ready_at.elapsed(), Duration::ZERO, "run as soon as the volume manager is ready");
+    assert_eq!(body["metadata"]["finalizers"], json!([FINALIZER]));
+    ok(reply, &with_finalizer(va("va-1", "pv-1")));
+    let (_, reply) = api.expect(Method::PATCH, PV).await;
+    ok(reply, &pv_with_finalizer(pv("pv-1", "vol-1")));
+    let (body, reply) = api.expect(Method::PATCH, VA_STATUS).await;
+    assert_eq!(body["status"]["attached"], true);
+    ok(reply, &attached(with_finalizer(va("va-1", "pv-1"))));
+    api.assert_quiet().await;
+    assert_eq!(backend.calls(), ["publish vol-1 node-a"]);
+    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    assert_eq!(stats.retries, 0, "no failed attempt before ready");
 }
 
 #[actix_rt::test]

@@ -322,6 +322,8 @@ pub struct VolumeManager {
     condition_subscribers: Vec<Recipient<VolumeConditionChanged>>,
     /// Who hears of changes to what a drive holds (the Drive object sync).
     volume_subscribers: Vec<Recipient<VolumesChanged>>,
+    /// Callers of [`WaitReady`] waiting for start-up reconciliation.
+    ready_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// What the Drive objects show of one volume: its drive and whether it failed; `None`
@@ -343,6 +345,7 @@ impl VolumeManager {
             conditions: HashMap::new(),
             condition_subscribers: Vec::new(),
             volume_subscribers: Vec::new(),
+            ready_waiters: Vec::new(),
             auto_release,
             cfg,
             state_dir,
@@ -644,6 +647,9 @@ impl VolumeManager {
                     act.refresh(|_| true);
                     act.ready = true;
                     info!(actor = "volumes", volumes = act.book.len(), "volume manager ready");
+                    for waiter in act.ready_waiters.drain(..) {
+                        let _ = waiter.send(());
+                    }
                 }
                 Ok(Err(e)) => {
                     error!(actor = "volumes", error = %e, "start-up reconciliation failed; retrying in 5s");
@@ -1410,5 +1416,23 @@ impl Handler<VolumesReady> for VolumeManager {
     type Result = bool;
     fn handle(&mut self, _: VolumesReady, _: &mut Context<Self>) -> bool {
         self.ready
+    }
+}
+
+/// Query: answers once start-up reconciliation is done (at once when it is): `true`, or
+/// `false` if the manager went away before it was ready.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "bool")]
+pub struct WaitReady;
+
+impl Handler<WaitReady> for VolumeManager {
+    type Result = ResponseFuture<bool>;
+    fn handle(&mut self, _: WaitReady, _: &mut Context<Self>) -> Self::Result {
+        if self.ready {
+            return Box::pin(async { true });
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.ready_waiters.push(tx);
+        Box::pin(async move { rx.await.is_ok() })
     }
 }
