@@ -135,9 +135,9 @@ pub async fn info(ch: Channel) -> Result<serde_json::Value, CsiCliError> {
         "name": pi.name,
         "vendor_version": pi.vendor_version,
         "ready": probe.ready,
-        "plugin_capabilities": pc.capabilities.iter().map(|c| format!("{:?}", c.r#type)).collect::<Vec<_>>(),
-        "controller_capabilities": cc.map(|c| c.capabilities.iter().map(|c| format!("{:?}", c.r#type)).collect::<Vec<_>>()),
-        "node_capabilities": nc.capabilities.iter().map(|c| format!("{:?}", c.r#type)).collect::<Vec<_>>(),
+        "plugin_capabilities": pc.capabilities.iter().map(plugin_capability).collect::<Vec<_>>(),
+        "controller_capabilities": cc.map(|c| c.capabilities.iter().map(controller_capability).collect::<Vec<_>>()),
+        "node_capabilities": nc.capabilities.iter().map(node_capability).collect::<Vec<_>>(),
         "node_id": ni.node_id,
         "max_volumes_per_node": ni.max_volumes_per_node,
         "topology": ni.accessible_topology.map(|t| t.segments),
@@ -368,16 +368,141 @@ pub async fn stats(ch: Channel, id: &str, path: &Path) -> Result<serde_json::Val
     }))
 }
 
-/// Renders a JSON answer as `key: value` lines.
+/// Renders a JSON answer for people: one `key: value` line per field, sizes in binary
+/// units (`2.0 GiB`; `-o json` keeps the exact bytes), lists joined by commas, nested
+/// objects and lists of objects indented below their key.
 pub fn plain(v: &serde_json::Value) -> String {
-    match v.as_object() {
-        Some(m) => m
-            .iter()
-            .map(|(k, v)| match v {
-                serde_json::Value::String(s) => format!("{k}: {s}\n"),
-                other => format!("{k}: {other}\n"),
-            })
-            .collect(),
-        None => format!("{v}\n"),
+    let mut out = String::new();
+    match v {
+        serde_json::Value::Object(m) => plain_fields(m, 0, &mut out),
+        other => out.push_str(&format!("{}\n", scalar("", other))),
+    }
+    out
+}
+
+/// Whether a field holds a size in bytes.
+fn is_size(key: &str) -> bool {
+    key.ends_with("_bytes") || key.ends_with("_capacity") || key.ends_with("_size") || key.ends_with("_bytes_total")
+}
+
+fn scalar(key: &str, v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".into(),
+        serde_json::Value::Number(n) if is_size(key) => match n.as_u64() {
+            Some(b) => crate::ctl::human_bytes(b),
+            None => n.to_string(),
+        },
+        serde_json::Value::Array(a) if a.is_empty() => "-".into(),
+        serde_json::Value::Array(a) => a.iter().map(|x| scalar(key, x)).collect::<Vec<_>>().join(", "),
+        serde_json::Value::Object(m) if m.is_empty() => "-".into(),
+        serde_json::Value::Object(m) => m.iter().map(|(k, x)| format!("{k}={}", scalar(k, x))).collect::<Vec<_>>().join(", "),
+        other => other.to_string(),
+    }
+}
+
+fn plain_fields(m: &serde_json::Map<String, serde_json::Value>, depth: usize, out: &mut String) {
+    let pad = "  ".repeat(depth);
+    for (k, v) in m {
+        match v {
+            serde_json::Value::Array(items) if items.iter().any(|x| x.is_object()) => {
+                out.push_str(&format!("{pad}{k}:\n"));
+                for item in items {
+                    match item.as_object() {
+                        Some(o) => {
+                            let mut block = String::new();
+                            plain_fields(o, depth + 2, &mut block);
+                            // The first line of each item carries the list marker.
+                            let marker = format!("{pad}  - ");
+                            out.push_str(&block.replacen(&"  ".repeat(depth + 2), &marker, 1));
+                        }
+                        None => out.push_str(&format!("{pad}  - {}\n", scalar(k, item))),
+                    }
+                }
+            }
+            // Usage figures of one unit (`bytes`: total, used, available) are sizes.
+            serde_json::Value::Object(o) if k == "bytes" => {
+                let line = o.iter().map(|(k2, x)| format!("{k2} {}", scalar("_bytes", x))).collect::<Vec<_>>().join(", ");
+                out.push_str(&format!("{pad}{k}: {line}\n"));
+            }
+            other => out.push_str(&format!("{pad}{k}: {}\n", scalar(k, other))),
+        }
+    }
+}
+
+/// The CSI name of a plugin capability, e.g. `CONTROLLER_SERVICE`, `ONLINE` expansion.
+fn plugin_capability(c: &csi::PluginCapability) -> String {
+    use csi::plugin_capability::Type;
+    match &c.r#type {
+        Some(Type::Service(s)) => s.r#type().as_str_name().to_string(),
+        Some(Type::VolumeExpansion(e)) => format!("VOLUME_EXPANSION_{}", e.r#type().as_str_name()),
+        None => "UNKNOWN".into(),
+    }
+}
+
+/// The CSI name of a controller capability, e.g. `CREATE_DELETE_VOLUME`.
+fn controller_capability(c: &csi::ControllerServiceCapability) -> String {
+    match &c.r#type {
+        Some(csi::controller_service_capability::Type::Rpc(r)) => r.r#type().as_str_name().to_string(),
+        None => "UNKNOWN".into(),
+    }
+}
+
+/// The CSI name of a node capability, e.g. `STAGE_UNSTAGE_VOLUME`.
+fn node_capability(c: &csi::NodeServiceCapability) -> String {
+    match &c.r#type {
+        Some(csi::node_service_capability::Type::Rpc(r)) => r.r#type().as_str_name().to_string(),
+        None => "UNKNOWN".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_output_names_sizes_in_binary_units_and_lists_in_words() {
+        let v = serde_json::json!({
+            "name": "csi.drivelet.io",
+            "available_capacity": 6_436_159_488u64,
+            "maximum_volume_size": 2_145_386_496u64,
+            "ready": true,
+            "controller_capabilities": ["CREATE_DELETE_VOLUME", "GET_CAPACITY"],
+            "topology": {"topology.drivelet.io/node": "node-1"},
+            "volumes": [{"volume_id": "a", "capacity_bytes": 67_108_864u64, "condition": null}],
+            "bytes": {"total": 1_073_741_824u64, "used": 0, "available": 1_073_741_824u64},
+        });
+        let text = plain(&v);
+        for want in [
+            "available_capacity: 6.0 GiB\n",
+            "maximum_volume_size: 2.0 GiB\n",
+            "controller_capabilities: CREATE_DELETE_VOLUME, GET_CAPACITY\n",
+            "topology: topology.drivelet.io/node=node-1\n",
+            "volumes:\n  - capacity_bytes: 64.0 MiB\n    condition: -\n    volume_id: a\n",
+            "bytes: available 1.0 GiB, total 1.0 GiB, used 0 B\n",
+            "ready: true\n",
+        ] {
+            assert!(text.contains(want), "{want:?} not in:\n{text}");
+        }
+        assert!(!text.contains("Some(") && !text.contains("r#type"), "{text}");
+    }
+
+    #[test]
+    fn capabilities_are_named_as_the_csi_spec_names_them() {
+        use csi::controller_service_capability::rpc::Type as C;
+        let c = csi::ControllerServiceCapability {
+            r#type: Some(csi::controller_service_capability::Type::Rpc(csi::controller_service_capability::Rpc { r#type: C::CreateDeleteVolume as i32 })),
+        };
+        assert_eq!(controller_capability(&c), "CREATE_DELETE_VOLUME");
+        use csi::plugin_capability::service::Type as S;
+        let p = csi::PluginCapability {
+            r#type: Some(csi::plugin_capability::Type::Service(csi::plugin_capability::Service { r#type: S::ControllerService as i32 })),
+        };
+        assert_eq!(plugin_capability(&p), "CONTROLLER_SERVICE");
+        use csi::node_service_capability::rpc::Type as N;
+        let n = csi::NodeServiceCapability {
+            r#type: Some(csi::node_service_capability::Type::Rpc(csi::node_service_capability::Rpc { r#type: N::StageUnstageVolume as i32 })),
+        };
+        assert_eq!(node_capability(&n), "STAGE_UNSTAGE_VOLUME");
     }
 }

@@ -312,7 +312,40 @@ fn help_documents_every_command() {
     assert!(ctl.contains("drives") && ctl.contains("volumes"), "{ctl}");
     let out = Command::new(bin()).args(["csi", "--help"]).output().unwrap();
     let csi = String::from_utf8_lossy(&out.stdout);
-    for sub in ["create", "delete", "validate", "capacity", "stage", "unstage", "publish", "unpublish", "info"] {
+    for sub in ["create", "delete", "get", "list", "validate", "capacity", "stage", "unstage", "publish", "unpublish", "stats", "info"] {
         assert!(csi.contains(sub), "csi {sub} missing:\n{csi}");
     }
+}
+
+#[test]
+fn csi_cli_prints_capabilities_by_their_csi_names_and_sizes_in_binary_units() {
+    require_host();
+    let tmp = short_tempdir();
+    let _a = LoopDrive::new(tmp.path(), "a.img", 2 * GIB);
+    let agent = Agent::start(tmp.path(), AgentOpts::default());
+    let csi = |args: &[&str]| {
+        let sock = agent.csi_socket.display().to_string();
+        let out = Command::new(bin()).args(["csi", "--endpoint", sock.as_str()]).args(args).output().unwrap();
+        assert!(out.status.success(), "csi {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let info = csi(&["info"]);
+    for want in [
+        "plugin_capabilities: CONTROLLER_SERVICE, VOLUME_ACCESSIBILITY_CONSTRAINTS, VOLUME_EXPANSION_ONLINE\n",
+        "CREATE_DELETE_VOLUME",
+        "GET_CAPACITY",
+        "STAGE_UNSTAGE_VOLUME",
+        "ready: true\n",
+        "topology: topology.drivelet.io/node=test-node, topology.kubernetes.io/zone=zone-a\n",
+    ] {
+        assert!(info.contains(want), "{want:?} not in:\n{info}");
+    }
+    for debug in ["Some(", "Rpc", "r#type", "{"] {
+        assert!(!info.contains(debug), "Debug output {debug:?} in:\n{info}");
+    }
+    let cap = csi(&["capacity"]);
+    assert!(cap.contains("available_capacity: 2.0 GiB\n") && cap.contains("maximum_volume_size: 2.0 GiB\n"), "{cap}");
+    // JSON keeps the exact bytes.
+    let json: serde_json::Value = serde_json::from_str(&csi(&["-o", "json", "capacity"])).unwrap();
+    assert!(json["available_capacity"].as_u64().is_some_and(|b| b > GIB && b <= 2 * GIB), "{json}");
 }
