@@ -1,7 +1,8 @@
 //! Volume health end to end through the CSI socket: a drive that dies or is detached,
 //! a target unmounted behind drivelet's back, a corrupt unmounted filesystem, a full
 //! filesystem, a drive whose SMART verdict turns BAD (from real smartctl JSON served by
-//! a stand-in program), and ListVolumes pagination.
+//! a stand-in program), NodeGetVolumeStats of a block volume at kubelet's own bind of
+//! its device, and ListVolumes pagination.
 //!
 //! Each test runs its own agent in its own directory, with `[health]` tuned so that
 //! findings show within a second or two: SMART every 1 s, volume checks every 200 ms,
@@ -606,5 +607,81 @@ fn list_volumes_pages_every_volume_exactly_once_and_aborts_malformed_and_stale_t
         let ids: Vec<String> = first.entries.iter().chain(&second.entries).map(|e| e.volume.as_ref().unwrap().volume_id.clone()).collect();
         let expect: Vec<String> = want.iter().take(2 * PAGE as usize).cloned().collect();
         assert_eq!(ids, expect, "after the restart, pages resume in id order");
+    });
+}
+
+/// `mknod path b major minor`: a block device node of `devnum` at `path`.
+fn mknod_block(path: &Path, devnum: (u64, u64)) {
+    sh("mknod", &[path.to_str().unwrap(), "b", &devnum.0.to_string(), &devnum.1.to_string()]);
+}
+
+/// The device number of the block device node `dev`.
+fn devnum_of(dev: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(dev).unwrap_or_else(|e| panic!("{}: {e}", dev.display())).rdev();
+    (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev))
+}
+
+#[test]
+fn block_volume_stats_are_answered_at_any_node_of_its_device_under_the_allowed_roots() {
+    require_host();
+    let tmp = short_tempdir();
+    let a = LoopDrive::new(tmp.path(), "a.img", GIB);
+    let _u = Unmounter(tmp.path().to_path_buf());
+    let (agent, _smart) = start_agent(tmp.path());
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        let (id, _) = create(&mut c, "pvc-blk", 16 * MIB, block_cap()).await;
+        let (stage, target) = paths(tmp.path(), "pvc-blk");
+        c.node.node_stage_volume(stage_req(&id, &stage, block_cap())).await.unwrap();
+        c.node.node_publish_volume(publish_req(&id, &stage, &target, block_cap(), false)).await.unwrap();
+        let partition = devnum_of(&target);
+
+        // kubelet binds the published device at its own path and asks for stats there.
+        let dev_dir = tmp.path().join("kubelet/plugins/kubernetes.io/csi/volumeDevices/pv-blk/dev");
+        std::fs::create_dir_all(&dev_dir).unwrap();
+        let bound = dev_dir.join("8d5c3a7e-46a2-4d0b-9c1e-2f3b7a61e0c4");
+        std::fs::write(&bound, b"").unwrap();
+        sh("mount", &["--bind", target.to_str().unwrap(), bound.to_str().unwrap()]);
+        let bytes = |st: &csi::NodeGetVolumeStatsResponse| {
+            st.usage.iter().map(|u| (u.unit, u.total)).collect::<Vec<_>>()
+        };
+        let want = vec![(csi::volume_usage::Unit::Bytes as i32, 16 * MIB as i64)];
+        let st = stats(&mut c, &id, &bound).await;
+        assert_eq!(bytes(&st), want, "the size of the block volume at kubelet's bind: {st:?}");
+        assert!(st.volume_condition.is_some_and(|v| !v.abnormal), "with its condition");
+
+        // Any node of the partition's device under the allowed roots will do.
+        let made = dev_dir.join("made-with-mknod");
+        mknod_block(&made, partition);
+        assert_eq!(bytes(&stats(&mut c, &id, &made).await), want, "a node made with mknod");
+
+        // Not the volume's device, outside the roots, or nothing there: NOT_FOUND.
+        let other = dev_dir.join("other-device");
+        mknod_block(&other, devnum_of(&a.dev));
+        let outside = tmp.path().join("outside-node");
+        mknod_block(&outside, partition);
+        let file = dev_dir.join("plain-file");
+        std::fs::write(&file, b"").unwrap();
+        for (path, what) in [
+            (&other, "a node of the whole drive"),
+            (&outside, "the volume's device outside the allowed roots"),
+            (&file, "a plain file"),
+            (&dev_dir.join("nothing"), "nothing at all"),
+        ] {
+            let e = c
+                .node
+                .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+                    volume_id: id.clone(),
+                    volume_path: path.display().to_string(),
+                    staging_target_path: String::new(),
+                })
+                .await
+                .expect_err(what);
+            assert_eq!(e.code(), Code::NotFound, "{what}: {e:?}");
+            assert!(e.message().contains("does not exist"), "{what}: {}", e.message());
+        }
+        sh("umount", &[bound.to_str().unwrap()]);
     });
 }

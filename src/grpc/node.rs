@@ -8,8 +8,11 @@
 //! `NodeExpandVolume` grows a staged filesystem online to its partition (resize2fs,
 //! xfs_growfs), for the volume's staging or target path (NOT_FOUND otherwise); a block
 //! volume needs nothing; a partition not grown yet is FAILED_PRECONDITION. `NodeGetVolumeStats`
-//! answers for the volume's staging or target path (NOT_FOUND otherwise) with bytes and
-//! inodes for filesystems, the size for block volumes, and the volume's condition. Stage, unstage, publish and unpublish are idempotent:
+//! answers for the volume's staging or target path, or for a block volume any device
+//! node of its partition under the allowed roots (kubelet asks at its own bind of the
+//! published device, `.../volumeDevices/<pv>/dev/<pod uid>`), NOT_FOUND otherwise, with
+//! bytes and inodes for filesystems, the size for block volumes, and the volume's
+//! condition. Stage, unstage, publish and unpublish are idempotent:
 //! repeating a call that succeeded succeeds; the same path with an incompatible
 //! capability or read-only setting is ALREADY_EXISTS; an unknown volume is NOT_FOUND;
 //! a missing field, a path longer than 4096 bytes (PATH_MAX; so no reply repeats more

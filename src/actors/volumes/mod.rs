@@ -956,7 +956,8 @@ impl Handler<ListDriveUses> for VolumeManager {
 pub struct VolumeStats {
     /// Volume id.
     pub volume_id: String,
-    /// The staging or a target path of the volume.
+    /// The staging or a target path of the volume; for a block volume also any device
+    /// node of its partition under the allowed roots (kubelet's bind of the device).
     pub path: PathBuf,
 }
 
@@ -970,10 +971,25 @@ impl Handler<VolumeStats> for VolumeManager {
             return Box::pin(fut::ready(Err(VolumeError::NotFound { volume_id: m.volume_id })));
         };
         let known = rec.staging.as_ref().is_some_and(|s| s.path == m.path) || rec.targets.contains_key(&m.path);
+        let not_found = VolumeError::NotFound { volume_id: format!("{} at path {}", m.volume_id, m.path.display()) };
         if !known {
-            return Box::pin(fut::ready(Err(VolumeError::NotFound {
-                volume_id: format!("{} at path {}", m.volume_id, m.path.display()),
-            })));
+            // kubelet asks for a block volume at its own bind of the published device.
+            let Some(loc) = self.loc_of(&rec).filter(|_| rec.block) else { return Box::pin(fut::ready(Err(not_found))) };
+            let roots = self.cfg.allowed_roots.clone();
+            let status = VolumeStatus { condition: self.condition_of(&rec), record: rec };
+            let path = m.path;
+            return Box::pin(
+                async move {
+                    let rec = status.record.clone();
+                    let found = tokio::task::spawn_blocking(move || ops::is_device_of(&path, &roots, &loc, &rec)).await;
+                    (status, found)
+                }
+                .into_actor(self)
+                .map(move |(status, found), _, _| match found {
+                    Ok(true) => Ok((status, None)),
+                    _ => Err(not_found),
+                }),
+            );
         }
         let status = VolumeStatus { condition: self.condition_of(&rec), record: rec };
         if status.record.block {

@@ -111,6 +111,25 @@ fn backing(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<Backing, Volu
     blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size).map(Backing::Partition).map_err(disk(&rec.id, "find the kernel partition"))
 }
 
+/// Whether `path` is a device node of the block volume `rec`: it lies under the allowed
+/// roots, is a block device node, and its device number is the kernel partition of `rec`
+/// on `drive` (matched by start). This is how kubelet asks for a block volume's stats:
+/// at its own bind of the published device, `.../volumeDevices/<pv>/dev/<pod uid>`.
+/// Read-only: the kernel's partitions are looked up, never added.
+pub fn is_device_of(path: &Path, roots: &[PathBuf], drive: &DriveLoc, rec: &VolumeRecord) -> bool {
+    if !rec.block || paths::check_under_roots(path, roots).is_err() {
+        return false;
+    }
+    let Some(devnum) = crate::disk::block_devnum(path) else { return false };
+    let Ok(parts) = blkpg::kernel_partitions(&drive.path) else { return false };
+    is_partition_at(devnum, &parts, rec.start)
+}
+
+/// Whether `devnum` is the kernel partition among `parts` that starts at `start`.
+fn is_partition_at(devnum: (u32, u32), parts: &[blkpg::KernelPartition], start: u64) -> bool {
+    parts.iter().any(|p| p.start == start && p.devnum == devnum)
+}
+
 /// Creates the partition of a `Creating` record: intent, GPT entry, kernel partition,
 /// wipe, then `Available`.
 pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeRecord) -> Outcome<VolumeRecord> {
@@ -679,5 +698,52 @@ pub fn unpublish(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, tar
     match res {
         Ok(()) => Outcome { record: Some(r), result: Ok(()) },
         Err(e) => Outcome { record: Some(rec), result: Err(e) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(number: u32, start: u64, devnum: (u32, u32)) -> blkpg::KernelPartition {
+        blkpg::KernelPartition {
+            name: format!("loop3p{number}"),
+            number,
+            start,
+            size: 16 << 20,
+            devnode: PathBuf::from(format!("/dev/loop3p{number}")),
+            devnum,
+        }
+    }
+
+    #[test]
+    fn a_device_number_is_the_volume_only_if_it_is_the_partition_at_the_volumes_start() {
+        let parts = [part(1, 1 << 20, (259, 0)), part(2, 17 << 20, (259, 1))];
+        // (device number asked about, the volume's start, is it the volume)
+        let table = [
+            ((259, 0), 1 << 20, true),
+            ((259, 1), 17 << 20, true),
+            ((259, 1), 1 << 20, false),
+            ((7, 3), 1 << 20, false),
+            ((259, 0), 33 << 20, false),
+        ];
+        for (devnum, start, want) in table {
+            assert_eq!(is_partition_at(devnum, &parts, start), want, "{devnum:?} at {start}");
+        }
+        assert!(!is_partition_at((259, 0), &[], 1 << 20), "no kernel partition, no match");
+    }
+
+    #[test]
+    fn only_block_volumes_are_asked_about_at_device_nodes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let drive = DriveLoc { path: PathBuf::from("/dev/null"), sector: 512 };
+        let mut rec = VolumeRecord::for_test(1, super::super::model::VolumeState::Published);
+        rec.block = false;
+        let roots = vec![dir.path().to_path_buf()];
+        assert!(!is_device_of(&dir.path().join("dev/uid"), &roots, &drive, &rec), "a filesystem volume");
+        rec.block = true;
+        assert!(!is_device_of(Path::new("/dev/null"), &roots, &drive, &rec), "outside the allowed roots");
+        std::fs::write(dir.path().join("file"), b"").expect("write");
+        assert!(!is_device_of(&dir.path().join("file"), &roots, &drive, &rec), "not a device node");
     }
 }
