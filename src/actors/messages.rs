@@ -3,7 +3,7 @@
 
 use actix::prelude::*;
 
-use super::inventory::model::{Capacity, Drive, LayoutKind};
+use super::inventory::model::{Drive, LayoutKind};
 use crate::config::Media;
 use crate::disk::udev::BlockEvent;
 
@@ -26,14 +26,17 @@ pub struct InventoryStatus {
     pub drives: usize,
 }
 
-/// Query: free capacity on managed drives.
+/// Query (to the volume manager): what GetCapacity answers for volumes of `media` and
+/// `layout` whose smallest size is `minimum` (see `actors::volumes::placement`).
 #[derive(Message)]
-#[rtype(result = "Capacity")]
+#[rtype(result = "Result<crate::actors::volumes::placement::Capacity, crate::actors::volumes::VolumeError>")]
 pub struct GetCapacity {
     /// Restrict to one media class; `None` is any.
     pub media: Option<Media>,
     /// Partition or whole-drive volumes.
     pub layout: LayoutKind,
+    /// The smallest volume the request's capabilities allow.
+    pub minimum: u64,
 }
 
 /// Notification from the udev monitor thread.

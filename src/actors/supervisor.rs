@@ -43,6 +43,17 @@ pub fn start(cfg: &Config) -> Actors {
     Actors { inventory, volumes, health }
 }
 
+/// Arms the fail point `name` with `actions` (the admin socket's `fail-point` request).
+pub fn arm_failure(name: &str, actions: &str) -> Result<(), String> {
+    #[cfg(feature = "failpoints")]
+    return fail::cfg(name, actions).map_err(|e| format!("fail point {name}: {e}"));
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = (name, actions);
+        Err("this build has no fail points (built without the `failpoints` feature)".into())
+    }
+}
+
 /// Whether a test armed the fail point `name` (`actor.<name>.stop`, e.g.
 /// `FAILPOINTS=actor.volumes.stop=1*return`) to make the calling actor fail here; the
 /// caller then stops itself so that its supervisor restarts it. Always `false` unless

@@ -46,6 +46,15 @@ pub enum AdminRequest {
         /// The PV's filesystem (may be empty).
         fs_type: String,
     },
+    /// Arm a fail point now (`actions` in the `fail` crate's syntax, e.g. `1*return`), so
+    /// a test decides when an actor fails. Only builds with the `failpoints` feature (the
+    /// test builds) accept it; a release build answers an error.
+    FailPoint {
+        /// The fail point, e.g. `actor.inventory.stop`.
+        name: String,
+        /// What it does when reached.
+        actions: String,
+    },
 }
 
 /// A drive with its usage state, as `drivelet ctl drives` shows it.
@@ -73,6 +82,8 @@ pub enum AdminResponse {
     Volumes(Vec<VolumeRecord>),
     /// The adopted volume.
     Adopted(Box<VolumeRecord>),
+    /// The fail point that was armed.
+    Armed(String),
     /// The request failed.
     Error(String),
 }
@@ -116,6 +127,10 @@ async fn answer(front: &Front, line: &str) -> AdminResponse {
                 Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
             }
         }
+        Ok(AdminRequest::FailPoint { name, actions }) => match crate::actors::supervisor::arm_failure(&name, &actions) {
+            Ok(()) => AdminResponse::Armed(name),
+            Err(e) => AdminResponse::Error(e),
+        },
         Ok(AdminRequest::Volumes) => match front.volumes.send(ListVolumes).await {
             Ok(v) => AdminResponse::Volumes(v),
             Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),

@@ -497,10 +497,10 @@ impl Controller for ControllerService {
         }
         let cap = self
             .0
-            .inventory
-            .send(GetCapacity { media: params.media, layout: params.layout })
+            .volumes
+            .send(GetCapacity { media: params.media, layout: params.layout, minimum: minimum as u64 })
             .await
-            .map_err(FrontError::mailbox("drive inventory"))?;
+            .map_err(FrontError::mailbox("volume manager"))??;
         Ok(Response::new(csi::GetCapacityResponse {
             available_capacity: i64::try_from(cap.available).unwrap_or(i64::MAX),
             maximum_volume_size: Some(i64::try_from(cap.maximum_volume_size).unwrap_or(i64::MAX)),

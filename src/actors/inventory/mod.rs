@@ -7,8 +7,8 @@
 //!   queries are never stuck behind a burst of events;
 //! - every change is logged once and sent to subscribers as a [`DriveEvent`];
 //! - on restart (supervisor) the actor forgets everything and rebuilds from the host;
-//!   tests make it fail while answering `GetCapacity` (fail point
-//!   `actor.inventory.stop`).
+//!   tests make it fail while answering `ListDrives` (fail point
+//!   `actor.inventory.stop`, armed through the admin socket when the test wants it).
 
 pub mod classify;
 pub mod model;
@@ -253,7 +253,11 @@ impl Supervised for DriveInventory {
 
 impl Handler<ListDrives> for DriveInventory {
     type Result = Vec<Drive>;
-    fn handle(&mut self, _: ListDrives, _: &mut Context<Self>) -> Vec<Drive> {
+    fn handle(&mut self, _: ListDrives, ctx: &mut Context<Self>) -> Vec<Drive> {
+        if super::supervisor::injected_failure("actor.inventory.stop") {
+            warn!(actor = "inventory", "failure injected: stopping after this answer");
+            ctx.stop();
+        }
         self.inv.list()
     }
 }
@@ -262,17 +266,6 @@ impl Handler<GetInventoryStatus> for DriveInventory {
     type Result = InventoryStatus;
     fn handle(&mut self, _: GetInventoryStatus, _: &mut Context<Self>) -> InventoryStatus {
         InventoryStatus { scanned: self.inv.scanned(), drives: self.inv.list().len() }
-    }
-}
-
-impl Handler<GetCapacity> for DriveInventory {
-    type Result = MessageResult<GetCapacity>;
-    fn handle(&mut self, m: GetCapacity, ctx: &mut Context<Self>) -> Self::Result {
-        if super::supervisor::injected_failure("actor.inventory.stop") {
-            warn!(actor = "inventory", "failure injected: stopping after this answer");
-            ctx.stop();
-        }
-        MessageResult(self.inv.capacity(m.media, m.layout))
     }
 }
 

@@ -200,15 +200,6 @@ pub enum LayoutKind {
     Drive,
 }
 
-/// Capacity answer: total that can be provisioned and the largest single volume.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Capacity {
-    /// Sum of free bytes over eligible drives.
-    pub available: u64,
-    /// Largest volume that could be created now.
-    pub maximum_volume_size: u64,
-}
-
 /// The drive set.
 #[derive(Debug, Default)]
 pub struct Inventory {
@@ -275,23 +266,6 @@ impl Inventory {
         self.drives.values().cloned().collect()
     }
 
-    /// Free capacity on managed drives of `media` (any when `None`).
-    pub fn capacity(&self, media: Option<Media>, layout: LayoutKind) -> Capacity {
-        let mut cap = Capacity::default();
-        for d in self.drives.values() {
-            if d.class != DriveClass::Managed || media.is_some_and(|m| m != d.media) {
-                continue;
-            }
-            let (avail, max) = match layout {
-                LayoutKind::Partition => (d.free_bytes, d.largest_free_bytes),
-                LayoutKind::Drive if d.volumes == 0 => (d.largest_free_bytes, d.largest_free_bytes),
-                LayoutKind::Drive => (0, 0),
-            };
-            cap.available += avail;
-            cap.maximum_volume_size = cap.maximum_volume_size.max(max);
-        }
-        cap
-    }
 }
 
 #[cfg(test)]
@@ -329,19 +303,5 @@ mod tests {
         assert_eq!(inv.apply_one("sdb", Some(b2.clone())), Some(DriveChange::Changed { old: b, new: b2.clone() }));
         assert_eq!(inv.apply_one("sdb", None), Some(DriveChange::Gone(b2)));
         assert_eq!(inv.apply_one("sdb", None), None);
-    }
-
-    #[test]
-    fn capacity_counts_only_managed_drives_of_the_media_asked() {
-        let mut inv = Inventory::default();
-        inv.apply_scan(BTreeMap::from([
-            ("sda".into(), drive("a", DriveClass::Managed, Media::Ssd, 100, 0)),
-            ("sdb".into(), drive("b", DriveClass::Managed, Media::Hdd, 1000, 2)),
-            ("sdc".into(), drive("c", DriveClass::Foreign, Media::Ssd, 5000, 0)),
-        ]));
-        assert_eq!(inv.capacity(None, LayoutKind::Partition), Capacity { available: 1100, maximum_volume_size: 500 });
-        assert_eq!(inv.capacity(Some(Media::Ssd), LayoutKind::Partition), Capacity { available: 100, maximum_volume_size: 50 });
-        assert_eq!(inv.capacity(Some(Media::Nvme), LayoutKind::Partition), Capacity::default());
-        assert_eq!(inv.capacity(None, LayoutKind::Drive), Capacity { available: 50, maximum_volume_size: 50 });
     }
 }

@@ -24,6 +24,7 @@
 pub mod health;
 pub mod model;
 pub mod ops;
+pub mod placement;
 pub mod reconcile;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -35,13 +36,14 @@ use actix::prelude::*;
 use tracing::{error, info, warn};
 
 use self::health::{Condition, DriveUse, DriveUseState, Finding};
-use self::model::{CapacityRange, Candidate, NoRoom, Refusal, VolumeRecord, VolumeState};
+use self::model::{CapacityRange, Refusal, VolumeRecord, VolumeState};
+use self::placement::{Candidate, NoRoom};
 use self::ops::{DriveLoc, Outcome, PublishArgs, StageArgs};
 use super::inventory::classify::DriveClass;
 use super::inventory::model::{Drive, LayoutKind};
 use super::inventory::DriveInventory;
 use super::messages::{
-    DriveEvent, GetInventoryStatus, ListDrives, SubscribeConditions, SubscribeDrives, SubscribeVolumes, VolumeConditionChanged,
+    DriveEvent, GetCapacity, GetInventoryStatus, ListDrives, SubscribeConditions, SubscribeDrives, SubscribeVolumes, VolumeConditionChanged,
     VolumesChanged,
 };
 use crate::config::{Media, VolumesConfig};
@@ -547,7 +549,7 @@ impl VolumeManager {
         let minimum = model::minimum_size(m.block, &fs_type);
         let size = model::size_for(m.range, self.cfg.default_size, minimum).map_err(|reason| VolumeError::OutOfRange { reason })?;
         let want = if m.layout == LayoutKind::Drive { m.range.required.max(minimum) } else { size };
-        let p = model::place(&self.candidates(), m.media, m.layout, want).map_err(|e| match e {
+        let p = placement::place(&self.candidates(), m.media, m.layout, want).map_err(|e| match e {
             NoRoom::TooBig(reason) => VolumeError::OutOfRange { reason },
             NoRoom::Full(reason) => VolumeError::ResourceExhausted { reason },
         })?;
@@ -947,6 +949,16 @@ impl Handler<ListDriveUses> for VolumeManager {
     type Result = MessageResult<ListDriveUses>;
     fn handle(&mut self, _: ListDriveUses, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.drive_use.values().cloned().collect())
+    }
+}
+
+impl Handler<GetCapacity> for VolumeManager {
+    type Result = Result<placement::Capacity, VolumeError>;
+    fn handle(&mut self, m: GetCapacity, _: &mut Context<Self>) -> Self::Result {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        Ok(placement::capacity(&self.candidates(), m.media, m.layout, m.minimum))
     }
 }
 

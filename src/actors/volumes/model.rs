@@ -22,18 +22,14 @@
 //! or deleting a volume that is still staged or published, touching a volume that is
 //! being created or deleted.
 //!
-//! Placement policy: among managed drives of the requested media that are not being
-//! released, the drive whose largest free extent fits the volume and that has the
-//! least free space left (best fit, to keep large extents for large volumes); ties go
-//! to the drive id in order. A volume takes the lowest free extent that fits.
+//! Where a new volume goes, and what GetCapacity promises, is [`super::placement`].
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::actors::inventory::classify::DriveClass;
-use crate::actors::inventory::model::{Drive, LayoutKind};
+use crate::actors::inventory::model::LayoutKind;
 use crate::config::Media;
 use crate::disk::gpt;
 
@@ -327,91 +323,6 @@ pub fn grow_room(start: u64, size: u64, others: &[(u64, u64)], region_end: u64) 
     }
 }
 
-/// Where a new volume goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement {
-    /// Drive id.
-    pub drive_id: String,
-    /// Start, bytes.
-    pub start: u64,
-    /// Size, bytes.
-    pub size: u64,
-}
-
-/// Why no placement was found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NoRoom {
-    /// No eligible drive could ever hold it (too big): OUT_OF_RANGE.
-    TooBig(String),
-    /// Eligible drives exist but none has room now: RESOURCE_EXHAUSTED.
-    Full(String),
-}
-
-/// A drive as placement sees it.
-#[derive(Debug, Clone)]
-pub struct Candidate<'a> {
-    /// The drive.
-    pub drive: &'a Drive,
-    /// Extents in use (records and kernel partitions), `(start, len)`.
-    pub used: Vec<(u64, u64)>,
-    /// The drive must not take new volumes (releasing, failing).
-    pub closed: bool,
-}
-
-/// Picks a drive and extent for a volume of `size` (for `layout=drive`, `size` is the
-/// minimum and the whole usable region is taken).
-pub fn place(cands: &[Candidate<'_>], media: Option<Media>, layout: LayoutKind, size: u64) -> Result<Placement, NoRoom> {
-    let managed: Vec<&Candidate<'_>> = cands
-        .iter()
-        .filter(|c| c.drive.class == DriveClass::Managed && media.is_none_or(|m| c.drive.media == m))
-        .collect();
-    let what = media.map(|m| format!("{} ", m.as_str())).unwrap_or_default();
-    if managed.is_empty() {
-        return Err(NoRoom::Full(format!("no managed {what}drive is available on this node")));
-    }
-    let region = |c: &Candidate<'_>| gpt::usable_region(c.drive.size_bytes, c.drive.logical_block_size);
-    // Too big is judged against every managed drive, closed ones included: a volume
-    // that would fit a drive being released is a matter of room, not of range.
-    let biggest = managed.iter().filter_map(|c| region(c).map(|(s, e)| e - s)).max().unwrap_or(0);
-    if size > biggest {
-        return Err(NoRoom::TooBig(format!(
-            "{size} bytes is more than the largest managed {what}drive can hold ({biggest} bytes)"
-        )));
-    }
-    let eligible: Vec<&Candidate<'_>> = managed.into_iter().filter(|c| !c.closed).collect();
-    if eligible.is_empty() {
-        return Err(NoRoom::Full(format!(
-            "every managed {what}drive is closed to new volumes (failing or being released)"
-        )));
-    }
-    let mut best: Option<(u64, &str, Placement)> = None;
-    for c in &eligible {
-        let free = gpt::free_extents(c.drive.size_bytes, c.drive.logical_block_size, &c.used);
-        let total: u64 = free.iter().map(|e| e.1).sum();
-        let pick = match layout {
-            LayoutKind::Drive => {
-                let Some((s, e)) = region(c) else { continue };
-                if !c.used.is_empty() || e - s < size {
-                    continue;
-                }
-                Placement { drive_id: c.drive.id.clone(), start: s, size: e - s }
-            }
-            LayoutKind::Partition => match free.iter().find(|e| e.1 >= size) {
-                Some(&(s, _)) => Placement { drive_id: c.drive.id.clone(), start: s, size },
-                None => continue,
-            },
-        };
-        let key = (total, c.drive.id.as_str());
-        if best.as_ref().is_none_or(|(t, id, _)| key < (*t, *id)) {
-            best = Some((total, c.drive.id.as_str(), pick));
-        }
-    }
-    best.map(|b| b.2).ok_or_else(|| match layout {
-        LayoutKind::Drive => NoRoom::Full(format!("no empty managed {what}drive of at least {size} bytes is free")),
-        LayoutKind::Partition => NoRoom::Full(format!("no managed {what}drive has {size} contiguous free bytes")),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -483,57 +394,5 @@ mod tests {
         assert!(size_for(r(10 * MIB, 100 * MIB), GIB, 300 * MIB).is_err());
         assert!(size_for(r(u64::MAX, 0), GIB, MIB).is_err());
         assert_eq!(size_for(r(i64::MAX as u64, 0), GIB, MIB), Ok(1 << 63));
-    }
-
-    fn drive(id: &str, media: Media, size: u64) -> Drive {
-        Drive::for_test(id, media, size)
-    }
-
-    #[test]
-    fn placement_prefers_the_tightest_drive_that_fits() {
-        let a = drive("a", Media::Ssd, 10 * GIB);
-        let b = drive("b", Media::Ssd, 4 * GIB);
-        let c = drive("c", Media::Hdd, 2 * GIB);
-        let cands = vec![
-            Candidate { drive: &a, used: vec![], closed: false },
-            Candidate { drive: &b, used: vec![(MIB, GIB)], closed: false },
-            Candidate { drive: &c, used: vec![], closed: false },
-        ];
-        let p = place(&cands, None, LayoutKind::Partition, GIB).unwrap();
-        assert_eq!((p.drive_id.as_str(), p.start), ("c", MIB));
-        let p = place(&cands, Some(Media::Ssd), LayoutKind::Partition, GIB).unwrap();
-        assert_eq!((p.drive_id.as_str(), p.start), ("b", MIB + GIB));
-        let p = place(&cands, Some(Media::Ssd), LayoutKind::Partition, 5 * GIB).unwrap();
-        assert_eq!(p.drive_id, "a");
-        assert!(matches!(place(&cands, None, LayoutKind::Partition, 11 * GIB), Err(NoRoom::TooBig(_))));
-        assert!(matches!(place(&cands, Some(Media::Nvme), LayoutKind::Partition, MIB), Err(NoRoom::Full(_))));
-    }
-
-    #[test]
-    fn whole_drive_placement_takes_an_empty_drive_entirely() {
-        let a = drive("a", Media::Ssd, 4 * GIB);
-        let b = drive("b", Media::Ssd, 2 * GIB);
-        let cands = vec![
-            Candidate { drive: &a, used: vec![], closed: false },
-            Candidate { drive: &b, used: vec![(MIB, MIB)], closed: false },
-        ];
-        let p = place(&cands, None, LayoutKind::Drive, MIB).unwrap();
-        assert_eq!(p.drive_id, "a");
-        assert_eq!(p.start, MIB);
-        assert_eq!(p.size, gpt::usable_region(4 * GIB, 512).map(|(s, e)| e - s).unwrap());
-        let cands = vec![Candidate { drive: &b, used: vec![(MIB, MIB)], closed: false }];
-        assert!(matches!(place(&cands, None, LayoutKind::Drive, MIB), Err(NoRoom::Full(_))));
-    }
-
-    #[test]
-    fn closed_and_unmanaged_drives_are_never_chosen() {
-        let a = drive("a", Media::Ssd, 4 * GIB);
-        let mut f = drive("f", Media::Ssd, 4 * GIB);
-        f.class = DriveClass::Foreign;
-        let cands = vec![
-            Candidate { drive: &a, used: vec![], closed: true },
-            Candidate { drive: &f, used: vec![], closed: false },
-        ];
-        assert!(matches!(place(&cands, None, LayoutKind::Partition, MIB), Err(NoRoom::Full(_))));
     }
 }

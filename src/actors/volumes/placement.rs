@@ -1,0 +1,282 @@
+//! Placement: where a new volume goes, and what GetCapacity promises. One model for both,
+//! so the capacity the scheduler is told is exactly what CreateVolume accepts.
+//!
+//! Rules:
+//! - Eligible drives ([`open_drives`]): managed, of the requested media (any when none is
+//!   asked), present (a missing drive is no candidate at all) and open to new volumes: not
+//!   releasing or released, not BAD. The same filter serves [`place`] and [`capacity`].
+//! - What a drive can take ([`room_on`]): for `layout=partition`, its free extents
+//!   (aligned to 1 MiB, between the primary and the backup GPT), each usable only if it
+//!   holds the smallest volume asked for; for `layout=drive`, its whole usable region, and
+//!   only while nothing is on it.
+//! - [`place`]: among eligible drives with room for the volume, the one with the least
+//!   free space left (best fit, keeping large extents for large volumes); ties go to the
+//!   drive id in order. A partition takes the lowest free extent that fits; a whole-drive
+//!   volume takes the drive's usable region.
+//! - [`capacity`]: `maximum_volume_size` is the largest single volume [`place`] accepts
+//!   now, `available` the sum of every usable extent (what volumes of the largest size,
+//!   one after another, would fill). No I/O here.
+
+use crate::actors::inventory::classify::DriveClass;
+use crate::actors::inventory::model::{Drive, LayoutKind};
+use crate::config::Media;
+use crate::disk::gpt;
+
+/// Where a new volume goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// Drive id.
+    pub drive_id: String,
+    /// Start, bytes.
+    pub start: u64,
+    /// Size, bytes.
+    pub size: u64,
+}
+
+/// Why no placement was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoRoom {
+    /// No eligible drive could ever hold it (too big): OUT_OF_RANGE.
+    TooBig(String),
+    /// Eligible drives exist but none has room now: RESOURCE_EXHAUSTED.
+    Full(String),
+}
+
+/// A drive as placement sees it.
+#[derive(Debug, Clone)]
+pub struct Candidate<'a> {
+    /// The drive.
+    pub drive: &'a Drive,
+    /// Extents in use (records and kernel partitions), `(start, len)`.
+    pub used: Vec<(u64, u64)>,
+    /// The drive must not take new volumes (releasing, failing).
+    pub closed: bool,
+}
+
+/// What GetCapacity answers for one set of parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capacity {
+    /// Sum of every extent a volume could be placed in now.
+    pub available: u64,
+    /// The largest volume CreateVolume accepts now.
+    pub maximum_volume_size: u64,
+}
+
+/// Managed candidates of `media` (any when `None`), present or closed alike.
+fn managed<'c, 'a>(cands: &'c [Candidate<'a>], media: Option<Media>) -> impl Iterator<Item = &'c Candidate<'a>> {
+    cands.iter().filter(move |c| c.drive.class == DriveClass::Managed && media.is_none_or(|m| c.drive.media == m))
+}
+
+/// The candidates a new volume of `media` may go to.
+pub fn open_drives<'c, 'a>(cands: &'c [Candidate<'a>], media: Option<Media>) -> impl Iterator<Item = &'c Candidate<'a>> {
+    managed(cands, media).filter(|c| !c.closed)
+}
+
+/// The extents `(start, len)` of `c` a volume of at least `minimum` bytes could take.
+pub fn room_on(c: &Candidate<'_>, layout: LayoutKind, minimum: u64) -> Vec<(u64, u64)> {
+    match layout {
+        LayoutKind::Partition => {
+            let mut free = gpt::free_extents(c.drive.size_bytes, c.drive.logical_block_size, &c.used);
+            free.retain(|e| e.1 >= minimum);
+            free
+        }
+        LayoutKind::Drive => match gpt::usable_region(c.drive.size_bytes, c.drive.logical_block_size) {
+            Some((s, e)) if c.used.is_empty() && e - s >= minimum => vec![(s, e - s)],
+            _ => Vec::new(),
+        },
+    }
+}
+
+/// Picks a drive and extent for a volume of `size` (for `layout=drive`, `size` is the
+/// minimum and the whole usable region is taken).
+pub fn place(cands: &[Candidate<'_>], media: Option<Media>, layout: LayoutKind, size: u64) -> Result<Placement, NoRoom> {
+    let what = media.map(|m| format!("{} ", m.as_str())).unwrap_or_default();
+    if managed(cands, media).next().is_none() {
+        return Err(NoRoom::Full(format!("no managed {what}drive is available on this node")));
+    }
+    // Too big is judged against every managed drive, closed ones included: a volume
+    // that would fit a drive being released is a matter of room, not of range.
+    let region = |c: &Candidate<'_>| gpt::usable_region(c.drive.size_bytes, c.drive.logical_block_size);
+    let biggest = managed(cands, media).filter_map(|c| region(c).map(|(s, e)| e - s)).max().unwrap_or(0);
+    if size > biggest {
+        return Err(NoRoom::TooBig(format!(
+            "{size} bytes is more than the largest managed {what}drive can hold ({biggest} bytes)"
+        )));
+    }
+    if open_drives(cands, media).next().is_none() {
+        return Err(NoRoom::Full(format!(
+            "every managed {what}drive is closed to new volumes (failing or being released)"
+        )));
+    }
+    let mut best: Option<(u64, &str, Placement)> = None;
+    for c in open_drives(cands, media) {
+        let Some(&(start, len)) = room_on(c, layout, size).first() else { continue };
+        let size = match layout {
+            LayoutKind::Drive => len,
+            LayoutKind::Partition => size,
+        };
+        let total: u64 = gpt::free_extents(c.drive.size_bytes, c.drive.logical_block_size, &c.used).iter().map(|e| e.1).sum();
+        let key = (total, c.drive.id.as_str());
+        if best.as_ref().is_none_or(|(t, id, _)| key < (*t, *id)) {
+            best = Some((total, c.drive.id.as_str(), Placement { drive_id: c.drive.id.clone(), start, size }));
+        }
+    }
+    best.map(|b| b.2).ok_or_else(|| match layout {
+        LayoutKind::Drive => NoRoom::Full(format!("no empty managed {what}drive of at least {size} bytes is free")),
+        LayoutKind::Partition => NoRoom::Full(format!("no managed {what}drive has {size} contiguous free bytes")),
+    })
+}
+
+/// What GetCapacity answers for volumes of `media` and `layout` whose smallest size is
+/// `minimum`: see the module rules.
+pub fn capacity(cands: &[Candidate<'_>], media: Option<Media>, layout: LayoutKind, minimum: u64) -> Capacity {
+    let mut cap = Capacity::default();
+    for c in open_drives(cands, media) {
+        for (_, len) in room_on(c, layout, minimum) {
+            cap.available += len;
+            cap.maximum_volume_size = cap.maximum_volume_size.max(len);
+        }
+    }
+    cap
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    fn drive(id: &str, media: Media, size: u64) -> Drive {
+        Drive::for_test(id, media, size)
+    }
+
+    #[test]
+    fn placement_prefers_the_tightest_drive_that_fits() {
+        let a = drive("a", Media::Ssd, 10 * GIB);
+        let b = drive("b", Media::Ssd, 4 * GIB);
+        let c = drive("c", Media::Hdd, 2 * GIB);
+        let cands = vec![
+            Candidate { drive: &a, used: vec![], closed: false },
+            Candidate { drive: &b, used: vec![(MIB, GIB)], closed: false },
+            Candidate { drive: &c, used: vec![], closed: false },
+        ];
+        let p = place(&cands, None, LayoutKind::Partition, GIB).unwrap();
+        assert_eq!((p.drive_id.as_str(), p.start), ("c", MIB));
+        let p = place(&cands, Some(Media::Ssd), LayoutKind::Partition, GIB).unwrap();
+        assert_eq!((p.drive_id.as_str(), p.start), ("b", MIB + GIB));
+        let p = place(&cands, Some(Media::Ssd), LayoutKind::Partition, 5 * GIB).unwrap();
+        assert_eq!(p.drive_id, "a");
+        assert!(matches!(place(&cands, None, LayoutKind::Partition, 11 * GIB), Err(NoRoom::TooBig(_))));
+        assert!(matches!(place(&cands, Some(Media::Nvme), LayoutKind::Partition, MIB), Err(NoRoom::Full(_))));
+    }
+
+    #[test]
+    fn whole_drive_placement_takes_an_empty_drive_entirely() {
+        let a = drive("a", Media::Ssd, 4 * GIB);
+        let b = drive("b", Media::Ssd, 2 * GIB);
+        let cands = vec![
+            Candidate { drive: &a, used: vec![], closed: false },
+            Candidate { drive: &b, used: vec![(MIB, MIB)], closed: false },
+        ];
+        let p = place(&cands, None, LayoutKind::Drive, MIB).unwrap();
+        assert_eq!(p.drive_id, "a");
+        assert_eq!(p.start, MIB);
+        assert_eq!(p.size, gpt::usable_region(4 * GIB, 512).map(|(s, e)| e - s).unwrap());
+        let cands = vec![Candidate { drive: &b, used: vec![(MIB, MIB)], closed: false }];
+        assert!(matches!(place(&cands, None, LayoutKind::Drive, MIB), Err(NoRoom::Full(_))));
+    }
+
+    #[test]
+    fn closed_and_unmanaged_drives_are_never_chosen() {
+        let a = drive("a", Media::Ssd, 4 * GIB);
+        let mut f = drive("f", Media::Ssd, 4 * GIB);
+        f.class = DriveClass::Foreign;
+        let cands = vec![
+            Candidate { drive: &a, used: vec![], closed: true },
+            Candidate { drive: &f, used: vec![], closed: false },
+        ];
+        assert!(matches!(place(&cands, None, LayoutKind::Partition, MIB), Err(NoRoom::Full(_))));
+    }
+
+    /// The region of a `size` drive with 512-byte sectors.
+    fn region(size: u64) -> u64 {
+        gpt::usable_region(size, 512).map(|(s, e)| e - s).unwrap()
+    }
+
+    #[test]
+    fn capacity_counts_only_what_placement_would_take() {
+        let a = drive("a", Media::Ssd, 2 * GIB);
+        let b = drive("b", Media::Ssd, 2 * GIB);
+        let h = drive("h", Media::Hdd, 4 * GIB);
+        let mut f = drive("f", Media::Ssd, 8 * GIB);
+        f.class = DriveClass::Foreign;
+        let p = LayoutKind::Partition;
+        // (candidates, media, layout, minimum) -> (available, maximum)
+        let cases: Vec<(Vec<Candidate<'_>>, Option<Media>, LayoutKind, u64, u64, u64)> = vec![
+            // Empty drives: everything, the biggest whole region is the maximum.
+            (vec![Candidate { drive: &a, used: vec![], closed: false }, Candidate { drive: &h, used: vec![], closed: false }], None, p, MIB, region(2 * GIB) + region(4 * GIB), region(4 * GIB)),
+            // Media filter.
+            (vec![Candidate { drive: &a, used: vec![], closed: false }, Candidate { drive: &h, used: vec![], closed: false }], Some(Media::Ssd), p, MIB, region(2 * GIB), region(2 * GIB)),
+            // A releasing or BAD drive (closed) promises nothing; a foreign one neither.
+            (vec![Candidate { drive: &h, used: vec![], closed: true }, Candidate { drive: &a, used: vec![], closed: false }], None, p, MIB, region(2 * GIB), region(2 * GIB)),
+            (vec![Candidate { drive: &h, used: vec![], closed: true }, Candidate { drive: &f, used: vec![], closed: false }], None, p, MIB, 0, 0),
+            // A volume in the middle splits the free space: the maximum is the larger side.
+            (vec![Candidate { drive: &a, used: vec![(MIB + 512 * MIB, 512 * MIB)], closed: false }], None, p, MIB, region(2 * GIB) - 512 * MIB, region(2 * GIB) - 1024 * MIB),
+            // Extents below the smallest volume (xfs: 300 MiB) are not counted.
+            (vec![Candidate { drive: &a, used: vec![(MIB + 100 * MIB, region(2 * GIB) - 100 * MIB)], closed: false }], None, p, 300 * MIB, 0, 0),
+            (vec![Candidate { drive: &a, used: vec![(MIB + 100 * MIB, region(2 * GIB) - 100 * MIB)], closed: false }], None, p, 16 * MIB, 100 * MIB, 100 * MIB),
+            // Whole drives: only empty ones, each entirely.
+            (vec![Candidate { drive: &a, used: vec![(MIB, MIB)], closed: false }, Candidate { drive: &b, used: vec![], closed: false }], None, LayoutKind::Drive, MIB, region(2 * GIB), region(2 * GIB)),
+            (vec![Candidate { drive: &a, used: vec![(MIB, MIB)], closed: false }, Candidate { drive: &b, used: vec![], closed: true }], None, LayoutKind::Drive, MIB, 0, 0),
+        ];
+        for (i, (cands, media, layout, minimum, available, maximum)) in cases.iter().enumerate() {
+            let got = capacity(cands, *media, *layout, *minimum);
+            assert_eq!(got, Capacity { available: *available, maximum_volume_size: *maximum }, "case {i}");
+        }
+    }
+
+    /// Takes `p` on its drive, as a created volume would.
+    fn take(cands: &mut [Candidate<'_>], p: &Placement) {
+        let c = cands.iter_mut().find(|c| c.drive.id == p.drive_id).unwrap();
+        c.used.push((p.start, p.size));
+    }
+
+    #[test]
+    fn the_maximum_is_accepted_one_byte_more_is_not_and_volumes_of_the_maximum_fill_the_available_space() {
+        let a = drive("a", Media::Ssd, 3 * GIB);
+        let b = drive("b", Media::Ssd, 2 * GIB);
+        let c = drive("c", Media::Hdd, GIB);
+        let d = drive("d", Media::Ssd, 5 * GIB);
+        for layout in [LayoutKind::Partition, LayoutKind::Drive] {
+            for minimum in [MIB, 16 * MIB, 300 * MIB] {
+                let mut cands = vec![
+                    Candidate { drive: &a, used: vec![(MIB + 700 * MIB, 300 * MIB)], closed: false },
+                    Candidate { drive: &b, used: vec![], closed: false },
+                    Candidate { drive: &c, used: vec![(MIB + 900 * MIB, 20 * MIB)], closed: false },
+                    Candidate { drive: &d, used: vec![], closed: true },
+                ];
+                let start = capacity(&cands, None, layout, minimum);
+                let mut filled = 0;
+                loop {
+                    let cap = capacity(&cands, None, layout, minimum);
+                    if cap.maximum_volume_size == 0 {
+                        assert_eq!(cap.available, 0, "{layout:?}/{minimum}: nothing fits, nothing promised");
+                        assert!(place(&cands, None, layout, minimum).is_err());
+                        break;
+                    }
+                    if layout == LayoutKind::Partition {
+                        let over = place(&cands, None, layout, cap.maximum_volume_size + MIB);
+                        assert!(over.is_err(), "{layout:?}/{minimum}: {} bytes more than the maximum placed: {over:?}", MIB);
+                    }
+                    let want = if layout == LayoutKind::Drive { minimum } else { cap.maximum_volume_size };
+                    let p = place(&cands, None, layout, want).unwrap_or_else(|e| panic!("{layout:?}/{minimum}: the maximum {cap:?} refused: {e:?}"));
+                    assert!(p.size <= cap.maximum_volume_size, "{layout:?}: placed {} > maximum {}", p.size, cap.maximum_volume_size);
+                    filled += p.size;
+                    take(&mut cands, &p);
+                }
+                assert_eq!(filled, start.available, "{layout:?}/{minimum}: volumes of the maximum fill exactly what was available");
+            }
+        }
+    }
+}
