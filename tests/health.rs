@@ -18,61 +18,6 @@ use common::*;
 use drivelet::grpc::proto::csi;
 use tonic::Code;
 
-/// Where the smartctl JSON fixtures live.
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/smartctl");
-
-/// The smartctl error drivelet sees for a device it cannot open (bit 1 of the exit
-/// status): what a loop device, a RAID volume or a vanished disk gives.
-const OPEN_FAILED: &str = "error-open-failed-megaraid.json";
-
-/// A stand-in for `smartctl`: a shell script that prints the fixture chosen for the
-/// device it is asked about and exits with that fixture's `smartctl.exit_status`, as
-/// smartctl does. The choice for `/dev/loopN` is the file `<dir>/smart/loopN`
-/// (`<fixture path> <exit status>`), else `<dir>/smart/default`; a test changes a
-/// drive's SMART verdict by rewriting its file.
-struct SmartStandIn {
-    program: PathBuf,
-    choices: PathBuf,
-}
-
-impl SmartStandIn {
-    /// Writes the script under `dir`; every drive starts with the open-failed output.
-    fn install(dir: &Path) -> SmartStandIn {
-        let choices = dir.join("smart");
-        std::fs::create_dir_all(&choices).unwrap();
-        let program = dir.join("smartctl");
-        let script = format!(
-            r#"#!/bin/sh
-# smartctl stand-in for drivelet's health tests: `smartctl --json -a DEVICE`.
-for a in "$@"; do dev="$a"; done
-choice="{choices}/$(basename "$dev")"
-[ -f "$choice" ] || choice="{choices}/default"
-read -r fixture code < "$choice"
-cat "$fixture"
-exit "$code"
-"#,
-            choices = choices.display()
-        );
-        std::fs::write(&program, script).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let s = SmartStandIn { program, choices };
-        s.choose("default", OPEN_FAILED);
-        s
-    }
-
-    /// From now on, `smartctl` on the device `name` (e.g. `loop3`) prints `fixture`.
-    fn choose(&self, name: &str, fixture: &str) {
-        let path = Path::new(FIXTURES).join(fixture);
-        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        let code = json["smartctl"]["exit_status"].as_i64().unwrap_or_else(|| panic!("{fixture} has no smartctl.exit_status"));
-        // Written aside and renamed, so the script never reads half a line.
-        let tmp = self.choices.join(format!(".{name}.new"));
-        std::fs::write(&tmp, format!("{} {code}\n", path.display())).unwrap();
-        std::fs::rename(&tmp, self.choices.join(name)).unwrap();
-    }
-}
-
 /// `[health]` tuned for tests, with smartctl replaced by the stand-in.
 fn health_opts(smart: &SmartStandIn) -> AgentOpts {
     AgentOpts {
@@ -198,36 +143,6 @@ async fn stats(c: &mut Csi, id: &str, path: &Path) -> csi::NodeGetVolumeStatsRes
         .await
         .unwrap_or_else(|e| panic!("NodeGetVolumeStats {id} at {}: {e:?}", path.display()))
         .into_inner()
-}
-
-/// The drive entry with stable id `id`, from `drivelet ctl drives -o json`.
-fn ctl_drive(agent: &Agent, id: &str) -> serde_json::Value {
-    let all = agent.ctl_drives();
-    all.as_array().unwrap().iter().find(|d| d["id"].as_str() == Some(id)).cloned().unwrap_or_else(|| panic!("drive {id} not listed: {all}"))
-}
-
-/// Waits until ctl shows drive `id` with health `health`; returns its entry.
-fn wait_drive_health(agent: &Agent, id: &str, health: &str, within: Duration) -> serde_json::Value {
-    let start = Instant::now();
-    loop {
-        let d = ctl_drive(agent, id);
-        if d["health"]["health"].as_str() == Some(health) {
-            return d;
-        }
-        assert!(
-            start.elapsed() < within,
-            "drive {id} health did not become {health} within {within:?}: {}\nlog:\n{}",
-            d["health"],
-            agent.log_tail(40)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The stable drive id of a loop drive, from ctl.
-fn drive_id_of(agent: &Agent, d: &LoopDrive) -> String {
-    let all = agent.ctl_drives();
-    drive_by_path(&all, &d.dev).unwrap_or_else(|| panic!("{} not listed: {all}", d.dev.display()))["id"].as_str().unwrap().to_string()
 }
 
 const HEALTHY: fn(&csi::VolumeCondition) -> bool = |c| !c.abnormal;
