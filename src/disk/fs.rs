@@ -146,6 +146,59 @@ fn signature_of(export: &str) -> Option<String> {
     get("TYPE").map(str::to_string).or_else(|| get("PTTYPE").map(|t| format!("partition-table:{t}")))
 }
 
+/// What a low-level `blkid -p` probe found on a device.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Probed {
+    /// `TYPE`: a filesystem, swap, RAID or volume-manager member, encrypted volume...
+    pub fs_type: Option<String>,
+    /// `USAGE`: filesystem, raid, crypto, other.
+    pub usage: Option<String>,
+    /// `VERSION` of that signature (md superblock format, LUKS version, FAT size).
+    pub version: Option<String>,
+    /// `PTTYPE`: a partition table (`gpt`, `dos`, `PMBR`, ...).
+    pub pt_type: Option<String>,
+    /// More than one signature where only one may be: blkid names none of them.
+    pub ambivalent: bool,
+}
+
+impl Probed {
+    /// The signature in plain words ("an ext4 filesystem"); `None` when the probe found
+    /// only a partition table or nothing.
+    pub fn signature_words(&self) -> Option<String> {
+        if self.ambivalent {
+            return Some("more than one signature (blkid calls the result ambivalent; `wipefs` lists them)".into());
+        }
+        let t = self.fs_type.as_deref()?;
+        Some(super::signature::describe(t, self.usage.as_deref(), self.version.as_deref()))
+    }
+}
+
+/// Parses `blkid -p -o export` output.
+fn probed_of(export: &str) -> Probed {
+    let get = |key: &str| {
+        export
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+    };
+    Probed { fs_type: get("TYPE"), usage: get("USAGE"), version: get("VERSION"), pt_type: get("PTTYPE"), ambivalent: false }
+}
+
+/// Everything a low-level `blkid -p` probe (every superblock and partition-table
+/// prober, no cache) finds on a device; `Ok(None)` when it finds nothing.
+pub fn probe(dev: &Path) -> Result<Option<Probed>, DiskError> {
+    let out = run("blkid", Command::new("blkid").arg("-p").arg("-o").arg("export").arg(dev))?;
+    match out.status.code() {
+        Some(0) => Ok(Some(probed_of(&String::from_utf8_lossy(&out.stdout)))),
+        Some(2) => Ok(None),
+        // blkid's "ambivalent result": several signatures that exclude each other.
+        Some(8) => Ok(Some(Probed { ambivalent: true, ..Default::default() })),
+        _ => Err(tool_error("blkid", dev, &out)),
+    }
+}
+
 /// The filesystem (or other) signature on a device by a low-level `blkid -p` probe:
 /// `ext4`, `xfs`, `swap`, `linux_raid_member`, ..., or `partition-table:gpt` when the
 /// device holds a partition table. `Ok(None)` when blkid finds nothing.
@@ -277,6 +330,17 @@ mod tests {
     #[test]
     fn a_partition_table_counts_as_a_signature() {
         assert_eq!(signature_of("DEVNAME=/dev/loop0\nPTUUID=ab\nPTTYPE=gpt\n"), Some("partition-table:gpt".into()));
+    }
+
+    #[test]
+    fn a_probe_keeps_type_usage_version_and_table() {
+        let out = "DEVNAME=/dev/loop3\nUUID=x\nVERSION=1.0\nTYPE=linux_raid_member\nUSAGE=raid\n";
+        let p = probed_of(out);
+        assert_eq!(p.signature_words().as_deref(), Some("a Linux RAID member (md superblock 1.0)"));
+        let p = probed_of("DEVNAME=/dev/loop0\nPTUUID=ab\nPTTYPE=gpt\n");
+        assert_eq!((p.pt_type.as_deref(), p.signature_words()), (Some("gpt"), None));
+        let p = Probed { ambivalent: true, ..Default::default() };
+        assert!(p.signature_words().unwrap().contains("more than one signature"));
     }
 
     #[test]

@@ -11,9 +11,15 @@
 //!   starts and ends on a 1 MiB boundary ([`ALIGN`]);
 //! - free extents are computed from the partitions the kernel reports, so capacity can
 //!   be answered without reading the disk;
-//! - writes go only to a drivelet GPT, or to a device where nothing at all is found
-//!   (no MBR signature, no GPT header for either sector size, nothing `blkid -p` knows);
-//!   a fresh table gets a protective MBR and a drivelet disk GUID;
+//! - one rule, [`examine`], says what a device holds, and both the writer and the
+//!   drive inventory's classification apply it, so a disk called managed is never
+//!   refused by the writer: writes go only to a drivelet GPT (its primary copy, or its
+//!   backup when the primary is gone) beside which a full `blkid -p` probe finds no
+//!   other signature, or to a device where nothing at all is found (no MBR signature,
+//!   no GPT header of either copy for either sector size, nothing `blkid -p` knows);
+//!   anything else — a GPT of someone else, even only its backup copy at the end of
+//!   the disk, a GPT drivelet cannot parse, a signature at either end — is foreign,
+//!   named in plain words; a fresh table gets a protective MBR and a drivelet disk GUID;
 //! - writes touch only the GPT structures (LBA 0, the primary header and entry array,
 //!   the backup entry array and header), are serialised within the process, and are
 //!   fsynced before returning; the backup copy is written (array, then header) and
@@ -337,38 +343,116 @@ fn open_to_inspect(dev: &Path, sector: u64) -> Result<(File, u64), DiskError> {
     Ok((file, size))
 }
 
-/// Refuses a device unless nothing at all is found on it: no MBR signature, no GPT
-/// header for either sector size, no signature `blkid -p` knows.
-fn ensure_blank(dev: &Path, file: &File, size: u64) -> Result<(), DiskError> {
-    let foreign = |found: String| DiskError::Foreign { device: dev.to_path_buf(), found };
+/// What a device holds, by the one rule the writer applies before every change
+/// ([`examine`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Contents {
+    /// Nothing at all: no MBR signature, no GPT header (either copy, either sector
+    /// size), nothing a full `blkid -p` probe knows. A fresh drivelet GPT may go on it.
+    Blank,
+    /// A drivelet GPT and nothing else a full probe finds: drivelet may change it.
+    Drivelet(GptTable),
+    /// Something drivelet did not write, in plain words ("a GPT partition table with 2
+    /// partitions not made by drivelet (disk GUID ...)", "an ext4 filesystem").
+    Foreign(String),
+}
+
+/// The writer's verdict on an open device, with the GPT it may change.
+enum Judged<'f> {
+    Blank,
+    Drivelet(Box<GptDisk<&'f File>>),
+    Foreign(String),
+}
+
+/// The one rule: what is on an open device, as far as writing to it goes. Both
+/// [`add_partition`] (through it, [`remove_partition`] and [`resize_partition`]) and
+/// [`examine`] (the drive inventory's classification) come here.
+fn judge<'f>(dev: &Path, file: &'f File, size: u64, sector: u64) -> Result<Judged<'f>, DiskError> {
+    match open_gpt(dev, file, size, sector) {
+        Ok(Some(disk)) => Ok(match judge_gpt(dev, disk)? {
+            Ok(disk) => Judged::Drivelet(Box::new(disk)),
+            Err(found) => Judged::Foreign(found),
+        }),
+        Ok(None) => judge_no_gpt(dev, file, size),
+        // A GPT this module cannot read or handle is still someone's table.
+        Err(DiskError::Gpt { reason, .. }) => Ok(Judged::Foreign(format!("a GPT partition table drivelet cannot use ({reason})"))),
+        Err(e) => Err(e),
+    }
+}
+
+/// A device with a GPT: drivelet's (`Ok(Ok(table))`) only if its disk GUID says so
+/// and a full probe finds nothing else on the device (a RAID superblock at its end,
+/// say); else what was found, in words.
+fn judge_gpt<'f>(dev: &Path, disk: GptDisk<&'f File>) -> Result<Result<GptDisk<&'f File>, String>, DiskError> {
+    if !is_drivelet_disk_guid(disk.guid()) {
+        return Ok(Err(describe_foreign_gpt(&disk)));
+    }
+    if let Some(words) = super::fs::probe(dev)?.and_then(|p| p.signature_words()) {
+        return Ok(Err(format!("{words} beside a drivelet GPT")));
+    }
+    Ok(Ok(disk))
+}
+
+/// Words for a GPT drivelet did not write: which copy was read, how many partitions it
+/// lists (from the table, not the kernel), and its disk GUID.
+fn describe_foreign_gpt(disk: &GptDisk<&File>) -> String {
+    let n = disk.partitions().values().filter(|p| p.is_used()).count();
+    let parts = super::signature::count(n, "partition");
+    let guid = disk.guid();
+    if disk.primary_header().is_err() {
+        format!(
+            "a backup GPT at the end of the disk (its primary copy at the start is gone) with {parts} not made by drivelet (disk GUID {guid})"
+        )
+    } else {
+        format!("a GPT partition table with {parts} not made by drivelet (disk GUID {guid})")
+    }
+}
+
+/// A device without a GPT: blank only if nothing at all is found on it.
+fn judge_no_gpt<'f>(dev: &Path, file: &File, size: u64) -> Result<Judged<'f>, DiskError> {
     if size < 512 {
-        return Err(foreign(format!("it is only {size} bytes")));
+        return Ok(Judged::Foreign(format!("only {size} bytes")));
     }
     let lba0 = read_at(dev, file, 0, 512)?;
+    if let Some(p) = super::fs::probe(dev)? {
+        if let Some(words) = p.signature_words() {
+            return Ok(Judged::Foreign(words));
+        }
+        if let Some(t) = p.pt_type.as_deref() {
+            let n = (t == "dos").then(|| {
+                super::signature::count_mbr_partitions(&lba0, |lba| {
+                    lba.checked_mul(512).filter(|o| o + 512 <= size).and_then(|o| read_at(dev, file, o, 512).ok())
+                })
+            });
+            return Ok(Judged::Foreign(super::signature::describe_table(t, n)));
+        }
+    }
     if lba0[510..512] == [0x55, 0xaa] {
-        return Err(foreign("an MBR or boot sector (0x55aa at byte 510)".into()));
+        return Ok(Judged::Foreign("a boot sector or MBR (0x55aa at byte 510) with no partition table blkid knows".into()));
     }
     for off in header_offsets(size) {
         if read_at(dev, file, off, 8)? == b"EFI PART" {
-            return Err(foreign(format!("a GPT header at byte {off} that cannot be used")));
+            return Ok(Judged::Foreign(format!("a GPT header at byte {off} that cannot be used")));
         }
     }
-    if let Some(sig) = super::fs::probe_fs(dev)? {
-        return Err(foreign(format!("a {sig} signature")));
-    }
-    Ok(())
+    Ok(Judged::Blank)
 }
 
-/// Refuses a GPT drivelet did not write.
-fn ensure_drivelet(dev: &Path, disk: &GptDisk<&File>) -> Result<(), DiskError> {
-    if is_drivelet_disk_guid(disk.guid()) {
-        Ok(())
-    } else {
-        Err(DiskError::Foreign {
-            device: dev.to_path_buf(),
-            found: format!("a GPT with disk GUID {} (not drivelet's)", disk.guid()),
-        })
-    }
+/// What a device holds, by the rule the writer applies before every change: read-only,
+/// through a descriptor that is never opened for writing. `sector` is the device's
+/// logical block size (512 or 4096). An error means the device could not be read.
+pub fn examine(dev: &Path, sector: u64) -> Result<Contents, DiskError> {
+    let (file, size) = open_to_inspect(dev, sector)?;
+    Ok(match judge(dev, &file, size, sector)? {
+        Judged::Blank => Contents::Blank,
+        Judged::Foreign(found) => Contents::Foreign(found),
+        Judged::Drivelet(disk) => Contents::Drivelet(to_table(dev, &disk, sector)?),
+    })
+}
+
+/// The writer's refusal of what [`judge`] found foreign.
+fn refuse(dev: &Path, found: String) -> DiskError {
+    DiskError::Foreign { device: dev.to_path_buf(), found }
 }
 
 fn check_extent(dev: &Path, start: u64, size: u64) -> Result<(), DiskError> {
@@ -542,13 +626,10 @@ pub fn add_partition(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u6
     let file: &File = &file;
     let conflict = |reason: String| DiskError::Conflict { device: dev.to_path_buf(), start, size, reason };
 
-    let (mut disk, fresh) = match open_gpt(dev, file, dev_size, sector)? {
-        Some(disk) => {
-            ensure_drivelet(dev, &disk)?;
-            (disk, None)
-        }
-        None => {
-            ensure_blank(dev, file, dev_size)?;
+    let (mut disk, fresh) = match judge(dev, file, dev_size, sector)? {
+        Judged::Drivelet(disk) => (*disk, None),
+        Judged::Foreign(found) => return Err(refuse(dev, found)),
+        Judged::Blank => {
             let disk = GptConfig::new()
                 .logical_block_size(lb)
                 .create_from_device(file, Some(new_disk_guid()))
@@ -624,8 +705,8 @@ pub fn remove_partition(dev: &Path, sector: u64, guid: Uuid) -> Result<bool, Dis
     let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
     let (file, dev_size) = open_to_inspect(dev, sector)?;
     let file: &File = &file;
-    let Some(mut disk) = open_gpt(dev, file, dev_size, sector)? else { return Ok(false) };
-    ensure_drivelet(dev, &disk)?;
+    let Some(disk) = open_gpt(dev, file, dev_size, sector)? else { return Ok(false) };
+    let mut disk = judge_gpt(dev, disk)?.map_err(|found| refuse(dev, found))?;
     let Some((key, p)) = find_by_guid(&disk, guid) else { return Ok(false) };
     ensure_ours(dev, &p)?;
     let mut parts = disk.partitions().clone();
@@ -643,8 +724,8 @@ pub fn resize_partition(dev: &Path, sector: u64, guid: Uuid, new_size: u64) -> R
     let (file, dev_size) = open_to_inspect(dev, sector)?;
     let file: &File = &file;
     let not_found = || DiskError::NotFound { device: dev.to_path_buf(), what: format!("partition {guid}") };
-    let mut disk = open_gpt(dev, file, dev_size, sector)?.ok_or_else(not_found)?;
-    ensure_drivelet(dev, &disk)?;
+    let disk = open_gpt(dev, file, dev_size, sector)?.ok_or_else(not_found)?;
+    let mut disk = judge_gpt(dev, disk)?.map_err(|found| refuse(dev, found))?;
     let (key, p) = find_by_guid(&disk, guid).ok_or_else(not_found)?;
     ensure_ours(dev, &p)?;
     let start = p.first_lba * sector;

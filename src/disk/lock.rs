@@ -10,7 +10,9 @@
 //!
 //! Rules: the lock is taken on a read-only descriptor (closing it never counts as a
 //! write); it is held for a short grace period after the last write so udev sees the
-//! close while the lock is still held; dropping the guard releases it.
+//! close while the lock is still held; dropping the guard releases it. Readers that
+//! must not see a table half written (the inventory's check of what a disk holds) take
+//! it shared, as udev's own probes do.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -25,22 +27,34 @@ const GRACE: Duration = Duration::from_millis(50);
 /// How long taking the lock may wait for another holder.
 pub const WAIT: Duration = Duration::from_secs(10);
 
-/// Holds `LOCK_EX` on a whole disk until dropped.
+/// Holds `LOCK_EX` (or `LOCK_SH`) on a whole disk until dropped.
 pub struct DiskLock {
     file: File,
+    exclusive: bool,
 }
 
 impl DiskLock {
     /// Locks `disk`, waiting up to [`WAIT`] for another holder (udev probes hold
     /// `LOCK_SH` briefly; a partitioning tool may hold `LOCK_EX`).
     pub fn exclusive(disk: &Path) -> Result<DiskLock, DiskError> {
+        Self::take(disk, true)
+    }
+
+    /// Locks `disk` shared, waiting up to [`WAIT`] for a writer holding it exclusive;
+    /// other readers do not wait for each other.
+    pub fn shared(disk: &Path) -> Result<DiskLock, DiskError> {
+        Self::take(disk, false)
+    }
+
+    fn take(disk: &Path, exclusive: bool) -> Result<DiskLock, DiskError> {
         let file = File::open(disk).map_err(DiskError::io(format!("open {} to lock it", disk.display())))?;
+        let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
         let t0 = std::time::Instant::now();
         loop {
             // SAFETY: flock on a descriptor this function owns; no memory is passed.
-            let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            let r = unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) };
             if r == 0 {
-                return Ok(DiskLock { file });
+                return Ok(DiskLock { file, exclusive });
             }
             let e = std::io::Error::last_os_error();
             match e.raw_os_error() {
@@ -60,7 +74,9 @@ impl DiskLock {
 
 impl Drop for DiskLock {
     fn drop(&mut self) {
-        std::thread::sleep(GRACE);
+        if self.exclusive {
+            std::thread::sleep(GRACE);
+        }
         // SAFETY: as above; unlocking a descriptor this guard owns.
         unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
     }

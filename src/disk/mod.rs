@@ -11,6 +11,7 @@ pub mod loopdev;
 pub mod mount;
 pub mod mounts;
 pub mod paths;
+pub mod signature;
 pub mod smart;
 pub mod udev;
 

@@ -6,10 +6,14 @@
 //! - a probe is a plain snapshot ([`DiskProbe`]) that is `Send` and owns its data,
 //!   because libudev handles are neither;
 //! - sysfs attributes are read from files each time (libudev caches them);
-//! - when udev reports no signature on a disk, `blkid -p` confirms it, so a disk udev
-//!   never probed is not mistaken for a blank one;
-//! - a drivelet GPT is also read straight from the disk, so drivelet's own changes are
-//!   seen before udev has re-probed them.
+//! - when udev names no filesystem or other signature on a disk, the disk is judged by
+//!   the GPT writer's own rule ([`super::gpt::examine`]: the GPT, either copy, a full
+//!   `blkid -p` probe, the MBR), read straight from the disk under a shared disk lock,
+//!   so a disk udev never probed is not mistaken for a blank one, a disk the writer
+//!   would refuse is never offered to it, and drivelet's own changes are seen before
+//!   udev has re-probed them; disks udev already names a signature on are not read,
+//!   except the few bytes that say whether a bcache device is a backing or a cache
+//!   device.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -19,7 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{parse_devnum, sysfs_attr, DiskError};
+use super::gpt::{Contents, GptTable};
+use super::lock::DiskLock;
+use super::{parse_devnum, signature, sysfs_attr, DiskError};
 
 /// One partition of a disk, from udev's blkid properties.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -92,9 +98,13 @@ pub struct DiskProbe {
     pub loop_over_block_device: bool,
     /// Partitions, by number.
     pub partitions: Vec<PartitionProbe>,
-    /// When udev reports no signature: whether `blkid -p` confirmed the disk is blank
-    /// (`Some(false)`: it found something or could not tell).
-    pub blank_confirmed: Option<bool>,
+    /// When udev names no filesystem or other signature on the disk: what the GPT
+    /// writer's own rule finds on it ([`super::gpt::examine`]); `Err` with why when the
+    /// disk could not be read. `None`: not examined (udev names what the disk holds).
+    pub examined: Option<Result<Contents, String>>,
+    /// What udev's properties do not say about the signature they name, read from the
+    /// disk: whether a bcache device is a backing or a cache device.
+    pub signature_detail: Option<String>,
 }
 
 impl DiskProbe {
@@ -195,58 +205,50 @@ fn disk_of(dev: &udev::Device, partitions: Vec<PartitionProbe>) -> DiskProbe {
         loop_backing_file,
         loop_over_block_device,
         partitions,
-        blank_confirmed: None,
+        examined: None,
+        signature_detail: None,
     };
     d.partitions.sort_by_key(|p| p.number);
-    if d.prop("ID_FS_TYPE").is_none() && d.prop("ID_PART_TABLE_TYPE").is_none() && d.partitions.is_empty() && d.size > 0 {
-        d.blank_confirmed = Some(blkid_finds_nothing(&d.devnode));
-    }
-    // Only where udev's record is incomplete (a new table or partition it has not
-    // probed yet): reading every partitioned disk at each rescan would wake idle drives.
-    let lagging = d.blank_confirmed == Some(false)
-        || d.partitions.iter().any(|q| q.part_type.is_empty() || q.part_uuid.is_empty())
-        || (d.prop("ID_PART_TABLE_TYPE") == Some("gpt") && d.prop("ID_PART_TABLE_UUID").is_none());
-    if d.size > 0 && lagging {
-        fill_from_drivelet_gpt(&mut d);
+    if d.size > 0 {
+        match d.prop("ID_FS_TYPE") {
+            None => {
+                let examined = examine_locked(&d.devnode, d.logical_block_size);
+                if let Ok(Contents::Drivelet(t)) = &examined {
+                    fill_from_drivelet_gpt(&mut d, t);
+                }
+                d.examined = Some(examined.map_err(|e| e.to_string()));
+            }
+            Some("bcache") => {
+                d.signature_detail = Some(signature::describe_bcache(signature::bcache_version(&d.devnode).ok()));
+            }
+            Some(_) => {}
+        }
     }
     d
 }
 
+/// [`super::gpt::examine`] under a shared disk lock, so a table drivelet (or another
+/// tool that follows the locking protocol) is writing is read whole, before or after.
+fn examine_locked(devnode: &Path, sector: u64) -> Result<Contents, DiskError> {
+    let _shared = DiskLock::shared(devnode)?;
+    super::gpt::examine(devnode, sector)
+}
+
 /// udev's view of a disk lags behind drivelet's own partition-table changes by the time
-/// udev takes to re-probe. For a drivelet GPT, the table read straight from the disk
-/// (read-only, so udev is not disturbed) fills in what udev has not caught up with yet:
-/// the table type and id, and the type, GUID and name of each kernel partition. A
-/// kernel partition matches the GPT entry that starts where it starts and is at least
-/// as long: while a volume grows, the GPT entry is written before the kernel is told.
-fn fill_from_drivelet_gpt(d: &mut DiskProbe) {
-    let Ok(Some(t)) = super::gpt::read_table(&d.devnode, d.logical_block_size) else { return };
-    if !t.is_drivelet() {
-        return;
-    }
+/// udev takes to re-probe. The drivelet GPT read straight from the disk fills in what
+/// udev has not caught up with yet: the table type and id, and the type, GUID and name
+/// of each kernel partition. A kernel partition matches the GPT entry that starts where
+/// it starts and is at least as long: while a volume grows, the GPT entry is written
+/// before the kernel is told.
+fn fill_from_drivelet_gpt(d: &mut DiskProbe, t: &GptTable) {
     d.props.insert("ID_PART_TABLE_TYPE".into(), "gpt".into());
     d.props.insert("ID_PART_TABLE_UUID".into(), t.disk_guid.to_string());
-    d.blank_confirmed = None;
     for part in d.partitions.iter_mut() {
         if let Some(q) = t.partitions.iter().find(|q| q.start == part.start && q.size >= part.size) {
             part.part_type = q.type_guid.to_string();
             part.part_uuid = q.guid.to_string();
             part.part_name = q.name.clone();
         }
-    }
-}
-
-/// Runs a low-level `blkid -p` probe (no cache): true only if it positively found no
-/// signature (exit status 2).
-fn blkid_finds_nothing(devnode: &Path) -> bool {
-    match std::process::Command::new("blkid")
-        .arg("-p")
-        .arg(devnode)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-    {
-        Ok(s) => s.code() == Some(2),
-        Err(_) => false,
     }
 }
 

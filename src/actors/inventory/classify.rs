@@ -15,17 +15,27 @@
 //!    binds at their own path, as the host's `/`; never by the pod's own file binds.
 //! 2. `excluded`: a `[drives.filters]` entry rules it out; the entry is named.
 //! 3. `foreign`: udev has not probed it, it is read-only, something is stacked on it,
-//!    or it carries a filesystem/RAID signature or a partition table drivelet did not
-//!    write (udev's blkid properties; a disk udev calls blank is confirmed by `blkid -p`).
-//! 4. `managed`: blank, or carrying a drivelet GPT. Only these are ever written to.
+//!    udev names a signature on it (a filesystem, swap, RAID or volume-manager member,
+//!    encrypted volume, cache device...), or the GPT writer's own rule
+//!    ([`gpt::examine`], run by the probe on every disk udev names no signature on)
+//!    finds anything it would refuse: a partition table drivelet did not write (even
+//!    only the backup copy of a GPT at the end of the disk), a GPT drivelet cannot
+//!    parse, a signature a full `blkid -p` probe finds at either end. So a disk called
+//!    managed is never refused by the writer. The reason names the kind of data in
+//!    plain words ("holds an LVM physical volume"), and a partition table with the
+//!    partitions the table itself lists, not the kernel's list (this kernel may not
+//!    read partition tables at all). A disk that could not be read is foreign too.
+//! 4. `managed`: blank, or carrying a drivelet GPT, by that same rule. Only these are
+//!    ever written to.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::{DriveFilters, Media};
-use crate::disk::gpt;
+use crate::disk::gpt::{self, Contents};
 use crate::disk::mounts::{HostUsage, Mounted};
+use crate::disk::signature;
 use crate::disk::udev::DiskProbe;
 
 /// What drivelet may do with a drive.
@@ -254,38 +264,49 @@ fn foreign_reason(p: &DiskProbe) -> Option<String> {
         return Some(format!("in use by {} (device-mapper, RAID or cache member)", holders.join(", ")));
     }
     if let Some(fs) = p.prop("ID_FS_TYPE") {
-        let usage = p.prop("ID_FS_USAGE").unwrap_or("signature");
-        return Some(format!(
-            "carries a {fs} {usage} signature drivelet did not create; wipe it (wipefs -a) only if its data is unwanted"
-        ));
+        let what = p
+            .signature_detail
+            .clone()
+            .unwrap_or_else(|| signature::describe(fs, p.prop("ID_FS_USAGE"), p.prop("ID_FS_VERSION")));
+        return Some(holds(&what));
     }
-    let table = p.prop("ID_PART_TABLE_TYPE");
-    if table.is_some() || !p.partitions.is_empty() {
-        if gpt::is_drivelet_table(table, p.prop("ID_PART_TABLE_UUID")) {
-            return None;
+    match &p.examined {
+        None => Some("drivelet has not read the disk to check what it holds".into()),
+        Some(Err(e)) => Some(format!("drivelet cannot read the disk to check what it holds: {e}")),
+        Some(Ok(Contents::Foreign(what))) => Some(holds(what)),
+        Some(Ok(Contents::Drivelet(_))) => None,
+        Some(Ok(Contents::Blank)) => {
+            if !p.partitions.is_empty() {
+                let n = signature::count(p.partitions.len(), "partition");
+                return Some(format!("the kernel lists {n} on it, but the disk holds no partition table"));
+            }
+            p.prop("ID_PART_TABLE_TYPE").map(|t| {
+                format!(
+                    "udev last saw {} on it, which is no longer there; waiting for udev to probe it again (udevadm trigger)",
+                    signature::describe_table(t, None)
+                )
+            })
         }
-        return Some(format!(
-            "has a {} partition table with {} partition(s) drivelet did not create",
-            table.unwrap_or("unknown"),
-            p.partitions.len()
-        ));
     }
-    if p.blank_confirmed != Some(true) {
-        return Some("udev reports no signature but `blkid -p` found one or could not read the disk".into());
-    }
-    None
+}
+
+/// The reason of a foreign disk holding `what` (in words): also the reason of a drive
+/// the GPT writer refused, with the writer's words.
+pub fn holds(what: &str) -> String {
+    format!("holds {what}; wipe it (wipefs -a) only if its data is unwanted")
 }
 
 fn managed_reason(p: &DiskProbe) -> String {
-    if p.partitions.is_empty() && p.prop("ID_PART_TABLE_TYPE").is_none() {
+    let Some(Ok(Contents::Drivelet(t))) = &p.examined else {
         return "blank disk (no partition table or filesystem signature)".into();
-    }
-    let ours = p.partitions.iter().filter(|q| q.part_type == gpt::PARTITION_TYPE).count();
-    let others = p.partitions.len() - ours;
-    if others == 0 {
-        format!("drivelet GPT with {ours} volume partition(s)")
-    } else {
-        format!("drivelet GPT with {ours} volume partition(s); {others} other partition(s) are left alone")
+    };
+    let ours = t.partitions.iter().filter(|q| q.is_drivelet()).count();
+    let others = t.partitions.len() - ours;
+    let volumes = signature::count(ours, "volume partition");
+    match others {
+        0 => format!("drivelet GPT with {volumes}"),
+        1 => format!("drivelet GPT with {volumes}; 1 other partition is left alone"),
+        n => format!("drivelet GPT with {volumes}; {n} other partitions are left alone"),
     }
 }
 
@@ -345,9 +366,23 @@ mod tests {
             size: 1 << 40,
             logical_block_size: 512,
             rotational: true,
-            blank_confirmed: Some(true),
+            examined: Some(Ok(Contents::Blank)),
             ..Default::default()
         }
+    }
+
+    /// What `gpt::examine` reads from a drivelet GPT with one volume partition.
+    fn drivelet_gpt() -> Contents {
+        Contents::Drivelet(gpt::GptTable {
+            disk_guid: gpt::new_disk_guid(),
+            partitions: vec![gpt::GptPartition {
+                guid: gpt::volume_partition_guid("pvc-1"),
+                type_guid: gpt::PARTITION_TYPE_GUID,
+                name: gpt::partition_label("pvc-1"),
+                start: 1 << 20,
+                size: 1 << 30,
+            }],
+        })
     }
 
     fn blank_loop() -> DiskProbe {
@@ -377,24 +412,32 @@ mod tests {
     fn disk_with_ext4_is_foreign_and_says_so() {
         let (c, r) = class(&fixture("sata-ssd-ext4.env"), &HostUsage::default(), &DriveFilters::default());
         assert_eq!(c, DriveClass::Foreign);
-        assert!(r.contains("ext4 filesystem signature"), "{r}");
+        assert!(r.contains("holds an ext4 filesystem;"), "{r}");
     }
 
     #[test]
     fn disk_with_dos_table_is_foreign() {
         let mut p = fixture("sata-hdd-blank.env");
         p.props.insert("ID_PART_TABLE_TYPE".into(), "dos".into());
+        p.examined = Some(Ok(Contents::Foreign("an MBR (DOS) partition table with 2 partitions".into())));
         let (c, r) = class(&p, &HostUsage::default(), &DriveFilters::default());
         assert_eq!(c, DriveClass::Foreign);
-        assert!(r.contains("dos partition table"), "{r}");
+        assert!(r.contains("MBR (DOS) partition table with 2 partitions"), "{r}");
+        // udev saw a table the disk no longer holds: foreign until udev looks again.
+        p.examined = Some(Ok(Contents::Blank));
+        let (c, r) = class(&p, &HostUsage::default(), &DriveFilters::default());
+        assert_eq!(c, DriveClass::Foreign);
+        assert!(r.contains("no longer there"), "{r}");
     }
 
     #[test]
     fn foreign_gpt_is_foreign_but_drivelet_gpt_is_managed() {
         let mut p = fixture("nvme-gpt.env");
-        let (c, _) = class(&p, &HostUsage::default(), &DriveFilters::default());
+        p.examined = Some(Ok(Contents::Foreign("a GPT partition table with 3 partitions not made by drivelet".into())));
+        let (c, r) = class(&p, &HostUsage::default(), &DriveFilters::default());
         assert_eq!(c, DriveClass::Foreign);
-        p.props.insert("ID_PART_TABLE_UUID".into(), format!("{}-0000-4000-8000-000000000001", gpt::DISK_GUID_PREFIX));
+        assert!(r.contains("3 partitions not made by drivelet"), "{r}");
+        p.examined = Some(Ok(drivelet_gpt()));
         p.partitions.push(PartitionProbe {
             name: "nvme0n1p1".into(),
             part_type: gpt::PARTITION_TYPE.into(),
@@ -403,6 +446,43 @@ mod tests {
         let (c, r) = class(&p, &HostUsage::default(), &DriveFilters::default());
         assert_eq!(c, DriveClass::Managed);
         assert!(r.contains("1 volume partition"), "{r}");
+    }
+
+    /// Whatever the GPT writer would refuse is foreign, with the writer's words; a
+    /// signature udev names is put in plain words.
+    #[test]
+    fn what_the_writer_refuses_is_foreign_with_its_words_and_signatures_read_plainly() {
+        let mut p = fixture("sata-hdd-blank.env");
+        let backup = "a backup GPT at the end of the disk (its primary copy at the start is gone) with 2 partitions not made by drivelet (disk GUID 0badc0de-1234-4234-8234-123456789abc)";
+        p.examined = Some(Ok(Contents::Foreign(backup.into())));
+        let (c, r) = class(&p, &HostUsage::default(), &DriveFilters::default());
+        assert_eq!((c, r), (DriveClass::Foreign, format!("holds {backup}; wipe it (wipefs -a) only if its data is unwanted")));
+
+        let cases = [
+            ("LVM2_member", "raid", "LVM2 001", None, "holds an LVM physical volume;"),
+            ("linux_raid_member", "raid", "1.2", None, "holds a Linux RAID member (md superblock 1.2);"),
+            ("crypto_LUKS", "crypto", "2", None, "holds a LUKS encrypted volume (LUKS2);"),
+            ("swap", "other", "1", None, "holds swap space;"),
+            ("bcache", "other", "", Some("a bcache backing device"), "holds a bcache backing device;"),
+        ];
+        for (t, usage, version, detail, want) in cases {
+            let mut p = fixture("sata-hdd-blank.env");
+            p.examined = None;
+            p.props.insert("ID_FS_TYPE".into(), t.into());
+            p.props.insert("ID_FS_USAGE".into(), usage.into());
+            p.props.insert("ID_FS_VERSION".into(), version.into());
+            p.signature_detail = detail.map(str::to_string);
+            let (c, r) = class(&p, &HostUsage::default(), &DriveFilters::default());
+            assert_eq!(c, DriveClass::Foreign, "{t}");
+            assert!(r.starts_with(want), "{t}: {r}");
+        }
+
+        // Kernel partitions on a disk that holds no table: someone else's.
+        let mut p = fixture("sata-hdd-blank.env");
+        p.partitions.push(PartitionProbe { name: "sdb1".into(), ..Default::default() });
+        let (c, r) = class(&p, &HostUsage::default(), &DriveFilters::default());
+        assert_eq!(c, DriveClass::Foreign);
+        assert!(r.contains("the kernel lists 1 partition on it"), "{r}");
     }
 
     #[test]
@@ -475,6 +555,7 @@ mod tests {
         let mut p = fixture("sata-hdd-blank.env");
         p.props.insert("ID_PART_TABLE_TYPE".into(), "gpt".into());
         p.props.insert("ID_PART_TABLE_UUID".into(), format!("{}-0000-4000-8000-000000000001", gpt::DISK_GUID_PREFIX));
+        p.examined = Some(Ok(drivelet_gpt()));
         p.partitions.push(PartitionProbe {
             name: "sdb1".into(),
             devnum: (8, 17),
@@ -520,8 +601,10 @@ mod tests {
         p.udev_initialized = false;
         assert!(class(&p, &HostUsage::default(), &DriveFilters::default()).1.contains("udevadm trigger"));
         let mut p = fixture("sata-hdd-blank.env");
-        p.blank_confirmed = Some(false);
-        assert!(class(&p, &HostUsage::default(), &DriveFilters::default()).1.contains("blkid -p"));
+        p.examined = Some(Err("blkid failed: exit status: 4".into()));
+        assert!(class(&p, &HostUsage::default(), &DriveFilters::default()).1.contains("cannot read the disk"));
+        p.examined = None;
+        assert!(class(&p, &HostUsage::default(), &DriveFilters::default()).1.contains("has not read the disk"));
         let mut p = fixture("sata-hdd-blank.env");
         p.read_only = true;
         assert!(class(&p, &HostUsage::default(), &DriveFilters::default()).1.contains("read-only"));
