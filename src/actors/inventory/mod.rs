@@ -300,8 +300,16 @@ impl Handler<DriveHealthObserved> for DriveInventory {
         self.health.insert(m.drive_id.clone(), m.health.clone());
         if let Some(change) = self.inv.set_health(&m.drive_id, m.health) {
             if let DriveChange::Changed { old, new } = &change {
-                info!(drive.id = %new.id, drive.path = %new.path.display(), drive.health = new.health.health.as_str(),
-                      drive.health_reason = %new.health.reason, drive.old_health = old.health.health.as_str(), "drive health changed");
+                let (id, path, health, reason) = (&new.id, new.path.display(), new.health.health.as_str(), &new.health.reason);
+                match new.health.change_from(&old.health) {
+                    model::HealthChange::Verdict => info!(drive.id = %id, drive.path = %path, drive.health = health,
+                        drive.health_reason = %reason, drive.old_health = old.health.health.as_str(), "drive health changed"),
+                    model::HealthChange::FirstCheck => info!(drive.id = %id, drive.path = %path, drive.health = health,
+                        drive.health_reason = %reason, "drive health checked"),
+                    model::HealthChange::Reason => info!(drive.id = %id, drive.path = %path, drive.health = health,
+                        drive.health_reason = %reason, drive.old_health_reason = %old.health.reason, "drive health reason changed"),
+                    model::HealthChange::Nothing => {}
+                }
             }
             self.publish_quiet(change);
         }

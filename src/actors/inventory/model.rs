@@ -89,6 +89,35 @@ impl Default for DriveHealth {
     }
 }
 
+/// What a new health verdict changes, as far as an admin reading the log cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthChange {
+    /// Nothing but the time of the check.
+    Nothing,
+    /// The first verdict of a drive never checked before, which leaves its health as it
+    /// was (unknown): not a change, but worth one line.
+    FirstCheck,
+    /// The verdict itself (good, suspect, bad, unknown).
+    Verdict,
+    /// The same verdict, for another reason.
+    Reason,
+}
+
+impl DriveHealth {
+    /// What `self`, a new verdict, changes from `old`.
+    pub fn change_from(&self, old: &DriveHealth) -> HealthChange {
+        if self.health != old.health {
+            HealthChange::Verdict
+        } else if old.checked_unix == 0 && self.checked_unix != 0 {
+            HealthChange::FirstCheck
+        } else if self.reason != old.reason {
+            HealthChange::Reason
+        } else {
+            HealthChange::Nothing
+        }
+    }
+}
+
 impl Drive {
     /// Builds the drive view of a probe; `None` when the device is not a drive.
     pub fn from_probe(p: &DiskProbe, usage: &HostUsage, filters: &DriveFilters, allow_loop: bool) -> Option<Drive> {
@@ -252,7 +281,7 @@ impl Inventory {
     /// Records a health verdict for the drive with `id`; returns the change, if any.
     pub fn set_health(&mut self, id: &str, h: DriveHealth) -> Option<DriveChange> {
         let d = self.drives.values_mut().find(|d| d.id == id)?;
-        if d.health.health == h.health && d.health.reason == h.reason {
+        if h.change_from(&d.health) == HealthChange::Nothing {
             d.health.checked_unix = h.checked_unix;
             return None;
         }
@@ -271,6 +300,23 @@ impl Inventory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_health_verdict_changes_what_it_changes() {
+        let h = |health, reason: &str, checked_unix| DriveHealth { health, reason: reason.into(), checked_unix };
+        let never = DriveHealth::default();
+        let unknown = h(Health::Unknown, "no SMART data", 100);
+        let table = [
+            (&never, h(Health::Unknown, "no SMART data", 100), HealthChange::FirstCheck),
+            (&never, h(Health::Good, "healthy", 100), HealthChange::Verdict),
+            (&unknown, h(Health::Unknown, "no SMART data", 160), HealthChange::Nothing),
+            (&unknown, h(Health::Unknown, "smartctl did not answer within 30s", 160), HealthChange::Reason),
+            (&unknown, h(Health::Bad, "failed self-assessment", 160), HealthChange::Verdict),
+        ];
+        for (old, new, want) in table {
+            assert_eq!(new.change_from(old), want, "{old:?} -> {new:?}");
+        }
+    }
 
     fn drive(id: &str, class: DriveClass, media: Media, free: u64, volumes: u32) -> Drive {
         let mut d = Drive::for_test(id, media, free + (2 << 20));
