@@ -81,6 +81,18 @@ pub struct DriveHealthObserved {
     pub health: super::inventory::model::DriveHealth,
 }
 
+/// Notification from the volume manager: the GPT writer refused a drive placement had
+/// picked (it found data drivelet did not write, which the last probe had not seen).
+/// The inventory marks the drive foreign at once, with the writer's words.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct DriveRefused {
+    /// Stable drive id.
+    pub drive_id: String,
+    /// What the writer found, in words ("a backup GPT at the end of the disk ...").
+    pub found: String,
+}
+
 /// Command: send every future [`DriveEvent`] to this recipient.
 #[derive(Message)]
 #[rtype(result = "()")]

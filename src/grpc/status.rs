@@ -57,6 +57,9 @@ impl From<VolumeError> for Status {
             VolumeError::FailedPrecondition { .. } => Code::FailedPrecondition,
             VolumeError::Aborted { .. } => Code::Aborted,
             VolumeError::NotReady => Code::Unavailable,
+            // The drive holds data drivelet did not write: a fact about the drive, not a
+            // fault of drivelet's (CreateVolume goes on to another drive instead).
+            VolumeError::Disk { source: crate::disk::DiskError::Foreign { .. }, .. } => Code::FailedPrecondition,
             VolumeError::Disk { .. } | VolumeError::Store(_) => Code::Internal,
         };
         Status::new(code, e.to_string())
@@ -122,6 +125,18 @@ mod tests {
                 },
                 Code::Internal,
                 "cannot make the filesystem: mkfs.ext4 failed",
+            ),
+            (
+                VolumeError::Disk {
+                    volume_id: id(),
+                    op: "update the partition table",
+                    source: crate::disk::DiskError::Foreign {
+                        device: "/dev/sdb".into(),
+                        found: "a Linux RAID member (md superblock 1.0) beside a drivelet GPT".into(),
+                    },
+                },
+                Code::FailedPrecondition,
+                "refusing to write to it: a Linux RAID member",
             ),
         ];
         for (err, code, text) in table {

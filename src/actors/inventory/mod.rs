@@ -316,6 +316,15 @@ impl Handler<DriveHealthObserved> for DriveInventory {
     }
 }
 
+impl Handler<DriveRefused> for DriveInventory {
+    type Result = ();
+    fn handle(&mut self, m: DriveRefused, _: &mut Context<Self>) {
+        if let Some(change) = self.inv.mark_foreign(&m.drive_id, classify::holds(&m.found)) {
+            self.publish(change);
+        }
+    }
+}
+
 impl Handler<SubscribeDrives> for DriveInventory {
     type Result = ();
     fn handle(&mut self, m: SubscribeDrives, _: &mut Context<Self>) {

@@ -290,6 +290,22 @@ impl Inventory {
         Some(DriveChange::Changed { old, new: d.clone() })
     }
 
+    /// Marks the drive with `id` foreign for `reason` (the GPT writer refused it);
+    /// returns the change, if any. The next probe of the disk judges it again, by the
+    /// writer's own rule.
+    pub fn mark_foreign(&mut self, id: &str, reason: String) -> Option<DriveChange> {
+        let d = self.drives.values_mut().find(|d| d.id == id)?;
+        if d.class == DriveClass::Foreign && d.reason == reason {
+            return None;
+        }
+        let old = d.clone();
+        d.class = DriveClass::Foreign;
+        d.reason = reason;
+        d.free_bytes = 0;
+        d.largest_free_bytes = 0;
+        Some(DriveChange::Changed { old, new: d.clone() })
+    }
+
     /// Every drive, ordered by kernel name.
     pub fn list(&self) -> Vec<Drive> {
         self.drives.values().cloned().collect()
@@ -300,6 +316,17 @@ impl Inventory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_drive_turns_foreign_once() {
+        let mut inv = Inventory::default();
+        let a = drive("a", DriveClass::Managed, Media::Ssd, 100, 0);
+        inv.apply_scan(BTreeMap::from([("sda".into(), a.clone())]));
+        let Some(DriveChange::Changed { old, new }) = inv.mark_foreign("a", "holds swap space".into()) else { panic!("a change") };
+        assert_eq!((old.class, new.class, new.reason.as_str(), new.free_bytes), (DriveClass::Managed, DriveClass::Foreign, "holds swap space", 0));
+        assert_eq!(inv.mark_foreign("a", "holds swap space".into()), None, "nothing changes the second time");
+        assert_eq!(inv.mark_foreign("nope", "x".into()), None);
+    }
 
     #[test]
     fn a_health_verdict_changes_what_it_changes() {

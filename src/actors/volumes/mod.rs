@@ -12,7 +12,9 @@
 //! - nothing is served until start-up reconciliation of the store with the drives'
 //!   GPTs and the host's mounts is done (calls get `NotReady`);
 //! - the drive set comes from the inventory's [`DriveEvent`]s; only managed drives
-//!   take new volumes;
+//!   take new volumes; a drive the GPT writer refuses at CreateVolume time turns
+//!   foreign at once (the inventory hears [`DriveRefused`]) and the same CreateVolume
+//!   goes on to the next drive, leaving no record behind;
 //! - subscribers hear [`VolumesChanged`] for a drive whenever what it holds changes: a
 //!   volume on it is handed out (created or adopted), deleted or failed, or its usage
 //!   record changes (the `Drive` objects list a drive's volumes);
@@ -43,7 +45,7 @@ use super::inventory::classify::DriveClass;
 use super::inventory::model::{Drive, LayoutKind};
 use super::inventory::DriveInventory;
 use super::messages::{
-    DriveEvent, GetCapacity, GetInventoryStatus, ListDrives, SubscribeConditions, SubscribeDrives, SubscribeVolumes, VolumeConditionChanged,
+    DriveEvent, DriveRefused, GetCapacity, GetInventoryStatus, ListDrives, SubscribeConditions, SubscribeDrives, SubscribeVolumes, VolumeConditionChanged,
     VolumesChanged,
 };
 use crate::config::{Media, VolumesConfig};
@@ -126,6 +128,15 @@ pub enum VolumeError {
 }
 
 impl VolumeError {
+    /// What the GPT writer found on the drive when it refused to write to it (data
+    /// drivelet did not write); `None` for every other error.
+    pub fn refused_drive(&self) -> Option<&str> {
+        match self {
+            VolumeError::Disk { source: DiskError::Foreign { found, .. }, .. } => Some(found),
+            _ => None,
+        }
+    }
+
     /// A state-machine refusal for a volume.
     pub fn refused(volume_id: &str, r: Refusal) -> VolumeError {
         match r {
@@ -1031,16 +1042,38 @@ impl Handler<CreateVolume> for VolumeManager {
     type Result = ResponseActFuture<Self, Result<VolumeRecord, VolumeError>>;
     fn handle(&mut self, m: CreateVolume, _: &mut Context<Self>) -> Self::Result {
         let id = gpt::volume_partition_guid(&m.name).to_string();
-        let store = match self.claim(&id) {
-            Ok(s) => s,
-            Err(e) => return Box::pin(fut::ready(Err(e))),
-        };
-        let rec = match self.create(m) {
+        match self.claim(&id) {
+            Ok(store) => self.create_attempt(m, store, Vec::new()),
+            Err(e) => Box::pin(fut::ready(Err(e))),
+        }
+    }
+}
+
+impl VolumeManager {
+    /// One attempt of a claimed CreateVolume, on the drive placement picks now. When the
+    /// GPT writer refuses that drive (it holds data drivelet did not write that the last
+    /// probe had not seen), nothing is left of the attempt, the drive turns foreign at
+    /// once (here, and in the inventory by [`DriveRefused`]), and the same CreateVolume
+    /// goes on to the next candidate; `refused` says which drives were refused so far,
+    /// for the answer when no candidate is left (RESOURCE_EXHAUSTED, never INTERNAL).
+    fn create_attempt(
+        &mut self,
+        m: CreateVolume,
+        store: Arc<Store>,
+        mut refused: Vec<String>,
+    ) -> ResponseActFuture<Self, Result<VolumeRecord, VolumeError>> {
+        let id = gpt::volume_partition_guid(&m.name).to_string();
+        let rec = match self.create(m.clone()) {
             Ok((rec, false)) => {
                 self.busy.remove(&id);
                 return Box::pin(fut::ready(Ok(rec)));
             }
             Ok((rec, true)) => rec,
+            Err(VolumeError::ResourceExhausted { reason }) if !refused.is_empty() => {
+                self.busy.remove(&id);
+                let reason = format!("{reason}; refused when written to: {}", refused.join("; "));
+                return Box::pin(fut::ready(Err(VolumeError::ResourceExhausted { reason })));
+            }
             Err(e) => {
                 self.busy.remove(&id);
                 return Box::pin(fut::ready(Err(e)));
@@ -1054,9 +1087,38 @@ impl Handler<CreateVolume> for VolumeManager {
             })));
         };
         let lock = self.lock_of(&rec.drive_id);
+        let drive_id = rec.drive_id.clone();
         info!(volume.id = %rec.id, volume.name = %rec.name, drive.id = %rec.drive_id, volume.size = rec.size, "creating volume");
         self.book.insert(rec.id.clone(), rec.clone());
-        self.run(id, move || ops::create(&store, &loc, &lock, rec))
+        let job_store = store.clone();
+        Box::pin(self.run(id.clone(), move || ops::create(&job_store, &loc, &lock, rec)).then(move |res, act, _| {
+            let Some(found) = res.as_ref().err().and_then(VolumeError::refused_drive) else {
+                return Box::pin(fut::ready(res)) as ResponseActFuture<Self, _>;
+            };
+            warn!(volume.id = %id, drive.id = %drive_id, drive.reason = %found,
+                  "the GPT writer refused the drive: it is foreign from now on; trying the next drive");
+            act.drive_refused(&drive_id, found);
+            refused.push(format!("drive {drive_id} holds {found}"));
+            // The attempt's record is gone and the call is still this one: claim the
+            // volume again for the next attempt.
+            if !act.busy.insert(id.clone()) {
+                return Box::pin(fut::ready(Err(VolumeError::Aborted { volume_id: id })));
+            }
+            act.create_attempt(m, store, refused)
+        }))
+    }
+
+    /// Marks a drive the GPT writer refused foreign here at once (so placement skips it
+    /// from the next attempt on) and tells the inventory, which publishes the change.
+    fn drive_refused(&mut self, drive_id: &str, found: &str) {
+        let reason = super::inventory::classify::holds(found);
+        if let Some(d) = self.drives.get_mut(drive_id) {
+            d.class = DriveClass::Foreign;
+            d.reason = reason;
+            d.free_bytes = 0;
+            d.largest_free_bytes = 0;
+        }
+        self.inventory.do_send(DriveRefused { drive_id: drive_id.to_string(), found: found.to_string() });
     }
 }
 

@@ -8,7 +8,10 @@
 //!   already what the step would make counts as done), so a retried call finishes what
 //!   a killed one started;
 //! - a step that fails undoes what this call changed, where it can, and leaves the
-//!   record in a state a retry or a restart can finish;
+//!   record in a state a retry or a restart can finish; a create the GPT writer refused
+//!   changed nothing on the disk (the drive holds data drivelet did not write), so only
+//!   its record goes, and the disk is not touched at all, not even its kernel
+//!   partitions, which are someone else's;
 //! - GPT writes on one drive are serialised by that drive's lock;
 //! - nothing is formatted that drivelet did not wipe itself: an existing filesystem
 //!   on a volume drivelet formatted is data and is never overwritten;
@@ -139,6 +142,10 @@ pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeReco
     crash_point!("create.intent_saved");
     match create_steps(store, drive, lock, rec.clone()) {
         Ok(done) => Outcome { record: Some(done.clone()), result: Ok(done) },
+        Err(e) if e.refused_drive().is_some() => match store.remove(&rec.id) {
+            Ok(()) => Outcome { record: None, result: Err(e) },
+            Err(undo) => Outcome { record: Some(rec), result: Err(VolumeError::Store(undo)) },
+        },
         Err(e) => match rollback_create(store, drive, lock, &rec) {
             Ok(()) => Outcome { record: None, result: Err(e) },
             Err(undo) => {
