@@ -21,6 +21,15 @@ command -v blkid >/dev/null || need+=(util-linux)
 command -v smartctl >/dev/null || need+=(smartmontools)
 command -v sfdisk >/dev/null || need+=(fdisk)
 command -v modprobe >/dev/null || need+=(kmod)
+# tests/foreign_data.rs puts the data a node's disks commonly carry on loop drives
+# (btrfs, FAT, LUKS, an LVM physical volume, a bcache backing device) and reads the md
+# superblocks it writes back with mdadm --examine.
+command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)
+command -v mkfs.vfat >/dev/null || need+=(dosfstools)
+command -v cryptsetup >/dev/null || need+=(cryptsetup-bin)
+command -v pvcreate >/dev/null || need+=(lvm2)
+command -v make-bcache >/dev/null || need+=(bcache-tools)
+command -v mdadm >/dev/null || need+=(mdadm)
 # scripts/validate-deploy.sh (run by tests/deploy.rs) checks deploy/ with the Python
 # package kubernetes-validate; tests/interop.rs calls the gRPC sockets with grpcio.
 command -v python3 >/dev/null || need+=(python3)
