@@ -181,6 +181,7 @@ fn make_drives(dir: &Path, volumes: usize, drives: usize) -> (Vec<PathBuf>, Vec<
                 failed: false,
                 published_node: None,
                 adopted: None,
+                lost: false,
             });
         }
     }

@@ -78,7 +78,8 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
 
     let mut demo = if cfg.demo.enabled {
         let dc = cfg.demo.clone();
-        Some(tokio::task::spawn_blocking(move || Demo::setup(&dc)).await.expect("demo setup task")?)
+        let state = cfg.paths.state_dir.clone();
+        Some(tokio::task::spawn_blocking(move || Demo::setup(&dc, &state)).await.expect("demo setup task")?)
     } else {
         None
     };

@@ -92,7 +92,7 @@ pub fn volumes_table(vols: &[VolumeRecord]) -> String {
                 v.drive_id.clone(),
                 human_bytes(v.size),
                 kind,
-                v.state.as_str().to_string(),
+                if v.lost { "lost".to_string() } else { v.state.as_str().to_string() },
                 v.staging.as_ref().map(|s| s.path.display().to_string()).unwrap_or_else(|| "-".into()),
                 if v.targets.is_empty() {
                     "-".into()

@@ -3,7 +3,9 @@
 //!
 //! Rules: only files under `demo.dir` are created or attached; an existing file is
 //! reused with its data; at stop, only the loop devices this run attached are
-//! detached, and the files are removed only with `demo.remove_files_on_stop`.
+//! detached, and the files are removed only with `demo.remove_files_on_stop`; then the
+//! volume store goes with them, so the next start's store matches its blank drives
+//! (after a crash the files stay, with their data, and so does the store).
 
 use std::path::PathBuf;
 
@@ -15,14 +17,16 @@ use crate::disk::{loopdev, DiskError};
 /// The demo drives of this run.
 pub struct Demo {
     cfg: DemoConfig,
+    /// The agent's state directory (the volume store).
+    state_dir: PathBuf,
     attached: Vec<(PathBuf, PathBuf)>,
 }
 
 impl Demo {
     /// Creates the backing files and attaches them; waits for udev to process them.
-    pub fn setup(cfg: &DemoConfig) -> Result<Demo, DiskError> {
+    pub fn setup(cfg: &DemoConfig, state_dir: &std::path::Path) -> Result<Demo, DiskError> {
         std::fs::create_dir_all(&cfg.dir).map_err(DiskError::io(format!("create {}", cfg.dir.display())))?;
-        let mut demo = Demo { cfg: cfg.clone(), attached: Vec::new() };
+        let mut demo = Demo { cfg: cfg.clone(), state_dir: state_dir.to_path_buf(), attached: Vec::new() };
         for i in 0..cfg.drives {
             let file = cfg.dir.join(format!("drive-{i}.img"));
             loopdev::ensure_sparse_file(&file, cfg.size)?;
@@ -43,6 +47,7 @@ impl Demo {
 
     /// Detaches the loop devices (and removes the files if configured).
     pub fn teardown(&mut self) {
+        let removing = self.cfg.remove_files_on_stop && !self.attached.is_empty();
         for (dev, file) in self.attached.drain(..) {
             match loopdev::detach(&dev) {
                 Ok(()) => info!(drive.path = %dev.display(), "demo drive detached"),
@@ -52,6 +57,14 @@ impl Demo {
                 if let Err(e) = std::fs::remove_file(&file) {
                     warn!(demo.file = %file.display(), error = %e, "cannot remove demo file");
                 }
+            }
+        }
+        if removing {
+            let store = crate::store::Store::path_in(&self.state_dir);
+            match std::fs::remove_file(&store) {
+                Ok(()) => info!(store.path = %store.display(), "demo drives removed, and the volume store with them"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => warn!(store.path = %store.display(), error = %e, "cannot remove the volume store"),
             }
         }
     }

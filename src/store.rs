@@ -90,9 +90,14 @@ pub struct Unreadable {
 }
 
 impl Store {
+    /// The store's file in the state directory `dir`.
+    pub fn path_in(dir: &Path) -> std::path::PathBuf {
+        dir.join("volumes.redb")
+    }
+
     /// Opens (or creates) the store at `dir/volumes.redb`.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        let path = dir.join("volumes.redb");
+        let path = Store::path_in(dir);
         let open_err = |reason: String| StoreError::Open { path: path.clone(), reason };
         std::fs::create_dir_all(dir).map_err(|e| open_err(e.to_string()))?;
         let db = Database::builder()

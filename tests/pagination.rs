@@ -43,6 +43,7 @@ fn seed(dir: &std::path::Path, n: u32) -> BTreeSet<String> {
             failed: false,
             published_node: None,
             adopted: None,
+            lost: false,
         };
         store.put(&rec.id, &rec).unwrap();
         ids.insert(rec.id);

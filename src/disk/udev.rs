@@ -96,6 +96,10 @@ pub struct DiskProbe {
     /// (kubelet's loop over a block volume's device). False when it is a regular file,
     /// not attached, or cannot be stat-ed.
     pub loop_over_block_device: bool,
+    /// The kernel's disk sequence number (`/sys/block/X/diskseq`): a new one whenever
+    /// the media changes (a loop device attached again, a disk swapped under the same
+    /// name); 0 where the kernel has none.
+    pub diskseq: u64,
     /// Partitions, by number.
     pub partitions: Vec<PartitionProbe>,
     /// When udev names no filesystem or other signature on the disk: what the GPT
@@ -204,6 +208,7 @@ fn disk_of(dev: &udev::Device, partitions: Vec<PartitionProbe>) -> DiskProbe {
         holders: holders_of(&sys),
         loop_backing_file,
         loop_over_block_device,
+        diskseq: read_u64(&sys, "diskseq"),
         partitions,
         examined: None,
         signature_detail: None,

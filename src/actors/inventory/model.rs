@@ -53,6 +53,10 @@ pub struct Drive {
     pub class: DriveClass,
     /// Why, in words an admin can act on.
     pub reason: String,
+    /// The kernel's disk sequence number: it changes whenever the media does (a disk
+    /// swapped under the same name, a loop device attached again); 0 where unknown.
+    #[serde(default)]
+    pub diskseq: u64,
     /// For a loop device, its backing file.
     pub backing_file: Option<PathBuf>,
     /// Number of drivelet volume partitions on it.
@@ -156,6 +160,7 @@ impl Drive {
             media: classify::media_of(p),
             class,
             reason,
+            diskseq: p.diskseq,
             backing_file: p.loop_backing_file.clone(),
             volumes,
             free_bytes,
@@ -192,6 +197,7 @@ impl Drive {
             media,
             class: DriveClass::Managed,
             reason: String::new(),
+            diskseq: 0,
             backing_file: None,
             volumes: 0,
             free_bytes: 0,

@@ -152,6 +152,9 @@ pub fn condition(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&Drive
             Health::Good | Health::Unknown => {}
         },
     }
+    if rec.lost {
+        why.insert(0, lost_reason(rec));
+    }
     if rec.failed {
         why.insert(0, "volume failed: its drive was force-released; delete the volume and restore from backup".into());
     }
@@ -171,9 +174,20 @@ pub fn condition(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&Drive
     }
 }
 
+/// What is said of a volume whose partition is gone from its drive ([`VolumeRecord::lost`]).
+pub fn lost_reason(rec: &VolumeRecord) -> String {
+    format!(
+        "its partition {} is missing from drive {}: the data is gone (the drive was wiped or replaced); delete the volume and restore from backup",
+        rec.part_guid, rec.drive_id
+    )
+}
+
 /// Why a volume may not be attached to `node` now (`None`: it may), in words for
 /// FAILED_PRECONDITION.
 pub fn attach_refusal(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&DriveUse>, node: &str) -> Option<String> {
+    if rec.lost {
+        return Some(lost_reason(rec));
+    }
     if rec.failed {
         return Some(format!(
             "was failed by a forced release of drive {}; delete it and restore from backup",

@@ -513,6 +513,50 @@ impl VolumeManager {
         }
     }
 
+    /// Reconciles the records of `drive`, which just appeared, with its GPT and the
+    /// mounts, as start-up does for all ([`settle`]); its records are busy meanwhile.
+    fn reconcile_drive(&mut self, drive: Drive, ctx: &mut Context<Self>) {
+        let Some(store) = self.store.clone() else { return };
+        let ids: Vec<String> = self.book.values().filter(|r| r.drive_id == drive.id).map(|r| r.id.clone()).collect();
+        if ids.iter().any(|id| self.busy.contains(id)) {
+            // A call is changing one of them: look again once it is done.
+            ctx.run_later(Duration::from_secs(1), move |act, ctx| {
+                if act.drives.get(&drive.id).is_some_and(|d| d.path == drive.path) {
+                    act.reconcile_drive(drive, ctx);
+                }
+            });
+            return;
+        }
+        self.busy.extend(ids.iter().cloned());
+        let records: Vec<VolumeRecord> = ids.iter().filter_map(|id| self.book.get(id).cloned()).collect();
+        let drive_id = drive.id.clone();
+        let locks = HashMap::from([(drive.id.clone(), self.lock_of(&drive.id))]);
+        let job = move || settle(&store, records, std::slice::from_ref(&drive), &locks);
+        ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |res, act, _| {
+            for id in &ids {
+                act.busy.remove(id);
+            }
+            match res {
+                Ok(Ok(keep)) => {
+                    for id in ids.iter().filter(|id| !keep.iter().any(|r| r.id == **id)) {
+                        act.book.remove(id);
+                    }
+                    for r in keep {
+                        if !ids.contains(&r.id) && act.book.contains_key(&r.id) {
+                            warn!(actor = "volumes", volume.id = %r.id, drive.id = %drive_id, "a partition of this volume is on another drive too; ignored here");
+                            continue;
+                        }
+                        act.book.insert(r.id.clone(), r);
+                    }
+                    act.refresh(|r| r.drive_id == drive_id);
+                    act.announce(&drive_id);
+                }
+                Ok(Err(e)) => error!(actor = "volumes", drive.id = %drive_id, error = %e, "cannot reconcile the drive's volumes"),
+                Err(e) => error!(actor = "volumes", drive.id = %drive_id, error = %e, "reconciling the drive's volumes panicked"),
+            }
+        }));
+    }
+
     fn candidates(&self) -> Vec<Candidate<'_>> {
         self.drives
             .values()
@@ -538,6 +582,9 @@ impl VolumeManager {
                     reason: "is being deleted; retry CreateVolume once DeleteVolume finished".into(),
                 }),
                 VolumeState::Creating => Ok((rec.clone(), true)),
+                // Never a success for a volume that does not exist: the CO sees why, and
+                // DeleteVolume clears the way for a new one of the same name.
+                _ if rec.lost => Err(VolumeError::FailedPrecondition { volume_id: id, reason: health::lost_reason(rec) }),
                 _ => {
                     let same_kind = rec.rebuilt || (rec.block == m.block && (m.block || rec.fs_type == fs_type));
                     let same_params = rec.rebuilt || rec.parameters == m.parameters;
@@ -591,6 +638,7 @@ impl VolumeManager {
             failed: false,
             published_node: None,
             adopted: None,
+            lost: false,
         };
         Ok((rec, true))
     }
@@ -688,6 +736,19 @@ fn startup(
     for b in bad {
         error!(actor = "volumes", volume.id = %b.id, error = %b.reason, "unreadable volume record kept aside");
     }
+    let keep = settle(&store, records, drives, locks)?;
+    Ok((store, keep))
+}
+
+/// Reconciles `records` with the GPTs of `drives` (the drives present) and the host's
+/// mounts ([`reconcile::plan`]) and carries the plan out; returns the records to serve.
+/// At start-up for every record and drive; later for one drive that appeared.
+fn settle(
+    store: &Store,
+    records: Vec<VolumeRecord>,
+    drives: &[Drive],
+    locks: &HashMap<String, Arc<Mutex<()>>>,
+) -> Result<Vec<VolumeRecord>, VolumeError> {
     let mut tables = reconcile::Tables::new();
     // Only managed drives are read for drivelet partitions (and so only they are ever
     // written to or adopted from); a drive carrying a drivelet GPT is classified
@@ -714,7 +775,7 @@ fn startup(
     for rec in plan.rollback {
         // Without a drivelet table on the drive, nothing was written: only the record goes.
         let res = match (loc(&rec.drive_id), tables.contains_key(&rec.drive_id)) {
-            (Some(d), true) => ops::rollback_create(&store, &d, lock(&rec.drive_id), &rec),
+            (Some(d), true) => ops::rollback_create(store, &d, lock(&rec.drive_id), &rec),
             _ => store.remove(&rec.id).map_err(VolumeError::Store),
         };
         if let Err(e) = res {
@@ -724,7 +785,7 @@ fn startup(
     }
     for rec in plan.finish_delete {
         let d = if tables.contains_key(&rec.drive_id) { loc(&rec.drive_id) } else { None };
-        if let Err(e) = ops::delete_steps(&store, d.as_ref(), lock(&rec.drive_id), &rec) {
+        if let Err(e) = ops::delete_steps(store, d.as_ref(), lock(&rec.drive_id), &rec) {
             error!(actor = "volumes", volume.id = %rec.id, error = %e, "cannot finish an interrupted delete; kept");
             keep.push(rec);
         }
@@ -751,7 +812,7 @@ fn startup(
             store.put(&rec.id, rec).map_err(VolumeError::Store)?;
         }
     }
-    Ok((store, keep))
+    Ok(keep)
 }
 
 impl Actor for VolumeManager {
@@ -777,7 +838,17 @@ impl Supervised for VolumeManager {
 
 impl Handler<DriveEvent> for VolumeManager {
     type Result = ();
-    fn handle(&mut self, ev: DriveEvent, _: &mut Context<Self>) {
+    fn handle(&mut self, ev: DriveEvent, ctx: &mut Context<Self>) {
+        // A drive that appears, has new media under the same name (its disk sequence
+        // number changed: swapped, or attached again faster than its removal was seen),
+        // turns blank or changes class.
+        let reread = match &ev {
+            DriveEvent::DriveAppeared(d) => !self.drives.contains_key(&d.id),
+            DriveEvent::DriveChanged { old, new } => {
+                old.diskseq != new.diskseq || (new.blank && !old.blank) || old.class != new.class
+            }
+            DriveEvent::DriveRemoved(_) => false,
+        };
         let id = match ev {
             DriveEvent::DriveAppeared(d) | DriveEvent::DriveChanged { new: d, .. } => {
                 let id = d.id.clone();
@@ -790,7 +861,12 @@ impl Handler<DriveEvent> for VolumeManager {
                         self.announce(&id);
                     }
                 }
-                self.drives.insert(id.clone(), d);
+                self.drives.insert(id.clone(), d.clone());
+                // Such a drive is read as at start-up: its partitions may be back, or
+                // gone, or unknown to the store.
+                if reread && self.ready {
+                    self.reconcile_drive(d, ctx);
+                }
                 id
             }
             DriveEvent::DriveRemoved(d) => {
@@ -1343,6 +1419,7 @@ impl Handler<AdoptVolume> for VolumeManager {
             failed: false,
             published_node: None,
             adopted: Some(model::Adopted { path: canonical, pv_name: m.pv_name }),
+            lost: false,
         };
         info!(volume.id = %rec.id, volume.path = ?rec.adopted.as_ref().map(|a| &a.path), drive.id = %rec.drive_id, "adopting volume");
         self.run(m.volume_id, move || match store.put(&rec.id, &rec) {

@@ -203,6 +203,11 @@ pub struct VolumeRecord {
     /// data is a directory of the host that drivelet never created and never deletes.
     #[serde(default)]
     pub adopted: Option<Adopted>,
+    /// Its drive is here but the partition is not in the drive's GPT (the drive was
+    /// wiped or replaced): the data is gone. Found by reconciliation (at start-up and
+    /// whenever a drive appears); shown as state `lost`; only DeleteVolume is served.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
 }
 
 /// Where an adopted volume's data lives.
@@ -240,6 +245,7 @@ impl VolumeRecord {
             failed: false,
             published_node: None,
             adopted: None,
+            lost: false,
         }
     }
 }

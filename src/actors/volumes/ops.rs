@@ -92,6 +92,9 @@ impl Backing {
 
 /// The backing of `rec`: its adopted directory, or its kernel partition on `drive`.
 fn backing(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<Backing, VolumeError> {
+    if rec.lost {
+        return Err(VolumeError::FailedPrecondition { volume_id: rec.id.clone(), reason: super::health::lost_reason(rec) });
+    }
     if let Some(a) = &rec.adopted {
         let md = std::fs::metadata(&a.path).map_err(|e| VolumeError::FailedPrecondition {
             volume_id: rec.id.clone(),

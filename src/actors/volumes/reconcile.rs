@@ -9,8 +9,10 @@
 //!   named from its GPT label;
 //! - a record whose partition sits elsewhere on its drive follows the GPT (the GPT is
 //!   the truth for location) and the disagreement is reported;
-//! - a record whose drive is absent, or whose partition is gone from a present drive,
-//!   is kept and reported; the drive may come back;
+//! - a record whose drive is absent is kept and reported; the drive may come back;
+//! - a record whose partition is gone from a present drive is kept, marked lost (its
+//!   condition says the data is gone; only DeleteVolume is served), and reported; the
+//!   mark goes if the partition is found again;
 //! - an unfinished stage or publish intent is confirmed if something is mounted at its
 //!   path, and dropped otherwise.
 
@@ -79,10 +81,14 @@ pub fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mount
             // An adopted volume has no partition; its directory is checked by the health poller.
             _ if rec.adopted.is_some() => {}
             (false, _) => p.reports.push(format!("volume {}: drive {} is absent", rec.id, rec.drive_id)),
-            (true, None) => p.reports.push(format!(
-                "volume {}: its partition {} is missing from drive {}; kept for inspection, nothing deleted",
-                rec.id, rec.part_guid, rec.drive_id
-            )),
+            (true, None) => {
+                p.reports.push(format!(
+                    "volume {}: its partition {} is missing from drive {}: the data is gone; kept as lost until DeleteVolume, nothing deleted",
+                    rec.id, rec.part_guid, rec.drive_id
+                ));
+                changed |= !rec.lost;
+                rec.lost = true;
+            }
             (true, Some(q)) if (q.start, q.size) != (rec.start, rec.size) => {
                 p.reports.push(format!(
                     "volume {}: store says {}+{} but the GPT says {}+{}; following the GPT",
@@ -93,6 +99,11 @@ pub fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mount
                 changed = true;
             }
             _ => {}
+        }
+        if rec.lost && drive_present && on_disk.is_some() {
+            p.reports.push(format!("volume {}: its partition {} is back on drive {}", rec.id, rec.part_guid, rec.drive_id));
+            rec.lost = false;
+            changed = true;
         }
         if let Some(st) = rec.staging.as_mut() {
             if !st.done {
@@ -158,6 +169,7 @@ pub fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mount
                 failed: false,
                 published_node: None,
                 adopted: None,
+                lost: false,
             };
             p.changed.insert(rec.id.clone());
             p.keep.push(rec);
@@ -253,5 +265,32 @@ mod tests {
         let p = plan(vec![a], &[drive("d1")], &tables, &BTreeSet::new(), 0);
         assert_eq!(p.keep[0].start, 2 * MIB);
         assert_eq!(p.changed.len(), 1);
+    }
+
+    #[test]
+    fn a_record_whose_partition_is_gone_from_a_present_drive_is_lost_until_it_is_back() {
+        let a = rec(1, VolumeState::Available);
+        let b = rec(2, VolumeState::Available);
+        // d1 is present but its table lacks a's partition (wiped and re-used by b, say).
+        let tables = Tables::from([("d1".to_string(), vec![part(&b)])]);
+        let p = plan(vec![a.clone(), b.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0);
+        assert!(p.keep[0].lost, "a is lost");
+        assert!(!p.keep[1].lost, "b is fine");
+        assert_eq!(p.changed, BTreeSet::from([a.id.clone()]), "the mark is written to the store");
+        assert!(p.reports[0].contains("the data is gone"), "{:?}", p.reports);
+        assert!(p.rollback.is_empty() && p.finish_delete.is_empty() && p.drop.is_empty(), "nothing deleted");
+        // Seen again: still lost, nothing more to write. A blank drive (no table) too.
+        let again = plan(p.keep.clone(), &[drive("d1")], &tables, &BTreeSet::new(), 0);
+        assert!(again.keep[0].lost && again.changed.is_empty());
+        let blank = plan(vec![b.clone()], &[drive("d1")], &Tables::new(), &BTreeSet::new(), 0);
+        assert!(blank.keep[0].lost);
+        // The partition is back (the original drive returned): the mark goes.
+        let back = Tables::from([("d1".to_string(), vec![part(&a), part(&b)])]);
+        let p = plan(p.keep, &[drive("d1")], &back, &BTreeSet::new(), 0);
+        assert!(!p.keep[0].lost);
+        assert_eq!(p.changed, BTreeSet::from([a.id]));
+        // An absent drive is not a lost partition: the drive may come back.
+        let absent = plan(vec![b], &[], &Tables::new(), &BTreeSet::new(), 0);
+        assert!(!absent.keep[0].lost);
     }
 }
