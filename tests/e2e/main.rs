@@ -707,9 +707,9 @@ fn record_memory(ctx: &mut Ctx, when: &str) {
         .unwrap_or_else(|| "?".into());
     let text = match container {
         Some(c) => format!(
-            "working set {}, RSS {} (kubelet summary); VmRSS {vm_rss}",
+            "working set {}, usage {} (kubelet summary, the container's cgroup); the process's VmRSS {vm_rss}",
             mib(&c["memory"]["workingSetBytes"]),
-            mib(&c["memory"]["rssBytes"])
+            mib(&c["memory"]["usageBytes"])
         ),
         None => format!("kubelet summary has no drivelet container; VmRSS {vm_rss}"),
     };
