@@ -42,15 +42,9 @@ const DRIVER: &str = "csi.drivelet.io";
 /// kubelet's directory under the test directory; returns it with the registration
 /// socket path.
 fn start(dir: &Path) -> (Agent, PathBuf) {
-    let kubelet = dir.join("kubelet");
-    let opts = AgentOpts {
-        // The harness logs at debug level, so h2's "ignoring malformed authority" lines
-        // (the patch's trace) land in the agent log.
-        extra_toml: format!("[kubelet]\nregistration = true\ndir = \"{}\"\n", kubelet.display()),
-        ..Default::default()
-    };
-    let agent = Agent::start(dir, opts);
-    let reg = kubelet.join(format!("plugins_registry/{DRIVER}-reg.sock"));
+    // The harness logs at debug level, so h2's "ignoring malformed authority" lines (the
+    // patch's trace) land in the agent log.
+    let (agent, reg) = Agent::start_registering(dir);
     assert!(is_socket(&agent.csi_socket), "no CSI socket; log:\n{}", agent.log_tail(20));
     assert!(is_socket(&reg), "no registration socket at {}; log:\n{}", reg.display(), agent.log_tail(20));
     (agent, reg)

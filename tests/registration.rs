@@ -6,23 +6,11 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
 use drivelet::grpc::proto::registration::{registration_client::RegistrationClient, InfoRequest, RegistrationStatus};
-
-/// An agent with registration on and kubelet's directory under the test directory;
-/// returns it with the registration socket path.
-fn start(dir: &Path) -> (Agent, PathBuf) {
-    let kubelet = dir.join("kubelet");
-    let opts = AgentOpts {
-        extra_toml: format!("[kubelet]\nregistration = true\ndir = \"{}\"\n", kubelet.display()),
-        ..Default::default()
-    };
-    let agent = Agent::start(dir, opts);
-    (agent, kubelet.join("plugins_registry/csi.drivelet.io-reg.sock"))
-}
 
 async fn client(sock: &Path) -> RegistrationClient<tonic::transport::Channel> {
     RegistrationClient::new(channel(sock).await.unwrap_or_else(|e| panic!("connect {}: {e}", sock.display())))
@@ -46,7 +34,7 @@ fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
 fn kubelet_learns_the_csi_endpoint_and_its_status_reports_are_logged() {
     require_host();
     let tmp = short_tempdir();
-    let (mut agent, sock) = start(tmp.path());
+    let (mut agent, sock) = Agent::start_registering(tmp.path());
     assert!(is_socket(&sock), "no registration socket at {}; log:\n{}", sock.display(), agent.log_tail(20));
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "registration socket mode {mode:o}");
@@ -85,7 +73,7 @@ fn kubelet_learns_the_csi_endpoint_and_its_status_reports_are_logged() {
 fn a_wiped_plugin_registry_gets_the_socket_back_within_five_seconds() {
     require_host();
     let tmp = short_tempdir();
-    let (mut agent, sock) = start(tmp.path());
+    let (mut agent, sock) = Agent::start_registering(tmp.path());
     assert!(is_socket(&sock), "no registration socket; log:\n{}", agent.log_tail(20));
     // What a kubelet restart with a cleaned root directory does.
     std::fs::remove_dir_all(sock.parent().unwrap()).unwrap();

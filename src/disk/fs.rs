@@ -136,14 +136,17 @@ fn tool_error(tool: &str, dev: &Path, out: &Output) -> DiskError {
 /// The signature `blkid -p -o export` reports: `TYPE` (filesystem, swap, RAID or LVM
 /// member, ...), or else a partition table as `partition-table:<PTTYPE>`.
 fn signature_of(export: &str) -> Option<String> {
-    let get = |key: &str| {
-        export
-            .lines()
-            .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-    };
+    let get = |key| export_value(export, key);
     get("TYPE").map(str::to_string).or_else(|| get("PTTYPE").map(|t| format!("partition-table:{t}")))
+}
+
+/// The non-empty value of `key` in `blkid -o export` output.
+fn export_value<'a>(export: &'a str, key: &str) -> Option<&'a str> {
+    export
+        .lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
 }
 
 /// What a low-level `blkid -p` probe found on a device.
@@ -175,14 +178,7 @@ impl Probed {
 
 /// Parses `blkid -p -o export` output.
 fn probed_of(export: &str) -> Probed {
-    let get = |key: &str| {
-        export
-            .lines()
-            .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(str::to_string)
-    };
+    let get = |key| export_value(export, key).map(str::to_string);
     Probed { fs_type: get("TYPE"), usage: get("USAGE"), version: get("VERSION"), pt_type: get("PTTYPE"), ambivalent: false }
 }
 

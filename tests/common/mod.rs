@@ -233,6 +233,18 @@ level = "debug"
         serde_json::from_slice(&out.stdout).expect("ctl json")
     }
 
+    /// An agent with kubelet registration on (so it serves both gRPC sockets) and
+    /// kubelet's directory under `dir`; returns it with the registration socket path.
+    pub fn start_registering(dir: &Path) -> (Agent, PathBuf) {
+        let kubelet = dir.join("kubelet");
+        let opts = AgentOpts {
+            extra_toml: format!("[kubelet]\nregistration = true\ndir = \"{}\"\n", kubelet.display()),
+            ..Default::default()
+        };
+        let agent = Agent::start(dir, opts);
+        (agent, kubelet.join("plugins_registry/csi.drivelet.io-reg.sock"))
+    }
+
     pub async fn csi(&self) -> Channel {
         channel(&self.csi_socket).await.expect("connect CSI socket")
     }
