@@ -333,6 +333,79 @@ fn an_image_with_an_mbr_signature_only_is_refused() {
     assert_eq!(std::fs::read(&img).unwrap(), raw);
 }
 
+/// Writes an sfdisk script onto an image.
+fn sfdisk(img: &Path, script: &str) {
+    let mut child = Command::new("sfdisk").arg("-q").arg(img).stdin(std::process::Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success(), "sfdisk {}", img.display());
+}
+
+/// Overwrites bytes of an image at `offset`.
+fn poke(img: &Path, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new().write(true).open(img).unwrap().write_all_at(bytes, offset).unwrap();
+}
+
+/// The writer refuses exactly what `gpt::examine` (the inventory's classification)
+/// calls foreign, in the same words, and changes no byte of it; what examine calls
+/// blank or drivelet's, the writer takes.
+#[test]
+fn the_writer_and_classification_judge_a_disk_by_one_rule() {
+    let g = gpt::volume_partition_guid("rule");
+    let foreign_gpt = "label: gpt\nlabel-id: 0BADBEEF-1234-4234-8234-123456789ABC\nstart=2048, size=4096, type=L\n";
+
+    // A GPT whose primary copy (the first MiB) is gone: blkid sees nothing, the GPT
+    // library reads the backup at the last LBA.
+    let (_d1, backup_only) = image(32 * MIB, 0);
+    sfdisk(&backup_only, foreign_gpt);
+    poke(&backup_only, 0, &vec![0u8; MIB as usize]);
+    assert_eq!(fs::probe_fs(&backup_only).unwrap(), None, "blkid -p finds nothing");
+
+    let (_d2, dos) = image(32 * MIB, 0);
+    sfdisk(&dos, "label: dos\nstart=2048, size=4096, type=83\nstart=8192, size=4096, type=83\n");
+
+    // A drivelet GPT, and then an md 0.90 superblock (64 KiB before the 64 KiB-aligned
+    // end, outside the GPT's structures): blkid -p finds the RAID member beside it.
+    let (_d3, with_raid) = image(32 * MIB, 0);
+    gpt::add_partition(&with_raid, 512, g, "drivelet:rule", MIB, 4 * MIB).unwrap();
+    let mut sb = vec![0u8; 4096];
+    for (word, v) in [(0usize, 0xa92b_4efcu32), (1, 0), (2, 90), (7, 1), (8, 16 * 1024), (9, 2), (10, 2)] {
+        sb[word * 4..word * 4 + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    poke(&with_raid, 32 * MIB - 64 * 1024, &sb);
+
+    // A GPT written for 4096-byte sectors, read as a 512-byte disk.
+    let (_d4, big_sectors) = image(32 * MIB, 0);
+    gpt::add_partition(&big_sectors, 4096, g, "drivelet:rule", MIB, 4 * MIB).unwrap();
+
+    let refused: [(&Path, &str); 4] = [
+        (&backup_only, "a backup GPT at the end of the disk (its primary copy at the start is gone) with 1 partition not made by drivelet (disk GUID 0badbeef-1234-4234-8234-123456789abc)"),
+        (&dos, "an MBR (DOS) partition table with 2 partitions"),
+        (&with_raid, "a Linux RAID member (md superblock 0.90) beside a drivelet GPT"),
+        (&big_sectors, "a GPT partition table drivelet cannot use ("),
+    ];
+    for (img, words) in refused {
+        let gpt::Contents::Foreign(found) = gpt::examine(img, 512).unwrap() else { panic!("{}: foreign", img.display()) };
+        assert!(found.starts_with(words), "{}: {found}", img.display());
+        let before = sha256(img);
+        let e = gpt::add_partition(img, 512, gpt::volume_partition_guid("other"), "drivelet:other", 8 * MIB, MIB).unwrap_err();
+        assert!(matches!(&e, DiskError::Foreign { found: f, .. } if *f == found), "{}: the writer's words are examine's: {e}", img.display());
+        assert_eq!(sha256(img), before, "{} untouched", img.display());
+    }
+    assert!(matches!(gpt::remove_partition(&with_raid, 512, g), Err(DiskError::Foreign { .. })), "no change beside a RAID member");
+
+    let (_d5, blank) = image(32 * MIB, 0);
+    assert_eq!(gpt::examine(&blank, 512).unwrap(), gpt::Contents::Blank);
+    gpt::add_partition(&blank, 512, g, "drivelet:rule", MIB, 4 * MIB).unwrap();
+    let gpt::Contents::Drivelet(t) = gpt::examine(&blank, 512).unwrap() else { panic!("a drivelet GPT") };
+    assert_eq!(t.partitions.iter().map(|p| p.guid).collect::<Vec<_>>(), vec![g]);
+    // Its primary copy gone, a drivelet GPT is still drivelet's, read from the backup.
+    poke(&blank, 0, &vec![0u8; MIB as usize]);
+    assert!(matches!(gpt::examine(&blank, 512).unwrap(), gpt::Contents::Drivelet(t) if t.partitions.len() == 1));
+    gpt::add_partition(&blank, 512, gpt::volume_partition_guid("second"), "drivelet:second", 8 * MIB, MIB).unwrap();
+    assert_eq!(table(&blank).partitions.len(), 2, "the writer takes it and rewrites both copies");
+}
+
 // ---------------------------------------------------------------------------------
 // Loop devices: root.
 
