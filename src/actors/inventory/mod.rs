@@ -5,7 +5,11 @@
 //! - probes run off the actor thread, one at a time; events that arrive while a probe
 //!   runs are coalesced per disk and probed right after, so the newest state wins and
 //!   queries are never stuck behind a burst of events;
-//! - every change is logged once and sent to subscribers as a [`DriveEvent`];
+//! - every change is logged once, naming what changed (a health verdict only when the
+//!   verdict, its reason or the first check is new), and sent to subscribers as a
+//!   [`DriveEvent`];
+//! - a drive the GPT writer refused ([`DriveRefused`]) turns foreign at once, with the
+//!   writer's words; its next probe judges it again by the writer's own rule;
 //! - on restart (supervisor) the actor forgets everything and rebuilds from the host;
 //!   tests make it fail while answering `ListDrives` (fail point
 //!   `actor.inventory.stop`, armed through the admin socket when the test wants it).
@@ -212,7 +216,8 @@ impl DriveInventory {
             }
             DriveChange::Changed { old, new } => {
                 info!(drive.id = %new.id, drive.path = %new.path.display(), drive.class = new.class.as_str(),
-                      drive.reason = %new.reason, drive.old_class = old.class.as_str(), "drive changed");
+                      drive.reason = %new.reason, drive.old_class = old.class.as_str(),
+                      drive.changed = %new.changed_from(&old).join(", "), "drive changed");
                 DriveEvent::DriveChanged { old, new }
             }
             DriveChange::Gone(d) => {

@@ -177,6 +177,32 @@ impl Drive {
     }
 }
 
+impl Drive {
+    /// What differs between `old` and `self`, in words for the log ("class", "reason",
+    /// "free space", ...); empty when nothing does.
+    pub fn changed_from(&self, old: &Drive) -> Vec<&'static str> {
+        let identity = (&self.id, &self.by_id, self.devnum, &self.serial, &self.wwn, &self.model, &self.vendor, &self.backing_file)
+            != (&old.id, &old.by_id, old.devnum, &old.serial, &old.wwn, &old.model, &old.vendor, &old.backing_file);
+        let device = (self.logical_block_size, self.rotational, &self.transport, self.media)
+            != (old.logical_block_size, old.rotational, &old.transport, old.media);
+        [
+            (self.class != old.class, "class"),
+            (self.reason != old.reason, "reason"),
+            (self.path != old.path, "path"),
+            (self.size_bytes != old.size_bytes, "size"),
+            (identity, "identity"),
+            (device, "device"),
+            (self.volumes != old.volumes, "volumes"),
+            ((self.free_bytes, self.largest_free_bytes) != (old.free_bytes, old.largest_free_bytes), "free space"),
+            ((self.blank, &self.extents) != (old.blank, &old.extents), "partitions"),
+            (self.health != old.health, "health"),
+        ]
+        .into_iter()
+        .filter_map(|(changed, what)| changed.then_some(what))
+        .collect()
+    }
+}
+
 #[cfg(test)]
 impl Drive {
     /// A blank managed drive for unit tests.
@@ -322,6 +348,24 @@ impl Inventory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_changed_drive_names_what_changed() {
+        let a = drive("a", DriveClass::Managed, Media::Ssd, 100, 0);
+        assert!(a.changed_from(&a).is_empty());
+        let mut b = a.clone();
+        b.class = DriveClass::Foreign;
+        b.reason = "holds swap space".into();
+        assert_eq!(b.changed_from(&a), vec!["class", "reason"]);
+        let mut c = a.clone();
+        c.volumes = 1;
+        c.free_bytes = 50;
+        assert_eq!(c.changed_from(&a), vec!["volumes", "free space"]);
+        let mut d = a.clone();
+        d.path = "/dev/sdz".into();
+        d.serial = Some("X".into());
+        assert_eq!(d.changed_from(&a), vec!["path", "identity"]);
+    }
 
     #[test]
     fn a_refused_drive_turns_foreign_once() {
