@@ -21,6 +21,8 @@ pub mod ctl;
 pub mod demo;
 /// Plain functions over the OS: udev, mounts, GPT layout, loop devices.
 pub mod disk;
+/// Fault injection for tests: actor fail points and crash points (`failpoints` feature).
+pub mod failpoint;
 /// The gRPC front: CSI services and the admin socket.
 pub mod grpc;
 /// Kubernetes: the in-process external-attacher, volume condition Events, the `Drive`

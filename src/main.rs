@@ -370,9 +370,9 @@ fn run(config: PathBuf) -> anyhow::Result<()> {
     }
     let cfg = Config::load(Some(&config))?;
     drivelet::logging::init(&cfg.log);
-    // Crash points for tests (`FAILPOINTS`); compiled out unless built with the
-    // `failpoints` feature.
-    let _crash_points = fail::FailScenario::setup();
+    // Crash and fail points for tests (`FAILPOINTS`); compiled out unless built with
+    // the `failpoints` feature.
+    let _crash_points = drivelet::failpoint::from_env();
     let system = actix_rt::System::with_tokio_rt(|| runtime().expect("tokio runtime"));
     system.block_on(drivelet::agent::run(cfg))?;
     Ok(())

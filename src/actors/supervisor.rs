@@ -9,8 +9,8 @@
 //!   task dies with it and its address stays closed for good (see the test below), so
 //!   actors never panic on purpose;
 //! - tests make an actor fail through a fail point named `actor.<name>.stop`
-//!   ([`injected_failure`]), compiled in only with the `failpoints` feature and kept
-//!   apart from the crash points (which kill the process).
+//!   ([`crate::failpoint::injected_failure`]), compiled in only with the `failpoints`
+//!   feature and kept apart from the crash points (which kill the process).
 
 use actix::prelude::*;
 
@@ -41,27 +41,6 @@ pub fn start(cfg: &Config) -> Actors {
     let (hcfg, inv, vols) = (cfg.health.clone(), inventory.clone(), volumes.clone());
     let health = Supervisor::start(move |_| HealthPoller::new(hcfg, inv, vols));
     Actors { inventory, volumes, health }
-}
-
-/// Arms the fail point `name` with `actions` (the admin socket's `fail-point` request).
-pub fn arm_failure(name: &str, actions: &str) -> Result<(), String> {
-    #[cfg(feature = "failpoints")]
-    return fail::cfg(name, actions).map_err(|e| format!("fail point {name}: {e}"));
-    #[cfg(not(feature = "failpoints"))]
-    {
-        let _ = (name, actions);
-        Err("this build has no fail points (built without the `failpoints` feature)".into())
-    }
-}
-
-/// Whether a test armed the fail point `name` (`actor.<name>.stop`, e.g.
-/// `FAILPOINTS=actor.volumes.stop=1*return`) to make the calling actor fail here; the
-/// caller then stops itself so that its supervisor restarts it. Always `false` unless
-/// built with the `failpoints` feature.
-pub fn injected_failure(name: &str) -> bool {
-    let _ = name;
-    fail::fail_point!(name, |_| true);
-    false
 }
 
 #[cfg(test)]
