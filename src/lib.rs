@@ -5,10 +5,12 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::unwrap_in_result)]
 
-/// Actors: drive inventory, volume manager, supervisor, messages.
+/// The core actors: drive inventory, volume manager, health poller, and their messages.
 pub mod actors;
 /// `drivelet run`: startup order and clean shutdown.
 pub mod agent;
+/// Exponential backoff, the crate's one retry-delay rule.
+pub mod backoff;
 /// `drivelet bench`: a CSI load generator for any CSI endpoint.
 pub mod bench;
 /// Typed configuration and validation.
@@ -25,8 +27,9 @@ pub mod disk;
 pub mod failpoint;
 /// The gRPC front: CSI services and the admin socket.
 pub mod grpc;
-/// Kubernetes: the in-process external-attacher, volume condition Events, the `Drive`
-/// custom resource and its sync, node labels.
+/// The Kubernetes front: the in-process external-attacher (its AttachQueue actor and
+/// decisions), volume condition Events, the `Drive` custom resource and its sync, node
+/// labels.
 pub mod k8s;
 /// The HTTP endpoints: `/healthz`, `/readyz`, `/metrics`.
 pub mod http;
@@ -38,6 +41,8 @@ pub mod metrics;
 pub mod migration;
 /// The embedded store of volume records.
 pub mod store;
+/// The root supervisor: starts every actor, core and fronts, in one place.
+pub mod supervisor;
 /// Property tests of request and config validation.
 #[cfg(test)]
 mod validation_props;

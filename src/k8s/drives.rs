@@ -43,7 +43,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::attach::backoff;
+use crate::backoff::backoff;
 use super::crd;
 use crate::actors::inventory::classify::DriveClass;
 use crate::actors::inventory::model::Drive;
