@@ -11,14 +11,10 @@ pub mod actors;
 pub mod agent;
 /// Exponential backoff, the crate's one retry-delay rule.
 pub mod backoff;
-/// `drivelet bench`: a CSI load generator for any CSI endpoint.
-pub mod bench;
+/// The command-line clients: `ctl` (admin socket), `csi` (any CSI endpoint), `bench`.
+pub mod cli;
 /// Typed configuration and validation.
 pub mod config;
-/// `drivelet csi`: a CSI client for running a lifecycle by hand.
-pub mod csicli;
-/// `drivelet ctl`: the admin client.
-pub mod ctl;
 /// Loop-backed demo drives.
 pub mod demo;
 /// Plain functions over the OS: udev, mounts, GPT layout, loop devices.

@@ -207,7 +207,7 @@ pub fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: &[Volum
             wwn: d.wwn.clone(),
             model: d.model.clone(),
             size_bytes: d.size_bytes,
-            size: Some(crate::ctl::human_bytes(d.size_bytes)),
+            size: Some(crate::config::human_bytes(d.size_bytes)),
             media: d.media.as_str().to_string(),
         };
         let status = crd::DriveStatus {
