@@ -40,7 +40,7 @@ use common::*;
 use drivelet::actors::inventory::classify::stable_id;
 use drivelet::actors::inventory::model::LayoutKind;
 use drivelet::actors::volumes::model::{VolumeRecord, VolumeState};
-use drivelet::bench::Histogram;
+use drivelet::cli::bench::Histogram;
 use drivelet::config::Media;
 use drivelet::disk::{gpt, udev::DiskProbe};
 use drivelet::grpc::proto::csi;
@@ -216,7 +216,7 @@ level = "info"
 }
 
 async fn ready(socket: &Path) -> bool {
-    let Ok(ch) = drivelet::csicli::connect(socket).await else { return false };
+    let Ok(ch) = drivelet::cli::csi::connect(socket).await else { return false };
     let r = csi::identity_client::IdentityClient::new(ch).probe(csi::ProbeRequest {}).await;
     r.is_ok_and(|r| r.into_inner().ready == Some(true))
 }
@@ -303,7 +303,7 @@ fn measure(dir: &Path, cfg: &Path, volumes: usize, rt: &tokio::runtime::Runtime)
     let (rss_ready_kib, hwm_ready_kib) = rss_kib(pid);
 
     let f = rt.block_on(async {
-        let ch = drivelet::csicli::connect(&socket).await.expect("connect");
+        let ch = drivelet::cli::csi::connect(&socket).await.expect("connect");
         let mut ctrl = csi::controller_client::ControllerClient::new(ch.clone());
         let mut node = csi::node_client::NodeClient::new(ch);
         let t = Instant::now();

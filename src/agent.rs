@@ -1,28 +1,23 @@
 //! `drivelet run`: brings the node agent up in order and down cleanly.
 //!
 //! Order: state directory, demo drives, sockets (bind errors are fatal here, before any
-//! actor starts), actors, CSI and admin servers, then (with `kubelet.registration`) the
-//! kubelet registration server, last, so kubelet finds a CSI socket that answers.
+//! actor starts), then every actor at once through `supervisor::start` (core actors, CSI
+//! and admin servers, then, with `kubelet.registration`, the kubelet registration
+//! server, so kubelet finds a CSI socket that answers, then the Kubernetes front), then
+//! the HTTP endpoints.
 //! SIGTERM or SIGINT: stop accepting (registration first, so kubelet deregisters),
 //! finish in-flight calls, remove the sockets, detach demo drives, stop the system.
 
 use std::sync::Arc;
 
-use actix::prelude::*;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::info;
 
-use crate::actors::attach::{AttachQueue, ManagerBackend, QueueConfig};
-use crate::actors::supervisor;
-use crate::actors::messages::SubscribeConditions;
-use crate::k8s::attach::{Identity, RetryPolicy};
-use crate::k8s::drives::DriveSync;
-use crate::k8s::events::{ConditionEvents, ConditionReporter};
 use crate::config::Config;
 use crate::demo::Demo;
 use crate::disk::DiskError;
-use crate::grpc::registration::{Registrar, RegistrationService, RegistrationState};
-use crate::grpc::{self, admin, CsiFront, Front, Shutdown, SocketError};
+use crate::grpc::{self, Shutdown, SocketError};
+use crate::supervisor;
 
 /// Fatal errors of the agent.
 #[derive(Debug, thiserror::Error)]
@@ -124,28 +119,10 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         }
     };
 
-    let actors = supervisor::start(&cfg);
-    let front = Front::new(cfg.clone(), actors.inventory.clone(), actors.volumes.clone());
-    let csi_front = {
-        let f = front.clone();
-        Supervisor::start(move |_| CsiFront::new(f, csi_listener))
-    };
-    let (admin_stop, admin_rx) = tokio::sync::oneshot::channel();
-    let admin_task = tokio::spawn(admin::serve_admin(front, admin_listener, admin_rx));
-    info!(socket.path = %cfg.paths.admin_socket.display(), "serving admin");
-    // Kubelet's last registration report; shared so the admin socket can show it.
-    let registration = RegistrationState::default();
-    let registrar = reg_listener.map(|l| {
-        let service = RegistrationService {
-            driver: cfg.driver.name.clone(),
-            endpoint: cfg.paths.csi_socket.clone(),
-            state: registration.clone(),
-        };
-        let path = reg_path.clone();
-        Supervisor::start(move |_| Registrar::new(service, path, l))
-    });
-
-    let attach = kube.and_then(|client| start_kubernetes(&cfg, client, &actors));
+    let sockets = supervisor::Sockets { csi: csi_listener, admin: admin_listener, registration: reg_listener };
+    let running = supervisor::start(&cfg, sockets, kube);
+    let actors = &running.actors;
+    let attach = running.attach.clone();
     let http_stop = http_listener.map(|l| {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let endpoints = crate::http::Endpoints { inventory: actors.inventory.clone(), volumes: actors.volumes.clone(), attach };
@@ -166,55 +143,21 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         _ = sigint.recv() => "SIGINT",
     };
     info!(signal = which, "shutting down");
-    if let Some(r) = &registrar {
+    if let Some(r) = &running.registrar {
         let _ = r.send(Shutdown).await;
     }
     if let Some(tx) = http_stop {
         let _ = tx.send(());
     }
-    let _ = csi_front.send(Shutdown).await;
-    let _ = admin_stop.send(());
-    let _ = admin_task.await;
+    let _ = running.csi.send(Shutdown).await;
+    let _ = running.admin_stop.send(());
+    let _ = running.admin_task.await;
     let _ = std::fs::remove_file(&cfg.paths.admin_socket);
     if let Some(mut d) = demo {
         tokio::task::spawn_blocking(move || d.teardown()).await.ok();
     }
     info!("drivelet stopped");
     Ok(())
-}
-
-/// Starts what `[kubernetes]` turns on: the attach queue (its address is returned),
-/// condition Events, Drive objects and node labels.
-fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &supervisor::Actors) -> Option<Addr<AttachQueue<ManagerBackend>>> {
-    let k = &cfg.kubernetes;
-    let identity = Identity { driver: cfg.driver.name.clone(), node: cfg.driver.node_name.clone() };
-    let mut attach = None;
-    if k.attach {
-        let qcfg = QueueConfig {
-            identity: identity.clone(),
-            policy: RetryPolicy { base: k.attach_backoff_base, cap: k.attach_backoff_cap, terminal: k.attach_terminal_retry },
-            resync: k.resync_interval,
-        };
-        let (c, backend) = (client.clone(), ManagerBackend::new(actors.volumes.clone()));
-        attach = Some(Supervisor::start(move |_| AttachQueue::new(c, qcfg, backend)));
-    }
-    if k.events {
-        let reporter = ConditionReporter::new(client.clone(), identity.clone());
-        let interval = k.event_interval;
-        let events = Supervisor::start(move |_| ConditionEvents::new(reporter, interval));
-        actors.volumes.do_send(SubscribeConditions(events.recipient()));
-    }
-    if k.drive_objects {
-        let (c, node, inv, vols, resync) =
-            (client.clone(), cfg.driver.node_name.clone(), actors.inventory.clone(), actors.volumes.clone(), k.drive_resync_interval);
-        Supervisor::start(move |_| DriveSync::new(c, node, inv, vols, resync));
-    }
-    if k.label_node {
-        let labels = cfg.topology_segments();
-        tokio::spawn(crate::k8s::node::label_node(client, cfg.driver.node_name.clone(), labels, k.attach_backoff_base, k.attach_backoff_cap));
-    }
-    info!(attach = k.attach, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node, "kubernetes integration started");
-    attach
 }
 
 /// How long after start the binary's start-up code counts as cold.

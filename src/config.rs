@@ -417,6 +417,23 @@ impl Default for KubernetesConfig {
     }
 }
 
+/// Bytes in binary units, e.g. `1.9 GiB`: how sizes are shown to people (`ctl`, `csi`,
+/// Drive objects).
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
 /// Parses a size: a whole number with an optional unit. `K`, `M`, `G`, `T` (and `KB`...)
 /// are powers of 1000; `Ki`, `Mi`, `Gi`, `Ti` (and `KiB`...) are powers of 1024.
 pub fn parse_size(s: &str) -> Result<u64, String> {

@@ -23,10 +23,10 @@ use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
-use crate::actors::attach::{AttachQueue, GetQueueStats, ManagerBackend};
 use crate::actors::inventory::DriveInventory;
 use crate::actors::messages::{GetInventoryStatus, InventoryStatus, ListDrives};
 use crate::actors::volumes::{ListDriveUses, ListVolumeStatuses, VolumeManager, VolumesReady};
+use crate::k8s::attach::queue::{AttachQueue, GetQueueStats, ManagerBackend};
 use crate::metrics::{metrics, render, Gauges};
 
 /// How long a probe waits for an actor to answer.

@@ -5,26 +5,27 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::unwrap_in_result)]
 
-/// Actors: drive inventory, volume manager, supervisor, messages.
+/// The core actors: drive inventory, volume manager, health poller, and their messages.
 pub mod actors;
 /// `drivelet run`: startup order and clean shutdown.
 pub mod agent;
-/// `drivelet bench`: a CSI load generator for any CSI endpoint.
-pub mod bench;
+/// Exponential backoff, the crate's one retry-delay rule.
+pub mod backoff;
+/// The command-line clients: `ctl` (admin socket), `csi` (any CSI endpoint), `bench`.
+pub mod cli;
 /// Typed configuration and validation.
 pub mod config;
-/// `drivelet csi`: a CSI client for running a lifecycle by hand.
-pub mod csicli;
-/// `drivelet ctl`: the admin client.
-pub mod ctl;
 /// Loop-backed demo drives.
 pub mod demo;
 /// Plain functions over the OS: udev, mounts, GPT layout, loop devices.
 pub mod disk;
+/// Fault injection for tests: actor fail points and crash points (`failpoints` feature).
+pub mod failpoint;
 /// The gRPC front: CSI services and the admin socket.
 pub mod grpc;
-/// Kubernetes: the in-process external-attacher, volume condition Events, the `Drive`
-/// custom resource and its sync, node labels.
+/// The Kubernetes front: the in-process external-attacher (its AttachQueue actor and
+/// decisions), volume condition Events, the `Drive` custom resource and its sync, node
+/// labels.
 pub mod k8s;
 /// The HTTP endpoints: `/healthz`, `/readyz`, `/metrics`.
 pub mod http;
@@ -36,6 +37,8 @@ pub mod metrics;
 pub mod migration;
 /// The embedded store of volume records.
 pub mod store;
+/// The root supervisor: starts every actor, core and fronts, in one place.
+pub mod supervisor;
 /// Property tests of request and config validation.
 #[cfg(test)]
 mod validation_props;

@@ -83,8 +83,8 @@ struct BenchArgs {
     #[arg(long, default_value_t = 4)]
     concurrency: usize,
     /// One connection per caller, or one shared channel (HTTP/2 multiplexing).
-    #[arg(long, value_enum, default_value_t = drivelet::bench::Connections::PerCaller)]
-    connections: drivelet::bench::Connections,
+    #[arg(long, value_enum, default_value_t = drivelet::cli::bench::Connections::PerCaller)]
+    connections: drivelet::cli::bench::Connections,
     /// Time limit of each call, e.g. 30s (running out counts as DEADLINE_EXCEEDED).
     #[arg(long, default_value = "60s")]
     timeout: String,
@@ -108,7 +108,7 @@ enum BenchMode {
         duration: String,
         /// Only these RPCs (repeatable; default: all four).
         #[arg(long = "rpc", value_enum)]
-        rpcs: Vec<drivelet::bench::Rpc>,
+        rpcs: Vec<drivelet::cli::bench::Rpc>,
         /// max_entries of ListVolumes.
         #[arg(long, default_value_t = 100)]
         page_size: i32,
@@ -166,8 +166,8 @@ struct AccessArgs {
 }
 
 impl AccessArgs {
-    fn access(&self) -> drivelet::csicli::Access {
-        drivelet::csicli::Access {
+    fn access(&self) -> drivelet::cli::csi::Access {
+        drivelet::cli::csi::Access {
             block: self.block,
             fs_type: self.fs.clone(),
             mount_flags: self.mount_flags.clone(),
@@ -370,9 +370,9 @@ fn run(config: PathBuf) -> anyhow::Result<()> {
     }
     let cfg = Config::load(Some(&config))?;
     drivelet::logging::init(&cfg.log);
-    // Crash points for tests (`FAILPOINTS`); compiled out unless built with the
-    // `failpoints` feature.
-    let _crash_points = fail::FailScenario::setup();
+    // Crash and fail points for tests (`FAILPOINTS`); compiled out unless built with
+    // the `failpoints` feature.
+    let _crash_points = drivelet::failpoint::from_env();
     let system = actix_rt::System::with_tokio_rt(|| runtime().expect("tokio runtime"));
     system.block_on(drivelet::agent::run(cfg))?;
     Ok(())
@@ -389,21 +389,21 @@ fn ctl(config: Option<PathBuf>, socket: Option<PathBuf>, cmd: CtlCmd) -> anyhow:
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     match cmd {
         CtlCmd::Drives { output } => {
-            let drives = rt.block_on(drivelet::ctl::drives(&socket))?;
+            let drives = rt.block_on(drivelet::cli::ctl::drives(&socket))?;
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&drives).context("encode")?),
-                Output::Table => print!("{}", drivelet::ctl::drives_table(&drives)),
+                Output::Table => print!("{}", drivelet::cli::ctl::drives_table(&drives)),
             }
         }
         CtlCmd::Drive { cmd: DriveCmd::Release { id, force } } => {
-            let u = rt.block_on(drivelet::ctl::release(&socket, &id, force))?;
+            let u = rt.block_on(drivelet::cli::ctl::release(&socket, &id, force))?;
             println!("drive {}: {} ({})", u.drive_id, u.state.as_str(), u.reason);
         }
         CtlCmd::Volumes { output } => {
-            let vols = rt.block_on(drivelet::ctl::volumes(&socket))?;
+            let vols = rt.block_on(drivelet::cli::ctl::volumes(&socket))?;
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&vols).context("encode")?),
-                Output::Table => print!("{}", drivelet::ctl::volumes_table(&vols)),
+                Output::Table => print!("{}", drivelet::cli::ctl::volumes_table(&vols)),
             }
         }
         CtlCmd::Migrate { .. } => {}
@@ -459,7 +459,7 @@ fn migrate(config: Option<PathBuf>, socket: Option<PathBuf>, file: Option<PathBu
         path: PathBuf::from(&origin.path),
         fs_type: origin.fs_type.clone().unwrap_or_default(),
     };
-    let rec = rt.block_on(drivelet::ctl::adopt(&socket, &req))?;
+    let rec = rt.block_on(drivelet::cli::ctl::adopt(&socket, &req))?;
     eprintln!(
         "adopted {} as volume {}: drivelet serves it from now on and never deletes its data; replace the PV with the translated one above",
         origin.path, rec.id
@@ -472,7 +472,7 @@ fn size_arg(s: &str) -> anyhow::Result<u64> {
 }
 
 fn csi(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, cmd: CsiCmd) -> anyhow::Result<()> {
-    use drivelet::csicli;
+    use drivelet::cli::csi as csicli;
     let socket = match endpoint {
         Some(s) => s,
         None => Config::load(config.as_deref())?.paths.csi_socket,
@@ -516,7 +516,7 @@ fn csi(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, cmd: 
 }
 
 fn bench(mode: BenchMode) -> anyhow::Result<()> {
-    use drivelet::bench::{self, Common};
+    use drivelet::cli::bench::{self, Common};
     let duration = |s: &str| drivelet::config::parse_duration(s).map_err(|e| anyhow::anyhow!(e));
     let common = |a: &BenchArgs| -> anyhow::Result<Common> {
         Ok(Common {
@@ -541,8 +541,8 @@ fn bench(mode: BenchMode) -> anyhow::Result<()> {
                 count: *count,
                 duration: duration(d)?,
                 size: size_arg(size)?,
-                access: drivelet::csicli::Access { block: *block, fs_type: fs.clone(), mount_flags: Vec::new(), mode: String::new() },
-                params: drivelet::csicli::parse_params(params)?,
+                access: drivelet::cli::csi::Access { block: *block, fs_type: fs.clone(), mount_flags: Vec::new(), mode: String::new() },
+                params: drivelet::cli::csi::parse_params(params)?,
                 staging_dir: staging_dir.clone(),
                 target_dir: target_dir.clone(),
             };

@@ -87,7 +87,7 @@ fn drives_appear_and_vanish_live() {
     let agent = Agent::start(tmp.path(), AgentOpts::default());
     let rt = rt();
     let drives = || -> Vec<drivelet::actors::inventory::model::Drive> {
-        rt.block_on(drivelet::ctl::drives(&agent.admin_socket)).expect("admin answers").into_iter().map(|v| v.drive).collect()
+        rt.block_on(drivelet::cli::ctl::drives(&agent.admin_socket)).expect("admin answers").into_iter().map(|v| v.drive).collect()
     };
 
     let mut hot = LoopDrive::new(tmp.path(), "hotplug.img", GIB);

@@ -107,7 +107,7 @@ impl HealthPoller {
     }
 
     fn volume_cycle(&mut self, ctx: &mut Context<Self>) {
-        if super::supervisor::injected_failure("actor.health.stop") {
+        if crate::failpoint::injected_failure("actor.health.stop") {
             warn!(actor = "health", "failure injected: stopping at a volume check cycle");
             ctx.stop();
             return;

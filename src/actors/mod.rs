@@ -1,9 +1,13 @@
-//! Actors: one concern each, talking only by message. Each wraps a plain struct that
-//! holds the logic; handlers forward to it in a line or two.
+//! The core actors: one concern each, talking only by message. Each wraps a plain
+//! struct that holds the logic; handlers forward to it in a line or two.
+//!
+//! Rules: nothing here knows a front. The gRPC front (`src/grpc`) and the Kubernetes
+//! front (`src/k8s`) hold these actors' addresses and send them messages; these
+//! actors never import either, and tell the fronts about changes only through the
+//! subscriptions the fronts ask for (`SubscribeConditions`, `SubscribeDrives`,
+//! `SubscribeVolumes`). All of them are started by `crate::supervisor::start`.
 
-pub mod attach;
 pub mod health;
 pub mod inventory;
 pub mod messages;
-pub mod supervisor;
 pub mod volumes;

@@ -127,7 +127,7 @@ async fn answer(front: &Front, line: &str) -> AdminResponse {
                 Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
             }
         }
-        Ok(AdminRequest::FailPoint { name, actions }) => match crate::actors::supervisor::arm_failure(&name, &actions) {
+        Ok(AdminRequest::FailPoint { name, actions }) => match crate::failpoint::arm_failure(&name, &actions) {
             Ok(()) => AdminResponse::Armed(name),
             Err(e) => AdminResponse::Error(e),
         },

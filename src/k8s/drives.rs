@@ -43,7 +43,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::attach::backoff;
+use crate::backoff::backoff;
 use super::crd;
 use crate::actors::inventory::classify::DriveClass;
 use crate::actors::inventory::model::Drive;
@@ -207,7 +207,7 @@ pub fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: &[Volum
             wwn: d.wwn.clone(),
             model: d.model.clone(),
             size_bytes: d.size_bytes,
-            size: Some(crate::ctl::human_bytes(d.size_bytes)),
+            size: Some(crate::config::human_bytes(d.size_bytes)),
             media: d.media.as_str().to_string(),
         };
         let status = crd::DriveStatus {

@@ -34,13 +34,13 @@ use std::time::Duration;
 use actix::prelude::*;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, Pod};
 use kube::api::{Api, ListParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::attach::{Identity, REPORTER};
+use super::identity::Identity;
 
 /// Reason of the Event recorded when a volume turns abnormal.
 pub const REASON_ABNORMAL: &str = "VolumeConditionAbnormal";
@@ -429,8 +429,7 @@ impl ConditionReporter {
                 }
             }
         };
-        let reporter = Reporter { controller: REPORTER.to_string(), instance: Some(self.identity.node.clone()) };
-        let recorder = Recorder::new(self.client.clone(), reporter);
+        let recorder = Recorder::new(self.client.clone(), self.identity.reporter());
         let mut reported = Reported::default();
         let mut failed = Vec::new();
         for target in targets {

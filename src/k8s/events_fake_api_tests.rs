@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tower_test::mock::SendResponse;
 
 use super::attach::fixtures::{identity, NODE};
-use super::attach::REPORTER;
+use super::identity::REPORTER;
 use super::events::fixtures::*;
 use super::events::*;
 use super::fake_api_tests::{assert_no_more_requests, expect, fake_api, respond, ApiHandle};

@@ -23,6 +23,7 @@ use tower_test::mock::{self, Handle, SendResponse};
 
 use super::attach::fixtures::*;
 use super::attach::*;
+use super::identity::REPORTER;
 
 pub(super) type ApiHandle = Handle<Request<Body>, Response<Body>>;
 

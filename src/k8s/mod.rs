@@ -1,21 +1,30 @@
-//! Kubernetes side of drivelet: the in-process external-attacher's decisions, Events
-//! about volume conditions, the `Drive` custom resource and its sync, node labels.
+//! The Kubernetes front of drivelet, beside the gRPC front: the in-process
+//! external-attacher (the AttachQueue actor and its decisions), Events about volume
+//! conditions, the `Drive` custom resource and its sync, node labels. Everything that
+//! talks to an API server lives here, and nothing else does.
 //!
 //! Rules:
+//! - A front, like `grpc/`: it talks to the core actors (inventory, volume manager) only
+//!   by message, and `src/actors` never imports it. The attach queue publishes and
+//!   unpublishes through `attach::queue::ManagerBackend`, which sends the VolumeManager
+//!   `AttachVolume` / `DetachVolume`; condition Events arrive as `VolumeConditionChanged`
+//!   notifications the volume manager sends to a subscriber; the Drive sync asks
+//!   read-only queries and takes notifications.
 //! - Decisions are pure functions over Kubernetes objects and domain values
 //!   (`attach::reconcile`, `attach::reconcile_pv`, `events::EventGate`,
 //!   `events::find_claim`, `events::pods_using`, `drives::desired`, `drives::plan`,
 //!   `node::label_patch`); the only code that talks to the API server is in the
 //!   executors (`attach::Executor`, `events::ConditionReporter`, `drives::Executor`,
-//!   `node::label_once`), so the decisions are table-tested without a cluster and the
-//!   executors are tested against a scripted fake API server.
-//! - Nothing here touches a disk. Publishing and unpublishing a volume go through the
-//!   `attach::VolumeOps` trait, which `actors::attach` implements by asking the
-//!   VolumeManager. The two small actors here only take messages
-//!   (`events::ConditionEvents`) or ask read-only queries and take notifications
-//!   (`drives::DriveSync`).
+//!   `node::label_once`) and the watches of the actors (`attach::queue::AttachQueue`,
+//!   `events::ConditionEvents`, `drives::DriveSync`), so the decisions are table-tested
+//!   without a cluster and the executors are tested against a scripted fake API server.
+//! - Nothing here touches a disk.
+//! - Who drivelet is to the API server (driver, node, finalizer, Event reporter) is
+//!   decided once, in [`identity`]; the actors of this front are started with the rest
+//!   in `crate::supervisor::start`, only when `[kubernetes]` turns them on.
 
-/// The external-attacher: reconcile decisions, backoff and the executor of their actions.
+/// The external-attacher: reconcile decisions, the executor of their actions, and the
+/// AttachQueue actor that runs them.
 pub mod attach;
 /// The cluster-scoped `Drive` custom resource and its CRD manifest.
 pub mod crd;
@@ -25,6 +34,8 @@ pub mod drives;
 /// Rate-limited Events on a volume's claim and pods when its condition turns abnormal or
 /// back to normal.
 pub mod events;
+/// Who drivelet is to the API server: driver, node, finalizer, Event reporter.
+pub mod identity;
 /// Labelling the Node with drivelet's topology segments.
 pub mod node;
 /// The API permissions drivelet needs, the table the deployment's RBAC is checked against.

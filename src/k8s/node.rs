@@ -17,7 +17,7 @@ use kube::Client;
 use serde_json::{json, Value};
 use tracing::{info, warn};
 
-use super::attach::backoff;
+use crate::backoff::backoff;
 
 /// The merge patch setting `wanted` on a node that has `current` labels; `None` when
 /// every label already has its value.

@@ -34,7 +34,7 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "storage.k8s.io",
         resource: "volumeattachments",
         verbs: &["list", "watch", "patch"],
-        used_by: "actors::attach (watcher: list, then watch) and k8s::attach::Executor (finalizer merge patches)",
+        used_by: "k8s::attach::queue::AttachQueue (watcher: list, then watch) and k8s::attach::Executor (finalizer merge patches)",
     },
     Permission {
         group: "storage.k8s.io",
@@ -46,7 +46,7 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "",
         resource: "persistentvolumes",
         verbs: &["list", "watch", "patch"],
-        used_by: "actors::attach (watcher), k8s::attach::Executor (PV finalizer patches), \
+        used_by: "k8s::attach::queue::AttachQueue (watcher), k8s::attach::Executor (PV finalizer patches), \
                   k8s::events::ConditionReporter (lists PVs to find a volume's claim)",
     },
     Permission {

@@ -265,8 +265,8 @@ pub fn rt() -> tokio::runtime::Runtime {
 }
 
 /// A gRPC channel over a unix socket (the library's own CSI client connector).
-pub async fn channel(path: &Path) -> Result<Channel, drivelet::csicli::CsiCliError> {
-    drivelet::csicli::connect(path).await
+pub async fn channel(path: &Path) -> Result<Channel, drivelet::cli::csi::CsiCliError> {
+    drivelet::cli::csi::connect(path).await
 }
 
 /// The drive entry whose path is `dev`, from ctl JSON.

@@ -259,7 +259,7 @@ impl Supervised for DriveInventory {
 impl Handler<ListDrives> for DriveInventory {
     type Result = Vec<Drive>;
     fn handle(&mut self, _: ListDrives, ctx: &mut Context<Self>) -> Vec<Drive> {
-        if super::supervisor::injected_failure("actor.inventory.stop") {
+        if crate::failpoint::injected_failure("actor.inventory.stop") {
             warn!(actor = "inventory", "failure injected: stopping after this answer");
             ctx.stop();
         }

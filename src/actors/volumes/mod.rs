@@ -1000,7 +1000,7 @@ impl Handler<ListVolumeStatuses> for VolumeManager {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
-        if super::supervisor::injected_failure("actor.volumes.stop") {
+        if crate::failpoint::injected_failure("actor.volumes.stop") {
             warn!(actor = "volumes", "failure injected: stopping after this answer");
             ctx.stop();
         }

@@ -28,18 +28,9 @@ use super::VolumeError;
 use nix::mount::MsFlags;
 
 use crate::disk::lock::DiskLock;
+use crate::failpoint::crash_point;
 use crate::disk::{blkpg, fs, gpt, mount, paths, DiskError};
 use crate::store::Store;
-
-/// Kills the process at a named point when a test armed it (`FAILPOINTS=name=return`).
-macro_rules! crash_point {
-    ($name:literal) => {
-        fail::fail_point!($name, |_| {
-            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-            unreachable!("SIGKILL at crash point")
-        })
-    };
-}
 
 /// Where a volume's drive is, for the blocking steps.
 #[derive(Debug, Clone)]

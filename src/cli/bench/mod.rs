@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 use tonic::Code;
 
-use crate::csicli::{self, Access};
+use crate::cli::csi::{self as csicli, Access};
 use crate::grpc::proto::csi;
 use csi::controller_service_capability::rpc::Type as CtrlCap;
 use csi::node_service_capability::rpc::Type as NodeCap;

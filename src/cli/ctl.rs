@@ -8,6 +8,7 @@ use tokio::net::UnixStream;
 
 use crate::actors::volumes::model::VolumeRecord;
 use crate::actors::volumes::health::DriveUse;
+use crate::config::human_bytes;
 use crate::grpc::admin::{AdminRequest, AdminResponse, DriveView};
 
 /// Errors talking to the agent.
@@ -128,22 +129,6 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         out += &fmt(r.iter().map(String::as_str).collect());
     }
     out
-}
-
-/// Bytes in binary units, e.g. `1.9 GiB`.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
 }
 
 /// Renders drives as an aligned table.

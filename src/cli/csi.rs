@@ -390,7 +390,7 @@ fn scalar(key: &str, v: &serde_json::Value) -> String {
         serde_json::Value::String(s) => s.clone(),
         serde_json::Value::Null => "-".into(),
         serde_json::Value::Number(n) if is_size(key) => match n.as_u64() {
-            Some(b) => crate::ctl::human_bytes(b),
+            Some(b) => crate::config::human_bytes(b),
             None => n.to_string(),
         },
         serde_json::Value::Array(a) if a.is_empty() => "-".into(),

@@ -1,8 +1,9 @@
 //! The AttachQueue actor: the external-attacher's controller loop, in process. It
 //! watches VolumeAttachments and PersistentVolumes, keeps what concerns this driver, and
-//! runs `k8s::attach::reconcile` for each VolumeAttachment of this node through a
-//! `k8s::workqueue::WorkQueue`; the decisions are carried out by `k8s::attach::Executor`
-//! and the volume side by the VolumeManager ([`ManagerBackend`]).
+//! runs [`reconcile`](super::reconcile) for each VolumeAttachment of this node through a
+//! [`WorkQueue`]; the decisions are carried out by [`Executor`](super::Executor) and the
+//! volume side by the VolumeManager, asked by message ([`ManagerBackend`]: the queue's
+//! only link to the core actors).
 //!
 //! Rules:
 //! - The API server has no field selector for a VolumeAttachment's `spec.attacher` or
@@ -45,11 +46,13 @@ use kube::{Api, Client, ResourceExt};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::volumes::{AttachPreview, AttachVolume, DetachVolume, VolumeError, VolumeManager, WaitReady};
-use crate::k8s::attach::{
-    backoff, publish_spec, reconcile, reconcile_pv, Action, Executor, Identity, Observed, PublishSpec, RetryPolicy,
-    VolumeOps, VolumeState,
+use super::{
+    publish_spec, reconcile, reconcile_pv, Action, AttachError, Executor, Observed, PublishSpec, RetryPolicy, VolumeOps,
+    VolumeState,
 };
+use crate::actors::volumes::{AttachPreview, AttachVolume, DetachVolume, VolumeError, VolumeManager, WaitReady};
+use crate::backoff::backoff;
+use crate::k8s::identity::Identity;
 use crate::k8s::workqueue::{Outcome, WorkQueue};
 
 #[cfg(test)]
@@ -478,7 +481,7 @@ impl<B: AttachBackend> AttachQueue<B> {
     }
 }
 
-fn log_outcome(va: &VolumeAttachment, actions: &[Action], outcome: &Result<Option<Duration>, crate::k8s::attach::AttachError>, failures: u32) {
+fn log_outcome(va: &VolumeAttachment, actions: &[Action], outcome: &Result<Option<Duration>, AttachError>, failures: u32) {
     let name = va.name_any();
     let pv = va.spec.source.persistent_volume_name.as_deref().unwrap_or("");
     let publish = actions.iter().any(|a| matches!(a, Action::Publish(_)));

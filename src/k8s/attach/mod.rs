@@ -28,7 +28,8 @@
 //!
 //! `Executor::apply` performs the actions in order and stops at the first failure; a
 //! failed publish or unpublish is turned into the failure actions above. Clocks (error
-//! times) are read by the executor, never by the decisions.
+//! times) are read by the executor, never by the decisions. The [`queue`] actor decides
+//! when each object is looked at; this module decides what to do about it.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -39,34 +40,16 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{json, Map, Value};
 
-/// The controller name on Events and the field manager on patches.
-pub const REPORTER: &str = "drivelet";
+use super::identity::Identity;
+use crate::backoff::backoff;
 
-/// Who we are: only VolumeAttachments for this driver and this node are ours.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
-    /// The CSI driver name (`spec.attacher`).
-    pub driver: String,
-    /// This node's name (`spec.nodeName`).
-    pub node: String,
-}
-
-impl Identity {
-    /// Our finalizer on VolumeAttachments and PVs.
-    pub fn finalizer(&self) -> String {
-        finalizer_name(&self.driver)
-    }
-}
-
-/// The external-attacher's finalizer for a driver: `external-attacher/<driver>` with every
-/// `/` in the driver name replaced by `-`.
-pub fn finalizer_name(driver: &str) -> String {
-    format!("external-attacher/{}", driver.replace('/', "-"))
-}
+/// The AttachQueue actor that runs these decisions: the watches, the work queue, and the
+/// VolumeManager asked by message.
+pub mod queue;
 
 /// What the volume manager says about the volume a VolumeAttachment names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,13 +86,6 @@ impl Default for RetryPolicy {
             terminal: Duration::from_secs(600),
         }
     }
-}
-
-/// Exponential backoff: `base * 2^attempt`, never more than `cap` (attempt 0 is the first
-/// retry). Saturates instead of overflowing.
-pub fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
-    let factor = 1u32.checked_shl(attempt).unwrap_or(u32::MAX);
-    base.checked_mul(factor).map_or(cap, |d| d.min(cap))
 }
 
 /// How a status patch treats `attachError` / `detachError`.
@@ -399,10 +375,10 @@ pub struct Executor {
 }
 
 impl Executor {
-    /// An executor writing as `REPORTER`, Events reported by this node's instance.
+    /// An executor writing as [`REPORTER`](super::identity::REPORTER), Events reported by
+    /// this node's instance.
     pub fn new(client: Client, identity: Identity, policy: RetryPolicy) -> Self {
-        let reporter = Reporter { controller: REPORTER.to_string(), instance: Some(identity.node.clone()) };
-        let recorder = Recorder::new(client.clone(), reporter);
+        let recorder = Recorder::new(client.clone(), identity.reporter());
         Self { client, recorder, identity, policy }
     }
 
@@ -689,32 +665,6 @@ mod tests {
 
     fn cat(parts: Vec<Vec<Action>>) -> Vec<Action> {
         parts.into_iter().flatten().collect()
-    }
-
-    #[test]
-    fn finalizer_name_replaces_every_slash_in_the_driver_name() {
-        assert_eq!(finalizer_name("drivelet.io/local"), "external-attacher/drivelet.io-local");
-        assert_eq!(finalizer_name("a/b/c"), "external-attacher/a-b-c");
-        assert_eq!(finalizer_name("plain"), "external-attacher/plain");
-    }
-
-    #[test]
-    fn backoff_doubles_from_base_and_stops_at_the_cap() {
-        let table = [
-            (0, S(1)),
-            (1, S(2)),
-            (2, S(4)),
-            (5, S(32)),
-            (6, S(60)),
-            (31, S(60)),
-            (32, S(60)),
-            (u32::MAX, S(60)),
-        ];
-        for (attempt, want) in table {
-            assert_eq!(backoff(attempt, S(1), S(60)), want, "attempt {attempt}");
-        }
-        assert_eq!(backoff(3, Duration::from_millis(250), S(60)), S(2));
-        assert_eq!(backoff(40, Duration::MAX, Duration::MAX), Duration::MAX);
     }
 
     #[test]

@@ -1,0 +1,210 @@
+//! The root supervisor: the one place every actor of a running agent is started, in
+//! dependency order, each under an actix `Supervisor`, so an actor that stops on failure
+//! is restarted with the same address and rebuilds its state from the host in
+//! `restarting()`/`started()`.
+//!
+//! Rules:
+//! - [`start`] wires everything, dependencies passed explicitly as addresses: the core
+//!   actors (`src/actors`: inventory, then the volume manager, which waits for the
+//!   inventory's first scan before it serves, then the health poller, which reports to
+//!   both), then the gRPC front (CSI server, admin socket, and, last of the sockets, the
+//!   kubelet registration server, so kubelet finds a CSI socket that answers), then,
+//!   when `[kubernetes]` gives it a client, the Kubernetes front (`src/k8s`: attach
+//!   queue, condition Events, Drive objects, node labels). The fronts know the core
+//!   actors by address; the core actors know neither front;
+//! - an actor fails by stopping itself (`ctx.stop()`); its supervisor then runs
+//!   `restarting()` and `started()` on the same address, and messages sent meanwhile
+//!   wait in the mailbox. A panic is not a failure the supervisor can see: the actor's
+//!   task dies with it and its address stays closed for good (see the test below), so
+//!   actors never panic on purpose;
+//! - tests make an actor fail through a fail point named `actor.<name>.stop`
+//!   ([`crate::failpoint::injected_failure`]), compiled in only with the `failpoints`
+//!   feature and kept apart from the crash points (which kill the process).
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tokio::net::UnixListener;
+use tracing::info;
+
+use crate::actors::health::HealthPoller;
+use crate::actors::inventory::DriveInventory;
+use crate::actors::messages::SubscribeConditions;
+use crate::actors::volumes::VolumeManager;
+use crate::config::Config;
+use crate::grpc::registration::{Registrar, RegistrationService, RegistrationState};
+use crate::grpc::{admin, CsiFront, Front};
+use crate::k8s::attach::queue::{AttachQueue, ManagerBackend, QueueConfig};
+use crate::k8s::attach::RetryPolicy;
+use crate::k8s::drives::DriveSync;
+use crate::k8s::events::{ConditionEvents, ConditionReporter};
+use crate::k8s::identity::Identity;
+
+/// Addresses of the running core actors.
+#[derive(Clone)]
+pub struct Actors {
+    /// Drive inventory.
+    pub inventory: Addr<DriveInventory>,
+    /// Volume manager.
+    pub volumes: Addr<VolumeManager>,
+    /// Health poller.
+    pub health: Addr<HealthPoller>,
+}
+
+/// The sockets `drivelet run` bound before any actor starts (a bind error is fatal
+/// there, with nothing started yet).
+pub struct Sockets {
+    /// The CSI socket.
+    pub csi: UnixListener,
+    /// The admin socket.
+    pub admin: UnixListener,
+    /// Kubelet's plugin registration socket, with `kubelet.registration`.
+    pub registration: Option<UnixListener>,
+}
+
+/// What [`start`] started: the addresses the HTTP endpoints ask and shutdown stops.
+pub struct Running {
+    /// The core actors.
+    pub actors: Actors,
+    /// The CSI server.
+    pub csi: Addr<CsiFront>,
+    /// The admin server's stop signal.
+    pub admin_stop: tokio::sync::oneshot::Sender<()>,
+    /// The admin server, done once it stopped.
+    pub admin_task: tokio::task::JoinHandle<()>,
+    /// Kubelet's registration server, with `kubelet.registration`.
+    pub registrar: Option<Addr<Registrar>>,
+    /// The attach queue, with `[kubernetes]` and `kubernetes.attach`.
+    pub attach: Option<Addr<AttachQueue<ManagerBackend>>>,
+}
+
+/// Starts every actor on the current arbiter, in the order of the module rules: core
+/// actors, the gRPC front on `sockets`, and the Kubernetes front when `kube` is a client.
+pub fn start(cfg: &Arc<Config>, sockets: Sockets, kube: Option<kube::Client>) -> Running {
+    let drives = cfg.drives.clone();
+    let inventory = Supervisor::start(move |_| DriveInventory::new(drives));
+    let (vcfg, dir, inv, auto) = (cfg.volumes.clone(), cfg.paths.state_dir.clone(), inventory.clone(), cfg.health.auto_release);
+    let volumes = Supervisor::start(move |_| VolumeManager::new(vcfg, dir, inv, auto));
+    let (hcfg, inv, vols) = (cfg.health.clone(), inventory.clone(), volumes.clone());
+    let health = Supervisor::start(move |_| HealthPoller::new(hcfg, inv, vols));
+    let actors = Actors { inventory, volumes, health };
+
+    let front = Front::new(cfg.clone(), actors.inventory.clone(), actors.volumes.clone());
+    let csi = {
+        let (f, l) = (front.clone(), sockets.csi);
+        Supervisor::start(move |_| CsiFront::new(f, l))
+    };
+    let (admin_stop, admin_rx) = tokio::sync::oneshot::channel();
+    let admin_task = tokio::spawn(admin::serve_admin(front, sockets.admin, admin_rx));
+    info!(socket.path = %cfg.paths.admin_socket.display(), "serving admin");
+    // Kubelet's last registration report.
+    let registration = RegistrationState::default();
+    let registrar = sockets.registration.map(|l| {
+        let service = RegistrationService {
+            driver: cfg.driver.name.clone(),
+            endpoint: cfg.paths.csi_socket.clone(),
+            state: registration.clone(),
+        };
+        let path = cfg.registration_socket();
+        Supervisor::start(move |_| Registrar::new(service, path, l))
+    });
+
+    let attach = kube.and_then(|client| start_kubernetes(cfg, client, &actors));
+    Running { actors, csi, admin_stop, admin_task, registrar, attach }
+}
+
+/// The Kubernetes front, part of [`start`]: what `[kubernetes]` turns on, the attach
+/// queue (its address is returned), condition Events, Drive objects and node labels.
+fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Option<Addr<AttachQueue<ManagerBackend>>> {
+    let k = &cfg.kubernetes;
+    let identity = Identity { driver: cfg.driver.name.clone(), node: cfg.driver.node_name.clone() };
+    let mut attach = None;
+    if k.attach {
+        let qcfg = QueueConfig {
+            identity: identity.clone(),
+            policy: RetryPolicy { base: k.attach_backoff_base, cap: k.attach_backoff_cap, terminal: k.attach_terminal_retry },
+            resync: k.resync_interval,
+        };
+        let (c, backend) = (client.clone(), ManagerBackend::new(actors.volumes.clone()));
+        attach = Some(Supervisor::start(move |_| AttachQueue::new(c, qcfg, backend)));
+    }
+    if k.events {
+        let reporter = ConditionReporter::new(client.clone(), identity.clone());
+        let interval = k.event_interval;
+        let events = Supervisor::start(move |_| ConditionEvents::new(reporter, interval));
+        actors.volumes.do_send(SubscribeConditions(events.recipient()));
+    }
+    if k.drive_objects {
+        let (c, node, inv, vols, resync) =
+            (client.clone(), cfg.driver.node_name.clone(), actors.inventory.clone(), actors.volumes.clone(), k.drive_resync_interval);
+        Supervisor::start(move |_| DriveSync::new(c, node, inv, vols, resync));
+    }
+    if k.label_node {
+        let labels = cfg.topology_segments();
+        tokio::spawn(crate::k8s::node::label_node(client, cfg.driver.node_name.clone(), labels, k.attach_backoff_base, k.attach_backoff_cap));
+    }
+    info!(attach = k.attach, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node, "kubernetes integration started");
+    attach
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use actix::prelude::*;
+
+    /// An actor that fails as told and counts its restarts.
+    struct Flaky(Arc<AtomicUsize>);
+
+    impl Actor for Flaky {
+        type Context = Context<Self>;
+    }
+
+    impl Supervised for Flaky {
+        fn restarting(&mut self, _: &mut Context<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[derive(Message)]
+    #[rtype(result = "u32")]
+    enum Ask {
+        Answer,
+        Stop,
+        Panic,
+    }
+
+    impl Handler<Ask> for Flaky {
+        type Result = u32;
+        fn handle(&mut self, m: Ask, ctx: &mut Context<Self>) -> u32 {
+            match m {
+                Ask::Answer => 42,
+                Ask::Stop => {
+                    ctx.stop();
+                    0
+                }
+                Ask::Panic => panic!("handler panics"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_stopping_actor_is_restarted_on_its_address_but_a_panicking_one_is_gone() {
+        let restarts = Arc::new(AtomicUsize::new(0));
+        let seen = restarts.clone();
+        let sys = actix::System::new();
+        let (after_stop, after_panic) = sys.block_on(async move {
+            let addr = Supervisor::start(move |_| Flaky(seen));
+            assert_eq!(addr.send(Ask::Answer).await.ok(), Some(42));
+            let _ = addr.send(Ask::Stop).await;
+            let after_stop = addr.send(Ask::Answer).await.ok();
+            let _ = addr.send(Ask::Panic).await;
+            let after_panic = addr.send(Ask::Answer).await.ok();
+            (after_stop, after_panic)
+        });
+        assert_eq!(after_stop, Some(42), "a stopped actor answers again after its restart");
+        assert_eq!(restarts.load(Ordering::SeqCst), 1, "restarting() ran once, for the stop");
+        assert_eq!(after_panic, None, "a panicking actor is not restarted: its address is closed");
+    }
+}
