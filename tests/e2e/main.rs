@@ -707,9 +707,8 @@ fn record_memory(ctx: &mut Ctx, when: &str) {
         .unwrap_or_else(|| "?".into());
     let text = match container {
         Some(c) => format!(
-            "working set {}, usage {} (kubelet summary, the container's cgroup); the process's VmRSS {vm_rss}",
-            mib(&c["memory"]["workingSetBytes"]),
-            mib(&c["memory"]["usageBytes"])
+            "working set {} (kubelet summary, the container's cgroup); the process's VmRSS {vm_rss}",
+            mib(&c["memory"]["workingSetBytes"])
         ),
         None => format!("kubelet summary has no drivelet container; VmRSS {vm_rss}"),
     };
