@@ -24,6 +24,7 @@ use std::sync::Mutex;
 use tracing::{info, warn};
 
 use super::model::{next, Op, Staging, Target, VolumeRecord};
+pub use super::messages::{PublishArgs, StageArgs};
 use super::VolumeError;
 use nix::mount::MsFlags;
 
@@ -354,21 +355,6 @@ pub fn node_expand(drive: &DriveLoc, rec: VolumeRecord) -> Outcome<u64> {
     Outcome { record: Some(rec), result: res }
 }
 
-/// What NodeStageVolume asks.
-#[derive(Debug, Clone)]
-pub struct StageArgs {
-    /// Staging path.
-    pub path: PathBuf,
-    /// Block access.
-    pub block: bool,
-    /// Filesystem asked for (mount access); empty means the volume's own.
-    pub fs_type: String,
-    /// Mount flags (validated).
-    pub flags: Vec<String>,
-    /// Mount read-only (reader-only access mode).
-    pub readonly: bool,
-}
-
 fn check_path(id: &str, p: &Path, roots: &[PathBuf]) -> Result<(), VolumeError> {
     paths::check_under_roots(p, roots)
         .map(|_| ())
@@ -533,23 +519,6 @@ pub fn unstage(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, path:
         Ok(()) => Outcome { record: Some(r), result: Ok(()) },
         Err(e) => Outcome { record: Some(rec), result: Err(e) },
     }
-}
-
-/// What NodePublishVolume asks.
-#[derive(Debug, Clone)]
-pub struct PublishArgs {
-    /// Target path.
-    pub target: PathBuf,
-    /// Staging path given with the call.
-    pub staging: PathBuf,
-    /// Block access.
-    pub block: bool,
-    /// Read-only bind.
-    pub readonly: bool,
-    /// Only one target may be published (SINGLE_NODE_SINGLE_WRITER).
-    pub single_writer: bool,
-    /// Mount flags of the capability (validated; generic ones apply to the bind).
-    pub flags: Vec<String>,
 }
 
 /// Publishes: intent, target directory (file for block), bind mount, then `Published`.
