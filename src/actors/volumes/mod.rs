@@ -57,7 +57,7 @@ use super::messages::{
 };
 use crate::config::VolumesConfig;
 use crate::disk::gpt;
-use crate::store::{Kind, Store};
+use crate::store::{Kind, Store, StoreError};
 
 /// The answer of a handler that runs on: a future on the actor.
 type Reply<T> = ResponseActFuture<VolumeManager, Result<T, VolumeError>>;
@@ -67,6 +67,39 @@ fn reply<T: 'static>(res: Result<T, VolumeError>) -> Reply<T> {
     Box::pin(fut::ready(res))
 }
 
+/// Writes drive usage records off the actor thread in the order they were decided:
+/// a write that finds a newer one of the same drive done already is skipped.
+#[derive(Default)]
+struct UseWriter {
+    seq: u64,
+    written: HashMap<String, Arc<Mutex<u64>>>,
+}
+
+impl UseWriter {
+    /// The blocking job that stores (`None`: forgets) `drive_id`'s usage record.
+    fn job(&mut self, store: Arc<Store>, drive_id: &str, u: Option<DriveUse>) -> impl FnOnce() -> Result<(), StoreError> + Send + 'static {
+        self.seq += 1;
+        let seq = self.seq;
+        let written = self.written.entry(drive_id.to_string()).or_default().clone();
+        let drive_id = drive_id.to_string();
+        move || {
+            let mut last = written.lock().unwrap_or_else(|p| p.into_inner());
+            if *last > seq {
+                return Ok(());
+            }
+            *last = seq;
+            let res = match &u {
+                Some(u) => store.put_in(Kind::Drive, &drive_id, u),
+                None => store.remove_in(Kind::Drive, &drive_id),
+            };
+            if let Err(e) = &res {
+                error!(drive.id = %drive_id, error = %e, "cannot store the drive's usage record");
+            }
+            res
+        }
+    }
+}
+
 /// The volume manager actor.
 pub struct VolumeManager {
     state_dir: PathBuf,
@@ -74,6 +107,8 @@ pub struct VolumeManager {
     inventory: Addr<DriveInventory>,
     book: VolumeBook,
     locks: HashMap<String, Arc<Mutex<()>>>,
+    /// Writes of drive usage records, off the actor thread, newest last.
+    uses: UseWriter,
     reconciling: bool,
     /// Who hears of condition changes (the Kubernetes Event reporter).
     condition_subscribers: Vec<Recipient<VolumeConditionChanged>>,
@@ -92,6 +127,7 @@ impl VolumeManager {
             inventory,
             book: VolumeBook::new(cfg, auto_release),
             locks: HashMap::new(),
+            uses: UseWriter::default(),
             reconciling: false,
             condition_subscribers: Vec::new(),
             volume_subscribers: Vec::new(),
@@ -125,7 +161,7 @@ impl VolumeManager {
     ) -> Reply<T> {
         let drive_id = self.book.drive_of(&id);
         let before = self.book.shown(&id);
-        Box::pin(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |joined, act, _| {
+        Box::pin(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).then(move |joined, act, _| {
             drop(claim);
             let (record, res) = match joined {
                 Ok(out) => (out.record, out.result),
@@ -139,12 +175,17 @@ impl VolumeManager {
             for drive in act.book.finish(&id, before, record, clear_findings) {
                 act.announce(&drive);
             }
-            if let Some(d) = drive_id {
-                act.settle_drive(&d);
-            }
+            let written = drive_id.and_then(|d| act.settle_drive(&d));
             act.refresh(|r| r.id == id);
             act.book.forget_condition(&id);
-            res
+            // The drive's usage record is stored before the call is answered.
+            async move {
+                if let Some(w) = written {
+                    let _ = w.await;
+                }
+                res
+            }
+            .into_actor(act)
         }))
     }
 
@@ -161,28 +202,23 @@ impl VolumeManager {
         self.volume_subscribers.retain(|s| s.try_send(event.clone()).is_ok() || s.connected());
     }
 
-    fn save_use(&self, u: &DriveUse) {
-        if let Some(store) = &self.store {
-            if let Err(e) = store.put_in(Kind::Drive, &u.drive_id, u) {
-                error!(drive.id = %u.drive_id, error = %e, "cannot record the drive's usage state");
-            }
-        }
+    /// Stores a drive's usage record (`None`: forgets it) off the actor thread; the
+    /// handle answers once it is written (awaiting it is up to the caller).
+    fn write_use(&mut self, drive_id: &str, u: Option<DriveUse>) -> Option<tokio::task::JoinHandle<()>> {
+        let store = self.store.clone()?;
+        let job = self.uses.job(store, drive_id, u);
+        Some(tokio::task::spawn_blocking(move || {
+            let _ = job();
+        }))
     }
 
-    fn forget_use(&self, drive_id: &str) {
-        if let Some(store) = &self.store {
-            if let Err(e) = store.remove_in(Kind::Drive, drive_id) {
-                error!(drive.id = %drive_id, error = %e, "cannot forget the drive's usage record");
-            }
-        }
-    }
-
-    /// Completes the release of a releasing drive that holds no volume any more.
-    fn settle_drive(&mut self, drive_id: &str) {
-        if let Some(u) = self.book.settle_drive(drive_id) {
-            self.save_use(&u);
-            self.announce(drive_id);
-        }
+    /// Completes the release of a releasing drive that holds no volume any more;
+    /// answers the write of its usage record.
+    fn settle_drive(&mut self, drive_id: &str) -> Option<tokio::task::JoinHandle<()>> {
+        let u = self.book.settle_drive(drive_id)?;
+        let written = self.write_use(drive_id, Some(u));
+        self.announce(drive_id);
+        written
     }
 
     /// One attempt of a claimed CreateVolume, on the drive placement picks now. When the
@@ -262,10 +298,10 @@ impl Handler<DriveEvent> for VolumeManager {
     fn handle(&mut self, ev: DriveEvent, ctx: &mut Context<Self>) {
         let (id, fx) = self.book.drive_event(ev);
         if let Some(u) = fx.save {
-            self.save_use(&u);
+            self.write_use(&id, Some(u));
         }
         if let Some(d) = fx.forget {
-            self.forget_use(&d);
+            self.write_use(&d, None);
         }
         if let Some(d) = fx.announce {
             self.announce(&d);
@@ -288,18 +324,29 @@ impl Handler<VolumeChecked> for VolumeManager {
 }
 
 impl Handler<ReleaseDrive> for VolumeManager {
-    type Result = Result<DriveUse, VolumeError>;
+    type Result = Reply<DriveUse>;
     fn handle(&mut self, m: ReleaseDrive, _: &mut Context<Self>) -> Self::Result {
-        let plan = self.book.release(&m)?;
-        if let Some(store) = &self.store {
+        let (plan, store) = match self.book.release(&m).and_then(|p| Ok((p, self.store()?))) {
+            Ok(x) => x,
+            Err(e) => return reply(Err(e)),
+        };
+        // Decided (and closed to placement) here; stored off the actor thread.
+        let write_use = self.uses.job(store.clone(), &m.drive_id, Some(plan.usage.clone()));
+        let job = move || -> Result<DriveUse, VolumeError> {
             for r in &plan.failed {
                 store.put(&r.id, r).map_err(VolumeError::Store)?;
             }
-        }
-        self.save_use(&plan.usage);
-        self.announce(&m.drive_id);
-        self.refresh(|r| r.drive_id == m.drive_id);
-        Ok(plan.usage)
+            write_use().map_err(VolumeError::Store)?;
+            Ok(plan.usage)
+        };
+        Box::pin(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |res, act, _| {
+            act.announce(&m.drive_id);
+            act.refresh(|r| r.drive_id == m.drive_id);
+            res.unwrap_or_else(|e| {
+                let what = format!("write of the release of drive {}", m.drive_id);
+                Err(VolumeError::Store(crate::store::StoreError::Txn { what, reason: e.to_string() }))
+            })
+        }))
     }
 }
 
@@ -484,17 +531,33 @@ impl Handler<AttachPreview> for VolumeManager {
 impl Handler<AdoptVolume> for VolumeManager {
     type Result = Reply<VolumeRecord>;
     fn handle(&mut self, m: AdoptVolume, _: &mut Context<Self>) -> Self::Result {
-        let refuse = |reason: String| VolumeError::InvalidArgument { reason: format!("cannot adopt {}: {reason}", m.path.display()) };
-        let canonical = match std::fs::canonicalize(&m.path) {
-            Ok(p) => p,
-            Err(e) => return reply(Err(refuse(e.to_string()))),
+        let shown = m.path.display().to_string();
+        let refuse = move |reason: String| VolumeError::InvalidArgument { reason: format!("cannot adopt {shown}: {reason}") };
+        // The directory is looked at off the actor thread (statvfs may hang on a sick
+        // filesystem); the book decides once it is known.
+        let path = m.path.clone();
+        let probe = move || -> Result<_, String> {
+            let canonical = std::fs::canonicalize(&path).map_err(|e| e.to_string())?;
+            if !canonical.is_dir() || canonical == std::path::Path::new("/") {
+                return Err("not a directory other than /; block local volumes cannot be adopted".into());
+            }
+            let devnum = crate::disk::whole_disk_of(&canonical);
+            let size = crate::disk::fs::usage(&canonical).map(|u| u.total_bytes).unwrap_or(0);
+            Ok((canonical, devnum, size))
         };
-        if !canonical.is_dir() || canonical == std::path::Path::new("/") {
-            return reply(Err(refuse("not a directory other than /; block local volumes cannot be adopted".into())));
-        }
-        let devnum = crate::disk::whole_disk_of(&canonical);
-        let size = crate::disk::fs::usage(&canonical).map(|u| u.total_bytes).unwrap_or(0);
-        let rec = match self.book.plan_adopt(&m, &canonical, devnum, size) {
+        Box::pin(async move { tokio::task::spawn_blocking(probe).await }.into_actor(self).then(move |probed, act, _| {
+            match probed.map_err(|e| e.to_string()).and_then(|p| p) {
+                Ok((canonical, devnum, size)) => act.adopt(m, &canonical, devnum, size),
+                Err(e) => reply(Err(refuse(e))),
+            }
+        }))
+    }
+}
+
+impl VolumeManager {
+    /// Adopts the probed directory `canonical` as the book decides.
+    fn adopt(&mut self, m: AdoptVolume, canonical: &std::path::Path, devnum: Option<(u32, u32)>, size: u64) -> Reply<VolumeRecord> {
+        let rec = match self.book.plan_adopt(&m, canonical, devnum, size) {
             Ok(CreatePlan::Existing(rec)) => return reply(Ok(rec)),
             Ok(CreatePlan::New(rec)) => rec,
             Err(e) => return reply(Err(e)),
@@ -559,15 +622,30 @@ impl Handler<NodeExpandVolume> for VolumeManager {
 }
 
 impl Handler<DetachVolume> for VolumeManager {
-    type Result = Result<(), VolumeError>;
+    type Result = Reply<()>;
     fn handle(&mut self, m: DetachVolume, _: &mut Context<Self>) -> Self::Result {
-        let store = self.store()?;
-        let Some((rec, attached)) = self.book.plan_detach(&m)? else { return Ok(()) };
-        let _claim = self.book.claim(&m.volume_id)?;
-        store.put(&rec.id, &rec).map_err(VolumeError::Store)?;
-        info!(volume.id = %rec.id, node.name = %attached, "volume detached from node");
-        self.book.reserve(rec);
-        Ok(())
+        let planned = self.store().and_then(|store| Ok((store, self.book.plan_detach(&m)?)));
+        let (store, (rec, attached)) = match planned {
+            Ok((store, Some(plan))) => (store, plan),
+            Ok((_, None)) => return reply(Ok(())),
+            Err(e) => return reply(Err(e)),
+        };
+        let claim = match self.book.claim(&m.volume_id) {
+            Ok(c) => c,
+            Err(e) => return reply(Err(e)),
+        };
+        // The store commit runs off the actor thread; the checks' findings still hold.
+        self.run_with(claim, m.volume_id, false, move || {
+            let result = store.put(&rec.id, &rec).map_err(VolumeError::Store);
+            let record = match &result {
+                Ok(()) => {
+                    info!(volume.id = %rec.id, node.name = %attached, "volume detached from node");
+                    rec
+                }
+                Err(_) => VolumeRecord { published_node: Some(attached), ..rec },
+            };
+            Outcome { record: Some(record), result }
+        })
     }
 }
 

@@ -72,7 +72,8 @@ impl VolumeManager {
                     act.store = Some(Arc::new(store));
                     // Health verdicts that arrived before the usage records were loaded.
                     for u in act.book.load(records, uses) {
-                        act.save_use(&u);
+                        let id = u.drive_id.clone();
+                        act.write_use(&id, Some(u));
                     }
                     act.refresh(|_| true);
                     info!(actor = "volumes", volumes = act.book.len(), "volume manager ready");
