@@ -145,7 +145,7 @@ impl VolumeBook {
     }
 
     /// The number of records.
-    pub fn len(&self) -> usize {
+    pub fn volume_count(&self) -> usize {
         self.records.len()
     }
 
@@ -164,7 +164,7 @@ impl VolumeBook {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
-        self.try_claim(id).ok_or_else(|| VolumeError::Aborted { volume_id: id.to_string() })
+        self.try_claim(id).ok_or_else(|| VolumeError::Busy { volume_id: id.to_string() })
     }
 
     fn try_claim(&self, id: &str) -> Option<Claim> {
@@ -356,7 +356,7 @@ impl VolumeBook {
                 VolumeState::Creating => Ok(CreatePlan::New(rec.clone())),
                 // Never a success for a volume that does not exist: the CO sees why, and
                 // DeleteVolume clears the way for a new one of the same name.
-                _ if rec.lost => Err(VolumeError::FailedPrecondition { volume_id: id, reason: health::lost_reason(rec) }),
+                _ if rec.lost => Err(health::lost(rec)),
                 _ => {
                     let same_kind = rec.rebuilt || (rec.block == m.block && (m.block || rec.fs_type == fs_type));
                     let same_params = rec.rebuilt || rec.parameters == m.parameters;
@@ -434,10 +434,7 @@ impl VolumeBook {
         let rec = self.records.get(id).cloned().ok_or_else(|| VolumeError::NotFound { volume_id: id.to_string() })?;
         let loc = self.loc_of(&rec);
         if need_drive && loc.is_none() && rec.adopted.is_none() {
-            return Err(VolumeError::FailedPrecondition {
-                volume_id: id.to_string(),
-                reason: format!("lives on drive {} which is absent from this node", rec.drive_id),
-            });
+            return Err(VolumeError::DriveAbsent { volume_id: id.to_string(), drive_id: rec.drive_id });
         }
         Ok((rec, loc))
     }
@@ -473,7 +470,7 @@ impl VolumeBook {
             return Err(refuse(format!("holds {}, not {}", rec.fs_type, m.fs_type)));
         }
         if let Some(other) = rec.published_node.as_deref().filter(|n| *n != m.node_id) {
-            return Err(refuse(format!("is already attached to node {other}; a local volume serves one node")));
+            return Err(VolumeError::AttachedElsewhere { volume_id: id.to_string(), node: other.to_string() });
         }
         let d = self.drives.get(&rec.drive_id);
         if let Some(reason) = health::attach_refusal(&rec, d, self.drive_use.get(&rec.drive_id), &m.node_id) {

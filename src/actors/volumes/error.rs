@@ -44,7 +44,8 @@ pub enum VolumeError {
         /// Why.
         reason: String,
     },
-    /// The volume is not in a state that allows the call.
+    /// The volume is not in a state that allows the call, for the refusals that have
+    /// no variant of their own yet (the named ones follow [`VolumeError::Busy`]).
     #[error("volume {volume_id} {reason}")]
     FailedPrecondition {
         /// The volume.
@@ -62,9 +63,57 @@ pub enum VolumeError {
     },
     /// Another operation on the volume is in flight.
     #[error("another operation on volume {volume_id} is in progress; retry")]
-    Aborted {
+    Busy {
         /// The volume.
         volume_id: String,
+    },
+    /// The volume's drive is not on this node now.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    DriveAbsent {
+        /// The volume.
+        volume_id: String,
+        /// Its drive.
+        drive_id: String,
+    },
+    /// The volume's partition is gone from its present drive: its data is gone.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    Lost {
+        /// The volume.
+        volume_id: String,
+        /// The partition that is missing.
+        part_guid: uuid::Uuid,
+        /// The drive it was on.
+        drive_id: String,
+    },
+    /// The volume is still attached to a node (DeleteVolume).
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    StillAttached {
+        /// The volume.
+        volume_id: String,
+        /// The node.
+        node: String,
+    },
+    /// The volume is attached to another node (a local volume serves one).
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    AttachedElsewhere {
+        /// The volume.
+        volume_id: String,
+        /// The node it is attached to.
+        node: String,
+    },
+    /// NodeExpandVolume of a volume that is not staged.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    NotStaged {
+        /// The volume.
+        volume_id: String,
+    },
+    /// NodeStageVolume at another path than the one the volume is staged at.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    AlreadyStaged {
+        /// The volume.
+        volume_id: String,
+        /// Where it is staged.
+        path: PathBuf,
     },
     /// Start-up reconciliation has not finished.
     #[error("the volume manager is still starting; retry shortly")]
@@ -85,6 +134,23 @@ pub enum VolumeError {
 }
 
 impl VolumeError {
+    /// Why the volume is not in a state that allows the call, in the words after its
+    /// name (`attachError` shows them); `None` for errors of another kind.
+    pub fn why(&self) -> Option<String> {
+        Some(match self {
+            VolumeError::FailedPrecondition { reason, .. } => reason.clone(),
+            VolumeError::DriveAbsent { drive_id, .. } => format!("lives on drive {drive_id} which is absent from this node"),
+            VolumeError::Lost { part_guid, drive_id, .. } => format!(
+                "its partition {part_guid} is missing from drive {drive_id}: the data is gone (the drive was wiped or replaced); delete the volume and restore from backup"
+            ),
+            VolumeError::StillAttached { node, .. } => format!("is still attached to node {node}; call ControllerUnpublishVolume first"),
+            VolumeError::AttachedElsewhere { node, .. } => format!("is already attached to node {node}; a local volume serves one node"),
+            VolumeError::NotStaged { .. } => "is not staged; its filesystem grows when it is staged and published".into(),
+            VolumeError::AlreadyStaged { path, .. } => format!("is already staged at {}; unstage it there first", path.display()),
+            _ => return None,
+        })
+    }
+
     /// What the GPT writer found on the drive when it refused to write to it (data
     /// drivelet did not write); `None` for every other error.
     pub fn refused_drive(&self) -> Option<&str> {
@@ -97,7 +163,7 @@ impl VolumeError {
     /// A state-machine refusal for a volume.
     pub fn refused(volume_id: &str, r: Refusal) -> VolumeError {
         match r {
-            Refusal::BeingCreated | Refusal::BeingDeleted => VolumeError::Aborted { volume_id: volume_id.to_string() },
+            Refusal::BeingCreated | Refusal::BeingDeleted => VolumeError::Busy { volume_id: volume_id.to_string() },
             r => VolumeError::FailedPrecondition { volume_id: volume_id.to_string(), reason: r.to_string() },
         }
     }

@@ -262,7 +262,7 @@ impl VolumeManager {
             // volume again for the next attempt.
             match act.book.claim(&id) {
                 Ok(claim) => act.create_attempt(m, claim, store, refused),
-                Err(_) => reply(Err(VolumeError::Aborted { volume_id: id })),
+                Err(_) => reply(Err(VolumeError::Busy { volume_id: id })),
             }
         }))
     }

@@ -68,7 +68,7 @@ impl VolumeManager {
         ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(|res, act, ctx| {
             act.reconciling = false;
             match res {
-                Ok(Ok((store, records, uses))) => {
+                Ok(Ok(Started { store, records, uses })) => {
                     act.store = Some(Arc::new(store));
                     // Health verdicts that arrived before the usage records were loaded.
                     for u in act.book.load(records, uses) {
@@ -76,7 +76,7 @@ impl VolumeManager {
                         act.write_use(&id, Some(u));
                     }
                     act.refresh(|_| true);
-                    info!(actor = "volumes", volumes = act.book.len(), "volume manager ready");
+                    info!(actor = "volumes", volumes = act.book.volume_count(), "volume manager ready");
                     for waiter in act.ready_waiters.drain(..) {
                         let _ = waiter.send(());
                     }
@@ -125,9 +125,17 @@ impl VolumeManager {
     }
 }
 
-/// Opens the store and carries out the start-up plan; returns the store, the records to
-/// serve and the drives' usage records.
-fn startup(dir: &std::path::Path, drives: &[Drive], locks: &Locks) -> Result<(Store, Vec<VolumeRecord>, Option<Vec<DriveUse>>), VolumeError> {
+/// What start-up reconciliation hands the actor.
+struct Started {
+    store: Store,
+    /// The records to serve.
+    records: Vec<VolumeRecord>,
+    /// The drives' usage records; `None` when they cannot be read.
+    uses: Option<Vec<DriveUse>>,
+}
+
+/// Opens the store and carries out the start-up plan.
+fn startup(dir: &std::path::Path, drives: &[Drive], locks: &Locks) -> Result<Started, VolumeError> {
     let store = Store::open(dir).map_err(VolumeError::Store)?;
     let (records, bad) = store.load::<VolumeRecord>().map_err(VolumeError::Store)?;
     for b in bad {
@@ -146,7 +154,7 @@ fn startup(dir: &std::path::Path, drives: &[Drive], locks: &Locks) -> Result<(St
             None
         }
     };
-    Ok((store, keep, uses))
+    Ok(Started { store, records: keep, uses })
 }
 
 /// Reconciles `records` with the GPTs of `drives` (the drives present) and the host's

@@ -45,7 +45,7 @@ fn a_claim_holds_its_volume_until_dropped() {
     let b = book_with(vec![]);
     let c = b.claim("v1").expect("free");
     assert!(b.is_busy("v1"));
-    assert!(matches!(b.claim("v1"), Err(VolumeError::Aborted { volume_id }) if volume_id == "v1"));
+    assert!(matches!(b.claim("v1"), Err(VolumeError::Busy { volume_id }) if volume_id == "v1"));
     assert!(b.claim("v2").is_ok(), "other volumes proceed in parallel");
     drop(c);
     assert!(!b.is_busy("v1"));
