@@ -220,10 +220,7 @@ impl Controller for ControllerService {
         }
         if let Some(t) = &req.accessibility_requirements {
             if !t.requisite.is_empty() && !t.requisite.iter().any(|t| self.0.topology_matches(t)) {
-                return Err(Status::resource_exhausted(format!(
-                    "none of the requisite topologies includes this node ({}); drivelet creates volumes only on the node it runs on",
-                    self.0.cfg.driver.node_name
-                )));
+                return Err(FrontError::OtherTopology { node: self.0.cfg.driver.node_name.clone() }.into());
             }
         }
         let parameters: BTreeMap<String, String> = req
@@ -284,10 +281,7 @@ impl Controller for ControllerService {
         }
         let here = &self.0.cfg.driver.node_name;
         if req.node_id != *here {
-            return Err(Status::not_found(format!(
-                "node {} is unknown to this driver instance: it serves only node {here}, where its drives are",
-                req.node_id
-            )));
+            return Err(FrontError::UnknownNode { node_id: req.node_id.clone(), here: here.clone() }.into());
         }
         let ctx = self
             .0
@@ -382,12 +376,7 @@ impl Controller for ControllerService {
         let after = if req.starting_token.is_empty() {
             None
         } else {
-            Some(self.0.parse_token(&req.starting_token).ok_or_else(|| {
-                Status::aborted(format!(
-                    "starting_token {} is not valid (malformed, or from before a restart); list again from the start",
-                    super::status::echo(&req.starting_token)
-                ))
-            })?)
+            Some(self.0.parse_token(&req.starting_token).ok_or_else(|| FrontError::BadToken { token: req.starting_token.clone() })?)
         };
         let (page, next) = self
             .0

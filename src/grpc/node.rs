@@ -118,7 +118,7 @@ impl Node for NodeService {
         let (block, _) = access_of(std::slice::from_ref(&cap))?;
         // STAGE_UNSTAGE_VOLUME is advertised: a publish must name the staging path.
         if req.staging_target_path.is_empty() {
-            return Err(Status::failed_precondition("staging_target_path is required: stage the volume first (NodeStageVolume)"));
+            return Err(FrontError::StagingPathMissing.into());
         }
         let staging = PathBuf::from(&req.staging_target_path);
         let (ro_mode, single_writer) = mode_of(&cap);
@@ -177,10 +177,7 @@ impl Node for NodeService {
             .map_err(FrontError::mailbox("volume manager"))??;
         if let Some(r) = &req.capacity_range {
             if r.required_bytes as u64 > size {
-                return Err(Status::out_of_range(format!(
-                    "volume {} is {size} bytes, less than the {} asked for: grow it with ControllerExpandVolume first",
-                    req.volume_id, r.required_bytes
-                )));
+                return Err(FrontError::NotGrownYet { volume_id: req.volume_id.clone(), size, asked: r.required_bytes }.into());
             }
         }
         Ok(Response::new(csi::NodeExpandVolumeResponse { capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX) }))

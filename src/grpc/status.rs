@@ -15,6 +15,39 @@ pub enum FrontError {
     /// A required field is missing or malformed, or a capability is unsupported.
     #[error("{0}")]
     InvalidArgument(String),
+    /// NodePublishVolume without a staging path (STAGE_UNSTAGE_VOLUME is advertised).
+    #[error("staging_target_path is required: stage the volume first (NodeStageVolume)")]
+    StagingPathMissing,
+    /// NodeExpandVolume asked for more than the partition holds.
+    #[error("volume {volume_id} is {size} bytes, less than the {asked} asked for: grow it with ControllerExpandVolume first")]
+    NotGrownYet {
+        /// The volume.
+        volume_id: String,
+        /// Its size now.
+        size: u64,
+        /// The size asked for.
+        asked: i64,
+    },
+    /// CreateVolume's requisite topologies leave out this node.
+    #[error("none of the requisite topologies includes this node ({node}); drivelet creates volumes only on the node it runs on")]
+    OtherTopology {
+        /// This node.
+        node: String,
+    },
+    /// A controller call names another node.
+    #[error("node {node_id} is unknown to this driver instance: it serves only node {here}, where its drives are")]
+    UnknownNode {
+        /// The node asked for.
+        node_id: String,
+        /// This node.
+        here: String,
+    },
+    /// A ListVolumes starting token that is not one of ours (or from before a restart).
+    #[error("starting_token {} is not valid (malformed, or from before a restart); list again from the start", echo(token))]
+    BadToken {
+        /// The token as given.
+        token: String,
+    },
     /// An actor behind the front did not answer (it is restarting or stopped).
     #[error("{actor} is not answering ({reason}); retry shortly")]
     Unavailable {
@@ -54,8 +87,14 @@ impl From<VolumeError> for Status {
             VolumeError::AlreadyExists { .. } => Code::AlreadyExists,
             VolumeError::ResourceExhausted { .. } => Code::ResourceExhausted,
             VolumeError::OutOfRange { .. } => Code::OutOfRange,
-            VolumeError::FailedPrecondition { .. } => Code::FailedPrecondition,
-            VolumeError::Aborted { .. } => Code::Aborted,
+            VolumeError::FailedPrecondition { .. }
+            | VolumeError::DriveAbsent { .. }
+            | VolumeError::Lost { .. }
+            | VolumeError::StillAttached { .. }
+            | VolumeError::AttachedElsewhere { .. }
+            | VolumeError::NotStaged { .. }
+            | VolumeError::AlreadyStaged { .. } => Code::FailedPrecondition,
+            VolumeError::Busy { .. } => Code::Aborted,
             VolumeError::NotReady => Code::Unavailable,
             // The drive holds data drivelet did not write: a fact about the drive, not a
             // fault of drivelet's (CreateVolume goes on to another drive instead).
@@ -70,6 +109,11 @@ impl From<FrontError> for Status {
     fn from(e: FrontError) -> Status {
         let code = match &e {
             FrontError::InvalidArgument(_) => Code::InvalidArgument,
+            FrontError::StagingPathMissing => Code::FailedPrecondition,
+            FrontError::NotGrownYet { .. } => Code::OutOfRange,
+            FrontError::OtherTopology { .. } => Code::ResourceExhausted,
+            FrontError::UnknownNode { .. } => Code::NotFound,
+            FrontError::BadToken { .. } => Code::Aborted,
             FrontError::Unavailable { .. } => Code::Unavailable,
         };
         Status::new(code, e.to_string())
@@ -89,6 +133,11 @@ mod tests {
                 Code::Unavailable,
                 "inventory is not answering",
             ),
+            (FrontError::StagingPathMissing, Code::FailedPrecondition, "staging_target_path is required"),
+            (FrontError::NotGrownYet { volume_id: "v1".into(), size: 5, asked: 9 }, Code::OutOfRange, "volume v1 is 5 bytes, less than the 9"),
+            (FrontError::OtherTopology { node: "n1".into() }, Code::ResourceExhausted, "includes this node (n1)"),
+            (FrontError::UnknownNode { node_id: "n2".into(), here: "n1".into() }, Code::NotFound, "node n2 is unknown"),
+            (FrontError::BadToken { token: "x".repeat(100) }, Code::Aborted, "starting_token \"xxxx"),
         ];
         for (err, code, text) in table {
             let s: Status = err.into();
@@ -115,7 +164,17 @@ mod tests {
             (VolumeError::ResourceExhausted { reason: "no managed drive".into() }, Code::ResourceExhausted, "no managed drive"),
             (VolumeError::OutOfRange { reason: "too big".into() }, Code::OutOfRange, "too big"),
             (VolumeError::FailedPrecondition { volume_id: id(), reason: "is still staged".into() }, Code::FailedPrecondition, "v1 is still staged"),
-            (VolumeError::Aborted { volume_id: id() }, Code::Aborted, "in progress"),
+            (VolumeError::Busy { volume_id: id() }, Code::Aborted, "another operation on volume v1 is in progress; retry"),
+            (VolumeError::DriveAbsent { volume_id: id(), drive_id: "d1".into() }, Code::FailedPrecondition, "volume v1 lives on drive d1 which is absent from this node"),
+            (
+                VolumeError::Lost { volume_id: id(), part_guid: uuid::Uuid::nil(), drive_id: "d1".into() },
+                Code::FailedPrecondition,
+                "volume v1 its partition 00000000-0000-0000-0000-000000000000 is missing from drive d1: the data is gone",
+            ),
+            (VolumeError::StillAttached { volume_id: id(), node: "n1".into() }, Code::FailedPrecondition, "volume v1 is still attached to node n1; call ControllerUnpublishVolume first"),
+            (VolumeError::AttachedElsewhere { volume_id: id(), node: "n2".into() }, Code::FailedPrecondition, "volume v1 is already attached to node n2; a local volume serves one node"),
+            (VolumeError::NotStaged { volume_id: id() }, Code::FailedPrecondition, "volume v1 is not staged; its filesystem grows"),
+            (VolumeError::AlreadyStaged { volume_id: id(), path: "/s".into() }, Code::FailedPrecondition, "volume v1 is already staged at /s; unstage it there first"),
             (VolumeError::NotReady, Code::Unavailable, "starting"),
             (
                 VolumeError::Disk {

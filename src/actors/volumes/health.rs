@@ -28,6 +28,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::model::VolumeRecord;
+use super::VolumeError;
 use crate::actors::inventory::model::Drive;
 use crate::disk::smart::Health;
 
@@ -176,10 +177,12 @@ pub fn condition(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&Drive
 
 /// What is said of a volume whose partition is gone from its drive ([`VolumeRecord::lost`]).
 pub fn lost_reason(rec: &VolumeRecord) -> String {
-    format!(
-        "its partition {} is missing from drive {}: the data is gone (the drive was wiped or replaced); delete the volume and restore from backup",
-        rec.part_guid, rec.drive_id
-    )
+    lost(rec).why().unwrap_or_default()
+}
+
+/// The error of a call on a lost volume.
+pub fn lost(rec: &VolumeRecord) -> VolumeError {
+    VolumeError::Lost { volume_id: rec.id.clone(), part_guid: rec.part_guid, drive_id: rec.drive_id.clone() }
 }
 
 /// Why a volume may not be attached to `node` now (`None`: it may), in words for

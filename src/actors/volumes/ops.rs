@@ -24,6 +24,7 @@ use std::sync::Mutex;
 use tracing::{info, warn};
 
 use super::model::{next, Op, Staging, Target, VolumeRecord};
+pub use super::messages::{PublishArgs, StageArgs};
 use super::VolumeError;
 use nix::mount::MsFlags;
 
@@ -84,7 +85,7 @@ impl Backing {
 /// The backing of `rec`: its adopted directory, or its kernel partition on `drive`.
 fn backing(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<Backing, VolumeError> {
     if rec.lost {
-        return Err(VolumeError::FailedPrecondition { volume_id: rec.id.clone(), reason: super::health::lost_reason(rec) });
+        return Err(super::health::lost(rec));
     }
     if let Some(a) = &rec.adopted {
         let md = std::fs::metadata(&a.path).map_err(|e| VolumeError::FailedPrecondition {
@@ -101,10 +102,7 @@ fn backing(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<Backing, Volu
         let dev = md.dev();
         return Ok(Backing::Dir { path: a.path.clone(), devnum: (nix::sys::stat::major(dev) as u32, nix::sys::stat::minor(dev) as u32) });
     }
-    let drive = drive.ok_or_else(|| VolumeError::FailedPrecondition {
-        volume_id: rec.id.clone(),
-        reason: format!("lives on drive {} which is absent from this node", rec.drive_id),
-    })?;
+    let drive = drive.ok_or_else(|| VolumeError::DriveAbsent { volume_id: rec.id.clone(), drive_id: rec.drive_id.clone() })?;
     blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size).map(Backing::Partition).map_err(disk(&rec.id, "find the kernel partition"))
 }
 
@@ -184,10 +182,7 @@ pub fn rollback_create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: &
 pub fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec: VolumeRecord) -> Outcome<()> {
     let prev = rec.clone();
     if let Some(node) = &rec.published_node {
-        let e = VolumeError::FailedPrecondition {
-            volume_id: rec.id.clone(),
-            reason: format!("is still attached to node {node}; call ControllerUnpublishVolume first"),
-        };
+        let e = VolumeError::StillAttached { volume_id: rec.id.clone(), node: node.clone() };
         return Outcome { record: Some(prev), result: Err(e) };
     }
     match next(rec.state, Op::Delete) {
@@ -314,10 +309,7 @@ pub fn node_expand(drive: &DriveLoc, rec: VolumeRecord) -> Outcome<u64> {
             return Ok(rec.size);
         }
         let Some(staging) = rec.staging.as_ref().filter(|s| s.done).map(|s| s.path.clone()) else {
-            return Err(VolumeError::FailedPrecondition {
-                volume_id: rec.id.clone(),
-                reason: "is not staged; its filesystem grows when it is staged and published".into(),
-            });
+            return Err(VolumeError::NotStaged { volume_id: rec.id.clone() });
         };
         let parts = blkpg::kernel_partitions(&drive.path).map_err(disk(&rec.id, "list the kernel partitions"))?;
         if let Some(p) = parts.iter().find(|p| p.start == rec.start && p.size < rec.size) {
@@ -343,21 +335,6 @@ pub fn node_expand(drive: &DriveLoc, rec: VolumeRecord) -> Outcome<u64> {
         Ok(rec.size)
     })();
     Outcome { record: Some(rec), result: res }
-}
-
-/// What NodeStageVolume asks.
-#[derive(Debug, Clone)]
-pub struct StageArgs {
-    /// Staging path.
-    pub path: PathBuf,
-    /// Block access.
-    pub block: bool,
-    /// Filesystem asked for (mount access); empty means the volume's own.
-    pub fs_type: String,
-    /// Mount flags (validated).
-    pub flags: Vec<String>,
-    /// Mount read-only (reader-only access mode).
-    pub readonly: bool,
 }
 
 fn check_path(id: &str, p: &Path, roots: &[PathBuf]) -> Result<(), VolumeError> {
@@ -403,10 +380,7 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
     if let Some(st) = &rec.staging {
         if st.path != a.path {
             return Err((
-                VolumeError::FailedPrecondition {
-                    volume_id: id.clone(),
-                    reason: format!("is already staged at {}; unstage it there first", st.path.display()),
-                },
+                VolumeError::AlreadyStaged { volume_id: id.clone(), path: st.path.clone() },
                 None,
             ));
         }
@@ -524,23 +498,6 @@ pub fn unstage(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, path:
         Ok(()) => Outcome { record: Some(r), result: Ok(()) },
         Err(e) => Outcome { record: Some(rec), result: Err(e) },
     }
-}
-
-/// What NodePublishVolume asks.
-#[derive(Debug, Clone)]
-pub struct PublishArgs {
-    /// Target path.
-    pub target: PathBuf,
-    /// Staging path given with the call.
-    pub staging: PathBuf,
-    /// Block access.
-    pub block: bool,
-    /// Read-only bind.
-    pub readonly: bool,
-    /// Only one target may be published (SINGLE_NODE_SINGLE_WRITER).
-    pub single_writer: bool,
-    /// Mount flags of the capability (validated; generic ones apply to the bind).
-    pub flags: Vec<String>,
 }
 
 /// Publishes: intent, target directory (file for block), bind mount, then `Published`.

@@ -122,7 +122,9 @@ impl AttachBackend for ManagerBackend {
         match self.volumes.send(AttachPreview(attach_message(spec, node))).await {
             Ok(Ok(())) => Ok(VolumeState::Usable),
             Ok(Err(VolumeError::NotFound { .. })) => Ok(VolumeState::Missing),
-            Ok(Err(VolumeError::FailedPrecondition { reason, .. })) => Ok(VolumeState::Unusable { reason }),
+            // Any refusal of the volume's state (drive failing, releasing or gone,
+            // attached elsewhere, ...) is one the attachment waits out.
+            Ok(Err(e)) if e.why().is_some() => Ok(VolumeState::Unusable { reason: e.why().unwrap_or_default() }),
             Ok(Err(e)) => Err(e.to_string()),
             Err(e) => Err(format!("the volume manager did not answer: {e}")),
         }

@@ -1,0 +1,588 @@
+//! The volume book: what the volume manager knows (records, present drives, busy
+//! volumes, drive uses, check findings, conditions) and every decision about it, as
+//! plain code without an actor or a disk.
+//!
+//! Rules it enforces:
+//! - nothing is served until start-up reconciliation loaded the book (`NotReady`);
+//! - one operation per volume at a time: [`VolumeBook::claim`] hands out a [`Claim`]
+//!   that releases the volume when dropped, whatever path the call takes; a second
+//!   claim of a busy volume is `Aborted`;
+//! - a `Creating` record is never shown (it was never handed out), but it reserves its
+//!   extent for placement;
+//! - a repeated CreateVolume or AdoptVolume of an existing volume answers it when the
+//!   request matches and `AlreadyExists` when it does not; a lost volume is never a
+//!   success;
+//! - attach, expand, detach and release are decided here; the actor runs the disk and
+//!   store steps the decision asks for and hands their outcome back
+//!   ([`VolumeBook::finish`]).
+
+mod claim;
+mod drives;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tracing::{info, warn};
+
+use super::health::{self, Condition, DriveUse, Finding};
+use super::messages::{AdoptVolume, AttachVolume, CreateVolume, DetachVolume, ExpandVolume, NodeExpandVolume, VolumeStatus};
+use super::model::{self, Refusal, VolumeRecord, VolumeState};
+use super::ops::DriveLoc;
+use super::placement::{self, Candidate, NoRoom};
+use super::VolumeError;
+use crate::actors::inventory::classify::DriveClass;
+use crate::actors::inventory::model::{Drive, LayoutKind};
+use crate::actors::messages::{GetCapacity, VolumeConditionChanged};
+use crate::config::{Media, VolumesConfig};
+use crate::disk::gpt;
+use crate::disk::smart::Health;
+
+use self::claim::BusyIds;
+pub use self::claim::Claim;
+pub use self::drives::{DriveEffects, ReleasePlan};
+
+/// What a CreateVolume asks for, decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CreatePlan {
+    /// The volume exists as asked (or is being created by this very name): answer it.
+    Existing(VolumeRecord),
+    /// A new record, placed: reserve it and run the disk steps.
+    New(VolumeRecord),
+}
+
+/// What the book holds.
+pub struct VolumeBook {
+    cfg: VolumesConfig,
+    /// Release a releasing drive once its last volume is gone, even unasked.
+    auto_release: bool,
+    ready: bool,
+    /// Present drives by stable id.
+    drives: BTreeMap<String, Drive>,
+    records: BTreeMap<String, VolumeRecord>,
+    busy: Arc<Mutex<BusyIds>>,
+    /// Drives that are releasing or released, by id (persisted).
+    drive_use: BTreeMap<String, DriveUse>,
+    /// Latest check findings by volume id (from the health poller).
+    findings: HashMap<String, Vec<Finding>>,
+    /// Last condition logged per volume, to log each change once.
+    conditions: HashMap<String, Condition>,
+}
+
+
+/// Seconds since the epoch, for records.
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+impl VolumeBook {
+    /// An empty book, not ready.
+    pub fn new(cfg: VolumesConfig, auto_release: bool) -> VolumeBook {
+        VolumeBook {
+            cfg,
+            auto_release,
+            ready: false,
+            drives: BTreeMap::new(),
+            records: BTreeMap::new(),
+            busy: Arc::default(),
+            drive_use: BTreeMap::new(),
+            findings: HashMap::new(),
+            conditions: HashMap::new(),
+        }
+    }
+
+    /// Forgets what restarting must rebuild from the host: records, drives, claims.
+    pub fn reset(&mut self) {
+        self.ready = false;
+        self.records.clear();
+        self.drives.clear();
+        self.busy.lock().unwrap_or_else(|p| p.into_inner()).ids.clear();
+    }
+
+    /// Whether start-up reconciliation is done.
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// The roots node paths must lie under.
+    pub fn allowed_roots(&self) -> &[PathBuf] {
+        &self.cfg.allowed_roots
+    }
+
+    /// Takes in the drives the inventory knows.
+    pub fn add_drives(&mut self, drives: Vec<Drive>) {
+        for d in drives {
+            self.drives.insert(d.id.clone(), d);
+        }
+    }
+
+    /// Every present drive.
+    pub fn drives(&self) -> impl Iterator<Item = &Drive> {
+        self.drives.values()
+    }
+
+    /// Loads what start-up reconciliation kept and opens the book; answers the usage
+    /// records to store for drives whose health was found bad before they were loaded.
+    /// `uses`: `None` when they could not be read (the ones known are kept).
+    pub fn load(&mut self, records: Vec<VolumeRecord>, uses: Option<Vec<DriveUse>>) -> Vec<DriveUse> {
+        if let Some(uses) = uses {
+            self.drive_use = uses.into_iter().map(|u| (u.drive_id.clone(), u)).collect();
+        }
+        self.records = records.into_iter().map(|r| (r.id.clone(), r)).collect();
+        let bad: Vec<(String, String)> =
+            self.drives.values().filter(|d| d.health.health == Health::Bad).map(|d| (d.id.clone(), d.health.reason.clone())).collect();
+        let mut save = Vec::new();
+        for (id, reason) in bad {
+            if let Some(u) = health::usage_after_health(self.drive_use.get(&id), &id, Health::Bad, &reason) {
+                self.drive_use.insert(id, u.clone());
+                save.push(u);
+            }
+        }
+        self.ready = true;
+        save
+    }
+
+    /// The number of records.
+    pub fn volume_count(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Every record, by id.
+    pub fn records(&self) -> impl Iterator<Item = &VolumeRecord> {
+        self.records.values()
+    }
+
+    /// The usage records of releasing and released drives.
+    pub fn drive_uses(&self) -> Vec<DriveUse> {
+        self.drive_use.values().cloned().collect()
+    }
+
+    /// Claims volume `id` for one call: the book is ready and no other call holds it.
+    pub fn claim(&self, id: &str) -> Result<Claim, VolumeError> {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        self.try_claim(id).ok_or_else(|| VolumeError::Busy { volume_id: id.to_string() })
+    }
+
+    fn try_claim(&self, id: &str) -> Option<Claim> {
+        let mut b = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if b.ids.contains_key(id) {
+            return None;
+        }
+        b.next += 1;
+        let token = b.next;
+        b.ids.insert(id.to_string(), token);
+        Some(Claim { busy: self.busy.clone(), id: id.to_string(), token })
+    }
+
+    /// Whether a call holds volume `id`.
+    pub fn is_busy(&self, id: &str) -> bool {
+        self.busy.lock().unwrap_or_else(|p| p.into_inner()).ids.contains_key(id)
+    }
+
+    /// Where a volume's drive is, for its disk steps. An adopted volume's drive (if
+    /// drivelet knows it) is never handed to a disk step: it is not drivelet's to change.
+    pub fn loc_of(&self, rec: &VolumeRecord) -> Option<DriveLoc> {
+        if rec.adopted.is_some() {
+            return None;
+        }
+        self.drives.get(&rec.drive_id).map(|d| DriveLoc { path: d.path.clone(), sector: d.logical_block_size })
+    }
+
+    /// A volume callers may see: the book is ready and the volume exists and is not
+    /// still being created (a `Creating` record was never handed out).
+    pub fn visible(&self, id: &str) -> Result<&VolumeRecord, VolumeError> {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        match self.records.get(id) {
+            Some(r) if r.state != VolumeState::Creating => Ok(r),
+            _ => Err(VolumeError::NotFound { volume_id: id.to_string() }),
+        }
+    }
+
+    /// The condition of a volume now.
+    pub fn condition_of(&self, rec: &VolumeRecord) -> Condition {
+        let f = self.findings.get(&rec.id).map(Vec::as_slice).unwrap_or(&[]);
+        health::condition(rec, self.drives.get(&rec.drive_id), self.drive_use.get(&rec.drive_id), f)
+    }
+
+    /// A visible volume with its condition.
+    pub fn status(&self, id: &str) -> Result<VolumeStatus, VolumeError> {
+        let r = self.visible(id)?;
+        Ok(VolumeStatus { record: r.clone(), condition: self.condition_of(r) })
+    }
+
+    /// A page of shown volumes after `after` (by id), at most `max` (0: all), and the
+    /// id to go on after when more follow.
+    pub fn page(&self, after: Option<&str>, max: usize) -> Result<(Vec<VolumeStatus>, Option<String>), VolumeError> {
+        use std::ops::Bound;
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        let lower = match after {
+            Some(a) => Bound::Excluded(a.to_string()),
+            None => Bound::Unbounded,
+        };
+        let max = if max == 0 { usize::MAX } else { max };
+        let mut out: Vec<VolumeStatus> = Vec::new();
+        let mut next = None;
+        for r in self.records.range((lower, Bound::Unbounded)).map(|(_, r)| r) {
+            if r.state == VolumeState::Creating {
+                continue;
+            }
+            if out.len() == max {
+                next = out.last().map(|s| s.record.id.clone());
+                break;
+            }
+            out.push(VolumeStatus { record: r.clone(), condition: self.condition_of(r) });
+        }
+        Ok((out, next))
+    }
+
+    /// Recomputes the conditions of the matching volumes, logs each change once and
+    /// answers the changes to tell.
+    pub fn refresh(&mut self, which: impl Fn(&VolumeRecord) -> bool) -> Vec<VolumeConditionChanged> {
+        let mut changed = Vec::new();
+        for rec in self.records.values().filter(|r| which(r) && r.state != VolumeState::Creating) {
+            let c = self.condition_of(rec);
+            let before = self.conditions.get(&rec.id);
+            if before != Some(&c) && (before.is_some() || c.abnormal) {
+                changed.push((rec.id.clone(), rec.drive_id.clone(), c));
+            } else if before.is_none() {
+                self.conditions.insert(rec.id.clone(), c);
+            }
+        }
+        let mut events = Vec::new();
+        for (id, drive, c) in changed {
+            if c.abnormal {
+                warn!(volume.id = %id, drive.id = %drive, volume.abnormal = true, volume.condition = %c.message, "volume condition changed");
+            } else {
+                info!(volume.id = %id, drive.id = %drive, volume.abnormal = false, volume.condition = %c.message, "volume condition changed");
+            }
+            events.push(VolumeConditionChanged { volume_id: id.clone(), abnormal: c.abnormal, message: c.message.clone() });
+            self.conditions.insert(id, c);
+        }
+        events
+    }
+
+    /// Takes in what a volume's checks found; `false` when the check raced with an
+    /// operation on the volume (or the volume is gone) and was dropped as stale.
+    pub fn checked(&mut self, volume_id: String, findings: Vec<Finding>) -> bool {
+        if self.is_busy(&volume_id) || !self.records.contains_key(&volume_id) {
+            return false;
+        }
+        self.findings.insert(volume_id, findings);
+        true
+    }
+
+    /// Stores what a volume's operation handed back (`None`: the volume is gone) and
+    /// answers the drives whose shown volumes changed.
+    /// `before` is what [`VolumeBook::shown`] said when the operation began.
+    pub fn finish(&mut self, id: &str, before: Option<(String, bool)>, record: Option<VolumeRecord>, clear_findings: bool) -> BTreeSet<String> {
+        if clear_findings {
+            self.findings.remove(id);
+        }
+        match record {
+            Some(r) => {
+                self.records.insert(r.id.clone(), r);
+            }
+            None => {
+                self.records.remove(id);
+            }
+        }
+        let after = self.shown(id);
+        if before == after {
+            return BTreeSet::new();
+        }
+        before.into_iter().chain(after).map(|(drive, _)| drive).collect()
+    }
+
+    /// Forgets the logged condition of a volume that is gone.
+    pub fn forget_condition(&mut self, id: &str) {
+        if !self.records.contains_key(id) {
+            self.conditions.remove(id);
+        }
+    }
+
+    /// What the Drive objects show of one volume: its drive and whether it failed;
+    /// `None` while it is unknown or still being created (never handed out).
+    pub fn shown(&self, id: &str) -> Option<(String, bool)> {
+        self.records.get(id).filter(|r| r.state != VolumeState::Creating).map(|r| (r.drive_id.clone(), r.failed))
+    }
+
+    /// The drive a volume lives on, if it is known.
+    pub fn drive_of(&self, id: &str) -> Option<String> {
+        self.records.get(id).map(|r| r.drive_id.clone())
+    }
+
+    fn candidates(&self) -> Vec<Candidate<'_>> {
+        self.drives
+            .values()
+            .filter(|d| d.class == DriveClass::Managed)
+            .map(|d| {
+                let mut used: Vec<(u64, u64)> =
+                    self.records.values().filter(|r| r.drive_id == d.id && r.adopted.is_none()).map(|r| (r.start, r.size)).collect();
+                used.extend(d.extents.iter().copied());
+                let closed = self.drive_use.contains_key(&d.id) || d.health.health == Health::Bad;
+                Candidate { drive: d, used, closed }
+            })
+            .collect()
+    }
+
+    /// GetCapacity from the placement model.
+    pub fn capacity(&self, m: &GetCapacity) -> Result<placement::Capacity, VolumeError> {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        Ok(placement::capacity(&self.candidates(), m.media, m.layout, m.minimum))
+    }
+
+    /// Decides a CreateVolume: the existing volume of the name, or a new record placed
+    /// on a drive with room.
+    pub fn plan_create(&self, m: &CreateVolume) -> Result<CreatePlan, VolumeError> {
+        let guid = gpt::volume_partition_guid(&m.name);
+        let id = guid.to_string();
+        let fs_type = if m.block { String::new() } else if m.fs_type.is_empty() { self.cfg.default_fs.clone() } else { m.fs_type.clone() };
+        if let Some(rec) = self.records.get(&id) {
+            return match rec.state {
+                VolumeState::Deleting => Err(VolumeError::FailedPrecondition {
+                    volume_id: id,
+                    reason: "is being deleted; retry CreateVolume once DeleteVolume finished".into(),
+                }),
+                VolumeState::Creating => Ok(CreatePlan::New(rec.clone())),
+                // Never a success for a volume that does not exist: the CO sees why, and
+                // DeleteVolume clears the way for a new one of the same name.
+                _ if rec.lost => Err(health::lost(rec)),
+                _ => {
+                    let same_kind = rec.rebuilt || (rec.block == m.block && (m.block || rec.fs_type == fs_type));
+                    let same_params = rec.rebuilt || rec.parameters == m.parameters;
+                    if !m.range.admits(rec.size) {
+                        Err(VolumeError::AlreadyExists {
+                            volume: m.name.clone(),
+                            reason: format!("exists with {} bytes, outside the requested capacity range", rec.size),
+                        })
+                    } else if !same_kind || !same_params || rec.layout != m.layout {
+                        Err(VolumeError::AlreadyExists {
+                            volume: m.name.clone(),
+                            reason: "exists with different parameters or access type".into(),
+                        })
+                    } else {
+                        Ok(CreatePlan::Existing(rec.clone()))
+                    }
+                }
+            };
+        }
+        let minimum = model::minimum_size(m.block, &fs_type);
+        let size = model::size_for(m.range, self.cfg.default_size, minimum).map_err(|reason| VolumeError::OutOfRange { reason })?;
+        let want = if m.layout == LayoutKind::Drive { m.range.required.max(minimum) } else { size };
+        let p = placement::place(&self.candidates(), m.media, m.layout, want).map_err(|e| match e {
+            NoRoom::TooBig(reason) => VolumeError::OutOfRange { reason },
+            NoRoom::Full(reason) => VolumeError::ResourceExhausted { reason },
+        })?;
+        if m.layout == LayoutKind::Drive && m.range.limit != 0 && p.size > m.range.limit {
+            return Err(VolumeError::OutOfRange {
+                reason: format!("a whole drive here is {} bytes, above limit_bytes {}", p.size, m.range.limit),
+            });
+        }
+        let media = self.drives.get(&p.drive_id).map(|d| d.media).unwrap_or(Media::Virtual);
+        Ok(CreatePlan::New(VolumeRecord {
+            id,
+            name: m.name.clone(),
+            drive_id: p.drive_id,
+            part_guid: guid,
+            start: p.start,
+            size: p.size,
+            layout: m.layout,
+            media,
+            block: m.block,
+            fs_type,
+            parameters: m.parameters.clone(),
+            state: VolumeState::Creating,
+            formatted: false,
+            staging: None,
+            targets: BTreeMap::new(),
+            created_unix: now_unix(),
+            rebuilt: false,
+            failed: false,
+            published_node: None,
+            adopted: None,
+            lost: false,
+        }))
+    }
+
+    /// Reserves a record's extent (a new volume being created, or the size an expansion
+    /// grows to): a create placed meanwhile sees the space taken.
+    pub fn reserve(&mut self, rec: VolumeRecord) {
+        self.records.insert(rec.id.clone(), rec);
+    }
+
+    /// Decides a DeleteVolume: the record to delete, `None` when it is gone already.
+    pub fn plan_delete(&self, id: &str) -> Option<VolumeRecord> {
+        self.records.get(id).cloned()
+    }
+
+    /// Common start of a node call: ready, known; the drive when present (required
+    /// unless the volume is adopted when `need_drive`).
+    pub fn node_call(&self, id: &str, need_drive: bool) -> Result<(VolumeRecord, Option<DriveLoc>), VolumeError> {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        let rec = self.records.get(id).cloned().ok_or_else(|| VolumeError::NotFound { volume_id: id.to_string() })?;
+        let loc = self.loc_of(&rec);
+        if need_drive && loc.is_none() && rec.adopted.is_none() {
+            return Err(VolumeError::DriveAbsent { volume_id: id.to_string(), drive_id: rec.drive_id });
+        }
+        Ok((rec, loc))
+    }
+
+    /// Decides a NodeExpandVolume of a node call's volume: the path must be one the
+    /// volume is staged or published at, and its filesystem drivelet's.
+    pub fn node_expand_check(m: &NodeExpandVolume, rec: &VolumeRecord, loc: Option<DriveLoc>) -> Result<DriveLoc, VolumeError> {
+        let at_path = rec.staging.as_ref().is_some_and(|s| s.path == m.path) || rec.targets.contains_key(&m.path);
+        if !at_path {
+            return Err(VolumeError::PathNotFound { volume_id: m.volume_id.clone(), path: m.path.clone() });
+        }
+        // node_call answered without a drive: only an adopted volume has none.
+        loc.ok_or_else(|| VolumeError::FailedPrecondition {
+            volume_id: m.volume_id.clone(),
+            reason: "is adopted: its filesystem is not drivelet's to grow".into(),
+        })
+    }
+
+    /// Whether a volume may be attached as asked: it exists, serves the access type and
+    /// filesystem, is attached to no other node, and its drive takes the attachment.
+    pub fn attach_refusal(&self, m: &AttachVolume) -> Result<VolumeRecord, VolumeError> {
+        let id = m.volume_id.as_str();
+        let refuse = |reason: String| VolumeError::FailedPrecondition { volume_id: id.to_string(), reason };
+        let rec = self.visible(id)?.clone();
+        if rec.state == VolumeState::Deleting {
+            return Err(VolumeError::refused(id, Refusal::BeingDeleted));
+        }
+        if m.block != rec.block && !rec.rebuilt {
+            let (was, asked) = if rec.block { ("block", "filesystem") } else { ("filesystem", "block") };
+            return Err(refuse(format!("was created for {was} access; it cannot be published for {asked} access")));
+        }
+        if !m.block && !m.fs_type.is_empty() && !rec.fs_type.is_empty() && m.fs_type != rec.fs_type {
+            return Err(refuse(format!("holds {}, not {}", rec.fs_type, m.fs_type)));
+        }
+        if let Some(other) = rec.published_node.as_deref().filter(|n| *n != m.node_id) {
+            return Err(VolumeError::AttachedElsewhere { volume_id: id.to_string(), node: other.to_string() });
+        }
+        let d = self.drives.get(&rec.drive_id);
+        if let Some(reason) = health::attach_refusal(&rec, d, self.drive_use.get(&rec.drive_id), &m.node_id) {
+            return Err(refuse(reason));
+        }
+        if rec.adopted.is_none() && self.loc_of(&rec).is_none() {
+            return Err(refuse(format!("lives on drive {} which is missing", rec.drive_id)));
+        }
+        Ok(rec)
+    }
+
+    /// The size a volume may grow to as asked: the range rounded like a create, never
+    /// below the current size; room after it on its drive (OUT_OF_RANGE past the end of
+    /// the drive, RESOURCE_EXHAUSTED when another extent is in the way).
+    pub fn expand_check(&self, m: &ExpandVolume) -> Result<(VolumeRecord, DriveLoc, u64), VolumeError> {
+        let id = m.volume_id.as_str();
+        let rec = self.visible(id)?.clone();
+        if rec.state == VolumeState::Deleting {
+            return Err(VolumeError::refused(id, Refusal::BeingDeleted));
+        }
+        if let Some(a) = &rec.adopted {
+            return Err(VolumeError::FailedPrecondition {
+                volume_id: id.to_string(),
+                reason: format!("is adopted from {}: its size is its filesystem's, which drivelet does not manage", a.path.display()),
+            });
+        }
+        let new_size = model::size_for(m.range, rec.size, rec.size).map_err(|reason| VolumeError::OutOfRange {
+            reason: format!("volume {id} is {} bytes and cannot shrink: {reason}", rec.size),
+        })?;
+        let d = self.drives.get(&rec.drive_id).ok_or_else(|| VolumeError::FailedPrecondition {
+            volume_id: id.to_string(),
+            reason: format!("lives on drive {} which is absent from this node; it cannot grow until the drive is back", rec.drive_id),
+        })?;
+        let loc = DriveLoc { path: d.path.clone(), sector: d.logical_block_size };
+        if new_size == rec.size {
+            return Ok((rec, loc, new_size));
+        }
+        let region_end = gpt::usable_region(d.size_bytes, d.logical_block_size).map_or(0, |(_, e)| e);
+        let mut others: Vec<(u64, u64)> =
+            self.records.values().filter(|r| r.drive_id == rec.drive_id && r.id != rec.id).map(|r| (r.start, r.size)).collect();
+        others.extend(d.extents.iter().copied());
+        let room = model::grow_room(rec.start, rec.size, &others, region_end);
+        // Past the end of the drive it can never grow, whatever follows it now.
+        let blocked = room.blocked && new_size <= region_end.saturating_sub(rec.start);
+        if new_size > room.max_size {
+            let reason = format!("volume {id} can grow in place to at most {} bytes on drive {}, not {new_size}", room.max_size, rec.drive_id);
+            return Err(if blocked {
+                VolumeError::ResourceExhausted { reason: format!("{reason}: another volume or partition follows it") }
+            } else if room.blocked {
+                VolumeError::OutOfRange { reason: format!("{reason}, and {new_size} bytes from its start run past the end of the drive") }
+            } else {
+                VolumeError::OutOfRange { reason: format!("{reason}: the drive ends there") }
+            });
+        }
+        Ok((rec, loc, new_size))
+    }
+
+    /// Decides a DetachVolume: the record without its attachment, to store, and the node
+    /// it was attached to; `None` when the volume is unknown or not attached to the node
+    /// (detached already).
+    pub fn plan_detach(&self, m: &DetachVolume) -> Result<Option<(VolumeRecord, String)>, VolumeError> {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        let Some(rec) = self.records.get(&m.volume_id) else { return Ok(None) };
+        let Some(attached) = rec.published_node.clone() else { return Ok(None) };
+        if m.node_id.as_ref().is_some_and(|n| *n != attached) {
+            return Ok(None);
+        }
+        let mut rec = rec.clone();
+        rec.published_node = None;
+        Ok(Some((rec, attached)))
+    }
+
+    /// Decides an AdoptVolume of the directory `canonical` (what `m.path` resolves to):
+    /// the existing volume adopting it, or a new record of `size` bytes on `devnum`'s
+    /// drive (if drivelet knows it).
+    pub fn plan_adopt(&self, m: &AdoptVolume, canonical: &Path, devnum: Option<(u32, u32)>, size: u64) -> Result<CreatePlan, VolumeError> {
+        if let Some(r) = self.records.get(&m.volume_id) {
+            let same = r.adopted.as_ref().is_some_and(|a| a.path == canonical && a.pv_name == m.pv_name);
+            return if same {
+                Ok(CreatePlan::Existing(r.clone()))
+            } else {
+                Err(VolumeError::AlreadyExists { volume: m.volume_id.clone(), reason: "exists with other data".into() })
+            };
+        }
+        if let Some(r) = self.records.values().find(|r| r.adopted.as_ref().is_some_and(|a| a.path == canonical)) {
+            return Err(VolumeError::AlreadyExists { volume: r.id.clone(), reason: format!("already adopts {}", canonical.display()) });
+        }
+        let drive = devnum.and_then(|n| self.drives.values().find(|d| d.devnum == n));
+        Ok(CreatePlan::New(VolumeRecord {
+            id: m.volume_id.clone(),
+            name: m.pv_name.clone(),
+            drive_id: drive.map(|d| d.id.clone()).unwrap_or_default(),
+            part_guid: uuid::Uuid::nil(),
+            start: 0,
+            size,
+            layout: LayoutKind::Partition,
+            media: drive.map(|d| d.media).unwrap_or(Media::Virtual),
+            block: false,
+            fs_type: m.fs_type.clone(),
+            parameters: BTreeMap::new(),
+            state: VolumeState::Available,
+            formatted: true,
+            staging: None,
+            targets: BTreeMap::new(),
+            created_unix: now_unix(),
+            rebuilt: false,
+            failed: false,
+            published_node: None,
+            adopted: Some(model::Adopted { path: canonical.to_path_buf(), pv_name: m.pv_name.clone() }),
+            lost: false,
+        }))
+    }
+}

@@ -1,0 +1,277 @@
+//! Table tests of the volume book's decisions: no actor, no disk.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::*;
+use crate::actors::volumes::health::DriveUseState;
+use crate::actors::volumes::messages::ReleaseDrive;
+use crate::actors::volumes::model::{CapacityRange, Staging};
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+/// A ready book with drive `d1` (1 GiB, managed) holding `records`.
+fn book_with(records: Vec<VolumeRecord>) -> VolumeBook {
+    let mut b = VolumeBook::new(VolumesConfig::default(), false);
+    b.add_drives(vec![Drive::for_test("d1", Media::Ssd, GIB)]);
+    let save = b.load(records, Some(Vec::new()));
+    assert!(save.is_empty());
+    b
+}
+
+fn create(name: &str, required: u64) -> CreateVolume {
+    CreateVolume {
+        name: name.into(),
+        range: CapacityRange { required, limit: 0 },
+        media: None,
+        layout: LayoutKind::Partition,
+        block: false,
+        fs_type: String::new(),
+        parameters: BTreeMap::new(),
+    }
+}
+
+fn attach(id: &str, node: &str) -> AttachVolume {
+    AttachVolume { volume_id: id.into(), node_id: node.into(), block: false, fs_type: String::new() }
+}
+
+fn available(n: u8) -> VolumeRecord {
+    VolumeRecord::for_test(n, VolumeState::Available)
+}
+
+#[test]
+fn a_claim_holds_its_volume_until_dropped() {
+    let b = book_with(vec![]);
+    let c = b.claim("v1").expect("free");
+    assert!(b.is_busy("v1"));
+    assert!(matches!(b.claim("v1"), Err(VolumeError::Busy { volume_id }) if volume_id == "v1"));
+    assert!(b.claim("v2").is_ok(), "other volumes proceed in parallel");
+    drop(c);
+    assert!(!b.is_busy("v1"));
+    assert!(b.claim("v1").is_ok());
+}
+
+#[test]
+fn nothing_is_claimed_before_the_book_is_loaded() {
+    let b = VolumeBook::new(VolumesConfig::default(), false);
+    assert!(matches!(b.claim("v1"), Err(VolumeError::NotReady)));
+    assert!(matches!(b.visible("v1"), Err(VolumeError::NotReady)));
+    assert!(matches!(b.page(None, 0), Err(VolumeError::NotReady)));
+}
+
+#[test]
+fn a_claim_from_before_a_restart_does_not_free_a_newer_claim() {
+    let mut b = book_with(vec![]);
+    let old = b.claim("v1").expect("free");
+    b.reset();
+    b.load(vec![], None);
+    let new = b.claim("v1").expect("the restart freed every volume");
+    drop(old);
+    assert!(b.is_busy("v1"), "the old claim's drop leaves the new one");
+    drop(new);
+    assert!(!b.is_busy("v1"));
+}
+
+#[test]
+fn a_drive_is_claimed_whole_or_not_at_all() {
+    let b = book_with(vec![available(1), available(2)]);
+    let busy = b.claim(&available(2).id).expect("free");
+    assert!(b.claim_drive("d1").is_none());
+    assert!(!b.is_busy(&available(1).id), "the partial claim was released");
+    drop(busy);
+    let (claims, recs) = b.claim_drive("d1").expect("all free");
+    assert_eq!((claims.len(), recs.len()), (2, 2));
+}
+
+/// Volume `n` under the id CreateVolume derives from its name.
+fn named(n: u8) -> VolumeRecord {
+    let mut r = available(n);
+    r.part_guid = gpt::volume_partition_guid(&r.name);
+    r.id = r.part_guid.to_string();
+    r
+}
+
+#[test]
+fn create_decisions() {
+    let name_of = |n: u8| available(n).name;
+    let mut deleting = named(3);
+    deleting.state = VolumeState::Deleting;
+    let mut lost = named(4);
+    lost.lost = true;
+    let b = book_with(vec![named(1), deleting, lost]);
+    // (request, expected outcome as text)
+    let table: Vec<(CreateVolume, &str)> = vec![
+        (create(&name_of(1), 0), "existing"),
+        (create(&name_of(1), 2 * MIB), "volume pvc-1 exists with 1048576 bytes, outside the requested capacity range"),
+        (CreateVolume { block: true, ..create(&name_of(1), 0) }, "volume pvc-1 exists with different parameters or access type"),
+        (create(&name_of(3), 0), "is being deleted; retry CreateVolume once DeleteVolume finished"),
+        (create(&name_of(4), 0), "the data is gone"),
+        (create("new", 32 * MIB), "new"),
+        (create("huge", 4 * GIB), "capacity range cannot be met"),
+    ];
+    for (m, want) in table {
+        let got = match b.plan_create(&m) {
+            Ok(CreatePlan::Existing(_)) => "existing".to_string(),
+            Ok(CreatePlan::New(r)) => {
+                assert_eq!((r.state, r.drive_id.as_str(), r.size), (VolumeState::Creating, "d1", 32 * MIB));
+                "new".to_string()
+            }
+            Err(e) => e.to_string(),
+        };
+        assert!(got.contains(want), "{}: {got}", m.name);
+    }
+}
+
+#[test]
+fn a_reserved_create_takes_its_space_from_the_next_one() {
+    let mut b = book_with(vec![]);
+    let Ok(CreatePlan::New(first)) = b.plan_create(&create("a", 8 * MIB)) else { panic!("placed") };
+    b.reserve(first.clone());
+    let Ok(CreatePlan::New(second)) = b.plan_create(&create("b", 8 * MIB)) else { panic!("placed") };
+    assert!(second.start >= first.start + first.size || second.start + second.size <= first.start, "{first:?} {second:?}");
+    // A Creating record is never shown.
+    assert!(matches!(b.visible(&first.id), Err(VolumeError::NotFound { .. })));
+    assert!(b.page(None, 0).expect("ready").0.is_empty());
+}
+
+#[test]
+fn no_managed_drive_with_room_is_resource_exhausted() {
+    let mut b = book_with(vec![]);
+    b.drive_refused("d1", "an ext4 filesystem");
+    assert!(matches!(b.plan_create(&create("a", MIB)), Err(VolumeError::ResourceExhausted { .. })));
+}
+
+#[test]
+fn attach_decisions() {
+    let mut elsewhere = available(2);
+    elsewhere.published_node = Some("node-b".into());
+    let mut deleting = available(3);
+    deleting.state = VolumeState::Deleting;
+    let mut away = available(4);
+    away.drive_id = "gone".into();
+    let b = book_with(vec![available(1), elsewhere, deleting, away]);
+    let id = |n: u8| available(n).id;
+    let table: Vec<(AttachVolume, Result<(), &str>)> = vec![
+        (attach(&id(1), "node-a"), Ok(())),
+        (AttachVolume { block: true, ..attach(&id(1), "node-a") }, Err("was created for filesystem access; it cannot be published for block access")),
+        (AttachVolume { fs_type: "xfs".into(), ..attach(&id(1), "node-a") }, Err("holds ext4, not xfs")),
+        (attach(&id(2), "node-a"), Err("is already attached to node node-b")),
+        (attach(&id(2), "node-b"), Ok(())),
+        (attach(&id(3), "node-a"), Err("in progress")),
+        (attach(&id(4), "node-a"), Err("which is missing from this node")),
+        (attach("nope", "node-a"), Err("volume nope does not exist")),
+    ];
+    for (m, want) in table {
+        match (b.attach_refusal(&m), want) {
+            (Ok(_), Ok(())) => {}
+            (Err(e), Err(text)) => assert!(e.to_string().contains(text), "{}: {e}", m.volume_id),
+            (got, want) => panic!("{}: {got:?}, wanted {want:?}", m.volume_id),
+        }
+    }
+}
+
+#[test]
+fn detach_decisions() {
+    let mut attached = available(1);
+    attached.published_node = Some("node-a".into());
+    let b = book_with(vec![attached.clone(), available(2)]);
+    let detach = |id: &str, node: Option<&str>| DetachVolume { volume_id: id.into(), node_id: node.map(String::from) };
+    assert!(b.plan_detach(&detach("nope", None)).expect("ready").is_none(), "unknown: done already");
+    assert!(b.plan_detach(&detach(&available(2).id, None)).expect("ready").is_none(), "not attached: done already");
+    assert!(b.plan_detach(&detach(&attached.id, Some("node-b"))).expect("ready").is_none(), "another node's: not ours");
+    let (rec, node) = b.plan_detach(&detach(&attached.id, Some("node-a"))).expect("ready").expect("detaches");
+    assert_eq!((rec.published_node, node.as_str()), (None, "node-a"));
+}
+
+#[test]
+fn expand_decisions() {
+    // Volume 1 at 1 MiB with volume 3 at 3 MiB after it; volume 8 at 8 MiB, free after.
+    let b = book_with(vec![available(1), available(3), available(8)]);
+    let expand = |n: u8, required: u64| ExpandVolume { volume_id: available(n).id, range: CapacityRange { required, limit: 0 } };
+    let (_, _, size) = b.expand_check(&expand(1, 2 * MIB)).expect("room up to volume 3");
+    assert_eq!(size, 2 * MIB);
+    let e = b.expand_check(&expand(1, 4 * MIB)).expect_err("volume 3 is in the way");
+    assert!(matches!(e, VolumeError::ResourceExhausted { .. }) && e.to_string().contains("another volume or partition follows it"), "{e}");
+    let e = b.expand_check(&expand(8, 2 * GIB)).expect_err("past the end");
+    assert!(matches!(e, VolumeError::OutOfRange { .. }) && e.to_string().contains("the drive ends there"), "{e}");
+    let (_, _, size) = b.expand_check(&expand(8, 0)).expect("no size asked: stays");
+    assert_eq!(size, MIB);
+}
+
+#[test]
+fn node_expand_needs_a_path_of_the_volume() {
+    let mut staged = available(1);
+    staged.staging = Some(Staging { path: "/var/lib/kubelet/s".into(), block: false, flags: vec![], readonly: false, done: true });
+    let loc = Some(DriveLoc { path: "/dev/d1".into(), sector: 512 });
+    let m = |p: &str| NodeExpandVolume { volume_id: staged.id.clone(), path: PathBuf::from(p) };
+    assert!(VolumeBook::node_expand_check(&m("/var/lib/kubelet/s"), &staged, loc.clone()).is_ok());
+    let e = VolumeBook::node_expand_check(&m("/elsewhere"), &staged, loc).expect_err("not its path");
+    assert!(matches!(e, VolumeError::PathNotFound { .. }), "{e}");
+    let e = VolumeBook::node_expand_check(&m("/var/lib/kubelet/s"), &staged, None).expect_err("adopted");
+    assert!(e.to_string().contains("is adopted: its filesystem is not drivelet's to grow"), "{e}");
+}
+
+#[test]
+fn a_release_closes_the_drive_and_completes_when_it_empties() {
+    let mut b = book_with(vec![available(1)]);
+    let release = |force| ReleaseDrive { drive_id: "d1".into(), force };
+    let e = b.release(&ReleaseDrive { drive_id: "nope".into(), force: false }).expect_err("unknown drive");
+    assert!(e.to_string().contains("no drive with id nope is known on this node"), "{e}");
+    let plan = b.release(&release(false)).expect("known");
+    assert_eq!((plan.usage.state, plan.failed.len()), (DriveUseState::Releasing, 0));
+    assert!(matches!(b.plan_create(&create("a", MIB)), Err(VolumeError::ResourceExhausted { .. })), "closed to placement");
+    assert!(b.settle_drive("d1").is_none(), "still holds a volume");
+    let id = available(1).id;
+    let before = b.shown(&id);
+    assert_eq!(b.finish(&id, before, None, true).into_iter().collect::<Vec<_>>(), vec!["d1".to_string()]);
+    assert_eq!(b.settle_drive("d1").map(|u| u.state), Some(DriveUseState::Released));
+}
+
+#[test]
+fn a_forced_release_fails_the_volumes_on_the_drive() {
+    let mut b = book_with(vec![available(1), available(2)]);
+    let plan = b.release(&ReleaseDrive { drive_id: "d1".into(), force: true }).expect("known");
+    assert_eq!(plan.usage.state, DriveUseState::Released);
+    assert_eq!(plan.failed.len(), 2);
+    assert!(b.records().all(|r| r.failed));
+}
+
+#[test]
+fn pages_skip_volumes_being_created_and_say_where_to_go_on() {
+    let mut creating = available(2);
+    creating.state = VolumeState::Creating;
+    let b = book_with(vec![available(1), creating, available(3), available(4)]);
+    let (page, next) = b.page(None, 2).expect("ready");
+    assert_eq!(page.iter().map(|s| s.record.id.clone()).collect::<Vec<_>>(), vec![available(1).id, available(3).id]);
+    assert_eq!(next, Some(available(3).id));
+    let (page, next) = b.page(next.as_deref(), 2).expect("ready");
+    assert_eq!((page.len(), next), (1, None));
+}
+
+#[test]
+fn adopt_decisions() {
+    let b = book_with(vec![available(1)]);
+    let adopt = |id: &str| AdoptVolume { volume_id: id.into(), pv_name: "pv-1".into(), path: "/data/x".into(), fs_type: "ext4".into() };
+    let dir = std::path::Path::new("/data/x");
+    let Ok(CreatePlan::New(rec)) = b.plan_adopt(&adopt("local-1"), dir, None, 5) else { panic!("new") };
+    assert_eq!((rec.size, rec.drive_id.as_str(), rec.state), (5, "", VolumeState::Available));
+    let e = b.plan_adopt(&adopt(&available(1).id), dir, None, 5).expect_err("id taken");
+    assert!(e.to_string().contains("exists with other data"), "{e}");
+    let mut b = b;
+    b.reserve(rec);
+    assert!(matches!(b.plan_adopt(&adopt("local-1"), dir, None, 5), Ok(CreatePlan::Existing(_))), "idempotent");
+    let e = b.plan_adopt(&adopt("local-2"), dir, None, 5).expect_err("directory taken");
+    assert!(e.to_string().contains("already adopts /data/x"), "{e}");
+}
+
+#[test]
+fn a_check_racing_an_operation_is_dropped() {
+    let mut b = book_with(vec![available(1)]);
+    let id = available(1).id;
+    let claim = b.claim(&id).expect("free");
+    assert!(!b.checked(id.clone(), vec![]));
+    drop(claim);
+    assert!(b.checked(id, vec![]));
+    assert!(!b.checked("nope".into(), vec![]));
+}

@@ -1,0 +1,300 @@
+//! The messages the volume manager answers: commands (imperative), queries and the
+//! notifications it takes, with the `publish_context` they hand out.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use actix::prelude::*;
+
+use super::health::{Condition, DriveUse, Finding};
+use super::model::{CapacityRange, VolumeRecord};
+use super::VolumeError;
+use crate::actors::inventory::model::LayoutKind;
+use crate::config::Media;
+
+/// Command: create (or return the existing) volume with this name.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<VolumeRecord, VolumeError>")]
+pub struct CreateVolume {
+    /// CSI name.
+    pub name: String,
+    /// Capacity bounds.
+    pub range: CapacityRange,
+    /// Media, `None` for any.
+    pub media: Option<Media>,
+    /// Layout.
+    pub layout: LayoutKind,
+    /// Every capability is block access.
+    pub block: bool,
+    /// Filesystem for mount access (validated ext4/xfs, or empty for the default).
+    pub fs_type: String,
+    /// The StorageClass parameters as given.
+    pub parameters: BTreeMap<String, String>,
+}
+
+/// Command: delete a volume (idempotent).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), VolumeError>")]
+pub struct DeleteVolume {
+    /// Volume id.
+    pub volume_id: String,
+}
+
+/// Command: NodeStageVolume.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), VolumeError>")]
+pub struct StageVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// What to do.
+    pub args: StageArgs,
+}
+
+/// Command: NodeUnstageVolume.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), VolumeError>")]
+pub struct UnstageVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// Staging path.
+    pub path: PathBuf,
+}
+
+/// Command: NodePublishVolume.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), VolumeError>")]
+pub struct PublishVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// What to do.
+    pub args: PublishArgs,
+}
+
+/// Command: NodeUnpublishVolume.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), VolumeError>")]
+pub struct UnpublishVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// Target path.
+    pub target: PathBuf,
+}
+
+/// Command: ControllerPublishVolume, attach a volume to this node.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<PublishContext, VolumeError>")]
+pub struct AttachVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// The node (validated by the caller to be this one).
+    pub node_id: String,
+    /// The capability asks for block access.
+    pub block: bool,
+    /// Filesystem the capability names (empty: any).
+    pub fs_type: String,
+}
+
+/// What an attachment hands the node calls (CSI `publish_context`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishContext {
+    /// Kernel device node of the volume's partition.
+    pub device: PathBuf,
+    /// The partition GUID.
+    pub part_guid: uuid::Uuid,
+}
+
+/// `publish_context` key: the kernel device node of the volume's partition.
+pub const PUBLISH_DEVICE_KEY: &str = "drivelet.io/device";
+/// `publish_context` key: the volume's GPT partition GUID.
+pub const PUBLISH_PARTITION_GUID_KEY: &str = "drivelet.io/partition-guid";
+
+/// `publish_context` key of an adopted volume: the host directory it binds.
+pub const PUBLISH_LOCAL_PATH_KEY: &str = "drivelet.io/local-path";
+
+impl PublishContext {
+    /// As the CSI `publish_context` map (also a VolumeAttachment's `attachmentMetadata`).
+    /// An adopted volume (no partition: a nil GUID) names its directory instead.
+    pub fn to_map(&self) -> BTreeMap<String, String> {
+        if self.part_guid.is_nil() {
+            return BTreeMap::from([(PUBLISH_LOCAL_PATH_KEY.to_string(), self.device.display().to_string())]);
+        }
+        BTreeMap::from([
+            (PUBLISH_DEVICE_KEY.to_string(), self.device.display().to_string()),
+            (PUBLISH_PARTITION_GUID_KEY.to_string(), self.part_guid.to_string()),
+        ])
+    }
+}
+
+/// Command: ControllerUnpublishVolume, detach a volume (idempotent; an unknown volume
+/// or one not attached to the node is done already).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), VolumeError>")]
+pub struct DetachVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// Detach from this node only; `None`: from every node.
+    pub node_id: Option<String>,
+}
+
+/// Command: ControllerExpandVolume, grow a volume's partition in place. Answers the new
+/// size and whether the node must grow a filesystem.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(u64, bool), VolumeError>")]
+pub struct ExpandVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// The size asked for.
+    pub range: CapacityRange,
+}
+
+/// Command: NodeExpandVolume, grow a staged volume's filesystem to its partition.
+/// Answers the size.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<u64, VolumeError>")]
+pub struct NodeExpandVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// The staging or a target path the request names.
+    pub path: PathBuf,
+}
+
+/// Query: one volume.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<VolumeRecord, VolumeError>")]
+pub struct GetVolume {
+    /// Volume id.
+    pub volume_id: String,
+}
+
+/// Query: every volume, by id.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Vec<VolumeRecord>")]
+pub struct ListVolumes;
+
+/// Query: whether start-up reconciliation is done.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "bool")]
+pub struct VolumesReady;
+
+/// Notification from the health poller: what the checks of one volume found.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct VolumeChecked {
+    /// Volume id.
+    pub volume_id: String,
+    /// Findings (empty: all well).
+    pub findings: Vec<Finding>,
+}
+
+/// Command: release a drive (`drivelet ctl drive release`).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<DriveUse, VolumeError>")]
+pub struct ReleaseDrive {
+    /// Stable drive id.
+    pub drive_id: String,
+    /// Fail the volumes still on it instead of waiting for their deletion.
+    pub force: bool,
+}
+
+/// A volume with its live status.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct VolumeStatus {
+    /// The record.
+    pub record: VolumeRecord,
+    /// Its condition now.
+    pub condition: Condition,
+}
+
+/// Query: one volume with its condition.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<VolumeStatus, VolumeError>")]
+pub struct GetVolumeStatus {
+    /// Volume id.
+    pub volume_id: String,
+}
+
+/// Query: a page of volumes (by id order) with their conditions.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(Vec<VolumeStatus>, Option<String>), VolumeError>")]
+pub struct ListVolumeStatuses {
+    /// Start after this volume id.
+    pub after: Option<String>,
+    /// At most this many (0: all).
+    pub max: usize,
+}
+
+/// Query: the usage records of releasing and released drives.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Vec<DriveUse>")]
+pub struct ListDriveUses;
+
+/// Query: filesystem usage of a volume at one of its paths (NodeGetVolumeStats).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(VolumeStatus, Option<crate::disk::fs::Usage>), VolumeError>")]
+pub struct VolumeStats {
+    /// Volume id.
+    pub volume_id: String,
+    /// The staging or a target path of the volume; for a block volume also any device
+    /// node of its partition under the allowed roots (kubelet's bind of the device).
+    pub path: PathBuf,
+}
+
+/// Query: would [`AttachVolume`] be accepted now? Changes nothing; the answer is the
+/// error the attach would fail with, if any (before any disk step).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), VolumeError>")]
+pub struct AttachPreview(pub AttachVolume);
+
+/// Command: adopt a host directory holding an existing volume's data (an in-tree
+/// `local` PV translated by `migration`) as volume `volume_id`. Idempotent for the same
+/// directory. The data is never formatted, moved or deleted.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<VolumeRecord, VolumeError>")]
+pub struct AdoptVolume {
+    /// The volume id (the translated PV's volume handle).
+    pub volume_id: String,
+    /// The PersistentVolume it came from.
+    pub pv_name: String,
+    /// The directory holding the data.
+    pub path: PathBuf,
+    /// The filesystem the PV names (may be empty).
+    pub fs_type: String,
+}
+
+/// Query: answers once start-up reconciliation is done (at once when it is): `true`, or
+/// `false` if the manager went away before it was ready.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "bool")]
+pub struct WaitReady;
+
+/// What NodeStageVolume asks.
+#[derive(Debug, Clone)]
+pub struct StageArgs {
+    /// Staging path.
+    pub path: PathBuf,
+    /// Block access.
+    pub block: bool,
+    /// Filesystem asked for (mount access); empty means the volume's own.
+    pub fs_type: String,
+    /// Mount flags (validated).
+    pub flags: Vec<String>,
+    /// Mount read-only (reader-only access mode).
+    pub readonly: bool,
+}
+
+/// What NodePublishVolume asks.
+#[derive(Debug, Clone)]
+pub struct PublishArgs {
+    /// Target path.
+    pub target: PathBuf,
+    /// Staging path given with the call.
+    pub staging: PathBuf,
+    /// Block access.
+    pub block: bool,
+    /// Read-only bind.
+    pub readonly: bool,
+    /// Only one target may be published (SINGLE_NODE_SINGLE_WRITER).
+    pub single_writer: bool,
+    /// Mount flags of the capability (validated; generic ones apply to the bind).
+    pub flags: Vec<String>,
+}

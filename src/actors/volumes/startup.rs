@@ -1,0 +1,233 @@
+//! Start-up of the volume manager: wait for the inventory's first scan, open the store,
+//! reconcile its records with the drives' GPTs and the host's mounts, and open the book;
+//! later the same reconciliation for one drive that appears or changes media.
+//!
+//! Rules: nothing is served before the book is loaded; a record whose create or delete
+//! was cut short is finished or rolled back here ([`reconcile::plan`] decides, [`settle`]
+//! carries the plan out); only managed drives are read for drivelet partitions; a
+//! drive's records are claimed while it is reconciled.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use tracing::{error, info, warn};
+
+use super::book::now_unix;
+use super::health::DriveUse;
+use super::model::{VolumeRecord, VolumeState};
+use super::ops::{self, DriveLoc};
+use super::{reconcile, VolumeError, VolumeManager};
+use crate::actors::inventory::classify::DriveClass;
+use crate::actors::inventory::model::Drive;
+use crate::actors::messages::{GetInventoryStatus, ListDrives};
+use crate::disk::gpt;
+use crate::store::{Kind, Store};
+
+/// Per-drive locks the disk steps of one drive take.
+pub type Locks = HashMap<String, Arc<Mutex<()>>>;
+
+impl VolumeManager {
+    /// Waits for the inventory's first scan, then reconciles with the drives it found.
+    pub(super) fn wait_for_inventory(&mut self, ctx: &mut Context<Self>) {
+        let inv = self.inventory.clone();
+        ctx.spawn(
+            async move {
+                loop {
+                    match inv.send(GetInventoryStatus).await {
+                        Ok(s) if s.scanned => break,
+                        _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                    }
+                }
+                inv.send(ListDrives).await.unwrap_or_default()
+            }
+            .into_actor(self)
+            .map(|drives, act, ctx| {
+                act.book.add_drives(drives);
+                act.reconcile(ctx);
+            }),
+        );
+    }
+
+    /// Start-up reconciliation of the store with every present drive, off the actor
+    /// thread; loads the book when done, retries on error, restarts on a panic.
+    pub(super) fn reconcile(&mut self, ctx: &mut Context<Self>) {
+        if self.reconciling {
+            return;
+        }
+        self.reconciling = true;
+        let dir = self.state_dir.clone();
+        // Every present drive: presence decides what happens to a record, and the
+        // on-disk table (not the inventory's class, which may lag) decides whether
+        // drivelet's own partitions are there.
+        let drives: Vec<Drive> = self.book.drives().cloned().collect();
+        let locks: Locks = drives.iter().map(|d| (d.id.clone(), self.lock_of(&d.id))).collect();
+        let job = move || startup(&dir, &drives, &locks);
+        ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(|res, act, ctx| {
+            act.reconciling = false;
+            match res {
+                Ok(Ok(Started { store, records, uses })) => {
+                    act.store = Some(Arc::new(store));
+                    // Health verdicts that arrived before the usage records were loaded.
+                    for u in act.book.load(records, uses) {
+                        let id = u.drive_id.clone();
+                        act.write_use(&id, Some(u));
+                    }
+                    act.refresh(|_| true);
+                    info!(actor = "volumes", volumes = act.book.volume_count(), "volume manager ready");
+                    for waiter in act.ready_waiters.drain(..) {
+                        let _ = waiter.send(());
+                    }
+                }
+                Ok(Err(e)) => {
+                    error!(actor = "volumes", error = %e, "start-up reconciliation failed; retrying in 5s");
+                    ctx.run_later(Duration::from_secs(5), |act, ctx| act.reconcile(ctx));
+                }
+                Err(e) => {
+                    error!(actor = "volumes", error = %e, "start-up reconciliation panicked; restarting the actor");
+                    ctx.stop();
+                }
+            }
+        }));
+    }
+
+    /// Reconciles the records of `drive`, which just appeared, with its GPT and the
+    /// mounts, as start-up does for all ([`settle`]); its records are claimed meanwhile.
+    pub(super) fn reconcile_drive(&mut self, drive: Drive, ctx: &mut Context<Self>) {
+        let Some(store) = self.store.clone() else { return };
+        let Some((claims, records)) = self.book.claim_drive(&drive.id) else {
+            // A call is changing one of them: look again once it is done.
+            ctx.run_later(Duration::from_secs(1), move |act, ctx| {
+                if act.book.drive_present_at(&drive) {
+                    act.reconcile_drive(drive, ctx);
+                }
+            });
+            return;
+        };
+        let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
+        let drive_id = drive.id.clone();
+        let locks = HashMap::from([(drive.id.clone(), self.lock_of(&drive.id))]);
+        let job = move || settle(&store, records, std::slice::from_ref(&drive), &locks);
+        ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |res, act, _| {
+            drop(claims);
+            match res {
+                Ok(Ok(keep)) => {
+                    act.book.settled(&drive_id, &ids, keep);
+                    act.refresh(|r| r.drive_id == drive_id);
+                    act.announce(&drive_id);
+                }
+                Ok(Err(e)) => error!(actor = "volumes", drive.id = %drive_id, error = %e, "cannot reconcile the drive's volumes"),
+                Err(e) => error!(actor = "volumes", drive.id = %drive_id, error = %e, "reconciling the drive's volumes panicked"),
+            }
+        }));
+    }
+}
+
+/// What start-up reconciliation hands the actor.
+struct Started {
+    store: Store,
+    /// The records to serve.
+    records: Vec<VolumeRecord>,
+    /// The drives' usage records; `None` when they cannot be read.
+    uses: Option<Vec<DriveUse>>,
+}
+
+/// Opens the store and carries out the start-up plan.
+fn startup(dir: &std::path::Path, drives: &[Drive], locks: &Locks) -> Result<Started, VolumeError> {
+    let store = Store::open(dir).map_err(VolumeError::Store)?;
+    let (records, bad) = store.load::<VolumeRecord>().map_err(VolumeError::Store)?;
+    for b in bad {
+        error!(actor = "volumes", volume.id = %b.id, error = %b.reason, "unreadable volume record kept aside");
+    }
+    let keep = settle(&store, records, drives, locks)?;
+    let uses = match store.load_in::<DriveUse>(Kind::Drive) {
+        Ok((uses, bad)) => {
+            for b in bad {
+                error!(actor = "volumes", drive.id = %b.id, error = %b.reason, "unreadable drive record kept aside");
+            }
+            Some(uses)
+        }
+        Err(e) => {
+            error!(actor = "volumes", error = %e, "cannot read drive usage records");
+            None
+        }
+    };
+    Ok(Started { store, records: keep, uses })
+}
+
+/// Reconciles `records` with the GPTs of `drives` (the drives present) and the host's
+/// mounts ([`reconcile::plan`]) and carries the plan out; returns the records to serve.
+/// At start-up for every record and drive; later for one drive that appeared.
+fn settle(
+    store: &Store,
+    records: Vec<VolumeRecord>,
+    drives: &[Drive],
+    locks: &HashMap<String, Arc<Mutex<()>>>,
+) -> Result<Vec<VolumeRecord>, VolumeError> {
+    let mut tables = reconcile::Tables::new();
+    // Only managed drives are read for drivelet partitions (and so only they are ever
+    // written to or adopted from); a drive carrying a drivelet GPT is classified
+    // managed from the table on the disk itself, even before udev has caught up.
+    for d in drives.iter().filter(|d| d.class == DriveClass::Managed) {
+        match gpt::read_table(&d.path, d.logical_block_size) {
+            Ok(Some(t)) if t.is_drivelet() => {
+                tables.insert(d.id.clone(), t.partitions.into_iter().filter(|q| q.is_drivelet()).collect());
+            }
+            Ok(_) => {}
+            Err(e) => warn!(actor = "volumes", drive.id = %d.id, error = %e, "cannot read the partition table"),
+        }
+    }
+    let mounted: BTreeSet<PathBuf> =
+        crate::disk::mounts::read_mountinfo().unwrap_or_default().into_iter().map(|m| m.mount_point).collect();
+    let plan = reconcile::plan(records, drives, &tables, &mounted, now_unix());
+    for line in &plan.reports {
+        warn!(actor = "volumes", "{line}");
+    }
+    let loc = |id: &str| drives.iter().find(|d| d.id == id).map(|d| DriveLoc { path: d.path.clone(), sector: d.logical_block_size });
+    let nolock = Mutex::new(());
+    let lock = |id: &str| locks.get(id).map(|l| l.as_ref()).unwrap_or(&nolock);
+    let mut keep = plan.keep;
+    for rec in plan.rollback {
+        // Without a drivelet table on the drive, nothing was written: only the record goes.
+        let res = match (loc(&rec.drive_id), tables.contains_key(&rec.drive_id)) {
+            (Some(d), true) => ops::rollback_create(store, &d, lock(&rec.drive_id), &rec),
+            _ => store.remove(&rec.id).map_err(VolumeError::Store),
+        };
+        if let Err(e) = res {
+            error!(actor = "volumes", volume.id = %rec.id, error = %e, "cannot roll back an unfinished create; kept");
+            keep.push(rec);
+        }
+    }
+    for rec in plan.finish_delete {
+        let d = if tables.contains_key(&rec.drive_id) { loc(&rec.drive_id) } else { None };
+        if let Err(e) = ops::delete_steps(store, d.as_ref(), lock(&rec.drive_id), &rec) {
+            error!(actor = "volumes", volume.id = %rec.id, error = %e, "cannot finish an interrupted delete; kept");
+            keep.push(rec);
+        }
+    }
+    for id in plan.drop {
+        store.remove(&id).map_err(VolumeError::Store)?;
+    }
+    for rec in keep.iter_mut() {
+        if rec.rebuilt && rec.fs_type.is_empty() && rec.state == VolumeState::Available {
+            if let Some(d) = loc(&rec.drive_id) {
+                if let Ok(kp) = crate::disk::blkpg::ensure_kernel_partition(&d.path, rec.start, rec.size) {
+                    match crate::disk::fs::probe_fs(&kp.devnode) {
+                        Ok(Some(fs)) => {
+                            rec.fs_type = fs;
+                            rec.formatted = true;
+                        }
+                        Ok(None) => rec.fs_type = String::new(),
+                        Err(e) => warn!(actor = "volumes", volume.id = %rec.id, error = %e, "cannot probe the filesystem"),
+                    }
+                }
+            }
+        }
+        if plan.changed.contains(&rec.id) {
+            store.put(&rec.id, rec).map_err(VolumeError::Store)?;
+        }
+    }
+    Ok(keep)
+}
