@@ -94,7 +94,9 @@ fn identity_node_and_capacity_answer_field_by_field() {
                 NR::SingleNodeMultiWriter as i32,
                 NR::GetVolumeStats as i32,
                 NR::VolumeCondition as i32,
-                NR::ExpandVolume as i32
+                NR::ExpandVolume as i32,
+                NR::GetVolumeHealth as i32,
+                NR::GetStorageHealth as i32,
             ]
         );
 
@@ -121,6 +123,8 @@ fn identity_node_and_capacity_answer_field_by_field() {
                 R::GetVolume as i32,
                 R::VolumeCondition as i32,
                 R::ExpandVolume as i32,
+                R::ListVolumeHealth as i32,
+                R::GetVolumeHealth as i32,
             ]
         );
 
