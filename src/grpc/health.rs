@@ -207,10 +207,11 @@ mod tests {
         let req = [0x0a, 0x01, b'v', 0x12, 0x06, 0x0a, 0x01, b'k', 0x12, 0x01, b'v'];
         let r = csi::ControllerGetVolumeHealthRequest::decode(&req[..]).unwrap();
         assert_eq!((r.volume_id.as_str(), r.secrets.len()), ("v", 1));
-        assert_eq!(csi::NodeGetStorageHealthRequest::decode(&req[5..]).unwrap().secrets.len(), 1, "secrets(1)");
+        let req = [0x0a, 0x06, 0x0a, 0x01, b'k', 0x12, 0x01, b'v'];
+        assert_eq!(csi::NodeGetStorageHealthRequest::decode(&req[..]).unwrap().secrets.get("k").map(String::as_str), Some("v"), "secrets(1)");
         // NodeGetStorageHealthResponse{backend_health(1): [{status(1): STORAGE_UNREACHABLE,
         // reason(2): "D", message(3): "x", volume_capability(4): {}}]}.
-        let b = [0x0a, 0x0b, 0x08, 0x01, 0x12, 0x01, b'D', 0x1a, 0x01, b'x', 0x22, 0x00];
+        let b = [0x0a, 0x0a, 0x08, 0x01, 0x12, 0x01, b'D', 0x1a, 0x01, b'x', 0x22, 0x00];
         let s = csi::NodeGetStorageHealthResponse::decode(&b[..]).unwrap();
         let e = &s.backend_health[0];
         assert_eq!((e.status(), e.reason.as_str(), e.message.as_str(), e.volume_capability.is_some()), (csi::StorageHealthErrorType::StorageUnreachable, "D", "x", true));
