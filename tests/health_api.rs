@@ -130,6 +130,19 @@ async fn list_all(c: &mut Csi, max: i32) -> Vec<Vec<csi::VolumeHealth>> {
     }
 }
 
+/// `drivelet csi --endpoint SOCKET ARGS...`: its plain-words output (must succeed).
+fn cli(agent: &Agent, args: &[&str]) -> String {
+    let sock = agent.csi_socket.display().to_string();
+    let out = std::process::Command::new(bin()).args(["csi", "--endpoint", sock.as_str()]).args(args).output().unwrap();
+    assert!(out.status.success(), "csi {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let plain = !args.contains(&"-o");
+    for debug in ["Some(", "r#type", "{", "VolumeHealthEntry"].into_iter().filter(|d| plain || *d != "{") {
+        assert!(!text.contains(debug), "Debug output {debug:?} in:\n{text}");
+    }
+    text
+}
+
 #[test]
 fn the_health_capabilities_are_advertised_at_their_upstream_values_and_served() {
     require_host();
@@ -291,6 +304,22 @@ fn a_detached_drive_shows_in_both_generations_pages_in_the_list_and_clears_when_
         assert_eq!(st.len(), 1, "{st:?}");
         assert_eq!((st[0].0, st[0].1.as_str()), (csi::StorageHealthErrorType::StorageUnreachable, "DriveMissing"));
         assert!(st[0].2.contains(&ida) && st[0].2.contains("5 volumes"), "{:?}", st[0].2);
+
+        // The same in plain words from `drivelet csi`.
+        let all = cli(&agent, &["health"]);
+        assert!(all.contains("summary: 5 volumes have an adverse condition\n"), "{all}");
+        assert!(on_a.iter().all(|id| all.contains(id.as_str())) && !all.contains(healthy.as_str()), "{all}");
+        let one = cli(&agent, &["health", &on_a[0]]);
+        for want in ["healthy: false\n", "reason: DriveMissing\n", "status: INACCESSIBLE\n", "is missing from this node"] {
+            assert!(one.contains(want), "{want:?} not in:\n{one}");
+        }
+        assert_eq!(cli(&agent, &["health", "--node", &on_a[0]]), one, "the node's view is the same");
+        let sh = cli(&agent, &["storage-health"]);
+        for want in ["healthy: false\n", "status: STORAGE_UNREACHABLE\n", "reason: DriveMissing\n"] {
+            assert!(sh.contains(want), "{want:?} not in:\n{sh}");
+        }
+        let json: serde_json::Value = serde_json::from_str(&cli(&agent, &["-o", "json", "health", &healthy])).unwrap();
+        assert_eq!((json["healthy"].as_bool(), json["conditions"].as_array().map(Vec::len)), (Some(true), Some(0)), "{json}");
         (on_a, healthy)
     });
 
@@ -329,6 +358,8 @@ fn a_detached_drive_shows_in_both_generations_pages_in_the_list_and_clears_when_
         }
         assert!(list_all(&mut c, 2).await.concat().is_empty(), "nothing unhealthy is listed");
         assert!(storage(&mut c).await.is_empty());
+        assert!(cli(&agent, &["health"]).contains("summary: every volume is healthy\n"));
+        assert!(cli(&agent, &["storage-health"]).contains("healthy: true\n"));
         assert!(ctrl_health(&mut c, &healthy).await.health_statuses.is_empty());
     });
 }

@@ -419,7 +419,11 @@ pub async fn unhealthy(ch: Channel) -> Result<serde_json::Value, CsiCliError> {
         }
         token = r.next_token;
     }
-    let summary = if out.is_empty() { "every volume is healthy".to_string() } else { format!("{} volumes have an adverse condition", out.len()) };
+    let summary = match out.len() {
+        0 => "every volume is healthy".to_string(),
+        1 => "1 volume has an adverse condition".to_string(),
+        n => format!("{n} volumes have an adverse condition"),
+    };
     Ok(serde_json::json!({ "summary": summary, "unhealthy_volumes": out }))
 }
 
