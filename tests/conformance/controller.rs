@@ -446,6 +446,78 @@ fn create_volume_without_room_now_is_resource_exhausted_and_beyond_any_drive_out
     r.finish(&fx);
 }
 
+/// GetCapacity of drivelet's drives, field by field: blank managed drives count, a drive
+/// holding a filesystem does not; a topology, media or capability drivelet cannot serve
+/// gets 0; bad parameters are INVALID_ARGUMENT.
+#[test]
+fn get_capacity_counts_blank_managed_drives_field_by_field_and_zero_for_what_cannot_be_served() {
+    require_host();
+    let tmp = short_tempdir();
+    let _a = LoopDrive::new(tmp.path(), "a.img", GIB);
+    let _b = LoopDrive::new(tmp.path(), "b.img", 2 * GIB);
+    let with_fs = LoopDrive::new(tmp.path(), "c.img", GIB);
+    sh("mkfs.ext4", &["-q", "-F", with_fs.dev.to_str().unwrap()]);
+    sh("udevadm", &["settle"]);
+    let agent = Agent::start(tmp.path(), AgentOpts::default());
+    rt().block_on(async {
+        let c = Csi::connect(&agent).await;
+        let ctrl = c.ctrl.clone();
+        // Two blank drives: 1022 MiB + 2046 MiB usable; the ext4 drive counts for nothing.
+        let get = |req: csi::GetCapacityRequest| {
+            let mut c = ctrl.clone();
+            async move { c.get_capacity(req).await }
+        };
+        let all = get(csi::GetCapacityRequest::default()).await.unwrap().into_inner();
+        assert_eq!(all.available_capacity, 3068 * MIB_I);
+        assert_eq!(all.maximum_volume_size, Some(2046 * MIB_I));
+        assert_eq!(all.minimum_volume_size, Some(MIB_I), "no capability: a block volume's minimum");
+
+        let ours = get(csi::GetCapacityRequest {
+            accessible_topology: Some(topo(&[("topology.drivelet.io/node", NODE)])),
+            parameters: kv(&[("media", "virtual"), ("csi.storage.k8s.io/fstype", "ext4")]),
+            volume_capabilities: vec![mount(Mode::SingleNodeWriter, "", &[])],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+        assert_eq!(ours.available_capacity, 3068 * MIB_I);
+
+        let whole = get(csi::GetCapacityRequest { parameters: kv(&[("layout", "drive")]), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!((whole.available_capacity, whole.maximum_volume_size), (3068 * MIB_I, Some(2046 * MIB_I)));
+
+        for (why, req) in [
+            ("other node", csi::GetCapacityRequest { accessible_topology: Some(topo(&[("topology.drivelet.io/node", "elsewhere")])), ..Default::default() }),
+            ("other zone", csi::GetCapacityRequest { accessible_topology: Some(topo(&[("topology.kubernetes.io/zone", "zone-b")])), ..Default::default() }),
+            ("unknown key", csi::GetCapacityRequest { accessible_topology: Some(topo(&[("rack", "r1")])), ..Default::default() }),
+            ("no ssd", csi::GetCapacityRequest { parameters: kv(&[("media", "ssd")]), ..Default::default() }),
+            ("multi-node", csi::GetCapacityRequest {
+                volume_capabilities: vec![mount(Mode::MultiNodeMultiWriter, "", &[])],
+                ..Default::default()
+            }),
+        ] {
+            let r = get(req).await.unwrap().into_inner();
+            assert_eq!(r.available_capacity, 0, "{why}");
+            assert_eq!(r.maximum_volume_size, Some(0), "{why}");
+        }
+
+        for (why, req) in [
+            ("unknown parameter", csi::GetCapacityRequest { parameters: kv(&[("meda", "ssd")]), ..Default::default() }),
+            ("bad media", csi::GetCapacityRequest { parameters: kv(&[("media", "tape")]), ..Default::default() }),
+            ("no access mode", csi::GetCapacityRequest {
+                volume_capabilities: vec![csi::VolumeCapability { access_mode: None, access_type: None }],
+                ..Default::default()
+            }),
+        ] {
+            let e = get(req).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{why}: {e:?}");
+            assert!(!e.message().is_empty());
+        }
+    });
+}
+
 // ---------------------------------------------------------------------------------
 // Topology requirements and whole-drive volumes.
 // ---------------------------------------------------------------------------------

@@ -65,6 +65,10 @@ fn plugin_info_is_a_domain_name_with_a_version_and_never_changes() {
         r.check(!info.vendor_version.is_empty(), || "GetPluginInfo vendor_version is empty".into());
         let again = must("GetPluginInfo again", c.id.get_plugin_info(csi::GetPluginInfoRequest {}).await);
         r.check(again == info, || format!("GetPluginInfo changed between calls: {info:?} then {again:?}"));
+        // drivelet's own answer, exactly.
+        assert_eq!(info.name, "csi.drivelet.io");
+        assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
+        assert_eq!(info.manifest.get("node").map(String::as_str), Some(NODE));
     });
     r.finish(&fx);
 }
@@ -80,6 +84,8 @@ fn probe_is_ready_after_start_up_and_stays_ready() {
                 r.check(p.ready != Some(false), || format!("Probe #{i} says not ready after start-up"));
             }
         }
+        // drivelet says so explicitly.
+        assert_eq!(c.id.probe(csi::ProbeRequest {}).await.unwrap().into_inner().ready, Some(true));
     });
     r.finish(&fx);
 }
@@ -109,6 +115,63 @@ fn capability_lists_hold_known_values_never_change_and_include_everything_implem
         r.check(ctrl.contains(&CR::ExpandVolume) && node.contains(&NR::ExpandVolume), || {
             format!("online expansion without EXPAND_VOLUME on both services: controller {ctrl:?}, node {node:?}")
         });
+
+        // drivelet's own lists, exactly and in order.
+        let got: Vec<String> = pc
+            .capabilities
+            .iter()
+            .map(|c| match &c.r#type {
+                Some(PT::Service(s)) => format!("service {}", s.r#type),
+                Some(PT::VolumeExpansion(e)) => format!("expansion {}", e.r#type),
+                other => panic!("unexpected capability {other:?}"),
+            })
+            .collect();
+        let want = [
+            format!("service {}", S::ControllerService as i32),
+            format!("service {}", S::VolumeAccessibilityConstraints as i32),
+            format!("expansion {}", VE::Online as i32),
+        ];
+        assert_eq!(got, want);
+        let got: Vec<i32> = nc
+            .capabilities
+            .iter()
+            .map(|c| match &c.r#type {
+                Some(NT::Rpc(r)) => r.r#type,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                NR::StageUnstageVolume as i32,
+                NR::SingleNodeMultiWriter as i32,
+                NR::GetVolumeStats as i32,
+                NR::VolumeCondition as i32,
+                NR::ExpandVolume as i32
+            ]
+        );
+        let got: Vec<i32> = cc
+            .capabilities
+            .iter()
+            .map(|c| match &c.r#type {
+                Some(CT::Rpc(r)) => r.r#type,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                CR::CreateDeleteVolume as i32,
+                CR::PublishUnpublishVolume as i32,
+                CR::GetCapacity as i32,
+                CR::SingleNodeMultiWriter as i32,
+                CR::ListVolumes as i32,
+                CR::ListVolumesPublishedNodes as i32,
+                CR::GetVolume as i32,
+                CR::VolumeCondition as i32,
+                CR::ExpandVolume as i32,
+            ]
+        );
     });
     r.finish(&fx);
 }
@@ -280,6 +343,16 @@ fn rpcs_behind_advertised_capabilities_are_served_and_every_other_one_is_unimple
             .await
             .map(drop),
         );
+
+        // Expansion is served: a request without a capacity range is refused, not unknown.
+        let e = c
+            .ctrl
+            .controller_expand_volume(csi::ControllerExpandVolumeRequest { volume_id: "v".into(), ..Default::default() })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        let e = c.node.node_expand_volume(csi::NodeExpandVolumeRequest::default()).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
 
         must("DeleteVolume", c.ctrl.delete_volume(del_req(&id)).await);
     });

@@ -4,7 +4,7 @@
 //! capabilities in `identity`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::common::*;
 use crate::harness::*;
@@ -12,8 +12,37 @@ use drivelet::actors::inventory::model::LayoutKind;
 use drivelet::actors::volumes::model::{VolumeRecord, VolumeState};
 use drivelet::config::Media;
 use drivelet::grpc::proto::csi;
+use csi::controller_service_capability::{rpc::Type as CR, Type as CT};
 use drivelet::store::Store;
 use tonic::Code;
+
+/// Two volumes, each staged and published, so every listing has something to show.
+struct Two {
+    fs: csi::Volume,
+    blk: csi::Volume,
+    /// Staging path and target of `fs`, then of `blk`.
+    s1: PathBuf,
+    t1: PathBuf,
+    sb: PathBuf,
+    tb: PathBuf,
+}
+
+async fn two_published(fx: &Fixture, c: &mut Csi) -> Two {
+    let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-l-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
+    let blk = must("CreateVolume block", c.ctrl.create_volume(vol_req("conf-l-blk", 16 * MIB_I, 0, vec![block_cap()], &[])).await).volume.unwrap();
+    let (s1, t1, sb, tb) = (fx.staging("fs"), fx.target("p1", "fs"), fx.staging("blk"), fx.target("p1", "blk"));
+    must("NodeStageVolume", c.node.node_stage_volume(stage_req(&fs.volume_id, &s1, mount_cap("ext4"))).await);
+    must("NodePublishVolume", c.node.node_publish_volume(publish_req(&fs.volume_id, &s1, &t1, mount_cap("ext4"), false)).await);
+    must("NodeStageVolume", c.node.node_stage_volume(stage_req(&blk.volume_id, &sb, block_cap())).await);
+    must("NodePublishVolume", c.node.node_publish_volume(publish_req(&blk.volume_id, &sb, &tb, block_cap(), false)).await);
+    Two { fs, blk, s1, t1, sb, tb }
+}
+
+/// The RPC types ControllerGetCapabilities lists.
+async fn controller_capabilities(c: &mut Csi) -> Vec<i32> {
+    let cc = must("ControllerGetCapabilities", c.ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await);
+    cc.capabilities.iter().filter_map(|x| x.r#type.as_ref().map(|CT::Rpc(rpc)| rpc.r#type)).collect()
+}
 
 #[test]
 fn list_volumes_shows_each_volume_as_create_volume_returned_it_with_a_condition() {
@@ -21,9 +50,7 @@ fn list_volumes_shows_each_volume_as_create_volume_returned_it_with_a_condition(
     let mut r = Report::new();
     rt().block_on(async {
         let mut c = Csi::connect(&fx.agent).await;
-        use csi::controller_service_capability::{rpc::Type as CR, Type as CT};
-        let cc = must("ControllerGetCapabilities", c.ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await);
-        let ctrl: Vec<i32> = cc.capabilities.iter().filter_map(|x| x.r#type.as_ref().map(|CT::Rpc(rpc)| rpc.r#type)).collect();
+        let ctrl = controller_capabilities(&mut c).await;
         let has = |t: CR| ctrl.contains(&(t as i32));
 
         // Capabilities that depend on others [ControllerServiceCapability].
@@ -31,14 +58,7 @@ fn list_volumes_shows_each_volume_as_create_volume_returned_it_with_a_condition(
             "LIST_VOLUMES_PUBLISHED_NODES is advertised without PUBLISH_UNPUBLISH_VOLUME, which the spec says the SP MUST also support".into()
         });
 
-        // Two volumes, each staged and published, so every listing has something to show.
-        let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-l-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
-        let blk = must("CreateVolume block", c.ctrl.create_volume(vol_req("conf-l-blk", 16 * MIB_I, 0, vec![block_cap()], &[])).await).volume.unwrap();
-        let (s1, t1, sb, tb) = (fx.staging("fs"), fx.target("p1", "fs"), fx.staging("blk"), fx.target("p1", "blk"));
-        must("NodeStageVolume", c.node.node_stage_volume(stage_req(&fs.volume_id, &s1, mount_cap("ext4"))).await);
-        must("NodePublishVolume", c.node.node_publish_volume(publish_req(&fs.volume_id, &s1, &t1, mount_cap("ext4"), false)).await);
-        must("NodeStageVolume", c.node.node_stage_volume(stage_req(&blk.volume_id, &sb, block_cap())).await);
-        must("NodePublishVolume", c.node.node_publish_volume(publish_req(&blk.volume_id, &sb, &tb, block_cap(), false)).await);
+        let Two { fs, blk, .. } = two_published(&fx, &mut c).await;
         let before = fx.state();
         let list = |max: i32, token: &str| csi::ListVolumesRequest { max_entries: max, starting_token: token.into() };
         if has(CR::ListVolumes) {
@@ -69,19 +89,10 @@ fn list_volumes_one_entry_per_page_lists_every_volume_once_and_refuses_bad_token
     let mut r = Report::new();
     rt().block_on(async {
         let mut c = Csi::connect(&fx.agent).await;
-        use csi::controller_service_capability::{rpc::Type as CR, Type as CT};
-        let cc = must("ControllerGetCapabilities", c.ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await);
-        let ctrl: Vec<i32> = cc.capabilities.iter().filter_map(|x| x.r#type.as_ref().map(|CT::Rpc(rpc)| rpc.r#type)).collect();
+        let ctrl = controller_capabilities(&mut c).await;
         let has = |t: CR| ctrl.contains(&(t as i32));
 
-        // Two volumes, each staged and published, so every listing has something to show.
-        let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-l-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
-        let blk = must("CreateVolume block", c.ctrl.create_volume(vol_req("conf-l-blk", 16 * MIB_I, 0, vec![block_cap()], &[])).await).volume.unwrap();
-        let (s1, t1, sb, tb) = (fx.staging("fs"), fx.target("p1", "fs"), fx.staging("blk"), fx.target("p1", "blk"));
-        must("NodeStageVolume", c.node.node_stage_volume(stage_req(&fs.volume_id, &s1, mount_cap("ext4"))).await);
-        must("NodePublishVolume", c.node.node_publish_volume(publish_req(&fs.volume_id, &s1, &t1, mount_cap("ext4"), false)).await);
-        must("NodeStageVolume", c.node.node_stage_volume(stage_req(&blk.volume_id, &sb, block_cap())).await);
-        must("NodePublishVolume", c.node.node_publish_volume(publish_req(&blk.volume_id, &sb, &tb, block_cap(), false)).await);
+        let Two { fs, blk, .. } = two_published(&fx, &mut c).await;
         let before = fx.state();
         let list = |max: i32, token: &str| csi::ListVolumesRequest { max_entries: max, starting_token: token.into() };
         if has(CR::ListVolumes) {
@@ -118,19 +129,10 @@ fn controller_get_volume_follows_its_table_and_shows_the_volume_as_created() {
     let mut r = Report::new();
     rt().block_on(async {
         let mut c = Csi::connect(&fx.agent).await;
-        use csi::controller_service_capability::{rpc::Type as CR, Type as CT};
-        let cc = must("ControllerGetCapabilities", c.ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await);
-        let ctrl: Vec<i32> = cc.capabilities.iter().filter_map(|x| x.r#type.as_ref().map(|CT::Rpc(rpc)| rpc.r#type)).collect();
+        let ctrl = controller_capabilities(&mut c).await;
         let has = |t: CR| ctrl.contains(&(t as i32));
 
-        // Two volumes, each staged and published, so every listing has something to show.
-        let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-l-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
-        let blk = must("CreateVolume block", c.ctrl.create_volume(vol_req("conf-l-blk", 16 * MIB_I, 0, vec![block_cap()], &[])).await).volume.unwrap();
-        let (s1, t1, sb, tb) = (fx.staging("fs"), fx.target("p1", "fs"), fx.staging("blk"), fx.target("p1", "blk"));
-        must("NodeStageVolume", c.node.node_stage_volume(stage_req(&fs.volume_id, &s1, mount_cap("ext4"))).await);
-        must("NodePublishVolume", c.node.node_publish_volume(publish_req(&fs.volume_id, &s1, &t1, mount_cap("ext4"), false)).await);
-        must("NodeStageVolume", c.node.node_stage_volume(stage_req(&blk.volume_id, &sb, block_cap())).await);
-        must("NodePublishVolume", c.node.node_publish_volume(publish_req(&blk.volume_id, &sb, &tb, block_cap(), false)).await);
+        let Two { fs, blk, .. } = two_published(&fx, &mut c).await;
         let before = fx.state();
         // --- ControllerGetVolume.
         let get = |id: &str| csi::ControllerGetVolumeRequest { volume_id: id.into() };
@@ -169,14 +171,7 @@ fn node_get_volume_stats_follows_its_table_at_targets_and_staging_paths() {
         let node: Vec<i32> = nc.capabilities.iter().filter_map(|x| x.r#type.as_ref().map(|NT::Rpc(rpc)| rpc.r#type)).collect();
         let hasn = |t: NR| node.contains(&(t as i32));
 
-        // Two volumes, each staged and published, so every listing has something to show.
-        let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-l-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
-        let blk = must("CreateVolume block", c.ctrl.create_volume(vol_req("conf-l-blk", 16 * MIB_I, 0, vec![block_cap()], &[])).await).volume.unwrap();
-        let (s1, t1, sb, tb) = (fx.staging("fs"), fx.target("p1", "fs"), fx.staging("blk"), fx.target("p1", "blk"));
-        must("NodeStageVolume", c.node.node_stage_volume(stage_req(&fs.volume_id, &s1, mount_cap("ext4"))).await);
-        must("NodePublishVolume", c.node.node_publish_volume(publish_req(&fs.volume_id, &s1, &t1, mount_cap("ext4"), false)).await);
-        must("NodeStageVolume", c.node.node_stage_volume(stage_req(&blk.volume_id, &sb, block_cap())).await);
-        must("NodePublishVolume", c.node.node_publish_volume(publish_req(&blk.volume_id, &sb, &tb, block_cap(), false)).await);
+        let Two { fs, blk, s1, t1, tb, .. } = two_published(&fx, &mut c).await;
         let before = fx.state();
         // --- NodeGetVolumeStats.
         let stats = |id: &str, path: &Path| csi::NodeGetVolumeStatsRequest {
@@ -233,19 +228,10 @@ fn a_deleted_volume_is_no_longer_listed_or_found() {
     let mut r = Report::new();
     rt().block_on(async {
         let mut c = Csi::connect(&fx.agent).await;
-        use csi::controller_service_capability::{rpc::Type as CR, Type as CT};
-        let cc = must("ControllerGetCapabilities", c.ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await);
-        let ctrl: Vec<i32> = cc.capabilities.iter().filter_map(|x| x.r#type.as_ref().map(|CT::Rpc(rpc)| rpc.r#type)).collect();
+        let ctrl = controller_capabilities(&mut c).await;
         let has = |t: CR| ctrl.contains(&(t as i32));
 
-        // Two volumes, each staged and published, so every listing has something to show.
-        let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-l-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
-        let blk = must("CreateVolume block", c.ctrl.create_volume(vol_req("conf-l-blk", 16 * MIB_I, 0, vec![block_cap()], &[])).await).volume.unwrap();
-        let (s1, t1, sb, tb) = (fx.staging("fs"), fx.target("p1", "fs"), fx.staging("blk"), fx.target("p1", "blk"));
-        must("NodeStageVolume", c.node.node_stage_volume(stage_req(&fs.volume_id, &s1, mount_cap("ext4"))).await);
-        must("NodePublishVolume", c.node.node_publish_volume(publish_req(&fs.volume_id, &s1, &t1, mount_cap("ext4"), false)).await);
-        must("NodeStageVolume", c.node.node_stage_volume(stage_req(&blk.volume_id, &sb, block_cap())).await);
-        must("NodePublishVolume", c.node.node_publish_volume(publish_req(&blk.volume_id, &sb, &tb, block_cap(), false)).await);
+        let Two { fs, blk, s1, t1, sb, tb } = two_published(&fx, &mut c).await;
         let list = |max: i32, token: &str| csi::ListVolumesRequest { max_entries: max, starting_token: token.into() };
         let get = |id: &str| csi::ControllerGetVolumeRequest { volume_id: id.into() };
         // Teardown; a deleted volume is no longer listed or found.

@@ -43,6 +43,12 @@ fn node_info_names_this_node_with_a_well_formed_topology_and_never_changes() {
                 }
             }
         }
+        // drivelet's own answer, exactly: no volume limit, this node and the configured zone.
+        assert_eq!(ni.max_volumes_per_node, 0);
+        assert_eq!(
+            ni.accessible_topology.unwrap().segments,
+            kv(&[("topology.drivelet.io/node", NODE), ("topology.kubernetes.io/zone", "zone-a")])
+        );
     });
     r.finish(&fx);
 }
@@ -548,13 +554,8 @@ fn single_node_single_writer_is_published_at_one_target_at_a_time() {
     rt().block_on(async {
         let mut c = Csi::connect(&fx.agent).await;
         let clean = fx.state();
-        let new_vol = |name: &'static str, cap: csi::VolumeCapability| {
-            let q = vol_req(name, 64 * MIB_I, 0, vec![cap], &[]);
-            let mut ctrl = c.ctrl.clone();
-            async move { must(name, ctrl.create_volume(q).await).volume.unwrap().volume_id }
-        };
         let ssw_cap = mount(Mode::SingleNodeSingleWriter, "ext4", &[]);
-        let ssw = new_vol("conf-a-ssw", ssw_cap.clone()).await;
+        let ssw = must("conf-a-ssw", c.ctrl.create_volume(vol_req("conf-a-ssw", 64 * MIB_I, 0, vec![ssw_cap.clone()], &[])).await).volume.unwrap().volume_id;
         let fp = Code::FailedPrecondition;
         // --- SINGLE_NODE_SINGLE_WRITER: one target at a time.
         let st = fx.staging("ssw");
@@ -590,13 +591,8 @@ fn single_node_multi_writer_shares_data_between_targets_and_read_only_ones_are_r
     rt().block_on(async {
         let mut c = Csi::connect(&fx.agent).await;
         let clean = fx.state();
-        let new_vol = |name: &'static str, cap: csi::VolumeCapability| {
-            let q = vol_req(name, 64 * MIB_I, 0, vec![cap], &[]);
-            let mut ctrl = c.ctrl.clone();
-            async move { must(name, ctrl.create_volume(q).await).volume.unwrap().volume_id }
-        };
         let smw_cap = mount(Mode::SingleNodeMultiWriter, "ext4", &[]);
-        let smw = new_vol("conf-a-smw", smw_cap.clone()).await;
+        let smw = must("conf-a-smw", c.ctrl.create_volume(vol_req("conf-a-smw", 64 * MIB_I, 0, vec![smw_cap.clone()], &[])).await).volume.unwrap().volume_id;
         // --- SINGLE_NODE_MULTI_WRITER: several targets, read-only ones really read-only.
         let sm = fx.staging("smw");
         let (m1, m2, m3) = (fx.target("p1", "smw"), fx.target("p2", "smw"), fx.target("p3", "smw"));
@@ -632,13 +628,8 @@ fn single_node_reader_only_is_read_only_at_the_target_and_at_staging() {
     rt().block_on(async {
         let mut c = Csi::connect(&fx.agent).await;
         let clean = fx.state();
-        let new_vol = |name: &'static str, cap: csi::VolumeCapability| {
-            let q = vol_req(name, 64 * MIB_I, 0, vec![cap], &[]);
-            let mut ctrl = c.ctrl.clone();
-            async move { must(name, ctrl.create_volume(q).await).volume.unwrap().volume_id }
-        };
         let ro_cap = mount(Mode::SingleNodeReaderOnly, "ext4", &[]);
-        let ro = new_vol("conf-a-ro", ro_cap.clone()).await;
+        let ro = must("conf-a-ro", c.ctrl.create_volume(vol_req("conf-a-ro", 64 * MIB_I, 0, vec![ro_cap.clone()], &[])).await).volume.unwrap().volume_id;
         // --- SINGLE_NODE_READER_ONLY: read-only at the target (and at staging).
         let rs = fx.staging("ro");
         let rt1 = fx.target("p1", "ro");
@@ -666,13 +657,8 @@ fn a_read_only_block_target_refuses_writes_and_cannot_sit_beside_a_read_write_on
     rt().block_on(async {
         let mut c = Csi::connect(&fx.agent).await;
         let clean = fx.state();
-        let new_vol = |name: &'static str, cap: csi::VolumeCapability| {
-            let q = vol_req(name, 64 * MIB_I, 0, vec![cap], &[]);
-            let mut ctrl = c.ctrl.clone();
-            async move { must(name, ctrl.create_volume(q).await).volume.unwrap().volume_id }
-        };
         let blk_cap = block(Mode::SingleNodeMultiWriter);
-        let blk = new_vol("conf-a-blk", blk_cap.clone()).await;
+        let blk = must("conf-a-blk", c.ctrl.create_volume(vol_req("conf-a-blk", 64 * MIB_I, 0, vec![blk_cap.clone()], &[])).await).volume.unwrap().volume_id;
         // --- Block: a read-only publish cannot be opened for writing; a read-write one
         // can. drivelet marks the partition itself read-only in the kernel (a read-only
         // bind of a device node does not stop writes), so read-only and read-write
