@@ -11,11 +11,8 @@ use tonic::Code;
 
 #[test]
 fn get_capacity_bounds_are_sizes_create_volume_accepts() {
-    let fx = Fixture::start(&[GIB, 2 * GIB]);
-    let (small, large) = (usable(GIB), usable(2 * GIB));
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB, 2 * GIB], async |fx, c, r| {
+        let (small, large) = (usable(GIB), usable(2 * GIB));
         let clean = fx.state();
         assert!(clean.parts.iter().all(|p| p.is_empty()), "test drives start blank: {clean:?}");
 
@@ -28,7 +25,7 @@ fn get_capacity_bounds_are_sizes_create_volume_accepts() {
         if let Some(max) = all.maximum_volume_size {
             // The largest size that may be used as required_bytes [GetCapacityResponse].
             let v = r.ok("CreateVolume with required_bytes = maximum_volume_size", c.ctrl.create_volume(vol_req("conf-c-max", max, 0, vec![mount_cap("")], &[])).await);
-            if let Some(v) = created(&mut r, "CreateVolume at maximum_volume_size", v, max, 0) {
+            if let Some(v) = created(r, "CreateVolume at maximum_volume_size", v, max, 0) {
                 must("DeleteVolume", c.ctrl.delete_volume(del_req(&v.volume_id)).await);
             }
         }
@@ -40,24 +37,20 @@ fn get_capacity_bounds_are_sizes_create_volume_accepts() {
             r.check(min >= 0, || format!("minimum_volume_size {min} is negative"));
             let what = format!("CreateVolume {fs} with limit_bytes = minimum_volume_size {min}");
             let v = r.ok(&what, c.ctrl.create_volume(vol_req(&format!("conf-c-min-{fs}"), 0, min, vec![cap], &[])).await);
-            if let Some(v) = created(&mut r, &what, v, 0, min) {
+            if let Some(v) = created(r, &what, v, 0, min) {
                 must("DeleteVolume", c.ctrl.delete_volume(del_req(&v.volume_id)).await);
             }
         }
         r.unchanged("GetCapacity bound checks", &fx, &clean);
         // Let the inventory catch up with those creates and deletes before placing more.
-        let (now, settled) = capacity_settles(&mut c, csi::GetCapacityRequest::default(), |g| g.available_capacity == all.available_capacity).await;
+        let (now, settled) = capacity_settles(c, csi::GetCapacityRequest::default(), |g| g.available_capacity == all.available_capacity).await;
         r.check(settled, || format!("available_capacity {} 10 s after the volumes were deleted, want {}", now.available_capacity, all.available_capacity));
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn create_volume_with_bad_input_is_invalid_argument_and_changes_nothing() {
-    let fx = Fixture::start(&[GIB, 2 * GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB, 2 * GIB], async |fx, c, r| {
         let clean = fx.state();
         // --- CreateVolume: bad input is INVALID_ARGUMENT and changes nothing.
         let good = || vol_req("conf-c-bad", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[]);
@@ -120,15 +113,11 @@ fn create_volume_with_bad_input_is_invalid_argument_and_changes_nothing() {
             r.unchanged(&format!("CreateVolume with {what}"), &fx, &clean);
         }
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn create_volume_with_a_requisite_topology_without_this_node_is_resource_exhausted() {
-    let fx = Fixture::start(&[GIB, 2 * GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB, 2 * GIB], async |fx, c, r| {
         let clean = fx.state();
         let good = || vol_req("conf-c-bad", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[]);
         let with = |f: &dyn Fn(&mut csi::CreateVolumeRequest)| {
@@ -148,15 +137,11 @@ fn create_volume_with_a_requisite_topology_without_this_node_is_resource_exhaust
             r.unchanged(&format!("CreateVolume requisite {what}"), &fx, &clean);
         }
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn create_volume_with_a_range_no_drive_can_ever_meet_is_out_of_range() {
-    let fx = Fixture::start(&[GIB, 2 * GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB, 2 * GIB], async |fx, c, r| {
         let clean = fx.state();
         let good = || vol_req("conf-c-bad", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[]);
         let with = |f: &dyn Fn(&mut csi::CreateVolumeRequest)| {
@@ -183,15 +168,11 @@ fn create_volume_with_a_range_no_drive_can_ever_meet_is_out_of_range() {
             r.unchanged(&format!("CreateVolume {what}"), &fx, &clean);
         }
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn create_volume_answers_a_volume_on_one_new_partition_and_a_repeat_answers_the_same() {
-    let fx = Fixture::start(&[GIB, 2 * GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB, 2 * GIB], async |fx, c, r| {
         // --- Valid creates: response fields, the partition behind them, idempotency.
         let mut ids = Vec::new();
         let long_a = format!("conf-c-long-{}", "a".repeat(116));
@@ -224,7 +205,7 @@ fn create_volume_answers_a_volume_on_one_new_partition_and_a_repeat_answers_the_
             let what = format!("CreateVolume with {what}");
             let before = fx.state();
             let first = r.ok(&what, c.ctrl.create_volume(q.clone()).await);
-            let Some(v) = created(&mut r, &what, first, req, lim) else { continue };
+            let Some(v) = created(r, &what, first, req, lim) else { continue };
             let after = fx.state();
             match fx.new_partition(&before, &after) {
                 Some((_, _, size)) => {
@@ -242,15 +223,11 @@ fn create_volume_answers_a_volume_on_one_new_partition_and_a_repeat_answers_the_
         let distinct: std::collections::BTreeSet<&String> = ids.iter().collect();
         r.check(distinct.len() == ids.len(), || format!("distinct names got the same volume id: {ids:?}"));
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn create_volume_of_an_existing_name_with_incompatible_arguments_is_already_exists() {
-    let fx = Fixture::start(&[GIB, 2 * GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB, 2 * GIB], async |fx, c, r| {
         // --- The same name, incompatible: ALREADY_EXISTS, nothing changes.
         let base = vol_req("conf-c-a", 64 * MIB_I + 1, 0, vec![mount_cap("ext4")], &[]);
         must("CreateVolume conf-c-a again", c.ctrl.create_volume(base.clone()).await).volume.unwrap();
@@ -284,15 +261,11 @@ fn create_volume_of_an_existing_name_with_incompatible_arguments_is_already_exis
         );
         r.unchanged("CreateVolume of an existing name with a requisite topology without this node", &fx, &before);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn create_volume_of_an_existing_name_with_compatible_arguments_is_the_same_volume() {
-    let fx = Fixture::start(&[GIB, 2 * GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB, 2 * GIB], async |fx, c, r| {
         // --- The same name, incompatible: ALREADY_EXISTS, nothing changes.
         let base = vol_req("conf-c-a", 64 * MIB_I + 1, 0, vec![mount_cap("ext4")], &[]);
         let existing = must("CreateVolume conf-c-a again", c.ctrl.create_volume(base.clone()).await).volume.unwrap();
@@ -322,15 +295,11 @@ fn create_volume_of_an_existing_name_with_compatible_arguments_is_the_same_volum
             r.unchanged(&what, &fx, &before);
         }
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn validate_volume_capabilities_confirms_exactly_what_the_volume_serves() {
-    let fx = Fixture::start(&[GIB, 2 * GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB, 2 * GIB], async |fx, c, r| {
         let base = vol_req("conf-c-a", 64 * MIB_I + 1, 0, vec![mount_cap("ext4")], &[]);
         let existing = must("CreateVolume conf-c-a again", c.ctrl.create_volume(base.clone()).await).volume.unwrap();
         // --- ValidateVolumeCapabilities.
@@ -374,15 +343,11 @@ fn validate_volume_capabilities_confirms_exactly_what_the_volume_serves() {
         }
         r.unchanged("ValidateVolumeCapabilities", &fx, &before);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn delete_volume_is_idempotent_and_gives_the_space_back() {
-    let fx = Fixture::start(&[GIB, 2 * GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB, 2 * GIB], async |fx, c, r| {
         let clean = fx.state();
         let all = must("GetCapacity", c.ctrl.get_capacity(csi::GetCapacityRequest::default()).await);
         let base = vol_req("conf-c-a", 64 * MIB_I + 1, 0, vec![mount_cap("ext4")], &[]);
@@ -408,25 +373,21 @@ fn delete_volume_is_idempotent_and_gives_the_space_back() {
             c.ctrl.validate_volume_capabilities(validate_req(&existing.volume_id, vec![mount_cap("ext4")])).await,
             Code::NotFound,
         );
-        let (back, settled) = capacity_settles(&mut c, csi::GetCapacityRequest::default(), |g| g.available_capacity == all.available_capacity).await;
+        let (back, settled) = capacity_settles(c, csi::GetCapacityRequest::default(), |g| g.available_capacity == all.available_capacity).await;
         r.check(settled, || format!("available_capacity {} 10 s after deleting everything, was {}", back.available_capacity, all.available_capacity));
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn create_volume_without_room_now_is_resource_exhausted_and_beyond_any_drive_out_of_range() {
-    let fx = Fixture::start(&[GIB, 2 * GIB]);
-    let (small, large) = (usable(GIB), usable(2 * GIB));
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB, 2 * GIB], async |fx, c, r| {
+        let (small, large) = (usable(GIB), usable(2 * GIB));
         let clean = fx.state();
         // --- No room now (but a drive could hold it): RESOURCE_EXHAUSTED.
         let fill_a = must("CreateVolume filling the small drive", c.ctrl.create_volume(vol_req("conf-c-fill-a", small - 22 * MIB_I, 0, vec![block_cap()], &[])).await);
         let fill_b = must("CreateVolume filling the large drive", c.ctrl.create_volume(vol_req("conf-c-fill-b", large - 46 * MIB_I, 0, vec![block_cap()], &[])).await);
         let full = fx.state();
-        let (g, settled) = capacity_settles(&mut c, csi::GetCapacityRequest::default(), |g| g.available_capacity == 68 * MIB_I).await;
+        let (g, settled) = capacity_settles(c, csi::GetCapacityRequest::default(), |g| g.available_capacity == 68 * MIB_I).await;
         r.check(settled, || format!("available_capacity {} 10 s after filling the drives to 22 + 46 MiB", g.available_capacity));
         r.check(g.maximum_volume_size == Some(46 * MIB_I), || format!("maximum_volume_size {:?} with 22 and 46 MiB free", g.maximum_volume_size));
         for (what, q, want) in [
@@ -443,7 +404,6 @@ fn create_volume_without_room_now_is_resource_exhausted_and_beyond_any_drive_out
         }
         r.unchanged("the end", &fx, &clean);
     });
-    r.finish(&fx);
 }
 
 /// GetCapacity of drivelet's drives, field by field: blank managed drives count, a drive
@@ -524,11 +484,8 @@ fn get_capacity_counts_blank_managed_drives_field_by_field_and_zero_for_what_can
 
 #[test]
 fn create_volume_with_requisite_or_preferred_topology_naming_this_node_is_placed_here() {
-    let fx = Fixture::start(&[GIB, 2 * GIB]);
-    let (small, large) = (usable(GIB), usable(2 * GIB));
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB, 2 * GIB], async |fx, c, r| {
+        let (small, large) = (usable(GIB), usable(2 * GIB));
         let clean = fx.state();
         let this = topo(&[(NODE_KEY, NODE)]);
         let other = topo(&[(NODE_KEY, "other-node")]);
@@ -554,7 +511,7 @@ fn create_volume_with_requisite_or_preferred_topology_naming_this_node_is_placed
             };
             let what = format!("CreateVolume with {what}");
             let got = r.ok(&what, c.ctrl.create_volume(q.clone()).await);
-            let Some(v) = created(&mut r, &what, got, 16 * MIB_I, 0) else { continue };
+            let Some(v) = created(r, &what, got, 16 * MIB_I, 0) else { continue };
             // Accessible from at least one requisite topology [TopologyRequirement].
             if !t.requisite.is_empty() {
                 let satisfied = t.requisite.iter().any(|want| {
@@ -567,19 +524,15 @@ fn create_volume_with_requisite_or_preferred_topology_naming_this_node_is_placed
             must("DeleteVolume", c.ctrl.delete_volume(del_req(&v.volume_id)).await);
         }
         r.unchanged("topology cases", &fx, &clean);
-        let (now, settled) = capacity_settles(&mut c, layout_req("drive"), |g| g.available_capacity == small + large).await;
+        let (now, settled) = capacity_settles(c, layout_req("drive"), |g| g.available_capacity == small + large).await;
         r.check(settled, || format!("layout=drive available_capacity {} 10 s after the topology volumes were deleted", now.available_capacity));
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn whole_drive_volumes_take_one_empty_drive_each_and_refuse_when_none_is_empty() {
-    let fx = Fixture::start(&[GIB, 2 * GIB]);
-    let (small, large) = (usable(GIB), usable(2 * GIB));
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB, 2 * GIB], async |fx, c, r| {
+        let (small, large) = (usable(GIB), usable(2 * GIB));
         let clean = fx.state();
         // --- Whole drives: each layout=drive volume takes one empty drive entirely.
         let whole = |name: &str, required: i64, limit: i64| vol_req(name, required, limit, vec![block_cap()], &[("layout", "drive")]);
@@ -590,7 +543,7 @@ fn whole_drive_volumes_take_one_empty_drive_each_and_refuse_when_none_is_empty()
         for name in ["conf-t-whole-1", "conf-t-whole-2"] {
             let before = fx.state();
             let got = r.ok(&format!("CreateVolume {name} layout=drive"), c.ctrl.create_volume(whole(name, 0, 0)).await);
-            let Some(v) = created(&mut r, name, got, 0, 0) else { continue };
+            let Some(v) = created(r, name, got, 0, 0) else { continue };
             let after = fx.state();
             let drive = fx.new_partition(&before, &after).map(|(drive, _, size)| {
                 let want = if fx.drives[drive].file.ends_with("d0.img") { small } else { large };
@@ -614,7 +567,7 @@ fn whole_drive_volumes_take_one_empty_drive_each_and_refuse_when_none_is_empty()
             r.code(&format!("CreateVolume {what}"), c.ctrl.create_volume(q).await, want);
             r.unchanged(&format!("CreateVolume {what}"), &fx, &both);
         }
-        let (none, settled) = capacity_settles(&mut c, layout_req("drive"), |g| g.available_capacity == 0).await;
+        let (none, settled) = capacity_settles(c, layout_req("drive"), |g| g.available_capacity == 0).await;
         r.check(settled, || format!("layout=drive available_capacity {} 10 s after every drive was taken", none.available_capacity));
 
         // Free the small drive; a partition volume there makes it no longer empty.
@@ -622,7 +575,7 @@ fn whole_drive_volumes_take_one_empty_drive_each_and_refuse_when_none_is_empty()
         if let Some(i) = wholes.iter().position(|w| w.0 == Some(small_idx)) {
             must("DeleteVolume", c.ctrl.delete_volume(del_req(&wholes.remove(i).1)).await);
             // (Reusing freed space at once is checked on its own below.)
-            capacity_settles(&mut c, layout_req("drive"), |g| g.available_capacity == small).await;
+            capacity_settles(c, layout_req("drive"), |g| g.available_capacity == small).await;
             let before = fx.state();
             r.code("CreateVolume layout=drive within 100 MiB", c.ctrl.create_volume(whole("conf-t-limited", 0, 100 * MIB_I)).await, Code::OutOfRange);
             r.unchanged("CreateVolume layout=drive within 100 MiB", &fx, &before);
@@ -640,19 +593,15 @@ fn whole_drive_volumes_take_one_empty_drive_each_and_refuse_when_none_is_empty()
             must("DeleteVolume", c.ctrl.delete_volume(del_req(&id)).await);
         }
         r.unchanged("whole drives deleted", &fx, &clean);
-        let (now, settled) = capacity_settles(&mut c, layout_req("drive"), |g| g.available_capacity == small + large).await;
+        let (now, settled) = capacity_settles(c, layout_req("drive"), |g| g.available_capacity == small + large).await;
         r.check(settled, || format!("layout=drive available_capacity {} 10 s after the whole drives were freed", now.available_capacity));
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn space_freed_by_delete_volume_is_usable_by_the_very_next_create_volume() {
-    let fx = Fixture::start(&[GIB, 2 * GIB]);
-    let (small, large) = (usable(GIB), usable(2 * GIB));
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB, 2 * GIB], async |fx, c, r| {
+        let (small, large) = (usable(GIB), usable(2 * GIB));
         let clean = fx.state();
         // --- Space DeleteVolume frees is usable by the very next CreateVolume: once the
         // inventory has seen a volume, deleting it must not leave a stale extent that
@@ -665,12 +614,12 @@ fn space_freed_by_delete_volume_is_usable_by_the_very_next_create_volume() {
             let Some(first) = r.ok(&format!("CreateVolume {what}"), c.ctrl.create_volume(q("conf-t-reuse-0")).await) else { continue };
             let mut id = first.volume.expect("a volume").volume_id;
             for round in 1..=5 {
-                let (_, seen) = capacity_settles(&mut c, layout_req("partition"), |g| g.available_capacity == small).await;
+                let (_, seen) = capacity_settles(c, layout_req("partition"), |g| g.available_capacity == small).await;
                 r.check(seen, || format!("{what}: GetCapacity still offers its space 10 s after CreateVolume"));
                 must("DeleteVolume", c.ctrl.delete_volume(del_req(&id)).await);
                 let what = format!("CreateVolume {what} right after DeleteVolume freed the drive (try {round})");
                 match r.ok(&what, c.ctrl.create_volume(q(&format!("conf-t-reuse-{round}"))).await) {
-                    Some(v) => id = created(&mut r, &what, Some(v), large, 0).expect("a volume").volume_id,
+                    Some(v) => id = created(r, &what, Some(v), large, 0).expect("a volume").volume_id,
                     None => {
                         id = String::new();
                         break;
@@ -680,10 +629,9 @@ fn space_freed_by_delete_volume_is_usable_by_the_very_next_create_volume() {
             if !id.is_empty() {
                 must("DeleteVolume", c.ctrl.delete_volume(del_req(&id)).await);
             }
-            let (now, settled) = capacity_settles(&mut c, layout_req("drive"), |g| g.available_capacity == small + large).await;
+            let (now, settled) = capacity_settles(c, layout_req("drive"), |g| g.available_capacity == small + large).await;
             r.check(settled, || format!("{what}: GetCapacity {now:?} 10 s after its volumes were deleted, want both drives free"));
         }
         r.unchanged("the end", &fx, &clean);
     });
-    r.finish(&fx);
 }

@@ -34,10 +34,7 @@ fn ctl(agent: &Agent, args: &[&str]) -> (bool, String) {
 
 #[test]
 fn controller_publish_and_unpublish_missing_or_with_bad_fields_are_invalid_argument() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |_fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-cp-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
         let cap = || Some(mount_cap("ext4"));
@@ -64,15 +61,11 @@ fn controller_publish_and_unpublish_missing_or_with_bad_fields_are_invalid_argum
         );
         r.code("ControllerUnpublishVolume without volume_id", c.ctrl.controller_unpublish_volume(cunpub("", NODE)).await, ia);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn controller_publish_of_an_unknown_volume_or_to_an_unknown_node_is_not_found() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |_fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-cp-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
         let cap = || Some(mount_cap("ext4"));
@@ -82,15 +75,11 @@ fn controller_publish_of_an_unknown_volume_or_to_an_unknown_node_is_not_found() 
         r.code("ControllerPublishVolume of an unknown volume", c.ctrl.controller_publish_volume(cpub(UNKNOWN_ID, NODE, cap())).await, nf);
         r.code("ControllerPublishVolume to an unknown node", c.ctrl.controller_publish_volume(cpub(&id, "some-fake-node-id", cap())).await, nf);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn controller_publish_with_a_capability_the_volume_cannot_serve_is_failed_precondition() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-cp-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let blk = must("CreateVolume block", c.ctrl.create_volume(vol_req("conf-cp-blk", 16 * MIB_I, 0, vec![block_cap()], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
@@ -104,19 +93,15 @@ fn controller_publish_with_a_capability_the_volume_cannot_serve_is_failed_precon
         r.code("ControllerPublishVolume of an ext4 volume as xfs", c.ctrl.controller_publish_volume(cpub(&id, NODE, Some(mount_cap("xfs")))).await, fp);
         r.unchanged("refused ControllerPublishVolume calls", &fx, &clean);
         for v in [&id, &bid] {
-            let nodes = published_to(&mut c, v).await;
+            let nodes = published_to(c, v).await;
             r.check(nodes.is_empty(), || format!("a refused ControllerPublishVolume left {v} published to {nodes:?}"));
         }
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn controller_publish_names_the_partition_repeats_the_same_answer_and_reports_this_node() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let before = fx.state();
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-cp-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let (_, fs_dev, _) = fx.new_partition(&before, &fx.state()).expect("one partition for the fs volume");
@@ -139,7 +124,7 @@ fn controller_publish_names_the_partition_repeats_the_same_answer_and_reports_th
         r.check(again == first, || format!("a repeated ControllerPublishVolume answered {again:?}, first {first:?}"));
         let default_fs = r.ok("ControllerPublishVolume repeated with the default filesystem", c.ctrl.controller_publish_volume(cpub(&id, NODE, Some(mount_cap("")))).await);
         r.check(default_fs == first, || "a compatible repeat changed the publish context".into());
-        let nodes = published_to(&mut c, &id).await;
+        let nodes = published_to(c, &id).await;
         r.check(nodes == [NODE], || format!("ControllerGetVolume of an attached volume: published_node_ids {nodes:?}, want [{NODE}]"));
         if let Some(all) = r.ok("ListVolumes", c.ctrl.list_volumes(csi::ListVolumesRequest::default()).await) {
             for e in &all.entries {
@@ -151,15 +136,11 @@ fn controller_publish_names_the_partition_repeats_the_same_answer_and_reports_th
         }
         r.check(fx.state() == clean, || "ControllerPublishVolume changed partitions or mounts".into());
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn an_attached_volume_cannot_be_deleted() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-cp-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
         let cap = || Some(mount_cap("ext4"));
@@ -170,9 +151,8 @@ fn an_attached_volume_cannot_be_deleted() {
         // Errors: Volume in use] and changes nothing.
         r.code("DeleteVolume of an attached volume", c.ctrl.delete_volume(del_req(&id)).await, fp);
         r.unchanged("DeleteVolume of an attached volume", &fx, &clean);
-        r.check(published_to(&mut c, &id).await == [NODE], || "a refused DeleteVolume detached the volume".into());
+        r.check(published_to(c, &id).await == [NODE], || "a refused DeleteVolume detached the volume".into());
     });
-    r.finish(&fx);
 }
 
 #[test]
@@ -211,10 +191,7 @@ fn an_attachment_survives_a_restart() {
 
 #[test]
 fn controller_unpublish_is_idempotent_and_detaches_only_from_the_node_named() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |_fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-cp-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let blk = must("CreateVolume block", c.ctrl.create_volume(vol_req("conf-cp-blk", 16 * MIB_I, 0, vec![block_cap()], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
@@ -225,9 +202,9 @@ fn controller_unpublish_is_idempotent_and_detaches_only_from_the_node_named() {
         // detaches; repeats and unknown volumes are OK [ControllerUnpublishVolume:
         // idempotent; csi-sanity expects OK for a volume it cannot find].
         r.ok("ControllerUnpublishVolume from another node", c.ctrl.controller_unpublish_volume(cunpub(&id, "some-fake-node-id")).await);
-        r.check(published_to(&mut c, &id).await == [NODE], || "unpublishing from another node detached the volume from this one".into());
+        r.check(published_to(c, &id).await == [NODE], || "unpublishing from another node detached the volume from this one".into());
         r.ok("ControllerUnpublishVolume", c.ctrl.controller_unpublish_volume(cunpub(&id, NODE)).await);
-        let nodes = published_to(&mut c, &id).await;
+        let nodes = published_to(c, &id).await;
         r.check(nodes.is_empty(), || format!("after ControllerUnpublishVolume published_node_ids is {nodes:?}"));
         r.ok("ControllerUnpublishVolume repeated", c.ctrl.controller_unpublish_volume(cunpub(&id, NODE)).await);
         r.ok("ControllerUnpublishVolume of an unknown volume", c.ctrl.controller_unpublish_volume(cunpub(UNKNOWN_ID, NODE)).await);
@@ -235,19 +212,15 @@ fn controller_unpublish_is_idempotent_and_detaches_only_from_the_node_named() {
 
         // Without a node id: detached from every node.
         r.ok("ControllerPublishVolume of the block volume", c.ctrl.controller_publish_volume(cpub(&bid, NODE, Some(block_cap()))).await);
-        r.check(published_to(&mut c, &bid).await == [NODE], || "the block volume is not reported attached".into());
+        r.check(published_to(c, &bid).await == [NODE], || "the block volume is not reported attached".into());
         r.ok("ControllerUnpublishVolume without node_id", c.ctrl.controller_unpublish_volume(cunpub(&bid, "")).await);
-        r.check(published_to(&mut c, &bid).await.is_empty(), || "ControllerUnpublishVolume without node_id left the volume attached".into());
+        r.check(published_to(c, &bid).await.is_empty(), || "ControllerUnpublishVolume without node_id left the volume attached".into());
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn a_drive_being_released_takes_no_new_attachment_and_after_a_forced_release_none_at_all() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-cp-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let blk = must("CreateVolume block", c.ctrl.create_volume(vol_req("conf-cp-blk", 16 * MIB_I, 0, vec![block_cap()], &[])).await).volume.unwrap();
         let spare = must("CreateVolume spare", c.ctrl.create_volume(vol_req("conf-cp-spare", 16 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
@@ -270,7 +243,7 @@ fn a_drive_being_released_takes_no_new_attachment_and_after_a_forced_release_non
             }
             other => r.fail(format!("ControllerPublishVolume on a releasing drive: want FailedPrecondition, got {other:?}")),
         }
-        r.check(published_to(&mut c, &sid).await.is_empty(), || "a refused publish left the volume attached".into());
+        r.check(published_to(c, &sid).await.is_empty(), || "a refused publish left the volume attached".into());
         r.ok("ControllerPublishVolume repeated on a releasing drive", c.ctrl.controller_publish_volume(cpub(&id, NODE, cap())).await);
         let (ok, out) = ctl(&fx.agent, &["drive", "release", &drive, "--force"]);
         assert!(ok && out.contains("released"), "ctl drive release --force: {out}");
@@ -284,5 +257,4 @@ fn a_drive_being_released_takes_no_new_attachment_and_after_a_forced_release_non
             r.ok(&format!("DeleteVolume {v}"), c.ctrl.delete_volume(del_req(v)).await);
         }
     });
-    r.finish(&fx);
 }

@@ -361,3 +361,16 @@ pub(crate) fn usable(size: u64) -> i64 {
 }
 
 // ---------------------------------------------------------------------------------
+
+/// Runs one conformance test: an agent over fresh loop drives of `sizes`, a client of
+/// its CSI socket, and a report that fails the test with every violation (and the
+/// agent's log) once `test` is done.
+pub(crate) fn conform(sizes: &[u64], test: impl AsyncFnOnce(&Fixture, &mut Csi, &mut Report)) {
+    let fx = Fixture::start(sizes);
+    let mut r = Report::new();
+    rt().block_on(async {
+        let mut c = Csi::connect(&fx.agent).await;
+        test(&fx, &mut c, &mut r).await;
+    });
+    r.finish(&fx);
+}

@@ -56,10 +56,7 @@ async fn capability_lists(c: &mut Csi, r: &mut Report) -> Lists {
 
 #[test]
 fn plugin_info_is_a_domain_name_with_a_version_and_never_changes() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |_fx, c, r| {
         let info = must("GetPluginInfo", c.id.get_plugin_info(csi::GetPluginInfoRequest {}).await);
         r.check(valid_plugin_name(&info.name), || format!("GetPluginInfo name {:?} is not domain notation of <= 63 characters", info.name));
         r.check(!info.vendor_version.is_empty(), || "GetPluginInfo vendor_version is empty".into());
@@ -70,15 +67,11 @@ fn plugin_info_is_a_domain_name_with_a_version_and_never_changes() {
         assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
         assert_eq!(info.manifest.get("node").map(String::as_str), Some(NODE));
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn probe_is_ready_after_start_up_and_stays_ready() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |_fx, c, r| {
         for i in 0..2 {
             if let Some(p) = r.ok("Probe", c.id.probe(csi::ProbeRequest {}).await) {
                 r.check(p.ready != Some(false), || format!("Probe #{i} says not ready after start-up"));
@@ -87,16 +80,12 @@ fn probe_is_ready_after_start_up_and_stays_ready() {
         // drivelet says so explicitly.
         assert_eq!(c.id.probe(csi::ProbeRequest {}).await.unwrap().into_inner().ready, Some(true));
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn capability_lists_hold_known_values_never_change_and_include_everything_implemented() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
-        let Lists { pc, cc, nc, plugin, expansion, ctrl, node } = capability_lists(&mut c, &mut r).await;
+    conform(&[GIB], async |_fx, c, r| {
+        let Lists { pc, cc, nc, plugin, expansion, ctrl, node } = capability_lists(c, r).await;
         let pc2 = must("GetPluginCapabilities again", c.id.get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {}).await);
         let cc2 = must("ControllerGetCapabilities again", c.ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await);
         let nc2 = must("NodeGetCapabilities again", c.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await);
@@ -173,16 +162,12 @@ fn capability_lists_hold_known_values_never_change_and_include_everything_implem
             ]
         );
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn rpcs_behind_advertised_capabilities_are_served_and_every_other_one_is_unimplemented() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
-        let Lists { plugin, ctrl, node, .. } = capability_lists(&mut c, &mut r).await;
+    conform(&[GIB], async |fx, c, r| {
+        let Lists { plugin, ctrl, node, .. } = capability_lists(c, r).await;
         // Advertisement matches behaviour: every RPC behind an advertised capability is
         // served (answers anything but UNIMPLEMENTED), every other one is UNIMPLEMENTED
         // with a message. A real volume, so "unimplemented" is not mistaken for "not found".
@@ -356,5 +341,4 @@ fn rpcs_behind_advertised_capabilities_are_served_and_every_other_one_is_unimple
 
         must("DeleteVolume", c.ctrl.delete_volume(del_req(&id)).await);
     });
-    r.finish(&fx);
 }

@@ -46,11 +46,8 @@ async fn controller_capabilities(c: &mut Csi) -> Vec<i32> {
 
 #[test]
 fn list_volumes_shows_each_volume_as_create_volume_returned_it_with_a_condition() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
-        let ctrl = controller_capabilities(&mut c).await;
+    conform(&[GIB], async |fx, c, r| {
+        let ctrl = controller_capabilities(c).await;
         let has = |t: CR| ctrl.contains(&(t as i32));
 
         // Capabilities that depend on others [ControllerServiceCapability].
@@ -58,7 +55,7 @@ fn list_volumes_shows_each_volume_as_create_volume_returned_it_with_a_condition(
             "LIST_VOLUMES_PUBLISHED_NODES is advertised without PUBLISH_UNPUBLISH_VOLUME, which the spec says the SP MUST also support".into()
         });
 
-        let Two { fs, blk, .. } = two_published(&fx, &mut c).await;
+        let Two { fs, blk, .. } = two_published(&fx, c).await;
         let before = fx.state();
         let list = |max: i32, token: &str| csi::ListVolumesRequest { max_entries: max, starting_token: token.into() };
         if has(CR::ListVolumes) {
@@ -80,19 +77,15 @@ fn list_volumes_shows_each_volume_as_create_volume_returned_it_with_a_condition(
         }
         r.unchanged("listing and stats calls", &fx, &before);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn list_volumes_one_entry_per_page_lists_every_volume_once_and_refuses_bad_tokens_and_limits() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
-        let ctrl = controller_capabilities(&mut c).await;
+    conform(&[GIB], async |fx, c, r| {
+        let ctrl = controller_capabilities(c).await;
         let has = |t: CR| ctrl.contains(&(t as i32));
 
-        let Two { fs, blk, .. } = two_published(&fx, &mut c).await;
+        let Two { fs, blk, .. } = two_published(&fx, c).await;
         let before = fx.state();
         let list = |max: i32, token: &str| csi::ListVolumesRequest { max_entries: max, starting_token: token.into() };
         if has(CR::ListVolumes) {
@@ -120,19 +113,15 @@ fn list_volumes_one_entry_per_page_lists_every_volume_once_and_refuses_bad_token
         }
         r.unchanged("listing and stats calls", &fx, &before);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn controller_get_volume_follows_its_table_and_shows_the_volume_as_created() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
-        let ctrl = controller_capabilities(&mut c).await;
+    conform(&[GIB], async |fx, c, r| {
+        let ctrl = controller_capabilities(c).await;
         let has = |t: CR| ctrl.contains(&(t as i32));
 
-        let Two { fs, blk, .. } = two_published(&fx, &mut c).await;
+        let Two { fs, blk, .. } = two_published(&fx, c).await;
         let before = fx.state();
         // --- ControllerGetVolume.
         let get = |id: &str| csi::ControllerGetVolumeRequest { volume_id: id.into() };
@@ -157,21 +146,17 @@ fn controller_get_volume_follows_its_table_and_shows_the_volume_as_created() {
         }
         r.unchanged("listing and stats calls", &fx, &before);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn node_get_volume_stats_follows_its_table_at_targets_and_staging_paths() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         use csi::node_service_capability::{rpc::Type as NR, Type as NT};
         let nc = must("NodeGetCapabilities", c.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await);
         let node: Vec<i32> = nc.capabilities.iter().filter_map(|x| x.r#type.as_ref().map(|NT::Rpc(rpc)| rpc.r#type)).collect();
         let hasn = |t: NR| node.contains(&(t as i32));
 
-        let Two { fs, blk, s1, t1, tb, .. } = two_published(&fx, &mut c).await;
+        let Two { fs, blk, s1, t1, tb, .. } = two_published(&fx, c).await;
         let before = fx.state();
         // --- NodeGetVolumeStats.
         let stats = |id: &str, path: &Path| csi::NodeGetVolumeStatsRequest {
@@ -219,19 +204,15 @@ fn node_get_volume_stats_follows_its_table_at_targets_and_staging_paths() {
         }
         r.unchanged("listing and stats calls", &fx, &before);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn a_deleted_volume_is_no_longer_listed_or_found() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
-        let ctrl = controller_capabilities(&mut c).await;
+    conform(&[GIB], async |fx, c, r| {
+        let ctrl = controller_capabilities(c).await;
         let has = |t: CR| ctrl.contains(&(t as i32));
 
-        let Two { fs, blk, s1, t1, sb, tb } = two_published(&fx, &mut c).await;
+        let Two { fs, blk, s1, t1, sb, tb } = two_published(&fx, c).await;
         let list = |max: i32, token: &str| csi::ListVolumesRequest { max_entries: max, starting_token: token.into() };
         let get = |id: &str| csi::ControllerGetVolumeRequest { volume_id: id.into() };
         // Teardown; a deleted volume is no longer listed or found.
@@ -251,7 +232,6 @@ fn a_deleted_volume_is_no_longer_listed_or_found() {
         }
         must("DeleteVolume", c.ctrl.delete_volume(del_req(&blk.volume_id)).await);
     });
-    r.finish(&fx);
 }
 
 // ---------------------------------------------------------------------------------

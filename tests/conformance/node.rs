@@ -22,10 +22,7 @@ fn p(id: &str, staging: &Path, target: &Path, cap: csi::VolumeCapability, ro: bo
 
 #[test]
 fn node_info_names_this_node_with_a_well_formed_topology_and_never_changes() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |_fx, c, r| {
         // NodeGetInfo: an id, no negative limit, and a topology (VOLUME_ACCESSIBILITY_CONSTRAINTS)
         // with well-formed keys and values that names this node.
         let ni = must("NodeGetInfo", c.node.node_get_info(csi::NodeGetInfoRequest {}).await);
@@ -50,7 +47,6 @@ fn node_info_names_this_node_with_a_well_formed_topology_and_never_changes() {
             kv(&[("topology.drivelet.io/node", NODE), ("topology.kubernetes.io/zone", "zone-a")])
         );
     });
-    r.finish(&fx);
 }
 
 // ---------------------------------------------------------------------------------
@@ -59,10 +55,7 @@ fn node_info_names_this_node_with_a_well_formed_topology_and_never_changes() {
 
 #[test]
 fn node_calls_missing_a_required_field_are_invalid_argument() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-n-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
         let stage = fx.staging("fs");
@@ -101,15 +94,11 @@ fn node_calls_missing_a_required_field_are_invalid_argument() {
         r.code("NodeUnpublishVolume without target_path", c.node.node_unpublish_volume(unpublish_req(&id, Path::new(""))).await, ia);
         r.unchanged("node calls missing fields", &fx, &clean);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn node_calls_on_an_unknown_volume_are_not_found() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let stage = fx.staging("fs");
         let t1 = fx.target("p1", "fs");
         let cap = mount_cap("ext4");
@@ -122,15 +111,11 @@ fn node_calls_on_an_unknown_volume_are_not_found() {
         r.code("NodeUnpublishVolume of an unknown volume", c.node.node_unpublish_volume(unpublish_req(UNKNOWN_ID, &t1)).await, nf);
         r.unchanged("node calls on an unknown volume", &fx, &clean);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn publishing_an_unstaged_volume_is_failed_precondition() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-n-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
         let stage = fx.staging("fs");
@@ -142,15 +127,11 @@ fn publishing_an_unstaged_volume_is_failed_precondition() {
         r.unchanged("NodePublishVolume of an unstaged volume", &fx, &clean);
         r.check(!t1.exists(), || "NodePublishVolume of an unstaged volume created the target".into());
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn staging_at_a_bad_path_or_with_bad_flags_or_capabilities_is_refused_and_formats_nothing() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let created_before = fx.state();
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-n-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let after_fs = fx.state();
@@ -222,15 +203,11 @@ fn staging_at_a_bad_path_or_with_bad_flags_or_capabilities_is_refused_and_format
         // The agent runs in this process's working directory.
         r.check(!relative.exists(), || format!("a relative staging path was created at {}", relative.display()));
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn stage_is_idempotent_and_mounts_one_new_ext4_at_the_staging_path() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let created_before = fx.state();
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-n-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let after_fs = fx.state();
@@ -245,15 +222,11 @@ fn stage_is_idempotent_and_mounts_one_new_ext4_at_the_staging_path() {
         r.check(staged.mounts == vec![stage.clone()], || format!("staged once at {}: mounts {:?}", stage.display(), staged.mounts));
         r.check(fs_signature(&fs_dev).as_deref() == Some("ext4"), || "the staged volume holds no ext4".into());
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn a_staged_volume_refuses_another_capability_another_staging_path_and_delete() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-n-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
         let stage = fx.staging("fs");
@@ -279,15 +252,11 @@ fn a_staged_volume_refuses_another_capability_another_staging_path_and_delete() 
         r.code("DeleteVolume of a staged volume", c.ctrl.delete_volume(del_req(&id)).await, fp);
         r.unchanged("DeleteVolume of a staged volume", &fx, &staged);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn unstaging_at_a_path_the_volume_is_not_staged_at_succeeds_and_changes_nothing() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-n-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
         let stage = fx.staging("fs");
@@ -299,15 +268,11 @@ fn unstaging_at_a_path_the_volume_is_not_staged_at_succeeds_and_changes_nothing(
         r.ok("NodeUnstageVolume at a path it is not staged at", c.node.node_unstage_volume(unstage_req(&id, &stage2)).await);
         r.unchanged("NodeUnstageVolume at a path it is not staged at", &fx, &staged);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn publishing_from_a_bad_staging_path_to_a_bad_target_or_with_bad_flags_is_refused() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-n-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
         let stage = fx.staging("fs");
@@ -353,15 +318,11 @@ fn publishing_from_a_bad_staging_path_to_a_bad_target_or_with_bad_flags_is_refus
             let _ = c.node.node_unpublish_volume(unpublish_req(&id, &target)).await;
         }
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn publish_is_idempotent_and_the_target_shows_the_staged_filesystem() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-n-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
         let stage = fx.staging("fs");
@@ -381,15 +342,11 @@ fn publish_is_idempotent_and_the_target_shows_the_staged_filesystem() {
             r.fail("cannot write through a read-write publish".into());
         }
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn a_published_volume_refuses_readonly_at_its_target_unstage_and_delete() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-n-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
         let stage = fx.staging("fs");
@@ -408,15 +365,11 @@ fn a_published_volume_refuses_readonly_at_its_target_unstage_and_delete() {
         r.code("DeleteVolume of a published volume", c.ctrl.delete_volume(del_req(&id)).await, fp);
         r.unchanged("DeleteVolume of a published volume", &fx, &published);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn unpublish_and_unstage_at_another_volumes_paths_change_nothing() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-n-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let other = must("CreateVolume other", c.ctrl.create_volume(vol_req("conf-n-other", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
@@ -437,15 +390,11 @@ fn unpublish_and_unstage_at_another_volumes_paths_change_nothing() {
         r.ok("NodeUnstageVolume at another volume's staging path", c.node.node_unstage_volume(unstage_req(&id, &ostage)).await);
         r.unchanged("NodeUnstageVolume at another volume's staging path", &fx, &two);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn a_block_volume_is_staged_and_published_as_the_device_itself() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let blk = must("CreateVolume block", c.ctrl.create_volume(vol_req("conf-n-blk", 16 * MIB_I, 0, vec![block_cap()], &[])).await).volume.unwrap();
         let bid = blk.volume_id.clone();
         // --- Block access: the target is the device itself.
@@ -462,15 +411,11 @@ fn a_block_volume_is_staged_and_published_as_the_device_itself() {
             r.fail("block publish left no device at the target".into());
         }
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn unpublish_and_unstage_are_idempotent_remove_the_target_and_leave_no_mount() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let created_before = fx.state();
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-n-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let blk = must("CreateVolume block", c.ctrl.create_volume(vol_req("conf-n-blk", 16 * MIB_I, 0, vec![block_cap()], &[])).await).volume.unwrap();
@@ -507,15 +452,11 @@ fn unpublish_and_unstage_are_idempotent_remove_the_target_and_leave_no_mount() {
         }
         r.unchanged("after teardown", &fx, &created_before);
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn node_calls_on_a_deleted_volume_are_not_found() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let created_before = fx.state();
         let fs = must("CreateVolume fs", c.ctrl.create_volume(vol_req("conf-n-fs", 64 * MIB_I, 0, vec![mount_cap("ext4")], &[])).await).volume.unwrap();
         let id = fs.volume_id.clone();
@@ -531,12 +472,24 @@ fn node_calls_on_a_deleted_volume_are_not_found() {
         r.code("NodeUnpublishVolume of a deleted volume", c.node.node_unpublish_volume(unpublish_req(&id, &t1)).await, nf);
         r.unchanged("node calls on a deleted volume", &fx, &created_before);
     });
-    r.finish(&fx);
 }
 
 // ---------------------------------------------------------------------------------
 // Access modes and read-only publishing.
 // ---------------------------------------------------------------------------------
+
+/// A 64 MiB volume made for `cap`; its id.
+async fn volume_for(c: &mut Csi, name: &str, cap: &csi::VolumeCapability) -> String {
+    must(name, c.ctrl.create_volume(vol_req(name, 64 * MIB_I, 0, vec![cap.clone()], &[])).await).volume.unwrap().volume_id
+}
+
+/// After a test's last unstage: nothing is left mounted, the volume deletes, and the host
+/// is as it was.
+async fn leaves_nothing(fx: &Fixture, c: &mut Csi, r: &mut Report, id: &str, clean: &HostState) {
+    r.check(fx.state().mounts.is_empty(), || format!("mounts left: {:?}", fx.state().mounts));
+    r.ok("DeleteVolume", c.ctrl.delete_volume(del_req(id)).await);
+    r.unchanged("the end", fx, clean);
+}
 
 /// Whether writing a file under `dir` fails with EROFS.
 fn write_is_erofs(dir: &Path) -> Result<(), String> {
@@ -549,13 +502,10 @@ fn write_is_erofs(dir: &Path) -> Result<(), String> {
 
 #[test]
 fn single_node_single_writer_is_published_at_one_target_at_a_time() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let clean = fx.state();
         let ssw_cap = mount(Mode::SingleNodeSingleWriter, "ext4", &[]);
-        let ssw = must("conf-a-ssw", c.ctrl.create_volume(vol_req("conf-a-ssw", 64 * MIB_I, 0, vec![ssw_cap.clone()], &[])).await).volume.unwrap().volume_id;
+        let ssw = volume_for(c, "conf-a-ssw", &ssw_cap).await;
         let fp = Code::FailedPrecondition;
         // --- SINGLE_NODE_SINGLE_WRITER: one target at a time.
         let st = fx.staging("ssw");
@@ -577,22 +527,16 @@ fn single_node_single_writer_is_published_at_one_target_at_a_time() {
         r.ok("NodePublishVolume SSW second target once the first is gone", c.node.node_publish_volume(publish_req(&ssw, &st, &t2, ssw_cap.clone(), false)).await);
         r.ok("NodeUnpublishVolume SSW", c.node.node_unpublish_volume(unpublish_req(&ssw, &t2)).await);
         r.ok("NodeUnstageVolume SSW", c.node.node_unstage_volume(unstage_req(&ssw, &st)).await);
-        r.check(fx.state().mounts.is_empty(), || format!("mounts left: {:?}", fx.state().mounts));
-        r.ok("DeleteVolume", c.ctrl.delete_volume(del_req(&ssw)).await);
-        r.unchanged("the end", &fx, &clean);
+        leaves_nothing(fx, c, r, &ssw, &clean).await;
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn single_node_multi_writer_shares_data_between_targets_and_read_only_ones_are_read_only() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let clean = fx.state();
         let smw_cap = mount(Mode::SingleNodeMultiWriter, "ext4", &[]);
-        let smw = must("conf-a-smw", c.ctrl.create_volume(vol_req("conf-a-smw", 64 * MIB_I, 0, vec![smw_cap.clone()], &[])).await).volume.unwrap().volume_id;
+        let smw = volume_for(c, "conf-a-smw", &smw_cap).await;
         // --- SINGLE_NODE_MULTI_WRITER: several targets, read-only ones really read-only.
         let sm = fx.staging("smw");
         let (m1, m2, m3) = (fx.target("p1", "smw"), fx.target("p2", "smw"), fx.target("p3", "smw"));
@@ -614,22 +558,16 @@ fn single_node_multi_writer_shares_data_between_targets_and_read_only_ones_are_r
             r.ok("NodeUnpublishVolume SMW", c.node.node_unpublish_volume(unpublish_req(&smw, t)).await);
         }
         r.ok("NodeUnstageVolume SMW", c.node.node_unstage_volume(unstage_req(&smw, &sm)).await);
-        r.check(fx.state().mounts.is_empty(), || format!("mounts left: {:?}", fx.state().mounts));
-        r.ok("DeleteVolume", c.ctrl.delete_volume(del_req(&smw)).await);
-        r.unchanged("the end", &fx, &clean);
+        leaves_nothing(fx, c, r, &smw, &clean).await;
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn single_node_reader_only_is_read_only_at_the_target_and_at_staging() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let clean = fx.state();
         let ro_cap = mount(Mode::SingleNodeReaderOnly, "ext4", &[]);
-        let ro = must("conf-a-ro", c.ctrl.create_volume(vol_req("conf-a-ro", 64 * MIB_I, 0, vec![ro_cap.clone()], &[])).await).volume.unwrap().volume_id;
+        let ro = volume_for(c, "conf-a-ro", &ro_cap).await;
         // --- SINGLE_NODE_READER_ONLY: read-only at the target (and at staging).
         let rs = fx.staging("ro");
         let rt1 = fx.target("p1", "ro");
@@ -643,22 +581,16 @@ fn single_node_reader_only_is_read_only_at_the_target_and_at_staging() {
         }
         r.ok("NodeUnpublishVolume reader-only", c.node.node_unpublish_volume(unpublish_req(&ro, &rt1)).await);
         r.ok("NodeUnstageVolume reader-only", c.node.node_unstage_volume(unstage_req(&ro, &rs)).await);
-        r.check(fx.state().mounts.is_empty(), || format!("mounts left: {:?}", fx.state().mounts));
-        r.ok("DeleteVolume", c.ctrl.delete_volume(del_req(&ro)).await);
-        r.unchanged("the end", &fx, &clean);
+        leaves_nothing(fx, c, r, &ro, &clean).await;
     });
-    r.finish(&fx);
 }
 
 #[test]
 fn a_read_only_block_target_refuses_writes_and_cannot_sit_beside_a_read_write_one() {
-    let fx = Fixture::start(&[GIB]);
-    let mut r = Report::new();
-    rt().block_on(async {
-        let mut c = Csi::connect(&fx.agent).await;
+    conform(&[GIB], async |fx, c, r| {
         let clean = fx.state();
         let blk_cap = block(Mode::SingleNodeMultiWriter);
-        let blk = must("conf-a-blk", c.ctrl.create_volume(vol_req("conf-a-blk", 64 * MIB_I, 0, vec![blk_cap.clone()], &[])).await).volume.unwrap().volume_id;
+        let blk = volume_for(c, "conf-a-blk", &blk_cap).await;
         // --- Block: a read-only publish cannot be opened for writing; a read-write one
         // can. drivelet marks the partition itself read-only in the kernel (a read-only
         // bind of a device node does not stop writes), so read-only and read-write
@@ -707,9 +639,6 @@ fn a_read_only_block_target_refuses_writes_and_cannot_sit_beside_a_read_write_on
         r.check(open_rw(&bw).is_ok(), || "the partition stayed read-only after its read-only target went".into());
         r.ok("NodeUnpublishVolume block", c.node.node_unpublish_volume(unpublish_req(&blk, &bw)).await);
         r.ok("NodeUnstageVolume block", c.node.node_unstage_volume(unstage_req(&blk, &bs)).await);
-        r.check(fx.state().mounts.is_empty(), || format!("mounts left: {:?}", fx.state().mounts));
-        r.ok("DeleteVolume", c.ctrl.delete_volume(del_req(&blk)).await);
-        r.unchanged("the end", &fx, &clean);
+        leaves_nothing(fx, c, r, &blk, &clean).await;
     });
-    r.finish(&fx);
 }
