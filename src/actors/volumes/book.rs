@@ -387,8 +387,6 @@ impl VolumeBook {
         }
         let media = self.drives.get(&p.drive_id).map(|d| d.media).unwrap_or(Media::Virtual);
         Ok(CreatePlan::New(VolumeRecord {
-            id,
-            name: m.name.clone(),
             drive_id: p.drive_id,
             part_guid: guid,
             start: p.start,
@@ -398,16 +396,7 @@ impl VolumeBook {
             block: m.block,
             fs_type,
             parameters: m.parameters.clone(),
-            state: VolumeState::Creating,
-            formatted: false,
-            staging: None,
-            targets: BTreeMap::new(),
-            created_unix: now_unix(),
-            rebuilt: false,
-            failed: false,
-            published_node: None,
-            adopted: None,
-            lost: false,
+            ..VolumeRecord::new(id, m.name.clone(), VolumeState::Creating, now_unix())
         }))
     }
 
@@ -551,27 +540,13 @@ impl VolumeBook {
         }
         let drive = devnum.and_then(|n| self.drives.values().find(|d| d.devnum == n));
         Ok(CreatePlan::New(VolumeRecord {
-            id: m.volume_id.clone(),
-            name: m.pv_name.clone(),
             drive_id: drive.map(|d| d.id.clone()).unwrap_or_default(),
-            part_guid: uuid::Uuid::nil(),
-            start: 0,
             size,
-            layout: LayoutKind::Partition,
             media: drive.map(|d| d.media).unwrap_or(Media::Virtual),
-            block: false,
             fs_type: m.fs_type.clone(),
-            parameters: BTreeMap::new(),
-            state: VolumeState::Available,
             formatted: true,
-            staging: None,
-            targets: BTreeMap::new(),
-            created_unix: now_unix(),
-            rebuilt: false,
-            failed: false,
-            published_node: None,
             adopted: Some(model::Adopted { path: canonical.to_path_buf(), pv_name: m.pv_name.clone() }),
-            lost: false,
+            ..VolumeRecord::new(m.volume_id.clone(), m.pv_name.clone(), VolumeState::Available, now_unix())
         }))
     }
 }
