@@ -62,7 +62,6 @@ use crate::actors::volumes::health::Condition;
 use crate::actors::volumes::{
     AttachVolume, CreateVolume, DeleteVolume, DetachVolume, ExpandVolume, GetVolume, GetVolumeStatus, ListVolumeStatuses,
 };
-use crate::disk::gpt;
 
 /// Controller service over the shared front state.
 pub struct ControllerService(pub Front);
@@ -494,7 +493,7 @@ impl Controller for ControllerService {
                 _ => minimum_size(true, ""),
             })
             .max()
-            .unwrap_or(gpt::ALIGN) as i64;
+            .unwrap_or_else(|| minimum_size(true, "")) as i64;
         let zero = || csi::GetCapacityResponse {
             available_capacity: 0,
             maximum_volume_size: Some(0),

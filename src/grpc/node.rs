@@ -29,8 +29,9 @@ use super::controller::{access_of, check_id};
 use super::proto::csi::{self, node_server::Node, node_service_capability};
 use super::status::FrontError;
 use super::Front;
-use crate::actors::volumes::ops::{PublishArgs, StageArgs};
-use crate::actors::volumes::{NodeExpandVolume, PublishVolume, StageVolume, UnpublishVolume, UnstageVolume, VolumeStats};
+use crate::actors::volumes::{
+    NodeExpandVolume, PublishArgs, PublishVolume, StageArgs, StageVolume, UnpublishVolume, UnstageVolume, VolumeStats,
+};
 
 /// Node service over the shared front state.
 pub struct NodeService(pub Front);

@@ -408,40 +408,34 @@ pub fn lost(rec: &VolumeRecord) -> VolumeError {
     VolumeError::Lost { volume_id: rec.id.clone(), part_guid: rec.part_guid, drive_id: rec.drive_id.clone() }
 }
 
-/// Why a volume may not be attached to `node` now (`None`: it may), in words for
-/// FAILED_PRECONDITION.
-pub fn attach_refusal(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&DriveUse>, node: &str) -> Option<String> {
+/// Why a volume may not be attached to `node` now (`None`: it may).
+pub fn attach_refusal(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&DriveUse>, node: &str) -> Option<VolumeError> {
+    let volume_id = rec.id.clone();
     if rec.lost {
-        return Some(lost_reason(rec));
+        return Some(lost(rec));
     }
     if rec.failed {
-        return Some(format!(
-            "was failed by a forced release of drive {}; delete it and restore from backup",
-            rec.drive_id
-        ));
+        return Some(VolumeError::FailedByRelease { volume_id, drive_id: rec.drive_id.clone() });
     }
     let Some(d) = drive else {
         if rec.adopted.is_some() && rec.drive_id.is_empty() {
             return None;
         }
-        return Some(format!("lives on drive {} which is missing from this node; put the drive back", rec.drive_id));
+        return Some(VolumeError::DriveMissing { volume_id, drive_id: rec.drive_id.clone() });
     };
     if rec.published_node.as_deref() == Some(node) {
         return None;
     }
     if d.health.health == Health::Bad {
-        return Some(format!(
-            "lives on drive {} which is failing ({}); it takes no new attachments: move the data to another volume",
-            d.id, d.health.reason
-        ));
+        return Some(VolumeError::DriveFailing { volume_id, drive_id: d.id.clone(), health: d.health.reason.clone() });
     }
     if let Some(u) = usage {
-        return Some(format!(
-            "lives on drive {} which is {} ({}); it takes no new attachments: move the data to another volume",
-            u.drive_id,
-            u.state.as_str(),
-            u.reason
-        ));
+        return Some(VolumeError::DriveReleasing {
+            volume_id,
+            drive_id: u.drive_id.clone(),
+            state: u.state,
+            reason: u.reason.clone(),
+        });
     }
     None
 }
@@ -655,7 +649,7 @@ mod tests {
             let got = attach_refusal(r, d.as_ref(), u, "n1");
             match (want, &got) {
                 (None, None) => {}
-                (Some(w), Some(g)) => assert!(g.contains(w), "{what}: {g:?} should contain {w:?}"),
+                (Some(w), Some(g)) => assert!(g.to_string().contains(w), "{what}: {g} should contain {w:?}"),
                 _ => panic!("{what}: want {want:?}, got {got:?}"),
             }
         }

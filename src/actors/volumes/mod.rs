@@ -167,7 +167,7 @@ impl VolumeManager {
                 Ok(out) => (out.record, out.result),
                 Err(e) => {
                     error!(volume.id = %id, error = %e, "volume operation panicked; the record is reloaded at restart");
-                    let e = VolumeError::FailedPrecondition { volume_id: id.clone(), reason: format!("operation failed unexpectedly: {e}") };
+                    let e = VolumeError::Panicked { volume_id: id.clone(), reason: e.to_string() };
                     // The book keeps the record as it was.
                     (act.book.records().find(|r| r.id == id).cloned(), Err(e))
                 }
@@ -239,10 +239,7 @@ impl VolumeManager {
         };
         let id = rec.id.clone();
         let Some(loc) = self.book.loc_of(&rec) else {
-            return reply(Err(VolumeError::FailedPrecondition {
-                volume_id: id,
-                reason: format!("was being created on drive {} which is absent now", rec.drive_id),
-            }));
+            return reply(Err(VolumeError::DriveGoneDuringCreate { volume_id: id, drive_id: rec.drive_id }));
         };
         let lock = self.lock_of(&rec.drive_id);
         let drive_id = rec.drive_id.clone();
@@ -431,7 +428,7 @@ impl Handler<VolumeStats> for VolumeManager {
                     st.condition.message = format!("{}; usage cannot be read: {e}", st.condition.message);
                     Ok((st, None))
                 }
-                Err(e) => Err(VolumeError::FailedPrecondition { volume_id: status.record.id.clone(), reason: e.to_string() }),
+                Err(e) => Err(VolumeError::Panicked { volume_id: status.record.id.clone(), reason: e.to_string() }),
             },
         ))
     }
