@@ -375,7 +375,11 @@ pub struct KubernetesConfig {
     /// Run the in-process attacher: VolumeAttachments of this driver and node are
     /// attached and detached here (no external-attacher sidecar).
     pub attach: bool,
-    /// Backoff after the first failed attach or detach; doubled per failure.
+    /// Run the in-process resizer: claims of this driver's volumes on this node that ask
+    /// for more are grown here (no external-resizer sidecar). Its retries use the attach
+    /// backoff settings; an infeasible size waits `attach_terminal_retry`.
+    pub resize: bool,
+    /// Backoff after the first failed attach or detach (or resize); doubled per failure.
     #[serde(deserialize_with = "de_duration")]
     pub attach_backoff_base: Duration,
     /// The longest backoff.
@@ -412,6 +416,7 @@ impl Default for KubernetesConfig {
             enabled: false,
             kubeconfig: PathBuf::new(),
             attach: true,
+            resize: true,
             attach_backoff_base: Duration::from_secs(1),
             attach_backoff_cap: Duration::from_secs(300),
             attach_terminal_retry: Duration::from_secs(600),

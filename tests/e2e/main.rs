@@ -11,6 +11,7 @@
 //! 1. deploy: `kubectl apply -k tests/e2e/overlay`; the DaemonSet Ready; CSINode lists
 //!    the driver with its topology key; the node carries the label; `kubectl get drives`
 //!    shows each drive; each CSIStorageCapacity equals GetCapacity for its class;
+//!    then claims grown by editing them, on the empty drives (`resize.rs`);
 //! 2. a drive vanishing while it holds a volume: the Drive object shows it missing and
 //!    lists the volume, the volume is abnormal; the claim deleted: the object goes; the
 //!    drive back: the volume's partition is listed again and can be deleted by hand;
@@ -49,6 +50,8 @@ const MIB: u64 = 1 << 20;
 
 type Check = Result<(), String>;
 
+mod resize;
+
 fn main() {
     let started = Instant::now();
     let mut ctx = match Ctx::new() {
@@ -58,8 +61,9 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 7] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 8] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
+        ("claims grown by editing them: xfs in use, ext4 unused, too large then lowered", resize::journey_resize),
         ("a drive vanishing while it holds a volume, and coming back", journey_vanish),
         ("claims used by pods: ext4, xfs with fsGroup, block, ReadWriteOncePod, a second pod", journey_claims),
         ("drivelet pod deleted, then a rolling update, with volumes in use", journey_restart),
@@ -238,6 +242,7 @@ parameters:
   csi.storage.k8s.io/fstype: {fs}
 volumeBindingMode: WaitForFirstConsumer
 reclaimPolicy: Delete
+allowVolumeExpansion: true
 ---
 "
         )

@@ -36,7 +36,7 @@ use super::VolumeError;
 use crate::actors::inventory::classify::DriveClass;
 use crate::actors::inventory::model::{Drive, LayoutKind};
 use crate::actors::messages::{GetCapacity, VolumeConditionChanged};
-use crate::config::{Media, VolumesConfig};
+use crate::config::{human_bytes, Media, VolumesConfig};
 use crate::disk::gpt;
 use crate::disk::smart::Health;
 
@@ -521,11 +521,17 @@ impl VolumeBook {
         // Past the end of the drive it can never grow, whatever follows it now.
         let blocked = room.blocked && new_size <= region_end.saturating_sub(rec.start);
         if new_size > room.max_size {
-            let reason = format!("volume {id} can grow in place to at most {} bytes on drive {}, not {new_size}", room.max_size, rec.drive_id);
+            let reason = format!(
+                "volume {id} can grow in place to at most {} ({} bytes) on drive {}, not {} ({new_size} bytes)",
+                human_bytes(room.max_size),
+                room.max_size,
+                rec.drive_id,
+                human_bytes(new_size)
+            );
             return Err(if blocked {
                 VolumeError::ResourceExhausted { reason: format!("{reason}: another volume or partition follows it") }
             } else if room.blocked {
-                VolumeError::OutOfRange { reason: format!("{reason}, and {new_size} bytes from its start run past the end of the drive") }
+                VolumeError::OutOfRange { reason: format!("{reason}, and {} from its start runs past the end of the drive", human_bytes(new_size)) }
             } else {
                 VolumeError::OutOfRange { reason: format!("{reason}: the drive ends there") }
             });

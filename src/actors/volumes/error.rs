@@ -401,7 +401,8 @@ impl VolumeError {
                 "has a {kernel_size} byte partition in the kernel but should have {size}: ControllerExpandVolume has not finished; retry it first"
             ),
             VolumeError::CannotGrowExt4 { .. } => "cannot grow its mounted ext4 filesystem: the kernel grows ext4 online only for a process \
-                                                   with CAP_SYS_RESOURCE, which drivelet lacks here; run it privileged (the DaemonSet does)"
+                                                   with CAP_SYS_RESOURCE, which drivelet lacks here; it grows offline when next staged \
+                                                   (stop the pods using it), or run drivelet with that capability"
                 .into(),
             _ => return None,
         })

@@ -313,10 +313,14 @@ pub fn node_expand(drive: &DriveLoc, rec: VolumeRecord) -> Outcome<u64> {
         if let Some(p) = parts.iter().find(|p| p.start == rec.start && p.size < rec.size) {
             return Err(VolumeError::ExpandUnfinished { volume_id: rec.id.clone(), kernel_size: p.size, size: rec.size });
         }
+        let kp = blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size).map_err(disk(&rec.id, "find the kernel partition"))?;
         if rec.fs_type == "ext4" && !crate::disk::has_capability(crate::disk::CAP_SYS_RESOURCE) {
+            // Grown offline when it was staged: nothing left to do.
+            if fs::ext4_fills_device(&kp.devnode).map_err(disk(&rec.id, "read the filesystem's size"))? {
+                return Ok(rec.size);
+            }
             return Err(VolumeError::CannotGrowExt4 { volume_id: rec.id.clone() });
         }
-        let kp = blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size).map_err(disk(&rec.id, "find the kernel partition"))?;
         fs::grow(&kp.devnode, &staging, &rec.fs_type).map_err(disk(&rec.id, "grow the filesystem"))?;
         crash_point!("node_expand.grown");
         Ok(rec.size)
@@ -426,6 +430,11 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
             }
             std::fs::create_dir_all(&a.path).map_err(|e| disk(&id, "create the staging directory")(DiskError::Io { what: a.path.display().to_string(), source: e }))?;
             if !mount::is_mounted_from(&a.path, kp.devnum).map_err(disk(&id, "read mounts"))? {
+                // A volume grown while unstaged: ext4 grows offline here (online growth
+                // needs CAP_SYS_RESOURCE); xfs grows online through NodeExpandVolume.
+                if fs_type == "ext4" && fs::grow_ext4_offline(&kp.devnode).map_err(disk(&id, "grow the filesystem offline"))? {
+                    info!(volume.id = %id, volume.size = r2.size, "filesystem grown offline to its partition");
+                }
                 mount::mount_fs(&kp.devnode, &a.path, &fs_type, &opts).map_err(disk(&id, "mount the filesystem"))?;
             }
             crash_point!("stage.mounted");
