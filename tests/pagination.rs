@@ -44,6 +44,7 @@ fn seed(dir: &std::path::Path, n: u32) -> BTreeSet<String> {
             published_node: None,
             adopted: None,
             lost: false,
+            clone_of: None,
         };
         store.put(&rec.id, &rec).unwrap();
         ids.insert(rec.id);

@@ -170,6 +170,7 @@ pub fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mount
                 published_node: None,
                 adopted: None,
                 lost: false,
+                clone_of: None,
             };
             p.changed.insert(rec.id.clone());
             p.keep.push(rec);

@@ -29,6 +29,7 @@ fn create(name: &str, required: u64) -> CreateVolume {
         block: false,
         fs_type: String::new(),
         parameters: BTreeMap::new(),
+        source: None,
     }
 }
 
