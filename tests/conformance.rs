@@ -448,7 +448,7 @@ fn capabilities_advertised_are_served_and_everything_else_is_unimplemented() {
         for s in [S::ControllerService, S::VolumeAccessibilityConstraints] {
             r.check(plugin.contains(&s), || format!("plugin capabilities {plugin:?} lack {s:?}"));
         }
-        for t in [CR::CreateDeleteVolume, CR::GetCapacity, CR::SingleNodeMultiWriter] {
+        for t in [CR::CreateDeleteVolume, CR::GetCapacity, CR::SingleNodeMultiWriter, CR::CloneVolume] {
             r.check(ctrl.contains(&t), || format!("controller capabilities {ctrl:?} lack {t:?}"));
         }
         for t in [NR::StageUnstageVolume, NR::SingleNodeMultiWriter] {
@@ -727,9 +727,10 @@ fn create_delete_validate_and_capacity_follow_the_controller_tables() {
                 "a snapshot content source (no CREATE_DELETE_SNAPSHOT)",
                 src(csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: "snap-1".into() })),
             ),
+            ("a content source naming nothing", with(&|q| q.volume_content_source = Some(csi::VolumeContentSource { r#type: None }))),
             (
-                "a volume content source (no CLONE_VOLUME)",
-                src(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: UNKNOWN_ID.into() })),
+                "a volume content source with an empty id",
+                src(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: String::new() })),
             ),
             ("negative required_bytes", range(-1, 0)),
             ("negative limit_bytes", range(0, -1)),
@@ -748,6 +749,11 @@ fn create_delete_validate_and_capacity_follow_the_controller_tables() {
             r.code(&format!("CreateVolume with {what}"), c.ctrl.create_volume(q).await, Code::InvalidArgument);
             r.unchanged(&format!("CreateVolume with {what}"), &fx, &clean);
         }
+
+        // --- A clone of a volume this node does not hold (CLONE_VOLUME): NOT_FOUND.
+        let q = src(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: UNKNOWN_ID.into() }));
+        r.code("CreateVolume cloning an unknown volume", c.ctrl.create_volume(q).await, Code::NotFound);
+        r.unchanged("CreateVolume cloning an unknown volume", &fx, &clean);
 
         // --- Requisite topology without this node: RESOURCE_EXHAUSTED.
         for (what, req) in [
