@@ -121,6 +121,7 @@ fn identity_node_and_capacity_answer_field_by_field() {
                 R::GetVolume as i32,
                 R::VolumeCondition as i32,
                 R::ExpandVolume as i32,
+                R::CloneVolume as i32,
             ]
         );
 

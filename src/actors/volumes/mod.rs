@@ -246,12 +246,9 @@ impl VolumeManager {
                 reason: format!("was being created on drive {} which is absent now", rec.drive_id),
             }));
         };
-        let from = match rec.clone_of.clone() {
-            Some(src) => match self.book.clone_source(&src, &m).and_then(|x| Ok((x, if held.is_none() { Some(self.book.claim(&src)?) } else { None }))) {
-                Ok(((source, loc), claimed)) => {
-                    held = held.or(claimed);
-                    Some(clone::CloneFrom { source, loc })
-                }
+        let from = match &rec.clone_of {
+            Some(src) => match self.book.clone_start(src, &m, &mut held) {
+                Ok((source, loc)) => Some(clone::CloneFrom { source, loc }),
                 Err(e) => return reply(Err(e)),
             },
             None => None,

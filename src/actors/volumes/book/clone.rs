@@ -63,6 +63,16 @@ impl VolumeBook {
             .ok_or_else(|| VolumeError::DriveAbsent { volume_id: source_id.to_string(), drive_id: src.drive_id.clone() })?;
         Ok((src.clone(), loc))
     }
+
+    /// [`clone_source`](Self::clone_source) for a copy that begins now: the source is
+    /// claimed for the copy, unless `held` already holds it (a retry on another drive).
+    pub fn clone_start(&self, source_id: &str, m: &CreateVolume, held: &mut Option<super::Claim>) -> Result<(VolumeRecord, DriveLoc), VolumeError> {
+        let found = self.clone_source(source_id, m)?;
+        if held.is_none() {
+            *held = Some(self.claim(source_id)?);
+        }
+        Ok(found)
+    }
 }
 
 /// Where a volume is mounted read-write (staged, or published to a target), if it is:
