@@ -58,11 +58,13 @@ fn main() {
         if !block {
             let mut nc = rt.block_on(Csi::connect(&agent));
             rt.block_on(nc.node.node_stage_volume(stage_req(&src, &staging, cap.clone()))).expect("stage");
-            let mut f = std::fs::File::create(staging.join("data")).unwrap();
-            for _ in 0..data {
-                f.write_all(&chunk).unwrap();
+            {
+                let mut f = std::fs::File::create(staging.join("data")).unwrap();
+                for _ in 0..data {
+                    f.write_all(&chunk).unwrap();
+                }
+                f.sync_all().unwrap();
             }
-            f.sync_all().unwrap();
             let q = csi::NodeUnstageVolumeRequest { volume_id: src.clone(), staging_target_path: staging.display().to_string() };
             rt.block_on(nc.node.node_unstage_volume(q)).expect("unstage");
         }
