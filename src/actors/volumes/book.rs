@@ -12,6 +12,8 @@
 //! - a repeated CreateVolume or AdoptVolume of an existing volume answers it when the
 //!   request matches and `AlreadyExists` when it does not; a lost volume is never a
 //!   success;
+//! - a clone (CreateVolume naming a source volume) is decided with its source: what
+//!   may be copied, and how large the clone is ([`clone`]'s rules);
 //! - attach, expand, detach and release are decided here; the actor runs the disk and
 //!   store steps the decision asks for and hands their outcome back
 //!   ([`VolumeBook::finish`]).
