@@ -76,7 +76,7 @@ fn main() {
             let t = Instant::now();
             let id = call(clone_req(&format!("bench-clone-{n}-{round}"), gib * GIB, cap.clone(), &src));
             times.push(t.elapsed());
-            written.push((sectors_written(&drive.dev) - before) * 512 >> 20);
+            written.push(((sectors_written(&drive.dev) - before) * 512) >> 20);
             rt.block_on(c_delete(&agent, &id));
         }
         rt.block_on(c_delete(&agent, &src));

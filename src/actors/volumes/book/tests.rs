@@ -306,7 +306,8 @@ fn clone_decisions() {
         m
     };
     // (request, expected: size and filesystem of the new clone, or the error's words)
-    let table: Vec<(CreateVolume, Result<(u64, &str), &str>)> = vec![
+    type Want = Result<(u64, &'static str), &'static str>;
+    let table: Vec<(CreateVolume, Want)> = vec![
         (of(&plain, 0, 0, &|_| {}), Ok((32 * MIB, "ext4"))),
         (of(&plain, 8 * MIB, 0, &|_| {}), Ok((32 * MIB, "ext4"))),
         (of(&plain, 48 * MIB, 0, &|_| {}), Ok((48 * MIB, "ext4"))),
