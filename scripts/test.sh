@@ -3,7 +3,9 @@
 # (scripts/setup-host.sh: packages, udev, loop devices).
 #
 #   scripts/test.sh               all tiers: unit, integration, then end to end
-#   scripts/test.sh unit          unit tests of the library (cargo test --lib): seconds
+#   scripts/test.sh unit          unit tests of the library (cargo test --lib), built as
+#                                 root and run as the unprivileged user drivelet-test
+#                                 (created if missing): seconds once built
 #   scripts/test.sh integration   the real binary against loop devices, udev, mkfs and
 #                                 mount, the deploy/ checks and the gRPC interop clients
 #   scripts/test.sh e2e           the end-to-end suite on the cluster kit (scripts/e2e.sh)
@@ -21,20 +23,53 @@ esac
 scripts/setup-host.sh
 
 nextest() { cargo nextest --version >/dev/null 2>&1; }
+test_user=${DRIVELET_TEST_USER:-drivelet-test}
+
+# The unit tier: every test process runs as $test_user with no capabilities, through
+# scripts/unprivileged.sh as cargo's target runner. A unit test that needs root fails.
+unit() {
+  if ! id -u "$test_user" >/dev/null 2>&1; then
+    echo "creating the unprivileged test user $test_user"
+    useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$test_user"
+  fi
+  if ! setpriv --reuid="$test_user" --regid="$test_user" --init-groups test -r Cargo.toml -a -x src; then
+    echo "the unit tier runs as $test_user, who cannot read $PWD: every directory above it needs o+x (or set DRIVELET_TEST_USER)" >&2
+    exit 1
+  fi
+  local triple runner
+  triple=$(rustc -vV | sed -n 's/^host: //p')
+  runner=CARGO_TARGET_$(echo "$triple" | tr 'a-z-' 'A-Z_')_RUNNER
+  if nextest; then
+    # Build first (as root), so a target dir the user cannot read is named before any run.
+    cargo nextest run --features failpoints --lib --no-run
+    target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+    if ! setpriv --reuid="$test_user" --regid="$test_user" --init-groups test -x "$target/debug/deps"; then
+      echo "the unit tier runs as $test_user, who cannot reach $target/debug/deps: make the target dir readable" >&2
+      exit 1
+    fi
+    env "$runner=$PWD/scripts/unprivileged.sh" DRIVELET_TEST_USER="$test_user" \
+      cargo nextest run --no-fail-fast --features failpoints --lib "$@"
+  else
+    env "$runner=$PWD/scripts/unprivileged.sh" DRIVELET_TEST_USER="$test_user" \
+      cargo test --no-fail-fast --features failpoints --lib "$@"
+  fi
+}
+
+# The integration tier: as root, against loop devices, udev, mkfs and mount.
+integration() {
+  if nextest; then cargo nextest run --no-fail-fast --features failpoints -E 'not kind(lib)' "$@"
+  else cargo test --no-fail-fast --features failpoints --test '*' "$@"; fi
+}
 
 case "$tier" in
-  unit)
-    if nextest; then cargo nextest run --no-fail-fast --features failpoints --lib "$@"
-    else cargo test --no-fail-fast --features failpoints --lib "$@"; fi
-    ;;
-  integration)
-    if nextest; then cargo nextest run --no-fail-fast --features failpoints -E 'not kind(lib)' "$@"
-    else cargo test --no-fail-fast --features failpoints --test '*' "$@"; fi
-    ;;
+  unit) unit "$@" ;;
+  integration) integration "$@" ;;
   e2e) scripts/e2e.sh ;;
   all)
-    if nextest; then cargo nextest run --no-fail-fast --features failpoints "$@"
-    else cargo test --no-fail-fast --features failpoints "$@"; fi
-    scripts/e2e.sh
+    status=0
+    unit "$@" || status=1
+    integration "$@" || status=1
+    scripts/e2e.sh || status=1
+    exit $status
     ;;
 esac

@@ -2,7 +2,8 @@
 //! a target unmounted behind drivelet's back, a corrupt unmounted filesystem, a full
 //! filesystem, a drive whose SMART verdict turns BAD (from real smartctl JSON served by
 //! a stand-in program), NodeGetVolumeStats of a block volume at kubelet's own bind of
-//! its device, and ListVolumes pagination.
+//! its device. (ListVolumes paging has its one home in the conformance suite's
+//! `listing` module.)
 //!
 //! Each test runs its own agent in its own directory, with `[health]` tuned so that
 //! findings show within a second or two: SMART every 1 s, volume checks every 200 ms,
@@ -434,94 +435,6 @@ fn a_drive_whose_smart_says_failing_fails_its_volumes_and_takes_no_new_ones_whil
         // on this node now; the request itself is not out of range.
         let e = c.ctrl.create_volume(create_req("pvc-only-fits-a", 400 * MIB, block_cap())).await.unwrap_err();
         assert_eq!(e.code(), Code::ResourceExhausted, "a volume only the BAD drive could hold: {e:?}");
-    });
-}
-
-#[test]
-fn list_volumes_pages_every_volume_exactly_once_and_aborts_malformed_and_stale_tokens() {
-    require_host();
-    let tmp = short_tempdir();
-    let _a = LoopDrive::new(tmp.path(), "a.img", GIB);
-    let _b = LoopDrive::new(tmp.path(), "b.img", GIB);
-    let _u = Unmounter(tmp.path().to_path_buf());
-    let (mut agent, _smart) = start_agent(tmp.path());
-    let rt = rt();
-    const N: usize = 40;
-    const PAGE: i32 = 7;
-    let (want, stale) = rt.block_on(async {
-        let c = Csi::connect(&agent).await;
-        let started = Instant::now();
-        let mut jobs = tokio::task::JoinSet::new();
-        for i in 0..N {
-            let mut ctrl = c.ctrl.clone();
-            jobs.spawn(async move {
-                // Parallel creates of different names on one drive wait for its lock.
-                let name = format!("pvc-page-{i:02}");
-                let r = ctrl.create_volume(create_req(&name, MIB, block_cap())).await;
-                r.unwrap_or_else(|e| panic!("create {name}: {e:?}")).into_inner().volume.unwrap().volume_id
-            });
-        }
-        let mut want = std::collections::BTreeSet::new();
-        while let Some(id) = jobs.join_next().await {
-            want.insert(id.unwrap());
-        }
-        println!("created {N} volumes in {:?}", started.elapsed());
-        assert_eq!(want.len(), N);
-
-        let mut c = c;
-        let mut seen: Vec<String> = Vec::new();
-        let mut token = String::new();
-        let mut pages = 0;
-        let mut stale = String::new();
-        loop {
-            let r = c
-                .ctrl
-                .list_volumes(csi::ListVolumesRequest { max_entries: PAGE, starting_token: token.clone() })
-                .await
-                .unwrap_or_else(|e| panic!("ListVolumes page {pages} (token {token:?}): {e:?}"))
-                .into_inner();
-            pages += 1;
-            assert!(r.entries.len() <= PAGE as usize, "page {pages} has {} entries", r.entries.len());
-            assert!(!r.entries.is_empty(), "page {pages} is empty");
-            seen.extend(r.entries.iter().map(|e| e.volume.as_ref().unwrap().volume_id.clone()));
-            if r.next_token.is_empty() {
-                break;
-            }
-            if stale.is_empty() {
-                stale = r.next_token.clone();
-            }
-            token = r.next_token;
-            assert!(pages < 20, "ListVolumes never ends");
-        }
-        let got: std::collections::BTreeSet<String> = seen.iter().cloned().collect();
-        assert_eq!(seen.len(), got.len(), "no volume is listed twice: {seen:?}");
-        assert_eq!(got, want, "every volume is listed");
-        assert_eq!(pages, N.div_ceil(PAGE as usize), "pages of {PAGE}");
-
-        for bad in ["not-a-token", "zz:pvc", "0123456789abcdef:", ":"] {
-            let e = c.ctrl.list_volumes(csi::ListVolumesRequest { max_entries: PAGE, starting_token: bad.into() }).await.unwrap_err();
-            assert_eq!(e.code(), Code::Aborted, "malformed token {bad:?}: {e:?}");
-        }
-        (want, stale)
-    });
-
-    assert_eq!(agent.stop(), 0);
-    agent.spawn();
-    rt.block_on(async {
-        let mut c = Csi::connect(&agent).await;
-        let e = c.ctrl.list_volumes(csi::ListVolumesRequest { max_entries: PAGE, starting_token: stale.clone() }).await.unwrap_err();
-        assert_eq!(e.code(), Code::Aborted, "a token from before the restart: {e:?}");
-        // Listing from the start works, and this run's tokens resume.
-        let first = c.ctrl.list_volumes(csi::ListVolumesRequest { max_entries: PAGE, starting_token: String::new() }).await.unwrap().into_inner();
-        let second = c
-            .ctrl
-            .list_volumes(csi::ListVolumesRequest { max_entries: PAGE, starting_token: first.next_token.clone() })
-            .await
-            .unwrap()
-            .into_inner();
-        let ids: Vec<String> = first.entries.iter().chain(&second.entries).map(|e| e.volume.as_ref().unwrap().volume_id.clone()).collect();
-        let expect: Vec<String> = want.iter().take(2 * PAGE as usize).cloned().collect();
-        assert_eq!(ids, expect, "after the restart, pages resume in id order");
     });
 }
 

@@ -44,6 +44,9 @@ fn releasing_a_drive_moves_new_volumes_away_and_a_pulled_released_drive_is_forgo
     let tmp = short_tempdir();
     let mut a = LoopDrive::new(tmp.path(), "a.img", GIB);
     let _b = LoopDrive::new(tmp.path(), "b.img", GIB);
+    // Both drives probed by udev before the first scan: an unprobed one is foreign until
+    // its udev event, and the volumes this test moves off drive a need drive b managed.
+    sh("udevadm", &["settle"]);
     let agent = Agent::start(tmp.path(), AgentOpts::default());
     let rt = rt();
     let mut c = rt.block_on(Csi::connect(&agent));

@@ -450,17 +450,14 @@ mod tests {
     }
 
     #[test]
-    fn only_block_device_nodes_count_as_block_devices() {
+    fn files_missing_paths_and_character_devices_are_not_block_devices() {
         let dir = tempfile::tempdir().expect("temp dir");
         let file = dir.path().join("drive.img");
         std::fs::write(&file, b"").expect("write");
         assert!(!is_block_device(&file), "a regular file");
         assert!(!is_block_device(&dir.path().join("gone")), "a path that cannot be stat-ed");
         assert!(!is_block_device(Path::new("/dev/null")), "a character device");
-        // Any block device the host has, by its node in /dev.
-        let node = list_dir(Path::new("/sys/class/block")).into_iter().map(|n| Path::new("/dev").join(n)).find(|p| p.exists());
-        if let Some(node) = node {
-            assert!(is_block_device(&node), "{}", node.display());
-        }
+        // A real block device counts: tests/inventory.rs (a loop device over a block
+        // device is not a drive) proves it on a loop device; this tier has none.
     }
 }

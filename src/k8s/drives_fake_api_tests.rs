@@ -1,4 +1,4 @@
-//! The `Drive` sync against a scripted fake API server (`tower_test::mock::pair`): the
+//! The `Drive` sync against the scripted fake API server (`super::fake_api`): the
 //! executor's exact requests for a list, an apply, a status apply and a delete, and the
 //! `DriveSync` actor's timing (first scan, debounce, backoff, resync) with stand-in
 //! inventory and volume manager actors answering its queries.
@@ -11,17 +11,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use http::{Method, Response};
-use kube::client::Body;
+use http::Method;
 use kube::{Client, ResourceExt};
 use serde_json::{json, Value};
 use tokio::time::Instant;
-use tower_test::mock::SendResponse;
 
 use super::crd;
 use super::drives::fixtures::*;
 use super::drives::*;
-use super::fake_api_tests::{assert_no_more_requests, expect, fake_api, respond, ApiHandle};
+use super::fake_api::{fake_api, list_of, respond, respond_error, FakeApi, Reply};
 use crate::actors::inventory::classify::DriveClass;
 use crate::actors::inventory::model::{Drive, DriveHealth};
 use crate::actors::messages::{
@@ -47,32 +45,17 @@ fn delete_path(name: &str) -> String {
 
 /// Wait for the next request, check it is a server-side apply (method, path, content
 /// type), return its JSON body.
-async fn expect_apply(handle: &mut ApiHandle, path: &str) -> (Value, SendResponse<Response<Body>>) {
-    let (request, send) = handle.next_request().await.expect("the sync made no request");
-    assert_eq!(request.method(), Method::PATCH, "method of {}", request.uri());
-    assert_eq!(request.uri().to_string(), path);
-    let content_type = request.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+async fn expect_apply(handle: &mut FakeApi, path: &str) -> (Value, Reply) {
+    let call = handle.next("the sync made no request").await;
+    assert_eq!(call.method, Method::PATCH, "method of {}", call.uri);
+    assert_eq!(call.uri, path);
+    let content_type = call.headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     assert_eq!(content_type, Some("application/apply-patch+yaml"), "server-side apply of {path}");
-    let bytes = request.into_body().collect_bytes().await.expect("request body");
-    (serde_json::from_slice(&bytes).expect("JSON body"), send)
+    (call.body, call.reply)
 }
 
-fn respond_error(send: SendResponse<Response<Body>>, code: u16, message: &str) {
-    let status = json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": message, "reason": "InternalError", "code": code,
-    });
-    let bytes = serde_json::to_vec(&status).expect("status serializes");
-    send.send_response(Response::builder().status(code).body(Body::from(bytes)).expect("response"));
-}
-
-fn list_of(items: &[crd::Drive]) -> Value {
-    json!({
-        "apiVersion": "drivelet.io/v1alpha1",
-        "kind": "DriveList",
-        "metadata": { "resourceVersion": "100" },
-        "items": items,
-    })
+fn drive_list(items: &[crd::Drive]) -> Value {
+    list_of("Drive", "drivelet.io/v1alpha1", "100", items.iter().map(|d| json!(d)).collect())
 }
 
 /// `obj` as the API server returns it.
@@ -132,9 +115,9 @@ async fn executor_lists_by_node_label_then_applies_a_new_object_and_its_status()
     assert_eq!(obj.name_any(), "node-a-wwn-a-72896ad9");
 
     let server = tokio::spawn(async move {
-        let (body, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+        let (body, send) = handle.expect(Method::GET, LIST_PATH).await;
         assert_eq!(body, Value::Null);
-        respond(send, &list_of(&[]));
+        respond(send, &drive_list(&[]));
         let (body, send) = expect_apply(&mut handle, &apply_path("node-a-wwn-a-72896ad9")).await;
         assert_eq!(body, managed_apply_body());
         respond(send, &served(&object_of(&managed())));
@@ -149,7 +132,7 @@ async fn executor_lists_by_node_label_then_applies_a_new_object_and_its_status()
     assert_eq!(actions, vec![SyncAction::Apply(Box::new(obj))]);
     executor.execute(&actions).await.expect("applies");
     let mut handle = server.await.expect("script ran to the end");
-    assert_no_more_requests(&mut handle, "no request beyond the script");
+    handle.assert_no_more_requests("no request beyond the script");
 }
 
 #[tokio::test(start_paused = true)]
@@ -169,7 +152,7 @@ async fn executor_applies_only_the_status_when_only_the_status_changed() {
     });
     executor.execute(&actions).await.expect("applies the status");
     let mut handle = server.await.expect("script ran to the end");
-    assert_no_more_requests(&mut handle, "no apply of the unchanged spec");
+    handle.assert_no_more_requests("no apply of the unchanged spec");
 }
 
 #[tokio::test(start_paused = true)]
@@ -185,9 +168,9 @@ async fn executor_deletes_stale_objects_and_one_already_gone_is_no_error() {
     let server = tokio::spawn({
         let (stale, gone) = (stale.clone(), gone.clone());
         async move {
-            let (_, send) = expect(&mut handle, Method::DELETE, &delete_path(&gone.name_any())).await;
+            let (_, send) = handle.expect(Method::DELETE, &delete_path(&gone.name_any())).await;
             respond_error(send, 404, "drives.drivelet.io \"node-a-wwn-gone\" not found");
-            let (body, send) = expect(&mut handle, Method::DELETE, &delete_path(&stale.name_any())).await;
+            let (body, send) = handle.expect(Method::DELETE, &delete_path(&stale.name_any())).await;
             assert_eq!(body, json!({}));
             respond(send, &stale);
             handle
@@ -195,7 +178,7 @@ async fn executor_deletes_stale_objects_and_one_already_gone_is_no_error() {
     });
     executor.execute(&actions).await.expect("deletes");
     let mut handle = server.await.expect("script ran to the end");
-    assert_no_more_requests(&mut handle, "the other node's object is not touched");
+    handle.assert_no_more_requests("the other node's object is not touched");
 }
 
 #[tokio::test(start_paused = true)]
@@ -215,7 +198,7 @@ async fn a_failed_apply_stops_before_its_status_and_the_rest() {
     assert!(matches!(&err, DrivesError::Apply { name, .. } if name == "node-a-wwn-a-72896ad9"), "{err}");
     assert!(err.to_string().starts_with("applying Drive node-a-wwn-a-72896ad9: "), "{err}");
     let mut handle = server.await.expect("script ran to the end");
-    assert_no_more_requests(&mut handle, "nothing after a failed write");
+    handle.assert_no_more_requests("nothing after a failed write");
 }
 
 /// What the stand-in inventory and volume manager answer.
@@ -324,27 +307,27 @@ async fn drive_sync_waits_for_the_first_scan_then_creates_and_deletes() {
             let _sync = start_sync(client, &world);
 
             tokio::time::sleep(Duration::from_millis(2500)).await;
-            assert_no_more_requests(&mut handle, "no API call before the inventory's first scan");
+            handle.assert_no_more_requests("no API call before the inventory's first scan");
             assert!(world.lock().expect("world lock").subscriber.is_some(), "subscribed to drive events");
 
             world.lock().expect("world lock").scanned = true;
             let scanned_at = Instant::now();
             let stale = served(&object_of(&drive("wwn-old", DriveClass::Foreign, "has a filesystem")));
             let other = served(&desired("node-b", &[drive("wwn-b", DriveClass::Managed, "blank")], &[], &[]).remove(0));
-            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
             assert_eq!(scanned_at.elapsed(), Duration::from_millis(500), "asked again on the next one-second poll");
-            respond(send, &list_of(&[stale.clone(), other]));
+            respond(send, &drive_list(&[stale.clone(), other]));
             let (body, send) = expect_apply(&mut handle, &apply_path("node-a-wwn-a-72896ad9")).await;
             assert_eq!(body, managed_apply_body());
             respond(send, &served(&object_of(&managed())));
             let (body, send) = expect_apply(&mut handle, &status_path("node-a-wwn-a-72896ad9")).await;
             assert_eq!(body, managed_status_body("good", PASSED));
             respond(send, &served(&object_of(&managed())));
-            let (_, send) = expect(&mut handle, Method::DELETE, &delete_path(&stale.name_any())).await;
+            let (_, send) = handle.expect(Method::DELETE, &delete_path(&stale.name_any())).await;
             respond(send, &stale);
 
             tokio::time::sleep(RESYNC / 2).await;
-            assert_no_more_requests(&mut handle, "nothing more until the resync");
+            handle.assert_no_more_requests("nothing more until the resync");
         })
         .await;
 }
@@ -356,11 +339,11 @@ async fn a_burst_of_drive_events_is_one_sync_after_the_debounce() {
             let (client, mut handle) = fake_api();
             let world = world(true, vec![managed()]);
             let _sync = start_sync(client, &world);
-            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
-            respond(send, &list_of(&[served(&object_of(&managed()))]));
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
+            respond(send, &drive_list(&[served(&object_of(&managed()))]));
 
             tokio::time::sleep(Duration::from_secs(5)).await;
-            assert_no_more_requests(&mut handle, "an object in step is not written");
+            handle.assert_no_more_requests("an object in step is not written");
 
             let mut failing = managed();
             failing.health = DriveHealth { health: Health::Bad, reason: "SMART overall-health failed".into(), checked_unix: 2 };
@@ -374,15 +357,15 @@ async fn a_burst_of_drive_events_is_one_sync_after_the_debounce() {
                 subscriber.do_send(DriveEvent::DriveChanged { old: managed(), new: failing.clone() });
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
             assert_eq!(first_event.elapsed(), DEBOUNCE, "one sync, the debounce after the first event");
-            respond(send, &list_of(&[served(&object_of(&managed()))]));
+            respond(send, &drive_list(&[served(&object_of(&managed()))]));
             let (body, send) = expect_apply(&mut handle, &status_path("node-a-wwn-a-72896ad9")).await;
             assert_eq!(body, managed_status_body("bad", "SMART overall-health failed"));
             respond(send, &served(&object_of(&failing)));
 
             tokio::time::sleep(Duration::from_secs(5)).await;
-            assert_no_more_requests(&mut handle, "three events, one sync");
+            handle.assert_no_more_requests("three events, one sync");
         })
         .await;
 }
@@ -396,22 +379,22 @@ async fn a_failed_sync_is_retried_with_exponential_backoff_then_resyncs_on_sched
             let started = Instant::now();
             let _sync = start_sync(client, &world);
 
-            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
             respond_error(send, 500, "etcdserver: request timed out");
             let failed_at = Instant::now();
-            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
             assert_eq!(failed_at.elapsed(), RETRY_BASE, "first retry after the base delay");
             respond_error(send, 500, "etcdserver: request timed out");
             let failed_at = Instant::now();
-            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
             assert_eq!(failed_at.elapsed(), RETRY_BASE * 2, "second retry after twice the base delay");
-            respond(send, &list_of(&[served(&object_of(&managed()))]));
+            respond(send, &drive_list(&[served(&object_of(&managed()))]));
 
-            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
             assert_eq!(started.elapsed(), RESYNC, "the periodic resync");
-            respond(send, &list_of(&[served(&object_of(&managed()))]));
+            respond(send, &drive_list(&[served(&object_of(&managed()))]));
             tokio::time::sleep(Duration::from_secs(1)).await;
-            assert_no_more_requests(&mut handle, "nothing to write");
+            handle.assert_no_more_requests("nothing to write");
         })
         .await;
 }
@@ -429,10 +412,10 @@ async fn volume_changes_are_synced_after_the_debounce_and_a_missing_drive_goes_w
                 desired(NODE, &[managed()], &[], volumes).iter().map(served).collect()
             };
             let _sync = start_sync(client, &world);
-            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
-            respond(send, &list_of(&in_step(&[one.clone(), two.clone()])));
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
+            respond(send, &drive_list(&in_step(&[one.clone(), two.clone()])));
             tokio::time::sleep(Duration::from_secs(5)).await;
-            assert_no_more_requests(&mut handle, "objects in step are not written");
+            handle.assert_no_more_requests("objects in step are not written");
 
             // One volume is deleted: the missing drive's object lists only the other.
             let subscriber = {
@@ -442,9 +425,9 @@ async fn volume_changes_are_synced_after_the_debounce_and_a_missing_drive_goes_w
             };
             let deleted_at = Instant::now();
             subscriber.do_send(VolumesChanged { drive_id: "wwn-gone".into() });
-            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
             assert_eq!(deleted_at.elapsed(), DEBOUNCE, "synced the debounce after the change, not at the resync");
-            respond(send, &list_of(&in_step(&[one.clone(), two.clone()])));
+            respond(send, &drive_list(&in_step(&[one.clone(), two.clone()])));
             let gone = object_name(NODE, "wwn-gone");
             let (body, send) = expect_apply(&mut handle, &status_path(&gone)).await;
             assert_eq!(body["status"]["volumes"], json!([two.id]));
@@ -456,14 +439,14 @@ async fn volume_changes_are_synced_after_the_debounce_and_a_missing_drive_goes_w
             let deleted_at = Instant::now();
             subscriber.do_send(VolumesChanged { drive_id: "wwn-gone".into() });
             subscriber.do_send(VolumesChanged { drive_id: "wwn-m".into() });
-            let (_, send) = expect(&mut handle, Method::GET, LIST_PATH).await;
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
             assert_eq!(deleted_at.elapsed(), DEBOUNCE);
-            respond(send, &list_of(&in_step(std::slice::from_ref(&two))));
-            let (_, send) = expect(&mut handle, Method::DELETE, &delete_path(&gone)).await;
+            respond(send, &drive_list(&in_step(std::slice::from_ref(&two))));
+            let (_, send) = handle.expect(Method::DELETE, &delete_path(&gone)).await;
             respond(send, &in_step(std::slice::from_ref(&two))[1]);
 
             tokio::time::sleep(Duration::from_secs(5)).await;
-            assert_no_more_requests(&mut handle, "one sync per burst");
+            handle.assert_no_more_requests("one sync per burst");
         })
         .await;
 }

@@ -1,5 +1,5 @@
 //! The condition Event reporter (and its actor) against a scripted fake API server
-//! (`tower_test::mock::pair`): each test states the exact requests, in order, that one
+//! (`super::fake_api`): each test states the exact requests, in order, that one
 //! report makes, and answers them.
 //!
 //! Rules: as in `fake_api_tests`: method, path with query and body are checked (Event
@@ -9,20 +9,18 @@
 
 use std::time::Duration;
 
-use http::{Method, Response};
+use http::Method;
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
-use kube::client::Body;
 use kube::runtime::reflector;
 use kube::runtime::watcher;
 use serde_json::{json, Value};
 use tokio::time::Instant;
-use tower_test::mock::SendResponse;
 
 use super::attach::fixtures::{identity, NODE};
 use super::identity::REPORTER;
 use super::events::fixtures::*;
 use super::events::*;
-use super::fake_api_tests::{assert_no_more_requests, expect, fake_api, respond, ApiHandle};
+use super::fake_api::{fake_api, list_of, respond, respond_error, FakeApi, Reply};
 
 const PV_LIST: &str = "/api/v1/persistentvolumes?&resourceVersion=0&resourceVersionMatch=NotOlderThan";
 const POD_LIST: &str =
@@ -30,20 +28,11 @@ const POD_LIST: &str =
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/apps/events";
 
 fn pv_list(items: Vec<PersistentVolume>) -> Value {
-    json!({"apiVersion": "v1", "kind": "PersistentVolumeList", "metadata": {"resourceVersion": "100"}, "items": items})
+    list_of("PersistentVolume", "v1", "100", items.iter().map(|pv| json!(pv)).collect())
 }
 
 fn pod_list(items: Vec<Pod>) -> Value {
-    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "100"}, "items": items})
-}
-
-fn fail(send: SendResponse<Response<Body>>, message: &str) {
-    let status = json!({
-        "apiVersion": "v1", "kind": "Status", "status": "Failure",
-        "message": message, "reason": "InternalError", "code": 500
-    });
-    let bytes = serde_json::to_vec(&status).expect("status serializes");
-    send.send_response(Response::builder().status(500).body(Body::from(bytes)).expect("response"));
+    list_of("Pod", "v1", "100", items.iter().map(|pod| json!(pod)).collect())
 }
 
 /// What an Event must say: type, reason, note, the object it is about and its related one.
@@ -70,12 +59,11 @@ fn on_pod<'a>(pod: &str, type_: &'a str, reason: &'a str, note: &'a str) -> Expe
 
 /// Wait for the next request: an Event created in the claim's namespace; check it and
 /// return it with the responder.
-async fn expect_event(handle: &mut ApiHandle, want: &Expected<'_>) -> (Value, SendResponse<Response<Body>>) {
-    let (request, send) = handle.next_request().await.expect("the reporter recorded no Event");
-    assert_eq!(request.method(), Method::POST, "{}", request.uri());
-    assert_eq!(request.uri().path(), EVENTS);
-    let bytes = request.into_body().collect_bytes().await.expect("event body");
-    let event: Value = serde_json::from_slice(&bytes).expect("event JSON");
+async fn expect_event(handle: &mut FakeApi, want: &Expected<'_>) -> (Value, Reply) {
+    let call = handle.next("the reporter recorded no Event").await;
+    assert_eq!(call.method, Method::POST, "{}", call.uri);
+    assert_eq!(call.path(), EVENTS);
+    let (event, send) = (call.body, call.reply);
     assert_eq!(event["type"], want.type_);
     assert_eq!(event["reason"], want.reason);
     assert_eq!(event["note"], want.note);
@@ -91,22 +79,22 @@ async fn expect_event(handle: &mut ApiHandle, want: &Expected<'_>) -> (Value, Se
 }
 
 /// Expect an Event and answer it with success.
-async fn expect_recorded(handle: &mut ApiHandle, want: &Expected<'_>) {
+async fn expect_recorded(handle: &mut FakeApi, want: &Expected<'_>) {
     let (event, send) = expect_event(handle, want).await;
     respond(send, &event);
 }
 
 /// Expect the PV list and answer with a PV bound to apps/data and another one.
-async fn expect_pv_list(handle: &mut ApiHandle) {
-    let (body, send) = expect(handle, Method::GET, PV_LIST).await;
+async fn expect_pv_list(handle: &mut FakeApi) {
+    let (body, send) = handle.expect(Method::GET, PV_LIST).await;
     assert_eq!(body, Value::Null);
     let pvs = vec![bound_pv("pv-0", "vol-0", Some(("apps", "other"))), bound_pv("pv-1", "vol-1", Some(("apps", "data")))];
     respond(send, &pv_list(pvs));
 }
 
 /// Expect the pod list of this node in apps and answer with `pods`.
-async fn expect_pod_list(handle: &mut ApiHandle, pods: Vec<Pod>) {
-    let (body, send) = expect(handle, Method::GET, POD_LIST).await;
+async fn expect_pod_list(handle: &mut FakeApi, pods: Vec<Pod>) {
+    let (body, send) = handle.expect(Method::GET, POD_LIST).await;
     assert_eq!(body, Value::Null);
     respond(send, &pod_list(pods));
 }
@@ -137,7 +125,7 @@ async fn abnormal_volume_is_reported_on_its_claim_then_on_the_pods_using_it_here
     let mut handle = server.await.expect("script ran to the end");
     assert_eq!(reported.recorded, 3);
     assert!(reported.errors.is_empty(), "{:?}", reported.errors);
-    assert_no_more_requests(&mut handle, "no request beyond the script");
+    handle.assert_no_more_requests("no request beyond the script");
 }
 
 #[tokio::test(start_paused = true)]
@@ -165,7 +153,7 @@ async fn back_to_normal_with_a_ready_pv_store_lists_only_pods_and_cuts_the_note(
     let mut handle = server.await.expect("script ran to the end");
     assert_eq!(reported.recorded, 2);
     assert!(reported.errors.is_empty(), "{:?}", reported.errors);
-    assert_no_more_requests(&mut handle, "no PV list with a ready store");
+    handle.assert_no_more_requests("no PV list with a ready store");
     drop(writer);
 }
 
@@ -183,7 +171,7 @@ async fn a_pv_store_that_is_not_ready_yet_is_bypassed_with_a_list() {
     let reported = reporter.report(&change("vol-1", true, FAILING)).await;
     let mut handle = server.await.expect("script ran to the end");
     assert_eq!(reported.recorded, 1);
-    assert_no_more_requests(&mut handle, "no request beyond the script");
+    handle.assert_no_more_requests("no request beyond the script");
     drop(writer);
 }
 
@@ -192,7 +180,7 @@ async fn a_volume_whose_pv_has_no_claim_is_reported_on_nothing() {
     let (client, mut handle) = fake_api();
     let reporter = ConditionReporter::new(client, identity());
     let server = tokio::spawn(async move {
-        let (_, send) = expect(&mut handle, Method::GET, PV_LIST).await;
+        let (_, send) = handle.expect(Method::GET, PV_LIST).await;
         respond(send, &pv_list(vec![bound_pv("pv-1", "vol-1", None)]));
         handle
     });
@@ -200,7 +188,7 @@ async fn a_volume_whose_pv_has_no_claim_is_reported_on_nothing() {
     let mut handle = server.await.expect("script ran to the end");
     assert_eq!(reported.recorded, 0);
     assert!(reported.errors.is_empty(), "{:?}", reported.errors);
-    assert_no_more_requests(&mut handle, "no pod list and no Event without a claim");
+    handle.assert_no_more_requests("no pod list and no Event without a claim");
 }
 
 #[tokio::test(start_paused = true)]
@@ -208,19 +196,19 @@ async fn a_failed_lookup_and_a_failed_event_are_retried_once_then_dropped() {
     let (client, mut handle) = fake_api();
     let reporter = ConditionReporter::new(client, identity());
     let server = tokio::spawn(async move {
-        let (_, send) = expect(&mut handle, Method::GET, PV_LIST).await;
+        let (_, send) = handle.expect(Method::GET, PV_LIST).await;
         let failed_at = Instant::now();
-        fail(send, "etcd timeout");
+        respond_error(send, 500, "etcd timeout");
         expect_pv_list(&mut handle).await;
         assert_eq!(failed_at.elapsed(), RETRY_AFTER, "the lookup is retried after the delay");
         expect_pod_list(&mut handle, vec![local_pod("apps", "web-0", &["data"])]).await;
         let (_, send) = expect_event(&mut handle, &on_claim("Warning", "VolumeConditionAbnormal", FAILING)).await;
-        fail(send, "events quota exceeded");
+        respond_error(send, 500, "events quota exceeded");
         expect_recorded(&mut handle, &on_pod("web-0", "Warning", "VolumeConditionAbnormal", FAILING)).await;
         let failed_at = Instant::now();
         let (_, send) = expect_event(&mut handle, &on_claim("Warning", "VolumeConditionAbnormal", FAILING)).await;
         assert_eq!(failed_at.elapsed(), RETRY_AFTER, "the failed Event is retried after the delay");
-        fail(send, "events quota exceeded");
+        respond_error(send, 500, "events quota exceeded");
         handle
     });
     let reported = reporter.report(&change("vol-1", true, FAILING)).await;
@@ -230,7 +218,7 @@ async fn a_failed_lookup_and_a_failed_event_are_retried_once_then_dropped() {
     let error = reported.errors[0].to_string();
     assert!(error.contains("PersistentVolumeClaim apps/data") && error.contains("vol-1"), "{error}");
     tokio::time::sleep(RETRY_AFTER * 10).await;
-    assert_no_more_requests(&mut handle, "one retry only");
+    handle.assert_no_more_requests("one retry only");
 }
 
 #[tokio::test(start_paused = true)]
@@ -239,8 +227,8 @@ async fn a_lookup_failing_twice_gives_up_with_the_error() {
     let reporter = ConditionReporter::new(client, identity());
     let server = tokio::spawn(async move {
         for _ in 0..2 {
-            let (_, send) = expect(&mut handle, Method::GET, PV_LIST).await;
-            fail(send, "etcd timeout");
+            let (_, send) = handle.expect(Method::GET, PV_LIST).await;
+            respond_error(send, 500, "etcd timeout");
         }
         handle
     });
@@ -253,7 +241,7 @@ async fn a_lookup_failing_twice_gives_up_with_the_error() {
         reported.errors
     );
     tokio::time::sleep(RETRY_AFTER * 10).await;
-    assert_no_more_requests(&mut handle, "one retry only");
+    handle.assert_no_more_requests("one retry only");
 }
 
 /// The actor in a paused-clock actix system: the first change is reported at once, a
@@ -284,7 +272,7 @@ fn the_actor_reports_at_once_then_the_final_state_when_the_window_ends() {
         actor.do_send(change("vol-1", true, FAILING));
         actor.do_send(change("vol-1", false, "volume is healthy"));
         tokio::time::sleep(Duration::from_secs(49)).await;
-        assert!(handle.poll_request().is_pending(), "nothing before the window ends");
+        assert!(handle.is_quiet(), "nothing before the window ends");
 
         let report = tokio::time::timeout(window, expect_pv_list(&mut handle)).await;
         assert!(report.is_ok(), "no report when the window ended");
@@ -296,7 +284,7 @@ fn the_actor_reports_at_once_then_the_final_state_when_the_window_ends() {
         actor.do_send(change("vol-1", true, FAILING));
         actor.do_send(change("vol-1", false, "volume is healthy"));
         tokio::time::sleep(window * 3).await;
-        assert_no_more_requests(&mut handle, "a flap back to the reported state");
+        handle.assert_no_more_requests("a flap back to the reported state");
         actix_rt::System::current().stop();
     });
 }

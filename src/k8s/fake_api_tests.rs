@@ -1,41 +1,30 @@
-//! The attach executor against a scripted fake API server (`tower_test::mock::pair`): each
+//! The attach executor against the scripted fake API server (`super::fake_api`): each
 //! test states the exact requests, in order, that one reconcile makes, and answers them.
 //!
 //! Rules: every request is checked for method, path and body (error times are only
 //! checked to be present, since they come from the wall clock); no request may come that
 //! the script does not expect (the handle is checked empty at the end); time is paused, so
-//! backoff delays are asserted exactly with `advance`. The helpers are shared with the
-//! fake API server tests of condition Events and of the `Drive` sync.
+//! backoff delays are asserted exactly with `advance`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::Duration;
 
-use http::{Method, Request, Response};
+use http::Method;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::client::Body;
-use kube::Client;
 use serde_json::{json, Value};
 use tokio::time::Instant;
-use tower_test::mock::{self, Handle, SendResponse};
 
 use super::attach::fixtures::*;
 use super::attach::*;
+use super::fake_api::{fake_api, respond, FakeApi};
 use super::identity::REPORTER;
-
-pub(super) type ApiHandle = Handle<Request<Body>, Response<Body>>;
 
 const VA_PATH: &str = "/apis/storage.k8s.io/v1/volumeattachments/va-1?";
 const VA_STATUS_PATH: &str = "/apis/storage.k8s.io/v1/volumeattachments/va-1/status?";
 const PV_PATH: &str = "/api/v1/persistentvolumes/pv-1?";
 const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
-
-pub(super) fn fake_api() -> (Client, ApiHandle) {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    (Client::new(service, "default"), handle)
-}
 
 fn policy() -> RetryPolicy {
     RetryPolicy { base: Duration::from_secs(1), cap: Duration::from_secs(60), terminal: Duration::from_secs(600) }
@@ -70,28 +59,6 @@ impl VolumeOps for FakeVolumes {
     }
 }
 
-/// Wait for the next request, check its method and path, return its JSON body.
-pub(super) async fn expect(handle: &mut ApiHandle, method: Method, path: &str) -> (Value, SendResponse<Response<Body>>) {
-    let (request, send) = handle.next_request().await.expect("the executor made no request");
-    assert_eq!(request.method(), method, "method of {}", request.uri());
-    assert_eq!(request.uri().to_string(), path);
-    let bytes = request.into_body().collect_bytes().await.expect("request body");
-    let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("JSON body") };
-    (body, send)
-}
-
-/// Fail on any request the script did not expect (a closed client is fine).
-pub(super) fn assert_no_more_requests(handle: &mut ApiHandle, why: &str) {
-    if let Poll::Ready(Some((request, _))) = handle.poll_request() {
-        panic!("{why}: unexpected {} {}", request.method(), request.uri());
-    }
-}
-
-pub(super) fn respond(send: SendResponse<Response<Body>>, object: &impl serde::Serialize) {
-    let bytes = serde_json::to_vec(object).expect("response serializes");
-    send.send_response(Response::builder().body(Body::from(bytes)).expect("response"));
-}
-
 /// Check an error field's time is set, then drop it so the rest compares exactly.
 fn strip_error_time(body: &mut Value, field: &str) {
     let error = body["status"][field].as_object_mut().expect("error field is set");
@@ -99,8 +66,8 @@ fn strip_error_time(body: &mut Value, field: &str) {
 }
 
 /// Expect the status patch of a failed attach and answer it.
-async fn expect_attach_error(handle: &mut ApiHandle, va: &VolumeAttachment, message: &str) {
-    let (mut body, send) = expect(handle, Method::PATCH, VA_STATUS_PATH).await;
+async fn expect_attach_error(handle: &mut FakeApi, va: &VolumeAttachment, message: &str) {
+    let (mut body, send) = handle.expect(Method::PATCH, VA_STATUS_PATH).await;
     strip_error_time(&mut body, "attachError");
     assert_eq!(body, json!({"status": {"attached": false, "attachError": {"message": message}}}));
     respond(send, va);
@@ -108,18 +75,17 @@ async fn expect_attach_error(handle: &mut ApiHandle, va: &VolumeAttachment, mess
 
 /// Expect the Warning Event of a failed attach (created the first time, a series patch
 /// after) and answer it.
-async fn expect_event(handle: &mut ApiHandle, first: bool, reason: &str, message: &str) {
-    let (request, send) = handle.next_request().await.expect("the executor recorded no Event");
-    let path = request.uri().path().to_string();
+async fn expect_event(handle: &mut FakeApi, first: bool, reason: &str, message: &str) {
+    let call = handle.next("the executor recorded no Event").await;
+    let path = call.path().to_string();
     if first {
-        assert_eq!(request.method(), Method::POST);
+        assert_eq!(call.method, Method::POST);
         assert_eq!(path, EVENTS_PATH);
     } else {
-        assert_eq!(request.method(), Method::PATCH);
+        assert_eq!(call.method, Method::PATCH);
         assert!(path.starts_with(&format!("{EVENTS_PATH}/va-1.")), "series patch of the first Event: {path}");
     }
-    let bytes = request.into_body().collect_bytes().await.expect("event body");
-    let event: Value = serde_json::from_slice(&bytes).expect("event JSON");
+    let event = call.body;
     assert_eq!(event["type"], "Warning");
     assert_eq!(event["reason"], reason);
     assert_eq!(event["note"], message);
@@ -130,7 +96,7 @@ async fn expect_event(handle: &mut ApiHandle, first: bool, reason: &str, message
     if !first {
         assert_eq!(event["series"]["count"], 2);
     }
-    respond(send, &event);
+    respond(call.reply, &event);
 }
 
 #[tokio::test(start_paused = true)]
@@ -144,15 +110,15 @@ async fn attach_success_adds_both_finalizers_publishes_and_marks_attached() {
     let actions = reconcile(&obs, &identity(), &policy());
 
     let server = tokio::spawn(async move {
-        let (body, send) = expect(&mut handle, Method::PATCH, VA_PATH).await;
+        let (body, send) = handle.expect(Method::PATCH, VA_PATH).await;
         assert_eq!(body, json!({"metadata": {"finalizers": [FINALIZER], "resourceVersion": "1"}}));
         respond(send, &with_finalizer(va("va-1", "pv-1")));
 
-        let (body, send) = expect(&mut handle, Method::PATCH, PV_PATH).await;
+        let (body, send) = handle.expect(Method::PATCH, PV_PATH).await;
         assert_eq!(body, json!({"metadata": {"finalizers": [FINALIZER], "resourceVersion": "7"}}));
         respond(send, &pv_with_finalizer(pv("pv-1", "vol-1")));
 
-        let (body, send) = expect(&mut handle, Method::PATCH, VA_STATUS_PATH).await;
+        let (body, send) = handle.expect(Method::PATCH, VA_STATUS_PATH).await;
         assert_eq!(
             body,
             json!({"status": {
@@ -172,7 +138,7 @@ async fn attach_success_adds_both_finalizers_publishes_and_marks_attached() {
     let mut handle = server.await.expect("script ran to the end");
     assert_eq!(requeue, None);
     assert_eq!(volumes.calls(), ["publish vol-1 node-a"]);
-    assert_no_more_requests(&mut handle, "no request beyond the script");
+    handle.assert_no_more_requests("no request beyond the script");
 }
 
 #[tokio::test(start_paused = true)]
@@ -214,7 +180,7 @@ async fn attach_failure_backs_off_exponentially_then_succeeds() {
     // First retry after the base delay, not a moment sooner.
     tokio::time::sleep(Duration::from_millis(1)).await;
     tokio::time::advance(Duration::from_millis(998)).await;
-    assert!(handle.poll_request().is_pending(), "retried before the backoff elapsed");
+    assert!(handle.is_quiet(), "retried before the backoff elapsed");
     tokio::time::advance(Duration::from_millis(1)).await;
     let busy = "publishing volume vol-1: drive SN123 is busy";
     expect_attach_error(&mut handle, &va, busy).await;
@@ -228,9 +194,9 @@ async fn attach_failure_backs_off_exponentially_then_succeeds() {
     // Second retry after twice the base delay.
     tokio::time::sleep(Duration::from_millis(1)).await;
     tokio::time::advance(Duration::from_millis(1998)).await;
-    assert!(handle.poll_request().is_pending(), "retried before the doubled backoff elapsed");
+    assert!(handle.is_quiet(), "retried before the doubled backoff elapsed");
     tokio::time::advance(Duration::from_millis(1)).await;
-    let (body, send) = expect(&mut handle, Method::PATCH, VA_STATUS_PATH).await;
+    let (body, send) = handle.expect(Method::PATCH, VA_STATUS_PATH).await;
     assert_eq!(failed_at.elapsed(), Duration::from_secs(2));
     assert_eq!(body["status"]["attached"], true);
     assert_eq!(body["status"]["attachError"], Value::Null);
@@ -238,7 +204,7 @@ async fn attach_failure_backs_off_exponentially_then_succeeds() {
 
     assert_eq!(worker.await.expect("worker finished"), 2);
     assert_eq!(volumes.calls(), ["publish vol-1 node-a", "publish vol-1 node-a"]);
-    assert_no_more_requests(&mut handle, "no request beyond the script");
+    handle.assert_no_more_requests("no request beyond the script");
 }
 
 #[tokio::test(start_paused = true)]
@@ -265,7 +231,7 @@ async fn a_failing_drive_is_one_attach_error_and_a_long_requeue() {
     let mut handle = server.await.expect("script ran to the end");
     assert_eq!(requeue, Some(Duration::from_secs(600)));
     assert!(volumes.calls().is_empty(), "an unusable drive is not even tried");
-    assert_no_more_requests(&mut handle, "no request beyond the script");
+    handle.assert_no_more_requests("no request beyond the script");
 }
 
 fn deleting(mut va: VolumeAttachment) -> VolumeAttachment {
@@ -291,12 +257,12 @@ async fn detach_unpublishes_then_removes_both_finalizers_of_a_deleted_pv() {
     let server = tokio::spawn({
         let (va, pv) = (va.clone(), pv.clone());
         async move {
-            let (body, send) = expect(&mut handle, Method::PATCH, VA_PATH).await;
+            let (body, send) = handle.expect(Method::PATCH, VA_PATH).await;
             assert_eq!(body, json!({"metadata": {"finalizers": [], "resourceVersion": "1"}}));
             let mut gone = va;
             gone.metadata.finalizers = None;
             respond(send, &gone);
-            let (body, send) = expect(&mut handle, Method::PATCH, PV_PATH).await;
+            let (body, send) = handle.expect(Method::PATCH, PV_PATH).await;
             assert_eq!(body, json!({"metadata": {"finalizers": [], "resourceVersion": "7"}}));
             respond(send, &pv);
             handle
@@ -306,7 +272,7 @@ async fn detach_unpublishes_then_removes_both_finalizers_of_a_deleted_pv() {
     let mut handle = server.await.expect("script ran to the end");
     assert_eq!(requeue, None);
     assert_eq!(volumes.calls(), ["unpublish vol-1 node-a"]);
-    assert_no_more_requests(&mut handle, "no request beyond the script");
+    handle.assert_no_more_requests("no request beyond the script");
 }
 
 #[tokio::test(start_paused = true)]
@@ -323,7 +289,7 @@ async fn failed_detach_writes_detach_error_keeps_the_finalizer_and_backs_off() {
         let va = va.clone();
         async move {
             let message = "unpublishing volume vol-1: volume is still staged";
-            let (mut body, send) = expect(&mut handle, Method::PATCH, VA_STATUS_PATH).await;
+            let (mut body, send) = handle.expect(Method::PATCH, VA_STATUS_PATH).await;
             strip_error_time(&mut body, "detachError");
             assert_eq!(body, json!({"status": {"detachError": {"message": message}}}));
             respond(send, &va);
@@ -334,5 +300,5 @@ async fn failed_detach_writes_detach_error_keeps_the_finalizer_and_backs_off() {
     let requeue = executor.apply(&va, Some(&pv), actions, &volumes, 1).await.expect("applies");
     let mut handle = server.await.expect("script ran to the end");
     assert_eq!(requeue, Some(Duration::from_secs(2)));
-    assert_no_more_requests(&mut handle, "no finalizer removal after a failed unpublish");
+    handle.assert_no_more_requests("no finalizer removal after a failed unpublish");
 }

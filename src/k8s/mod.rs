@@ -17,7 +17,8 @@
 //!   executors (`attach::Executor`, `events::ConditionReporter`, `drives::Executor`,
 //!   `node::label_once`) and the watches of the actors (`attach::queue::AttachQueue`,
 //!   `events::ConditionEvents`, `drives::DriveSync`), so the decisions are table-tested
-//!   without a cluster and the executors are tested against a scripted fake API server.
+//!   without a cluster and the executors are tested against one scripted fake API server
+//!   (`fake_api`).
 //! - Nothing here touches a disk.
 //! - Who drivelet is to the API server (driver, node, finalizer, Event reporter) is
 //!   decided once, in [`identity`]; the actors of this front are started with the rest
@@ -47,6 +48,9 @@ pub mod workqueue;
 mod drives_fake_api_tests;
 #[cfg(test)]
 mod events_fake_api_tests;
+/// The one fake API server of this front's tests, and its expectation helpers.
+#[cfg(test)]
+pub(crate) mod fake_api;
 #[cfg(test)]
 mod fake_api_tests;
 

@@ -62,10 +62,10 @@ pub async fn label_node(client: Client, node: String, wanted: BTreeMap<String, S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::{Method, Request, Response};
+    use http::Method;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    use kube::client::Body;
-    use tower_test::mock;
+
+    use crate::k8s::fake_api::{fake_api, respond, respond_error};
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
@@ -86,31 +86,29 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn node_is_read_then_patched_with_the_missing_labels_after_a_failure() {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(service, "default");
+        let (client, mut api) = fake_api();
         let wanted = labels(&[("topology.drivelet.io/node", "n1")]);
         let task = tokio::spawn(label_node(client, "n1".into(), wanted, Duration::from_secs(1), Duration::from_secs(8)));
 
-        let (request, send) = handle.next_request().await.expect("node read");
-        assert_eq!(request.method(), Method::GET);
-        assert_eq!(request.uri().path(), "/api/v1/nodes/n1");
-        send.send_response(Response::builder().status(503).body(Body::from(b"{}".to_vec())).expect("response"));
+        let call = api.next("node read").await;
+        assert_eq!(call.method, Method::GET);
+        assert_eq!(call.path(), "/api/v1/nodes/n1");
+        respond_error(call.reply, 503, "the API server is unavailable");
 
-        let (request, send) = handle.next_request().await.expect("node read again after the backoff");
-        assert_eq!(request.uri().path(), "/api/v1/nodes/n1");
+        let call = api.next("node read again after the backoff").await;
+        assert_eq!(call.path(), "/api/v1/nodes/n1");
         let node = Node {
             metadata: ObjectMeta { name: Some("n1".into()), labels: Some(labels(&[("kubernetes.io/hostname", "n1")])), ..Default::default() },
             ..Default::default()
         };
-        send.send_response(Response::builder().body(Body::from(serde_json::to_vec(&node).expect("json"))).expect("response"));
+        respond(call.reply, &node);
 
-        let (request, send) = handle.next_request().await.expect("node patch");
-        assert_eq!(request.method(), Method::PATCH);
-        assert_eq!(request.uri().path(), "/api/v1/nodes/n1");
-        assert_eq!(request.headers()["content-type"], "application/merge-patch+json");
-        let body: Value = serde_json::from_slice(&request.into_body().collect_bytes().await.expect("body")).expect("json");
-        assert_eq!(body, json!({"metadata": {"labels": {"topology.drivelet.io/node": "n1"}}}));
-        send.send_response(Response::builder().body(Body::from(serde_json::to_vec(&node).expect("json"))).expect("response"));
+        let call = api.next("node patch").await;
+        assert_eq!(call.method, Method::PATCH);
+        assert_eq!(call.path(), "/api/v1/nodes/n1");
+        assert_eq!(call.headers["content-type"], "application/merge-patch+json");
+        assert_eq!(call.body, json!({"metadata": {"labels": {"topology.drivelet.io/node": "n1"}}}));
+        respond(call.reply, &node);
         task.await.expect("labelling ends once written");
     }
 }

@@ -1,120 +1,28 @@
-//! The AttachQueue actor against a fake API server (`tower_test::mock::pair`) that serves
-//! lists and watch streams from a script and hands every other request to the test,
+//! The AttachQueue actor against the fake API server (`crate::k8s::fake_api`) serving
+//! lists and watch streams from a script and handing every other request to the test,
 //! which checks it and answers it in order. Time is paused.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{Method, Request, Response};
-use kube::client::Body;
+use http::Method;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
-use tower_test::mock::{self, SendResponse};
 
 use super::*;
 use crate::k8s::attach::fixtures::*;
+use crate::k8s::fake_api::{fake_api_serving, list_of, respond, FakeApi, Script};
 
-type Reply = SendResponse<Response<Body>>;
-
-/// What the fake API server serves for one resource: list answers and watch bodies, in
-/// order; once the script runs out, watches are held open and never answered.
-#[derive(Default)]
-struct Script {
-    lists: VecDeque<Value>,
-    watches: VecDeque<Vec<Value>>,
+/// The fake API server with this queue's watched resources scripted: VolumeAttachments
+/// and PersistentVolumes are listed and watched from `vas` and `pvs`; every other request
+/// comes to the test.
+fn fake_api(vas: Script, pvs: Script) -> (Client, FakeApi) {
+    fake_api_serving(vec![("/apis/storage.k8s.io/v1/volumeattachments", vas), ("/api/v1/persistentvolumes", pvs)])
 }
 
-/// A request the script does not serve: method, path and query, JSON body, reply.
-struct Call {
-    method: Method,
-    uri: String,
-    body: Value,
-    reply: Reply,
-}
-
-struct FakeApi {
-    calls: mpsc::UnboundedReceiver<Call>,
-    requests: Arc<Mutex<Vec<String>>>,
-}
-
-fn list(kind: &str, api_version: &str, rv: &str, items: Vec<Value>) -> Value {
-    json!({"apiVersion": api_version, "kind": format!("{kind}List"), "metadata": {"resourceVersion": rv}, "items": items})
-}
-
+/// The watch event of an expired resourceVersion (410 Gone).
 fn gone() -> Value {
     json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "too old resource version", "reason": "Expired", "code": 410}})
-}
-
-fn ok(reply: Reply, body: &impl serde::Serialize) {
-    let bytes = serde_json::to_vec(body).expect("serializes");
-    reply.send_response(Response::builder().body(Body::from(bytes)).expect("response"));
-}
-
-/// Starts the fake API server; returns the client and the test's end of it.
-fn fake_api(vas: Script, pvs: Script) -> (Client, FakeApi) {
-    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let requests = Arc::new(Mutex::new(Vec::new()));
-    let log = requests.clone();
-    tokio::spawn(async move {
-        let mut scripts = [("/apis/storage.k8s.io/v1/volumeattachments", vas), ("/api/v1/persistentvolumes", pvs)];
-        let mut held = Vec::new();
-        while let Some((request, reply)) = handle.next_request().await {
-            let uri = request.uri().to_string();
-            let path = request.uri().path().to_string();
-            let method = request.method().clone();
-            log.lock().expect("log").push(format!("{method} {uri}"));
-            let script = scripts.iter_mut().find(|(p, _)| *p == path && method == Method::GET).map(|(_, s)| s);
-            match script {
-                Some(script) if uri.contains("watch=true") => match script.watches.pop_front() {
-                    Some(events) => {
-                        let mut body = Vec::new();
-                        for e in events {
-                            body.extend(serde_json::to_vec(&e).expect("event"));
-                            body.push(b'\n');
-                        }
-                        reply.send_response(Response::builder().body(Body::from(body)).expect("response"));
-                    }
-                    None => held.push(reply),
-                },
-                Some(script) => {
-                    let answer = script.lists.pop_front().expect("the script has a list answer for every list");
-                    ok(reply, &answer);
-                }
-                None => {
-                    let bytes = request.into_body().collect_bytes().await.expect("body");
-                    let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("JSON body") };
-                    tx.send(Call { method, uri, body, reply }).expect("the test is listening");
-                }
-            }
-        }
-    });
-    (Client::new(service, "default"), FakeApi { calls: rx, requests })
-}
-
-impl FakeApi {
-    /// The next request the script does not serve; checks its method and path.
-    async fn expect(&mut self, method: Method, path: &str) -> (Value, Reply) {
-        let call = tokio::time::timeout(Duration::from_secs(3600), self.calls.recv())
-            .await
-            .expect("a request came within the hour")
-            .expect("the server runs");
-        assert_eq!((&call.method, call.uri.split('?').next().unwrap_or("")), (&method, path), "request {}", call.uri);
-        (call.body, call.reply)
-    }
-
-    /// No unscripted request is pending after everything settled.
-    async fn assert_quiet(&mut self) {
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        if let Ok(call) = self.calls.try_recv() {
-            panic!("unexpected {} {}", call.method, call.uri);
-        }
-    }
-
-    fn count(&self, what: &str) -> usize {
-        self.requests.lock().expect("log").iter().filter(|r| r.starts_with(what)).count()
-    }
 }
 
 /// The volume manager, scripted: every volume is in the state given; ready unless
@@ -187,12 +95,12 @@ fn queue_config() -> QueueConfig {
 
 fn va_list(rv: &str, items: &[&VolumeAttachment]) -> Value {
     let items = items.iter().map(|v| serde_json::to_value(v).expect("va")).collect();
-    list("VolumeAttachment", "storage.k8s.io/v1", rv, items)
+    list_of("VolumeAttachment", "storage.k8s.io/v1", rv, items)
 }
 
 fn pv_list(rv: &str, items: &[&PersistentVolume]) -> Value {
     let items = items.iter().map(|v| serde_json::to_value(v).expect("pv")).collect();
-    list("PersistentVolume", "v1", rv, items)
+    list_of("PersistentVolume", "v1", rv, items)
 }
 
 fn deleting_va(mut va: VolumeAttachment) -> VolumeAttachment {
@@ -217,16 +125,16 @@ async fn a_listed_attachment_is_attached_and_others_are_left_alone() {
     let backend = FakeBackend::with("vol-1", VolumeState::Usable);
     let queue = AttachQueue::new(client, queue_config(), backend.clone()).start();
 
-    let (body, reply) = api.expect(Method::PATCH, VA).await;
+    let (body, reply) = api.expect_path(Method::PATCH, VA).await;
     assert_eq!(body["metadata"]["finalizers"], json!([FINALIZER]));
-    ok(reply, &with_finalizer(va("va-1", "pv-1")));
-    let (body, reply) = api.expect(Method::PATCH, PV).await;
+    respond(reply, &with_finalizer(va("va-1", "pv-1")));
+    let (body, reply) = api.expect_path(Method::PATCH, PV).await;
     assert_eq!(body["metadata"]["finalizers"], json!([FINALIZER]));
-    ok(reply, &pv_with_finalizer(pv("pv-1", "vol-1")));
-    let (body, reply) = api.expect(Method::PATCH, VA_STATUS).await;
+    respond(reply, &pv_with_finalizer(pv("pv-1", "vol-1")));
+    let (body, reply) = api.expect_path(Method::PATCH, VA_STATUS).await;
     assert_eq!(body["status"]["attached"], true);
     assert_eq!(body["status"]["attachmentMetadata"], json!(context()));
-    ok(reply, &attached(with_finalizer(va("va-1", "pv-1"))));
+    respond(reply, &attached(with_finalizer(va("va-1", "pv-1"))));
 
     api.assert_quiet().await;
     assert_eq!(backend.calls(), ["publish vol-1 node-a"]);
@@ -254,15 +162,15 @@ async fn no_attach_work_runs_before_the_volume_manager_is_ready() {
     // Ready: the waiting attachment runs at once, first time right.
     let ready_at = Instant::now();
     backend.ready.send_replace(true);
-    let (body, reply) = api.expect(Method::PATCH, VA).await;
+    let (body, reply) = api.expect_path(Method::PATCH, VA).await;
     assert_eq!(ready_at.elapsed(), Duration::ZERO, "run as soon as the volume manager is ready");
     assert_eq!(body["metadata"]["finalizers"], json!([FINALIZER]));
-    ok(reply, &with_finalizer(va("va-1", "pv-1")));
-    let (_, reply) = api.expect(Method::PATCH, PV).await;
-    ok(reply, &pv_with_finalizer(pv("pv-1", "vol-1")));
-    let (body, reply) = api.expect(Method::PATCH, VA_STATUS).await;
+    respond(reply, &with_finalizer(va("va-1", "pv-1")));
+    let (_, reply) = api.expect_path(Method::PATCH, PV).await;
+    respond(reply, &pv_with_finalizer(pv("pv-1", "vol-1")));
+    let (body, reply) = api.expect_path(Method::PATCH, VA_STATUS).await;
     assert_eq!(body["status"]["attached"], true);
-    ok(reply, &attached(with_finalizer(va("va-1", "pv-1"))));
+    respond(reply, &attached(with_finalizer(va("va-1", "pv-1"))));
     api.assert_quiet().await;
     assert_eq!(backend.calls(), ["publish vol-1 node-a"]);
     let stats = queue.send(GetQueueStats).await.expect("queue answers");
@@ -285,9 +193,9 @@ async fn a_change_missed_while_the_watch_was_down_is_found_by_the_relist() {
     let backend = FakeBackend::with("vol-1", VolumeState::Usable);
     let queue = AttachQueue::new(client, queue_config(), backend.clone()).start();
 
-    let (body, reply) = api.expect(Method::PATCH, VA).await;
+    let (body, reply) = api.expect_path(Method::PATCH, VA).await;
     assert_eq!(body["metadata"]["finalizers"], json!([]), "detached: our finalizer goes");
-    ok(reply, &deleting_va(attached(va("va-1", "pv-1"))));
+    respond(reply, &deleting_va(attached(va("va-1", "pv-1"))));
     api.assert_quiet().await;
 
     assert_eq!(backend.calls(), ["unpublish vol-1 node-a"], "nothing to do for the first list, one unpublish after the second");
@@ -312,9 +220,9 @@ async fn the_pv_finalizer_goes_only_when_the_deleted_pv_is_named_by_no_attachmen
     let queue = AttachQueue::new(client, queue_config(), backend.clone()).start();
 
     // The attachment is detached; the PV is alive, so its finalizer stays.
-    let (body, reply) = api.expect(Method::PATCH, VA).await;
+    let (body, reply) = api.expect_path(Method::PATCH, VA).await;
     assert_eq!(body["metadata"]["finalizers"], json!([]));
-    ok(reply, &deleting_va(attached(va("va-1", "pv-1"))));
+    respond(reply, &deleting_va(attached(va("va-1", "pv-1"))));
     queue.do_send(WatchItem::Va(Ok(Event::Delete(deleting_va(attached(va("va-1", "pv-1")))))));
     api.assert_quiet().await;
 
@@ -325,9 +233,9 @@ async fn the_pv_finalizer_goes_only_when_the_deleted_pv_is_named_by_no_attachmen
 
     // node-b's attachment goes: nothing names the PV any more.
     queue.do_send(WatchItem::Va(Ok(Event::Delete(elsewhere))));
-    let (body, reply) = api.expect(Method::PATCH, PV).await;
+    let (body, reply) = api.expect_path(Method::PATCH, PV).await;
     assert_eq!(body, json!({"metadata": {"finalizers": [], "resourceVersion": "7"}}));
-    ok(reply, &deleting_pv);
+    respond(reply, &deleting_pv);
     api.assert_quiet().await;
     assert_eq!(backend.calls(), ["unpublish vol-1 node-a"]);
 }
@@ -342,25 +250,25 @@ async fn a_failing_attach_is_retried_on_its_backoff_and_not_on_its_own_status_wr
     let queue = AttachQueue::new(client, queue_config(), backend.clone()).start();
 
     let start = Instant::now();
-    let (body, reply) = api.expect(Method::PATCH, VA_STATUS).await;
+    let (body, reply) = api.expect_path(Method::PATCH, VA_STATUS).await;
     assert_eq!(body["status"]["attachError"]["message"], "volume vol-1 does not exist on node node-a");
     let mut failed = with_finalizer(va("va-1", "pv-1"));
     failed.status = serde_json::from_value(json!({"attached": false, "attachError": {"message": "volume vol-1 does not exist on node node-a"}})).expect("status");
     failed.metadata.resource_version = Some("11".into());
-    ok(reply, &failed);
-    let (_, reply) = api.expect(Method::POST, "/apis/events.k8s.io/v1/namespaces/default/events").await;
-    ok(reply, &json!({}));
+    respond(reply, &failed);
+    let (_, reply) = api.expect_path(Method::POST, "/apis/events.k8s.io/v1/namespaces/default/events").await;
+    respond(reply, &json!({}));
     // Our own status write comes back through the watch: it must not trigger a retry.
     queue.do_send(WatchItem::Va(Ok(Event::Apply(failed.clone()))));
 
     // The volume appears; the retry comes after the 1 s backoff, not before.
     backend.states.lock().expect("states").insert("vol-1".into(), VolumeState::Usable);
-    let (body, reply) = api.expect(Method::PATCH, VA_STATUS).await;
+    let (body, reply) = api.expect_path(Method::PATCH, VA_STATUS).await;
     let waited = Instant::now() - start;
     assert!(waited >= Duration::from_secs(1) && waited < Duration::from_millis(1010), "retried on the 1 s backoff, after {waited:?}");
     assert_eq!(body["status"]["attached"], true);
     assert_eq!(body["status"]["attachError"], Value::Null);
-    ok(reply, &attached(with_finalizer(va("va-1", "pv-1"))));
+    respond(reply, &attached(with_finalizer(va("va-1", "pv-1"))));
     api.assert_quiet().await;
     assert_eq!(backend.calls(), ["publish vol-1 node-a"]);
     let stats = queue.send(GetQueueStats).await.expect("queue answers");
