@@ -5,8 +5,10 @@
 //! - only what the filesystem uses is copied where a tool allows it: ext4 by
 //!   `e2image -ra` (used blocks), xfs by `xfs_copy` (used blocks); anything else (a
 //!   block volume) byte for byte, the whole length of the source;
-//! - the source is only read; that nothing writes to it meanwhile is the caller's
-//!   rule (it is not mounted read-write);
+//! - the source is only read, from the disk itself ([`drop_cache`] first: a filesystem
+//!   writes file data past the device's cache, so cached blocks may be stale); that
+//!   nothing writes to it meanwhile is the caller's rule (it is not mounted
+//!   read-write);
 //! - a filesystem copy gets a fresh UUID (`xfs_copy` makes one; ext4 by
 //!   `tune2fs -U random`), because two filesystems with one UUID confuse udev's
 //!   `by-uuid` links and the kernel refuses to mount a second xfs with the same UUID;
@@ -60,6 +62,28 @@ fn in_private_namespace(name: &str, script: &str, args: &[&Path], on: &Path) -> 
     let mut cmd = Command::new("unshare");
     cmd.args(["--mount", "--propagation", "private", "sh", "-c", &full, "sh"]).args(args);
     tool(name, &mut cmd, on, &[])
+}
+
+/// The raw ioctl, kept private to this file.
+mod sys {
+    nix::ioctl_none!(
+        /// `BLKFLSBUF`: write out and drop a block device's buffer cache.
+        blkflsbuf,
+        0x12,
+        97
+    );
+}
+
+/// Drops what the kernel caches of a device's blocks (`BLKFLSBUF`, as `blockdev
+/// --flushbufs`), so the next reads come from the disk. A filesystem writes file data
+/// past the device's cache: blocks cached before (by mkfs, a probe, a check) would
+/// otherwise be read stale by a copy after the filesystem is unmounted.
+pub fn drop_cache(dev: &Path) -> Result<(), DiskError> {
+    use std::os::unix::io::AsRawFd;
+    let f = File::open(dev).map_err(DiskError::io(format!("open {}", dev.display())))?;
+    // SAFETY: the fd is open for the whole call and BLKFLSBUF takes no argument.
+    unsafe { sys::blkflsbuf(f.as_raw_fd()) }.map_err(DiskError::errno(format!("drop the cache of {} (BLKFLSBUF)", dev.display())))?;
+    Ok(())
 }
 
 /// The filesystem UUID on a device (`blkid -p`), if it has one.

@@ -47,6 +47,7 @@ pub fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &CloneFr
     let id = rec.id.clone();
     let began = Instant::now();
     let kp = blkpg::ensure_kernel_partition(&from.loc.path, src.start, src.size).map_err(disk(&id, "find the source's partition"))?;
+    copy::drop_cache(&kp.devnode).map_err(disk(&id, "read the source from the disk"))?;
     if rec.block {
         info!(volume.id = %id, volume.source = %src.id, volume.size = src.size, "cloning a block volume, every byte");
         let bytes = copy::copy_bytes(&kp.devnode, &dst.devnode).map_err(disk(&id, "copy the source's bytes"))?;
