@@ -290,6 +290,24 @@ enum CsiCmd {
         #[arg(long)]
         path: PathBuf,
     },
+    /// CSI v1.13 volume health: of ID (ControllerGetVolumeHealth, or with --node
+    /// NodeGetVolumeHealth), or without ID every volume with an adverse condition
+    /// (ControllerListVolumeHealth); each condition with its status, reason and message.
+    Health {
+        /// Volume id; none lists every unhealthy volume.
+        id: Option<String>,
+        /// Ask the node service (NodeGetVolumeHealth) instead of the controller.
+        #[arg(long)]
+        node: bool,
+        /// With --node: where the volume is or was staged.
+        #[arg(long, requires = "node")]
+        staging: Option<PathBuf>,
+        /// With --node: where the volume is or was published.
+        #[arg(long, requires = "node")]
+        target: Option<PathBuf>,
+    },
+    /// CSI v1.13 NodeGetStorageHealth: missing, failing or suspect drives of the node.
+    StorageHealth,
 }
 
 #[derive(Subcommand)]
@@ -509,6 +527,14 @@ fn csi(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, cmd: 
             }
             CsiCmd::NodeExpand { id, path } => csicli::node_expand(ch, &id, &path).await,
             CsiCmd::Stats { id, path } => csicli::stats(ch, &id, &path).await,
+            CsiCmd::Health { id: Some(id), node, staging, target } => {
+                csicli::health(ch, &id, node, staging.as_deref(), target.as_deref()).await
+            }
+            CsiCmd::Health { id: None, node: true, .. } => {
+                Err(drivelet::cli::csi::CsiCliError::Usage("--node needs a volume id: NodeGetVolumeHealth asks about one volume".into()))
+            }
+            CsiCmd::Health { id: None, .. } => csicli::unhealthy(ch).await,
+            CsiCmd::StorageHealth => csicli::storage_health(ch).await,
         }
     })?;
     match output {

@@ -4,7 +4,8 @@
 //! - `ControllerGetCapabilities` lists only implemented RPCs: CREATE_DELETE_VOLUME,
 //!   PUBLISH_UNPUBLISH_VOLUME, GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES,
 //!   LIST_VOLUMES_PUBLISHED_NODES, GET_VOLUME, VOLUME_CONDITION, EXPAND_VOLUME,
-//!   CLONE_VOLUME (not
+//!   CLONE_VOLUME, and CSI v1.13's LIST_VOLUME_HEALTH and GET_VOLUME_HEALTH (see
+//!   [`super::health`]) (not
 //!   PUBLISH_READONLY: read-only access is the SINGLE_NODE_READER_ONLY mode, enforced on
 //!   the node);
 //! - `ControllerExpandVolume` grows a partition in place into the free space that
@@ -222,6 +223,8 @@ impl Controller for ControllerService {
                 rpc(Type::GetVolume),
                 rpc(Type::VolumeCondition),
                 rpc(Type::ExpandVolume),
+                rpc(Type::ListVolumeHealth),
+                rpc(Type::GetVolumeHealth),
                 rpc(Type::CloneVolume),
             ],
         }))
@@ -406,7 +409,7 @@ impl Controller for ControllerService {
         let (page, next) = self
             .0
             .volumes
-            .send(ListVolumeStatuses { after, max: req.max_entries as usize })
+            .send(ListVolumeStatuses { after, max: req.max_entries as usize, abnormal_only: false })
             .await
             .map_err(FrontError::mailbox("volume manager"))??;
         Ok(Response::new(csi::ListVolumesResponse {
@@ -472,6 +475,22 @@ impl Controller for ControllerService {
                 volume_condition: Some(condition_of(&st.condition)),
             }),
         }))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "ControllerGetVolumeHealth", volume.id), err)]
+    async fn controller_get_volume_health(
+        &self,
+        req: Request<csi::ControllerGetVolumeHealthRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeHealthResponse>, Status> {
+        self.0.controller_get_volume_health(req.into_inner()).await
+    }
+
+    #[instrument(skip_all, fields(csi.method = "ControllerListVolumeHealth"), err)]
+    async fn controller_list_volume_health(
+        &self,
+        req: Request<csi::ControllerListVolumeHealthRequest>,
+    ) -> Result<Response<csi::ControllerListVolumeHealthResponse>, Status> {
+        self.0.controller_list_volume_health(req.into_inner()).await
     }
 
     #[instrument(skip_all, fields(csi.method = "GetCapacity"), err)]

@@ -222,6 +222,12 @@ impl VolumeBook {
     /// A page of shown volumes after `after` (by id), at most `max` (0: all), and the
     /// id to go on after when more follow.
     pub fn page(&self, after: Option<&str>, max: usize) -> Result<(Vec<VolumeStatus>, Option<String>), VolumeError> {
+        self.page_where(after, max, false)
+    }
+
+    /// [`VolumeBook::page`], of the abnormal volumes only when `abnormal_only`
+    /// (ControllerListVolumeHealth omits healthy volumes).
+    pub fn page_where(&self, after: Option<&str>, max: usize, abnormal_only: bool) -> Result<(Vec<VolumeStatus>, Option<String>), VolumeError> {
         use std::ops::Bound;
         if !self.ready {
             return Err(VolumeError::NotReady);
@@ -237,13 +243,34 @@ impl VolumeBook {
             if r.state == VolumeState::Creating {
                 continue;
             }
+            let condition = self.condition_of(r);
+            if abnormal_only && !condition.abnormal {
+                continue;
+            }
             if out.len() == max {
                 next = out.last().map(|s| s.record.id.clone());
                 break;
             }
-            out.push(VolumeStatus { record: r.clone(), condition: self.condition_of(r) });
+            out.push(VolumeStatus { record: r.clone(), condition });
         }
         Ok((out, next))
+    }
+
+    /// The health of this node's storage (NodeGetStorageHealth): its managed drives,
+    /// and the drives that hold shown volumes but are missing.
+    pub fn storage_health(&self) -> Result<Vec<health::StorageEntry>, VolumeError> {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        let present: Vec<&Drive> = self.drives.values().filter(|d| d.class == DriveClass::Managed).collect();
+        let mut missing: BTreeMap<String, usize> = BTreeMap::new();
+        for r in self.records.values() {
+            let adopted_elsewhere = r.adopted.is_some() && r.drive_id.is_empty();
+            if r.state != VolumeState::Creating && !adopted_elsewhere && !self.drives.contains_key(&r.drive_id) {
+                *missing.entry(r.drive_id.clone()).or_default() += 1;
+            }
+        }
+        Ok(health::storage_health(&present, &missing.into_iter().collect::<Vec<_>>()))
     }
 
     /// Recomputes the conditions of the matching volumes, logs each change once and

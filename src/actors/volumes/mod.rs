@@ -369,12 +369,19 @@ impl Handler<GetVolumeStatus> for VolumeManager {
 impl Handler<ListVolumeStatuses> for VolumeManager {
     type Result = Result<(Vec<VolumeStatus>, Option<String>), VolumeError>;
     fn handle(&mut self, m: ListVolumeStatuses, ctx: &mut Context<Self>) -> Self::Result {
-        let page = self.book.page(m.after.as_deref(), m.max)?;
+        let page = self.book.page_where(m.after.as_deref(), m.max, m.abnormal_only)?;
         if crate::failpoint::injected_failure("actor.volumes.stop") {
             warn!(actor = "volumes", "failure injected: stopping after this answer");
             ctx.stop();
         }
         Ok(page)
+    }
+}
+
+impl Handler<GetStorageHealth> for VolumeManager {
+    type Result = Result<Vec<health::StorageEntry>, VolumeError>;
+    fn handle(&mut self, _: GetStorageHealth, _: &mut Context<Self>) -> Self::Result {
+        self.book.storage_health()
     }
 }
 
@@ -429,7 +436,8 @@ impl Handler<VolumeStats> for VolumeManager {
                 Ok(Ok(u)) => Ok((status, Some(u))),
                 Ok(Err(e)) => {
                     let mut st = status;
-                    st.condition = health::Condition { abnormal: true, message: format!("{}; usage cannot be read: {e}", st.condition.message) };
+                    st.condition.abnormal = true;
+                    st.condition.message = format!("{}; usage cannot be read: {e}", st.condition.message);
                     Ok((st, None))
                 }
                 Err(e) => Err(VolumeError::FailedPrecondition { volume_id: status.record.id.clone(), reason: e.to_string() }),
