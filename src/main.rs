@@ -193,6 +193,9 @@ enum CsiCmd {
         /// StorageClass parameter key=value (repeatable), e.g. --param media=ssd.
         #[arg(long = "param")]
         params: Vec<String>,
+        /// Clone this volume (its id): the new volume starts with a copy of its data.
+        #[arg(long)]
+        source: Option<String>,
         #[command(flatten)]
         access: AccessArgs,
     },
@@ -449,12 +452,12 @@ fn csi(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, cmd: 
         let ch = csicli::connect(&socket).await?;
         match cmd {
             CsiCmd::Info => csicli::info(ch).await,
-            CsiCmd::Create { name, size, limit, params, access } => {
+            CsiCmd::Create { name, size, limit, params, source, access } => {
                 let (size, limit) = match (size_arg(&size), size_arg(&limit)) {
                     (Ok(s), Ok(l)) => (s, l),
                     (Err(e), _) | (_, Err(e)) => return Err(csicli::CsiCliError::Usage(e.to_string())),
                 };
-                csicli::create(ch, &name, size, limit, &access.access(), csicli::parse_params(&params)?).await
+                csicli::create(ch, &name, size, limit, &access.access(), csicli::parse_params(&params)?, source.as_deref()).await
             }
             CsiCmd::Delete { id } => csicli::delete(ch, &id).await,
             CsiCmd::Get { id } => csicli::get(ch, &id).await,

@@ -145,7 +145,7 @@ pub async fn info(ch: Channel) -> Result<serde_json::Value, CsiCliError> {
     }))
 }
 
-/// CreateVolume.
+/// CreateVolume; with `source`, a clone of that volume.
 pub async fn create(
     ch: Channel,
     name: &str,
@@ -153,6 +153,7 @@ pub async fn create(
     limit: u64,
     access: &Access,
     params: HashMap<String, String>,
+    source: Option<&str>,
 ) -> Result<serde_json::Value, CsiCliError> {
     let mut ctrl = csi::controller_client::ControllerClient::new(ch);
     let to_i64 = |v: u64| i64::try_from(v).map_err(|_| CsiCliError::Usage(format!("{v} bytes is too large")));
@@ -161,11 +162,19 @@ pub async fn create(
         capacity_range: Some(csi::CapacityRange { required_bytes: to_i64(required)?, limit_bytes: to_i64(limit)? }),
         volume_capabilities: vec![access.capability()?],
         parameters: params,
+        volume_content_source: source.map(|id| csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: id.to_string() })),
+        }),
         ..Default::default()
     };
     let v = ctrl.create_volume(req).await.map_err(call("CreateVolume"))?.into_inner().volume.unwrap_or_default();
+    let cloned_from = match v.content_source.and_then(|s| s.r#type) {
+        Some(csi::volume_content_source::Type::Volume(s)) => Some(s.volume_id),
+        _ => None,
+    };
     Ok(serde_json::json!({
         "volume_id": v.volume_id,
+        "cloned_from": cloned_from,
         "capacity_bytes": v.capacity_bytes,
         "volume_context": v.volume_context,
         "accessible_topology": v.accessible_topology.into_iter().map(|t| t.segments).collect::<Vec<_>>(),

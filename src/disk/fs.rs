@@ -120,13 +120,13 @@ pub const SUPPORTED_FS: &[&str] = &["ext4", "xfs"];
 /// Bytes zeroed at each end of a device by [`wipe_signatures`].
 pub const WIPE_LEN: u64 = 1 << 20;
 
-fn run(tool: &str, cmd: &mut Command) -> Result<Output, DiskError> {
+pub(super) fn run(tool: &str, cmd: &mut Command) -> Result<Output, DiskError> {
     cmd.stdin(Stdio::null())
         .output()
         .map_err(DiskError::io(format!("run {tool}")))
 }
 
-fn tool_error(tool: &str, dev: &Path, out: &Output) -> DiskError {
+pub(super) fn tool_error(tool: &str, dev: &Path, out: &Output) -> DiskError {
     DiskError::Tool {
         tool: tool.to_string(),
         message: format!("{} on {}: {}", out.status, dev.display(), String::from_utf8_lossy(&out.stderr).trim()),
@@ -141,7 +141,7 @@ fn signature_of(export: &str) -> Option<String> {
 }
 
 /// The non-empty value of `key` in `blkid -o export` output.
-fn export_value<'a>(export: &'a str, key: &str) -> Option<&'a str> {
+pub(super) fn export_value<'a>(export: &'a str, key: &str) -> Option<&'a str> {
     export
         .lines()
         .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix('=')))

@@ -82,11 +82,11 @@ pub fn echo(input: &str) -> String {
 impl From<VolumeError> for Status {
     fn from(e: VolumeError) -> Status {
         let code = match &e {
-            VolumeError::NotFound { .. } | VolumeError::PathNotFound { .. } => Code::NotFound,
-            VolumeError::InvalidArgument { .. } => Code::InvalidArgument,
+            VolumeError::NotFound { .. } | VolumeError::PathNotFound { .. } | VolumeError::SourceNotFound { .. } => Code::NotFound,
+            VolumeError::InvalidArgument { .. } | VolumeError::SourceIncompatible { .. } => Code::InvalidArgument,
             VolumeError::AlreadyExists { .. } => Code::AlreadyExists,
             VolumeError::ResourceExhausted { .. } => Code::ResourceExhausted,
-            VolumeError::OutOfRange { .. } => Code::OutOfRange,
+            VolumeError::OutOfRange { .. } | VolumeError::CloneTooSmall { .. } => Code::OutOfRange,
             // The volume's state (or its drive's) does not allow the call.
             VolumeError::PublishBeforeStage { .. }
             | VolumeError::StillPublished { .. }
@@ -116,7 +116,9 @@ impl From<VolumeError> for Status {
             | VolumeError::AdoptedFixedSize { .. }
             | VolumeError::AdoptedFilesystem { .. }
             | VolumeError::ExpandUnfinished { .. }
-            | VolumeError::CannotGrowExt4 { .. } => Code::FailedPrecondition,
+            | VolumeError::CannotGrowExt4 { .. }
+            | VolumeError::SourceInUse { .. }
+            | VolumeError::SourceChanged { .. } => Code::FailedPrecondition,
             // The drive holds data drivelet did not write: a fact about the drive, not a
             // fault of drivelet's (CreateVolume goes on to another drive instead).
             VolumeError::ForeignData { .. } => Code::FailedPrecondition,
@@ -255,6 +257,22 @@ mod tests {
             (VolumeError::NotStaged { volume_id: id() }, Code::FailedPrecondition, "volume v1 is not staged; its filesystem grows"),
             (VolumeError::AlreadyStaged { volume_id: id(), path: "/s".into() }, Code::FailedPrecondition, "volume v1 is already staged at /s; unstage it there first"),
             (VolumeError::NotReady, Code::Unavailable, "starting"),
+            (VolumeError::SourceNotFound { source_id: id() }, Code::NotFound, "source volume v1 does not exist on this node"),
+            (
+                VolumeError::SourceIncompatible { source_id: id(), reason: "it is a block volume".into() },
+                Code::InvalidArgument,
+                "cannot clone volume v1: it is a block volume",
+            ),
+            (
+                VolumeError::SourceInUse { source_id: id(), path: "/s".into() },
+                Code::FailedPrecondition,
+                "cannot clone volume v1 now: it is mounted read-write at /s",
+            ),
+            (
+                VolumeError::CloneTooSmall { source_id: id(), source_size: 1 << 30, limit: 512 << 20 },
+                Code::OutOfRange,
+                "a clone of volume v1 needs at least 1.0 GiB (the size of the source), but limit_bytes allows 512.0 MiB",
+            ),
             (
                 VolumeError::Disk {
                     volume_id: id(),

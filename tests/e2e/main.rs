@@ -27,6 +27,8 @@
 //!    keeps new claims off a drive;
 //! 7. everything deleted: no volume, PV, VolumeAttachment or mount left.
 //!
+//! Between 5 and 6, claims are cloned from claims (`clone.rs`).
+//!
 //! On failure it prints what explains it: the cluster's objects and Events, drivelet's
 //! and the provisioner's logs, and kubelet's log lines about the driver.
 
@@ -36,6 +38,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+mod clone;
 
 const NS: &str = "drivelet-e2e";
 const SYSTEM_NS: &str = "drivelet-system";
@@ -68,6 +72,7 @@ fn main() {
         ("claims used by pods: ext4, xfs with fsGroup, block, ReadWriteOncePod, a second pod", journey_claims),
         ("drivelet pod deleted, then a rolling update, with volumes in use", journey_restart),
         ("pods and a claim deleted: detach, finalizers, mounts, partition, capacity", journey_delete),
+        ("claims cloned from claims: refused while written, then the data copied (ext4, block)", clone::journey_clone),
         ("a drive failing under a running pod; a drive released", journey_failure),
         ("clean-up: nothing left behind", journey_cleanup),
     ];

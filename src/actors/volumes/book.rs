@@ -12,11 +12,14 @@
 //! - a repeated CreateVolume or AdoptVolume of an existing volume answers it when the
 //!   request matches and `AlreadyExists` when it does not; a lost volume is never a
 //!   success;
+//! - a clone (CreateVolume naming a source volume) is decided with its source: what
+//!   may be copied, and how large the clone is ([`clone`]'s rules);
 //! - attach, expand, detach and release are decided here; the actor runs the disk and
 //!   store steps the decision asks for and hands their outcome back
 //!   ([`VolumeBook::finish`]).
 
 mod claim;
+mod clone;
 mod drives;
 #[cfg(test)]
 mod tests;
@@ -375,6 +378,11 @@ impl VolumeBook {
         let id = guid.to_string();
         let fs_type = if m.block { String::new() } else if m.fs_type.is_empty() { self.cfg.default_fs.clone() } else { m.fs_type.clone() };
         if let Some(rec) = self.records.get(&id) {
+            if let Some(e) = clone::source_mismatch(rec, m) {
+                return Err(e);
+            }
+            // A clone asking for no filesystem takes its source's.
+            let fs_type = if m.source.is_some() && m.fs_type.is_empty() && !m.block { rec.fs_type.clone() } else { fs_type };
             return match rec.state {
                 VolumeState::Deleting => Err(VolumeError::DeleteUnfinished { volume_id: id }),
                 VolumeState::Creating => Ok(CreatePlan::New(rec.clone())),
@@ -400,8 +408,18 @@ impl VolumeBook {
                 }
             };
         }
+        let source = match &m.source {
+            Some(s) => Some(self.clone_source(s, m)?.0),
+            None => None,
+        };
+        let fs_type = clone::fs_of_clone(source.as_ref(), m, fs_type);
         let minimum = model::minimum_size(m.block, &fs_type);
-        let size = model::size_for(m.range, self.cfg.default_size, minimum).map_err(|reason| VolumeError::OutOfRange { reason })?;
+        // A clone holds at least its source; asked for no size, it gets the source's.
+        let (default, minimum) = match &source {
+            Some(src) => (src.size.max(minimum), src.size.max(minimum)),
+            None => (self.cfg.default_size, minimum),
+        };
+        let size = model::size_for(m.range, default, minimum).map_err(|reason| VolumeError::OutOfRange { reason })?;
         let want = if m.layout == LayoutKind::Drive { m.range.required.max(minimum) } else { size };
         let p = placement::place(&self.candidates(), m.media, m.layout, want).map_err(|e| match e {
             NoRoom::TooBig(reason) => VolumeError::OutOfRange { reason },
@@ -423,6 +441,7 @@ impl VolumeBook {
             block: m.block,
             fs_type,
             parameters: m.parameters.clone(),
+            clone_of: m.source.clone(),
             ..VolumeRecord::new(id, m.name.clone(), VolumeState::Creating, now_unix())
         }))
     }

@@ -335,6 +335,61 @@ pub enum VolumeError {
         /// The panic, in words.
         reason: String,
     },
+    /// CreateVolume names a source volume this node does not hold.
+    #[error("source volume {source_id} does not exist on this node; a clone is made on the node that holds its source")]
+    SourceNotFound {
+        /// The source asked for.
+        source_id: String,
+    },
+    /// A clone of the source cannot be made as asked (block or filesystem, another
+    /// filesystem, an adopted directory).
+    #[error("cannot clone volume {source_id}: {reason}")]
+    SourceIncompatible {
+        /// The source.
+        source_id: String,
+        /// Why, and what would work.
+        reason: String,
+    },
+    /// The source's partition does not hold the filesystem its record names.
+    #[error(
+        "volume {volume_id} cannot be cloned from volume {source_id}: it should hold {expected} but holds {}",
+        found.as_deref().unwrap_or("nothing")
+    )]
+    SourceChanged {
+        /// The clone.
+        volume_id: String,
+        /// The source.
+        source_id: String,
+        /// The filesystem the source's record names.
+        expected: String,
+        /// What its partition holds.
+        found: Option<String>,
+    },
+    /// The source is mounted read-write: a copy taken now would not be consistent.
+    #[error(
+        "cannot clone volume {source_id} now: it is mounted read-write at {}, and a copy of a filesystem being written is not consistent; clone it once nothing writes to it (unpublished and unstaged, or staged read-only)",
+        path.display()
+    )]
+    SourceInUse {
+        /// The source.
+        source_id: String,
+        /// Where it is mounted read-write.
+        path: PathBuf,
+    },
+    /// The capacity range leaves no room for the source's data.
+    #[error(
+        "a clone of volume {source_id} needs at least {} (the size of the source), but limit_bytes allows {}",
+        crate::config::human_bytes(*source_size),
+        crate::config::human_bytes(*limit)
+    )]
+    CloneTooSmall {
+        /// The source.
+        source_id: String,
+        /// Its size, bytes.
+        source_size: u64,
+        /// The limit asked for, bytes.
+        limit: u64,
+    },
 }
 
 impl VolumeError {

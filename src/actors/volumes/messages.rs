@@ -30,6 +30,8 @@ pub struct CreateVolume {
     pub fs_type: String,
     /// The StorageClass parameters as given.
     pub parameters: BTreeMap<String, String>,
+    /// A clone: the id of the volume whose data the new one starts with.
+    pub source: Option<String>,
 }
 
 /// Command: delete a volume (idempotent).

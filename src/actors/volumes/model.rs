@@ -208,6 +208,11 @@ pub struct VolumeRecord {
     /// whenever a drive appears); shown as state `lost`; only DeleteVolume is served.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lost: bool,
+    /// A clone: the id of the volume whose data it carries. While the record is
+    /// `Creating` the copy is in progress (a restart rolls it back, so a half copy is
+    /// never served); once it is `Available` the copy is complete and on disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_of: Option<String>,
 }
 
 /// Where an adopted volume's data lives.
@@ -263,6 +268,7 @@ impl VolumeRecord {
             published_node: None,
             adopted: None,
             lost: false,
+            clone_of: None,
         }
     }
 

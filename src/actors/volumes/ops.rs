@@ -23,6 +23,7 @@ use std::sync::Mutex;
 
 use tracing::{info, warn};
 
+use super::clone::CloneFrom;
 use super::model::{next, Op, Staging, Target, VolumeRecord};
 use super::messages::{PublishArgs, StageArgs};
 use super::VolumeError;
@@ -128,12 +129,14 @@ fn is_partition_at(devnum: (u32, u32), parts: &[blkpg::KernelPartition], start: 
 
 /// Creates the partition of a `Creating` record: intent, GPT entry, kernel partition,
 /// wipe, then `Available`.
-pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeRecord) -> Outcome<VolumeRecord> {
+/// A clone (`from`) copies its source onto the wiped partition before it is marked
+/// `Available` ([`super::clone::copy`]); until then a restart rolls it back.
+pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeRecord, from: Option<&CloneFrom>) -> Outcome<VolumeRecord> {
     if let Err(e) = save(store, &rec) {
         return Outcome { record: None, result: Err(e) };
     }
     crash_point!("create.intent_saved");
-    match create_steps(store, drive, lock, rec.clone()) {
+    match create_steps(store, drive, lock, rec.clone(), from) {
         Ok(done) => Outcome { record: Some(done.clone()), result: Ok(done) },
         Err(e) if e.refused_drive().is_some() => match store.remove(&rec.id) {
             Ok(()) => Outcome { record: None, result: Err(e) },
@@ -149,7 +152,7 @@ pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeReco
     }
 }
 
-fn create_steps(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: VolumeRecord) -> Result<VolumeRecord, VolumeError> {
+fn create_steps(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: VolumeRecord, from: Option<&CloneFrom>) -> Result<VolumeRecord, VolumeError> {
     let kp = {
         let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
         let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
@@ -161,6 +164,9 @@ fn create_steps(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: Volu
     crash_point!("create.partition_visible");
     fs::wipe_signatures(&kp.devnode).map_err(disk(&rec.id, "wipe the new partition"))?;
     crash_point!("create.wiped");
+    if let Some(from) = from {
+        super::clone::copy(&mut rec, &kp, from)?;
+    }
     rec.state = next(rec.state, Op::CreateDone).map_err(|r| VolumeError::refused(&rec, r))?;
     save(store, &rec)?;
     crash_point!("create.saved");
