@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// Exponential backoff: `base * 2^attempt`, never more than `cap` (attempt 0 is the first
 /// retry). Saturates instead of overflowing.
-pub fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
+pub(crate) fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
     let factor = 1u32.checked_shl(attempt).unwrap_or(u32::MAX);
     base.checked_mul(factor).map_or(cap, |d| d.min(cap))
 }

@@ -30,11 +30,11 @@ use crate::k8s::attach::queue::{AttachQueue, GetQueueStats, ManagerBackend};
 use crate::metrics::{metrics, render, Gauges};
 
 /// How long a probe waits for an actor to answer.
-pub const ACTOR_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const ACTOR_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The actors the endpoints ask.
 #[derive(Clone)]
-pub struct Endpoints {
+pub(crate) struct Endpoints {
     /// Drive inventory.
     pub inventory: Addr<DriveInventory>,
     /// Volume manager.
@@ -157,7 +157,7 @@ impl Endpoints {
 }
 
 /// Serves the endpoints on `listener` until `stop` fires.
-pub async fn serve(listener: TcpListener, endpoints: Endpoints, mut stop: tokio::sync::oneshot::Receiver<()>) {
+pub(crate) async fn serve(listener: TcpListener, endpoints: Endpoints, mut stop: tokio::sync::oneshot::Receiver<()>) {
     if let Ok(addr) = listener.local_addr() {
         info!(http.address = %addr, "serving /healthz, /readyz and /metrics");
     }

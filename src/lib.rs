@@ -2,6 +2,7 @@
 //! node. See DESIGN in the repository for the map of actors and modules.
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::unwrap_in_result)]
 
@@ -10,7 +11,7 @@ pub mod actors;
 /// `drivelet run`: startup order and clean shutdown.
 pub mod agent;
 /// Exponential backoff, the crate's one retry-delay rule.
-pub mod backoff;
+pub(crate) mod backoff;
 /// The command-line clients: `ctl` (admin socket), `csi` (any CSI endpoint), `bench`.
 pub mod cli;
 /// Typed configuration and validation.
@@ -28,17 +29,17 @@ pub mod grpc;
 /// labels.
 pub mod k8s;
 /// The HTTP endpoints: `/healthz`, `/readyz`, `/metrics`.
-pub mod http;
+pub(crate) mod http;
 /// Structured logging setup.
 pub mod logging;
 /// Process-wide counters and their Prometheus rendering.
-pub mod metrics;
+pub(crate) mod metrics;
 /// CSI migration: in-tree `kubernetes.io/local-volume` PVs to drivelet CSI PVs and back.
-pub mod migration;
+pub(crate) mod migration;
 /// The embedded store of volume records.
 pub mod store;
 /// The root supervisor: starts every actor, core and fronts, in one place.
-pub mod supervisor;
+pub(crate) mod supervisor;
 /// Property tests of request and config validation.
 #[cfg(test)]
 mod validation_props;

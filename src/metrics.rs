@@ -17,12 +17,12 @@ use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 /// Histogram bucket bounds of CSI request latency, in seconds.
-pub const LATENCY_BUCKETS: [f64; 16] =
+pub(crate) const LATENCY_BUCKETS: [f64; 16] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0];
 
 /// A latency histogram: counts per bucket (cumulative when rendered), sum and count.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     /// Observations at or below each bound of `LATENCY_BUCKETS` (not cumulative).
     pub buckets: [u64; LATENCY_BUCKETS.len()],
     /// Sum of all observations in seconds.
@@ -33,7 +33,7 @@ pub struct Histogram {
 
 impl Histogram {
     /// Adds one observation.
-    pub fn observe(&mut self, seconds: f64) {
+    pub(crate) fn observe(&mut self, seconds: f64) {
         if let Some(i) = LATENCY_BUCKETS.iter().position(|b| seconds <= *b) {
             self.buckets[i] += 1;
         }
@@ -44,7 +44,7 @@ impl Histogram {
 
 /// Counters bumped as the process runs.
 #[derive(Debug, Default)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     /// Per CSI method: requests by code, and latency (one lock per request).
     rpcs: Mutex<BTreeMap<String, MethodStats>>,
     health_polls: AtomicU64,
@@ -62,7 +62,7 @@ struct MethodStats {
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::default);
 
 /// The process-wide counters.
-pub fn metrics() -> &'static Metrics {
+pub(crate) fn metrics() -> &'static Metrics {
     &METRICS
 }
 
@@ -72,7 +72,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Metrics {
     /// One CSI request ended with gRPC `code` after `took`.
-    pub fn record_rpc(&self, method: &str, code: i32, took: Duration) {
+    pub(crate) fn record_rpc(&self, method: &str, code: i32, took: Duration) {
         let mut rpcs = lock(&self.rpcs);
         if !rpcs.contains_key(method) {
             rpcs.insert(method.to_string(), MethodStats::default());
@@ -84,29 +84,29 @@ impl Metrics {
     }
 
     /// One SMART poll of every managed drive took `took`.
-    pub fn record_health_poll(&self, took: Duration) {
+    pub(crate) fn record_health_poll(&self, took: Duration) {
         self.health_polls.fetch_add(1, Ordering::Relaxed);
         self.health_poll_micros.store(took.as_micros().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// A drive scan (full or of changed disks) was applied now.
-    pub fn record_scan(&self) {
+    pub(crate) fn record_scan(&self) {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         self.last_scan_unix.store(now, Ordering::Relaxed);
     }
 
     /// Whether the CSI socket is serving.
-    pub fn set_csi_serving(&self, serving: bool) {
+    pub(crate) fn set_csi_serving(&self, serving: bool) {
         self.csi_serving.store(serving, Ordering::Relaxed);
     }
 
     /// Whether the CSI socket is serving.
-    pub fn csi_serving(&self) -> bool {
+    pub(crate) fn csi_serving(&self) -> bool {
         self.csi_serving.load(Ordering::Relaxed)
     }
 
     /// A copy of the counters.
-    pub fn snapshot(&self) -> Counters {
+    pub(crate) fn snapshot(&self) -> Counters {
         let stats = lock(&self.rpcs);
         Counters {
             rpcs: stats.iter().flat_map(|(m, s)| s.codes.iter().map(move |(c, n)| ((m.clone(), *c), *n))).collect(),
@@ -120,7 +120,7 @@ impl Metrics {
 
 /// A copy of [`Metrics`].
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Requests by (method, code name).
     pub rpcs: BTreeMap<(String, &'static str), u64>,
     /// Latency by method.
@@ -135,7 +135,7 @@ pub struct Counters {
 
 /// State read from the actors at scrape time.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Gauges {
+pub(crate) struct Gauges {
     /// Drives by (class, health, usage).
     pub drives: BTreeMap<(String, String, String), u64>,
     /// Volumes by (state, condition).
@@ -147,7 +147,7 @@ pub struct Gauges {
 }
 
 /// The upper-snake gRPC name of a status code.
-pub fn code_name(code: i32) -> &'static str {
+pub(crate) fn code_name(code: i32) -> &'static str {
     match code {
         0 => "OK",
         1 => "CANCELLED",
@@ -181,7 +181,7 @@ fn esc(v: &str) -> String {
 }
 
 /// The Prometheus text exposition (format 0.0.4) of a scrape.
-pub fn render(c: &Counters, g: &Gauges) -> String {
+pub(crate) fn render(c: &Counters, g: &Gauges) -> String {
     let mut out = String::new();
     header(&mut out, "drivelet_build_info", "gauge", "drivelet's version.");
     let _ = writeln!(out, "drivelet_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));

@@ -43,18 +43,20 @@ use crate::k8s::resize::queue::{self as resize, ResizeQueue};
 
 /// Addresses of the running core actors.
 #[derive(Clone)]
-pub struct Actors {
+pub(crate) struct Actors {
     /// Drive inventory.
     pub inventory: Addr<DriveInventory>,
     /// Volume manager.
     pub volumes: Addr<VolumeManager>,
-    /// Health poller.
+    /// Health poller. Nothing sends to it through this address; it is held so the
+    /// poller lives as long as the agent that started it.
+    #[allow(dead_code)]
     pub health: Addr<HealthPoller>,
 }
 
 /// The sockets `drivelet run` bound before any actor starts (a bind error is fatal
 /// there, with nothing started yet).
-pub struct Sockets {
+pub(crate) struct Sockets {
     /// The CSI socket.
     pub csi: UnixListener,
     /// The admin socket.
@@ -64,7 +66,7 @@ pub struct Sockets {
 }
 
 /// What [`start`] started: the addresses the HTTP endpoints ask and shutdown stops.
-pub struct Running {
+pub(crate) struct Running {
     /// The core actors.
     pub actors: Actors,
     /// The CSI server.
@@ -81,7 +83,7 @@ pub struct Running {
 
 /// Starts every actor on the current arbiter, in the order of the module rules: core
 /// actors, the gRPC front on `sockets`, and the Kubernetes front when `kube` is a client.
-pub fn start(cfg: &Arc<Config>, sockets: Sockets, kube: Option<kube::Client>) -> Running {
+pub(crate) fn start(cfg: &Arc<Config>, sockets: Sockets, kube: Option<kube::Client>) -> Running {
     let drives = cfg.drives.clone();
     let inventory = Supervisor::start(move |_| DriveInventory::new(drives));
     let (vcfg, dir, inv, auto) = (cfg.volumes.clone(), cfg.paths.state_dir.clone(), inventory.clone(), cfg.health.auto_release);

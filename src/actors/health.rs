@@ -39,10 +39,10 @@ use crate::disk::smart::{self, Health};
 use crate::disk::{blkpg, fs, mounts};
 
 /// An unmounted filesystem found clean is checked again after this long.
-pub const FSCK_EVERY: Duration = Duration::from_secs(6 * 3600);
+pub(crate) const FSCK_EVERY: Duration = Duration::from_secs(6 * 3600);
 
 /// The health poller actor.
-pub struct HealthPoller {
+pub(crate) struct HealthPoller {
     cfg: HealthConfig,
     inventory: Addr<DriveInventory>,
     volumes: Addr<VolumeManager>,
@@ -55,7 +55,7 @@ pub struct HealthPoller {
 
 impl HealthPoller {
     /// A poller reporting to the inventory and the volume manager.
-    pub fn new(cfg: HealthConfig, inventory: Addr<DriveInventory>, volumes: Addr<VolumeManager>) -> HealthPoller {
+    pub(crate) fn new(cfg: HealthConfig, inventory: Addr<DriveInventory>, volumes: Addr<VolumeManager>) -> HealthPoller {
         let limit = Arc::new(Semaphore::new(cfg.concurrency));
         HealthPoller { cfg, inventory, volumes, limit, smart_running: false, volumes_running: false, fscked: HashMap::new() }
     }

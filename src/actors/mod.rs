@@ -7,7 +7,7 @@
 //! subscriptions the fronts ask for (`SubscribeConditions`, `SubscribeDrives`,
 //! `SubscribeVolumes`). All of them are started by `crate::supervisor::start`.
 
-pub mod health;
+pub(crate) mod health;
 pub mod inventory;
-pub mod messages;
+pub(crate) mod messages;
 pub mod volumes;

@@ -78,7 +78,7 @@ mod sys {
 /// --flushbufs`), so the next reads come from the disk. A filesystem writes file data
 /// past the device's cache: blocks cached before (by mkfs, a probe, a check) would
 /// otherwise be read stale by a copy after the filesystem is unmounted.
-pub fn drop_cache(dev: &Path) -> Result<(), DiskError> {
+pub(crate) fn drop_cache(dev: &Path) -> Result<(), DiskError> {
     use std::os::unix::io::AsRawFd;
     let f = File::open(dev).map_err(DiskError::io(format!("open {}", dev.display())))?;
     // SAFETY: the fd is open for the whole call and BLKFLSBUF takes no argument.
@@ -87,7 +87,7 @@ pub fn drop_cache(dev: &Path) -> Result<(), DiskError> {
 }
 
 /// The filesystem UUID on a device (`blkid -p`), if it has one.
-pub fn fs_uuid(dev: &Path) -> Result<Option<String>, DiskError> {
+pub(crate) fn fs_uuid(dev: &Path) -> Result<Option<String>, DiskError> {
     let out = fs::run("blkid", Command::new("blkid").arg("-p").arg("-o").arg("export").arg(dev))?;
     match out.status.code() {
         Some(0) => Ok(fs::export_value(&String::from_utf8_lossy(&out.stdout), "UUID").map(str::to_string)),
@@ -99,7 +99,7 @@ pub fn fs_uuid(dev: &Path) -> Result<Option<String>, DiskError> {
 /// Copies the used blocks of the `fs` filesystem on `src` onto `dst` (which must be
 /// at least as large and hold nothing of value): `e2image -ra` for ext4, `xfs_copy`
 /// for xfs (in a private namespace: it leaves a log file in `/var/tmp`).
-pub fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str) -> Result<(), DiskError> {
+pub(crate) fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str) -> Result<(), DiskError> {
     match fs_type {
         "ext4" => tool("e2image", Command::new("e2image").arg("-ra").arg(src).arg(dst), src, &[]),
         "xfs" => in_private_namespace("xfs_copy", r#"exec xfs_copy "$1" "$2" >/dev/null"#, &[src, dst], src),
@@ -109,7 +109,7 @@ pub fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str) -> Result<(), Disk
 
 /// Copies every byte of `src` onto the start of `dst` (at least as large); answers the
 /// bytes copied.
-pub fn copy_bytes(src: &Path, dst: &Path) -> Result<u64, DiskError> {
+pub(crate) fn copy_bytes(src: &Path, dst: &Path) -> Result<u64, DiskError> {
     let len = fs::device_size(src)?;
     let room = fs::device_size(dst)?;
     if room < len {
@@ -129,14 +129,14 @@ pub fn copy_bytes(src: &Path, dst: &Path) -> Result<u64, DiskError> {
 }
 
 /// Flushes a device's written data to stable storage.
-pub fn sync(dev: &Path) -> Result<(), DiskError> {
+pub(crate) fn sync(dev: &Path) -> Result<(), DiskError> {
     let f = OpenOptions::new().write(true).open(dev).map_err(DiskError::io(format!("open {}", dev.display())))?;
     f.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
 }
 
 /// Makes the filesystem copied onto `dst` its own: a UUID other than `src_uuid`, grown
 /// to fill `dst` when `grow`, fsynced, then checked read-only (it must be clean).
-pub fn finish_filesystem(dst: &Path, fs_type: &str, src_uuid: Option<&str>, grow: bool) -> Result<(), DiskError> {
+pub(crate) fn finish_filesystem(dst: &Path, fs_type: &str, src_uuid: Option<&str>, grow: bool) -> Result<(), DiskError> {
     match fs_type {
         "ext4" => {
             // e2fsck 1 = errors corrected (a preen of a clean copy corrects nothing).

@@ -19,7 +19,7 @@ fn run(cmd: &mut Command) -> Result<String, DiskError> {
 
 /// Creates `file` as a sparse file of `size` bytes if it does not exist yet.
 /// An existing file keeps its contents; it is grown (never shrunk) to `size`.
-pub fn ensure_sparse_file(file: &Path, size: u64) -> Result<(), DiskError> {
+pub(crate) fn ensure_sparse_file(file: &Path, size: u64) -> Result<(), DiskError> {
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -34,7 +34,7 @@ pub fn ensure_sparse_file(file: &Path, size: u64) -> Result<(), DiskError> {
 }
 
 /// Loop devices currently backed by `file`.
-pub fn find(file: &Path) -> Result<Vec<PathBuf>, DiskError> {
+pub(crate) fn find(file: &Path) -> Result<Vec<PathBuf>, DiskError> {
     let out = run(Command::new("losetup").arg("--associated").arg(file).arg("--noheadings").arg("--output").arg("NAME"))
         .or_else(|_| run(Command::new("losetup").arg("-j").arg(file)))?;
     Ok(out
@@ -47,7 +47,7 @@ pub fn find(file: &Path) -> Result<Vec<PathBuf>, DiskError> {
 
 /// Attaches `file` to a free loop device and returns its path; reuses an existing
 /// attachment of the same file.
-pub fn attach(file: &Path) -> Result<PathBuf, DiskError> {
+pub(crate) fn attach(file: &Path) -> Result<PathBuf, DiskError> {
     if let Some(existing) = find(file)?.into_iter().next() {
         return Ok(existing);
     }
@@ -55,6 +55,6 @@ pub fn attach(file: &Path) -> Result<PathBuf, DiskError> {
 }
 
 /// Detaches a loop device.
-pub fn detach(dev: &Path) -> Result<(), DiskError> {
+pub(crate) fn detach(dev: &Path) -> Result<(), DiskError> {
     run(Command::new("losetup").arg("--detach").arg(dev)).map(|_| ())
 }

@@ -4,16 +4,16 @@
 //! are synchronous, meant to run off the async runtime (`spawn_blocking`).
 
 pub mod blkpg;
-pub mod copy;
+pub(crate) mod copy;
 pub mod fs;
 pub mod gpt;
 pub mod lock;
-pub mod loopdev;
+pub(crate) mod loopdev;
 pub mod mount;
 pub mod mounts;
-pub mod paths;
-pub mod signature;
-pub mod smart;
+pub(crate) mod paths;
+pub(crate) mod signature;
+pub(crate) mod smart;
 pub mod udev;
 
 /// A sysfs attribute of a device directory, trimmed; `None` when it cannot be read.

@@ -11,7 +11,7 @@ use std::path::{Component, Path, PathBuf};
 
 /// Checks `path` against `roots` and returns it unchanged when it is acceptable; the
 /// error says what is wrong in words.
-pub fn check_under_roots(path: &Path, roots: &[PathBuf]) -> Result<PathBuf, String> {
+pub(crate) fn check_under_roots(path: &Path, roots: &[PathBuf]) -> Result<PathBuf, String> {
     let shown = path.display();
     let raw = path.as_os_str().as_encoded_bytes();
     if raw.is_empty() {

@@ -22,7 +22,7 @@ use super::DiskError;
 
 /// The words for a signature libblkid names `fs_type` (`TYPE`), with its `usage` and
 /// `version` when known, and (bcache) whether it is a backing or a cache device.
-pub fn describe(fs_type: &str, usage: Option<&str>, version: Option<&str>) -> String {
+pub(crate) fn describe(fs_type: &str, usage: Option<&str>, version: Option<&str>) -> String {
     let v = version.map(str::trim).filter(|v| !v.is_empty());
     let fixed = match fs_type {
         "ext2" | "ext3" | "ext4" => return format!("an {fs_type} filesystem"),
@@ -117,7 +117,7 @@ fn article(word: &str) -> &'static str {
 
 /// The words for a bcache superblock whose version field is `version`: backing devices
 /// carry 1 or 4, cache devices 0, 3 or 5 (bcache's `BCACHE_SB_VERSION_*`).
-pub fn describe_bcache(version: Option<u64>) -> String {
+pub(crate) fn describe_bcache(version: Option<u64>) -> String {
     match version {
         Some(1 | 4) => "a bcache backing device".into(),
         Some(0 | 3 | 5) => "a bcache cache device".into(),
@@ -130,7 +130,7 @@ pub fn describe_bcache(version: Option<u64>) -> String {
 const BCACHE_VERSION_AT: u64 = 4096 + 16;
 
 /// The version field of a bcache superblock, read from the device.
-pub fn bcache_version(dev: &Path) -> Result<u64, DiskError> {
+pub(crate) fn bcache_version(dev: &Path) -> Result<u64, DiskError> {
     let f = File::open(dev).map_err(DiskError::io(format!("open {}", dev.display())))?;
     let mut b = [0u8; 8];
     f.read_exact_at(&mut b, BCACHE_VERSION_AT)
@@ -139,7 +139,7 @@ pub fn bcache_version(dev: &Path) -> Result<u64, DiskError> {
 }
 
 /// `n thing(s)` with the plural only where it belongs.
-pub fn count(n: usize, one: &str) -> String {
+pub(crate) fn count(n: usize, one: &str) -> String {
     if n == 1 {
         format!("1 {one}")
     } else {
@@ -149,7 +149,7 @@ pub fn count(n: usize, one: &str) -> String {
 
 /// The words for a partition table libblkid names `pt_type` (`PTTYPE`), with the
 /// number of partitions read from the table, when known.
-pub fn describe_table(pt_type: &str, partitions: Option<usize>) -> String {
+pub(crate) fn describe_table(pt_type: &str, partitions: Option<usize>) -> String {
     let table = match pt_type {
         "gpt" => "a GPT partition table".to_string(),
         "dos" => "an MBR (DOS) partition table".to_string(),
@@ -180,7 +180,7 @@ fn is_extended(kind: u8) -> bool {
 /// first sector, `read_sector` reads any other): the used primary entries other than
 /// extended ones, plus each logical partition of the extended chain (each boot record
 /// once, at most 256, so a looping chain ends).
-pub fn count_mbr_partitions(lba0: &[u8], mut read_sector: impl FnMut(u64) -> Option<Vec<u8>>) -> usize {
+pub(crate) fn count_mbr_partitions(lba0: &[u8], mut read_sector: impl FnMut(u64) -> Option<Vec<u8>>) -> usize {
     let entry = |s: &[u8], i: usize| {
         let e = &s[446 + 16 * i..446 + 16 * (i + 1)];
         (e[4], u64::from(u32::from_le_bytes([e[8], e[9], e[10], e[11]])))

@@ -160,7 +160,7 @@ async fn serve_conn(front: Front, stream: UnixStream) -> std::io::Result<()> {
 }
 
 /// Serves the admin socket until `shutdown` fires.
-pub async fn serve_admin(front: Front, listener: UnixListener, shutdown: tokio::sync::oneshot::Receiver<()>) {
+pub(crate) async fn serve_admin(front: Front, listener: UnixListener, shutdown: tokio::sync::oneshot::Receiver<()>) {
     tokio::pin!(shutdown);
     loop {
         tokio::select! {

@@ -70,7 +70,7 @@ use crate::actors::volumes::{
 };
 
 /// Controller service over the shared front state.
-pub struct ControllerService(pub Front);
+pub(crate) struct ControllerService(pub Front);
 
 fn invalid(msg: impl Into<String>) -> Status {
     FrontError::InvalidArgument(msg.into()).into()

@@ -17,7 +17,7 @@ use crate::actors::messages::GetInventoryStatus;
 use crate::actors::volumes::VolumesReady;
 
 /// Identity service over the shared front state.
-pub struct IdentityService(pub Front);
+pub(crate) struct IdentityService(pub Front);
 
 #[tonic::async_trait]
 impl Identity for IdentityService {

@@ -10,14 +10,14 @@
 //! - the [`CsiFront`] actor owns the serving task: it stops accepting and finishes
 //!   in-flight calls on shutdown, and is restarted (rebinding) if the task fails.
 
-pub mod admin;
-pub mod controller;
-pub mod health;
-pub mod identity;
-pub mod node;
+pub(crate) mod admin;
+pub(crate) mod controller;
+pub(crate) mod health;
+pub(crate) mod identity;
+pub(crate) mod node;
 pub mod params;
-pub mod registration;
-pub mod status;
+pub(crate) mod registration;
+pub(crate) mod status;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

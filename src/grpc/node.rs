@@ -34,7 +34,7 @@ use crate::actors::volumes::{
 };
 
 /// Node service over the shared front state.
-pub struct NodeService(pub Front);
+pub(crate) struct NodeService(pub Front);
 
 fn invalid(msg: impl Into<String>) -> Status {
     FrontError::InvalidArgument(msg.into()).into()

@@ -34,15 +34,15 @@ use super::proto::registration::{
 use super::{bind_socket, Shutdown, SHUTDOWN_GRACE};
 
 /// The plugin type kubelet expects from a CSI driver.
-pub const PLUGIN_TYPE: &str = "CSIPlugin";
+pub(crate) const PLUGIN_TYPE: &str = "CSIPlugin";
 /// The CSI versions offered to kubelet.
-pub const SUPPORTED_VERSIONS: &[&str] = &["1.0.0"];
+pub(crate) const SUPPORTED_VERSIONS: &[&str] = &["1.0.0"];
 /// How often the registrar checks that its socket is still there.
-pub const WATCH_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The last registration status kubelet reported.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct LastStatus {
+pub(crate) struct LastStatus {
     /// Kubelet registered the plugin.
     pub registered: bool,
     /// Kubelet's error when it did not (empty otherwise).
@@ -54,25 +54,26 @@ pub struct LastStatus {
 /// Shared record of kubelet's last registration report, readable from anywhere (the
 /// admin socket, health reporting).
 #[derive(Debug, Clone, Default)]
-pub struct RegistrationState(Arc<Mutex<Option<LastStatus>>>);
+pub(crate) struct RegistrationState(Arc<Mutex<Option<LastStatus>>>);
 
 impl RegistrationState {
     /// Records a report.
-    pub fn record(&self, registered: bool, error: String) {
+    pub(crate) fn record(&self, registered: bool, error: String) {
         let at_unix =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(LastStatus { registered, error, at_unix });
     }
 
+    #[cfg(test)]
     /// The last report; `None` until kubelet reported once.
-    pub fn last(&self) -> Option<LastStatus> {
+    pub(crate) fn last(&self) -> Option<LastStatus> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
 /// The registration service: what kubelet asks and tells.
 #[derive(Clone)]
-pub struct RegistrationService {
+pub(crate) struct RegistrationService {
     /// Driver name (`GetInfo.name`).
     pub driver: String,
     /// CSI socket kubelet should call (`GetInfo.endpoint`).
@@ -108,7 +109,7 @@ impl Registration for RegistrationService {
 }
 
 /// Serves the registration service on `listener` until `shutdown` fires.
-pub async fn serve_registration(
+pub(crate) async fn serve_registration(
     service: RegistrationService,
     listener: UnixListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -138,7 +139,7 @@ struct Serving {
 
 /// The actor that owns the registration socket, its serving task and the watcher that
 /// re-creates the socket when it disappears.
-pub struct Registrar {
+pub(crate) struct Registrar {
     service: RegistrationService,
     path: PathBuf,
     listener: Option<UnixListener>,
@@ -152,7 +153,7 @@ pub struct Registrar {
 impl Registrar {
     /// A registrar serving on an already bound listener at `path` (bind errors are
     /// fatal at startup, before any actor runs).
-    pub fn new(service: RegistrationService, path: PathBuf, listener: UnixListener) -> Registrar {
+    pub(crate) fn new(service: RegistrationService, path: PathBuf, listener: UnixListener) -> Registrar {
         Registrar { service, path, listener: Some(listener), serving: None, generation: 0, last_error: None, stopping: false }
     }
 

@@ -71,7 +71,7 @@ const MAX_ECHO: usize = 64;
 /// A piece of client input as an error message shows it: quoted and escaped, cut to
 /// [`MAX_ECHO`] characters with the full length said, so that hostile input (a 1 MiB
 /// parameter) never makes a reply too large to read or a log line of a megabyte.
-pub fn echo(input: &str) -> String {
+pub(crate) fn echo(input: &str) -> String {
     if input.chars().count() <= MAX_ECHO {
         return format!("{input:?}");
     }

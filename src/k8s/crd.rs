@@ -14,6 +14,7 @@
 //!   the disk (`status.presence`, always set) and its size in binary units
 //!   (`spec.size`, as `ctl drives` prints it; `spec.sizeBytes` stays the exact figure).
 
+#[cfg(test)]
 use kube::core::CustomResourceExt;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -47,7 +48,7 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase")]
 // Every printcolumn repeats `type_`, which clippy takes for a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
-pub struct DriveSpec {
+pub(crate) struct DriveSpec {
     /// The node the disk is attached to.
     pub node: String,
     /// drivelet's stable id of the disk (from its WWN, serial or udev path), as volumes
@@ -75,7 +76,7 @@ pub struct DriveSpec {
 /// What drivelet concluded about the disk.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct DriveStatus {
+pub(crate) struct DriveStatus {
     /// What drivelet may do with the disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<DriveClass>,
@@ -110,7 +111,7 @@ pub struct DriveStatus {
 /// Whether the node sees a disk.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum DrivePresence {
+pub(crate) enum DrivePresence {
     /// The node sees the disk.
     #[default]
     Present,
@@ -121,7 +122,7 @@ pub enum DrivePresence {
 /// What drivelet may do with a disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum DriveClass {
+pub(crate) enum DriveClass {
     /// Blank or carrying a drivelet GPT: drivelet may write to it.
     Managed,
     /// Backs the running system; never touched.
@@ -135,7 +136,7 @@ pub enum DriveClass {
 /// A disk's health, from SMART.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum DriveHealth {
+pub(crate) enum DriveHealth {
     /// SMART data was read and nothing is wrong.
     Good,
     /// No SMART data (virtual disk, or smartctl could not open it).
@@ -149,7 +150,7 @@ pub enum DriveHealth {
 /// Whether a disk takes new volumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum DriveUsage {
+pub(crate) enum DriveUsage {
     /// Takes new volumes.
     Active,
     /// Takes no new volumes; its volumes are asked to move.
@@ -158,8 +159,9 @@ pub enum DriveUsage {
     Released,
 }
 
+#[cfg(test)]
 /// The CustomResourceDefinition of `Drive` as YAML, as written to `deploy/crd-drive.yaml`.
-pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+pub(crate) fn crd_yaml() -> Result<String, serde_yaml::Error> {
     let body = serde_yaml::to_string(&Drive::crd())?;
     Ok(format!(
         "# Generated from src/k8s/crd.rs; do not edit. Regenerate with:\n\

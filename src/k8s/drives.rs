@@ -55,23 +55,23 @@ use crate::actors::volumes::{ListDriveUses, ListVolumes, VolumeManager, VolumesR
 use crate::disk::smart::Health;
 
 /// The label naming the node a `Drive` object belongs to.
-pub const NODE_LABEL: &str = "drivelet.io/node";
+pub(crate) const NODE_LABEL: &str = "drivelet.io/node";
 
 /// The field manager of every server-side apply.
-pub const FIELD_MANAGER: &str = "drivelet";
+pub(crate) const FIELD_MANAGER: &str = "drivelet";
 
 /// Drive events within this long of the first one are folded into one sync.
-pub const DEBOUNCE: Duration = Duration::from_millis(500);
+pub(crate) const DEBOUNCE: Duration = Duration::from_millis(500);
 
 /// How often a sync waiting for the inventory's first scan (or the volume manager's
 /// start-up) asks again.
-pub const READY_POLL: Duration = Duration::from_secs(1);
+pub(crate) const READY_POLL: Duration = Duration::from_secs(1);
 
 /// Delay after the first failed sync; doubled per consecutive failure.
-pub const RETRY_BASE: Duration = Duration::from_secs(1);
+pub(crate) const RETRY_BASE: Duration = Duration::from_secs(1);
 
 /// The longest delay between retries of a failing sync.
-pub const RETRY_CAP: Duration = Duration::from_secs(300);
+pub(crate) const RETRY_CAP: Duration = Duration::from_secs(300);
 
 const MAX_NAME: usize = 253;
 const MAX_LABEL_VALUE: usize = 63;
@@ -102,7 +102,7 @@ fn dns_subdomain(s: &str) -> String {
 /// The name of the `Drive` object for `drive_id` on `node` (see the module rules): a valid
 /// DNS-1123 subdomain of at most 253 characters, the same on every call, different for
 /// every node and drive.
-pub fn object_name(node: &str, drive_id: &str) -> String {
+pub(crate) fn object_name(node: &str, drive_id: &str) -> String {
     let hash = name_hash(&[node, drive_id]);
     let mut base = dns_subdomain(&format!("{node}-{drive_id}"));
     // Every character of `base` is ASCII, so cutting at a byte count is cutting at a char.
@@ -128,7 +128,7 @@ fn is_label_value(v: &str) -> bool {
 /// The value of [`NODE_LABEL`] for `node`: the node name itself when it is a valid label
 /// value (Kubernetes node names up to 63 characters are), otherwise a sanitized prefix
 /// of it with a hash of the whole name appended.
-pub fn node_label_value(node: &str) -> String {
+pub(crate) fn node_label_value(node: &str) -> String {
     if is_label_value(node) {
         return node.to_string();
     }
@@ -145,7 +145,7 @@ pub fn node_label_value(node: &str) -> String {
 }
 
 /// The CRD class of an inventory class.
-pub fn class_of(class: DriveClass) -> crd::DriveClass {
+pub(crate) fn class_of(class: DriveClass) -> crd::DriveClass {
     match class {
         DriveClass::Managed => crd::DriveClass::Managed,
         DriveClass::System => crd::DriveClass::System,
@@ -155,7 +155,7 @@ pub fn class_of(class: DriveClass) -> crd::DriveClass {
 }
 
 /// The CRD health of a SMART verdict.
-pub fn health_of(health: Health) -> crd::DriveHealth {
+pub(crate) fn health_of(health: Health) -> crd::DriveHealth {
     match health {
         Health::Good => crd::DriveHealth::Good,
         Health::Unknown => crd::DriveHealth::Unknown,
@@ -165,7 +165,7 @@ pub fn health_of(health: Health) -> crd::DriveHealth {
 }
 
 /// The CRD usage of a drive's usage record (`None`: no record, so active).
-pub fn usage_of(state: Option<DriveUseState>) -> crd::DriveUsage {
+pub(crate) fn usage_of(state: Option<DriveUseState>) -> crd::DriveUsage {
     match state {
         None => crd::DriveUsage::Active,
         Some(DriveUseState::Releasing) => crd::DriveUsage::Releasing,
@@ -186,7 +186,7 @@ fn object(node: &str, drive_id: &str, spec: crd::DriveSpec, status: crd::DriveSt
 
 /// The objects this node should have: one per drive the inventory sees, and one per
 /// drive it does not see that still holds a live volume (marked missing), ordered by name.
-pub fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: &[VolumeRecord]) -> Vec<crd::Drive> {
+pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: &[VolumeRecord]) -> Vec<crd::Drive> {
     let uses: BTreeMap<&str, &DriveUse> = uses.iter().map(|u| (u.drive_id.as_str(), u)).collect();
     let mut on_drive: BTreeMap<&str, Vec<&VolumeRecord>> = BTreeMap::new();
     for rec in volumes.iter().filter(|r| r.state != VolumeState::Creating) {
@@ -265,7 +265,7 @@ pub fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: &[Volum
 
 /// One write to the API server.
 #[derive(Debug, Clone, PartialEq)]
-pub enum SyncAction {
+pub(crate) enum SyncAction {
     /// Create or update the object (spec and labels), then apply its status.
     Apply(Box<crd::Drive>),
     /// Only the status differs: apply the status subresource.
@@ -276,7 +276,7 @@ pub enum SyncAction {
 
 impl SyncAction {
     /// The name of the object the action writes.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         match self {
             SyncAction::Apply(obj) | SyncAction::ApplyStatus(obj) => obj.name_any(),
             SyncAction::Delete(name) => name.clone(),
@@ -292,7 +292,7 @@ fn is_ours(obj: &crd::Drive, node: &str) -> bool {
 /// What to write so that this node's objects among `existing` become `desired`: applies
 /// in the order of `desired`, then deletes by name (see the module rules). Objects of
 /// other nodes in `existing` are ignored.
-pub fn plan(node: &str, desired: &[crd::Drive], existing: &[crd::Drive]) -> Vec<SyncAction> {
+pub(crate) fn plan(node: &str, desired: &[crd::Drive], existing: &[crd::Drive]) -> Vec<SyncAction> {
     let ours: BTreeMap<String, &crd::Drive> =
         existing.iter().filter(|e| is_ours(e, node)).map(|e| (e.name_any(), e)).collect();
     let mut actions = Vec::new();
@@ -323,7 +323,7 @@ pub fn plan(node: &str, desired: &[crd::Drive], existing: &[crd::Drive]) -> Vec<
 
 /// Errors of a sync.
 #[derive(Debug, thiserror::Error)]
-pub enum DrivesError {
+pub(crate) enum DrivesError {
     /// Listing this node's objects failed.
     #[error("listing the Drive objects of node {node}: {source}")]
     List {
@@ -370,18 +370,18 @@ pub enum DrivesError {
 
 /// Carries out [`SyncAction`]s against the API server.
 #[derive(Clone)]
-pub struct Executor {
+pub(crate) struct Executor {
     api: Api<crd::Drive>,
 }
 
 impl Executor {
     /// An executor writing `Drive` objects as [`FIELD_MANAGER`].
-    pub fn new(client: Client) -> Self {
+    pub(crate) fn new(client: Client) -> Self {
         Self { api: Api::all(client) }
     }
 
     /// The objects labelled as `node`'s.
-    pub async fn list(&self, node: &str) -> Result<Vec<crd::Drive>, DrivesError> {
+    pub(crate) async fn list(&self, node: &str) -> Result<Vec<crd::Drive>, DrivesError> {
         let params = ListParams::default().labels(&format!("{NODE_LABEL}={}", node_label_value(node)));
         let list = self.api.list(&params).await.map_err(|source| DrivesError::List { node: node.to_string(), source })?;
         Ok(list.items)
@@ -389,7 +389,7 @@ impl Executor {
 
     /// Performs `actions` in order and stops at the first failure. A delete of an object
     /// that is already gone succeeds.
-    pub async fn execute(&self, actions: &[SyncAction]) -> Result<(), DrivesError> {
+    pub(crate) async fn execute(&self, actions: &[SyncAction]) -> Result<(), DrivesError> {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         for action in actions {
             match action {
@@ -500,7 +500,7 @@ async fn sync_once(node: String, sources: Sources, executor: Executor) -> Result
 
 /// The actor that keeps this node's `Drive` objects in sync (see the module rules). Start
 /// it under `actix::Supervisor`.
-pub struct DriveSync {
+pub(crate) struct DriveSync {
     node: String,
     executor: Executor,
     sources: Sources,
@@ -520,7 +520,7 @@ pub struct DriveSync {
 impl DriveSync {
     /// A sync of `node`'s objects through `client`, fed by the inventory and the volume
     /// manager, with a full resync every `resync` (zero: no periodic resync).
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         node: String,
         inventory: Addr<DriveInventory>,

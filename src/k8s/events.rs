@@ -43,21 +43,21 @@ use tracing::{debug, warn};
 use super::identity::Identity;
 
 /// Reason of the Event recorded when a volume turns abnormal.
-pub const REASON_ABNORMAL: &str = "VolumeConditionAbnormal";
+pub(crate) const REASON_ABNORMAL: &str = "VolumeConditionAbnormal";
 /// Reason of the Event recorded when a volume is back to normal.
-pub const REASON_NORMAL: &str = "VolumeConditionNormal";
+pub(crate) const REASON_NORMAL: &str = "VolumeConditionNormal";
 /// Action of every condition Event.
-pub const ACTION: &str = "HealthCheck";
+pub(crate) const ACTION: &str = "HealthCheck";
 /// The Events API's limit on `note`, in bytes.
-pub const NOTE_LIMIT: usize = 1024;
+pub(crate) const NOTE_LIMIT: usize = 1024;
 /// How many volumes are reported on at once.
-pub const MAX_CONCURRENT_REPORTS: usize = 3;
+pub(crate) const MAX_CONCURRENT_REPORTS: usize = 3;
 /// Wait before the one retry of a failed lookup or Event.
-pub const RETRY_AFTER: Duration = Duration::from_secs(5);
+pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// The longest rate-limit window the gate keeps (longer intervals are cut to this).
-pub const MAX_INTERVAL: Duration = Duration::from_secs(365 * 24 * 3600);
+pub(crate) const MAX_INTERVAL: Duration = Duration::from_secs(365 * 24 * 3600);
 
-pub use crate::actors::messages::VolumeConditionChanged;
+pub(crate) use crate::actors::messages::VolumeConditionChanged;
 
 impl VolumeConditionChanged {
     fn same_state(&self, other: &VolumeConditionChanged) -> bool {
@@ -79,7 +79,7 @@ struct Window {
 /// Per-volume rate limiter of condition reports (see the module rules). Pure: the caller
 /// passes the time in and wakes up at [`EventGate::next_wake`] to call [`EventGate::due`].
 #[derive(Debug, Clone)]
-pub struct EventGate {
+pub(crate) struct EventGate {
     min_interval: Duration,
     windows: HashMap<String, Window>,
 }
@@ -87,7 +87,7 @@ pub struct EventGate {
 impl EventGate {
     /// A gate letting through one report per volume per `min_interval` (at most
     /// [`MAX_INTERVAL`]).
-    pub fn new(min_interval: Duration) -> Self {
+    pub(crate) fn new(min_interval: Duration) -> Self {
         Self { min_interval: min_interval.min(MAX_INTERVAL), windows: HashMap::new() }
     }
 
@@ -98,7 +98,7 @@ impl EventGate {
     /// A change seen at `now`: returns it when it is to be reported at once, `None` when
     /// it is held until the volume's window ends (or dropped because it equals what was
     /// reported last).
-    pub fn offer(&mut self, change: VolumeConditionChanged, now: Instant) -> Option<VolumeConditionChanged> {
+    pub(crate) fn offer(&mut self, change: VolumeConditionChanged, now: Instant) -> Option<VolumeConditionChanged> {
         let until = self.window_from(now);
         match self.windows.get_mut(&change.volume_id) {
             Some(w) if now < w.until => {
@@ -124,7 +124,7 @@ impl EventGate {
 
     /// The reports whose window has ended by `now` (sorted by volume id); each opens a new
     /// window. Volumes whose window ended with nothing pending are forgotten.
-    pub fn due(&mut self, now: Instant) -> Vec<VolumeConditionChanged> {
+    pub(crate) fn due(&mut self, now: Instant) -> Vec<VolumeConditionChanged> {
         let next_until = self.window_from(now);
         let mut out = Vec::new();
         self.windows.retain(|_, w| {
@@ -148,12 +148,13 @@ impl EventGate {
     /// When [`EventGate::due`] next has something to do: the earliest window end, whether
     /// a report is pending there or the volume is only to be forgotten. `None`: nothing
     /// tracked.
-    pub fn next_wake(&self) -> Option<Instant> {
+    pub(crate) fn next_wake(&self) -> Option<Instant> {
         self.windows.values().map(|w| w.until).min()
     }
 
+    #[cfg(test)]
     /// How many volumes the gate remembers.
-    pub fn tracked(&self) -> usize {
+    pub(crate) fn tracked(&self) -> usize {
         self.windows.len()
     }
 }
@@ -161,7 +162,7 @@ impl EventGate {
 /// Reports waiting to run: at most one queued per volume (a newer one replaces it), one
 /// running per volume, at most `limit` running in all. Pure bookkeeping for the actor.
 #[derive(Debug, Clone)]
-pub struct ReportQueue {
+pub(crate) struct ReportQueue {
     limit: usize,
     queued: VecDeque<VolumeConditionChanged>,
     running: HashSet<String>,
@@ -169,12 +170,12 @@ pub struct ReportQueue {
 
 impl ReportQueue {
     /// An empty queue running at most `limit` (at least one) reports at once.
-    pub fn new(limit: usize) -> Self {
+    pub(crate) fn new(limit: usize) -> Self {
         Self { limit: limit.max(1), queued: VecDeque::new(), running: HashSet::new() }
     }
 
     /// Queue a report, replacing a queued (not yet running) one of the same volume.
-    pub fn push(&mut self, change: VolumeConditionChanged) {
+    pub(crate) fn push(&mut self, change: VolumeConditionChanged) {
         match self.queued.iter_mut().find(|q| q.volume_id == change.volume_id) {
             Some(queued) => *queued = change,
             None => self.queued.push_back(change),
@@ -183,7 +184,7 @@ impl ReportQueue {
 
     /// The oldest queued report that may start now (below the limit, its volume not
     /// running), marked running.
-    pub fn start(&mut self) -> Option<VolumeConditionChanged> {
+    pub(crate) fn start(&mut self) -> Option<VolumeConditionChanged> {
         if self.running.len() >= self.limit {
             return None;
         }
@@ -194,26 +195,27 @@ impl ReportQueue {
     }
 
     /// The report of `volume_id` finished.
-    pub fn finish(&mut self, volume_id: &str) {
+    pub(crate) fn finish(&mut self, volume_id: &str) {
         self.running.remove(volume_id);
     }
 
     /// Forget the running reports (their futures were dropped); queued ones stay.
-    pub fn clear_running(&mut self) -> usize {
+    pub(crate) fn clear_running(&mut self) -> usize {
         let n = self.running.len();
         self.running.clear();
         n
     }
 
+    #[cfg(test)]
     /// How many reports are queued and how many are running.
-    pub fn counts(&self) -> (usize, usize) {
+    pub(crate) fn counts(&self) -> (usize, usize) {
         (self.queued.len(), self.running.len())
     }
 }
 
 /// What a volume's PV says about who to tell.
 #[derive(Debug, Clone, PartialEq)]
-pub enum ClaimLookup {
+pub(crate) enum ClaimLookup {
     /// No PV of our driver has this volume handle.
     NoVolume,
     /// The PV is not bound to a claim (no claimRef, or one without namespace or name).
@@ -236,7 +238,7 @@ pub enum ClaimLookup {
 }
 
 /// Whether `pv` is the PV of `volume_id` under `driver`.
-pub fn is_volume(pv: &PersistentVolume, driver: &str, volume_id: &str) -> bool {
+pub(crate) fn is_volume(pv: &PersistentVolume, driver: &str, volume_id: &str) -> bool {
     pv.spec
         .as_ref()
         .and_then(|s| s.csi.as_ref())
@@ -244,7 +246,7 @@ pub fn is_volume(pv: &PersistentVolume, driver: &str, volume_id: &str) -> bool {
 }
 
 /// The claim of one PV (see [`ClaimLookup`]).
-pub fn claim_of(pv: &PersistentVolume) -> ClaimLookup {
+pub(crate) fn claim_of(pv: &PersistentVolume) -> ClaimLookup {
     let name = pv.name_any();
     if pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released") {
         return ClaimLookup::Released { pv: name };
@@ -267,7 +269,7 @@ pub fn claim_of(pv: &PersistentVolume) -> ClaimLookup {
 }
 
 /// The claim of the PV of `volume_id` under `driver`, among `pvs`.
-pub fn find_claim<'a>(
+pub(crate) fn find_claim<'a>(
     pvs: impl IntoIterator<Item = &'a PersistentVolume>,
     driver: &str,
     volume_id: &str,
@@ -277,7 +279,7 @@ pub fn find_claim<'a>(
 
 /// The pods among `pods` that use `claim` on `node` and have not finished, as Events'
 /// `regarding`, in list order.
-pub fn pods_using<'a>(pods: impl IntoIterator<Item = &'a Pod>, claim: &ObjectReference, node: &str) -> Vec<ObjectReference> {
+pub(crate) fn pods_using<'a>(pods: impl IntoIterator<Item = &'a Pod>, claim: &ObjectReference, node: &str) -> Vec<ObjectReference> {
     let (Some(namespace), Some(claim_name)) = (claim.namespace.as_deref(), claim.name.as_deref()) else {
         return Vec::new();
     };
@@ -299,7 +301,7 @@ pub fn pods_using<'a>(pods: impl IntoIterator<Item = &'a Pod>, claim: &ObjectRef
 }
 
 /// `note` cut to at most [`NOTE_LIMIT`] bytes, at a character boundary.
-pub fn truncate_note(note: &str) -> &str {
+pub(crate) fn truncate_note(note: &str) -> &str {
     if note.len() <= NOTE_LIMIT {
         return note;
     }
@@ -312,7 +314,7 @@ pub fn truncate_note(note: &str) -> &str {
 
 /// The Event about `change`, on a claim (`related: None`) or on a pod (`related`: its
 /// claim).
-pub fn condition_event(change: &VolumeConditionChanged, related: Option<ObjectReference>) -> Event {
+pub(crate) fn condition_event(change: &VolumeConditionChanged, related: Option<ObjectReference>) -> Event {
     let (type_, reason) = if change.abnormal {
         (EventType::Warning, REASON_ABNORMAL)
     } else {
@@ -329,7 +331,7 @@ pub fn condition_event(change: &VolumeConditionChanged, related: Option<ObjectRe
 
 /// Errors talking to the API server while reporting a condition.
 #[derive(Debug, thiserror::Error)]
-pub enum EventsError {
+pub(crate) enum EventsError {
     /// Listing PVs to find the volume's claim failed.
     #[error("listing PersistentVolumes to find the claim of volume {volume_id}: {source}")]
     ListPersistentVolumes {
@@ -368,7 +370,7 @@ pub enum EventsError {
 
 /// How one report went.
 #[derive(Debug, Default)]
-pub struct Reported {
+pub(crate) struct Reported {
     /// Objects the Event was recorded on.
     pub recorded: usize,
     /// What failed, after the one retry.
@@ -395,7 +397,7 @@ struct Target {
 /// object into a series for six minutes and keeps the first note, which would hide a new
 /// message; the gate already bounds how often Events are made.
 #[derive(Clone)]
-pub struct ConditionReporter {
+pub(crate) struct ConditionReporter {
     client: Client,
     identity: Identity,
     pvs: Option<Store<PersistentVolume>>,
@@ -404,20 +406,21 @@ pub struct ConditionReporter {
 
 impl ConditionReporter {
     /// A reporter for our driver on this node (`identity`), finding PVs by listing them.
-    pub fn new(client: Client, identity: Identity) -> Self {
+    pub(crate) fn new(client: Client, identity: Identity) -> Self {
         Self { client, identity, pvs: None, retry_after: RETRY_AFTER }
     }
 
+    #[cfg(test)]
     /// Find PVs in `store` (a reflector's reader) instead; while it is not ready yet, or
     /// its writer is gone before it was, PVs are listed.
-    pub fn with_pv_store(mut self, store: Store<PersistentVolume>) -> Self {
+    pub(crate) fn with_pv_store(mut self, store: Store<PersistentVolume>) -> Self {
         self.pvs = Some(store);
         self
     }
 
     /// Record the Event about `change` on the volume's claim and on the pods of this node
     /// that use it. Lookups and failed Events are retried once after [`RETRY_AFTER`].
-    pub async fn report(&self, change: &VolumeConditionChanged) -> Reported {
+    pub(crate) async fn report(&self, change: &VolumeConditionChanged) -> Reported {
         let targets = match self.targets(&change.volume_id).await {
             Ok(targets) => targets,
             Err(first) => {
@@ -509,7 +512,7 @@ impl ConditionReporter {
 
 /// The actor that turns volume condition changes into rate-limited Events: a thin shell
 /// over [`EventGate`], [`ReportQueue`] and [`ConditionReporter`].
-pub struct ConditionEvents {
+pub(crate) struct ConditionEvents {
     reporter: ConditionReporter,
     gate: EventGate,
     queue: ReportQueue,
@@ -518,7 +521,7 @@ pub struct ConditionEvents {
 
 impl ConditionEvents {
     /// An actor reporting through `reporter`, at most once per volume per `min_interval`.
-    pub fn new(reporter: ConditionReporter, min_interval: Duration) -> Self {
+    pub(crate) fn new(reporter: ConditionReporter, min_interval: Duration) -> Self {
         Self { reporter, gate: EventGate::new(min_interval), queue: ReportQueue::new(MAX_CONCURRENT_REPORTS), wake: None }
     }
 

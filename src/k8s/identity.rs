@@ -11,11 +11,11 @@
 use kube::runtime::events::Reporter;
 
 /// The controller name on Events and the field manager on patches.
-pub const REPORTER: &str = "drivelet";
+pub(crate) const REPORTER: &str = "drivelet";
 
 /// Who we are: only VolumeAttachments for this driver and this node are ours.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
+pub(crate) struct Identity {
     /// The CSI driver name (`spec.attacher`).
     pub driver: String,
     /// This node's name (`spec.nodeName`).
@@ -24,19 +24,19 @@ pub struct Identity {
 
 impl Identity {
     /// Our finalizer on VolumeAttachments and PVs.
-    pub fn finalizer(&self) -> String {
+    pub(crate) fn finalizer(&self) -> String {
         finalizer_name(&self.driver)
     }
 
     /// The reporter of our Events: controller [`REPORTER`], this node's instance.
-    pub fn reporter(&self) -> Reporter {
+    pub(crate) fn reporter(&self) -> Reporter {
         Reporter { controller: REPORTER.to_string(), instance: Some(self.node.clone()) }
     }
 }
 
 /// The external-attacher's finalizer for a driver: `external-attacher/<driver>` with every
 /// `/` in the driver name replaced by `-`.
-pub fn finalizer_name(driver: &str) -> String {
+pub(crate) fn finalizer_name(driver: &str) -> String {
     format!("external-attacher/{}", driver.replace('/', "-"))
 }
 

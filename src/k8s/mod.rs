@@ -28,26 +28,26 @@
 
 /// The external-attacher: reconcile decisions, the executor of their actions, and the
 /// AttachQueue actor that runs them.
-pub mod attach;
+pub(crate) mod attach;
 /// The cluster-scoped `Drive` custom resource and its CRD manifest.
-pub mod crd;
+pub(crate) mod crd;
 /// The sync of this node's `Drive` objects: names, desired objects, the plan of writes,
 /// its executor and the `DriveSync` actor.
-pub mod drives;
+pub(crate) mod drives;
 /// Rate-limited Events on a volume's claim and pods when its condition turns abnormal or
 /// back to normal.
-pub mod events;
+pub(crate) mod events;
 /// Who drivelet is to the API server: driver, node, finalizer, Event reporter.
-pub mod identity;
+pub(crate) mod identity;
 /// Labelling the Node with drivelet's topology segments.
-pub mod node;
+pub(crate) mod node;
 /// The API permissions drivelet needs, the table the deployment's RBAC is checked against.
 pub mod rbac;
 /// The external-resizer: decisions about a claim asking for more, the status it writes,
 /// and the ResizeQueue actor that runs them.
-pub mod resize;
+pub(crate) mod resize;
 /// A keyed work queue with dedup, one run per key at a time and per-key retry delays.
-pub mod workqueue;
+pub(crate) mod workqueue;
 
 #[cfg(test)]
 mod drives_fake_api_tests;

@@ -21,7 +21,7 @@ use crate::backoff::backoff;
 
 /// The merge patch setting `wanted` on a node that has `current` labels; `None` when
 /// every label already has its value.
-pub fn label_patch(current: Option<&BTreeMap<String, String>>, wanted: &BTreeMap<String, String>) -> Option<Value> {
+pub(crate) fn label_patch(current: Option<&BTreeMap<String, String>>, wanted: &BTreeMap<String, String>) -> Option<Value> {
     let missing: BTreeMap<&String, &String> =
         wanted.iter().filter(|(k, v)| current.and_then(|c| c.get(*k)) != Some(*v)).collect();
     if missing.is_empty() {
@@ -32,7 +32,7 @@ pub fn label_patch(current: Option<&BTreeMap<String, String>>, wanted: &BTreeMap
 }
 
 /// Reads the node and writes the labels it lacks.
-pub async fn label_once(client: &Client, node: &str, wanted: &BTreeMap<String, String>) -> Result<bool, kube::Error> {
+pub(crate) async fn label_once(client: &Client, node: &str, wanted: &BTreeMap<String, String>) -> Result<bool, kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
     let current = nodes.get(node).await?;
     let Some(patch) = label_patch(current.metadata.labels.as_ref(), wanted) else { return Ok(false) };
@@ -41,7 +41,7 @@ pub async fn label_once(client: &Client, node: &str, wanted: &BTreeMap<String, S
 }
 
 /// Labels the node, retrying with backoff (`base` doubling up to `cap`) until it works.
-pub async fn label_node(client: Client, node: String, wanted: BTreeMap<String, String>, base: Duration, cap: Duration) {
+pub(crate) async fn label_node(client: Client, node: String, wanted: BTreeMap<String, String>, base: Duration, cap: Duration) {
     let mut attempt = 0;
     loop {
         match label_once(&client, &node, &wanted).await {

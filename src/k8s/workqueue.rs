@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 /// How a run of a key ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Done; the failure count resets.
     Done,
     /// Run it again after this delay; the failure count grows by one.
@@ -37,18 +37,18 @@ struct Item {
 
 /// The queue; see the module rules.
 #[derive(Debug, Clone, Default)]
-pub struct WorkQueue<K: Ord + Clone> {
+pub(crate) struct WorkQueue<K: Ord + Clone> {
     items: BTreeMap<K, Item>,
 }
 
 impl<K: Ord + Clone> WorkQueue<K> {
     /// An empty queue.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self { items: BTreeMap::new() }
     }
 
     /// The key changed: run it now, or once more after its current run.
-    pub fn add(&mut self, key: K, now: Instant) {
+    pub(crate) fn add(&mut self, key: K, now: Instant) {
         let item = self.items.entry(key).or_default();
         if item.running {
             item.dirty = true;
@@ -58,7 +58,7 @@ impl<K: Ord + Clone> WorkQueue<K> {
     }
 
     /// The next due key (earliest first), marked running, with its failure count so far.
-    pub fn pop(&mut self, now: Instant) -> Option<(K, u32)> {
+    pub(crate) fn pop(&mut self, now: Instant) -> Option<(K, u32)> {
         let (key, _) = self
             .items
             .iter()
@@ -74,7 +74,7 @@ impl<K: Ord + Clone> WorkQueue<K> {
     }
 
     /// A run of `key` ended.
-    pub fn finish(&mut self, key: &K, outcome: Outcome, now: Instant) {
+    pub(crate) fn finish(&mut self, key: &K, outcome: Outcome, now: Instant) {
         let Some(item) = self.items.get_mut(key) else { return };
         item.running = false;
         match outcome {
@@ -97,29 +97,30 @@ impl<K: Ord + Clone> WorkQueue<K> {
 
     /// The key's object is gone: drop it unless it is running (its run finishes and
     /// finds nothing to do).
-    pub fn forget(&mut self, key: &K) {
+    pub(crate) fn forget(&mut self, key: &K) {
         if self.items.get(key).is_some_and(|i| !i.running) {
             self.items.remove(key);
         }
     }
 
     /// When the earliest waiting key is due.
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         self.items.values().filter(|i| !i.running).filter_map(|i| i.due).min()
     }
 
     /// Keys waiting (due now or later).
-    pub fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         self.items.values().filter(|i| !i.running && i.due.is_some()).count()
     }
 
     /// Keys being worked on.
-    pub fn running(&self) -> usize {
+    pub(crate) fn running(&self) -> usize {
         self.items.values().filter(|i| i.running).count()
     }
 
+    #[cfg(test)]
     /// Failures of `key` so far (0 for an unknown key).
-    pub fn failures(&self, key: &K) -> u32 {
+    pub(crate) fn failures(&self, key: &K) -> u32 {
         self.items.get(key).map_or(0, |i| i.failures)
     }
 }

@@ -51,44 +51,45 @@ use k8s_openapi::api::core::v1::{
 use uuid::Uuid;
 
 /// The in-tree volume plugin whose PVs this module translates.
-pub const IN_TREE_PLUGIN: &str = "kubernetes.io/local-volume";
+pub(crate) const IN_TREE_PLUGIN: &str = "kubernetes.io/local-volume";
 
 /// The node label in-tree local PVs name their node with.
-pub const HOSTNAME_KEY: &str = "kubernetes.io/hostname";
+pub(crate) const HOSTNAME_KEY: &str = "kubernetes.io/hostname";
 
 /// Every translated volume handle starts with this; drivelet's own volume ids are bare
 /// UUIDs, so the two never collide.
-pub const HANDLE_PREFIX: &str = "local-";
+pub(crate) const HANDLE_PREFIX: &str = "local-";
 
 /// The UUID v5 namespace of translated volume handles.
-pub const HANDLE_NAMESPACE: Uuid = uuid::uuid!("773688ae-0314-42ef-8231-28a8c6dcb3c8");
+pub(crate) const HANDLE_NAMESPACE: Uuid = uuid::uuid!("773688ae-0314-42ef-8231-28a8c6dcb3c8");
 
 /// Volume attribute marking a CSI PV as translated; its value is [`IN_TREE_PLUGIN`].
-pub const ATTR_MIGRATED_FROM: &str = "drivelet.io/migrated-from";
+pub(crate) const ATTR_MIGRATED_FROM: &str = "drivelet.io/migrated-from";
 
 /// Volume attribute: the node the local path lives on.
-pub const ATTR_NODE: &str = "drivelet.io/node";
+pub(crate) const ATTR_NODE: &str = "drivelet.io/node";
 
 /// Volume attribute: the in-tree `local.path`, byte for byte.
-pub const ATTR_LOCAL_PATH: &str = "drivelet.io/local-path";
+pub(crate) const ATTR_LOCAL_PATH: &str = "drivelet.io/local-path";
 
 /// Volume attribute: the in-tree `local.fsType`, present only when it was set.
-pub const ATTR_LOCAL_FSTYPE: &str = "drivelet.io/local-fstype";
+pub(crate) const ATTR_LOCAL_FSTYPE: &str = "drivelet.io/local-fstype";
 
 /// Volume attribute: the node affinity expressions whose key was `kubernetes.io/hostname`,
 /// as `<term index>.<expression index>` pairs joined by `,` in ascending order, e.g.
 /// `0.0,2.1` (indexes into `spec.nodeAffinity.required.nodeSelectorTerms` and their
 /// `matchExpressions`).
-pub const ATTR_HOSTNAME_EXPRESSIONS: &str = "drivelet.io/hostname-expressions";
+pub(crate) const ATTR_HOSTNAME_EXPRESSIONS: &str = "drivelet.io/hostname-expressions";
 
 const ATTRIBUTES: [&str; 5] =
     [ATTR_MIGRATED_FROM, ATTR_NODE, ATTR_LOCAL_PATH, ATTR_LOCAL_FSTYPE, ATTR_HOSTNAME_EXPRESSIONS];
 
 /// CSI: a string field (a volume id) is at most 128 bytes.
-pub const MAX_HANDLE_BYTES: usize = 128;
+#[cfg(test)]
+pub(crate) const MAX_HANDLE_BYTES: usize = 128;
 
 /// CSI: a `map<string, string>` (the volume context) is at most 4 KiB.
-pub const MAX_ATTRIBUTE_BYTES: usize = 4096;
+pub(crate) const MAX_ATTRIBUTE_BYTES: usize = 4096;
 
 /// What is wrong with a local path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,7 +215,7 @@ pub enum TranslateError {
 
 /// Where a translated volume came from: what adopting it needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LocalOrigin {
+pub(crate) struct LocalOrigin {
     /// The node holding the path.
     pub node: String,
     /// The in-tree `local.path`.
@@ -227,7 +228,7 @@ pub struct LocalOrigin {
 
 /// Translates `kubernetes.io/local-volume` PVs to drivelet CSI PVs and back.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Translator {
+pub(crate) struct Translator {
     driver: String,
     topology_key: String,
     enabled: bool,
@@ -236,45 +237,49 @@ pub struct Translator {
 impl Translator {
     /// A translator for CSI driver `driver`, with drivelet's topology key; `enabled` is
     /// the per-plugin switch (`migration.local`).
-    pub fn new(driver: impl Into<String>, enabled: bool) -> Self {
+    pub(crate) fn new(driver: impl Into<String>, enabled: bool) -> Self {
         Self { driver: driver.into(), topology_key: crate::TOPOLOGY_NODE_KEY.to_string(), enabled }
     }
 
     /// The translator a configuration asks for: `driver.name` and `migration.local`.
-    pub fn from_config(cfg: &crate::config::Config) -> Self {
+    pub(crate) fn from_config(cfg: &crate::config::Config) -> Self {
         Self::new(cfg.driver.name.clone(), cfg.migration.local)
     }
 
+    #[cfg(test)]
     /// The CSI driver translated PVs name.
-    pub fn driver(&self) -> &str {
+    pub(crate) fn driver(&self) -> &str {
         &self.driver
     }
 
+    #[cfg(test)]
     /// The node topology key translated node affinity uses.
-    pub fn topology_key(&self) -> &str {
+    pub(crate) fn topology_key(&self) -> &str {
         &self.topology_key
     }
 
+    #[cfg(test)]
     /// The in-tree plugin this translator handles: [`IN_TREE_PLUGIN`].
-    pub fn in_tree_plugin_name(&self) -> &'static str {
+    pub(crate) fn in_tree_plugin_name(&self) -> &'static str {
         IN_TREE_PLUGIN
     }
 
     /// Whether volumes of `plugin_name` are migrated: only `kubernetes.io/local-volume`,
     /// and only with the switch on.
-    pub fn is_migrated(&self, plugin_name: &str) -> bool {
+    pub(crate) fn is_migrated(&self, plugin_name: &str) -> bool {
         self.enabled && plugin_name == IN_TREE_PLUGIN
     }
 
+    #[cfg(test)]
     /// Whether `pv` is a volume of the in-tree plugin (`spec.local` is set). It does not
     /// say the translation will succeed: that is [`Translator::translate_to_csi`]'s to
     /// decide.
-    pub fn can_support(&self, pv: &PersistentVolume) -> bool {
+    pub(crate) fn can_support(&self, pv: &PersistentVolume) -> bool {
         pv.spec.as_ref().is_some_and(|s| s.local.is_some())
     }
 
     /// The CSI form of an in-tree local PV (see the module rules); `pv` is not changed.
-    pub fn translate_to_csi(&self, pv: &PersistentVolume) -> Result<PersistentVolume, TranslateError> {
+    pub(crate) fn translate_to_csi(&self, pv: &PersistentVolume) -> Result<PersistentVolume, TranslateError> {
         let name = pv_name(pv)?;
         let (spec, local) = match pv.spec.as_ref() {
             Some(spec) => match spec.local.as_ref() {
@@ -314,15 +319,16 @@ impl Translator {
         Ok(PersistentVolume { metadata: pv.metadata.clone(), spec: Some(spec), status: pv.status.clone() })
     }
 
+    #[cfg(test)]
     /// The in-tree form of a CSI PV made by [`Translator::translate_to_csi`]: its exact
     /// inverse. `pv` is not changed.
-    pub fn translate_to_in_tree(&self, pv: &PersistentVolume) -> Result<PersistentVolume, TranslateError> {
+    pub(crate) fn translate_to_in_tree(&self, pv: &PersistentVolume) -> Result<PersistentVolume, TranslateError> {
         self.untranslate(pv).map(|(in_tree, _)| in_tree)
     }
 
     /// Where a translated CSI PV came from: node, path, fsType and handle, after the same
     /// checks as [`Translator::translate_to_in_tree`].
-    pub fn local_origin(&self, pv: &PersistentVolume) -> Result<LocalOrigin, TranslateError> {
+    pub(crate) fn local_origin(&self, pv: &PersistentVolume) -> Result<LocalOrigin, TranslateError> {
         self.untranslate(pv).map(|(_, origin)| origin)
     }
 
@@ -402,14 +408,14 @@ impl Translator {
 
 /// The volume handle of the local PV `pv_name` on `node`:
 /// `local-<UUID v5 of "<node>/<pv_name>" in HANDLE_NAMESPACE>`.
-pub fn volume_handle(node: &str, pv_name: &str) -> String {
+pub(crate) fn volume_handle(node: &str, pv_name: &str) -> String {
     let id = Uuid::new_v5(&HANDLE_NAMESPACE, format!("{node}/{pv_name}").as_bytes());
     format!("{HANDLE_PREFIX}{id}")
 }
 
 /// The node an in-tree local PV lives on: the one value of its
 /// `kubernetes.io/hostname In` node affinity expressions (see the module rules).
-pub fn node_of(pv: &PersistentVolume) -> Result<String, TranslateError> {
+pub(crate) fn node_of(pv: &PersistentVolume) -> Result<String, TranslateError> {
     let name = pv_name(pv)?;
     let terms = terms(pv);
     if terms.is_empty() {
@@ -443,7 +449,7 @@ pub fn node_of(pv: &PersistentVolume) -> Result<String, TranslateError> {
 }
 
 /// Checks a local path: non-empty, absolute, no NUL, no `..` component.
-pub fn check_path(path: &str) -> Result<(), PathProblem> {
+pub(crate) fn check_path(path: &str) -> Result<(), PathProblem> {
     if path.is_empty() {
         return Err(PathProblem::Empty);
     }

@@ -44,12 +44,11 @@ use crate::disk::gpt;
 use crate::disk::smart::Health;
 
 use self::claim::BusyIds;
-pub use self::claim::Claim;
-pub use self::drives::{DriveEffects, ReleasePlan};
+pub(crate) use self::claim::Claim;
 
 /// What a CreateVolume asks for, decided.
 #[derive(Debug, Clone, PartialEq)]
-pub enum CreatePlan {
+pub(crate) enum CreatePlan {
     /// The volume exists as asked (or is being created by this very name): answer it.
     Existing(VolumeRecord),
     /// A new record, placed: reserve it and run the disk steps.
@@ -57,7 +56,7 @@ pub enum CreatePlan {
 }
 
 /// What the book holds.
-pub struct VolumeBook {
+pub(crate) struct VolumeBook {
     cfg: VolumesConfig,
     /// Release a releasing drive once its last volume is gone, even unasked.
     auto_release: bool,
@@ -76,13 +75,13 @@ pub struct VolumeBook {
 
 
 /// Seconds since the epoch, for records.
-pub fn now_unix() -> u64 {
+pub(crate) fn now_unix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 impl VolumeBook {
     /// An empty book, not ready.
-    pub fn new(cfg: VolumesConfig, auto_release: bool) -> VolumeBook {
+    pub(crate) fn new(cfg: VolumesConfig, auto_release: bool) -> VolumeBook {
         VolumeBook {
             cfg,
             auto_release,
@@ -97,7 +96,7 @@ impl VolumeBook {
     }
 
     /// Forgets what restarting must rebuild from the host: records, drives, claims.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.ready = false;
         self.records.clear();
         self.drives.clear();
@@ -105,31 +104,31 @@ impl VolumeBook {
     }
 
     /// Whether start-up reconciliation is done.
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.ready
     }
 
     /// The roots node paths must lie under.
-    pub fn allowed_roots(&self) -> &[PathBuf] {
+    pub(crate) fn allowed_roots(&self) -> &[PathBuf] {
         &self.cfg.allowed_roots
     }
 
     /// Takes in the drives the inventory knows.
-    pub fn add_drives(&mut self, drives: Vec<Drive>) {
+    pub(crate) fn add_drives(&mut self, drives: Vec<Drive>) {
         for d in drives {
             self.drives.insert(d.id.clone(), d);
         }
     }
 
     /// Every present drive.
-    pub fn drives(&self) -> impl Iterator<Item = &Drive> {
+    pub(crate) fn drives(&self) -> impl Iterator<Item = &Drive> {
         self.drives.values()
     }
 
     /// Loads what start-up reconciliation kept and opens the book; answers the usage
     /// records to store for drives whose health was found bad before they were loaded.
     /// `uses`: `None` when they could not be read (the ones known are kept).
-    pub fn load(&mut self, records: Vec<VolumeRecord>, uses: Option<Vec<DriveUse>>) -> Vec<DriveUse> {
+    pub(crate) fn load(&mut self, records: Vec<VolumeRecord>, uses: Option<Vec<DriveUse>>) -> Vec<DriveUse> {
         if let Some(uses) = uses {
             self.drive_use = uses.into_iter().map(|u| (u.drive_id.clone(), u)).collect();
         }
@@ -148,22 +147,22 @@ impl VolumeBook {
     }
 
     /// The number of records.
-    pub fn volume_count(&self) -> usize {
+    pub(crate) fn volume_count(&self) -> usize {
         self.records.len()
     }
 
     /// Every record, by id.
-    pub fn records(&self) -> impl Iterator<Item = &VolumeRecord> {
+    pub(crate) fn records(&self) -> impl Iterator<Item = &VolumeRecord> {
         self.records.values()
     }
 
     /// The usage records of releasing and released drives.
-    pub fn drive_uses(&self) -> Vec<DriveUse> {
+    pub(crate) fn drive_uses(&self) -> Vec<DriveUse> {
         self.drive_use.values().cloned().collect()
     }
 
     /// Claims volume `id` for one call: the book is ready and no other call holds it.
-    pub fn claim(&self, id: &str) -> Result<Claim, VolumeError> {
+    pub(crate) fn claim(&self, id: &str) -> Result<Claim, VolumeError> {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
@@ -182,13 +181,13 @@ impl VolumeBook {
     }
 
     /// Whether a call holds volume `id`.
-    pub fn is_busy(&self, id: &str) -> bool {
+    pub(crate) fn is_busy(&self, id: &str) -> bool {
         self.busy.lock().unwrap_or_else(|p| p.into_inner()).ids.contains_key(id)
     }
 
     /// Where a volume's drive is, for its disk steps. An adopted volume's drive (if
     /// drivelet knows it) is never handed to a disk step: it is not drivelet's to change.
-    pub fn loc_of(&self, rec: &VolumeRecord) -> Option<DriveLoc> {
+    pub(crate) fn loc_of(&self, rec: &VolumeRecord) -> Option<DriveLoc> {
         if rec.adopted.is_some() {
             return None;
         }
@@ -197,7 +196,7 @@ impl VolumeBook {
 
     /// A volume callers may see: the book is ready and the volume exists and is not
     /// still being created (a `Creating` record was never handed out).
-    pub fn visible(&self, id: &str) -> Result<&VolumeRecord, VolumeError> {
+    pub(crate) fn visible(&self, id: &str) -> Result<&VolumeRecord, VolumeError> {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
@@ -208,26 +207,27 @@ impl VolumeBook {
     }
 
     /// The condition of a volume now.
-    pub fn condition_of(&self, rec: &VolumeRecord) -> Condition {
+    pub(crate) fn condition_of(&self, rec: &VolumeRecord) -> Condition {
         let f = self.findings.get(&rec.id).map(Vec::as_slice).unwrap_or(&[]);
         health::condition(rec, self.drives.get(&rec.drive_id), self.drive_use.get(&rec.drive_id), f)
     }
 
     /// A visible volume with its condition.
-    pub fn status(&self, id: &str) -> Result<VolumeStatus, VolumeError> {
+    pub(crate) fn status(&self, id: &str) -> Result<VolumeStatus, VolumeError> {
         let r = self.visible(id)?;
         Ok(VolumeStatus { record: r.clone(), condition: self.condition_of(r) })
     }
 
+    #[cfg(test)]
     /// A page of shown volumes after `after` (by id), at most `max` (0: all), and the
     /// id to go on after when more follow.
-    pub fn page(&self, after: Option<&str>, max: usize) -> Result<(Vec<VolumeStatus>, Option<String>), VolumeError> {
+    pub(crate) fn page(&self, after: Option<&str>, max: usize) -> Result<(Vec<VolumeStatus>, Option<String>), VolumeError> {
         self.page_where(after, max, false)
     }
 
     /// [`VolumeBook::page`], of the abnormal volumes only when `abnormal_only`
     /// (ControllerListVolumeHealth omits healthy volumes).
-    pub fn page_where(&self, after: Option<&str>, max: usize, abnormal_only: bool) -> Result<(Vec<VolumeStatus>, Option<String>), VolumeError> {
+    pub(crate) fn page_where(&self, after: Option<&str>, max: usize, abnormal_only: bool) -> Result<(Vec<VolumeStatus>, Option<String>), VolumeError> {
         use std::ops::Bound;
         if !self.ready {
             return Err(VolumeError::NotReady);
@@ -258,7 +258,7 @@ impl VolumeBook {
 
     /// The health of this node's storage (NodeGetStorageHealth): its managed drives,
     /// and the drives that hold shown volumes but are missing.
-    pub fn storage_health(&self) -> Result<Vec<health::StorageEntry>, VolumeError> {
+    pub(crate) fn storage_health(&self) -> Result<Vec<health::StorageEntry>, VolumeError> {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
@@ -275,7 +275,7 @@ impl VolumeBook {
 
     /// Recomputes the conditions of the matching volumes, logs each change once and
     /// answers the changes to tell.
-    pub fn refresh(&mut self, which: impl Fn(&VolumeRecord) -> bool) -> Vec<VolumeConditionChanged> {
+    pub(crate) fn refresh(&mut self, which: impl Fn(&VolumeRecord) -> bool) -> Vec<VolumeConditionChanged> {
         let mut changed = Vec::new();
         for rec in self.records.values().filter(|r| which(r) && r.state != VolumeState::Creating) {
             let c = self.condition_of(rec);
@@ -301,7 +301,7 @@ impl VolumeBook {
 
     /// Takes in what a volume's checks found; `false` when the check raced with an
     /// operation on the volume (or the volume is gone) and was dropped as stale.
-    pub fn checked(&mut self, volume_id: String, findings: Vec<Finding>) -> bool {
+    pub(crate) fn checked(&mut self, volume_id: String, findings: Vec<Finding>) -> bool {
         if self.is_busy(&volume_id) || !self.records.contains_key(&volume_id) {
             return false;
         }
@@ -312,7 +312,7 @@ impl VolumeBook {
     /// Stores what a volume's operation handed back (`None`: the volume is gone) and
     /// answers the drives whose shown volumes changed.
     /// `before` is what [`VolumeBook::shown`] said when the operation began.
-    pub fn finish(&mut self, id: &str, before: Option<(String, bool)>, record: Option<VolumeRecord>, clear_findings: bool) -> BTreeSet<String> {
+    pub(crate) fn finish(&mut self, id: &str, before: Option<(String, bool)>, record: Option<VolumeRecord>, clear_findings: bool) -> BTreeSet<String> {
         if clear_findings {
             self.findings.remove(id);
         }
@@ -332,7 +332,7 @@ impl VolumeBook {
     }
 
     /// Forgets the logged condition of a volume that is gone.
-    pub fn forget_condition(&mut self, id: &str) {
+    pub(crate) fn forget_condition(&mut self, id: &str) {
         if !self.records.contains_key(id) {
             self.conditions.remove(id);
         }
@@ -340,12 +340,12 @@ impl VolumeBook {
 
     /// What the Drive objects show of one volume: its drive and whether it failed;
     /// `None` while it is unknown or still being created (never handed out).
-    pub fn shown(&self, id: &str) -> Option<(String, bool)> {
+    pub(crate) fn shown(&self, id: &str) -> Option<(String, bool)> {
         self.records.get(id).filter(|r| r.state != VolumeState::Creating).map(|r| (r.drive_id.clone(), r.failed))
     }
 
     /// The drive a volume lives on, if it is known.
-    pub fn drive_of(&self, id: &str) -> Option<String> {
+    pub(crate) fn drive_of(&self, id: &str) -> Option<String> {
         self.records.get(id).map(|r| r.drive_id.clone())
     }
 
@@ -364,7 +364,7 @@ impl VolumeBook {
     }
 
     /// GetCapacity from the placement model.
-    pub fn capacity(&self, m: &GetCapacity) -> Result<placement::Capacity, VolumeError> {
+    pub(crate) fn capacity(&self, m: &GetCapacity) -> Result<placement::Capacity, VolumeError> {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
@@ -373,7 +373,7 @@ impl VolumeBook {
 
     /// Decides a CreateVolume: the existing volume of the name, or a new record placed
     /// on a drive with room.
-    pub fn plan_create(&self, m: &CreateVolume) -> Result<CreatePlan, VolumeError> {
+    pub(crate) fn plan_create(&self, m: &CreateVolume) -> Result<CreatePlan, VolumeError> {
         let guid = gpt::volume_partition_guid(&m.name);
         let id = guid.to_string();
         let fs_type = if m.block { String::new() } else if m.fs_type.is_empty() { self.cfg.default_fs.clone() } else { m.fs_type.clone() };
@@ -448,18 +448,18 @@ impl VolumeBook {
 
     /// Reserves a record's extent (a new volume being created, or the size an expansion
     /// grows to): a create placed meanwhile sees the space taken.
-    pub fn reserve(&mut self, rec: VolumeRecord) {
+    pub(crate) fn reserve(&mut self, rec: VolumeRecord) {
         self.records.insert(rec.id.clone(), rec);
     }
 
     /// Decides a DeleteVolume: the record to delete, `None` when it is gone already.
-    pub fn plan_delete(&self, id: &str) -> Option<VolumeRecord> {
+    pub(crate) fn plan_delete(&self, id: &str) -> Option<VolumeRecord> {
         self.records.get(id).cloned()
     }
 
     /// Common start of a node call: ready, known; the drive when present (required
     /// unless the volume is adopted when `need_drive`).
-    pub fn node_call(&self, id: &str, need_drive: bool) -> Result<(VolumeRecord, Option<DriveLoc>), VolumeError> {
+    pub(crate) fn node_call(&self, id: &str, need_drive: bool) -> Result<(VolumeRecord, Option<DriveLoc>), VolumeError> {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
@@ -473,7 +473,7 @@ impl VolumeBook {
 
     /// Decides a NodeExpandVolume of a node call's volume: the path must be one the
     /// volume is staged or published at, and its filesystem drivelet's.
-    pub fn node_expand_check(m: &NodeExpandVolume, rec: &VolumeRecord, loc: Option<DriveLoc>) -> Result<DriveLoc, VolumeError> {
+    pub(crate) fn node_expand_check(m: &NodeExpandVolume, rec: &VolumeRecord, loc: Option<DriveLoc>) -> Result<DriveLoc, VolumeError> {
         let at_path = rec.staging.as_ref().is_some_and(|s| s.path == m.path) || rec.targets.contains_key(&m.path);
         if !at_path {
             return Err(VolumeError::PathNotFound { volume_id: m.volume_id.clone(), path: m.path.clone() });
@@ -484,7 +484,7 @@ impl VolumeBook {
 
     /// Whether a volume may be attached as asked: it exists, serves the access type and
     /// filesystem, is attached to no other node, and its drive takes the attachment.
-    pub fn attach_refusal(&self, m: &AttachVolume) -> Result<VolumeRecord, VolumeError> {
+    pub(crate) fn attach_refusal(&self, m: &AttachVolume) -> Result<VolumeRecord, VolumeError> {
         let id = m.volume_id.as_str();
         let rec = self.visible(id)?.clone();
         if rec.state == VolumeState::Deleting {
@@ -512,7 +512,7 @@ impl VolumeBook {
     /// The size a volume may grow to as asked: the range rounded like a create, never
     /// below the current size; room after it on its drive (OUT_OF_RANGE past the end of
     /// the drive, RESOURCE_EXHAUSTED when another extent is in the way).
-    pub fn expand_check(&self, m: &ExpandVolume) -> Result<(VolumeRecord, DriveLoc, u64), VolumeError> {
+    pub(crate) fn expand_check(&self, m: &ExpandVolume) -> Result<(VolumeRecord, DriveLoc, u64), VolumeError> {
         let id = m.volume_id.as_str();
         let rec = self.visible(id)?.clone();
         if rec.state == VolumeState::Deleting {
@@ -561,7 +561,7 @@ impl VolumeBook {
     /// Decides a DetachVolume: the record without its attachment, to store, and the node
     /// it was attached to; `None` when the volume is unknown or not attached to the node
     /// (detached already).
-    pub fn plan_detach(&self, m: &DetachVolume) -> Result<Option<(VolumeRecord, String)>, VolumeError> {
+    pub(crate) fn plan_detach(&self, m: &DetachVolume) -> Result<Option<(VolumeRecord, String)>, VolumeError> {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
@@ -578,7 +578,7 @@ impl VolumeBook {
     /// Decides an AdoptVolume of the directory `canonical` (what `m.path` resolves to):
     /// the existing volume adopting it, or a new record of `size` bytes on `devnum`'s
     /// drive (if drivelet knows it).
-    pub fn plan_adopt(&self, m: &AdoptVolume, canonical: &Path, devnum: Option<(u32, u32)>, size: u64) -> Result<CreatePlan, VolumeError> {
+    pub(crate) fn plan_adopt(&self, m: &AdoptVolume, canonical: &Path, devnum: Option<(u32, u32)>, size: u64) -> Result<CreatePlan, VolumeError> {
         if let Some(r) = self.records.get(&m.volume_id) {
             let same = r.adopted.as_ref().is_some_and(|a| a.path == canonical && a.pv_name == m.pv_name);
             return if same {

@@ -28,7 +28,7 @@ use crate::failpoint::crash_point;
 
 /// The source of a clone, for the disk step.
 #[derive(Debug, Clone)]
-pub struct CloneFrom {
+pub(crate) struct CloneFrom {
     /// The source's record, as it was when the clone began.
     pub source: VolumeRecord,
     /// Its drive.
@@ -42,7 +42,7 @@ fn disk(id: &str, op: &'static str) -> impl FnOnce(DiskError) -> VolumeError {
 
 /// Copies `from`'s data onto `dst`, the new volume `rec`'s wiped partition, and
 /// records in `rec` what the copy made (a formatted filesystem of the source's type).
-pub fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &CloneFrom) -> Result<(), VolumeError> {
+pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &CloneFrom) -> Result<(), VolumeError> {
     let src = &from.source;
     let id = rec.id.clone();
     let began = Instant::now();

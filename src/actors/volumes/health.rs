@@ -285,7 +285,7 @@ impl Condition {
 
 /// Derives a volume's condition from its record, its drive (if present on the node),
 /// the drive's usage record and the latest check findings.
-pub fn condition(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&DriveUse>, findings: &[Finding]) -> Condition {
+pub(crate) fn condition(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&DriveUse>, findings: &[Finding]) -> Condition {
     let mut found: Vec<(Reason, String)> = Vec::new();
     if rec.failed {
         found.push((Reason::VolumeFailed, "volume failed: its drive was force-released; delete the volume and restore from backup".into()));
@@ -360,7 +360,7 @@ pub struct StorageEntry {
 /// Judges this node's managed drives: `present` are the managed drives on the node,
 /// `missing` the ids of drives that hold volumes but are gone (with how many volumes).
 /// One entry per reason; its message names every drive it covers. Empty: all well.
-pub fn storage_health(present: &[&Drive], missing: &[(String, usize)]) -> Vec<StorageEntry> {
+pub(crate) fn storage_health(present: &[&Drive], missing: &[(String, usize)]) -> Vec<StorageEntry> {
     let mut found: Vec<(StorageStatus, Reason, String)> = Vec::new();
     for (id, n) in missing {
         let vols = if *n == 1 { "1 volume".to_string() } else { format!("{n} volumes") };
@@ -399,17 +399,17 @@ pub fn storage_health(present: &[&Drive], missing: &[(String, usize)]) -> Vec<St
 }
 
 /// What is said of a volume whose partition is gone from its drive ([`VolumeRecord::lost`]).
-pub fn lost_reason(rec: &VolumeRecord) -> String {
+pub(crate) fn lost_reason(rec: &VolumeRecord) -> String {
     lost(rec).why().unwrap_or_default()
 }
 
 /// The error of a call on a lost volume.
-pub fn lost(rec: &VolumeRecord) -> VolumeError {
+pub(crate) fn lost(rec: &VolumeRecord) -> VolumeError {
     VolumeError::Lost { volume_id: rec.id.clone(), part_guid: rec.part_guid, drive_id: rec.drive_id.clone() }
 }
 
 /// Why a volume may not be attached to `node` now (`None`: it may).
-pub fn attach_refusal(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&DriveUse>, node: &str) -> Option<VolumeError> {
+pub(crate) fn attach_refusal(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&DriveUse>, node: &str) -> Option<VolumeError> {
     let volume_id = rec.id.clone();
     if rec.lost {
         return Some(lost(rec));
@@ -441,7 +441,7 @@ pub fn attach_refusal(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option<&
 }
 
 /// What health turning to `h` does to a drive's usage: BAD starts releasing it.
-pub fn usage_after_health(current: Option<&DriveUse>, drive_id: &str, h: Health, reason: &str) -> Option<DriveUse> {
+pub(crate) fn usage_after_health(current: Option<&DriveUse>, drive_id: &str, h: Health, reason: &str) -> Option<DriveUse> {
     match (current, h) {
         (None, Health::Bad) => Some(DriveUse {
             drive_id: drive_id.to_string(),
@@ -454,7 +454,7 @@ pub fn usage_after_health(current: Option<&DriveUse>, drive_id: &str, h: Health,
 }
 
 /// What a release request does: `Ok(new usage, volumes to fail)` or an error message.
-pub fn release(current: Option<&DriveUse>, drive_id: &str, live_volumes: &[&VolumeRecord], force: bool) -> (DriveUse, Vec<String>) {
+pub(crate) fn release(current: Option<&DriveUse>, drive_id: &str, live_volumes: &[&VolumeRecord], force: bool) -> (DriveUse, Vec<String>) {
     let reason = current.map(|u| u.reason.clone()).unwrap_or_else(|| "release requested".into());
     if live_volumes.is_empty() {
         return (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Released, reason, requested: true }, vec![]);

@@ -27,16 +27,16 @@
 //! handlers forward to it and run the disk steps it asks for ([`ops`]) off the actor
 //! thread; [`messages`] are what it answers, [`startup`] how it starts.
 
-pub mod book;
-pub mod clone;
-pub mod error;
-pub mod health;
-pub mod messages;
+pub(crate) mod book;
+pub(crate) mod clone;
+pub(crate) mod error;
+pub(crate) mod health;
+pub(crate) mod messages;
 pub mod model;
-pub mod ops;
-pub mod placement;
-pub mod reconcile;
-pub mod startup;
+pub(crate) mod ops;
+pub(crate) mod placement;
+pub(crate) mod reconcile;
+pub(crate) mod startup;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -36,7 +36,7 @@ use crate::store::Store;
 
 /// Where a volume's drive is, for the blocking steps.
 #[derive(Debug, Clone)]
-pub struct DriveLoc {
+pub(crate) struct DriveLoc {
     /// Kernel device node of the whole drive.
     pub path: PathBuf,
     /// Logical block size.
@@ -45,7 +45,7 @@ pub struct DriveLoc {
 
 /// What a blocking step hands back: the record as it now is (`None`: removed) and the
 /// call's result.
-pub struct Outcome<T> {
+pub(crate) struct Outcome<T> {
     /// The record after the step.
     pub record: Option<VolumeRecord>,
     /// The call's result.
@@ -113,7 +113,7 @@ fn backing(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<Backing, Volu
 /// on `drive` (matched by start). This is how kubelet asks for a block volume's stats:
 /// at its own bind of the published device, `.../volumeDevices/<pv>/dev/<pod uid>`.
 /// Read-only: the kernel's partitions are looked up, never added.
-pub fn is_device_of(path: &Path, roots: &[PathBuf], drive: &DriveLoc, rec: &VolumeRecord) -> bool {
+pub(crate) fn is_device_of(path: &Path, roots: &[PathBuf], drive: &DriveLoc, rec: &VolumeRecord) -> bool {
     if !rec.block || paths::check_under_roots(path, roots).is_err() {
         return false;
     }
@@ -131,7 +131,7 @@ fn is_partition_at(devnum: (u32, u32), parts: &[blkpg::KernelPartition], start: 
 /// wipe, then `Available`.
 /// A clone (`from`) copies its source onto the wiped partition before it is marked
 /// `Available` ([`super::clone::copy`]); until then a restart rolls it back.
-pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeRecord, from: Option<&CloneFrom>) -> Outcome<VolumeRecord> {
+pub(crate) fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeRecord, from: Option<&CloneFrom>) -> Outcome<VolumeRecord> {
     if let Err(e) = save(store, &rec) {
         return Outcome { record: None, result: Err(e) };
     }
@@ -174,7 +174,7 @@ fn create_steps(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: Volu
 }
 
 /// Undoes a creation that was never handed out: kernel partition, GPT entry, record.
-pub fn rollback_create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: &VolumeRecord) -> Result<(), VolumeError> {
+pub(crate) fn rollback_create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: &VolumeRecord) -> Result<(), VolumeError> {
     {
         let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
         let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
@@ -186,7 +186,7 @@ pub fn rollback_create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: &
 
 /// Deletes a volume: intent, wipe, kernel partition, GPT entry, record. With the drive
 /// absent (`drive` is `None`) only the record goes.
-pub fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec: VolumeRecord) -> Outcome<()> {
+pub(crate) fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec: VolumeRecord) -> Outcome<()> {
     let prev = rec.clone();
     if let Some(node) = &rec.published_node {
         let e = VolumeError::StillAttached { volume_id: rec.id.clone(), node: node.clone() };
@@ -217,7 +217,7 @@ pub fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec
 }
 
 /// The steps of a deletion whose intent is recorded; also finishes one at start-up.
-pub fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, rec: &VolumeRecord) -> Result<(), VolumeError> {
+pub(crate) fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, rec: &VolumeRecord) -> Result<(), VolumeError> {
     if let Some(drive) = drive {
         // The table is read, and changed, under both locks: a parallel delete on the
         // same drive rewrites it.
@@ -252,7 +252,7 @@ pub fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, r
 
 /// Attaches a volume to `node` (ControllerPublishVolume): makes sure the kernel has its
 /// partition, then records the attachment. Returns the partition's device node.
-pub fn controller_publish(store: &Store, drive: Option<&DriveLoc>, mut rec: VolumeRecord, node: String) -> Outcome<PathBuf> {
+pub(crate) fn controller_publish(store: &Store, drive: Option<&DriveLoc>, mut rec: VolumeRecord, node: String) -> Outcome<PathBuf> {
     let prev = rec.clone();
     let res = (|| {
         let at = match backing(drive, &rec)? {
@@ -275,7 +275,7 @@ pub fn controller_publish(store: &Store, drive: Option<&DriveLoc>, mut rec: Volu
 /// entry, then the kernel's partition, then the record. Every step is a no-op when
 /// already done, so a retry after a crash anywhere finishes the job (a restart in
 /// between takes the size from the GPT). `rec` is the record before the call.
-pub fn expand(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: VolumeRecord, new_size: u64) -> Outcome<u64> {
+pub(crate) fn expand(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: VolumeRecord, new_size: u64) -> Outcome<u64> {
     let prev = rec.clone();
     let res = (|| {
         {
@@ -307,7 +307,7 @@ pub fn expand(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: Volume
 
 /// Grows a staged volume's filesystem to its partition (NodeExpandVolume), online;
 /// block volumes have nothing to grow. The partition must already have its new size.
-pub fn node_expand(drive: &DriveLoc, rec: VolumeRecord) -> Outcome<u64> {
+pub(crate) fn node_expand(drive: &DriveLoc, rec: VolumeRecord) -> Outcome<u64> {
     let res = (|| {
         if rec.block {
             return Ok(rec.size);
@@ -342,7 +342,7 @@ fn check_path(id: &str, p: &Path, roots: &[PathBuf]) -> Result<(), VolumeError> 
 
 /// Stages a volume: intent, mkfs (only on a volume drivelet wiped and never
 /// formatted), mount, then `Staged`.
-pub fn stage(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: VolumeRecord, a: StageArgs) -> Outcome<()> {
+pub(crate) fn stage(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: VolumeRecord, a: StageArgs) -> Outcome<()> {
     let prev = rec.clone();
     match stage_steps(store, drive, roots, rec, &a) {
         Ok(done) => Outcome { record: Some(done), result: Ok(()) },
@@ -465,7 +465,7 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
 }
 
 /// Unstages: unmount the staging path, then forget it.
-pub fn unstage(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, path: &Path) -> Outcome<()> {
+pub(crate) fn unstage(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, path: &Path) -> Outcome<()> {
     let id = rec.id.clone();
     let mut r = rec.clone();
     let res = (|| {
@@ -496,7 +496,7 @@ pub fn unstage(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, path:
 }
 
 /// Publishes: intent, target directory (file for block), bind mount, then `Published`.
-pub fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: VolumeRecord, a: PublishArgs) -> Outcome<()> {
+pub(crate) fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: VolumeRecord, a: PublishArgs) -> Outcome<()> {
     let id = rec.id.clone();
     let prev = rec.clone();
     let mut r = rec;
@@ -597,7 +597,7 @@ pub fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: 
 }
 
 /// Unpublishes: unmount the target, remove it, forget it.
-pub fn unpublish(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, target: &Path) -> Outcome<()> {
+pub(crate) fn unpublish(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, target: &Path) -> Outcome<()> {
     let id = rec.id.clone();
     let mut r = rec.clone();
     let res = (|| {

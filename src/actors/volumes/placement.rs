@@ -24,7 +24,7 @@ use crate::disk::gpt;
 
 /// Where a new volume goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement {
+pub(crate) struct Placement {
     /// Drive id.
     pub drive_id: String,
     /// Start, bytes.
@@ -35,7 +35,7 @@ pub struct Placement {
 
 /// Why no placement was found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NoRoom {
+pub(crate) enum NoRoom {
     /// No eligible drive could ever hold it (too big): OUT_OF_RANGE.
     TooBig(String),
     /// Eligible drives exist but none has room now: RESOURCE_EXHAUSTED.
@@ -44,7 +44,7 @@ pub enum NoRoom {
 
 /// A drive as placement sees it.
 #[derive(Debug, Clone)]
-pub struct Candidate<'a> {
+pub(crate) struct Candidate<'a> {
     /// The drive.
     pub drive: &'a Drive,
     /// Extents in use (records and kernel partitions), `(start, len)`.
@@ -68,12 +68,12 @@ fn managed<'c, 'a>(cands: &'c [Candidate<'a>], media: Option<Media>) -> impl Ite
 }
 
 /// The candidates a new volume of `media` may go to.
-pub fn open_drives<'c, 'a>(cands: &'c [Candidate<'a>], media: Option<Media>) -> impl Iterator<Item = &'c Candidate<'a>> {
+pub(crate) fn open_drives<'c, 'a>(cands: &'c [Candidate<'a>], media: Option<Media>) -> impl Iterator<Item = &'c Candidate<'a>> {
     managed(cands, media).filter(|c| !c.closed)
 }
 
 /// The extents `(start, len)` of `c` a volume of at least `minimum` bytes could take.
-pub fn room_on(c: &Candidate<'_>, layout: LayoutKind, minimum: u64) -> Vec<(u64, u64)> {
+pub(crate) fn room_on(c: &Candidate<'_>, layout: LayoutKind, minimum: u64) -> Vec<(u64, u64)> {
     match layout {
         LayoutKind::Partition => {
             let mut free = gpt::free_extents(c.drive.size_bytes, c.drive.logical_block_size, &c.used);
@@ -89,7 +89,7 @@ pub fn room_on(c: &Candidate<'_>, layout: LayoutKind, minimum: u64) -> Vec<(u64,
 
 /// Picks a drive and extent for a volume of `size` (for `layout=drive`, `size` is the
 /// minimum and the whole usable region is taken).
-pub fn place(cands: &[Candidate<'_>], media: Option<Media>, layout: LayoutKind, size: u64) -> Result<Placement, NoRoom> {
+pub(crate) fn place(cands: &[Candidate<'_>], media: Option<Media>, layout: LayoutKind, size: u64) -> Result<Placement, NoRoom> {
     let what = media.map(|m| format!("{} ", m.as_str())).unwrap_or_default();
     if managed(cands, media).next().is_none() {
         return Err(NoRoom::Full(format!("no managed {what}drive is available on this node")));
@@ -129,7 +129,7 @@ pub fn place(cands: &[Candidate<'_>], media: Option<Media>, layout: LayoutKind, 
 
 /// What GetCapacity answers for volumes of `media` and `layout` whose smallest size is
 /// `minimum`: see the module rules.
-pub fn capacity(cands: &[Candidate<'_>], media: Option<Media>, layout: LayoutKind, minimum: u64) -> Capacity {
+pub(crate) fn capacity(cands: &[Candidate<'_>], media: Option<Media>, layout: LayoutKind, minimum: u64) -> Capacity {
     let mut cap = Capacity::default();
     for c in open_drives(cands, media) {
         for (_, len) in room_on(c, layout, minimum) {

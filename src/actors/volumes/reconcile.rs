@@ -25,7 +25,7 @@ use crate::disk::gpt::GptPartition;
 
 /// What to do at start-up.
 #[derive(Debug, Default, PartialEq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Records to keep in memory (and write to the store when in `changed`).
     pub keep: Vec<VolumeRecord>,
     /// Ids of kept records that changed and must be written back.
@@ -41,10 +41,10 @@ pub struct Plan {
 }
 
 /// The drivelet partitions read from each present managed drive's GPT, by drive id.
-pub type Tables = BTreeMap<String, Vec<GptPartition>>;
+pub(crate) type Tables = BTreeMap<String, Vec<GptPartition>>;
 
 /// Builds the plan. `drives` are the drives present now; `mounted` every mount point.
-pub fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mounted: &BTreeSet<PathBuf>, now: u64) -> Plan {
+pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mounted: &BTreeSet<PathBuf>, now: u64) -> Plan {
     let mut p = Plan::default();
     let present: BTreeMap<&str, &Drive> = drives.iter().map(|d| (d.id.as_str(), d)).collect();
     let mut claimed: BTreeSet<uuid::Uuid> = BTreeSet::new();

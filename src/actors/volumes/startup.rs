@@ -27,7 +27,7 @@ use crate::disk::gpt;
 use crate::store::{Kind, Store};
 
 /// Per-drive locks the disk steps of one drive take.
-pub type Locks = HashMap<String, Arc<Mutex<()>>>;
+pub(crate) type Locks = HashMap<String, Arc<Mutex<()>>>;
 
 impl VolumeManager {
     /// Waits for the inventory's first scan, then reconciles with the drives it found.

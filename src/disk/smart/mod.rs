@@ -156,7 +156,7 @@ impl Default for SmartThresholds {
 
 /// The verdict on one drive, with what smartctl said about its identity.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SmartReport {
+pub(crate) struct SmartReport {
     /// The worst finding.
     pub health: Health,
     /// One plain sentence per finding, worst first; for Unknown, the cause. Empty when Good.
@@ -185,7 +185,7 @@ impl SmartReport {
     }
 
     /// The reasons joined with "; ", or "healthy" for a Good drive with nothing to say.
-    pub fn reason(&self) -> String {
+    pub(crate) fn reason(&self) -> String {
         if !self.reasons.is_empty() {
             return self.reasons.join("; ");
         }
@@ -200,7 +200,7 @@ impl SmartReport {
 /// Assesses one `smartctl --json` run. `exit_status` is smartctl's process exit code;
 /// `smartctl.exit_status` in the JSON takes precedence when present. Never fails: output
 /// that cannot be understood gives Unknown with the cause.
-pub fn assess(json: &str, exit_status: i32, t: &SmartThresholds) -> SmartReport {
+pub(crate) fn assess(json: &str, exit_status: i32, t: &SmartThresholds) -> SmartReport {
     if json.trim().is_empty() {
         return without_json(
             exit_status,

@@ -52,11 +52,11 @@ use crate::backoff::backoff;
 
 /// The AttachQueue actor that runs these decisions: the watches, the work queue, and the
 /// VolumeManager asked by message.
-pub mod queue;
+pub(crate) mod queue;
 
 /// What the volume manager says about the volume a VolumeAttachment names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VolumeState {
+pub(crate) enum VolumeState {
     /// The volume lives on this node, serves the access type asked for, and its drive is
     /// usable.
     Usable,
@@ -72,7 +72,7 @@ pub enum VolumeState {
 
 /// What the attacher makes of a refusal of the volume manager.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RefusalKind {
+pub(crate) enum RefusalKind {
     /// The volume manager knows no such volume.
     Missing,
     /// The volume's or its drive's state refuses the attachment; retrying soon will not
@@ -85,7 +85,7 @@ pub enum RefusalKind {
 
 /// How a volume manager error is treated by the attacher (see the module rules). Every
 /// variant is named, so a new one needs a decision here.
-pub fn kind_of(e: &VolumeError) -> RefusalKind {
+pub(crate) fn kind_of(e: &VolumeError) -> RefusalKind {
     use RefusalKind::*;
     match e {
         VolumeError::NotFound { .. } => Missing,
@@ -140,7 +140,7 @@ pub fn kind_of(e: &VolumeError) -> RefusalKind {
 }
 
 /// What the volume manager's answer to "may this volume be attached?" means here.
-pub fn volume_state(answer: Result<(), VolumeError>) -> Result<VolumeState, VolumeCallError> {
+pub(crate) fn volume_state(answer: Result<(), VolumeError>) -> Result<VolumeState, VolumeCallError> {
     match answer {
         Ok(()) => Ok(VolumeState::Usable),
         Err(e) => match kind_of(&e) {
@@ -153,7 +153,7 @@ pub fn volume_state(answer: Result<(), VolumeError>) -> Result<VolumeState, Volu
 
 /// Why an in-process publish or unpublish (or the question before it) did not succeed.
 #[derive(Debug, thiserror::Error)]
-pub enum VolumeCallError {
+pub(crate) enum VolumeCallError {
     /// The volume manager refused or failed the call.
     #[error(transparent)]
     Volume(#[from] VolumeError),
@@ -164,7 +164,7 @@ pub enum VolumeCallError {
 
 impl VolumeCallError {
     /// How the attacher treats it.
-    pub fn kind(&self) -> RefusalKind {
+    pub(crate) fn kind(&self) -> RefusalKind {
         match self {
             VolumeCallError::Volume(e) => kind_of(e),
             VolumeCallError::Unavailable(_) => RefusalKind::Transient,
@@ -174,7 +174,7 @@ impl VolumeCallError {
 
 /// Retry delays (base and cap come from config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
+pub(crate) struct RetryPolicy {
     /// Delay after the first failure; doubled per consecutive failure.
     pub base: Duration,
     /// The longest backoff delay.
@@ -195,27 +195,23 @@ impl Default for RetryPolicy {
 
 /// How a status patch treats `attachError` / `detachError`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ErrorPatch {
+pub(crate) enum ErrorPatch {
     /// Leave the field as it is.
     Keep,
-    /// Remove the field.
-    Clear,
     /// Set the field to this message (the executor adds the time).
     Set(String),
 }
 
 /// Kind of an Event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventKind {
-    /// Expected progress.
-    Normal,
+pub(crate) enum EventKind {
     /// Something a person should look at.
     Warning,
 }
 
 /// One step of a reconcile, carried out in order by `Executor::apply`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Add our finalizer to the VolumeAttachment.
     AddFinalizer,
     /// Add our finalizer to the PV.
@@ -264,7 +260,7 @@ pub enum Action {
 /// What a VolumeAttachment asks to publish: the volume and the access type its PV (or
 /// inline spec) names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublishSpec {
+pub(crate) struct PublishSpec {
     /// The CSI volume id (`csi.volumeHandle`).
     pub volume_id: String,
     /// `volumeMode: Block`.
@@ -275,7 +271,7 @@ pub struct PublishSpec {
 
 /// The volume a VolumeAttachment names, through its PV when it has one, else its inline
 /// CSI spec; `None` when neither carries a CSI source.
-pub fn publish_spec(va: &VolumeAttachment, pv: Option<&PersistentVolume>) -> Option<PublishSpec> {
+pub(crate) fn publish_spec(va: &VolumeAttachment, pv: Option<&PersistentVolume>) -> Option<PublishSpec> {
     let spec = match pv {
         Some(pv) => pv.spec.as_ref()?,
         None => va.spec.source.inline_volume_spec.as_ref()?,
@@ -290,7 +286,7 @@ pub fn publish_spec(va: &VolumeAttachment, pv: Option<&PersistentVolume>) -> Opt
 
 /// Everything a reconcile of one VolumeAttachment looks at.
 #[derive(Debug, Clone, Copy)]
-pub struct Observed<'a> {
+pub(crate) struct Observed<'a> {
     /// The VolumeAttachment.
     pub va: &'a VolumeAttachment,
     /// Its PV, if it names one and the PV exists.
@@ -304,7 +300,7 @@ pub struct Observed<'a> {
 }
 
 /// Decide what to do about one VolumeAttachment (see the module rules).
-pub fn reconcile(obs: &Observed<'_>, id: &Identity, policy: &RetryPolicy) -> Vec<Action> {
+pub(crate) fn reconcile(obs: &Observed<'_>, id: &Identity, policy: &RetryPolicy) -> Vec<Action> {
     let va = obs.va;
     if va.spec.attacher != id.driver || va.spec.node_name != id.node {
         return Vec::new();
@@ -380,7 +376,7 @@ pub fn reconcile(obs: &Observed<'_>, id: &Identity, policy: &RetryPolicy) -> Vec
 
 /// Decide about our finalizer on a PV: removed only when the PV is being deleted and no
 /// VolumeAttachment (`attachments` counts them) names it any more.
-pub fn reconcile_pv(pv: &PersistentVolume, id: &Identity, attachments: usize) -> Vec<Action> {
+pub(crate) fn reconcile_pv(pv: &PersistentVolume, id: &Identity, attachments: usize) -> Vec<Action> {
     if pv.metadata.deletion_timestamp.is_some() && attachments == 0 && has_finalizer(pv, &id.finalizer()) {
         vec![Action::RemovePvFinalizer]
     } else {
@@ -390,7 +386,7 @@ pub fn reconcile_pv(pv: &PersistentVolume, id: &Identity, attachments: usize) ->
 
 /// The actions after a failed attach: `attached=false`, `attachError`, a Warning Event
 /// and a requeue, long when `terminal`, with backoff otherwise.
-pub fn attach_failed(message: String, terminal: bool, failures: u32, policy: &RetryPolicy) -> Vec<Action> {
+pub(crate) fn attach_failed(message: String, terminal: bool, failures: u32, policy: &RetryPolicy) -> Vec<Action> {
     let after = if terminal { policy.terminal } else { backoff(failures, policy.base, policy.cap) };
     vec![
         Action::PatchStatus {
@@ -410,7 +406,7 @@ pub fn attach_failed(message: String, terminal: bool, failures: u32, policy: &Re
 
 /// The actions after a failed detach: `detachError` (`attached` stays as it was), a
 /// Warning Event and a requeue with backoff.
-pub fn detach_failed(message: String, failures: u32, policy: &RetryPolicy) -> Vec<Action> {
+pub(crate) fn detach_failed(message: String, failures: u32, policy: &RetryPolicy) -> Vec<Action> {
     vec![
         Action::PatchStatus {
             attached: None,
@@ -433,7 +429,7 @@ fn has_finalizer<K: Resource>(obj: &K, finalizer: &str) -> bool {
 
 /// The in-process CSI controller calls the executor makes; the actor wiring implements
 /// them by asking the VolumeManager.
-pub trait VolumeOps {
+pub(crate) trait VolumeOps {
     /// ControllerPublishVolume of `spec` to `node`, answering the publish context.
     fn publish(&self, spec: &PublishSpec, node: &str) -> impl Future<Output = Result<BTreeMap<String, String>, VolumeCallError>> + Send;
     /// ControllerUnpublishVolume of `volume_id` from `node`.
@@ -442,7 +438,7 @@ pub trait VolumeOps {
 
 /// Errors talking to the API server while carrying out actions.
 #[derive(Debug, thiserror::Error)]
-pub enum AttachError {
+pub(crate) enum AttachError {
     /// A patch of the VolumeAttachment (metadata or status) failed.
     #[error("updating VolumeAttachment {name}: {source}")]
     VolumeAttachment {
@@ -459,19 +455,11 @@ pub enum AttachError {
         /// The API error.
         source: kube::Error,
     },
-    /// Recording an Event failed.
-    #[error("recording an Event on VolumeAttachment {name}: {source}")]
-    Event {
-        /// The VolumeAttachment the Event is about.
-        name: String,
-        /// The API error.
-        source: kube::Error,
-    },
 }
 
 /// Carries out actions against the API server (and the volume manager via `VolumeOps`).
 #[derive(Clone)]
-pub struct Executor {
+pub(crate) struct Executor {
     client: Client,
     recorder: Recorder,
     identity: Identity,
@@ -481,7 +469,7 @@ pub struct Executor {
 impl Executor {
     /// An executor writing as [`REPORTER`](super::identity::REPORTER), Events reported by
     /// this node's instance.
-    pub fn new(client: Client, identity: Identity, policy: RetryPolicy) -> Self {
+    pub(crate) fn new(client: Client, identity: Identity, policy: RetryPolicy) -> Self {
         let recorder = Recorder::new(client.clone(), identity.reporter());
         Self { client, recorder, identity, policy }
     }
@@ -490,7 +478,7 @@ impl Executor {
     /// replaced by `attach_failed` / `detach_failed` (with `failures` for the backoff) and
     /// the rest of the plan dropped. Returns the requeue delay asked for, if any. An API
     /// error stops at once; the caller requeues with backoff.
-    pub async fn apply<O: VolumeOps>(
+    pub(crate) async fn apply<O: VolumeOps>(
         &self,
         va: &VolumeAttachment,
         pv: Option<&PersistentVolume>,
@@ -582,9 +570,6 @@ impl Executor {
                 for (field, patch) in [("attachError", attach_error), ("detachError", detach_error)] {
                     match patch {
                         ErrorPatch::Keep => {}
-                        ErrorPatch::Clear => {
-                            status.insert(field.into(), Value::Null);
-                        }
                         ErrorPatch::Set(message) => {
                             status.insert(field.into(), json!({ "time": now, "message": message }));
                         }
@@ -595,7 +580,6 @@ impl Executor {
             Action::RecordEvent { kind, reason, action, message } => {
                 let event = Event {
                     type_: match kind {
-                        EventKind::Normal => EventType::Normal,
                         EventKind::Warning => EventType::Warning,
                     },
                     reason: reason.clone(),
@@ -611,7 +595,7 @@ impl Executor {
     }
 
     /// Remove our finalizer from a PV (the `RemovePvFinalizer` of `reconcile_pv`).
-    pub async fn release_pv(&self, pv: &PersistentVolume) -> Result<(), AttachError> {
+    pub(crate) async fn release_pv(&self, pv: &PersistentVolume) -> Result<(), AttachError> {
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
         let name = pv.name_any();
         let patch = finalizer_patch(pv, &self.identity.finalizer(), false);

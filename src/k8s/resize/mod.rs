@@ -50,43 +50,43 @@ use crate::TOPOLOGY_NODE_KEY;
 
 /// The ResizeQueue actor that runs these decisions: the watches, the work queue, the
 /// executor, and the VolumeManager asked by message.
-pub mod queue;
+pub(crate) mod queue;
 
 #[cfg(test)]
 mod tests;
 
 /// The resource the claim's size is under.
-pub const STORAGE: &str = "storage";
+pub(crate) const STORAGE: &str = "storage";
 
 /// `allocatedResourceStatuses[storage]`: the controller is growing the volume.
-pub const CONTROLLER_IN_PROGRESS: &str = "ControllerResizeInProgress";
+pub(crate) const CONTROLLER_IN_PROGRESS: &str = "ControllerResizeInProgress";
 /// `allocatedResourceStatuses[storage]`: the controller cannot grow to that size.
-pub const CONTROLLER_INFEASIBLE: &str = "ControllerResizeInfeasible";
+pub(crate) const CONTROLLER_INFEASIBLE: &str = "ControllerResizeInfeasible";
 /// `allocatedResourceStatuses[storage]`: kubelet is to grow the filesystem.
-pub const NODE_PENDING: &str = "NodeResizePending";
+pub(crate) const NODE_PENDING: &str = "NodeResizePending";
 /// `allocatedResourceStatuses[storage]`: kubelet is growing the filesystem.
-pub const NODE_IN_PROGRESS: &str = "NodeResizeInProgress";
+pub(crate) const NODE_IN_PROGRESS: &str = "NodeResizeInProgress";
 /// `allocatedResourceStatuses[storage]`: kubelet cannot grow the filesystem.
-pub const NODE_INFEASIBLE: &str = "NodeResizeInfeasible";
+pub(crate) const NODE_INFEASIBLE: &str = "NodeResizeInfeasible";
 
 /// Condition: the controller is growing the volume.
-pub const RESIZING: &str = "Resizing";
+pub(crate) const RESIZING: &str = "Resizing";
 /// Condition: the volume grew, its filesystem waits for kubelet.
-pub const FS_RESIZE_PENDING: &str = "FileSystemResizePending";
+pub(crate) const FS_RESIZE_PENDING: &str = "FileSystemResizePending";
 /// Condition: the controller's expansion failed.
-pub const CONTROLLER_RESIZE_ERROR: &str = "ControllerResizeError";
+pub(crate) const CONTROLLER_RESIZE_ERROR: &str = "ControllerResizeError";
 /// Condition: kubelet's expansion failed.
-pub const NODE_RESIZE_ERROR: &str = "NodeResizeError";
+pub(crate) const NODE_RESIZE_ERROR: &str = "NodeResizeError";
 /// The conditions a resize owns; every other condition of a claim is left alone.
-pub const RESIZE_CONDITIONS: [&str; 4] = [RESIZING, FS_RESIZE_PENDING, CONTROLLER_RESIZE_ERROR, NODE_RESIZE_ERROR];
+pub(crate) const RESIZE_CONDITIONS: [&str; 4] = [RESIZING, FS_RESIZE_PENDING, CONTROLLER_RESIZE_ERROR, NODE_RESIZE_ERROR];
 
 /// The message of `FileSystemResizePending`, external-resizer's words (kubelet's tools
 /// and people know them).
-pub const FS_PENDING_MESSAGE: &str = "Waiting for user to (re-)start a pod to finish file system resize of volume on node.";
+pub(crate) const FS_PENDING_MESSAGE: &str = "Waiting for user to (re-)start a pod to finish file system resize of volume on node.";
 
 /// The bytes of a Kubernetes quantity, rounded up to a whole byte; `None` when it is not
 /// a quantity, negative, or larger than `u64`.
-pub fn quantity_bytes(q: &str) -> Option<u64> {
+pub(crate) fn quantity_bytes(q: &str) -> Option<u64> {
     let q = q.trim();
     let split = q.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-')).unwrap_or(q.len());
     let (num, suffix) = q.split_at(split);
@@ -135,7 +135,7 @@ pub fn quantity_bytes(q: &str) -> Option<u64> {
 
 /// A byte count as a Kubernetes quantity in its canonical binary form: `2Gi`, `1536Mi`,
 /// or plain bytes when no binary unit divides it.
-pub fn quantity_of(bytes: u64) -> String {
+pub(crate) fn quantity_of(bytes: u64) -> String {
     for (shift, unit) in [(60, "Ei"), (50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
         if bytes != 0 && bytes % (1u64 << shift) == 0 {
             return format!("{}{unit}", bytes >> shift);
@@ -150,7 +150,7 @@ fn storage_of(map: Option<&BTreeMap<String, Quantity>>) -> Option<u64> {
 
 /// The CSI volume id of a PV that is this driver's and whose node affinity pins it to
 /// this node; `None` for any other PV.
-pub fn our_volume(pv: &PersistentVolume, id: &Identity) -> Option<String> {
+pub(crate) fn our_volume(pv: &PersistentVolume, id: &Identity) -> Option<String> {
     let spec = pv.spec.as_ref()?;
     let csi = spec.csi.as_ref().filter(|c| c.driver == id.driver)?;
     let terms = &spec.node_affinity.as_ref()?.required.as_ref()?.node_selector_terms;
@@ -164,7 +164,7 @@ pub fn our_volume(pv: &PersistentVolume, id: &Identity) -> Option<String> {
 
 /// What one look at a claim sees.
 #[derive(Debug, Clone, Copy)]
-pub struct Observed<'a> {
+pub(crate) struct Observed<'a> {
     /// The claim.
     pub pvc: &'a PersistentVolumeClaim,
     /// The PV its `spec.volumeName` names.
@@ -179,7 +179,7 @@ pub struct Observed<'a> {
 
 /// What to do about a claim.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Plan {
+pub(crate) enum Plan {
     /// Nothing (why, for the debug log).
     Nothing(&'static str),
     /// The size asked for was infeasible: look again after this delay (or at the next
@@ -191,7 +191,7 @@ pub enum Plan {
 
 /// An expansion to carry out.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Expansion {
+pub(crate) struct Expansion {
     /// The CSI volume id.
     pub volume_id: String,
     /// The size to grow to, in bytes.
@@ -204,7 +204,7 @@ pub struct Expansion {
 }
 
 /// The claim's `allocatedResourceStatuses[storage]`, or `""`.
-pub fn resize_status(pvc: &PersistentVolumeClaim) -> &str {
+pub(crate) fn resize_status(pvc: &PersistentVolumeClaim) -> &str {
     pvc.status.as_ref().and_then(|s| s.allocated_resource_statuses.as_ref()).and_then(|m| m.get(STORAGE)).map_or("", |s| s.as_str())
 }
 
@@ -213,7 +213,7 @@ fn has_condition(pvc: &PersistentVolumeClaim, kind: &str) -> bool {
 }
 
 /// Decide about one claim (see the module rules).
-pub fn plan(obs: &Observed<'_>, id: &Identity) -> Plan {
+pub(crate) fn plan(obs: &Observed<'_>, id: &Identity) -> Plan {
     let (pvc, pv) = (obs.pvc, obs.pv);
     let Some(volume_id) = our_volume(pv, id) else { return Plan::Nothing("the PV is not this driver's on this node") };
     let status = pvc.status.as_ref();
@@ -275,7 +275,7 @@ pub fn plan(obs: &Observed<'_>, id: &Identity) -> Plan {
 
 /// How a controller expansion failed, for the status and the retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// The size can never be met as asked (OUT_OF_RANGE, NOT_FOUND, INVALID_ARGUMENT).
     Infeasible,
     /// Not retryable as it is, but not the size's fault (the drive is missing, the
@@ -299,7 +299,7 @@ fn condition(kind: &str, now: &str, message: Option<&str>) -> Value {
 /// conditions a resize does not own are kept; an owned one of the same type as a new
 /// one is replaced; other owned ones are kept only with `keep_old`; new ones are
 /// appended.
-pub fn merge_conditions(old: &[PersistentVolumeClaimCondition], new: Vec<Value>, keep_old: bool) -> Vec<Value> {
+pub(crate) fn merge_conditions(old: &[PersistentVolumeClaimCondition], new: Vec<Value>, keep_old: bool) -> Vec<Value> {
     let mut new = new;
     let mut out = Vec::new();
     for c in old {
@@ -327,7 +327,7 @@ fn guarded(pvc: &PersistentVolumeClaim, status: Value) -> Value {
 /// The claim's status patch before growing: `allocatedResources`, and with
 /// `update_status` the `ControllerResizeInProgress` status and a fresh `Resizing`
 /// condition (without it the other resize conditions are kept).
-pub fn in_progress_patch(pvc: &PersistentVolumeClaim, e: &Expansion, now: &str) -> Value {
+pub(crate) fn in_progress_patch(pvc: &PersistentVolumeClaim, e: &Expansion, now: &str) -> Value {
     let conditions = merge_conditions(conditions_of(pvc), vec![condition(RESIZING, now, None)], !e.update_status);
     let mut status = json!({"conditions": conditions, "allocatedResources": {STORAGE: e.allocated}});
     if e.update_status {
@@ -338,14 +338,14 @@ pub fn in_progress_patch(pvc: &PersistentVolumeClaim, e: &Expansion, now: &str) 
 
 /// The claim's status patch after a filesystem volume grew: `NodeResizePending` and
 /// `FileSystemResizePending`, for kubelet.
-pub fn node_pending_patch(pvc: &PersistentVolumeClaim, now: &str) -> Value {
+pub(crate) fn node_pending_patch(pvc: &PersistentVolumeClaim, now: &str) -> Value {
     let conditions = merge_conditions(conditions_of(pvc), vec![condition(FS_RESIZE_PENDING, now, Some(FS_PENDING_MESSAGE))], true);
     guarded(pvc, json!({"conditions": conditions, "allocatedResourceStatuses": {STORAGE: NODE_PENDING}}))
 }
 
 /// The claim's status patch after a block volume grew: the new `status.capacity`, no
 /// resize status, no resize condition.
-pub fn finished_patch(pvc: &PersistentVolumeClaim, capacity: &Quantity) -> Value {
+pub(crate) fn finished_patch(pvc: &PersistentVolumeClaim, capacity: &Quantity) -> Value {
     let conditions = merge_conditions(conditions_of(pvc), Vec::new(), false);
     guarded(pvc, json!({"capacity": {STORAGE: capacity}, "conditions": conditions, "allocatedResourceStatuses": {STORAGE: null}}))
 }
@@ -353,7 +353,7 @@ pub fn finished_patch(pvc: &PersistentVolumeClaim, capacity: &Quantity) -> Value
 /// The claim's status patch after a failed expansion: condition `ControllerResizeError`
 /// with the reason, and for an infeasible size `ControllerResizeInfeasible`; `None` for
 /// a transient failure (nothing is recorded). Not guarded by the resourceVersion.
-pub fn failed_patch(pvc: &PersistentVolumeClaim, failure: Failure, message: &str, now: &str) -> Option<Value> {
+pub(crate) fn failed_patch(pvc: &PersistentVolumeClaim, failure: Failure, message: &str, now: &str) -> Option<Value> {
     if failure == Failure::Transient {
         return None;
     }
@@ -367,13 +367,13 @@ pub fn failed_patch(pvc: &PersistentVolumeClaim, failure: Failure, message: &str
 }
 
 /// The PV's patch after the volume grew: `spec.capacity` = the volume's size now.
-pub fn pv_capacity_patch(bytes: u64) -> Value {
+pub(crate) fn pv_capacity_patch(bytes: u64) -> Value {
     json!({"spec": {"capacity": {STORAGE: quantity_of(bytes)}}})
 }
 
 /// The retry after a failed expansion: the slow-set delay for an infeasible size, else
 /// the backoff for `failures` earlier failures.
-pub fn retry_after(failure: Failure, failures: u32, policy: &super::attach::RetryPolicy) -> Duration {
+pub(crate) fn retry_after(failure: Failure, failures: u32, policy: &super::attach::RetryPolicy) -> Duration {
     match failure {
         Failure::Infeasible => policy.terminal,
         Failure::Final | Failure::Transient => crate::backoff::backoff(failures, policy.base, policy.cap),
@@ -383,7 +383,7 @@ pub fn retry_after(failure: Failure, failures: u32, policy: &super::attach::Retr
 /// Whether an update of a claim changes what [`plan`] must look at again: its request,
 /// the PV it names, its phase or its capacity (kubelet finishing). The resize status
 /// and conditions the resizer writes itself do not, so its own writes never requeue it.
-pub fn claim_differs(old: &PersistentVolumeClaim, new: &PersistentVolumeClaim) -> bool {
+pub(crate) fn claim_differs(old: &PersistentVolumeClaim, new: &PersistentVolumeClaim) -> bool {
     let key = |c: &PersistentVolumeClaim| {
         let spec = c.spec.as_ref();
         let status = c.status.as_ref();

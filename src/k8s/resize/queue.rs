@@ -63,13 +63,13 @@ use crate::k8s::workqueue::{Outcome, WorkQueue};
 mod fake_api_tests;
 
 /// How many claims are worked on at once.
-pub const WORKERS: usize = 2;
+pub(crate) const WORKERS: usize = 2;
 
 /// How long to wait before asking the volume manager for its readiness again.
-pub const READY_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const READY_RETRY: Duration = Duration::from_secs(1);
 
 /// The volume side of resizing.
-pub trait ResizeBackend: Clone + Unpin + 'static {
+pub(crate) trait ResizeBackend: Clone + Unpin + 'static {
     /// Whether the volume manager knows the volume; `Err` when it cannot tell now.
     fn known(&self, volume_id: &str) -> impl Future<Output = Result<bool, String>> + Send;
     /// ControllerExpandVolume to at least `bytes`: the size now and whether the node must
@@ -81,20 +81,20 @@ pub trait ResizeBackend: Clone + Unpin + 'static {
 
 /// The backend of a running agent: the VolumeManager actor.
 #[derive(Clone)]
-pub struct ManagerBackend {
+pub(crate) struct ManagerBackend {
     volumes: Addr<VolumeManager>,
 }
 
 impl ManagerBackend {
     /// Asks `volumes`.
-    pub fn new(volumes: Addr<VolumeManager>) -> Self {
+    pub(crate) fn new(volumes: Addr<VolumeManager>) -> Self {
         Self { volumes }
     }
 }
 
 /// How an expansion refusal counts for the claim's status (see the module rules of
 /// [`super`]): the codes external-resizer takes as infeasible, final or transient.
-pub fn failure_of(e: &VolumeError) -> Failure {
+pub(crate) fn failure_of(e: &VolumeError) -> Failure {
     match e {
         VolumeError::OutOfRange { .. } | VolumeError::NotFound { .. } | VolumeError::InvalidArgument { .. } => Failure::Infeasible,
         VolumeError::ResourceExhausted { .. } | VolumeError::Busy { .. } | VolumeError::NotReady => Failure::Transient,
@@ -130,7 +130,7 @@ impl ResizeBackend for ManagerBackend {
 
 /// Errors talking to the API server during a resize.
 #[derive(Debug, thiserror::Error)]
-pub enum ResizeError {
+pub(crate) enum ResizeError {
     /// A status patch of the claim failed.
     #[error("updating the status of PersistentVolumeClaim {claim}: {source}")]
     Claim {
@@ -159,7 +159,7 @@ pub enum ResizeError {
 
 /// What a run of the executor ended with.
 #[derive(Debug)]
-pub struct Ran {
+pub(crate) struct Ran {
     /// Done, or look again after a delay.
     pub outcome: Outcome,
     /// The expansion failed with a final error.
@@ -174,7 +174,7 @@ pub struct Ran {
 
 /// Carries out an expansion against the API server and the volume manager.
 #[derive(Clone)]
-pub struct Executor {
+pub(crate) struct Executor {
     client: Client,
     recorder: Recorder,
     policy: RetryPolicy,
@@ -190,14 +190,14 @@ fn now() -> String {
 
 impl Executor {
     /// An executor writing as drivelet, Events reported by this node's instance.
-    pub fn new(client: Client, identity: &Identity, policy: RetryPolicy) -> Self {
+    pub(crate) fn new(client: Client, identity: &Identity, policy: RetryPolicy) -> Self {
         let recorder = Recorder::new(client.clone(), identity.reporter());
         Self { client, recorder, policy }
     }
 
     /// Grows `pvc`'s volume as `e` says (see the rules of [`super`]); `failures` are the
     /// claim's failed runs so far.
-    pub async fn run<B: ResizeBackend>(
+    pub(crate) async fn run<B: ResizeBackend>(
         &self,
         pvc: PersistentVolumeClaim,
         pv: PersistentVolume,
@@ -267,7 +267,7 @@ impl Executor {
 
 /// Settings of the queue.
 #[derive(Debug, Clone)]
-pub struct QueueConfig {
+pub(crate) struct QueueConfig {
     /// Driver and node.
     pub identity: Identity,
     /// Backoff, and the slow-set delay of an infeasible size (`terminal`).
@@ -278,7 +278,7 @@ pub struct QueueConfig {
 
 /// Counters for observation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, MessageResponse)]
-pub struct ResizeStats {
+pub(crate) struct ResizeStats {
     /// Claims bound to a kept PV.
     pub claims: usize,
     /// Keys waiting to run.
@@ -292,10 +292,10 @@ pub struct ResizeStats {
 /// Query: the queue's counters.
 #[derive(Message)]
 #[rtype(result = "ResizeStats")]
-pub struct GetResizeStats;
+pub(crate) struct GetResizeStats;
 
 /// The resize queue actor; see the module rules.
-pub struct ResizeQueue<B: ResizeBackend> {
+pub(crate) struct ResizeQueue<B: ResizeBackend> {
     client: Client,
     cfg: QueueConfig,
     backend: B,
@@ -354,7 +354,7 @@ fn bound_pv(pvc: &PersistentVolumeClaim) -> Option<&str> {
 
 impl<B: ResizeBackend> ResizeQueue<B> {
     /// A queue talking to `client`, growing volumes through `backend`.
-    pub fn new(client: Client, cfg: QueueConfig, backend: B) -> Self {
+    pub(crate) fn new(client: Client, cfg: QueueConfig, backend: B) -> Self {
         let executor = Executor::new(client.clone(), &cfg.identity, cfg.policy);
         Self {
             client,

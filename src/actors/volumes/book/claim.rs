@@ -14,7 +14,7 @@ pub(super) struct BusyIds {
 /// A volume claimed by one call; the volume is free again when this is dropped.
 #[derive(Debug)]
 #[must_use = "the volume is released when the claim is dropped"]
-pub struct Claim {
+pub(crate) struct Claim {
     pub(super) busy: Arc<Mutex<BusyIds>>,
     pub(super) id: String,
     pub(super) token: u64,

@@ -24,7 +24,7 @@ use crate::actors::volumes::ops::DriveLoc;
 
 impl VolumeBook {
     /// The source of a clone `m` asks for, with its drive, if it can be copied now.
-    pub fn clone_source(&self, source_id: &str, m: &CreateVolume) -> Result<(VolumeRecord, DriveLoc), VolumeError> {
+    pub(crate) fn clone_source(&self, source_id: &str, m: &CreateVolume) -> Result<(VolumeRecord, DriveLoc), VolumeError> {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
@@ -66,7 +66,7 @@ impl VolumeBook {
 
     /// [`clone_source`](Self::clone_source) for a copy that begins now: the source is
     /// claimed for the copy, unless `held` already holds it (a retry on another drive).
-    pub fn clone_start(&self, source_id: &str, m: &CreateVolume, held: &mut Option<super::Claim>) -> Result<(VolumeRecord, DriveLoc), VolumeError> {
+    pub(crate) fn clone_start(&self, source_id: &str, m: &CreateVolume, held: &mut Option<super::Claim>) -> Result<(VolumeRecord, DriveLoc), VolumeError> {
         let found = self.clone_source(source_id, m)?;
         if held.is_none() {
             *held = Some(self.claim(source_id)?);
@@ -77,7 +77,7 @@ impl VolumeBook {
 
 /// Where a volume is mounted read-write (staged, or published to a target), if it is:
 /// the copy of such a volume would not be consistent.
-pub fn writer_of(rec: &VolumeRecord) -> Option<std::path::PathBuf> {
+pub(super) fn writer_of(rec: &VolumeRecord) -> Option<std::path::PathBuf> {
     if let Some(st) = rec.staging.as_ref().filter(|s| !s.readonly) {
         return Some(st.path.clone());
     }
@@ -86,7 +86,7 @@ pub fn writer_of(rec: &VolumeRecord) -> Option<std::path::PathBuf> {
 
 /// The filesystem of a new clone: the one asked for, else its source's (the default
 /// `fallback` for a block clone or a source that holds none yet).
-pub fn fs_of_clone(source: Option<&VolumeRecord>, m: &CreateVolume, fallback: String) -> String {
+pub(super) fn fs_of_clone(source: Option<&VolumeRecord>, m: &CreateVolume, fallback: String) -> String {
     match source {
         Some(src) if !m.block && m.fs_type.is_empty() && src.formatted && !src.fs_type.is_empty() => src.fs_type.clone(),
         _ => fallback,
@@ -94,7 +94,7 @@ pub fn fs_of_clone(source: Option<&VolumeRecord>, m: &CreateVolume, fallback: St
 }
 
 /// Why an existing volume of the name is not the clone `m` asks for, if it is not.
-pub fn source_mismatch(rec: &VolumeRecord, m: &CreateVolume) -> Option<VolumeError> {
+pub(super) fn source_mismatch(rec: &VolumeRecord, m: &CreateVolume) -> Option<VolumeError> {
     if rec.rebuilt || rec.clone_of == m.source {
         return None;
     }

@@ -19,7 +19,7 @@ use crate::actors::volumes::VolumeError;
 
 /// What a drive event asks of the actor once the book took it in.
 #[derive(Debug, Default)]
-pub struct DriveEffects {
+pub(crate) struct DriveEffects {
     /// Read this drive's partitions again, as at start-up.
     pub reread: Option<Drive>,
     /// Store this usage record.
@@ -32,7 +32,7 @@ pub struct DriveEffects {
 
 /// What a drive release decided: the new usage record and the volumes it failed.
 #[derive(Debug)]
-pub struct ReleasePlan {
+pub(crate) struct ReleasePlan {
     /// The drive's usage record from now on.
     pub usage: DriveUse,
     /// The records failed by a forced release, already failed in the book.
@@ -42,7 +42,7 @@ pub struct ReleasePlan {
 impl VolumeBook {
     /// Completes the release of a releasing drive that holds no volume any more;
     /// answers the new usage record to store.
-    pub fn settle_drive(&mut self, drive_id: &str) -> Option<DriveUse> {
+    pub(crate) fn settle_drive(&mut self, drive_id: &str) -> Option<DriveUse> {
         let u = self.drive_use.get(drive_id)?;
         let holds = self.records.values().any(|r| r.drive_id == drive_id && !r.failed);
         if u.state != DriveUseState::Releasing || holds || !(u.requested || self.auto_release) {
@@ -55,7 +55,7 @@ impl VolumeBook {
     }
 
     /// Takes in a drive event.
-    pub fn drive_event(&mut self, ev: DriveEvent) -> (String, DriveEffects) {
+    pub(crate) fn drive_event(&mut self, ev: DriveEvent) -> (String, DriveEffects) {
         let mut fx = DriveEffects::default();
         // A drive that appears, has new media under the same name (its disk sequence
         // number changed: swapped, or attached again faster than its removal was seen),
@@ -102,13 +102,13 @@ impl VolumeBook {
     }
 
     /// Whether `drive` is still present at the same path.
-    pub fn drive_present_at(&self, drive: &Drive) -> bool {
+    pub(crate) fn drive_present_at(&self, drive: &Drive) -> bool {
         self.drives.get(&drive.id).is_some_and(|d| d.path == drive.path)
     }
 
     /// Claims every record on `drive_id` for its reconciliation, with copies of them;
     /// `None` when a call holds one of them (look again later).
-    pub fn claim_drive(&self, drive_id: &str) -> Option<(Vec<Claim>, Vec<VolumeRecord>)> {
+    pub(crate) fn claim_drive(&self, drive_id: &str) -> Option<(Vec<Claim>, Vec<VolumeRecord>)> {
         let recs: Vec<VolumeRecord> = self.records.values().filter(|r| r.drive_id == drive_id).cloned().collect();
         let mut claims = Vec::new();
         for r in &recs {
@@ -119,7 +119,7 @@ impl VolumeBook {
 
     /// Replaces the records of a reconciled drive (`ids`, as they were) with the ones
     /// reconciliation kept.
-    pub fn settled(&mut self, drive_id: &str, ids: &[String], keep: Vec<VolumeRecord>) {
+    pub(crate) fn settled(&mut self, drive_id: &str, ids: &[String], keep: Vec<VolumeRecord>) {
         for id in ids.iter().filter(|id| !keep.iter().any(|r| r.id == **id)) {
             self.records.remove(id);
         }
@@ -134,7 +134,7 @@ impl VolumeBook {
 
     /// Marks a drive the GPT writer refused foreign at once, so placement skips it from
     /// the next attempt on.
-    pub fn drive_refused(&mut self, drive_id: &str, found: &str) {
+    pub(crate) fn drive_refused(&mut self, drive_id: &str, found: &str) {
         if let Some(d) = self.drives.get_mut(drive_id) {
             d.class = DriveClass::Foreign;
             d.reason = crate::actors::inventory::classify::holds(found);
@@ -145,7 +145,7 @@ impl VolumeBook {
 
     /// Decides and applies a drive release: the drive takes no new volume from now on;
     /// a forced release fails the volumes still on it.
-    pub fn release(&mut self, m: &ReleaseDrive) -> Result<ReleasePlan, VolumeError> {
+    pub(crate) fn release(&mut self, m: &ReleaseDrive) -> Result<ReleasePlan, VolumeError> {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }

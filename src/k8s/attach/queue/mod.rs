@@ -59,15 +59,15 @@ use crate::k8s::workqueue::{Outcome, WorkQueue};
 mod tests;
 
 /// How many VolumeAttachments are worked on at once.
-pub const WORKERS: usize = 4;
+pub(crate) const WORKERS: usize = 4;
 
 /// How long to wait before asking the volume manager for its readiness again, when it
 /// could not answer (it was restarting).
-pub const READY_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const READY_RETRY: Duration = Duration::from_secs(1);
 
 /// The volume side of attaching: what the volume manager says about a volume, and the
 /// in-process ControllerPublish / ControllerUnpublish.
-pub trait AttachBackend: VolumeOps + Clone + Unpin + 'static {
+pub(crate) trait AttachBackend: VolumeOps + Clone + Unpin + 'static {
     /// Whether publishing `spec` to `node` would be accepted now; `Err` when the volume
     /// side cannot tell yet (starting, busy), which is retried with backoff.
     fn volume_state(&self, spec: &PublishSpec, node: &str) -> impl Future<Output = Result<VolumeState, VolumeCallError>> + Send;
@@ -79,13 +79,13 @@ pub trait AttachBackend: VolumeOps + Clone + Unpin + 'static {
 
 /// The backend of a running agent: the VolumeManager actor.
 #[derive(Clone)]
-pub struct ManagerBackend {
+pub(crate) struct ManagerBackend {
     volumes: Addr<VolumeManager>,
 }
 
 impl ManagerBackend {
     /// Asks `volumes`.
-    pub fn new(volumes: Addr<VolumeManager>) -> Self {
+    pub(crate) fn new(volumes: Addr<VolumeManager>) -> Self {
         Self { volumes }
     }
 }
@@ -129,7 +129,7 @@ impl AttachBackend for ManagerBackend {
 
 /// A queued object.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Key {
+pub(crate) enum Key {
     /// A VolumeAttachment of this node, by name.
     Va(String),
     /// A PersistentVolume whose finalizer may be released, by name.
@@ -138,7 +138,7 @@ pub enum Key {
 
 /// Settings of the queue.
 #[derive(Debug, Clone)]
-pub struct QueueConfig {
+pub(crate) struct QueueConfig {
     /// Driver and node.
     pub identity: Identity,
     /// Backoff and terminal retry delays.
@@ -149,7 +149,7 @@ pub struct QueueConfig {
 
 /// Counters for observation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, MessageResponse)]
-pub struct QueueStats {
+pub(crate) struct QueueStats {
     /// VolumeAttachments of this node kept.
     pub attachments: usize,
     /// Keys waiting to run.
@@ -165,10 +165,10 @@ pub struct QueueStats {
 /// Query: the queue's counters.
 #[derive(Message)]
 #[rtype(result = "QueueStats")]
-pub struct GetQueueStats;
+pub(crate) struct GetQueueStats;
 
 /// The attach queue actor; see the module rules.
-pub struct AttachQueue<B: AttachBackend> {
+pub(crate) struct AttachQueue<B: AttachBackend> {
     client: Client,
     cfg: QueueConfig,
     backend: B,
@@ -195,7 +195,7 @@ pub struct AttachQueue<B: AttachBackend> {
 
 impl<B: AttachBackend> AttachQueue<B> {
     /// A queue talking to `client`, attaching through `backend`.
-    pub fn new(client: Client, cfg: QueueConfig, backend: B) -> Self {
+    pub(crate) fn new(client: Client, cfg: QueueConfig, backend: B) -> Self {
         let executor = Executor::new(client.clone(), cfg.identity.clone(), cfg.policy);
         Self {
             client,
@@ -502,7 +502,7 @@ fn slim_va(mut va: VolumeAttachment) -> VolumeAttachment {
 
 /// A PersistentVolume with only what the decisions read: name, resourceVersion,
 /// finalizers, deletionTimestamp, the CSI source, the volume mode and the claim.
-pub fn slim_pv(pv: PersistentVolume) -> PersistentVolume {
+pub(crate) fn slim_pv(pv: PersistentVolume) -> PersistentVolume {
     let spec = pv.spec.map(|s| PersistentVolumeSpec {
         csi: s.csi,
         volume_mode: s.volume_mode,
@@ -525,7 +525,7 @@ pub fn slim_pv(pv: PersistentVolume) -> PersistentVolume {
 
 /// Whether an update of a VolumeAttachment changes what `reconcile` reads; our own
 /// `attachError` / `detachError` and resourceVersion changes do not.
-pub fn decisions_differ(old: &VolumeAttachment, new: &VolumeAttachment) -> bool {
+pub(crate) fn decisions_differ(old: &VolumeAttachment, new: &VolumeAttachment) -> bool {
     let status = |va: &VolumeAttachment| {
         va.status.as_ref().map_or((false, None), |s| (s.attached, s.attachment_metadata.clone().filter(|m| !m.is_empty())))
     };
@@ -536,7 +536,7 @@ pub fn decisions_differ(old: &VolumeAttachment, new: &VolumeAttachment) -> bool 
 }
 
 /// Whether an update of a PV changes what the decisions read.
-pub fn pv_decisions_differ(old: &PersistentVolume, new: &PersistentVolume) -> bool {
+pub(crate) fn pv_decisions_differ(old: &PersistentVolume, new: &PersistentVolume) -> bool {
     old.metadata.finalizers != new.metadata.finalizers
         || old.metadata.deletion_timestamp != new.metadata.deletion_timestamp
         || old.spec != new.spec
