@@ -316,6 +316,7 @@ fn open_gpt<'f>(
 /// Reads the GPT of a device; `Ok(None)` when it has none. `sector` is the device's
 /// logical block size (512 or 4096).
 pub fn read_table(dev: &Path, sector: u64) -> Result<Option<GptTable>, DiskError> {
+    let _t = super::timing::step("gpt.read_table");
     let file = File::open(dev).map_err(DiskError::io(format!("open {}", dev.display())))?;
     check_sector(dev, &file, sector)?;
     let size = len_of(dev, &file)?;
@@ -368,7 +369,11 @@ enum Judged<'f> {
 /// [`add_partition`] (through it, [`remove_partition`] and [`resize_partition`]) and
 /// [`examine`] (the drive inventory's classification) come here.
 fn judge<'f>(dev: &Path, file: &'f File, size: u64, sector: u64) -> Result<Judged<'f>, DiskError> {
-    match open_gpt(dev, file, size, sector) {
+    let parsed = {
+        let _t = super::timing::step("gpt.parse");
+        open_gpt(dev, file, size, sector)
+    };
+    match parsed {
         Ok(Some(disk)) => Ok(match judge_gpt(dev, disk)? {
             Ok(disk) => Judged::Drivelet(Box::new(disk)),
             Err(found) => Judged::Foreign(found),
@@ -589,6 +594,7 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>) -> Result<(), D
     for (off, data) in ordered_writes(dev, disk, &rw, size)? {
         if in_backup && off < half {
             // The backup copy is whole on the device before the primary is touched.
+            let _t = super::timing::step("gpt.flush");
             rw.sync_data().map_err(DiskError::io(format!("fsync {}", dev.display())))?;
             in_backup = false;
         }
@@ -602,6 +608,7 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>) -> Result<(), D
             reason: format!("write the protective MBR: {e}"),
         })?;
     }
+    let _t = super::timing::step("gpt.flush");
     rw.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
 }
 
@@ -613,6 +620,7 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>) -> Result<(), D
 /// partition with the same GUID, start and size already there is success; the same GUID
 /// elsewhere, or an overlap with another partition, is a [`DiskError::Conflict`].
 pub fn add_partition(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64) -> Result<(), DiskError> {
+    let _t = super::timing::step("gpt.add");
     check_extent(dev, start, size)?;
     if label.encode_utf16().count() > MAX_LABEL_UNITS || label.contains('\0') {
         return Err(DiskError::invalid(format!(
@@ -702,10 +710,15 @@ fn ensure_ours(dev: &Path, p: &Partition) -> Result<(), DiskError> {
 /// Removes the drivelet partition with `guid`; `Ok(false)` when there is none (also when
 /// the device has no GPT). A GPT that is not drivelet's is refused.
 pub fn remove_partition(dev: &Path, sector: u64, guid: Uuid) -> Result<bool, DiskError> {
+    let _t = super::timing::step("gpt.remove");
     let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
     let (file, dev_size) = open_to_inspect(dev, sector)?;
     let file: &File = &file;
-    let Some(disk) = open_gpt(dev, file, dev_size, sector)? else { return Ok(false) };
+    let parsed = {
+        let _t = super::timing::step("gpt.parse");
+        open_gpt(dev, file, dev_size, sector)?
+    };
+    let Some(disk) = parsed else { return Ok(false) };
     let mut disk = judge_gpt(dev, disk)?.map_err(|found| refuse(dev, found))?;
     let Some((key, p)) = find_by_guid(&disk, guid) else { return Ok(false) };
     ensure_ours(dev, &p)?;

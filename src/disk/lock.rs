@@ -47,6 +47,7 @@ impl DiskLock {
     }
 
     fn take(disk: &Path, exclusive: bool) -> Result<DiskLock, DiskError> {
+        let _t = super::timing::step("lock.take");
         let file = File::open(disk).map_err(DiskError::io(format!("open {} to lock it", disk.display())))?;
         let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
         let t0 = std::time::Instant::now();
@@ -75,6 +76,7 @@ impl DiskLock {
 impl Drop for DiskLock {
     fn drop(&mut self) {
         if self.exclusive {
+            let _t = super::timing::step("lock.grace");
             std::thread::sleep(GRACE);
         }
         // SAFETY: as above; unlocking a descriptor this guard owns.

@@ -13,6 +13,7 @@ pub mod mounts;
 pub mod paths;
 pub mod signature;
 pub mod smart;
+pub mod timing;
 pub mod udev;
 
 /// A sysfs attribute of a device directory, trimmed; `None` when it cannot be read.
