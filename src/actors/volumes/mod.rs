@@ -29,6 +29,7 @@
 
 pub mod book;
 pub mod error;
+pub mod gate;
 pub mod health;
 pub mod messages;
 pub mod model;

@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 use super::model::{next, Op, Staging, Target, VolumeRecord};
 pub use super::messages::{PublishArgs, StageArgs};
-use super::VolumeError;
+use super::{gate, VolumeError};
 use nix::mount::MsFlags;
 
 use crate::disk::lock::DiskLock;
@@ -212,6 +212,8 @@ pub fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec
 /// The steps of a deletion whose intent is recorded; also finishes one at start-up.
 pub fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, rec: &VolumeRecord) -> Result<(), VolumeError> {
     if let Some(drive) = drive {
+        // A health check's read-only fsck holds the partition: the wipe waits for it.
+        let _unchecked = gate::exclusive(&rec.id);
         // The table is read, and changed, under both locks: a parallel delete on the
         // same drive rewrites it.
         let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -347,6 +349,8 @@ fn check_path(id: &str, p: &Path, roots: &[PathBuf]) -> Result<(), VolumeError> 
 /// formatted), mount, then `Staged`.
 pub fn stage(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: VolumeRecord, a: StageArgs) -> Outcome<()> {
     let prev = rec.clone();
+    // A health check's read-only fsck holds the partition: mkfs and mount wait for it.
+    let _unchecked = gate::exclusive(&rec.id);
     match stage_steps(store, drive, roots, rec, &a) {
         Ok(done) => Outcome { record: Some(done), result: Ok(()) },
         Err((e, now)) => {
@@ -472,6 +476,8 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
 /// Unstages: unmount the staging path, then forget it.
 pub fn unstage(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, path: &Path) -> Outcome<()> {
     let id = rec.id.clone();
+    // A health check's read of the staging directory holds the mount: the unmount waits.
+    let _unchecked = gate::exclusive(&id);
     let mut r = rec.clone();
     let res = (|| {
         let ours = match &r.staging {
