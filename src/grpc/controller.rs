@@ -3,7 +3,8 @@
 //! CSI MUSTs honoured:
 //! - `ControllerGetCapabilities` lists only implemented RPCs: CREATE_DELETE_VOLUME,
 //!   PUBLISH_UNPUBLISH_VOLUME, GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES,
-//!   LIST_VOLUMES_PUBLISHED_NODES, GET_VOLUME, VOLUME_CONDITION, EXPAND_VOLUME (not
+//!   LIST_VOLUMES_PUBLISHED_NODES, GET_VOLUME, VOLUME_CONDITION, EXPAND_VOLUME, and CSI
+//!   v1.13's LIST_VOLUME_HEALTH and GET_VOLUME_HEALTH (see [`super::health`]) (not
 //!   PUBLISH_READONLY: read-only access is the SINGLE_NODE_READER_ONLY mode, enforced on
 //!   the node);
 //! - `ControllerExpandVolume` grows a partition in place into the free space that
@@ -61,7 +62,6 @@ use crate::actors::volumes::health::Condition;
 use crate::actors::volumes::{
     AttachVolume, CreateVolume, DeleteVolume, DetachVolume, ExpandVolume, GetVolume, GetVolumeStatus, ListVolumeStatuses,
 };
-use crate::disk::gpt;
 
 /// Controller service over the shared front state.
 pub struct ControllerService(pub Front);
@@ -197,6 +197,8 @@ impl Controller for ControllerService {
                 rpc(Type::GetVolume),
                 rpc(Type::VolumeCondition),
                 rpc(Type::ExpandVolume),
+                rpc(Type::ListVolumeHealth),
+                rpc(Type::GetVolumeHealth),
             ],
         }))
     }
@@ -381,7 +383,7 @@ impl Controller for ControllerService {
         let (page, next) = self
             .0
             .volumes
-            .send(ListVolumeStatuses { after, max: req.max_entries as usize })
+            .send(ListVolumeStatuses { after, max: req.max_entries as usize, abnormal_only: false })
             .await
             .map_err(FrontError::mailbox("volume manager"))??;
         Ok(Response::new(csi::ListVolumesResponse {
@@ -449,6 +451,22 @@ impl Controller for ControllerService {
         }))
     }
 
+    #[instrument(skip_all, fields(csi.method = "ControllerGetVolumeHealth", volume.id), err)]
+    async fn controller_get_volume_health(
+        &self,
+        req: Request<csi::ControllerGetVolumeHealthRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeHealthResponse>, Status> {
+        self.0.controller_get_volume_health(req.into_inner()).await
+    }
+
+    #[instrument(skip_all, fields(csi.method = "ControllerListVolumeHealth"), err)]
+    async fn controller_list_volume_health(
+        &self,
+        req: Request<csi::ControllerListVolumeHealthRequest>,
+    ) -> Result<Response<csi::ControllerListVolumeHealthResponse>, Status> {
+        self.0.controller_list_volume_health(req.into_inner()).await
+    }
+
     #[instrument(skip_all, fields(csi.method = "GetCapacity"), err)]
     async fn get_capacity(
         &self,
@@ -475,7 +493,7 @@ impl Controller for ControllerService {
                 _ => minimum_size(true, ""),
             })
             .max()
-            .unwrap_or(gpt::ALIGN) as i64;
+            .unwrap_or_else(|| minimum_size(true, "")) as i64;
         let zero = || csi::GetCapacityResponse {
             available_capacity: 0,
             maximum_volume_size: Some(0),

@@ -87,19 +87,42 @@ impl From<VolumeError> for Status {
             VolumeError::AlreadyExists { .. } => Code::AlreadyExists,
             VolumeError::ResourceExhausted { .. } => Code::ResourceExhausted,
             VolumeError::OutOfRange { .. } => Code::OutOfRange,
-            VolumeError::FailedPrecondition { .. }
+            // The volume's state (or its drive's) does not allow the call.
+            VolumeError::PublishBeforeStage { .. }
+            | VolumeError::StillPublished { .. }
+            | VolumeError::StillStaged { .. }
+            | VolumeError::DeleteUnfinished { .. }
+            | VolumeError::PartitionMounted { .. }
+            | VolumeError::DriveGoneDuringCreate { .. }
             | VolumeError::DriveAbsent { .. }
+            | VolumeError::DriveMissing { .. }
+            | VolumeError::DriveFailing { .. }
+            | VolumeError::DriveReleasing { .. }
+            | VolumeError::FailedByRelease { .. }
             | VolumeError::Lost { .. }
             | VolumeError::StillAttached { .. }
             | VolumeError::AttachedElsewhere { .. }
             | VolumeError::NotStaged { .. }
-            | VolumeError::AlreadyStaged { .. } => Code::FailedPrecondition,
-            VolumeError::Busy { .. } => Code::Aborted,
-            VolumeError::NotReady => Code::Unavailable,
+            | VolumeError::AlreadyStaged { .. }
+            | VolumeError::WrongAccessType { .. }
+            | VolumeError::WrongFilesystem { .. }
+            | VolumeError::FilesystemFound { .. }
+            | VolumeError::StagedElsewhere { .. }
+            | VolumeError::StagedForOtherAccess { .. }
+            | VolumeError::BlockReadOnlyMixed { .. }
+            | VolumeError::SingleWriterInUse { .. }
+            | VolumeError::AdoptedUnreadable { .. }
+            | VolumeError::AdoptedNotDirectory { .. }
+            | VolumeError::AdoptedFixedSize { .. }
+            | VolumeError::AdoptedFilesystem { .. }
+            | VolumeError::ExpandUnfinished { .. }
+            | VolumeError::CannotGrowExt4 { .. } => Code::FailedPrecondition,
             // The drive holds data drivelet did not write: a fact about the drive, not a
             // fault of drivelet's (CreateVolume goes on to another drive instead).
-            VolumeError::Disk { source: crate::disk::DiskError::Foreign { .. }, .. } => Code::FailedPrecondition,
-            VolumeError::Disk { .. } | VolumeError::Store(_) => Code::Internal,
+            VolumeError::ForeignData { .. } => Code::FailedPrecondition,
+            VolumeError::Busy { .. } => Code::Aborted,
+            VolumeError::NotReady => Code::Unavailable,
+            VolumeError::Disk { .. } | VolumeError::Store(_) | VolumeError::Panicked { .. } => Code::Internal,
         };
         Status::new(code, e.to_string())
     }
@@ -163,7 +186,63 @@ mod tests {
             (VolumeError::AlreadyExists { volume: "pvc-1".into(), reason: "exists with 5 bytes".into() }, Code::AlreadyExists, "pvc-1"),
             (VolumeError::ResourceExhausted { reason: "no managed drive".into() }, Code::ResourceExhausted, "no managed drive"),
             (VolumeError::OutOfRange { reason: "too big".into() }, Code::OutOfRange, "too big"),
-            (VolumeError::FailedPrecondition { volume_id: id(), reason: "is still staged".into() }, Code::FailedPrecondition, "v1 is still staged"),
+            (VolumeError::StillStaged { volume_id: id() }, Code::FailedPrecondition, "v1 is still staged; unstage it first"),
+            (VolumeError::PublishBeforeStage { volume_id: id() }, Code::FailedPrecondition, "v1 is not staged; call NodeStageVolume first"),
+            (
+                VolumeError::StillPublished { volume_id: id(), targets: vec!["/t1".into(), "/t2".into()] },
+                Code::FailedPrecondition,
+                "v1 is still published (at /t1, /t2); unpublish every target first",
+            ),
+            (VolumeError::DeleteUnfinished { volume_id: id() }, Code::FailedPrecondition, "v1 is being deleted; retry CreateVolume"),
+            (VolumeError::PartitionMounted { volume_id: id(), device: "/dev/sdb1".into() }, Code::FailedPrecondition, "partition /dev/sdb1 is still mounted"),
+            (VolumeError::DriveGoneDuringCreate { volume_id: id(), drive_id: "d1".into() }, Code::FailedPrecondition, "created on drive d1 which is absent now"),
+            (VolumeError::DriveMissing { volume_id: id(), drive_id: "d1".into() }, Code::FailedPrecondition, "drive d1 which is missing from this node"),
+            (
+                VolumeError::DriveFailing { volume_id: id(), drive_id: "d1".into(), health: "12 reallocated sectors".into() },
+                Code::FailedPrecondition,
+                "drive d1 which is failing (12 reallocated sectors); it takes no new attachments",
+            ),
+            (
+                VolumeError::DriveReleasing {
+                    volume_id: id(),
+                    drive_id: "d1".into(),
+                    state: crate::actors::volumes::health::DriveUseState::Releasing,
+                    reason: "asked".into(),
+                },
+                Code::FailedPrecondition,
+                "drive d1 which is releasing (asked)",
+            ),
+            (VolumeError::FailedByRelease { volume_id: id(), drive_id: "d1".into() }, Code::FailedPrecondition, "failed by a forced release of drive d1"),
+            (
+                VolumeError::WrongAccessType { volume_id: id(), block: true, call: "staged" },
+                Code::FailedPrecondition,
+                "v1 was created for block access; it cannot be staged for filesystem access",
+            ),
+            (VolumeError::WrongFilesystem { volume_id: id(), holds: "ext4".into(), asked: "xfs".into() }, Code::FailedPrecondition, "v1 holds ext4, not xfs"),
+            (VolumeError::FilesystemFound { volume_id: id(), found: "xfs".into(), asked: "ext4".into() }, Code::FailedPrecondition, "holds a xfs filesystem, not ext4"),
+            (
+                VolumeError::StagedElsewhere { volume_id: id(), staged_at: "/s1".into(), asked: "/s2".into() },
+                Code::FailedPrecondition,
+                "v1 is staged at /s1, not at /s2",
+            ),
+            (VolumeError::StagedForOtherAccess { volume_id: id() }, Code::FailedPrecondition, "staged for a different access type"),
+            (VolumeError::BlockReadOnlyMixed { volume_id: id() }, Code::FailedPrecondition, "with the other read-only setting"),
+            (VolumeError::SingleWriterInUse { volume_id: id() }, Code::FailedPrecondition, "SINGLE_NODE_SINGLE_WRITER"),
+            (
+                VolumeError::AdoptedUnreadable { volume_id: id(), path: "/mnt/d".into(), reason: "permission denied".into() },
+                Code::FailedPrecondition,
+                "adopted from /mnt/d, which cannot be read: permission denied",
+            ),
+            (VolumeError::AdoptedNotDirectory { volume_id: id(), path: "/mnt/d".into() }, Code::FailedPrecondition, "no longer a directory"),
+            (VolumeError::AdoptedFixedSize { volume_id: id(), path: "/mnt/d".into() }, Code::FailedPrecondition, "adopted from /mnt/d: its size"),
+            (VolumeError::AdoptedFilesystem { volume_id: id() }, Code::FailedPrecondition, "is adopted: its filesystem is not drivelet's"),
+            (
+                VolumeError::ExpandUnfinished { volume_id: id(), kernel_size: 5, size: 9 },
+                Code::FailedPrecondition,
+                "has a 5 byte partition in the kernel but should have 9",
+            ),
+            (VolumeError::CannotGrowExt4 { volume_id: id() }, Code::FailedPrecondition, "CAP_SYS_RESOURCE"),
+            (VolumeError::Panicked { volume_id: id(), reason: "task panicked".into() }, Code::Internal, "v1: the operation failed unexpectedly"),
             (VolumeError::Busy { volume_id: id() }, Code::Aborted, "another operation on volume v1 is in progress; retry"),
             (VolumeError::DriveAbsent { volume_id: id(), drive_id: "d1".into() }, Code::FailedPrecondition, "volume v1 lives on drive d1 which is absent from this node"),
             (
@@ -186,13 +265,11 @@ mod tests {
                 "cannot make the filesystem: mkfs.ext4 failed",
             ),
             (
-                VolumeError::Disk {
+                VolumeError::ForeignData {
                     volume_id: id(),
                     op: "update the partition table",
-                    source: crate::disk::DiskError::Foreign {
-                        device: "/dev/sdb".into(),
-                        found: "a Linux RAID member (md superblock 1.0) beside a drivelet GPT".into(),
-                    },
+                    device: "/dev/sdb".into(),
+                    found: "a Linux RAID member (md superblock 1.0) beside a drivelet GPT".into(),
                 },
                 Code::FailedPrecondition,
                 "refusing to write to it: a Linux RAID member",

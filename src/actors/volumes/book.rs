@@ -219,6 +219,12 @@ impl VolumeBook {
     /// A page of shown volumes after `after` (by id), at most `max` (0: all), and the
     /// id to go on after when more follow.
     pub fn page(&self, after: Option<&str>, max: usize) -> Result<(Vec<VolumeStatus>, Option<String>), VolumeError> {
+        self.page_where(after, max, false)
+    }
+
+    /// [`VolumeBook::page`], of the abnormal volumes only when `abnormal_only`
+    /// (ControllerListVolumeHealth omits healthy volumes).
+    pub fn page_where(&self, after: Option<&str>, max: usize, abnormal_only: bool) -> Result<(Vec<VolumeStatus>, Option<String>), VolumeError> {
         use std::ops::Bound;
         if !self.ready {
             return Err(VolumeError::NotReady);
@@ -234,13 +240,34 @@ impl VolumeBook {
             if r.state == VolumeState::Creating {
                 continue;
             }
+            let condition = self.condition_of(r);
+            if abnormal_only && !condition.abnormal {
+                continue;
+            }
             if out.len() == max {
                 next = out.last().map(|s| s.record.id.clone());
                 break;
             }
-            out.push(VolumeStatus { record: r.clone(), condition: self.condition_of(r) });
+            out.push(VolumeStatus { record: r.clone(), condition });
         }
         Ok((out, next))
+    }
+
+    /// The health of this node's storage (NodeGetStorageHealth): its managed drives,
+    /// and the drives that hold shown volumes but are missing.
+    pub fn storage_health(&self) -> Result<Vec<health::StorageEntry>, VolumeError> {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        let present: Vec<&Drive> = self.drives.values().filter(|d| d.class == DriveClass::Managed).collect();
+        let mut missing: BTreeMap<String, usize> = BTreeMap::new();
+        for r in self.records.values() {
+            let adopted_elsewhere = r.adopted.is_some() && r.drive_id.is_empty();
+            if r.state != VolumeState::Creating && !adopted_elsewhere && !self.drives.contains_key(&r.drive_id) {
+                *missing.entry(r.drive_id.clone()).or_default() += 1;
+            }
+        }
+        Ok(health::storage_health(&present, &missing.into_iter().collect::<Vec<_>>()))
     }
 
     /// Recomputes the conditions of the matching volumes, logs each change once and
@@ -349,10 +376,7 @@ impl VolumeBook {
         let fs_type = if m.block { String::new() } else if m.fs_type.is_empty() { self.cfg.default_fs.clone() } else { m.fs_type.clone() };
         if let Some(rec) = self.records.get(&id) {
             return match rec.state {
-                VolumeState::Deleting => Err(VolumeError::FailedPrecondition {
-                    volume_id: id,
-                    reason: "is being deleted; retry CreateVolume once DeleteVolume finished".into(),
-                }),
+                VolumeState::Deleting => Err(VolumeError::DeleteUnfinished { volume_id: id }),
                 VolumeState::Creating => Ok(CreatePlan::New(rec.clone())),
                 // Never a success for a volume that does not exist: the CO sees why, and
                 // DeleteVolume clears the way for a new one of the same name.
@@ -390,8 +414,6 @@ impl VolumeBook {
         }
         let media = self.drives.get(&p.drive_id).map(|d| d.media).unwrap_or(Media::Virtual);
         Ok(CreatePlan::New(VolumeRecord {
-            id,
-            name: m.name.clone(),
             drive_id: p.drive_id,
             part_guid: guid,
             start: p.start,
@@ -401,16 +423,7 @@ impl VolumeBook {
             block: m.block,
             fs_type,
             parameters: m.parameters.clone(),
-            state: VolumeState::Creating,
-            formatted: false,
-            staging: None,
-            targets: BTreeMap::new(),
-            created_unix: now_unix(),
-            rebuilt: false,
-            failed: false,
-            published_node: None,
-            adopted: None,
-            lost: false,
+            ..VolumeRecord::new(id, m.name.clone(), VolumeState::Creating, now_unix())
         }))
     }
 
@@ -447,37 +460,32 @@ impl VolumeBook {
             return Err(VolumeError::PathNotFound { volume_id: m.volume_id.clone(), path: m.path.clone() });
         }
         // node_call answered without a drive: only an adopted volume has none.
-        loc.ok_or_else(|| VolumeError::FailedPrecondition {
-            volume_id: m.volume_id.clone(),
-            reason: "is adopted: its filesystem is not drivelet's to grow".into(),
-        })
+        loc.ok_or_else(|| VolumeError::AdoptedFilesystem { volume_id: m.volume_id.clone() })
     }
 
     /// Whether a volume may be attached as asked: it exists, serves the access type and
     /// filesystem, is attached to no other node, and its drive takes the attachment.
     pub fn attach_refusal(&self, m: &AttachVolume) -> Result<VolumeRecord, VolumeError> {
         let id = m.volume_id.as_str();
-        let refuse = |reason: String| VolumeError::FailedPrecondition { volume_id: id.to_string(), reason };
         let rec = self.visible(id)?.clone();
         if rec.state == VolumeState::Deleting {
-            return Err(VolumeError::refused(id, Refusal::BeingDeleted));
+            return Err(VolumeError::refused(&rec, Refusal::BeingDeleted));
         }
         if m.block != rec.block && !rec.rebuilt {
-            let (was, asked) = if rec.block { ("block", "filesystem") } else { ("filesystem", "block") };
-            return Err(refuse(format!("was created for {was} access; it cannot be published for {asked} access")));
+            return Err(VolumeError::WrongAccessType { volume_id: id.to_string(), block: rec.block, call: "published" });
         }
         if !m.block && !m.fs_type.is_empty() && !rec.fs_type.is_empty() && m.fs_type != rec.fs_type {
-            return Err(refuse(format!("holds {}, not {}", rec.fs_type, m.fs_type)));
+            return Err(VolumeError::WrongFilesystem { volume_id: id.to_string(), holds: rec.fs_type.clone(), asked: m.fs_type.clone() });
         }
         if let Some(other) = rec.published_node.as_deref().filter(|n| *n != m.node_id) {
             return Err(VolumeError::AttachedElsewhere { volume_id: id.to_string(), node: other.to_string() });
         }
         let d = self.drives.get(&rec.drive_id);
-        if let Some(reason) = health::attach_refusal(&rec, d, self.drive_use.get(&rec.drive_id), &m.node_id) {
-            return Err(refuse(reason));
+        if let Some(refusal) = health::attach_refusal(&rec, d, self.drive_use.get(&rec.drive_id), &m.node_id) {
+            return Err(refusal);
         }
         if rec.adopted.is_none() && self.loc_of(&rec).is_none() {
-            return Err(refuse(format!("lives on drive {} which is missing", rec.drive_id)));
+            return Err(VolumeError::DriveMissing { volume_id: id.to_string(), drive_id: rec.drive_id.clone() });
         }
         Ok(rec)
     }
@@ -489,21 +497,18 @@ impl VolumeBook {
         let id = m.volume_id.as_str();
         let rec = self.visible(id)?.clone();
         if rec.state == VolumeState::Deleting {
-            return Err(VolumeError::refused(id, Refusal::BeingDeleted));
+            return Err(VolumeError::refused(&rec, Refusal::BeingDeleted));
         }
         if let Some(a) = &rec.adopted {
-            return Err(VolumeError::FailedPrecondition {
-                volume_id: id.to_string(),
-                reason: format!("is adopted from {}: its size is its filesystem's, which drivelet does not manage", a.path.display()),
-            });
+            return Err(VolumeError::AdoptedFixedSize { volume_id: id.to_string(), path: a.path.clone() });
         }
         let new_size = model::size_for(m.range, rec.size, rec.size).map_err(|reason| VolumeError::OutOfRange {
             reason: format!("volume {id} is {} bytes and cannot shrink: {reason}", rec.size),
         })?;
-        let d = self.drives.get(&rec.drive_id).ok_or_else(|| VolumeError::FailedPrecondition {
-            volume_id: id.to_string(),
-            reason: format!("lives on drive {} which is absent from this node; it cannot grow until the drive is back", rec.drive_id),
-        })?;
+        let d = self
+            .drives
+            .get(&rec.drive_id)
+            .ok_or_else(|| VolumeError::DriveAbsent { volume_id: id.to_string(), drive_id: rec.drive_id.clone() })?;
         let loc = DriveLoc { path: d.path.clone(), sector: d.logical_block_size };
         if new_size == rec.size {
             return Ok((rec, loc, new_size));
@@ -562,27 +567,13 @@ impl VolumeBook {
         }
         let drive = devnum.and_then(|n| self.drives.values().find(|d| d.devnum == n));
         Ok(CreatePlan::New(VolumeRecord {
-            id: m.volume_id.clone(),
-            name: m.pv_name.clone(),
             drive_id: drive.map(|d| d.id.clone()).unwrap_or_default(),
-            part_guid: uuid::Uuid::nil(),
-            start: 0,
             size,
-            layout: LayoutKind::Partition,
             media: drive.map(|d| d.media).unwrap_or(Media::Virtual),
-            block: false,
             fs_type: m.fs_type.clone(),
-            parameters: BTreeMap::new(),
-            state: VolumeState::Available,
             formatted: true,
-            staging: None,
-            targets: BTreeMap::new(),
-            created_unix: now_unix(),
-            rebuilt: false,
-            failed: false,
-            published_node: None,
             adopted: Some(model::Adopted { path: canonical.to_path_buf(), pv_name: m.pv_name.clone() }),
-            lost: false,
+            ..VolumeRecord::new(m.volume_id.clone(), m.pv_name.clone(), VolumeState::Available, now_unix())
         }))
     }
 }

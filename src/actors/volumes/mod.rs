@@ -168,7 +168,7 @@ impl VolumeManager {
                 Ok(out) => (out.record, out.result),
                 Err(e) => {
                     error!(volume.id = %id, error = %e, "volume operation panicked; the record is reloaded at restart");
-                    let e = VolumeError::FailedPrecondition { volume_id: id.clone(), reason: format!("operation failed unexpectedly: {e}") };
+                    let e = VolumeError::Panicked { volume_id: id.clone(), reason: e.to_string() };
                     // The book keeps the record as it was.
                     (act.book.records().find(|r| r.id == id).cloned(), Err(e))
                 }
@@ -240,10 +240,7 @@ impl VolumeManager {
         };
         let id = rec.id.clone();
         let Some(loc) = self.book.loc_of(&rec) else {
-            return reply(Err(VolumeError::FailedPrecondition {
-                volume_id: id,
-                reason: format!("was being created on drive {} which is absent now", rec.drive_id),
-            }));
+            return reply(Err(VolumeError::DriveGoneDuringCreate { volume_id: id, drive_id: rec.drive_id }));
         };
         let lock = self.lock_of(&rec.drive_id);
         let drive_id = rec.drive_id.clone();
@@ -361,12 +358,19 @@ impl Handler<GetVolumeStatus> for VolumeManager {
 impl Handler<ListVolumeStatuses> for VolumeManager {
     type Result = Result<(Vec<VolumeStatus>, Option<String>), VolumeError>;
     fn handle(&mut self, m: ListVolumeStatuses, ctx: &mut Context<Self>) -> Self::Result {
-        let page = self.book.page(m.after.as_deref(), m.max)?;
+        let page = self.book.page_where(m.after.as_deref(), m.max, m.abnormal_only)?;
         if crate::failpoint::injected_failure("actor.volumes.stop") {
             warn!(actor = "volumes", "failure injected: stopping after this answer");
             ctx.stop();
         }
         Ok(page)
+    }
+}
+
+impl Handler<GetStorageHealth> for VolumeManager {
+    type Result = Result<Vec<health::StorageEntry>, VolumeError>;
+    fn handle(&mut self, _: GetStorageHealth, _: &mut Context<Self>) -> Self::Result {
+        self.book.storage_health()
     }
 }
 
@@ -421,10 +425,11 @@ impl Handler<VolumeStats> for VolumeManager {
                 Ok(Ok(u)) => Ok((status, Some(u))),
                 Ok(Err(e)) => {
                     let mut st = status;
-                    st.condition = health::Condition { abnormal: true, message: format!("{}; usage cannot be read: {e}", st.condition.message) };
+                    st.condition.abnormal = true;
+                    st.condition.message = format!("{}; usage cannot be read: {e}", st.condition.message);
                     Ok((st, None))
                 }
-                Err(e) => Err(VolumeError::FailedPrecondition { volume_id: status.record.id.clone(), reason: e.to_string() }),
+                Err(e) => Err(VolumeError::Panicked { volume_id: status.record.id.clone(), reason: e.to_string() }),
             },
         ))
     }

@@ -225,22 +225,39 @@ impl VolumeRecord {
     pub(crate) fn for_test(n: u8, state: VolumeState) -> VolumeRecord {
         let guid = uuid::Uuid::from_bytes([n; 16]);
         VolumeRecord {
-            id: guid.to_string(),
-            name: format!("pvc-{n}"),
             drive_id: "d1".into(),
             part_guid: guid,
             start: n as u64 * gpt::ALIGN,
             size: gpt::ALIGN,
+            fs_type: "ext4".into(),
+            formatted: true,
+            ..VolumeRecord::new(guid.to_string(), format!("pvc-{n}"), state, 0)
+        }
+    }
+}
+
+impl VolumeRecord {
+    /// A record with nothing placed, staged, published, formatted or flagged: where every
+    /// record starts (a volume just placed, adopted, or rebuilt from a GPT). The caller
+    /// sets what its volume has besides.
+    pub fn new(id: String, name: String, state: VolumeState, created_unix: u64) -> VolumeRecord {
+        VolumeRecord {
+            id,
+            name,
+            drive_id: String::new(),
+            part_guid: uuid::Uuid::nil(),
+            start: 0,
+            size: 0,
             layout: LayoutKind::Partition,
             media: Media::Virtual,
             block: false,
-            fs_type: "ext4".into(),
+            fs_type: String::new(),
             parameters: BTreeMap::new(),
             state,
-            formatted: true,
+            formatted: false,
             staging: None,
             targets: BTreeMap::new(),
-            created_unix: 0,
+            created_unix,
             rebuilt: false,
             failed: false,
             published_node: None,
@@ -248,9 +265,7 @@ impl VolumeRecord {
             lost: false,
         }
     }
-}
 
-impl VolumeRecord {
     /// Published targets that are confirmed.
     pub fn published_targets(&self) -> usize {
         self.targets.values().filter(|t| t.done).count()

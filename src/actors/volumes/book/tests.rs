@@ -275,3 +275,27 @@ fn a_check_racing_an_operation_is_dropped() {
     assert!(b.checked(id, vec![]));
     assert!(!b.checked("nope".into(), vec![]));
 }
+
+#[test]
+fn the_health_list_pages_only_abnormal_volumes_and_storage_health_counts_missing_drives() {
+    let mut on_gone = available(2);
+    on_gone.drive_id = "gone".into();
+    let mut also_gone = available(4);
+    also_gone.drive_id = "gone".into();
+    let mut creating = available(5);
+    creating.drive_id = "gone".into();
+    creating.state = VolumeState::Creating;
+    let b = book_with(vec![available(1), on_gone, available(3), also_gone, creating]);
+    let (page, next) = b.page_where(None, 1, true).expect("ready");
+    assert_eq!(page.iter().map(|s| s.record.id.clone()).collect::<Vec<_>>(), vec![available(2).id]);
+    assert!(page[0].condition.abnormal && !page[0].condition.entries.is_empty());
+    let (page, next) = b.page_where(next.as_deref(), 1, true).expect("ready");
+    assert_eq!(page.iter().map(|s| s.record.id.clone()).collect::<Vec<_>>(), vec![available(4).id]);
+    assert_eq!(next, None, "no token when nothing unhealthy follows (a healthy volume does)");
+    assert_eq!(b.page_where(None, 0, false).expect("ready").0.len(), 4, "all shown volumes without the filter");
+    let st = b.storage_health().expect("ready");
+    assert_eq!(st.len(), 1, "{st:?}");
+    assert_eq!((st[0].status, st[0].reason), (health::StorageStatus::StorageUnreachable, health::Reason::DriveMissing));
+    assert!(st[0].message.contains("drive gone holding 2 volumes"), "a volume being created does not count: {}", st[0].message);
+    assert!(matches!(VolumeBook::new(VolumesConfig::default(), false).storage_health(), Err(VolumeError::NotReady)));
+}
