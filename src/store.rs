@@ -135,6 +135,7 @@ impl Store {
             let mut t = w.open_table(kind.table()).map_err(|e| txn(what.clone())(e.into()))?;
             t.insert(id, bytes.as_slice()).map_err(|e| txn(what.clone())(e.into()))?;
         }
+        let _t = crate::disk::timing::step("store.commit");
         w.commit().map_err(|e| txn(what)(e.into()))
     }
 
@@ -146,6 +147,7 @@ impl Store {
             let mut t = w.open_table(kind.table()).map_err(|e| txn(what.clone())(e.into()))?;
             t.remove(id).map_err(|e| txn(what.clone())(e.into()))?;
         }
+        let _t = crate::disk::timing::step("store.commit");
         w.commit().map_err(|e| txn(what)(e.into()))
     }
 

@@ -513,3 +513,74 @@ fn block_volume_stats_are_answered_at_any_node_of_its_device_under_the_allowed_r
         sh("umount", &[bound.to_str().unwrap()]);
     });
 }
+
+/// An agent whose volume checks hold what they check for 3 s at the fail point `point`
+/// (`health.readable.hold`: the staging directory open; `health.fsck.hold`: the
+/// partition open exclusively, as `xfs_repair -n` does).
+fn start_holding_agent(dir: &Path, point: &str) -> (Agent, SmartStandIn) {
+    assert!(cfg!(feature = "failpoints"), "this test needs `--features failpoints`; scripts/test.sh passes it");
+    std::fs::create_dir_all(dir.join("kubelet")).unwrap();
+    let smart = SmartStandIn::install(dir);
+    let agent = Agent::start_with(dir, health_opts(&smart), &[("FAILPOINTS", &format!("{point}=return(3000)"))]);
+    (agent, smart)
+}
+
+/// Waits until the agent says a volume check holds `what` open.
+fn wait_for_hold(agent: &Agent, what: &str) {
+    let t0 = Instant::now();
+    while !agent.logs().lines().any(|l| l.contains("a volume check holds this open") && l.contains(what)) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no volume check held {what}; log:\n{}", agent.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn unstaging_waits_for_a_health_check_that_holds_the_staging_directory_open() {
+    require_host();
+    let tmp = short_tempdir();
+    let _a = LoopDrive::new(tmp.path(), "a.img", GIB);
+    let _u = Unmounter(tmp.path().to_path_buf());
+    let (agent, _smart) = start_holding_agent(tmp.path(), "health.readable.hold");
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        let (id, _) = create(&mut c, "pvc-held-dir", 64 * MIB, mount_cap("ext4")).await;
+        let (stage, _) = paths(tmp.path(), "pvc-held-dir");
+        c.node.node_stage_volume(stage_req(&id, &stage, mount_cap("ext4"))).await.unwrap();
+        wait_for_hold(&agent, &stage.display().to_string());
+        c.node
+            .node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: id.clone(), staging_target_path: stage.display().to_string() })
+            .await
+            .expect("unstage while a health check holds the staging directory");
+        assert!(!sh("findmnt", &["-rn", "-o", "TARGET"]).lines().any(|l| l == stage.to_str().unwrap()), "the staging path is unmounted");
+        c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.expect("delete");
+    });
+}
+
+#[test]
+fn deleting_waits_for_a_health_check_that_holds_the_partition_open() {
+    require_host();
+    let tmp = short_tempdir();
+    let a = LoopDrive::new(tmp.path(), "a.img", GIB);
+    let _u = Unmounter(tmp.path().to_path_buf());
+    let (agent, _smart) = start_holding_agent(tmp.path(), "health.fsck.hold");
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        let (id, _) = create(&mut c, "pvc-held-part", 64 * MIB, mount_cap("ext4")).await;
+        let (stage, _) = paths(tmp.path(), "pvc-held-part");
+        // Staged once (formatted), then unstaged: idle, so the checks fsck it.
+        c.node.node_stage_volume(stage_req(&id, &stage, mount_cap("ext4"))).await.unwrap();
+        c.node
+            .node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: id.clone(), staging_target_path: stage.display().to_string() })
+            .await
+            .unwrap();
+        wait_for_hold(&agent, &format!("{}p", a.dev.display()));
+        c.ctrl
+            .delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() })
+            .await
+            .expect("delete while a health check holds the partition");
+        let parts = sh("lsblk", &["-rn", "-o", "NAME", a.dev.to_str().unwrap()]);
+        assert_eq!(parts.lines().count(), 1, "the partition is gone: {parts}");
+    });
+}

@@ -32,7 +32,7 @@ use super::inventory::DriveInventory;
 use super::messages::{DriveHealthObserved, ListDrives};
 use super::volumes::health::Finding;
 use super::volumes::model::{VolumeRecord, VolumeState};
-use super::volumes::{ListVolumes, VolumeChecked, VolumeManager};
+use super::volumes::{gate, ListVolumes, VolumeChecked, VolumeManager};
 use crate::config::HealthConfig;
 use crate::disk::fs::Fsck;
 use crate::disk::smart::{self, Health};
@@ -180,12 +180,18 @@ fn partition_of(drive: &Drive, rec: &VolumeRecord) -> Option<(PathBuf, (u32, u32
 }
 
 /// Reads a directory with a deadline: a hung filesystem (dead drive) must not hang the
-/// poller.
-fn readable(path: &Path, within: Duration) -> Result<(), String> {
+/// poller. The reading thread keeps the volume's check (`held`) until the read ends,
+/// also when the poller stopped waiting for it: the directory is open until then.
+fn readable(path: &Path, within: Duration, held: Arc<gate::Check>) -> Result<(), String> {
     let (tx, rx) = std::sync::mpsc::channel();
     let p = path.to_path_buf();
     std::thread::spawn(move || {
-        let r = std::fs::read_dir(&p).and_then(|mut it| it.next().transpose().map(|_| ()));
+        let r = std::fs::read_dir(&p).and_then(|mut it| {
+            // A test holds the directory open here, as a slow read would.
+            fail::fail_point!("health.readable.hold", |ms| hold_for(&p, ms, Ok(())));
+            it.next().transpose().map(|_| ())
+        });
+        drop(held);
         let _ = tx.send(r);
     });
     match rx.recv_timeout(within) {
@@ -193,6 +199,16 @@ fn readable(path: &Path, within: Duration) -> Result<(), String> {
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(format!("no answer within {within:?}")),
     }
+}
+
+/// Holds `what` for `ms` milliseconds (a fail point's argument, 1000 if none), saying
+/// so first (tests wait for the line), then returns `r`.
+#[cfg(feature = "failpoints")]
+fn hold_for<R>(what: &Path, ms: Option<String>, r: R) -> R {
+    let ms = ms.and_then(|m| m.parse().ok()).unwrap_or(1000);
+    warn!(actor = "health", path = %what.display(), hold_ms = ms, "fail point: a volume check holds this open");
+    std::thread::sleep(Duration::from_millis(ms));
+    r
 }
 
 type Fscked = HashMap<String, (Instant, Option<Finding>)>;
@@ -215,17 +231,19 @@ fn check_all(
         if drive.is_none() && rec.adopted.is_none() {
             continue;
         }
+        // A stage, unstage or delete of the volume is under way: checked next cycle.
+        let Some(held) = gate::try_check(&rec.id).map(Arc::new) else { continue };
         let mut findings = Vec::new();
         // An adopted volume's data is a directory of the host: it must still be there.
         if let Some(a) = &rec.adopted {
-            if let Err(error) = readable(&a.path, cfg.command_timeout) {
+            if let Err(error) = readable(&a.path, cfg.command_timeout, held.clone()) {
                 findings.push(Finding::Unreadable { path: a.path.display().to_string(), error });
             }
         }
         if let Some(st) = rec.staging.as_ref().filter(|s| s.done && !s.block) {
             if !mounted_at(&st.path) {
                 findings.push(Finding::StagingNotMounted { path: st.path.display().to_string() });
-            } else if let Err(error) = readable(&st.path, cfg.command_timeout) {
+            } else if let Err(error) = readable(&st.path, cfg.command_timeout, held.clone()) {
                 findings.push(Finding::Unreadable { path: st.path.display().to_string(), error });
             } else if let Ok(u) = fs::usage(&st.path) {
                 let pct = u.percent_used();
@@ -267,6 +285,12 @@ fn check_all(
 
 /// Corruption only if every one of `runs` read-only checks reports it.
 fn fsck_agreed(dev: &Path, fs_type: &str, runs: u32) -> Option<Finding> {
+    // A test holds the partition open exclusively here, as `xfs_repair -n` does.
+    fail::fail_point!("health.fsck.hold", |ms| {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _held = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(dev);
+        hold_for(dev, ms, None)
+    });
     let mut detail = None;
     for _ in 0..runs {
         match fs::check_readonly(dev, fs_type) {

@@ -165,6 +165,7 @@ fn ends(p: &KernelPartition) -> u64 {
 /// Waits until the kernel partition at exactly `[start, start+size)` has a device node
 /// of the right device; it may be renumbered meanwhile by a re-read of the table.
 fn wait_for_node(sys: &Path, disk: &Path, start: u64, size: u64) -> Result<KernelPartition, DiskError> {
+    let _t = super::timing::step("blkpg.node");
     let t0 = Instant::now();
     loop {
         if let Some(p) = partitions_in(sys, disk)?.into_iter().find(|p| p.start == start && p.size == size) {
@@ -193,6 +194,7 @@ pub fn ensure_kernel_partition(disk: &Path, start: u64, size: u64) -> Result<Ker
             disk.display()
         )));
     }
+    let _t = super::timing::step("blkpg.ensure");
     let sys = sysfs_dir(disk)?;
     let file = open_disk(disk)?;
     let conflict = |reason: String| DiskError::Conflict { device: disk.to_path_buf(), start, size, reason };
@@ -243,6 +245,7 @@ fn users_of(p: &KernelPartition, sys: &Path) -> Vec<String> {
 /// Removes the kernel partition of `disk` that starts at `start` (bytes); success when
 /// there is none. A partition in use is a [`DiskError::Busy`] naming it.
 pub fn remove_kernel_partition(disk: &Path, start: u64) -> Result<(), DiskError> {
+    let _t = super::timing::step("blkpg.remove");
     let sys = sysfs_dir(disk)?;
     let file = open_disk(disk)?;
     let t0 = Instant::now();

@@ -185,6 +185,7 @@ fn probed_of(export: &str) -> Probed {
 /// Everything a low-level `blkid -p` probe (every superblock and partition-table
 /// prober, no cache) finds on a device; `Ok(None)` when it finds nothing.
 pub fn probe(dev: &Path) -> Result<Option<Probed>, DiskError> {
+    let _t = super::timing::step("blkid.probe");
     let out = run("blkid", Command::new("blkid").arg("-p").arg("-o").arg("export").arg(dev))?;
     match out.status.code() {
         Some(0) => Ok(Some(probed_of(&String::from_utf8_lossy(&out.stdout)))),
@@ -403,6 +404,7 @@ fn wipe_ranges(size: u64) -> Vec<(u64, u64)> {
 /// fsyncs, so no filesystem, partition-table or RAID signature survives. A device that
 /// is mounted or held is refused ([`DiskError::Busy`]).
 pub fn wipe_signatures(dev: &Path) -> Result<(), DiskError> {
+    let _t = super::timing::step("wipe");
     let file = OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_EXCL | libc::O_CLOEXEC)
@@ -425,6 +427,7 @@ pub fn wipe_signatures(dev: &Path) -> Result<(), DiskError> {
             off += n as u64;
         }
     }
+    let _t = super::timing::step("wipe.flush");
     file.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
 }
 

@@ -14,6 +14,7 @@ pub mod mounts;
 pub(crate) mod paths;
 pub(crate) mod signature;
 pub(crate) mod smart;
+pub mod timing;
 pub mod udev;
 
 /// A sysfs attribute of a device directory, trimmed; `None` when it cannot be read.

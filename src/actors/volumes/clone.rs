@@ -28,7 +28,7 @@ use crate::failpoint::crash_point;
 
 /// The source of a clone, for the disk step.
 #[derive(Debug, Clone)]
-pub(crate) struct CloneFrom {
+pub struct CloneFrom {
     /// The source's record, as it was when the clone began.
     pub source: VolumeRecord,
     /// Its drive.

@@ -29,11 +29,12 @@
 
 pub(crate) mod book;
 pub(crate) mod clone;
-pub(crate) mod error;
+pub mod error;
 pub(crate) mod health;
 pub(crate) mod messages;
+pub(crate) mod gate;
 pub mod model;
-pub(crate) mod ops;
+pub mod ops;
 pub(crate) mod placement;
 pub(crate) mod reconcile;
 pub(crate) mod startup;

@@ -23,10 +23,10 @@ use std::sync::Mutex;
 
 use tracing::{info, warn};
 
-use super::clone::CloneFrom;
+pub use super::clone::CloneFrom;
 use super::model::{next, Op, Staging, Target, VolumeRecord};
 use super::messages::{PublishArgs, StageArgs};
-use super::VolumeError;
+use super::{gate, VolumeError};
 use nix::mount::MsFlags;
 
 use crate::disk::lock::DiskLock;
@@ -36,7 +36,7 @@ use crate::store::Store;
 
 /// Where a volume's drive is, for the blocking steps.
 #[derive(Debug, Clone)]
-pub(crate) struct DriveLoc {
+pub struct DriveLoc {
     /// Kernel device node of the whole drive.
     pub path: PathBuf,
     /// Logical block size.
@@ -45,7 +45,7 @@ pub(crate) struct DriveLoc {
 
 /// What a blocking step hands back: the record as it now is (`None`: removed) and the
 /// call's result.
-pub(crate) struct Outcome<T> {
+pub struct Outcome<T> {
     /// The record after the step.
     pub record: Option<VolumeRecord>,
     /// The call's result.
@@ -131,7 +131,7 @@ fn is_partition_at(devnum: (u32, u32), parts: &[blkpg::KernelPartition], start: 
 /// wipe, then `Available`.
 /// A clone (`from`) copies its source onto the wiped partition before it is marked
 /// `Available` ([`super::clone::copy`]); until then a restart rolls it back.
-pub(crate) fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeRecord, from: Option<&CloneFrom>) -> Outcome<VolumeRecord> {
+pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeRecord, from: Option<&CloneFrom>) -> Outcome<VolumeRecord> {
     if let Err(e) = save(store, &rec) {
         return Outcome { record: None, result: Err(e) };
     }
@@ -186,7 +186,7 @@ pub(crate) fn rollback_create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>,
 
 /// Deletes a volume: intent, wipe, kernel partition, GPT entry, record. With the drive
 /// absent (`drive` is `None`) only the record goes.
-pub(crate) fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec: VolumeRecord) -> Outcome<()> {
+pub fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec: VolumeRecord) -> Outcome<()> {
     let prev = rec.clone();
     if let Some(node) = &rec.published_node {
         let e = VolumeError::StillAttached { volume_id: rec.id.clone(), node: node.clone() };
@@ -219,6 +219,8 @@ pub(crate) fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, 
 /// The steps of a deletion whose intent is recorded; also finishes one at start-up.
 pub(crate) fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, rec: &VolumeRecord) -> Result<(), VolumeError> {
     if let Some(drive) = drive {
+        // A health check's read-only fsck holds the partition: the wipe waits for it.
+        let _unchecked = gate::exclusive(&rec.id);
         // The table is read, and changed, under both locks: a parallel delete on the
         // same drive rewrites it.
         let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -344,6 +346,8 @@ fn check_path(id: &str, p: &Path, roots: &[PathBuf]) -> Result<(), VolumeError> 
 /// formatted), mount, then `Staged`.
 pub(crate) fn stage(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: VolumeRecord, a: StageArgs) -> Outcome<()> {
     let prev = rec.clone();
+    // A health check's read-only fsck holds the partition: mkfs and mount wait for it.
+    let _unchecked = gate::exclusive(&rec.id);
     match stage_steps(store, drive, roots, rec, &a) {
         Ok(done) => Outcome { record: Some(done), result: Ok(()) },
         Err((e, now)) => {
@@ -467,6 +471,8 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
 /// Unstages: unmount the staging path, then forget it.
 pub(crate) fn unstage(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, path: &Path) -> Outcome<()> {
     let id = rec.id.clone();
+    // A health check's read of the staging directory holds the mount: the unmount waits.
+    let _unchecked = gate::exclusive(&id);
     let mut r = rec.clone();
     let res = (|| {
         let ours = match &r.staging {

@@ -43,7 +43,11 @@ pub(super) enum Judged<'f> {
 /// [`add_partition`] (through it, [`remove_partition`] and [`resize_partition`]) and
 /// [`examine`] (the drive inventory's classification) come here.
 pub(super) fn judge<'f>(dev: &Path, file: &'f File, size: u64, sector: u64) -> Result<Judged<'f>, DiskError> {
-    match open_gpt(dev, file, size, sector) {
+    let parsed = {
+        let _t = crate::disk::timing::step("gpt.parse");
+        open_gpt(dev, file, size, sector)
+    };
+    match parsed {
         Ok(Some(disk)) => Ok(match judge_gpt(dev, disk)? {
             Ok(disk) => Judged::Drivelet(Box::new(disk)),
             Err(found) => Judged::Foreign(found),

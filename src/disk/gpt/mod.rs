@@ -324,6 +324,7 @@ fn open_gpt<'f>(
 /// Reads the GPT of a device; `Ok(None)` when it has none. `sector` is the device's
 /// logical block size (512 or 4096).
 pub fn read_table(dev: &Path, sector: u64) -> Result<Option<GptTable>, DiskError> {
+    let _t = crate::disk::timing::step("gpt.read_table");
     let file = File::open(dev).map_err(DiskError::io(format!("open {}", dev.display())))?;
     check_sector(dev, &file, sector)?;
     let size = len_of(dev, &file)?;

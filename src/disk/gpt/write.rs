@@ -143,6 +143,7 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>) -> Result<(), D
     for (off, data) in ordered_writes(dev, disk, &rw, size)? {
         if in_backup && off < half {
             // The backup copy is whole on the device before the primary is touched.
+            let _t = crate::disk::timing::step("gpt.flush");
             rw.sync_data().map_err(DiskError::io(format!("fsync {}", dev.display())))?;
             in_backup = false;
         }
@@ -156,6 +157,7 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>) -> Result<(), D
             reason: format!("write the protective MBR: {e}"),
         })?;
     }
+    let _t = crate::disk::timing::step("gpt.flush");
     rw.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
 }
 
@@ -167,6 +169,7 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>) -> Result<(), D
 /// partition with the same GUID, start and size already there is success; the same GUID
 /// elsewhere, or an overlap with another partition, is a [`DiskError::Conflict`].
 pub fn add_partition(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64) -> Result<(), DiskError> {
+    let _t = crate::disk::timing::step("gpt.add");
     check_extent(dev, start, size)?;
     if label.encode_utf16().count() > MAX_LABEL_UNITS || label.contains('\0') {
         return Err(DiskError::invalid(format!(
@@ -256,10 +259,15 @@ fn ensure_ours(dev: &Path, p: &Partition) -> Result<(), DiskError> {
 /// Removes the drivelet partition with `guid`; `Ok(false)` when there is none (also when
 /// the device has no GPT). A GPT that is not drivelet's is refused.
 pub fn remove_partition(dev: &Path, sector: u64, guid: Uuid) -> Result<bool, DiskError> {
+    let _t = crate::disk::timing::step("gpt.remove");
     let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
     let (file, dev_size) = open_to_inspect(dev, sector)?;
     let file: &File = &file;
-    let Some(disk) = open_gpt(dev, file, dev_size, sector)? else { return Ok(false) };
+    let parsed = {
+        let _t = crate::disk::timing::step("gpt.parse");
+        open_gpt(dev, file, dev_size, sector)?
+    };
+    let Some(disk) = parsed else { return Ok(false) };
     let mut disk = judge_gpt(dev, disk)?.map_err(|found| refuse(dev, found))?;
     let Some((key, p)) = find_by_guid(&disk, guid) else { return Ok(false) };
     ensure_ours(dev, &p)?;

@@ -1,0 +1,179 @@
+//! Benchmark: where CreateVolume and DeleteVolume of a block volume spend their time on
+//! the disk, step by step. Runs the volume manager's own blocking steps
+//! (`ops::create`, `ops::delete`: store commits, drive lock, GPT write, BLKPG, device
+//! node, signature wipe) on a real loop drive with real udev, one at a time, without
+//! the gRPC front and the actors (`drivelet bench lifecycle` measures those on top).
+//! Every step is timed by `drivelet::disk::timing`; steps nest (`gpt.flush` is part of
+//! `gpt.add`), so a step's figure includes those indented under it.
+//!
+//! Run (as root): `cargo bench --bench disk_steps -- [ROUNDS] [SIZE_MIB]` (default 50
+//! rounds of a 64 MiB volume on a 1 GiB loop drive). Prints p50/p90/max per step and of
+//! the whole operation, and the load average before and after.
+
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::*;
+use drivelet::actors::inventory::model::LayoutKind;
+use drivelet::config::Media;
+use drivelet::actors::volumes::model::{VolumeRecord, VolumeState};
+use drivelet::actors::volumes::ops::{self, DriveLoc};
+use drivelet::disk::{gpt, timing};
+use drivelet::store::Store;
+
+/// Steps in the order they run, with their nesting depth, per operation.
+const CREATE: &[(&str, usize)] = &[
+    ("store.commit", 0),
+    ("lock.take", 0),
+    ("gpt.add", 0),
+    ("gpt.parse", 1),
+    ("blkid.probe", 1),
+    ("gpt.flush", 1),
+    ("blkpg.ensure", 0),
+    ("blkpg.node", 1),
+    ("lock.grace", 0),
+    ("wipe", 0),
+    ("wipe.flush", 1),
+];
+const DELETE: &[(&str, usize)] = &[
+    ("store.commit", 0),
+    ("lock.take", 0),
+    ("gpt.read_table", 0),
+    ("blkpg.ensure", 0),
+    ("blkpg.node", 1),
+    ("wipe", 0),
+    ("wipe.flush", 1),
+    ("blkpg.remove", 0),
+    ("gpt.remove", 0),
+    ("gpt.parse", 1),
+    ("blkid.probe", 1),
+    ("gpt.flush", 1),
+    ("lock.grace", 0),
+];
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+/// Per step name: the summed duration of that step in each round (a step that runs
+/// twice in one operation, like the two GPT flushes, is summed), and how often it ran.
+#[derive(Default)]
+struct Steps {
+    per_round: BTreeMap<&'static str, Vec<Duration>>,
+    count: BTreeMap<&'static str, usize>,
+    total: Vec<Duration>,
+}
+
+impl Steps {
+    fn add(&mut self, total: Duration, steps: Vec<(&'static str, Duration)>) {
+        let mut sums: BTreeMap<&'static str, Duration> = BTreeMap::new();
+        for (name, d) in steps {
+            *sums.entry(name).or_default() += d;
+            *self.count.entry(name).or_default() += 1;
+        }
+        for (name, d) in sums {
+            self.per_round.entry(name).or_default().push(d);
+        }
+        self.total.push(total);
+    }
+
+    fn print(&mut self, what: &str, order: &[(&'static str, usize)]) {
+        let rounds = self.total.len();
+        println!("\n{what} ({rounds} rounds)");
+        println!("| step | runs per op | p50 ms | p90 ms | max ms |");
+        println!("|---|---|---|---|---|");
+        for (name, depth) in order {
+            let Some(v) = self.per_round.get_mut(name) else { continue };
+            v.sort();
+            let runs = self.count[name] as f64 / rounds as f64;
+            println!("| {}{name} | {runs:.1} | {} | {} | {} |", "&nbsp;&nbsp;".repeat(*depth), ms(percentile(v, 0.5)), ms(percentile(v, 0.9)), ms(*v.last().unwrap()));
+        }
+        for name in self.per_round.keys().filter(|n| !order.iter().any(|(o, _)| *o == **n)) {
+            println!("| (unlisted) {name} | | | | |");
+        }
+        self.total.sort();
+        let t = &self.total;
+        println!("| **whole {what}** | 1 | **{}** | {} | {} |", ms(percentile(t, 0.5)), ms(percentile(t, 0.9)), ms(*t.last().unwrap()));
+    }
+}
+
+fn record(n: u32, drive_id: &str, start: u64, size: u64) -> VolumeRecord {
+    let name = format!("pvc-bench-{n}");
+    let guid = gpt::volume_partition_guid(&name);
+    VolumeRecord {
+        id: guid.to_string(),
+        name,
+        drive_id: drive_id.into(),
+        part_guid: guid,
+        start,
+        size,
+        layout: LayoutKind::Partition,
+        media: Media::Virtual,
+        block: true,
+        fs_type: String::new(),
+        parameters: BTreeMap::new(),
+        state: VolumeState::Creating,
+        formatted: false,
+        staging: None,
+        targets: BTreeMap::new(),
+        created_unix: 0,
+        rebuilt: false,
+        failed: false,
+        published_node: None,
+        adopted: None,
+        lost: false,
+        clone_of: None,
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1).filter(|a| !a.starts_with('-'));
+    let rounds: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(50);
+    let size_mib: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
+    require_host();
+    let tmp = short_tempdir();
+    let drive = LoopDrive::new(tmp.path(), "a.img", 1024 * MIB);
+    let loc = DriveLoc { path: drive.dev.clone(), sector: 512 };
+    let store = Store::open(&tmp.path().join("state")).expect("open store");
+    let lock = Mutex::new(());
+    sh("udevadm", &["settle"]);
+    println!("load average before: {}", loadavg());
+    // One volume that stays, so the drive has a table and a neighbour partition, as
+    // on a node in use; the measured volume comes and goes after it.
+    let keep = record(0, "bench", MIB, 16 * MIB);
+    ops::create(&store, &loc, &lock, keep.clone(), None).result.expect("create the neighbour volume");
+    let (mut create, mut delete) = (Steps::default(), Steps::default());
+    for i in 1..=rounds {
+        let rec = record(i, "bench", 32 * MIB, size_mib * MIB);
+        timing::record();
+        let t0 = Instant::now();
+        let done = ops::create(&store, &loc, &lock, rec, None).result.expect("create");
+        create.add(t0.elapsed(), timing::take());
+        let t0 = Instant::now();
+        ops::delete(&store, Some(&loc), &lock, done).result.expect("delete");
+        delete.add(t0.elapsed(), timing::take());
+    }
+    ops::delete(&store, Some(&loc), &lock, VolumeRecord { state: VolumeState::Available, ..keep }).result.expect("delete the neighbour");
+    println!("load average after: {}", loadavg());
+    println!("drive {} ({}), store {}", drive.dev.display(), PathBuf::from(&drive.file).display(), Store::path_in(&tmp.path().join("state")).display());
+    create.print("CreateVolume (block)", CREATE);
+    delete.print("DeleteVolume (block)", DELETE);
+}
