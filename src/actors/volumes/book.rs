@@ -32,10 +32,11 @@ use super::messages::{AdoptVolume, AttachVolume, CreateVolume, DetachVolume, Exp
 use super::model::{self, Refusal, VolumeRecord, VolumeState};
 use super::ops::DriveLoc;
 use super::placement::{self, Candidate, NoRoom};
+use super::view::{DriveRoom, Listed, ViewPublisher, ViewReader, VolumesView};
 use super::VolumeError;
 use crate::actors::inventory::classify::DriveClass;
 use crate::actors::inventory::model::{Drive, LayoutKind};
-use crate::actors::messages::{GetCapacity, VolumeConditionChanged};
+use crate::actors::messages::VolumeConditionChanged;
 use crate::config::{Media, VolumesConfig};
 use crate::disk::gpt;
 use crate::disk::smart::Health;
@@ -61,7 +62,8 @@ pub struct VolumeBook {
     ready: bool,
     /// Present drives by stable id.
     drives: BTreeMap<String, Drive>,
-    records: BTreeMap<String, VolumeRecord>,
+    /// Records by id, shared with the published views (a change replaces a record).
+    records: BTreeMap<String, Arc<VolumeRecord>>,
     busy: Arc<Mutex<BusyIds>>,
     /// Drives that are releasing or released, by id (persisted).
     drive_use: BTreeMap<String, DriveUse>,
@@ -69,6 +71,8 @@ pub struct VolumeBook {
     findings: HashMap<String, Vec<Finding>>,
     /// Last condition logged per volume, to log each change once.
     conditions: HashMap<String, Condition>,
+    /// Where each change of what the cheap calls read is published.
+    view: ViewPublisher,
 }
 
 
@@ -90,7 +94,33 @@ impl VolumeBook {
             drive_use: BTreeMap::new(),
             findings: HashMap::new(),
             conditions: HashMap::new(),
+            view: ViewPublisher::default(),
         }
+    }
+
+    /// A reader of the views this book publishes.
+    pub fn view_reader(&self) -> ViewReader {
+        self.view.reader()
+    }
+
+    /// Publishes a view of the book as it is now. Every `&mut self` method that changes
+    /// what a view shows (readiness, records, drives, drive uses, findings) ends here.
+    fn publish(&self) {
+        if !self.ready {
+            return self.view.publish(VolumesView::not_ready());
+        }
+        let volumes = self
+            .records
+            .values()
+            .filter(|r| r.state != VolumeState::Creating)
+            .map(|r| Listed { record: r.clone(), condition: self.condition_of(r) })
+            .collect();
+        let drives = self
+            .candidates()
+            .into_iter()
+            .map(|c| DriveRoom { drive: c.drive.clone(), used: c.used, closed: c.closed })
+            .collect();
+        self.view.publish(VolumesView::ready(volumes, drives));
     }
 
     /// Forgets what restarting must rebuild from the host: records, drives, claims.
@@ -99,6 +129,7 @@ impl VolumeBook {
         self.records.clear();
         self.drives.clear();
         self.busy.lock().unwrap_or_else(|p| p.into_inner()).ids.clear();
+        self.publish();
     }
 
     /// Whether start-up reconciliation is done.
@@ -116,6 +147,7 @@ impl VolumeBook {
         for d in drives {
             self.drives.insert(d.id.clone(), d);
         }
+        self.publish();
     }
 
     /// Every present drive.
@@ -130,7 +162,7 @@ impl VolumeBook {
         if let Some(uses) = uses {
             self.drive_use = uses.into_iter().map(|u| (u.drive_id.clone(), u)).collect();
         }
-        self.records = records.into_iter().map(|r| (r.id.clone(), r)).collect();
+        self.records = records.into_iter().map(|r| (r.id.clone(), Arc::new(r))).collect();
         let bad: Vec<(String, String)> =
             self.drives.values().filter(|d| d.health.health == Health::Bad).map(|d| (d.id.clone(), d.health.reason.clone())).collect();
         let mut save = Vec::new();
@@ -141,6 +173,7 @@ impl VolumeBook {
             }
         }
         self.ready = true;
+        self.publish();
         save
     }
 
@@ -151,7 +184,7 @@ impl VolumeBook {
 
     /// Every record, by id.
     pub fn records(&self) -> impl Iterator<Item = &VolumeRecord> {
-        self.records.values()
+        self.records.values().map(|r| &**r)
     }
 
     /// The usage records of releasing and released drives.
@@ -217,30 +250,11 @@ impl VolumeBook {
     }
 
     /// A page of shown volumes after `after` (by id), at most `max` (0: all), and the
-    /// id to go on after when more follow.
+    /// id to go on after when more follow: the page of the view published last.
     pub fn page(&self, after: Option<&str>, max: usize) -> Result<(Vec<VolumeStatus>, Option<String>), VolumeError> {
-        use std::ops::Bound;
-        if !self.ready {
-            return Err(VolumeError::NotReady);
-        }
-        let lower = match after {
-            Some(a) => Bound::Excluded(a.to_string()),
-            None => Bound::Unbounded,
-        };
-        let max = if max == 0 { usize::MAX } else { max };
-        let mut out: Vec<VolumeStatus> = Vec::new();
-        let mut next = None;
-        for r in self.records.range((lower, Bound::Unbounded)).map(|(_, r)| r) {
-            if r.state == VolumeState::Creating {
-                continue;
-            }
-            if out.len() == max {
-                next = out.last().map(|s| s.record.id.clone());
-                break;
-            }
-            out.push(VolumeStatus { record: r.clone(), condition: self.condition_of(r) });
-        }
-        Ok((out, next))
+        let view = self.view.current();
+        let (page, next) = view.page(after, max)?;
+        Ok((page.iter().map(|l| VolumeStatus { record: VolumeRecord::clone(&l.record), condition: l.condition.clone() }).collect(), next))
     }
 
     /// Recomputes the conditions of the matching volumes, logs each change once and
@@ -275,7 +289,10 @@ impl VolumeBook {
         if self.is_busy(&volume_id) || !self.records.contains_key(&volume_id) {
             return false;
         }
-        self.findings.insert(volume_id, findings);
+        if self.findings.get(&volume_id) != Some(&findings) {
+            self.findings.insert(volume_id, findings);
+            self.publish();
+        }
         true
     }
 
@@ -288,12 +305,13 @@ impl VolumeBook {
         }
         match record {
             Some(r) => {
-                self.records.insert(r.id.clone(), r);
+                self.records.insert(r.id.clone(), Arc::new(r));
             }
             None => {
                 self.records.remove(id);
             }
         }
+        self.publish();
         let after = self.shown(id);
         if before == after {
             return BTreeSet::new();
@@ -333,14 +351,6 @@ impl VolumeBook {
             .collect()
     }
 
-    /// GetCapacity from the placement model.
-    pub fn capacity(&self, m: &GetCapacity) -> Result<placement::Capacity, VolumeError> {
-        if !self.ready {
-            return Err(VolumeError::NotReady);
-        }
-        Ok(placement::capacity(&self.candidates(), m.media, m.layout, m.minimum))
-    }
-
     /// Decides a CreateVolume: the existing volume of the name, or a new record placed
     /// on a drive with room.
     pub fn plan_create(&self, m: &CreateVolume) -> Result<CreatePlan, VolumeError> {
@@ -353,7 +363,7 @@ impl VolumeBook {
                     volume_id: id,
                     reason: "is being deleted; retry CreateVolume once DeleteVolume finished".into(),
                 }),
-                VolumeState::Creating => Ok(CreatePlan::New(rec.clone())),
+                VolumeState::Creating => Ok(CreatePlan::New(VolumeRecord::clone(rec))),
                 // Never a success for a volume that does not exist: the CO sees why, and
                 // DeleteVolume clears the way for a new one of the same name.
                 _ if rec.lost => Err(health::lost(rec)),
@@ -371,7 +381,7 @@ impl VolumeBook {
                             reason: "exists with different parameters or access type".into(),
                         })
                     } else {
-                        Ok(CreatePlan::Existing(rec.clone()))
+                        Ok(CreatePlan::Existing(VolumeRecord::clone(rec)))
                     }
                 }
             };
@@ -417,12 +427,13 @@ impl VolumeBook {
     /// Reserves a record's extent (a new volume being created, or the size an expansion
     /// grows to): a create placed meanwhile sees the space taken.
     pub fn reserve(&mut self, rec: VolumeRecord) {
-        self.records.insert(rec.id.clone(), rec);
+        self.records.insert(rec.id.clone(), Arc::new(rec));
+        self.publish();
     }
 
     /// Decides a DeleteVolume: the record to delete, `None` when it is gone already.
     pub fn plan_delete(&self, id: &str) -> Option<VolumeRecord> {
-        self.records.get(id).cloned()
+        self.records.get(id).map(|r| VolumeRecord::clone(r))
     }
 
     /// Common start of a node call: ready, known; the drive when present (required
@@ -431,7 +442,7 @@ impl VolumeBook {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
-        let rec = self.records.get(id).cloned().ok_or_else(|| VolumeError::NotFound { volume_id: id.to_string() })?;
+        let rec = self.records.get(id).map(|r| VolumeRecord::clone(r)).ok_or_else(|| VolumeError::NotFound { volume_id: id.to_string() })?;
         let loc = self.loc_of(&rec);
         if need_drive && loc.is_none() && rec.adopted.is_none() {
             return Err(VolumeError::DriveAbsent { volume_id: id.to_string(), drive_id: rec.drive_id });
@@ -540,7 +551,7 @@ impl VolumeBook {
         if m.node_id.as_ref().is_some_and(|n| *n != attached) {
             return Ok(None);
         }
-        let mut rec = rec.clone();
+        let mut rec = VolumeRecord::clone(rec);
         rec.published_node = None;
         Ok(Some((rec, attached)))
     }
@@ -552,7 +563,7 @@ impl VolumeBook {
         if let Some(r) = self.records.get(&m.volume_id) {
             let same = r.adopted.as_ref().is_some_and(|a| a.path == canonical && a.pv_name == m.pv_name);
             return if same {
-                Ok(CreatePlan::Existing(r.clone()))
+                Ok(CreatePlan::Existing(VolumeRecord::clone(r)))
             } else {
                 Err(VolumeError::AlreadyExists { volume: m.volume_id.clone(), reason: "exists with other data".into() })
             };

@@ -142,8 +142,13 @@ impl Connections {
 /// A cheap RPC for `rpc` mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Rpc {
+    /// Identity GetPluginInfo: the baseline, a call answered from configuration alone
+    /// (in drivelet, with no actor and no disk behind it), on the same server stack.
+    GetPluginInfo,
     /// Identity Probe.
     Probe,
+    /// NodeGetInfo.
+    NodeGetInfo,
     /// NodeGetCapabilities.
     NodeGetCapabilities,
     /// GetCapacity with no parameters.
@@ -154,12 +159,15 @@ pub enum Rpc {
 
 impl Rpc {
     /// Every RPC of `rpc` mode, in the order they run.
-    pub const ALL: [Rpc; 4] = [Rpc::Probe, Rpc::NodeGetCapabilities, Rpc::GetCapacity, Rpc::ListVolumes];
+    pub const ALL: [Rpc; 6] =
+        [Rpc::GetPluginInfo, Rpc::Probe, Rpc::NodeGetInfo, Rpc::NodeGetCapabilities, Rpc::GetCapacity, Rpc::ListVolumes];
 
     /// CSI name.
     pub fn name(self) -> &'static str {
         match self {
+            Rpc::GetPluginInfo => "GetPluginInfo",
             Rpc::Probe => "Probe",
+            Rpc::NodeGetInfo => "NodeGetInfo",
             Rpc::NodeGetCapabilities => "NodeGetCapabilities",
             Rpc::GetCapacity => "GetCapacity",
             Rpc::ListVolumes => "ListVolumes",
@@ -384,7 +392,9 @@ impl Clients {
             (d, r.map(|_| ()))
         }
         match rpc {
+            Rpc::GetPluginInfo => unit(timed(limit, self.id.get_plugin_info(csi::GetPluginInfoRequest {})).await),
             Rpc::Probe => unit(timed(limit, self.id.probe(csi::ProbeRequest {})).await),
+            Rpc::NodeGetInfo => unit(timed(limit, self.node.node_get_info(csi::NodeGetInfoRequest {})).await),
             Rpc::NodeGetCapabilities => {
                 unit(timed(limit, self.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {})).await)
             }
