@@ -1,10 +1,11 @@
 //! Benchmark: how long after a drive disappears its volume's condition turns abnormal
-//! in `ControllerGetVolume`. Real binary, real loop drive, real udev.
+//! in `ControllerGetVolume` (CSI v1.12) and its health shows `DriveMissing` in
+//! `ControllerGetVolumeHealth` (CSI v1.13). Real binary, real loop drive, real udev.
 //!
 //! Each round detaches the loop device under an unstaged volume (`losetup -d`, a real
-//! removal), polls `ControllerGetVolume` until the condition is abnormal, then
-//! re-attaches the same backing file and waits for the condition to clear. Prints
-//! p50/p90/p99/max over the rounds.
+//! removal), polls both RPCs in turn until each reports the removal, then re-attaches
+//! the same backing file and waits for both to clear. Prints p50/p90/p99/max over the
+//! rounds for each generation.
 //!
 //! Run (as root): `cargo bench --bench removal_latency -- [ROUNDS]` (default 100).
 
@@ -25,6 +26,26 @@ fn condition(rt: &tokio::runtime::Runtime, c: &mut Csi, id: &str) -> Option<bool
     })
 }
 
+/// Whether the v1.13 health of the volume reports an adverse condition.
+fn health(rt: &tokio::runtime::Runtime, c: &mut Csi, id: &str) -> Option<bool> {
+    rt.block_on(async {
+        let req = csi::ControllerGetVolumeHealthRequest { volume_id: id.into(), ..Default::default() };
+        let r = c.ctrl.controller_get_volume_health(req).await.ok()?;
+        r.into_inner().volume_health.map(|h| h.health_statuses.iter().any(|e| e.reason == "DriveMissing"))
+    })
+}
+
+fn report(what: &str, rounds: usize, lat: &mut [Duration]) {
+    lat.sort();
+    println!(
+        "drive removal -> {what}, {rounds} rounds: p50 {:?}  p90 {:?}  p99 {:?}  max {:?}",
+        percentile(lat, 0.5),
+        percentile(lat, 0.9),
+        percentile(lat, 0.99),
+        lat[lat.len() - 1]
+    );
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -42,32 +63,32 @@ fn main() {
         c.ctrl.create_volume(create_req("bench-vol", 16 * MIB, block_cap())).await.expect("create").into_inner().volume.unwrap().volume_id
     });
     let file: PathBuf = drive.file.clone();
-    let mut lat = Vec::with_capacity(rounds);
+    let (mut v12, mut v13) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
     for round in 0..rounds {
         assert_eq!(condition(&rt, &mut c, &id), Some(false), "round {round}: normal before the removal");
+        assert_eq!(health(&rt, &mut c, &id), Some(false), "round {round}: no health entry before the removal");
         let t0 = Instant::now();
         drive.detach();
-        loop {
-            if condition(&rt, &mut c, &id) == Some(true) {
-                break;
+        let (mut seen12, mut seen13) = (None, None);
+        while seen12.is_none() || seen13.is_none() {
+            if seen12.is_none() && condition(&rt, &mut c, &id) == Some(true) {
+                seen12 = Some(t0.elapsed());
             }
-            assert!(t0.elapsed() < Duration::from_secs(10), "round {round}: removal not seen within 10 s");
+            if seen13.is_none() && health(&rt, &mut c, &id) == Some(true) {
+                seen13 = Some(t0.elapsed());
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "round {round}: removal not seen within 10 s (v1.12 {seen12:?}, v1.13 {seen13:?})");
         }
-        lat.push(t0.elapsed());
+        v12.extend(seen12);
+        v13.extend(seen13);
         drive.dev = PathBuf::from(sh("losetup", &["--find", "--show", "--partscan", file.to_str().unwrap()]));
         let t1 = Instant::now();
-        while condition(&rt, &mut c, &id) != Some(false) {
+        while condition(&rt, &mut c, &id) != Some(false) || health(&rt, &mut c, &id) != Some(false) {
             assert!(t1.elapsed() < Duration::from_secs(10), "round {round}: the drive's return not seen within 10 s");
             std::thread::sleep(Duration::from_millis(5));
         }
     }
-    lat.sort();
-    println!(
-        "drive removal -> abnormal condition in ControllerGetVolume, {rounds} rounds: p50 {:?}  p90 {:?}  p99 {:?}  max {:?}",
-        percentile(&lat, 0.5),
-        percentile(&lat, 0.9),
-        percentile(&lat, 0.99),
-        lat[lat.len() - 1]
-    );
+    report("abnormal condition in ControllerGetVolume (CSI v1.12)", rounds, &mut v12);
+    report("DriveMissing in ControllerGetVolumeHealth (CSI v1.13)", rounds, &mut v13);
     println!("budget: 1 s");
 }

@@ -182,6 +182,7 @@ fn make_drives(dir: &Path, volumes: usize, drives: usize) -> (Vec<PathBuf>, Vec<
                 published_node: None,
                 adopted: None,
                 lost: false,
+                clone_of: None,
             });
         }
     }

@@ -110,7 +110,7 @@ impl Endpoints {
             let key = (d.class.as_str().to_string(), d.health.health.as_str().to_string(), usage.to_string());
             *g.drives.entry(key).or_default() += 1;
         }
-        if let Some(Ok((page, _))) = ask(&self.volumes, ListVolumeStatuses { after: None, max: 0 }).await {
+        if let Some(Ok((page, _))) = ask(&self.volumes, ListVolumeStatuses { after: None, max: 0, abnormal_only: false }).await {
             let mut volumes: BTreeMap<(String, String), u64> = BTreeMap::new();
             for v in page {
                 let condition = if v.condition.abnormal { "abnormal" } else { "normal" };

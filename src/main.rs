@@ -194,6 +194,9 @@ enum CsiCmd {
         /// StorageClass parameter key=value (repeatable), e.g. --param media=ssd.
         #[arg(long = "param")]
         params: Vec<String>,
+        /// Clone this volume (its id): the new volume starts with a copy of its data.
+        #[arg(long)]
+        source: Option<String>,
         #[command(flatten)]
         access: AccessArgs,
     },
@@ -288,6 +291,24 @@ enum CsiCmd {
         #[arg(long)]
         path: PathBuf,
     },
+    /// CSI v1.13 volume health: of ID (ControllerGetVolumeHealth, or with --node
+    /// NodeGetVolumeHealth), or without ID every volume with an adverse condition
+    /// (ControllerListVolumeHealth); each condition with its status, reason and message.
+    Health {
+        /// Volume id; none lists every unhealthy volume.
+        id: Option<String>,
+        /// Ask the node service (NodeGetVolumeHealth) instead of the controller.
+        #[arg(long)]
+        node: bool,
+        /// With --node: where the volume is or was staged.
+        #[arg(long, requires = "node")]
+        staging: Option<PathBuf>,
+        /// With --node: where the volume is or was published.
+        #[arg(long, requires = "node")]
+        target: Option<PathBuf>,
+    },
+    /// CSI v1.13 NodeGetStorageHealth: missing, failing or suspect drives of the node.
+    StorageHealth,
 }
 
 #[derive(Subcommand)]
@@ -381,7 +402,12 @@ fn run(config: PathBuf) -> anyhow::Result<()> {
 
 fn ctl(config: Option<PathBuf>, socket: Option<PathBuf>, cmd: CtlCmd) -> anyhow::Result<()> {
     if let CtlCmd::Migrate { file, from_cluster, apply } = cmd {
-        return migrate(config, socket, file, from_cluster, apply);
+        let source = match (file, from_cluster) {
+            (Some(f), None) => Some(drivelet::cli::migrate::Source::File(f)),
+            (None, Some(name)) => Some(drivelet::cli::migrate::Source::Cluster(name)),
+            _ => None,
+        };
+        return Ok(drivelet::cli::migrate::run(config.as_deref(), socket, source, apply)?);
     }
     let socket = match socket {
         Some(s) => s,
@@ -412,62 +438,6 @@ fn ctl(config: Option<PathBuf>, socket: Option<PathBuf>, cmd: CtlCmd) -> anyhow:
     Ok(())
 }
 
-fn migrate(config: Option<PathBuf>, socket: Option<PathBuf>, file: Option<PathBuf>, from_cluster: Option<String>, apply: bool) -> anyhow::Result<()> {
-    use drivelet::migration::{Translator, IN_TREE_PLUGIN};
-    use k8s_openapi::api::core::v1::PersistentVolume;
-    let cfg = Config::load(config.as_deref())?;
-    let tr = Translator::from_config(&cfg);
-    if !tr.is_migrated(IN_TREE_PLUGIN) {
-        anyhow::bail!("migration of {IN_TREE_PLUGIN} is off: set `local = true` under [migration] in the config");
-    }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let pv: PersistentVolume = match (file, from_cluster) {
-        (Some(f), None) => {
-            let text = if f == std::path::Path::new("-") {
-                std::io::read_to_string(std::io::stdin()).context("read the PV from stdin")?
-            } else {
-                std::fs::read_to_string(&f).with_context(|| format!("read {}", f.display()))?
-            };
-            serde_yaml::from_str(&text).with_context(|| format!("{} is not a PersistentVolume", f.display()))?
-        }
-        (None, Some(name)) => {
-            if !cfg.kubernetes.enabled {
-                anyhow::bail!("--from-cluster needs [kubernetes] enabled = true in the config");
-            }
-            rt.block_on(async {
-                let client = drivelet::k8s::client(&cfg.kubernetes).await.map_err(anyhow::Error::msg)?;
-                let pvs: kube::Api<PersistentVolume> = kube::Api::all(client);
-                pvs.get(&name).await.with_context(|| format!("read PersistentVolume {name}"))
-            })?
-        }
-        _ => anyhow::bail!("name the PV: -f FILE (or - for stdin) or --from-cluster NAME"),
-    };
-    let translated = tr.translate_to_csi(&pv)?;
-    let origin = tr.local_origin(&translated)?;
-    print!("{}", serde_yaml::to_string(&translated).context("encode the translated PV")?);
-    if !apply {
-        eprintln!("dry run: nothing adopted; run with --apply on node {} to adopt {}", origin.node, origin.path);
-        return Ok(());
-    }
-    if origin.node != cfg.driver.node_name {
-        anyhow::bail!("the volume lives on node {}; run --apply there (this is node {})", origin.node, cfg.driver.node_name);
-    }
-    let socket = socket.unwrap_or_else(|| cfg.paths.admin_socket.clone());
-    let req = drivelet::grpc::admin::AdminRequest::Adopt {
-        volume_id: origin.volume_handle.clone(),
-        pv_name: pv.metadata.name.clone().unwrap_or_default(),
-        node: origin.node.clone(),
-        path: PathBuf::from(&origin.path),
-        fs_type: origin.fs_type.clone().unwrap_or_default(),
-    };
-    let rec = rt.block_on(drivelet::cli::ctl::adopt(&socket, &req))?;
-    eprintln!(
-        "adopted {} as volume {}: drivelet serves it from now on and never deletes its data; replace the PV with the translated one above",
-        origin.path, rec.id
-    );
-    Ok(())
-}
-
 fn size_arg(s: &str) -> anyhow::Result<u64> {
     drivelet::config::parse_size(s).map_err(|e| anyhow::anyhow!(e))
 }
@@ -483,12 +453,12 @@ fn csi(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, cmd: 
         let ch = csicli::connect(&socket).await?;
         match cmd {
             CsiCmd::Info => csicli::info(ch).await,
-            CsiCmd::Create { name, size, limit, params, access } => {
+            CsiCmd::Create { name, size, limit, params, source, access } => {
                 let (size, limit) = match (size_arg(&size), size_arg(&limit)) {
                     (Ok(s), Ok(l)) => (s, l),
                     (Err(e), _) | (_, Err(e)) => return Err(csicli::CsiCliError::Usage(e.to_string())),
                 };
-                csicli::create(ch, &name, size, limit, &access.access(), csicli::parse_params(&params)?).await
+                csicli::create(ch, &name, size, limit, &access.access(), csicli::parse_params(&params)?, source.as_deref()).await
             }
             CsiCmd::Delete { id } => csicli::delete(ch, &id).await,
             CsiCmd::Get { id } => csicli::get(ch, &id).await,
@@ -507,6 +477,14 @@ fn csi(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, cmd: 
             }
             CsiCmd::NodeExpand { id, path } => csicli::node_expand(ch, &id, &path).await,
             CsiCmd::Stats { id, path } => csicli::stats(ch, &id, &path).await,
+            CsiCmd::Health { id: Some(id), node, staging, target } => {
+                csicli::health(ch, &id, node, staging.as_deref(), target.as_deref()).await
+            }
+            CsiCmd::Health { id: None, node: true, .. } => {
+                Err(drivelet::cli::csi::CsiCliError::Usage("--node needs a volume id: NodeGetVolumeHealth asks about one volume".into()))
+            }
+            CsiCmd::Health { id: None, .. } => csicli::unhealthy(ch).await,
+            CsiCmd::StorageHealth => csicli::storage_health(ch).await,
         }
     })?;
     match output {

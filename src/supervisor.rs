@@ -39,6 +39,7 @@ use crate::k8s::attach::RetryPolicy;
 use crate::k8s::drives::DriveSync;
 use crate::k8s::events::{ConditionEvents, ConditionReporter};
 use crate::k8s::identity::Identity;
+use crate::k8s::resize::queue::{self as resize, ResizeQueue};
 
 /// Addresses of the running core actors.
 #[derive(Clone)]
@@ -131,6 +132,15 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Opti
         let (c, backend) = (client.clone(), ManagerBackend::new(actors.volumes.clone()));
         attach = Some(Supervisor::start(move |_| AttachQueue::new(c, qcfg, backend)));
     }
+    if k.resize {
+        let rcfg = resize::QueueConfig {
+            identity: identity.clone(),
+            policy: RetryPolicy { base: k.attach_backoff_base, cap: k.attach_backoff_cap, terminal: k.attach_terminal_retry },
+            resync: k.resync_interval,
+        };
+        let (c, backend) = (client.clone(), resize::ManagerBackend::new(actors.volumes.clone()));
+        Supervisor::start(move |_| ResizeQueue::new(c, rcfg, backend));
+    }
     if k.events {
         let reporter = ConditionReporter::new(client.clone(), identity.clone());
         let interval = k.event_interval;
@@ -146,7 +156,7 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Opti
         let labels = cfg.topology_segments();
         tokio::spawn(crate::k8s::node::label_node(client, cfg.driver.node_name.clone(), labels, k.attach_backoff_base, k.attach_backoff_cap));
     }
-    info!(attach = k.attach, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node, "kubernetes integration started");
+    info!(attach = k.attach, resize = k.resize, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node, "kubernetes integration started");
     attach
 }
 

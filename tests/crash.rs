@@ -1,7 +1,7 @@
 //! Crash safety of the volume operations: the agent is killed (SIGKILL) at every named
 //! crash point of create, stage, publish, expand (controller and node), unpublish,
-//! unstage and delete, and a restarted agent finishes or undoes what the killed one
-//! left.
+//! unstage, delete and clone, and a restarted agent finishes or undoes what the killed
+//! one left.
 //!
 //! Each case gets its own directory, 1 GiB loop drive and agent armed with
 //! `FAILPOINTS=<point>=return`, and drives one ext4 volume through the whole lifecycle;
@@ -17,7 +17,11 @@
 //! - at the end nothing is left: no kernel partition, no GPT entry, no mount under the
 //!   test directory, no volume record, and a new volume takes the space the old one
 //!   had;
-//! - a create killed and never retried is rolled back by the restart on its own.
+//! - a create killed and never retried is rolled back by the restart on its own;
+//! - a clone killed at any point of its create or its copy leaves no clone after the
+//!   restart (never a half copy served: its partition and record are gone, the source
+//!   untouched), or, killed once it was marked done, the complete clone; the retried
+//!   clone copies again (or answers the complete one) and carries the source's data.
 //!
 //! Needs the `failpoints` feature (scripts/test.sh passes it); without it every test
 //! fails and says so.
@@ -51,6 +55,8 @@ const NODE_EXPAND_POINTS: &[&str] = &["node_expand.grown"];
 const UNPUBLISH_POINTS: &[&str] = &["unpublish.unmounted"];
 const UNSTAGE_POINTS: &[&str] = &["unstage.unmounted"];
 const DELETE_POINTS: &[&str] = &["delete.intent_saved", "delete.wiped", "delete.partition_hidden", "delete.gpt_removed"];
+/// The points of a clone's copy; a clone also passes every create point.
+const CLONE_POINTS: &[&str] = &["clone.copied", "clone.finished"];
 
 /// Fails when the agent binary has no crash points compiled in.
 fn require_failpoints() {
@@ -383,7 +389,7 @@ fn family(points: &[&'static str]) {
 fn every_crash_point_in_the_source_has_a_crash_case() {
     assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     let covered: BTreeSet<&str> =
-        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS]
+        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS, CLONE_POINTS]
         .concat()
         .into_iter()
         .collect();
@@ -476,4 +482,126 @@ fn create_killed_and_never_retried_is_rolled_back_at_restart() {
         assert!(c.parts().is_empty() && gpt_entries(&c.drive.dev).is_empty(), "{point}: the other volume left partitions");
         assert_eq!(c.agent.stop(), 0);
     });
+}
+
+/// Arms a crash point in the running agent through its admin socket.
+fn arm(agent: &Agent, name: &str) {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(&agent.admin_socket).expect("admin socket");
+    let req = serde_json::json!({"cmd": "fail-point", "name": name, "actions": "return"});
+    writeln!(s, "{req}").unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(s).read_line(&mut line).unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(answer["armed"], name, "arming {name}: {answer}");
+}
+
+/// `len` bytes of `dev` from byte `start` (the whole drive: a crash may leave the
+/// kernel without a volume's partition until drivelet next needs it).
+fn bytes_at(dev: &std::path::Path, start: u64, len: u64) -> Vec<u8> {
+    use std::io::{Read, Seek};
+    let mut f = std::fs::File::open(dev).unwrap();
+    f.seek(std::io::SeekFrom::Start(start)).unwrap();
+    let mut buf = vec![0u8; len as usize];
+    f.read_exact(&mut buf).unwrap();
+    buf
+}
+
+/// A clone of a volume holding data, killed at `point`: the restart leaves the source
+/// alone and no clone (or, past the point of no return, the complete clone); the
+/// retried clone carries the data. `block`: a block source.
+fn clone_crash(point: &'static str, block: bool) {
+    let tmp = short_tempdir();
+    let drive = LoopDrive::new(tmp.path(), "a.img", DRIVE);
+    sh("udevadm", &["settle"]);
+    let kubelet = tmp.path().join("kubelet");
+    let staging = kubelet.join("plugins/stage");
+    let mut agent = Agent::start(tmp.path(), AgentOpts::default());
+    let _unmount = Unmounter(tmp.path().to_path_buf());
+    let cap = if block { block_cap() } else { mount_cap("ext4") };
+    let size = if block { 16 * MIB } else { 64 * MIB };
+    let call = |agent: &Agent, q: csi::CreateVolumeRequest| -> Result<csi::Volume, Status> {
+        rt().block_on(async {
+            let mut c = Csi::connect(agent).await;
+            tokio::time::timeout(CALL_TIMEOUT, c.ctrl.create_volume(q)).await.expect("CreateVolume hung").map(|r| r.into_inner().volume.unwrap())
+        })
+    };
+    let src = call(&agent, create_req("pvc-crash-src", size, cap.clone())).expect("create the source").volume_id;
+    let src_entry = gpt_entries(&drive.dev);
+    assert_eq!(src_entry.len(), 1, "{point}: the source's GPT entry");
+    let src_start = src_entry[0].start;
+    if block {
+        let dev = drivelet::disk::blkpg::kernel_partitions(&drive.dev).unwrap().remove(0).devnode;
+        std::fs::write(&dev, vec![0xa5u8; (2 * MIB) as usize]).unwrap();
+    } else {
+        rt().block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            c.node.node_stage_volume(stage_req(&src, &staging, cap.clone())).await.expect("stage the source");
+        });
+        std::fs::write(staging.join("data.txt"), format!("written before the crash at {point}")).unwrap();
+        rt().block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            let q = csi::NodeUnstageVolumeRequest { volume_id: src.clone(), staging_target_path: staging.display().to_string() };
+            c.node.node_unstage_volume(q).await.expect("unstage the source");
+        });
+    }
+    sh("sync", &[]);
+    let before = bytes_at(&drive.dev, src_start, size);
+    let mut q = create_req("pvc-crash-clone", 2 * size, cap.clone());
+    q.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: src.clone() })),
+    });
+    arm(&agent, point);
+    assert!(call(&agent, q.clone()).is_err(), "{point}: the clone succeeded, so the crash point was not reached");
+    let status = agent.wait_exit(Duration::from_secs(20));
+    assert_eq!(status.and_then(|s| s.signal()), Some(nix::sys::signal::Signal::SIGKILL as i32), "{point}: killed; log:\n{}", agent.log_tail(40));
+    agent.spawn();
+    let log = |a: &Agent| a.log_tail(40);
+    let entries = gpt_entries(&drive.dev);
+    if point == "create.saved" {
+        // Past the point of no return: the clone is complete and kept.
+        assert_eq!(entries.len(), 2, "{point}: the complete clone is kept: {entries:?}; log:\n{}", log(&agent));
+        assert_eq!(agent.ctl_volume_ids().map(|ids| ids.len()), Some(2), "{point}: the clone's record is kept");
+    } else {
+        assert_eq!(entries.len(), 1, "{point}: only the source's GPT entry is left: {entries:?}; log:\n{}", log(&agent));
+        assert_eq!(entries[0].start, src_start, "{point}: the source's entry is the one left");
+        let parts = kernel_parts(&drive.dev);
+        assert!(parts.iter().all(|p| p.1 == src_start), "{point}: no kernel partition of the clone is left: {parts:?}");
+        assert_eq!(agent.ctl_volume_ids(), Some(vec![src.clone()]), "{point}: no clone record is left, not even a half one");
+    }
+    assert!(bytes_at(&drive.dev, src_start, size) == before, "{point}: the source is untouched");
+
+    let v = call(&agent, q.clone()).unwrap_or_else(|e| panic!("{point}: the retried clone failed: {e:?}; log:\n{}", log(&agent)));
+    assert_eq!(v.capacity_bytes, 2 * size as i64);
+    let clone_start = gpt_entries(&drive.dev).iter().map(|e| e.start).find(|s| *s != src_start).expect("the clone's GPT entry");
+    if block {
+        assert!(bytes_at(&drive.dev, clone_start, 2 * MIB).iter().all(|b| *b == 0xa5), "{point}: the retried block clone carries the source's bytes");
+    } else {
+        rt().block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            c.node.node_stage_volume(stage_req(&v.volume_id, &staging, cap.clone())).await.expect("stage the clone");
+        });
+        assert_eq!(std::fs::read_to_string(staging.join("data.txt")).unwrap(), format!("written before the crash at {point}"), "{point}: the clone's data");
+        rt().block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            let q = csi::NodeUnstageVolumeRequest { volume_id: v.volume_id.clone(), staging_target_path: staging.display().to_string() };
+            c.node.node_unstage_volume(q).await.expect("unstage the clone");
+        });
+    }
+    rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        for id in [&v.volume_id, &src] {
+            c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.expect("delete");
+        }
+    });
+    assert!(kernel_parts(&drive.dev).is_empty() && gpt_entries(&drive.dev).is_empty(), "{point}: nothing left");
+    assert_eq!(agent.stop(), 0, "{point}: the agent stops cleanly");
+}
+
+#[test]
+fn clone_killed_at_any_point_leaves_no_clone_and_the_retry_copies_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    let points: Vec<&'static str> = CREATE_POINTS.iter().chain(CLONE_POINTS).copied().collect();
+    each_point(&points, |p| clone_crash(p, false));
+    each_point(&["clone.copied"], |p| clone_crash(p, true));
 }

@@ -298,7 +298,7 @@ fn storage_classes_use_only_parameters_create_volume_accepts() {
         assert_eq!(sc.provisioner, cfg.driver.name, "{name}");
         assert_eq!(sc.volume_binding_mode.as_deref(), Some("WaitForFirstConsumer"), "{name}");
         assert_eq!(sc.reclaim_policy.as_deref(), Some("Delete"), "{name}");
-        assert_eq!(sc.allow_volume_expansion, Some(false), "{name}: no per-node resizer drives ControllerExpandVolume from PVCs yet");
+        assert_eq!(sc.allow_volume_expansion, Some(true), "{name}: claims grow through the in-process resizer");
         let params: HashMap<String, String> = sc.parameters.clone().unwrap_or_default().into_iter().collect();
         let parsed = VolumeParams::parse(&params).unwrap_or_else(|e| panic!("{name}: CreateVolume refuses {params:?}: {e}"));
         kinds.insert((parsed.media.map(Media::as_str), parsed.layout == LayoutKind::Drive));

@@ -226,3 +226,53 @@ fn growth_needs_free_space_after_the_volume_and_errors_follow_the_spec() {
     });
     assert!(kernel_parts(&drive.dev).is_empty());
 }
+
+/// A volume grown while no pod uses it (Kubernetes' offline expansion): the next
+/// NodeStageVolume grows the ext4 offline, without CAP_SYS_RESOURCE, keeping the data;
+/// NodeExpandVolume then has nothing left to do and succeeds. 641 MiB leaves a last
+/// block group resize2fs will not make (too small for its metadata): the filesystem
+/// counts as grown at 640 MiB.
+#[test]
+fn an_unstaged_ext4_volume_grows_offline_when_staged_again() {
+    require_host();
+    let tmp = short_tempdir();
+    let dir = tmp.path();
+    let _drive = LoopDrive::new(dir, "o.img", 2 * GIB);
+    let agent = Agent::start(dir, AgentOpts::default());
+    let _unmount = Unmounter(dir.join("kubelet"));
+    let staging = dir.join("kubelet/plugins/stage");
+    let target = dir.join("kubelet/pods/p/mount");
+    let cap = mount_cap("ext4");
+    let unpublish = |id: &str| csi::NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: target.display().to_string() };
+    let unstage = |id: &str| csi::NodeUnstageVolumeRequest { volume_id: id.into(), staging_target_path: staging.display().to_string() };
+    rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        let v = c.ctrl.create_volume(create_req("pvc-offline", 512 * MIB, cap.clone())).await.expect("create").into_inner();
+        let id = v.volume.expect("volume").volume_id;
+        c.node.node_stage_volume(stage_req(&id, &staging, cap.clone())).await.expect("stage");
+        c.node.node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false)).await.expect("publish");
+        std::fs::write(target.join("kept"), b"written before the growth").expect("write");
+        let before = fs_size(&target);
+        c.node.node_unpublish_volume(unpublish(&id)).await.expect("unpublish");
+        c.node.node_unstage_volume(unstage(&id)).await.expect("unstage");
+
+        let r = c.ctrl.controller_expand_volume(expand_req(&id, 641 * MIB, 0)).await.expect("expand unstaged").into_inner();
+        assert_eq!(r.capacity_bytes, 641 * MIB as i64);
+        c.node.node_stage_volume(stage_req(&id, &staging, cap.clone())).await.expect("stage grows it offline");
+        c.node.node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false)).await.expect("publish again");
+        let after = fs_size(&target);
+        assert!(after >= before + 120 * MIB, "df shows the grown filesystem: {before} -> {after}");
+        assert_eq!(std::fs::read(target.join("kept")).expect("read"), b"written before the growth", "the data is kept");
+        let r = c.node.node_expand_volume(node_expand_req(&id, &target, 641 * MIB)).await.expect("nothing left to grow");
+        assert_eq!(r.into_inner().capacity_bytes, 641 * MIB as i64);
+        assert_eq!(fs_size(&target), after, "NodeExpandVolume changed nothing");
+
+        // Staged again without a growth: nothing to do, the same filesystem.
+        c.node.node_unpublish_volume(unpublish(&id)).await.expect("unpublish");
+        c.node.node_unstage_volume(unstage(&id)).await.expect("unstage");
+        c.node.node_stage_volume(stage_req(&id, &staging, cap.clone())).await.expect("stage once more");
+        assert_eq!(fs_size(&staging), after);
+        c.node.node_unstage_volume(unstage(&id)).await.expect("unstage");
+        c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id, ..Default::default() }).await.expect("delete");
+    });
+}

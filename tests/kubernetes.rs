@@ -31,7 +31,7 @@ const PVS: &str = "/api/v1/persistentvolumes";
 const NODES: &str = "/api/v1/nodes";
 const PODS: &str = "/api/v1/namespaces/apps/pods";
 const DRIVES: &str = "/apis/drivelet.io/v1alpha1/drives";
-const PLURALS: [&str; 6] = ["volumeattachments", "persistentvolumes", "drives", "nodes", "pods", "events"];
+const PLURALS: [&str; 7] = ["volumeattachments", "persistentvolumes", "persistentvolumeclaims", "drives", "nodes", "pods", "events"];
 
 type Body = BoxBody<Bytes, Infallible>;
 

@@ -1,6 +1,7 @@
 //! `drivelet csi ...`: a small CSI client for any CSI endpoint (drivelet's or another
 //! driver's), to run a volume lifecycle by hand: info, create, delete, validate,
-//! capacity, stage, unstage, publish, unpublish, expand, node-expand.
+//! capacity, stage, unstage, publish, unpublish, expand, node-expand, and to read the
+//! CSI v1.13 health API: health (one volume, or every unhealthy one), storage-health.
 //!
 //! Rules: every call prints its answer in plain words (or JSON with `-o json`); a gRPC
 //! error prints its code and message and the command exits 1. Nothing here logs
@@ -144,7 +145,7 @@ pub async fn info(ch: Channel) -> Result<serde_json::Value, CsiCliError> {
     }))
 }
 
-/// CreateVolume.
+/// CreateVolume; with `source`, a clone of that volume.
 pub async fn create(
     ch: Channel,
     name: &str,
@@ -152,6 +153,7 @@ pub async fn create(
     limit: u64,
     access: &Access,
     params: HashMap<String, String>,
+    source: Option<&str>,
 ) -> Result<serde_json::Value, CsiCliError> {
     let mut ctrl = csi::controller_client::ControllerClient::new(ch);
     let to_i64 = |v: u64| i64::try_from(v).map_err(|_| CsiCliError::Usage(format!("{v} bytes is too large")));
@@ -160,11 +162,19 @@ pub async fn create(
         capacity_range: Some(csi::CapacityRange { required_bytes: to_i64(required)?, limit_bytes: to_i64(limit)? }),
         volume_capabilities: vec![access.capability()?],
         parameters: params,
+        volume_content_source: source.map(|id| csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: id.to_string() })),
+        }),
         ..Default::default()
     };
     let v = ctrl.create_volume(req).await.map_err(call("CreateVolume"))?.into_inner().volume.unwrap_or_default();
+    let cloned_from = match v.content_source.and_then(|s| s.r#type) {
+        Some(csi::volume_content_source::Type::Volume(s)) => Some(s.volume_id),
+        _ => None,
+    };
     Ok(serde_json::json!({
         "volume_id": v.volume_id,
+        "cloned_from": cloned_from,
         "capacity_bytes": v.capacity_bytes,
         "volume_context": v.volume_context,
         "accessible_topology": v.accessible_topology.into_iter().map(|t| t.segments).collect::<Vec<_>>(),
@@ -366,6 +376,76 @@ pub async fn stats(ch: Channel, id: &str, path: &Path) -> Result<serde_json::Val
         "abnormal": r.volume_condition.as_ref().is_some_and(|c| c.abnormal),
         "condition": r.volume_condition.map(|c| c.message),
     }))
+}
+
+/// A CSI v1.13 volume health in plain words: `healthy`, and each condition's status,
+/// reason and message.
+fn health_json(h: csi::VolumeHealth) -> serde_json::Value {
+    let conditions: Vec<serde_json::Value> = h
+        .health_statuses
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "status": e.status().as_str_name(),
+                "reason": e.reason,
+                "message": e.message,
+            })
+        })
+        .collect();
+    serde_json::json!({ "volume_id": h.volume_id, "healthy": conditions.is_empty(), "conditions": conditions })
+}
+
+/// One volume's CSI v1.13 health: ControllerGetVolumeHealth, or with `node`
+/// NodeGetVolumeHealth (with the optional staging and target paths).
+pub async fn health(ch: Channel, id: &str, node: bool, staging: Option<&Path>, target: Option<&Path>) -> Result<serde_json::Value, CsiCliError> {
+    let path = |p: Option<&Path>| p.map(|p| p.display().to_string()).unwrap_or_default();
+    let h = if node {
+        let mut n = csi::node_client::NodeClient::new(ch);
+        let req = csi::NodeGetVolumeHealthRequest { volume_id: id.to_string(), volume_publish_path: path(target), staging_target_path: path(staging) };
+        n.node_get_volume_health(req).await.map_err(call("NodeGetVolumeHealth"))?.into_inner().volume_health
+    } else {
+        let mut ctrl = csi::controller_client::ControllerClient::new(ch);
+        let req = csi::ControllerGetVolumeHealthRequest { volume_id: id.to_string(), ..Default::default() };
+        ctrl.controller_get_volume_health(req).await.map_err(call("ControllerGetVolumeHealth"))?.into_inner().volume_health
+    };
+    Ok(health_json(h.unwrap_or_else(|| csi::VolumeHealth { volume_id: id.to_string(), health_statuses: vec![] })))
+}
+
+/// Every volume with an adverse condition: ControllerListVolumeHealth to the last page.
+pub async fn unhealthy(ch: Channel) -> Result<serde_json::Value, CsiCliError> {
+    let mut ctrl = csi::controller_client::ControllerClient::new(ch);
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let r = ctrl
+            .controller_list_volume_health(csi::ControllerListVolumeHealthRequest { starting_token: token, ..Default::default() })
+            .await
+            .map_err(call("ControllerListVolumeHealth"))?
+            .into_inner();
+        out.extend(r.entries.into_iter().map(health_json));
+        if r.next_token.is_empty() {
+            break;
+        }
+        token = r.next_token;
+    }
+    let summary = match out.len() {
+        0 => "every volume is healthy".to_string(),
+        1 => "1 volume has an adverse condition".to_string(),
+        n => format!("{n} volumes have an adverse condition"),
+    };
+    Ok(serde_json::json!({ "summary": summary, "unhealthy_volumes": out }))
+}
+
+/// NodeGetStorageHealth: the node's storage, in plain words.
+pub async fn storage_health(ch: Channel) -> Result<serde_json::Value, CsiCliError> {
+    let mut node = csi::node_client::NodeClient::new(ch);
+    let r = node.node_get_storage_health(csi::NodeGetStorageHealthRequest::default()).await.map_err(call("NodeGetStorageHealth"))?.into_inner();
+    let conditions: Vec<serde_json::Value> = r
+        .backend_health
+        .iter()
+        .map(|e| serde_json::json!({ "status": e.status().as_str_name(), "reason": e.reason, "message": e.message }))
+        .collect();
+    Ok(serde_json::json!({ "healthy": conditions.is_empty(), "conditions": conditions }))
 }
 
 /// Renders a JSON answer for people: one `key: value` line per field, sizes in binary

@@ -14,3 +14,5 @@ pub mod csi;
 /// `drivelet ctl`: the admin client (drives, volumes, drive release, adoption for
 /// `ctl migrate --apply`).
 pub mod ctl;
+/// `drivelet ctl migrate`: in-tree local PVs translated to drivelet CSI PVs, and adopted.
+pub mod migrate;

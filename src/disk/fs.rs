@@ -120,13 +120,13 @@ pub const SUPPORTED_FS: &[&str] = &["ext4", "xfs"];
 /// Bytes zeroed at each end of a device by [`wipe_signatures`].
 pub const WIPE_LEN: u64 = 1 << 20;
 
-fn run(tool: &str, cmd: &mut Command) -> Result<Output, DiskError> {
+pub(super) fn run(tool: &str, cmd: &mut Command) -> Result<Output, DiskError> {
     cmd.stdin(Stdio::null())
         .output()
         .map_err(DiskError::io(format!("run {tool}")))
 }
 
-fn tool_error(tool: &str, dev: &Path, out: &Output) -> DiskError {
+pub(super) fn tool_error(tool: &str, dev: &Path, out: &Output) -> DiskError {
     DiskError::Tool {
         tool: tool.to_string(),
         message: format!("{} on {}: {}", out.status, dev.display(), String::from_utf8_lossy(&out.stderr).trim()),
@@ -141,7 +141,7 @@ fn signature_of(export: &str) -> Option<String> {
 }
 
 /// The non-empty value of `key` in `blkid -o export` output.
-fn export_value<'a>(export: &'a str, key: &str) -> Option<&'a str> {
+pub(super) fn export_value<'a>(export: &'a str, key: &str) -> Option<&'a str> {
     export
         .lines()
         .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
@@ -250,6 +250,121 @@ pub fn grow(dev: &Path, mounted_at: &Path, fs: &str) -> Result<(), DiskError> {
     Ok(())
 }
 
+/// What resize2fs reads of an ext4 superblock to decide how far the filesystem grows
+/// (`dumpe2fs -h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ext4Geometry {
+    /// Block size in bytes.
+    pub block_size: u64,
+    /// Blocks in the filesystem.
+    pub block_count: u64,
+    /// The first data block (1 for 1 KiB blocks, else 0).
+    pub first_block: u64,
+    /// Blocks per block group.
+    pub blocks_per_group: u64,
+    /// Inode table blocks per group.
+    pub inode_blocks_per_group: u64,
+    /// Blocks reserved for growing the group descriptor table.
+    pub reserved_gdt_blocks: u64,
+    /// Bytes per group descriptor (32, or 64 with the 64bit feature).
+    pub desc_size: u64,
+    /// Superblock backups only in groups 0, 1 and powers of 3, 5 and 7.
+    pub sparse_super: bool,
+    /// The filesystem is clean (unmounted cleanly, no errors recorded).
+    pub clean: bool,
+}
+
+/// Parses `dumpe2fs -h` output.
+fn ext4_geometry_of(text: &str) -> Option<Ext4Geometry> {
+    let field = |name: &str| {
+        text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(':'))).map(str::trim)
+    };
+    let num = |name: &str| field(name).and_then(|v| v.parse::<u64>().ok());
+    let features = field("Filesystem features").unwrap_or("");
+    Some(Ext4Geometry {
+        block_size: num("Block size")?,
+        block_count: num("Block count")?,
+        first_block: num("First block").unwrap_or(0),
+        blocks_per_group: num("Blocks per group").filter(|b| *b > 0)?,
+        inode_blocks_per_group: num("Inode blocks per group")?,
+        reserved_gdt_blocks: num("Reserved GDT blocks").unwrap_or(0),
+        desc_size: num("Group descriptor size").unwrap_or(32),
+        sparse_super: features.split_whitespace().any(|f| f == "sparse_super"),
+        clean: field("Filesystem state") == Some("clean"),
+    })
+}
+
+/// The superblock geometry of the ext4 filesystem on `dev` (`dumpe2fs -h`).
+pub fn ext4_geometry(dev: &Path) -> Result<Ext4Geometry, DiskError> {
+    let out = run("dumpe2fs", Command::new("dumpe2fs").arg("-h").arg(dev).stdout(Stdio::piped()).stderr(Stdio::piped()))?;
+    if !out.status.success() {
+        return Err(tool_error("dumpe2fs", dev, &out));
+    }
+    ext4_geometry_of(&String::from_utf8_lossy(&out.stdout))
+        .ok_or_else(|| DiskError::Tool { tool: "dumpe2fs".into(), message: format!("no ext4 geometry in its output for {}", dev.display()) })
+}
+
+fn power_of(mut n: u64, base: u64) -> bool {
+    while n > 1 && n % base == 0 {
+        n /= base;
+    }
+    n == 1
+}
+
+/// The block count resize2fs grows an ext4 filesystem to on a device of `dev_bytes`
+/// (e2fsprogs' rule): the device's blocks, rounded down to whole pages, less a last
+/// block group too small to hold its own metadata and 50 blocks more.
+pub fn ext4_grow_target(g: &Ext4Geometry, dev_bytes: u64) -> u64 {
+    let page_blocks = (4096 / g.block_size).max(1);
+    let mut blocks = (dev_bytes / g.block_size) & !(page_blocks - 1);
+    loop {
+        let data = blocks.saturating_sub(g.first_block);
+        let groups = data.div_ceil(g.blocks_per_group);
+        if groups <= 1 {
+            return blocks;
+        }
+        let desc_blocks = groups.div_ceil(g.block_size / g.desc_size.max(1));
+        let last = groups - 1;
+        let has_super = !g.sparse_super || last <= 1 || power_of(last, 3) || power_of(last, 5) || power_of(last, 7);
+        let mut overhead = 2 + g.inode_blocks_per_group;
+        if has_super {
+            overhead += 1 + desc_blocks + g.reserved_gdt_blocks;
+        }
+        let rem = data % g.blocks_per_group;
+        if rem == 0 || rem >= overhead + 50 {
+            return blocks;
+        }
+        blocks -= rem;
+    }
+}
+
+/// Whether the ext4 filesystem on `dev` already fills it as far as resize2fs would
+/// grow it.
+pub fn ext4_fills_device(dev: &Path) -> Result<bool, DiskError> {
+    let g = ext4_geometry(dev)?;
+    Ok(ext4_grow_target(&g, device_size(dev)?) <= g.block_count)
+}
+
+/// Grows the unmounted ext4 filesystem on `dev` to fill its device, offline (no
+/// CAP_SYS_RESOURCE needed): `e2fsck -f -p` (resize2fs insists on a checked filesystem),
+/// then `resize2fs`. Does nothing when resize2fs would not grow it. Returns whether it
+/// grew.
+pub fn grow_ext4_offline(dev: &Path) -> Result<bool, DiskError> {
+    if ext4_fills_device(dev)? {
+        return Ok(false);
+    }
+    let out = run("e2fsck", Command::new("e2fsck").args(["-f", "-p"]).arg(dev).stdout(Stdio::piped()).stderr(Stdio::piped()))?;
+    // 0: clean; 1: errors corrected. Anything else leaves the filesystem as it is.
+    if !matches!(out.status.code(), Some(0 | 1)) {
+        return Err(tool_error("e2fsck", dev, &out));
+    }
+    let out = run("resize2fs", Command::new("resize2fs").arg(dev).stdout(Stdio::piped()).stderr(Stdio::piped()))?;
+    if !out.status.success() {
+        return Err(tool_error("resize2fs", dev, &out));
+    }
+    Ok(true)
+}
+
 /// The raw ioctl, kept private to this file.
 mod sys {
     nix::ioctl_read!(
@@ -350,6 +465,49 @@ mod tests {
         assert_eq!(wipe_ranges(10 * WIPE_LEN), vec![(0, WIPE_LEN), (9 * WIPE_LEN, WIPE_LEN)]);
         assert_eq!(wipe_ranges(WIPE_LEN + 5), vec![(0, WIPE_LEN + 5)]);
         assert_eq!(wipe_ranges(0), vec![(0, 0)]);
+    }
+
+    const DUMPE2FS: &str = "dumpe2fs 1.47.0 (5-Feb-2023)\nFilesystem volume name:   <none>\nFilesystem features:      has_journal ext_attr resize_inode dir_index filetype extent 64bit flex_bg sparse_super large_file huge_file dir_nlink extra_isize metadata_csum\nFilesystem state:         clean\nBlock count:              262144\nFirst block:              0\nBlock size:               4096\nReserved GDT blocks:      127\nBlocks per group:         32768\nInode blocks per group:   512\nGroup descriptor size:    64\n";
+
+    #[test]
+    fn dumpe2fs_header_gives_the_geometry() {
+        let g = ext4_geometry_of(DUMPE2FS).expect("geometry");
+        assert_eq!(
+            g,
+            Ext4Geometry {
+                block_size: 4096,
+                block_count: 262144,
+                first_block: 0,
+                blocks_per_group: 32768,
+                inode_blocks_per_group: 512,
+                reserved_gdt_blocks: 127,
+                desc_size: 64,
+                sparse_super: true,
+                clean: true,
+            }
+        );
+        assert_eq!(ext4_geometry_of("Block size: 4096\n"), None, "a header without the counts");
+    }
+
+    #[test]
+    fn resize2fs_leaves_out_a_last_group_too_small_for_its_metadata() {
+        let g = ext4_geometry_of(DUMPE2FS).expect("geometry");
+        const MIB: u64 = 1 << 20;
+        // (device size, blocks resize2fs grows to)
+        let table = [
+            (1024 * MIB, 262144),            // exactly the filesystem: nothing to grow
+            (2048 * MIB, 524288),            // whole groups
+            (1025 * MIB, 262144),            // 256 blocks in a new group 8: under 514 + 50
+            (1028 * MIB, 262144 + 1024),     // 1024 blocks: enough for group 8 (no backup)
+            (1042 * MIB, 262144 + 4608),     // group 8 fits
+            (1152 * MIB + MIB, 294912),      // 256 blocks in group 9 (a backup group): left out
+            (1024 * MIB + 4095, 262144),     // a partial block never counts
+        ];
+        for (dev, want) in table {
+            assert_eq!(ext4_grow_target(&g, dev), want, "device of {dev} bytes");
+        }
+        let small = Ext4Geometry { block_size: 1024, first_block: 1, blocks_per_group: 8192, inode_blocks_per_group: 256, ..g };
+        assert_eq!(ext4_grow_target(&small, 16 * MIB + 1024), 16384, "rounded down to whole pages, then whole groups");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! are synchronous, meant to run off the async runtime (`spawn_blocking`).
 
 pub mod blkpg;
+pub mod copy;
 pub mod fs;
 pub mod gpt;
 pub mod lock;

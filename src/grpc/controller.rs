@@ -3,7 +3,9 @@
 //! CSI MUSTs honoured:
 //! - `ControllerGetCapabilities` lists only implemented RPCs: CREATE_DELETE_VOLUME,
 //!   PUBLISH_UNPUBLISH_VOLUME, GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES,
-//!   LIST_VOLUMES_PUBLISHED_NODES, GET_VOLUME, VOLUME_CONDITION, EXPAND_VOLUME (not
+//!   LIST_VOLUMES_PUBLISHED_NODES, GET_VOLUME, VOLUME_CONDITION, EXPAND_VOLUME,
+//!   CLONE_VOLUME, and CSI v1.13's LIST_VOLUME_HEALTH and GET_VOLUME_HEALTH (see
+//!   [`super::health`]) (not
 //!   PUBLISH_READONLY: read-only access is the SINGLE_NODE_READER_ONLY mode, enforced on
 //!   the node);
 //! - `ControllerExpandVolume` grows a partition in place into the free space that
@@ -34,8 +36,13 @@
 //!   returns the same volume, with incompatible ones ALREADY_EXISTS; a requisite
 //!   topology that does not include this node is RESOURCE_EXHAUSTED, a capacity range
 //!   that no drive could ever meet OUT_OF_RANGE, no room now RESOURCE_EXHAUSTED;
-//!   volume content sources (snapshots, clones) and mutable parameters are refused
-//!   with INVALID_ARGUMENT because they are not advertised;
+//!   a volume content source of another volume makes a clone (CLONE_VOLUME: a source
+//!   unknown on this node NOT_FOUND, one of another access type or filesystem
+//!   INVALID_ARGUMENT, `limit_bytes` below its size OUT_OF_RANGE, one mounted
+//!   read-write FAILED_PRECONDITION; the same name with another source
+//!   ALREADY_EXISTS; the volume answered carries its `content_source`); snapshot
+//!   sources and mutable parameters are refused with INVALID_ARGUMENT because they
+//!   are not advertised;
 //! - `DeleteVolume` of an unknown volume succeeds; of a staged, node-published or
 //!   attached (controller-published) one is FAILED_PRECONDITION;
 //! - `ValidateVolumeCapabilities` confirms only what the volume can serve;
@@ -63,7 +70,6 @@ use crate::actors::volumes::health::Condition;
 use crate::actors::volumes::{
     AttachVolume, CreateVolume, DeleteVolume, DetachVolume, ExpandVolume, GetVolume, GetVolumeStatus,
 };
-use crate::disk::gpt;
 
 /// Controller service over the shared front state.
 pub struct ControllerService(pub Front);
@@ -133,6 +139,23 @@ pub(crate) fn range_of(r: Option<&csi::CapacityRange>) -> Result<CapacityRange, 
     Ok(CapacityRange { required: r.required_bytes as u64, limit: r.limit_bytes as u64 })
 }
 
+/// The volume a CreateVolume clones, if it names one; snapshots are refused
+/// (CREATE_DELETE_SNAPSHOT is not offered).
+pub(crate) fn source_of(src: Option<&csi::VolumeContentSource>) -> Result<Option<String>, Status> {
+    use csi::volume_content_source::Type;
+    let Some(src) = src else { return Ok(None) };
+    match &src.r#type {
+        None => Err(invalid("volume_content_source names neither a snapshot nor a volume")),
+        Some(Type::Snapshot(_)) => Err(invalid(
+            "volume_content_source names a snapshot: drivelet does not take snapshots (CREATE_DELETE_SNAPSHOT is not offered); clone the volume itself instead",
+        )),
+        Some(Type::Volume(v)) => {
+            check_id("volume_content_source.volume.volume_id", &v.volume_id)?;
+            Ok(Some(v.volume_id.clone()))
+        }
+    }
+}
+
 /// The CSI form of a condition.
 pub(crate) fn condition_of(c: &Condition) -> csi::VolumeCondition {
     csi::VolumeCondition { abnormal: c.abnormal, message: c.message.clone() }
@@ -155,7 +178,9 @@ impl ControllerService {
             capacity_bytes: i64::try_from(rec.size).unwrap_or(i64::MAX),
             volume_id: rec.id.clone(),
             volume_context: context_of(rec),
-            content_source: None,
+            content_source: rec.clone_of.as_ref().map(|id| csi::VolumeContentSource {
+                r#type: Some(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: id.clone() })),
+            }),
             accessible_topology: vec![csi::Topology { segments: self.0.topology.clone() }],
         }
     }
@@ -199,6 +224,9 @@ impl Controller for ControllerService {
                 rpc(Type::GetVolume),
                 rpc(Type::VolumeCondition),
                 rpc(Type::ExpandVolume),
+                rpc(Type::ListVolumeHealth),
+                rpc(Type::GetVolumeHealth),
+                rpc(Type::CloneVolume),
             ],
         }))
     }
@@ -214,9 +242,7 @@ impl Controller for ControllerService {
         let (block, fs_type) = access_of(&req.volume_capabilities)?;
         let range = range_of(req.capacity_range.as_ref())?;
         let params = VolumeParams::parse(&req.parameters)?;
-        if req.volume_content_source.is_some() {
-            return Err(invalid("volume_content_source is not supported: drivelet does not clone volumes or restore snapshots"));
-        }
+        let source = source_of(req.volume_content_source.as_ref())?;
         if !req.mutable_parameters.is_empty() {
             return Err(invalid("mutable_parameters are not supported"));
         }
@@ -242,6 +268,7 @@ impl Controller for ControllerService {
                 block,
                 fs_type,
                 parameters,
+                source,
             })
             .await
             .map_err(FrontError::mailbox("volume manager"))??;
@@ -447,6 +474,22 @@ impl Controller for ControllerService {
         }))
     }
 
+    #[instrument(skip_all, fields(csi.method = "ControllerGetVolumeHealth", volume.id), err)]
+    async fn controller_get_volume_health(
+        &self,
+        req: Request<csi::ControllerGetVolumeHealthRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeHealthResponse>, Status> {
+        self.0.controller_get_volume_health(req.into_inner()).await
+    }
+
+    #[instrument(skip_all, fields(csi.method = "ControllerListVolumeHealth"), err)]
+    async fn controller_list_volume_health(
+        &self,
+        req: Request<csi::ControllerListVolumeHealthRequest>,
+    ) -> Result<Response<csi::ControllerListVolumeHealthResponse>, Status> {
+        self.0.controller_list_volume_health(req.into_inner()).await
+    }
+
     #[instrument(skip_all, fields(csi.method = "GetCapacity"), err)]
     async fn get_capacity(
         &self,
@@ -473,7 +516,7 @@ impl Controller for ControllerService {
                 _ => minimum_size(true, ""),
             })
             .max()
-            .unwrap_or(gpt::ALIGN) as i64;
+            .unwrap_or_else(|| minimum_size(true, "")) as i64;
         let zero = || csi::GetCapacityResponse {
             available_capacity: 0,
             maximum_volume_size: Some(0),

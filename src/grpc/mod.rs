@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod controller;
+pub mod health;
 pub mod identity;
 pub mod node;
 pub mod params;
@@ -34,7 +35,7 @@ use crate::config::Config;
 
 /// Generated protocol code.
 pub mod proto {
-    /// CSI v1.12.0 (`csi.v1`).
+    /// CSI v1.12.0 plus the v1.13.0 health API (`csi.v1`; `proto/csi.proto` says what).
     pub mod csi {
         #![allow(missing_docs, clippy::all)]
         tonic::include_proto!("csi.v1");

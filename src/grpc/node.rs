@@ -4,7 +4,8 @@
 //! name), `max_volumes_per_node` (0: no limit) and the accessible topology that every
 //! volume of this node carries: `topology.drivelet.io/node` plus configured segments.
 //! `NodeGetCapabilities` lists only what is implemented (STAGE_UNSTAGE_VOLUME,
-//! SINGLE_NODE_MULTI_WRITER, GET_VOLUME_STATS, VOLUME_CONDITION, EXPAND_VOLUME).
+//! SINGLE_NODE_MULTI_WRITER, GET_VOLUME_STATS, VOLUME_CONDITION, EXPAND_VOLUME, and CSI
+//! v1.13's GET_VOLUME_HEALTH and GET_STORAGE_HEALTH, served by [`super::health`]).
 //! `NodeExpandVolume` grows a staged filesystem online to its partition (resize2fs,
 //! xfs_growfs), for the volume's staging or target path (NOT_FOUND otherwise); a block
 //! volume needs nothing; a partition not grown yet is FAILED_PRECONDITION. `NodeGetVolumeStats`
@@ -28,8 +29,9 @@ use super::controller::{access_of, check_id};
 use super::proto::csi::{self, node_server::Node, node_service_capability};
 use super::status::FrontError;
 use super::Front;
-use crate::actors::volumes::ops::{PublishArgs, StageArgs};
-use crate::actors::volumes::{NodeExpandVolume, PublishVolume, StageVolume, UnpublishVolume, UnstageVolume, VolumeStats};
+use crate::actors::volumes::{
+    NodeExpandVolume, PublishArgs, PublishVolume, StageArgs, StageVolume, UnpublishVolume, UnstageVolume, VolumeStats,
+};
 
 /// Node service over the shared front state.
 pub struct NodeService(pub Front);
@@ -226,6 +228,22 @@ impl Node for NodeService {
         }))
     }
 
+    #[instrument(skip_all, fields(csi.method = "NodeGetVolumeHealth", volume.id), err)]
+    async fn node_get_volume_health(
+        &self,
+        req: Request<csi::NodeGetVolumeHealthRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeHealthResponse>, Status> {
+        self.0.node_get_volume_health(req.into_inner()).await
+    }
+
+    #[instrument(skip_all, fields(csi.method = "NodeGetStorageHealth"), err)]
+    async fn node_get_storage_health(
+        &self,
+        _: Request<csi::NodeGetStorageHealthRequest>,
+    ) -> Result<Response<csi::NodeGetStorageHealthResponse>, Status> {
+        self.0.node_get_storage_health().await
+    }
+
     #[instrument(skip_all, fields(csi.method = "NodeGetInfo"), err)]
     async fn node_get_info(
         &self,
@@ -254,6 +272,8 @@ impl Node for NodeService {
                 rpc(Type::GetVolumeStats),
                 rpc(Type::VolumeCondition),
                 rpc(Type::ExpandVolume),
+                rpc(Type::GetVolumeHealth),
+                rpc(Type::GetStorageHealth),
             ],
         }))
     }

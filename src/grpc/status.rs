@@ -82,24 +82,49 @@ pub fn echo(input: &str) -> String {
 impl From<VolumeError> for Status {
     fn from(e: VolumeError) -> Status {
         let code = match &e {
-            VolumeError::NotFound { .. } | VolumeError::PathNotFound { .. } => Code::NotFound,
-            VolumeError::InvalidArgument { .. } => Code::InvalidArgument,
+            VolumeError::NotFound { .. } | VolumeError::PathNotFound { .. } | VolumeError::SourceNotFound { .. } => Code::NotFound,
+            VolumeError::InvalidArgument { .. } | VolumeError::SourceIncompatible { .. } => Code::InvalidArgument,
             VolumeError::AlreadyExists { .. } => Code::AlreadyExists,
             VolumeError::ResourceExhausted { .. } => Code::ResourceExhausted,
-            VolumeError::OutOfRange { .. } => Code::OutOfRange,
-            VolumeError::FailedPrecondition { .. }
+            VolumeError::OutOfRange { .. } | VolumeError::CloneTooSmall { .. } => Code::OutOfRange,
+            // The volume's state (or its drive's) does not allow the call.
+            VolumeError::PublishBeforeStage { .. }
+            | VolumeError::StillPublished { .. }
+            | VolumeError::StillStaged { .. }
+            | VolumeError::DeleteUnfinished { .. }
+            | VolumeError::PartitionMounted { .. }
+            | VolumeError::DriveGoneDuringCreate { .. }
             | VolumeError::DriveAbsent { .. }
+            | VolumeError::DriveMissing { .. }
+            | VolumeError::DriveFailing { .. }
+            | VolumeError::DriveReleasing { .. }
+            | VolumeError::FailedByRelease { .. }
             | VolumeError::Lost { .. }
             | VolumeError::StillAttached { .. }
             | VolumeError::AttachedElsewhere { .. }
             | VolumeError::NotStaged { .. }
-            | VolumeError::AlreadyStaged { .. } => Code::FailedPrecondition,
-            VolumeError::Busy { .. } => Code::Aborted,
-            VolumeError::NotReady => Code::Unavailable,
+            | VolumeError::AlreadyStaged { .. }
+            | VolumeError::WrongAccessType { .. }
+            | VolumeError::WrongFilesystem { .. }
+            | VolumeError::FilesystemFound { .. }
+            | VolumeError::StagedElsewhere { .. }
+            | VolumeError::StagedForOtherAccess { .. }
+            | VolumeError::BlockReadOnlyMixed { .. }
+            | VolumeError::SingleWriterInUse { .. }
+            | VolumeError::AdoptedUnreadable { .. }
+            | VolumeError::AdoptedNotDirectory { .. }
+            | VolumeError::AdoptedFixedSize { .. }
+            | VolumeError::AdoptedFilesystem { .. }
+            | VolumeError::ExpandUnfinished { .. }
+            | VolumeError::CannotGrowExt4 { .. }
+            | VolumeError::SourceInUse { .. }
+            | VolumeError::SourceChanged { .. } => Code::FailedPrecondition,
             // The drive holds data drivelet did not write: a fact about the drive, not a
             // fault of drivelet's (CreateVolume goes on to another drive instead).
-            VolumeError::Disk { source: crate::disk::DiskError::Foreign { .. }, .. } => Code::FailedPrecondition,
-            VolumeError::Disk { .. } | VolumeError::Store(_) => Code::Internal,
+            VolumeError::ForeignData { .. } => Code::FailedPrecondition,
+            VolumeError::Busy { .. } => Code::Aborted,
+            VolumeError::NotReady => Code::Unavailable,
+            VolumeError::Disk { .. } | VolumeError::Store(_) | VolumeError::Panicked { .. } => Code::Internal,
         };
         Status::new(code, e.to_string())
     }
@@ -163,7 +188,63 @@ mod tests {
             (VolumeError::AlreadyExists { volume: "pvc-1".into(), reason: "exists with 5 bytes".into() }, Code::AlreadyExists, "pvc-1"),
             (VolumeError::ResourceExhausted { reason: "no managed drive".into() }, Code::ResourceExhausted, "no managed drive"),
             (VolumeError::OutOfRange { reason: "too big".into() }, Code::OutOfRange, "too big"),
-            (VolumeError::FailedPrecondition { volume_id: id(), reason: "is still staged".into() }, Code::FailedPrecondition, "v1 is still staged"),
+            (VolumeError::StillStaged { volume_id: id() }, Code::FailedPrecondition, "v1 is still staged; unstage it first"),
+            (VolumeError::PublishBeforeStage { volume_id: id() }, Code::FailedPrecondition, "v1 is not staged; call NodeStageVolume first"),
+            (
+                VolumeError::StillPublished { volume_id: id(), targets: vec!["/t1".into(), "/t2".into()] },
+                Code::FailedPrecondition,
+                "v1 is still published (at /t1, /t2); unpublish every target first",
+            ),
+            (VolumeError::DeleteUnfinished { volume_id: id() }, Code::FailedPrecondition, "v1 is being deleted; retry CreateVolume"),
+            (VolumeError::PartitionMounted { volume_id: id(), device: "/dev/sdb1".into() }, Code::FailedPrecondition, "partition /dev/sdb1 is still mounted"),
+            (VolumeError::DriveGoneDuringCreate { volume_id: id(), drive_id: "d1".into() }, Code::FailedPrecondition, "created on drive d1 which is absent now"),
+            (VolumeError::DriveMissing { volume_id: id(), drive_id: "d1".into() }, Code::FailedPrecondition, "drive d1 which is missing from this node"),
+            (
+                VolumeError::DriveFailing { volume_id: id(), drive_id: "d1".into(), health: "12 reallocated sectors".into() },
+                Code::FailedPrecondition,
+                "drive d1 which is failing (12 reallocated sectors); it takes no new attachments",
+            ),
+            (
+                VolumeError::DriveReleasing {
+                    volume_id: id(),
+                    drive_id: "d1".into(),
+                    state: crate::actors::volumes::health::DriveUseState::Releasing,
+                    reason: "asked".into(),
+                },
+                Code::FailedPrecondition,
+                "drive d1 which is releasing (asked)",
+            ),
+            (VolumeError::FailedByRelease { volume_id: id(), drive_id: "d1".into() }, Code::FailedPrecondition, "failed by a forced release of drive d1"),
+            (
+                VolumeError::WrongAccessType { volume_id: id(), block: true, call: "staged" },
+                Code::FailedPrecondition,
+                "v1 was created for block access; it cannot be staged for filesystem access",
+            ),
+            (VolumeError::WrongFilesystem { volume_id: id(), holds: "ext4".into(), asked: "xfs".into() }, Code::FailedPrecondition, "v1 holds ext4, not xfs"),
+            (VolumeError::FilesystemFound { volume_id: id(), found: "xfs".into(), asked: "ext4".into() }, Code::FailedPrecondition, "holds a xfs filesystem, not ext4"),
+            (
+                VolumeError::StagedElsewhere { volume_id: id(), staged_at: "/s1".into(), asked: "/s2".into() },
+                Code::FailedPrecondition,
+                "v1 is staged at /s1, not at /s2",
+            ),
+            (VolumeError::StagedForOtherAccess { volume_id: id() }, Code::FailedPrecondition, "staged for a different access type"),
+            (VolumeError::BlockReadOnlyMixed { volume_id: id() }, Code::FailedPrecondition, "with the other read-only setting"),
+            (VolumeError::SingleWriterInUse { volume_id: id() }, Code::FailedPrecondition, "SINGLE_NODE_SINGLE_WRITER"),
+            (
+                VolumeError::AdoptedUnreadable { volume_id: id(), path: "/mnt/d".into(), reason: "permission denied".into() },
+                Code::FailedPrecondition,
+                "adopted from /mnt/d, which cannot be read: permission denied",
+            ),
+            (VolumeError::AdoptedNotDirectory { volume_id: id(), path: "/mnt/d".into() }, Code::FailedPrecondition, "no longer a directory"),
+            (VolumeError::AdoptedFixedSize { volume_id: id(), path: "/mnt/d".into() }, Code::FailedPrecondition, "adopted from /mnt/d: its size"),
+            (VolumeError::AdoptedFilesystem { volume_id: id() }, Code::FailedPrecondition, "is adopted: its filesystem is not drivelet's"),
+            (
+                VolumeError::ExpandUnfinished { volume_id: id(), kernel_size: 5, size: 9 },
+                Code::FailedPrecondition,
+                "has a 5 byte partition in the kernel but should have 9",
+            ),
+            (VolumeError::CannotGrowExt4 { volume_id: id() }, Code::FailedPrecondition, "CAP_SYS_RESOURCE"),
+            (VolumeError::Panicked { volume_id: id(), reason: "task panicked".into() }, Code::Internal, "v1: the operation failed unexpectedly"),
             (VolumeError::Busy { volume_id: id() }, Code::Aborted, "another operation on volume v1 is in progress; retry"),
             (VolumeError::DriveAbsent { volume_id: id(), drive_id: "d1".into() }, Code::FailedPrecondition, "volume v1 lives on drive d1 which is absent from this node"),
             (
@@ -176,6 +257,22 @@ mod tests {
             (VolumeError::NotStaged { volume_id: id() }, Code::FailedPrecondition, "volume v1 is not staged; its filesystem grows"),
             (VolumeError::AlreadyStaged { volume_id: id(), path: "/s".into() }, Code::FailedPrecondition, "volume v1 is already staged at /s; unstage it there first"),
             (VolumeError::NotReady, Code::Unavailable, "starting"),
+            (VolumeError::SourceNotFound { source_id: id() }, Code::NotFound, "source volume v1 does not exist on this node"),
+            (
+                VolumeError::SourceIncompatible { source_id: id(), reason: "it is a block volume".into() },
+                Code::InvalidArgument,
+                "cannot clone volume v1: it is a block volume",
+            ),
+            (
+                VolumeError::SourceInUse { source_id: id(), path: "/s".into() },
+                Code::FailedPrecondition,
+                "cannot clone volume v1 now: it is mounted read-write at /s",
+            ),
+            (
+                VolumeError::CloneTooSmall { source_id: id(), source_size: 1 << 30, limit: 512 << 20 },
+                Code::OutOfRange,
+                "a clone of volume v1 needs at least 1.0 GiB (the size of the source), but limit_bytes allows 512.0 MiB",
+            ),
             (
                 VolumeError::Disk {
                     volume_id: id(),
@@ -186,13 +283,11 @@ mod tests {
                 "cannot make the filesystem: mkfs.ext4 failed",
             ),
             (
-                VolumeError::Disk {
+                VolumeError::ForeignData {
                     volume_id: id(),
                     op: "update the partition table",
-                    source: crate::disk::DiskError::Foreign {
-                        device: "/dev/sdb".into(),
-                        found: "a Linux RAID member (md superblock 1.0) beside a drivelet GPT".into(),
-                    },
+                    device: "/dev/sdb".into(),
+                    found: "a Linux RAID member (md superblock 1.0) beside a drivelet GPT".into(),
                 },
                 Code::FailedPrecondition,
                 "refusing to write to it: a Linux RAID member",

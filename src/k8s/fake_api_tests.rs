@@ -45,17 +45,17 @@ impl FakeVolumes {
 }
 
 impl VolumeOps for FakeVolumes {
-    async fn publish(&self, spec: &PublishSpec, node: &str) -> Result<BTreeMap<String, String>, String> {
+    async fn publish(&self, spec: &PublishSpec, node: &str) -> Result<BTreeMap<String, String>, VolumeCallError> {
         self.calls.lock().expect("calls lock").push(format!("publish {} {node}", spec.volume_id));
         match self.publish_errors.lock().expect("errors lock").pop_front() {
-            Some(error) => Err(error),
+            Some(error) => Err(VolumeCallError::Unavailable(error)),
             None => Ok(context()),
         }
     }
 
-    async fn unpublish(&self, volume_id: &str, node: &str) -> Result<(), String> {
+    async fn unpublish(&self, volume_id: &str, node: &str) -> Result<(), VolumeCallError> {
         self.calls.lock().expect("calls lock").push(format!("unpublish {volume_id} {node}"));
-        self.unpublish_error.clone().map_or(Ok(()), Err)
+        self.unpublish_error.clone().map_or(Ok(()), |e| Err(VolumeCallError::Unavailable(e)))
     }
 }
 

@@ -9,7 +9,9 @@
 //!   unpublishes through `attach::queue::ManagerBackend`, which sends the VolumeManager
 //!   `AttachVolume` / `DetachVolume`; condition Events arrive as `VolumeConditionChanged`
 //!   notifications the volume manager sends to a subscriber; the Drive sync asks
-//!   read-only queries and takes notifications.
+//!   read-only queries and takes notifications; the resize queue grows volumes through
+//!   `resize::queue::ManagerBackend` (`ExpandVolume`, the message ControllerExpandVolume
+//!   sends).
 //! - Decisions are pure functions over Kubernetes objects and domain values
 //!   (`attach::reconcile`, `attach::reconcile_pv`, `events::EventGate`,
 //!   `events::find_claim`, `events::pods_using`, `drives::desired`, `drives::plan`,
@@ -41,6 +43,9 @@ pub mod identity;
 pub mod node;
 /// The API permissions drivelet needs, the table the deployment's RBAC is checked against.
 pub mod rbac;
+/// The external-resizer: decisions about a claim asking for more, the status it writes,
+/// and the ResizeQueue actor that runs them.
+pub mod resize;
 /// A keyed work queue with dedup, one run per key at a time and per-key retry delays.
 pub mod workqueue;
 

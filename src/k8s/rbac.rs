@@ -46,8 +46,22 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "",
         resource: "persistentvolumes",
         verbs: &["list", "watch", "patch"],
-        used_by: "k8s::attach::queue::AttachQueue (watcher), k8s::attach::Executor (PV finalizer patches), \
-                  k8s::events::ConditionReporter (lists PVs to find a volume's claim)",
+        used_by: "k8s::attach::queue::AttachQueue and k8s::resize::queue::ResizeQueue (watchers), \
+                  k8s::attach::Executor (PV finalizer patches), k8s::resize::queue::Executor (spec.capacity \
+                  merge patch after growing), k8s::events::ConditionReporter (lists PVs to find a volume's claim)",
+    },
+    Permission {
+        group: "",
+        resource: "persistentvolumeclaims",
+        verbs: &["list", "watch"],
+        used_by: "k8s::resize::queue::ResizeQueue (watcher: claims asking for more than they have)",
+    },
+    Permission {
+        group: "",
+        resource: "persistentvolumeclaims/status",
+        verbs: &["patch"],
+        used_by: "k8s::resize::queue::Executor (allocatedResources, allocatedResourceStatuses, resize conditions, \
+                  capacity of a grown block volume)",
     },
     Permission {
         group: "",
@@ -59,7 +73,7 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "events.k8s.io",
         resource: "events",
         verbs: &["create", "patch"],
-        used_by: "kube::runtime::events::Recorder in k8s::attach and k8s::events \
+        used_by: "kube::runtime::events::Recorder in k8s::attach, k8s::events and k8s::resize \
                   (create; patch when a repeated Event becomes a series)",
     },
     Permission {

@@ -91,9 +91,10 @@ fn create_volume_with_bad_input_is_invalid_argument_and_changes_nothing() {
                 "a snapshot content source (no CREATE_DELETE_SNAPSHOT)",
                 src(csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: "snap-1".into() })),
             ),
+            ("a content source naming nothing", with(&|q| q.volume_content_source = Some(csi::VolumeContentSource { r#type: None }))),
             (
-                "a volume content source (no CLONE_VOLUME)",
-                src(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: UNKNOWN_ID.into() })),
+                "a volume content source with an empty id",
+                src(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: String::new() })),
             ),
             ("negative required_bytes", range(-1, 0)),
             ("negative limit_bytes", range(0, -1)),
@@ -112,6 +113,11 @@ fn create_volume_with_bad_input_is_invalid_argument_and_changes_nothing() {
             r.code(&format!("CreateVolume with {what}"), c.ctrl.create_volume(q).await, Code::InvalidArgument);
             r.unchanged(&format!("CreateVolume with {what}"), &fx, &clean);
         }
+
+        // --- A clone of a volume this node does not hold (CLONE_VOLUME): NOT_FOUND.
+        let q = src(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: UNKNOWN_ID.into() }));
+        r.code("CreateVolume cloning an unknown volume", c.ctrl.create_volume(q).await, Code::NotFound);
+        r.unchanged("CreateVolume cloning an unknown volume", &fx, &clean);
     });
 }
 

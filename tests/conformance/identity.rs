@@ -93,7 +93,7 @@ fn capability_lists_hold_known_values_never_change_and_include_everything_implem
         for s in [S::ControllerService, S::VolumeAccessibilityConstraints] {
             r.check(plugin.contains(&s), || format!("plugin capabilities {plugin:?} lack {s:?}"));
         }
-        for t in [CR::CreateDeleteVolume, CR::GetCapacity, CR::SingleNodeMultiWriter] {
+        for t in [CR::CreateDeleteVolume, CR::GetCapacity, CR::SingleNodeMultiWriter, CR::CloneVolume] {
             r.check(ctrl.contains(&t), || format!("controller capabilities {ctrl:?} lack {t:?}"));
         }
         for t in [NR::StageUnstageVolume, NR::SingleNodeMultiWriter] {
@@ -136,7 +136,9 @@ fn capability_lists_hold_known_values_never_change_and_include_everything_implem
                 NR::SingleNodeMultiWriter as i32,
                 NR::GetVolumeStats as i32,
                 NR::VolumeCondition as i32,
-                NR::ExpandVolume as i32
+                NR::ExpandVolume as i32,
+                NR::GetVolumeHealth as i32,
+                NR::GetStorageHealth as i32,
             ]
         );
         let got: Vec<i32> = cc
@@ -159,6 +161,9 @@ fn capability_lists_hold_known_values_never_change_and_include_everything_implem
                 CR::GetVolume as i32,
                 CR::VolumeCondition as i32,
                 CR::ExpandVolume as i32,
+                CR::ListVolumeHealth as i32,
+                CR::GetVolumeHealth as i32,
+                CR::CloneVolume as i32,
             ]
         );
     });

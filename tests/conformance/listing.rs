@@ -268,6 +268,7 @@ fn seed(dir: &Path, n: u32) -> BTreeSet<String> {
             published_node: None,
             adopted: None,
             lost: false,
+            clone_of: None,
         };
         store.put(&rec.id, &rec).unwrap();
         ids.insert(rec.id);

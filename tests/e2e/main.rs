@@ -11,6 +11,7 @@
 //! 1. deploy: `kubectl apply -k tests/e2e/overlay`; the DaemonSet Ready; CSINode lists
 //!    the driver with its topology key; the node carries the label; `kubectl get drives`
 //!    shows each drive; each CSIStorageCapacity equals GetCapacity for its class;
+//!    then claims grown by editing them, on the empty drives (`resize.rs`);
 //! 2. a drive vanishing while it holds a volume: the Drive object shows it missing and
 //!    lists the volume, the volume is abnormal; the claim deleted: the object goes; the
 //!    drive back: the volume's partition is listed again and can be deleted by hand;
@@ -26,6 +27,8 @@
 //!    keeps new claims off a drive;
 //! 7. everything deleted: no volume, PV, VolumeAttachment or mount left.
 //!
+//! Between 5 and 6, claims are cloned from claims (`clone.rs`).
+//!
 //! On failure it prints what explains it: the cluster's objects and Events, drivelet's
 //! and the provisioner's logs, and kubelet's log lines about the driver.
 
@@ -35,6 +38,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+mod clone;
 
 const NS: &str = "drivelet-e2e";
 const SYSTEM_NS: &str = "drivelet-system";
@@ -49,6 +54,8 @@ const MIB: u64 = 1 << 20;
 
 type Check = Result<(), String>;
 
+mod resize;
+
 fn main() {
     let started = Instant::now();
     let mut ctx = match Ctx::new() {
@@ -58,12 +65,14 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 7] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 8] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
+        ("claims grown by editing them: xfs in use, ext4 unused, too large then lowered", resize::journey_resize),
         ("a drive vanishing while it holds a volume, and coming back", journey_vanish),
         ("claims used by pods: ext4, xfs with fsGroup, block, ReadWriteOncePod, a second pod", journey_claims),
         ("drivelet pod deleted, then a rolling update, with volumes in use", journey_restart),
         ("pods and a claim deleted: detach, finalizers, mounts, partition, capacity", journey_delete),
+        ("claims cloned from claims: refused while written, then the data copied (ext4, block)", clone::journey_clone),
         ("a drive failing under a running pod; a drive released", journey_failure),
         ("clean-up: nothing left behind", journey_cleanup),
     ];
@@ -238,6 +247,7 @@ parameters:
   csi.storage.k8s.io/fstype: {fs}
 volumeBindingMode: WaitForFirstConsumer
 reclaimPolicy: Delete
+allowVolumeExpansion: true
 ---
 "
         )

@@ -12,11 +12,14 @@
 //! - a repeated CreateVolume or AdoptVolume of an existing volume answers it when the
 //!   request matches and `AlreadyExists` when it does not; a lost volume is never a
 //!   success;
+//! - a clone (CreateVolume naming a source volume) is decided with its source: what
+//!   may be copied, and how large the clone is ([`clone`]'s rules);
 //! - attach, expand, detach and release are decided here; the actor runs the disk and
 //!   store steps the decision asks for and hands their outcome back
 //!   ([`VolumeBook::finish`]).
 
 mod claim;
+mod clone;
 mod drives;
 #[cfg(test)]
 mod tests;
@@ -37,7 +40,7 @@ use super::VolumeError;
 use crate::actors::inventory::classify::DriveClass;
 use crate::actors::inventory::model::{Drive, LayoutKind};
 use crate::actors::messages::VolumeConditionChanged;
-use crate::config::{Media, VolumesConfig};
+use crate::config::{human_bytes, Media, VolumesConfig};
 use crate::disk::gpt;
 use crate::disk::smart::Health;
 
@@ -252,9 +255,55 @@ impl VolumeBook {
     /// A page of shown volumes after `after` (by id), at most `max` (0: all), and the
     /// id to go on after when more follow: the page of the view published last.
     pub fn page(&self, after: Option<&str>, max: usize) -> Result<(Vec<VolumeStatus>, Option<String>), VolumeError> {
-        let view = self.view.current();
-        let (page, next) = view.page(after, max)?;
-        Ok((page.iter().map(|l| VolumeStatus { record: VolumeRecord::clone(&l.record), condition: l.condition.clone() }).collect(), next))
+        self.page_where(after, max, false)
+    }
+
+    /// [`VolumeBook::page`], of the abnormal volumes only when `abnormal_only`
+    /// (ControllerListVolumeHealth omits healthy volumes).
+    pub fn page_where(&self, after: Option<&str>, max: usize, abnormal_only: bool) -> Result<(Vec<VolumeStatus>, Option<String>), VolumeError> {
+        use std::ops::Bound;
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        let lower = match after {
+            Some(a) => Bound::Excluded(a.to_string()),
+            None => Bound::Unbounded,
+        };
+        let max = if max == 0 { usize::MAX } else { max };
+        let mut out: Vec<VolumeStatus> = Vec::new();
+        let mut next = None;
+        for r in self.records.range((lower, Bound::Unbounded)).map(|(_, r)| r) {
+            if r.state == VolumeState::Creating {
+                continue;
+            }
+            let condition = self.condition_of(r);
+            if abnormal_only && !condition.abnormal {
+                continue;
+            }
+            if out.len() == max {
+                next = out.last().map(|s| s.record.id.clone());
+                break;
+            }
+            out.push(VolumeStatus { record: VolumeRecord::clone(r), condition });
+        }
+        Ok((out, next))
+    }
+
+    /// The health of this node's storage (NodeGetStorageHealth): its managed drives,
+    /// and the drives that hold shown volumes but are missing.
+    pub fn storage_health(&self) -> Result<Vec<health::StorageEntry>, VolumeError> {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        let present: Vec<&Drive> = self.drives.values().filter(|d| d.class == DriveClass::Managed).collect();
+        let mut missing: BTreeMap<String, usize> = BTreeMap::new();
+        for r in self.records.values() {
+            let adopted_elsewhere = r.adopted.is_some() && r.drive_id.is_empty();
+            if r.state != VolumeState::Creating && !adopted_elsewhere && !self.drives.contains_key(&r.drive_id) {
+                *missing.entry(r.drive_id.clone()).or_default() += 1;
+            }
+        }
+        Ok(health::storage_health(&present, &missing.into_iter().collect::<Vec<_>>()))
     }
 
     /// Recomputes the conditions of the matching volumes, logs each change once and
@@ -358,11 +407,13 @@ impl VolumeBook {
         let id = guid.to_string();
         let fs_type = if m.block { String::new() } else if m.fs_type.is_empty() { self.cfg.default_fs.clone() } else { m.fs_type.clone() };
         if let Some(rec) = self.records.get(&id) {
+            if let Some(e) = clone::source_mismatch(rec, m) {
+                return Err(e);
+            }
+            // A clone asking for no filesystem takes its source's.
+            let fs_type = if m.source.is_some() && m.fs_type.is_empty() && !m.block { rec.fs_type.clone() } else { fs_type };
             return match rec.state {
-                VolumeState::Deleting => Err(VolumeError::FailedPrecondition {
-                    volume_id: id,
-                    reason: "is being deleted; retry CreateVolume once DeleteVolume finished".into(),
-                }),
+                VolumeState::Deleting => Err(VolumeError::DeleteUnfinished { volume_id: id }),
                 VolumeState::Creating => Ok(CreatePlan::New(VolumeRecord::clone(rec))),
                 // Never a success for a volume that does not exist: the CO sees why, and
                 // DeleteVolume clears the way for a new one of the same name.
@@ -386,8 +437,18 @@ impl VolumeBook {
                 }
             };
         }
+        let source = match &m.source {
+            Some(s) => Some(self.clone_source(s, m)?.0),
+            None => None,
+        };
+        let fs_type = clone::fs_of_clone(source.as_ref(), m, fs_type);
         let minimum = model::minimum_size(m.block, &fs_type);
-        let size = model::size_for(m.range, self.cfg.default_size, minimum).map_err(|reason| VolumeError::OutOfRange { reason })?;
+        // A clone holds at least its source; asked for no size, it gets the source's.
+        let (default, minimum) = match &source {
+            Some(src) => (src.size.max(minimum), src.size.max(minimum)),
+            None => (self.cfg.default_size, minimum),
+        };
+        let size = model::size_for(m.range, default, minimum).map_err(|reason| VolumeError::OutOfRange { reason })?;
         let want = if m.layout == LayoutKind::Drive { m.range.required.max(minimum) } else { size };
         let p = placement::place(&self.candidates(), m.media, m.layout, want).map_err(|e| match e {
             NoRoom::TooBig(reason) => VolumeError::OutOfRange { reason },
@@ -400,8 +461,6 @@ impl VolumeBook {
         }
         let media = self.drives.get(&p.drive_id).map(|d| d.media).unwrap_or(Media::Virtual);
         Ok(CreatePlan::New(VolumeRecord {
-            id,
-            name: m.name.clone(),
             drive_id: p.drive_id,
             part_guid: guid,
             start: p.start,
@@ -411,16 +470,8 @@ impl VolumeBook {
             block: m.block,
             fs_type,
             parameters: m.parameters.clone(),
-            state: VolumeState::Creating,
-            formatted: false,
-            staging: None,
-            targets: BTreeMap::new(),
-            created_unix: now_unix(),
-            rebuilt: false,
-            failed: false,
-            published_node: None,
-            adopted: None,
-            lost: false,
+            clone_of: m.source.clone(),
+            ..VolumeRecord::new(id, m.name.clone(), VolumeState::Creating, now_unix())
         }))
     }
 
@@ -458,37 +509,32 @@ impl VolumeBook {
             return Err(VolumeError::PathNotFound { volume_id: m.volume_id.clone(), path: m.path.clone() });
         }
         // node_call answered without a drive: only an adopted volume has none.
-        loc.ok_or_else(|| VolumeError::FailedPrecondition {
-            volume_id: m.volume_id.clone(),
-            reason: "is adopted: its filesystem is not drivelet's to grow".into(),
-        })
+        loc.ok_or_else(|| VolumeError::AdoptedFilesystem { volume_id: m.volume_id.clone() })
     }
 
     /// Whether a volume may be attached as asked: it exists, serves the access type and
     /// filesystem, is attached to no other node, and its drive takes the attachment.
     pub fn attach_refusal(&self, m: &AttachVolume) -> Result<VolumeRecord, VolumeError> {
         let id = m.volume_id.as_str();
-        let refuse = |reason: String| VolumeError::FailedPrecondition { volume_id: id.to_string(), reason };
         let rec = self.visible(id)?.clone();
         if rec.state == VolumeState::Deleting {
-            return Err(VolumeError::refused(id, Refusal::BeingDeleted));
+            return Err(VolumeError::refused(&rec, Refusal::BeingDeleted));
         }
         if m.block != rec.block && !rec.rebuilt {
-            let (was, asked) = if rec.block { ("block", "filesystem") } else { ("filesystem", "block") };
-            return Err(refuse(format!("was created for {was} access; it cannot be published for {asked} access")));
+            return Err(VolumeError::WrongAccessType { volume_id: id.to_string(), block: rec.block, call: "published" });
         }
         if !m.block && !m.fs_type.is_empty() && !rec.fs_type.is_empty() && m.fs_type != rec.fs_type {
-            return Err(refuse(format!("holds {}, not {}", rec.fs_type, m.fs_type)));
+            return Err(VolumeError::WrongFilesystem { volume_id: id.to_string(), holds: rec.fs_type.clone(), asked: m.fs_type.clone() });
         }
         if let Some(other) = rec.published_node.as_deref().filter(|n| *n != m.node_id) {
             return Err(VolumeError::AttachedElsewhere { volume_id: id.to_string(), node: other.to_string() });
         }
         let d = self.drives.get(&rec.drive_id);
-        if let Some(reason) = health::attach_refusal(&rec, d, self.drive_use.get(&rec.drive_id), &m.node_id) {
-            return Err(refuse(reason));
+        if let Some(refusal) = health::attach_refusal(&rec, d, self.drive_use.get(&rec.drive_id), &m.node_id) {
+            return Err(refusal);
         }
         if rec.adopted.is_none() && self.loc_of(&rec).is_none() {
-            return Err(refuse(format!("lives on drive {} which is missing", rec.drive_id)));
+            return Err(VolumeError::DriveMissing { volume_id: id.to_string(), drive_id: rec.drive_id.clone() });
         }
         Ok(rec)
     }
@@ -500,21 +546,18 @@ impl VolumeBook {
         let id = m.volume_id.as_str();
         let rec = self.visible(id)?.clone();
         if rec.state == VolumeState::Deleting {
-            return Err(VolumeError::refused(id, Refusal::BeingDeleted));
+            return Err(VolumeError::refused(&rec, Refusal::BeingDeleted));
         }
         if let Some(a) = &rec.adopted {
-            return Err(VolumeError::FailedPrecondition {
-                volume_id: id.to_string(),
-                reason: format!("is adopted from {}: its size is its filesystem's, which drivelet does not manage", a.path.display()),
-            });
+            return Err(VolumeError::AdoptedFixedSize { volume_id: id.to_string(), path: a.path.clone() });
         }
         let new_size = model::size_for(m.range, rec.size, rec.size).map_err(|reason| VolumeError::OutOfRange {
             reason: format!("volume {id} is {} bytes and cannot shrink: {reason}", rec.size),
         })?;
-        let d = self.drives.get(&rec.drive_id).ok_or_else(|| VolumeError::FailedPrecondition {
-            volume_id: id.to_string(),
-            reason: format!("lives on drive {} which is absent from this node; it cannot grow until the drive is back", rec.drive_id),
-        })?;
+        let d = self
+            .drives
+            .get(&rec.drive_id)
+            .ok_or_else(|| VolumeError::DriveAbsent { volume_id: id.to_string(), drive_id: rec.drive_id.clone() })?;
         let loc = DriveLoc { path: d.path.clone(), sector: d.logical_block_size };
         if new_size == rec.size {
             return Ok((rec, loc, new_size));
@@ -527,11 +570,17 @@ impl VolumeBook {
         // Past the end of the drive it can never grow, whatever follows it now.
         let blocked = room.blocked && new_size <= region_end.saturating_sub(rec.start);
         if new_size > room.max_size {
-            let reason = format!("volume {id} can grow in place to at most {} bytes on drive {}, not {new_size}", room.max_size, rec.drive_id);
+            let reason = format!(
+                "volume {id} can grow in place to at most {} ({} bytes) on drive {}, not {} ({new_size} bytes)",
+                human_bytes(room.max_size),
+                room.max_size,
+                rec.drive_id,
+                human_bytes(new_size)
+            );
             return Err(if blocked {
                 VolumeError::ResourceExhausted { reason: format!("{reason}: another volume or partition follows it") }
             } else if room.blocked {
-                VolumeError::OutOfRange { reason: format!("{reason}, and {new_size} bytes from its start run past the end of the drive") }
+                VolumeError::OutOfRange { reason: format!("{reason}, and {} from its start runs past the end of the drive", human_bytes(new_size)) }
             } else {
                 VolumeError::OutOfRange { reason: format!("{reason}: the drive ends there") }
             });
@@ -573,27 +622,13 @@ impl VolumeBook {
         }
         let drive = devnum.and_then(|n| self.drives.values().find(|d| d.devnum == n));
         Ok(CreatePlan::New(VolumeRecord {
-            id: m.volume_id.clone(),
-            name: m.pv_name.clone(),
             drive_id: drive.map(|d| d.id.clone()).unwrap_or_default(),
-            part_guid: uuid::Uuid::nil(),
-            start: 0,
             size,
-            layout: LayoutKind::Partition,
             media: drive.map(|d| d.media).unwrap_or(Media::Virtual),
-            block: false,
             fs_type: m.fs_type.clone(),
-            parameters: BTreeMap::new(),
-            state: VolumeState::Available,
             formatted: true,
-            staging: None,
-            targets: BTreeMap::new(),
-            created_unix: now_unix(),
-            rebuilt: false,
-            failed: false,
-            published_node: None,
             adopted: Some(model::Adopted { path: canonical.to_path_buf(), pv_name: m.pv_name.clone() }),
-            lost: false,
+            ..VolumeRecord::new(m.volume_id.clone(), m.pv_name.clone(), VolumeState::Available, now_unix())
         }))
     }
 }

@@ -1,11 +1,16 @@
 //! The errors of volume operations: what went wrong, in plain words naming the volume.
 //!
-//! Rules: every variant names the object it is about; `grpc::status` maps each to one
-//! CSI code (the only place that builds a `tonic::Status`).
+//! Rules: every variant is one domain fact and carries the ids it is about (the volume,
+//! its drive, the paths); there is no catch-all "failed precondition with a reason".
+//! `grpc::status` maps each variant to one CSI code (the only place that builds a
+//! `tonic::Status`), and the attach queue decides retry or wait from the variant
+//! (`k8s::attach::kind_of`), never from the words. A refusal of the volume's state says
+//! "volume ID" and then [`VolumeError::why`], the words `attachError` repeats.
 
 use std::path::PathBuf;
 
-use super::model::Refusal;
+use super::health::DriveUseState;
+use super::model::{Refusal, VolumeRecord};
 use crate::disk::DiskError;
 use crate::store::StoreError;
 
@@ -44,14 +49,192 @@ pub enum VolumeError {
         /// Why.
         reason: String,
     },
-    /// The volume is not in a state that allows the call, for the refusals that have
-    /// no variant of their own yet (the named ones follow [`VolumeError::Busy`]).
-    #[error("volume {volume_id} {reason}")]
-    FailedPrecondition {
+    /// NodePublishVolume of a volume that is not staged (the state machine's refusal).
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    PublishBeforeStage {
         /// The volume.
         volume_id: String,
-        /// Why, and what to do.
+    },
+    /// NodeUnstageVolume or DeleteVolume while targets are published.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    StillPublished {
+        /// The volume.
+        volume_id: String,
+        /// Where it is published.
+        targets: Vec<PathBuf>,
+    },
+    /// DeleteVolume while the volume is staged.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    StillStaged {
+        /// The volume.
+        volume_id: String,
+    },
+    /// CreateVolume of a name whose volume is being deleted.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    DeleteUnfinished {
+        /// The volume.
+        volume_id: String,
+    },
+    /// DeleteVolume while the volume's partition is mounted somewhere.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    PartitionMounted {
+        /// The volume.
+        volume_id: String,
+        /// Its partition's device node.
+        device: PathBuf,
+    },
+    /// The drive a volume was being created on went away before the partition was made.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    DriveGoneDuringCreate {
+        /// The volume.
+        volume_id: String,
+        /// Its drive.
+        drive_id: String,
+    },
+    /// Attaching a volume whose drive is not on this node (nothing to serve it from).
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    DriveMissing {
+        /// The volume.
+        volume_id: String,
+        /// Its drive.
+        drive_id: String,
+    },
+    /// Attaching a volume whose drive's health is BAD.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    DriveFailing {
+        /// The volume.
+        volume_id: String,
+        /// Its drive.
+        drive_id: String,
+        /// The health verdict's reason.
+        health: String,
+    },
+    /// Attaching a volume whose drive is releasing or released.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    DriveReleasing {
+        /// The volume.
+        volume_id: String,
+        /// Its drive.
+        drive_id: String,
+        /// Releasing or released.
+        state: DriveUseState,
+        /// Why the drive is being released.
         reason: String,
+    },
+    /// A call on a volume failed by a forced release of its drive.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    FailedByRelease {
+        /// The volume.
+        volume_id: String,
+        /// The drive that was released.
+        drive_id: String,
+    },
+    /// Staging or attaching for the other access type (block or filesystem) than the
+    /// volume was created for.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    WrongAccessType {
+        /// The volume.
+        volume_id: String,
+        /// It was created for block access.
+        block: bool,
+        /// The call: `staged` or `published`.
+        call: &'static str,
+    },
+    /// Staging or attaching with another filesystem than the volume's record names.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    WrongFilesystem {
+        /// The volume.
+        volume_id: String,
+        /// Its filesystem.
+        holds: String,
+        /// The filesystem asked for.
+        asked: String,
+    },
+    /// Staging with another filesystem than the one found on the partition.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    FilesystemFound {
+        /// The volume.
+        volume_id: String,
+        /// The filesystem on the partition.
+        found: String,
+        /// The filesystem asked for.
+        asked: String,
+    },
+    /// NodePublishVolume from another staging path than the volume's.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    StagedElsewhere {
+        /// The volume.
+        volume_id: String,
+        /// Where it is staged.
+        staged_at: PathBuf,
+        /// The staging path the call names.
+        asked: PathBuf,
+    },
+    /// NodePublishVolume for the other access type than the volume was staged for.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    StagedForOtherAccess {
+        /// The volume.
+        volume_id: String,
+    },
+    /// A block target with the other read-only setting than the volume's other targets.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    BlockReadOnlyMixed {
+        /// The volume.
+        volume_id: String,
+    },
+    /// A second target of a SINGLE_NODE_SINGLE_WRITER volume.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    SingleWriterInUse {
+        /// The volume.
+        volume_id: String,
+    },
+    /// An adopted volume's directory cannot be read.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    AdoptedUnreadable {
+        /// The volume.
+        volume_id: String,
+        /// The adopted directory.
+        path: PathBuf,
+        /// The OS error, in words.
+        reason: String,
+    },
+    /// An adopted volume's directory is no longer a directory.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    AdoptedNotDirectory {
+        /// The volume.
+        volume_id: String,
+        /// The adopted path.
+        path: PathBuf,
+    },
+    /// Growing an adopted volume: its size is its filesystem's.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    AdoptedFixedSize {
+        /// The volume.
+        volume_id: String,
+        /// The adopted directory.
+        path: PathBuf,
+    },
+    /// NodeExpandVolume of an adopted volume: its filesystem is not drivelet's.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    AdoptedFilesystem {
+        /// The volume.
+        volume_id: String,
+    },
+    /// NodeExpandVolume before ControllerExpandVolume grew the kernel's partition.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    ExpandUnfinished {
+        /// The volume.
+        volume_id: String,
+        /// The partition's size in the kernel.
+        kernel_size: u64,
+        /// The volume's size.
+        size: u64,
+    },
+    /// Growing a mounted ext4 without CAP_SYS_RESOURCE.
+    #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
+    CannotGrowExt4 {
+        /// The volume.
+        volume_id: String,
     },
     /// The volume is neither staged nor published at the path a node call names.
     #[error("volume {volume_id} is not staged or published at {}", path.display())]
@@ -128,9 +311,85 @@ pub enum VolumeError {
         /// The OS error.
         source: DiskError,
     },
+    /// The GPT writer refused the drive: it carries data drivelet did not write (a fact
+    /// about the drive, not a fault of drivelet's; CreateVolume goes on to another drive).
+    #[error("volume {volume_id}: cannot {op}: {}: not a drivelet drive, refusing to write to it: {found}", device.display())]
+    ForeignData {
+        /// The volume.
+        volume_id: String,
+        /// The step.
+        op: &'static str,
+        /// The drive's device.
+        device: PathBuf,
+        /// What the writer found on it, in words.
+        found: String,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(StoreError),
+    /// A disk step ended in a panic (a bug; the record is reloaded at restart).
+    #[error("volume {volume_id}: the operation failed unexpectedly: {reason}")]
+    Panicked {
+        /// The volume.
+        volume_id: String,
+        /// The panic, in words.
+        reason: String,
+    },
+    /// CreateVolume names a source volume this node does not hold.
+    #[error("source volume {source_id} does not exist on this node; a clone is made on the node that holds its source")]
+    SourceNotFound {
+        /// The source asked for.
+        source_id: String,
+    },
+    /// A clone of the source cannot be made as asked (block or filesystem, another
+    /// filesystem, an adopted directory).
+    #[error("cannot clone volume {source_id}: {reason}")]
+    SourceIncompatible {
+        /// The source.
+        source_id: String,
+        /// Why, and what would work.
+        reason: String,
+    },
+    /// The source's partition does not hold the filesystem its record names.
+    #[error(
+        "volume {volume_id} cannot be cloned from volume {source_id}: it should hold {expected} but holds {}",
+        found.as_deref().unwrap_or("nothing")
+    )]
+    SourceChanged {
+        /// The clone.
+        volume_id: String,
+        /// The source.
+        source_id: String,
+        /// The filesystem the source's record names.
+        expected: String,
+        /// What its partition holds.
+        found: Option<String>,
+    },
+    /// The source is mounted read-write: a copy taken now would not be consistent.
+    #[error(
+        "cannot clone volume {source_id} now: it is mounted read-write at {}, and a copy of a filesystem being written is not consistent; clone it once nothing writes to it (unpublished and unstaged, or staged read-only)",
+        path.display()
+    )]
+    SourceInUse {
+        /// The source.
+        source_id: String,
+        /// Where it is mounted read-write.
+        path: PathBuf,
+    },
+    /// The capacity range leaves no room for the source's data.
+    #[error(
+        "a clone of volume {source_id} needs at least {} (the size of the source), but limit_bytes allows {}",
+        crate::config::human_bytes(*source_size),
+        crate::config::human_bytes(*limit)
+    )]
+    CloneTooSmall {
+        /// The source.
+        source_id: String,
+        /// Its size, bytes.
+        source_size: u64,
+        /// The limit asked for, bytes.
+        limit: u64,
+    },
 }
 
 impl VolumeError {
@@ -138,7 +397,6 @@ impl VolumeError {
     /// name (`attachError` shows them); `None` for errors of another kind.
     pub fn why(&self) -> Option<String> {
         Some(match self {
-            VolumeError::FailedPrecondition { reason, .. } => reason.clone(),
             VolumeError::DriveAbsent { drive_id, .. } => format!("lives on drive {drive_id} which is absent from this node"),
             VolumeError::Lost { part_guid, drive_id, .. } => format!(
                 "its partition {part_guid} is missing from drive {drive_id}: the data is gone (the drive was wiped or replaced); delete the volume and restore from backup"
@@ -147,6 +405,60 @@ impl VolumeError {
             VolumeError::AttachedElsewhere { node, .. } => format!("is already attached to node {node}; a local volume serves one node"),
             VolumeError::NotStaged { .. } => "is not staged; its filesystem grows when it is staged and published".into(),
             VolumeError::AlreadyStaged { path, .. } => format!("is already staged at {}; unstage it there first", path.display()),
+            VolumeError::PublishBeforeStage { .. } => Refusal::NotStaged.to_string(),
+            VolumeError::StillPublished { targets, .. } if targets.is_empty() => Refusal::StillPublished.to_string(),
+            VolumeError::StillPublished { targets, .. } => {
+                let at: Vec<String> = targets.iter().map(|t| t.display().to_string()).collect();
+                format!("is still published (at {}); unpublish every target first", at.join(", "))
+            }
+            VolumeError::StillStaged { .. } => Refusal::StillStaged.to_string(),
+            VolumeError::DeleteUnfinished { .. } => "is being deleted; retry CreateVolume once DeleteVolume finished".into(),
+            VolumeError::PartitionMounted { device, .. } => {
+                format!("its partition {} is still mounted; unpublish and unstage it first", device.display())
+            }
+            VolumeError::DriveGoneDuringCreate { drive_id, .. } => format!("was being created on drive {drive_id} which is absent now"),
+            VolumeError::DriveMissing { drive_id, .. } => format!("lives on drive {drive_id} which is missing from this node; put the drive back"),
+            VolumeError::DriveFailing { drive_id, health, .. } => format!(
+                "lives on drive {drive_id} which is failing ({health}); it takes no new attachments: move the data to another volume"
+            ),
+            VolumeError::DriveReleasing { drive_id, state, reason, .. } => format!(
+                "lives on drive {drive_id} which is {} ({reason}); it takes no new attachments: move the data to another volume",
+                state.as_str()
+            ),
+            VolumeError::FailedByRelease { drive_id, .. } => {
+                format!("was failed by a forced release of drive {drive_id}; delete it and restore from backup")
+            }
+            VolumeError::WrongAccessType { block, call, .. } => {
+                let (was, asked) = if *block { ("block", "filesystem") } else { ("filesystem", "block") };
+                format!("was created for {was} access; it cannot be {call} for {asked} access")
+            }
+            VolumeError::WrongFilesystem { holds, asked, .. } => format!("holds {holds}, not {asked}"),
+            VolumeError::FilesystemFound { found, asked, .. } => format!("holds a {found} filesystem, not {asked}"),
+            VolumeError::StagedElsewhere { staged_at, asked, .. } => {
+                format!("is staged at {}, not at {}", staged_at.display(), asked.display())
+            }
+            VolumeError::StagedForOtherAccess { .. } => "was staged for a different access type (block or filesystem)".into(),
+            VolumeError::BlockReadOnlyMixed { .. } => "is published as a block device with the other read-only setting elsewhere; \
+                                                       a block volume is read-only or read-write for all its targets"
+                .into(),
+            VolumeError::SingleWriterInUse { .. } => {
+                "has access mode SINGLE_NODE_SINGLE_WRITER and is already published at another target".into()
+            }
+            VolumeError::AdoptedUnreadable { path, reason, .. } => {
+                format!("is adopted from {}, which cannot be read: {reason}; put the data back", path.display())
+            }
+            VolumeError::AdoptedNotDirectory { path, .. } => format!("is adopted from {}, which is no longer a directory", path.display()),
+            VolumeError::AdoptedFixedSize { path, .. } => {
+                format!("is adopted from {}: its size is its filesystem's, which drivelet does not manage", path.display())
+            }
+            VolumeError::AdoptedFilesystem { .. } => "is adopted: its filesystem is not drivelet's to grow".into(),
+            VolumeError::ExpandUnfinished { kernel_size, size, .. } => format!(
+                "has a {kernel_size} byte partition in the kernel but should have {size}: ControllerExpandVolume has not finished; retry it first"
+            ),
+            VolumeError::CannotGrowExt4 { .. } => "cannot grow its mounted ext4 filesystem: the kernel grows ext4 online only for a process \
+                                                   with CAP_SYS_RESOURCE, which drivelet lacks here; it grows offline when next staged \
+                                                   (stop the pods using it), or run drivelet with that capability"
+                .into(),
             _ => return None,
         })
     }
@@ -155,16 +467,19 @@ impl VolumeError {
     /// drivelet did not write); `None` for every other error.
     pub fn refused_drive(&self) -> Option<&str> {
         match self {
-            VolumeError::Disk { source: DiskError::Foreign { found, .. }, .. } => Some(found),
+            VolumeError::ForeignData { found, .. } => Some(found),
             _ => None,
         }
     }
 
     /// A state-machine refusal for a volume.
-    pub fn refused(volume_id: &str, r: Refusal) -> VolumeError {
+    pub fn refused(rec: &VolumeRecord, r: Refusal) -> VolumeError {
+        let volume_id = rec.id.clone();
         match r {
-            Refusal::BeingCreated | Refusal::BeingDeleted => VolumeError::Busy { volume_id: volume_id.to_string() },
-            r => VolumeError::FailedPrecondition { volume_id: volume_id.to_string(), reason: r.to_string() },
+            Refusal::BeingCreated | Refusal::BeingDeleted => VolumeError::Busy { volume_id },
+            Refusal::NotStaged => VolumeError::PublishBeforeStage { volume_id },
+            Refusal::StillPublished => VolumeError::StillPublished { volume_id, targets: rec.targets.keys().cloned().collect() },
+            Refusal::StillStaged => VolumeError::StillStaged { volume_id },
         }
     }
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use actix::prelude::*;
 
-use super::health::{Condition, DriveUse, Finding};
+use super::health::{Condition, DriveUse, Finding, StorageEntry};
 use super::model::{CapacityRange, VolumeRecord};
 use super::VolumeError;
 use crate::actors::inventory::model::LayoutKind;
@@ -30,6 +30,8 @@ pub struct CreateVolume {
     pub fs_type: String,
     /// The StorageClass parameters as given.
     pub parameters: BTreeMap<String, String>,
+    /// A clone: the id of the volume whose data the new one starts with.
+    pub source: Option<String>,
 }
 
 /// Command: delete a volume (idempotent).
@@ -221,7 +223,14 @@ pub struct ListVolumeStatuses {
     pub after: Option<String>,
     /// At most this many (0: all).
     pub max: usize,
+    /// Only volumes whose condition is abnormal (ControllerListVolumeHealth).
+    pub abnormal_only: bool,
 }
+
+/// Query: the health of this node's storage, one entry per reason (empty: all well).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<Vec<StorageEntry>, VolumeError>")]
+pub struct GetStorageHealth;
 
 /// Query: the usage records of releasing and released drives.
 #[derive(Message, Debug, Clone)]

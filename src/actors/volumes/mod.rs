@@ -30,6 +30,7 @@
 //! thread; [`messages`] are what it answers, [`startup`] how it starts.
 
 pub mod book;
+pub mod clone;
 pub mod error;
 pub mod health;
 pub mod messages;
@@ -175,7 +176,7 @@ impl VolumeManager {
                 Ok(out) => (out.record, out.result),
                 Err(e) => {
                     error!(volume.id = %id, error = %e, "volume operation panicked; the record is reloaded at restart");
-                    let e = VolumeError::FailedPrecondition { volume_id: id.clone(), reason: format!("operation failed unexpectedly: {e}") };
+                    let e = VolumeError::Panicked { volume_id: id.clone(), reason: e.to_string() };
                     // The book keeps the record as it was.
                     (act.book.records().find(|r| r.id == id).cloned(), Err(e))
                 }
@@ -235,7 +236,8 @@ impl VolumeManager {
     /// once (here, and in the inventory by [`DriveRefused`]), and the same CreateVolume
     /// goes on to the next candidate; `refused` says which drives were refused so far,
     /// for the answer when no candidate is left (RESOURCE_EXHAUSTED, never INTERNAL).
-    fn create_attempt(&mut self, m: CreateVolume, claim: Claim, store: Arc<Store>, mut refused: Vec<String>) -> Reply<VolumeRecord> {
+    /// A clone also claims its source (`held`, once claimed) until the copy is done.
+    fn create_attempt(&mut self, m: CreateVolume, claim: Claim, store: Arc<Store>, mut refused: Vec<String>, mut held: Option<Claim>) -> Reply<VolumeRecord> {
         let rec = match self.book.plan_create(&m) {
             Ok(CreatePlan::Existing(rec)) => return reply(Ok(rec)),
             Ok(CreatePlan::New(rec)) => rec,
@@ -247,17 +249,21 @@ impl VolumeManager {
         };
         let id = rec.id.clone();
         let Some(loc) = self.book.loc_of(&rec) else {
-            return reply(Err(VolumeError::FailedPrecondition {
-                volume_id: id,
-                reason: format!("was being created on drive {} which is absent now", rec.drive_id),
-            }));
+            return reply(Err(VolumeError::DriveGoneDuringCreate { volume_id: id, drive_id: rec.drive_id }));
+        };
+        let from = match &rec.clone_of {
+            Some(src) => match self.book.clone_start(src, &m, &mut held) {
+                Ok((source, loc)) => Some(clone::CloneFrom { source, loc }),
+                Err(e) => return reply(Err(e)),
+            },
+            None => None,
         };
         let lock = self.lock_of(&rec.drive_id);
         let drive_id = rec.drive_id.clone();
-        info!(volume.id = %rec.id, volume.name = %rec.name, drive.id = %rec.drive_id, volume.size = rec.size, "creating volume");
+        info!(volume.id = %rec.id, volume.name = %rec.name, drive.id = %rec.drive_id, volume.size = rec.size, volume.clone_of = ?rec.clone_of, "creating volume");
         self.book.reserve(rec.clone());
         let job_store = store.clone();
-        Box::pin(self.run(claim, id.clone(), move || ops::create(&job_store, &loc, &lock, rec)).then(move |res, act, _| {
+        Box::pin(self.run(claim, id.clone(), move || ops::create(&job_store, &loc, &lock, rec, from.as_ref())).then(move |res, act, _| {
             let Some(found) = res.as_ref().err().and_then(VolumeError::refused_drive) else {
                 return reply(res);
             };
@@ -269,7 +275,7 @@ impl VolumeManager {
             // The attempt's record is gone and the call is still this one: claim the
             // volume again for the next attempt.
             match act.book.claim(&id) {
-                Ok(claim) => act.create_attempt(m, claim, store, refused),
+                Ok(claim) => act.create_attempt(m, claim, store, refused, held),
                 Err(_) => reply(Err(VolumeError::Busy { volume_id: id })),
             }
         }))
@@ -373,7 +379,14 @@ impl Handler<GetVolumeStatus> for VolumeManager {
 impl Handler<ListVolumeStatuses> for VolumeManager {
     type Result = Result<(Vec<VolumeStatus>, Option<String>), VolumeError>;
     fn handle(&mut self, m: ListVolumeStatuses, _: &mut Context<Self>) -> Self::Result {
-        self.book.page(m.after.as_deref(), m.max)
+        self.book.page_where(m.after.as_deref(), m.max, m.abnormal_only)
+    }
+}
+
+impl Handler<GetStorageHealth> for VolumeManager {
+    type Result = Result<Vec<health::StorageEntry>, VolumeError>;
+    fn handle(&mut self, _: GetStorageHealth, _: &mut Context<Self>) -> Self::Result {
+        self.book.storage_health()
     }
 }
 
@@ -421,10 +434,11 @@ impl Handler<VolumeStats> for VolumeManager {
                 Ok(Ok(u)) => Ok((status, Some(u))),
                 Ok(Err(e)) => {
                     let mut st = status;
-                    st.condition = health::Condition { abnormal: true, message: format!("{}; usage cannot be read: {e}", st.condition.message) };
+                    st.condition.abnormal = true;
+                    st.condition.message = format!("{}; usage cannot be read: {e}", st.condition.message);
                     Ok((st, None))
                 }
-                Err(e) => Err(VolumeError::FailedPrecondition { volume_id: status.record.id.clone(), reason: e.to_string() }),
+                Err(e) => Err(VolumeError::Panicked { volume_id: status.record.id.clone(), reason: e.to_string() }),
             },
         ))
     }
@@ -435,7 +449,7 @@ impl Handler<CreateVolume> for VolumeManager {
     fn handle(&mut self, m: CreateVolume, _: &mut Context<Self>) -> Self::Result {
         let id = gpt::volume_partition_guid(&m.name).to_string();
         match self.book.claim(&id).and_then(|c| Ok((c, self.store()?))) {
-            Ok((claim, store)) => self.create_attempt(m, claim, store, Vec::new()),
+            Ok((claim, store)) => self.create_attempt(m, claim, store, Vec::new(), None),
             Err(e) => reply(Err(e)),
         }
     }

@@ -208,6 +208,11 @@ pub struct VolumeRecord {
     /// whenever a drive appears); shown as state `lost`; only DeleteVolume is served.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lost: bool,
+    /// A clone: the id of the volume whose data it carries. While the record is
+    /// `Creating` the copy is in progress (a restart rolls it back, so a half copy is
+    /// never served); once it is `Available` the copy is complete and on disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_of: Option<String>,
 }
 
 /// Where an adopted volume's data lives.
@@ -225,32 +230,48 @@ impl VolumeRecord {
     pub(crate) fn for_test(n: u8, state: VolumeState) -> VolumeRecord {
         let guid = uuid::Uuid::from_bytes([n; 16]);
         VolumeRecord {
-            id: guid.to_string(),
-            name: format!("pvc-{n}"),
             drive_id: "d1".into(),
             part_guid: guid,
             start: n as u64 * gpt::ALIGN,
             size: gpt::ALIGN,
-            layout: LayoutKind::Partition,
-            media: Media::Virtual,
-            block: false,
             fs_type: "ext4".into(),
-            parameters: BTreeMap::new(),
-            state,
             formatted: true,
-            staging: None,
-            targets: BTreeMap::new(),
-            created_unix: 0,
-            rebuilt: false,
-            failed: false,
-            published_node: None,
-            adopted: None,
-            lost: false,
+            ..VolumeRecord::new(guid.to_string(), format!("pvc-{n}"), state, 0)
         }
     }
 }
 
 impl VolumeRecord {
+    /// A record with nothing placed, staged, published, formatted or flagged: where every
+    /// record starts (a volume just placed, adopted, or rebuilt from a GPT). The caller
+    /// sets what its volume has besides.
+    pub fn new(id: String, name: String, state: VolumeState, created_unix: u64) -> VolumeRecord {
+        VolumeRecord {
+            id,
+            name,
+            drive_id: String::new(),
+            part_guid: uuid::Uuid::nil(),
+            start: 0,
+            size: 0,
+            layout: LayoutKind::Partition,
+            media: Media::Virtual,
+            block: false,
+            fs_type: String::new(),
+            parameters: BTreeMap::new(),
+            state,
+            formatted: false,
+            staging: None,
+            targets: BTreeMap::new(),
+            created_unix,
+            rebuilt: false,
+            failed: false,
+            published_node: None,
+            adopted: None,
+            lost: false,
+            clone_of: None,
+        }
+    }
+
     /// Published targets that are confirmed.
     pub fn published_targets(&self) -> usize {
         self.targets.values().filter(|t| t.done).count()

@@ -23,8 +23,9 @@ use std::sync::Mutex;
 
 use tracing::{info, warn};
 
+use super::clone::CloneFrom;
 use super::model::{next, Op, Staging, Target, VolumeRecord};
-pub use super::messages::{PublishArgs, StageArgs};
+use super::messages::{PublishArgs, StageArgs};
 use super::VolumeError;
 use nix::mount::MsFlags;
 
@@ -53,7 +54,10 @@ pub struct Outcome<T> {
 
 fn disk(id: &str, op: &'static str) -> impl FnOnce(DiskError) -> VolumeError {
     let volume_id = id.to_string();
-    move |source| VolumeError::Disk { volume_id, op, source }
+    move |source| match source {
+        DiskError::Foreign { device, found } => VolumeError::ForeignData { volume_id, op, device, found },
+        source => VolumeError::Disk { volume_id, op, source },
+    }
 }
 
 fn save(store: &Store, rec: &VolumeRecord) -> Result<(), VolumeError> {
@@ -88,15 +92,13 @@ fn backing(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<Backing, Volu
         return Err(super::health::lost(rec));
     }
     if let Some(a) = &rec.adopted {
-        let md = std::fs::metadata(&a.path).map_err(|e| VolumeError::FailedPrecondition {
+        let md = std::fs::metadata(&a.path).map_err(|e| VolumeError::AdoptedUnreadable {
             volume_id: rec.id.clone(),
-            reason: format!("is adopted from {}, which cannot be read: {e}; put the data back", a.path.display()),
+            path: a.path.clone(),
+            reason: e.to_string(),
         })?;
         if !md.is_dir() {
-            return Err(VolumeError::FailedPrecondition {
-                volume_id: rec.id.clone(),
-                reason: format!("is adopted from {}, which is no longer a directory", a.path.display()),
-            });
+            return Err(VolumeError::AdoptedNotDirectory { volume_id: rec.id.clone(), path: a.path.clone() });
         }
         use std::os::unix::fs::MetadataExt;
         let dev = md.dev();
@@ -127,12 +129,14 @@ fn is_partition_at(devnum: (u32, u32), parts: &[blkpg::KernelPartition], start: 
 
 /// Creates the partition of a `Creating` record: intent, GPT entry, kernel partition,
 /// wipe, then `Available`.
-pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeRecord) -> Outcome<VolumeRecord> {
+/// A clone (`from`) copies its source onto the wiped partition before it is marked
+/// `Available` ([`super::clone::copy`]); until then a restart rolls it back.
+pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeRecord, from: Option<&CloneFrom>) -> Outcome<VolumeRecord> {
     if let Err(e) = save(store, &rec) {
         return Outcome { record: None, result: Err(e) };
     }
     crash_point!("create.intent_saved");
-    match create_steps(store, drive, lock, rec.clone()) {
+    match create_steps(store, drive, lock, rec.clone(), from) {
         Ok(done) => Outcome { record: Some(done.clone()), result: Ok(done) },
         Err(e) if e.refused_drive().is_some() => match store.remove(&rec.id) {
             Ok(()) => Outcome { record: None, result: Err(e) },
@@ -148,7 +152,7 @@ pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeReco
     }
 }
 
-fn create_steps(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: VolumeRecord) -> Result<VolumeRecord, VolumeError> {
+fn create_steps(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: VolumeRecord, from: Option<&CloneFrom>) -> Result<VolumeRecord, VolumeError> {
     let kp = {
         let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
         let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
@@ -160,7 +164,10 @@ fn create_steps(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: Volu
     crash_point!("create.partition_visible");
     fs::wipe_signatures(&kp.devnode).map_err(disk(&rec.id, "wipe the new partition"))?;
     crash_point!("create.wiped");
-    rec.state = next(rec.state, Op::CreateDone).map_err(|r| VolumeError::refused(&rec.id, r))?;
+    if let Some(from) = from {
+        super::clone::copy(&mut rec, &kp, from)?;
+    }
+    rec.state = next(rec.state, Op::CreateDone).map_err(|r| VolumeError::refused(&rec, r))?;
     save(store, &rec)?;
     crash_point!("create.saved");
     Ok(rec)
@@ -187,7 +194,7 @@ pub fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec
     }
     match next(rec.state, Op::Delete) {
         Ok(s) => rec.state = s,
-        Err(r) => return Outcome { record: Some(prev), result: Err(VolumeError::refused(&rec.id, r)) },
+        Err(r) => return Outcome { record: Some(prev), result: Err(VolumeError::refused(&rec, r)) },
     }
     if let Some(a) = &rec.adopted {
         // Retain: an adopted volume's data was never drivelet's; only its record goes.
@@ -225,10 +232,7 @@ pub fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, r
             let mounts = crate::disk::mounts::read_mountinfo()
                 .map_err(|e| disk(&rec.id, "read mounts")(DiskError::Io { what: "/proc/self/mountinfo".into(), source: e }))?;
             if mounts.iter().any(|m| m.devnum == kp.devnum) {
-                return Err(VolumeError::FailedPrecondition {
-                    volume_id: rec.id.clone(),
-                    reason: format!("its partition {} is still mounted; unpublish and unstage it first", kp.devnode.display()),
-                });
+                return Err(VolumeError::PartitionMounted { volume_id: rec.id.clone(), device: kp.devnode.clone() });
             }
             if blkpg::is_read_only(&kp.devnode) {
                 blkpg::set_read_only(&kp.devnode, false).map_err(disk(&rec.id, "mark the partition writable"))?;
@@ -313,23 +317,16 @@ pub fn node_expand(drive: &DriveLoc, rec: VolumeRecord) -> Outcome<u64> {
         };
         let parts = blkpg::kernel_partitions(&drive.path).map_err(disk(&rec.id, "list the kernel partitions"))?;
         if let Some(p) = parts.iter().find(|p| p.start == rec.start && p.size < rec.size) {
-            return Err(VolumeError::FailedPrecondition {
-                volume_id: rec.id.clone(),
-                reason: format!(
-                    "has a {} byte partition in the kernel but should have {}: ControllerExpandVolume has not finished; retry it first",
-                    p.size, rec.size
-                ),
-            });
-        }
-        if rec.fs_type == "ext4" && !crate::disk::has_capability(crate::disk::CAP_SYS_RESOURCE) {
-            return Err(VolumeError::FailedPrecondition {
-                volume_id: rec.id.clone(),
-                reason: "cannot grow its mounted ext4 filesystem: the kernel grows ext4 online only for a process \
-                         with CAP_SYS_RESOURCE, which drivelet lacks here; run it privileged (the DaemonSet does)"
-                    .into(),
-            });
+            return Err(VolumeError::ExpandUnfinished { volume_id: rec.id.clone(), kernel_size: p.size, size: rec.size });
         }
         let kp = blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size).map_err(disk(&rec.id, "find the kernel partition"))?;
+        if rec.fs_type == "ext4" && !crate::disk::has_capability(crate::disk::CAP_SYS_RESOURCE) {
+            // Grown offline when it was staged: nothing left to do.
+            if fs::ext4_fills_device(&kp.devnode).map_err(disk(&rec.id, "read the filesystem's size"))? {
+                return Ok(rec.size);
+            }
+            return Err(VolumeError::CannotGrowExt4 { volume_id: rec.id.clone() });
+        }
         fs::grow(&kp.devnode, &staging, &rec.fs_type).map_err(disk(&rec.id, "grow the filesystem"))?;
         crash_point!("node_expand.grown");
         Ok(rec.size)
@@ -394,21 +391,14 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
             ));
         }
     }
-    let next_state = next(rec.state, Op::Stage).map_err(|r| (VolumeError::refused(&id, r), None))?;
+    let next_state = next(rec.state, Op::Stage).map_err(|r| (VolumeError::refused(&rec, r), None))?;
     if a.block != rec.block && !rec.rebuilt {
-        let (was, asked) = if rec.block { ("block", "a filesystem") } else { ("a filesystem", "block") };
-        return Err((
-            VolumeError::FailedPrecondition {
-                volume_id: id.clone(),
-                reason: format!("was created for {was} access; it cannot be staged for {asked} access"),
-            },
-            None,
-        ));
+        return Err((VolumeError::WrongAccessType { volume_id: id.clone(), block: rec.block, call: "staged" }, None));
     }
     let fs_type = if a.fs_type.is_empty() { rec.fs_type.clone() } else { a.fs_type.clone() };
     if !a.block && !rec.fs_type.is_empty() && fs_type != rec.fs_type {
         return Err((
-            VolumeError::FailedPrecondition { volume_id: id.clone(), reason: format!("holds {}, not {fs_type}", rec.fs_type) },
+            VolumeError::WrongFilesystem { volume_id: id.clone(), holds: rec.fs_type.clone(), asked: fs_type },
             None,
         ));
     }
@@ -422,7 +412,7 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
     if let Some(found) = &found {
         if rec.formatted && *found != fs_type {
             return Err((
-                VolumeError::FailedPrecondition { volume_id: id.clone(), reason: format!("holds a {found} filesystem, not {fs_type}") },
+                VolumeError::FilesystemFound { volume_id: id.clone(), found: found.clone(), asked: fs_type },
                 None,
             ));
         }
@@ -446,6 +436,11 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
             }
             std::fs::create_dir_all(&a.path).map_err(|e| disk(&id, "create the staging directory")(DiskError::Io { what: a.path.display().to_string(), source: e }))?;
             if !mount::is_mounted_from(&a.path, kp.devnum).map_err(disk(&id, "read mounts"))? {
+                // A volume grown while unstaged: ext4 grows offline here (online growth
+                // needs CAP_SYS_RESOURCE); xfs grows online through NodeExpandVolume.
+                if fs_type == "ext4" && fs::grow_ext4_offline(&kp.devnode).map_err(disk(&id, "grow the filesystem offline"))? {
+                    info!(volume.id = %id, volume.size = r2.size, "filesystem grown offline to its partition");
+                }
                 mount::mount_fs(&kp.devnode, &a.path, &fs_type, &opts).map_err(disk(&id, "mount the filesystem"))?;
             }
             crash_point!("stage.mounted");
@@ -484,7 +479,7 @@ pub fn unstage(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, path:
                 }
             }
         };
-        r.state = next(r.state, Op::Unstage).map_err(|x| VolumeError::refused(&id, x))?;
+        r.state = next(r.state, Op::Unstage).map_err(|x| VolumeError::refused(&r, x))?;
         if ours {
             mount::unmount_all(path).map_err(disk(&id, "unmount the staging path"))?;
         }
@@ -509,19 +504,13 @@ pub fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: 
         check_path(&id, &a.target, roots)?;
         let st = match &r.staging {
             Some(st) if st.done => st.clone(),
-            _ => return Err(VolumeError::refused(&id, super::model::Refusal::NotStaged)),
+            _ => return Err(VolumeError::PublishBeforeStage { volume_id: id.clone() }),
         };
         if st.path != a.staging {
-            return Err(VolumeError::FailedPrecondition {
-                volume_id: id.clone(),
-                reason: format!("is staged at {}, not at {}", st.path.display(), a.staging.display()),
-            });
+            return Err(VolumeError::StagedElsewhere { volume_id: id.clone(), staged_at: st.path.clone(), asked: a.staging.clone() });
         }
         if st.block != a.block {
-            return Err(VolumeError::FailedPrecondition {
-                volume_id: id.clone(),
-                reason: "was staged for a different access type (block or filesystem)".into(),
-            });
+            return Err(VolumeError::StagedForOtherAccess { volume_id: id.clone() });
         }
         let opts = mount::parse_mount_flags(&a.flags)
             .map_err(|reason| VolumeError::InvalidArgument { reason: format!("volume {id}: {reason}") })?;
@@ -532,10 +521,7 @@ pub fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: 
             let other_rw = r.targets.iter().any(|(p, t)| *p != a.target && t.block && !t.readonly);
             let other_ro = r.targets.iter().any(|(p, t)| *p != a.target && t.block && t.readonly);
             if (a.readonly && other_rw) || (!a.readonly && other_ro) {
-                return Err(VolumeError::FailedPrecondition {
-                    volume_id: id.clone(),
-                    reason: "is published as a block device with the other read-only setting elsewhere; a block volume is read-only or read-write for all its targets".into(),
-                });
+                return Err(VolumeError::BlockReadOnlyMixed { volume_id: id.clone() });
             }
         }
         let b = backing(drive, &r)?;
@@ -549,12 +535,9 @@ pub fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: 
         }
         let others = r.targets.keys().filter(|p| **p != a.target).count();
         if a.single_writer && others > 0 {
-            return Err(VolumeError::FailedPrecondition {
-                volume_id: id.clone(),
-                reason: "has access mode SINGLE_NODE_SINGLE_WRITER and is already published at another target".into(),
-            });
+            return Err(VolumeError::SingleWriterInUse { volume_id: id.clone() });
         }
-        let state = next(r.state, Op::Publish).map_err(|x| VolumeError::refused(&id, x))?;
+        let state = next(r.state, Op::Publish).map_err(|x| VolumeError::refused(&r, x))?;
         let mounted = match (&b, a.block) {
             (Backing::Partition(kp), true) => mount::is_block_bind(&a.target, &kp.devnode).unwrap_or(false),
             _ => mount::is_mounted_from(&a.target, b.devnum()).unwrap_or(false),
@@ -650,7 +633,7 @@ pub fn unpublish(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, tar
                 blkpg::set_read_only(&kp.devnode, false).map_err(disk(&id, "mark the partition read-write again"))?;
             }
         }
-        r.state = next(r.state, Op::Unpublish { remaining: r.targets.len() }).map_err(|x| VolumeError::refused(&id, x))?;
+        r.state = next(r.state, Op::Unpublish { remaining: r.targets.len() }).map_err(|x| VolumeError::refused(&r, x))?;
         save(store, &r)
     })();
     match res {

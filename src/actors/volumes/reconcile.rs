@@ -149,27 +149,14 @@ pub fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mount
                 .is_some_and(|(s, e)| q.start == s && q.size == e - s);
             p.reports.push(format!("partition {} on drive {} has no record; adopted as volume {}", q.guid, drive_id, q.guid));
             let rec = VolumeRecord {
-                id: q.guid.to_string(),
-                name,
                 drive_id: drive_id.clone(),
                 part_guid: q.guid,
                 start: q.start,
                 size: q.size,
                 layout: if whole && parts.len() == 1 { LayoutKind::Drive } else { LayoutKind::Partition },
                 media: d.media,
-                block: false,
-                fs_type: String::new(),
-                parameters: BTreeMap::new(),
-                state: VolumeState::Available,
-                formatted: false,
-                staging: None,
-                targets: BTreeMap::new(),
-                created_unix: now,
                 rebuilt: true,
-                failed: false,
-                published_node: None,
-                adopted: None,
-                lost: false,
+                ..VolumeRecord::new(q.guid.to_string(), name, VolumeState::Available, now)
             };
             p.changed.insert(rec.id.clone());
             p.keep.push(rec);

@@ -148,7 +148,7 @@ mod tests {
 
     fn status(id: &str) -> Listed {
         let record = VolumeRecord { id: id.to_string(), ..VolumeRecord::for_test(1, VolumeState::Available) };
-        Listed { record: Arc::new(record), condition: Condition { abnormal: false, message: String::new() } }
+        Listed { record: Arc::new(record), condition: Condition { abnormal: false, message: String::new(), entries: Vec::new() } }
     }
 
     fn ids(page: &[Listed]) -> Vec<&str> {

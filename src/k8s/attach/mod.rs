@@ -16,9 +16,11 @@
 //!     `attachmentMetadata` and clears `attachError`;
 //!   - failure leaves `attached=false`, writes `attachError` and a Warning Event and
 //!     requeues: with exponential backoff (`backoff`) when the failure may pass (volume not
-//!     found yet, publish error), with the long `RetryPolicy::terminal` delay when the
-//!     volume is unusable (drive failing, releasing or gone) so a bad drive is a clear
-//!     error, not a retry storm.
+//!     found yet, busy, the volume manager restarting, a disk error), with the long
+//!     `RetryPolicy::terminal` delay when the volume is unusable (drive failing,
+//!     releasing or gone, attached elsewhere, another access type) so a bad drive is a
+//!     clear error, not a retry storm. Which is which is decided by [`kind_of`] from the
+//!     volume manager's error variant, never from its words.
 //! - With a deletionTimestamp (and our finalizer): the volume is unpublished (not when the
 //!   volume manager no longer knows it, nor when the PV is gone and the volume id with
 //!   it), then our finalizer is removed; failure writes `detachError` and a Warning Event,
@@ -45,6 +47,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{json, Map, Value};
 
 use super::identity::Identity;
+use crate::actors::volumes::VolumeError;
 use crate::backoff::backoff;
 
 /// The AttachQueue actor that runs these decisions: the watches, the work queue, and the
@@ -65,6 +68,103 @@ pub enum VolumeState {
         /// Why, in plain words, for `attachError` and the Event.
         reason: String,
     },
+}
+
+/// What the attacher makes of a refusal of the volume manager.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// The volume manager knows no such volume.
+    Missing,
+    /// The volume's or its drive's state refuses the attachment; retrying soon will not
+    /// change that (retried after `RetryPolicy::terminal`).
+    Unusable,
+    /// It may pass by retrying (busy, starting, restarting, a disk or store error):
+    /// retried with backoff.
+    Transient,
+}
+
+/// How a volume manager error is treated by the attacher (see the module rules). Every
+/// variant is named, so a new one needs a decision here.
+pub fn kind_of(e: &VolumeError) -> RefusalKind {
+    use RefusalKind::*;
+    match e {
+        VolumeError::NotFound { .. } => Missing,
+        VolumeError::DriveAbsent { .. }
+        | VolumeError::DriveMissing { .. }
+        | VolumeError::DriveFailing { .. }
+        | VolumeError::DriveReleasing { .. }
+        | VolumeError::FailedByRelease { .. }
+        | VolumeError::Lost { .. }
+        | VolumeError::AttachedElsewhere { .. }
+        | VolumeError::WrongAccessType { .. }
+        | VolumeError::WrongFilesystem { .. }
+        | VolumeError::FilesystemFound { .. }
+        | VolumeError::AdoptedUnreadable { .. }
+        | VolumeError::AdoptedNotDirectory { .. } => Unusable,
+        VolumeError::Busy { .. }
+        | VolumeError::NotReady
+        | VolumeError::DeleteUnfinished { .. }
+        | VolumeError::DriveGoneDuringCreate { .. }
+        | VolumeError::Disk { .. }
+        | VolumeError::ForeignData { .. }
+        | VolumeError::Store(_)
+        | VolumeError::Panicked { .. } => Transient,
+        // Refusals of node calls and of other controller calls: an attach never gets
+        // them; should one come, retrying with backoff is the safe reading.
+        VolumeError::InvalidArgument { .. }
+        | VolumeError::AlreadyExists { .. }
+        | VolumeError::ResourceExhausted { .. }
+        | VolumeError::OutOfRange { .. }
+        | VolumeError::PathNotFound { .. }
+        | VolumeError::StillAttached { .. }
+        | VolumeError::NotStaged { .. }
+        | VolumeError::AlreadyStaged { .. }
+        | VolumeError::PublishBeforeStage { .. }
+        | VolumeError::StillPublished { .. }
+        | VolumeError::StillStaged { .. }
+        | VolumeError::PartitionMounted { .. }
+        | VolumeError::StagedElsewhere { .. }
+        | VolumeError::StagedForOtherAccess { .. }
+        | VolumeError::BlockReadOnlyMixed { .. }
+        | VolumeError::SingleWriterInUse { .. }
+        | VolumeError::AdoptedFixedSize { .. }
+        | VolumeError::AdoptedFilesystem { .. }
+        | VolumeError::ExpandUnfinished { .. }
+        | VolumeError::CannotGrowExt4 { .. } => Transient,
+    }
+}
+
+/// What the volume manager's answer to "may this volume be attached?" means here.
+pub fn volume_state(answer: Result<(), VolumeError>) -> Result<VolumeState, VolumeCallError> {
+    match answer {
+        Ok(()) => Ok(VolumeState::Usable),
+        Err(e) => match kind_of(&e) {
+            RefusalKind::Missing => Ok(VolumeState::Missing),
+            RefusalKind::Unusable => Ok(VolumeState::Unusable { reason: e.why().unwrap_or_else(|| e.to_string()) }),
+            RefusalKind::Transient => Err(e.into()),
+        },
+    }
+}
+
+/// Why an in-process publish or unpublish (or the question before it) did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeCallError {
+    /// The volume manager refused or failed the call.
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+    /// The volume manager could not answer (restarting); the words say so.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl VolumeCallError {
+    /// How the attacher treats it.
+    pub fn kind(&self) -> RefusalKind {
+        match self {
+            VolumeCallError::Volume(e) => kind_of(e),
+            VolumeCallError::Unavailable(_) => RefusalKind::Transient,
+        }
+    }
 }
 
 /// Retry delays (base and cap come from config).
@@ -329,11 +429,10 @@ fn has_finalizer<K: Resource>(obj: &K, finalizer: &str) -> bool {
 /// The in-process CSI controller calls the executor makes; the actor wiring implements
 /// them by asking the VolumeManager.
 pub trait VolumeOps {
-    /// ControllerPublishVolume of `spec` to `node`, answering the publish context; the
-    /// error is the whole error chain in plain words.
-    fn publish(&self, spec: &PublishSpec, node: &str) -> impl Future<Output = Result<BTreeMap<String, String>, String>> + Send;
+    /// ControllerPublishVolume of `spec` to `node`, answering the publish context.
+    fn publish(&self, spec: &PublishSpec, node: &str) -> impl Future<Output = Result<BTreeMap<String, String>, VolumeCallError>> + Send;
     /// ControllerUnpublishVolume of `volume_id` from `node`.
-    fn unpublish(&self, volume_id: &str, node: &str) -> impl Future<Output = Result<(), String>> + Send;
+    fn unpublish(&self, volume_id: &str, node: &str) -> impl Future<Output = Result<(), VolumeCallError>> + Send;
 }
 
 /// Errors talking to the API server while carrying out actions.
@@ -408,7 +507,7 @@ impl Executor {
                     }
                     Err(e) => Some(attach_failed(
                         format!("publishing volume {}: {e}", spec.volume_id),
-                        false,
+                        e.kind() == RefusalKind::Unusable,
                         failures,
                         &self.policy,
                     )),
@@ -866,6 +965,56 @@ mod tests {
             let obs = Observed { va, pv, other_attachments: others, volume: &volume, failures };
             assert_eq!(reconcile(&obs, &identity(), &policy()), want, "{case}");
         }
+    }
+
+    #[test]
+    fn the_volume_managers_answer_decides_missing_unusable_or_retry_by_variant() {
+        use crate::actors::volumes::health::DriveUseState;
+        type E = crate::actors::volumes::VolumeError;
+        let v = || "v1".to_string();
+        let d = || "d1".to_string();
+        // (answer, what the attacher makes of it: the volume state, or None for a retry with backoff)
+        let table: Vec<(Result<(), E>, Option<VolumeState>)> = vec![
+            (Ok(()), Some(VolumeState::Usable)),
+            (Err(E::NotFound { volume_id: v() }), Some(VolumeState::Missing)),
+            (
+                Err(E::DriveFailing { volume_id: v(), drive_id: d(), health: "12 reallocated sectors".into() }),
+                Some(VolumeState::Unusable {
+                    reason: "lives on drive d1 which is failing (12 reallocated sectors); it takes no new attachments: move the data to another volume".into(),
+                }),
+            ),
+            (
+                Err(E::DriveReleasing { volume_id: v(), drive_id: d(), state: DriveUseState::Released, reason: "asked".into() }),
+                Some(VolumeState::Unusable {
+                    reason: "lives on drive d1 which is released (asked); it takes no new attachments: move the data to another volume".into(),
+                }),
+            ),
+            (
+                Err(E::DriveMissing { volume_id: v(), drive_id: d() }),
+                Some(VolumeState::Unusable { reason: "lives on drive d1 which is missing from this node; put the drive back".into() }),
+            ),
+            (
+                Err(E::AttachedElsewhere { volume_id: v(), node: "n2".into() }),
+                Some(VolumeState::Unusable { reason: "is already attached to node n2; a local volume serves one node".into() }),
+            ),
+            (
+                Err(E::WrongAccessType { volume_id: v(), block: false, call: "published" }),
+                Some(VolumeState::Unusable { reason: "was created for filesystem access; it cannot be published for block access".into() }),
+            ),
+            (Err(E::Busy { volume_id: v() }), None),
+            (Err(E::NotReady), None),
+        ];
+        for (answer, want) in table {
+            let shown = format!("{answer:?}");
+            match (volume_state(answer), want) {
+                (Ok(got), Some(want)) => assert_eq!(got, want, "{shown}"),
+                (Err(e), None) => assert_eq!(e.kind(), RefusalKind::Transient, "{shown}"),
+                (got, want) => panic!("{shown}: got {got:?}, want {want:?}"),
+            }
+        }
+        let gone = VolumeCallError::Unavailable("the volume manager did not answer: Mailbox has closed".into());
+        assert_eq!(gone.kind(), RefusalKind::Transient);
+        assert_eq!(gone.to_string(), "the volume manager did not answer: Mailbox has closed");
     }
 
     #[test]

@@ -29,6 +29,7 @@ fn create(name: &str, required: u64) -> CreateVolume {
         block: false,
         fs_type: String::new(),
         parameters: BTreeMap::new(),
+        source: None,
     }
 }
 
@@ -274,4 +275,87 @@ fn a_check_racing_an_operation_is_dropped() {
     drop(claim);
     assert!(b.checked(id, vec![]));
     assert!(!b.checked("nope".into(), vec![]));
+}
+
+#[test]
+fn clone_decisions() {
+    // Sources on d1: 1 at 1 MiB (ext4, 32 MiB), and variants of it.
+    let src = |n: u8, f: &dyn Fn(&mut VolumeRecord)| {
+        let mut r = available(n);
+        r.start = n as u64 * 64 * MIB;
+        r.size = 32 * MIB;
+        f(&mut r);
+        r
+    };
+    let stage = |readonly: bool| Staging { path: "/k/s".into(), block: false, flags: vec![], readonly, done: true };
+    let plain = src(1, &|_| {});
+    let rw = src(2, &|r| r.staging = Some(stage(false)));
+    let ro = src(3, &|r| r.staging = Some(stage(true)));
+    let lost = src(4, &|r| r.lost = true);
+    let adopted = src(5, &|r| r.adopted = Some(crate::actors::volumes::model::Adopted { path: "/mnt/disks/a".into(), pv_name: "pv-a".into() }));
+    let deleting = src(6, &|r| r.state = VolumeState::Deleting);
+    let blank = src(7, &|r| {
+        r.formatted = false;
+        r.fs_type = String::new();
+    });
+    let xfs = src(8, &|r| r.fs_type = "xfs".into());
+    let b = book_with(vec![plain.clone(), rw.clone(), ro.clone(), lost.clone(), adopted.clone(), deleting.clone(), blank.clone(), xfs.clone()]);
+    let of = |s: &VolumeRecord, required: u64, limit: u64, f: &dyn Fn(&mut CreateVolume)| {
+        let mut m = CreateVolume { source: Some(s.id.clone()), range: CapacityRange { required, limit }, ..create("pvc-clone", 0) };
+        f(&mut m);
+        m
+    };
+    // (request, expected: size and filesystem of the new clone, or the error's words)
+    type Want = Result<(u64, &'static str), &'static str>;
+    let table: Vec<(CreateVolume, Want)> = vec![
+        (of(&plain, 0, 0, &|_| {}), Ok((32 * MIB, "ext4"))),
+        (of(&plain, 8 * MIB, 0, &|_| {}), Ok((32 * MIB, "ext4"))),
+        (of(&plain, 48 * MIB, 0, &|_| {}), Ok((48 * MIB, "ext4"))),
+        (of(&xfs, 0, 0, &|_| {}), Ok((300 * MIB, "xfs"))),
+        (of(&ro, 0, 0, &|_| {}), Ok((32 * MIB, "ext4"))),
+        (of(&blank, 0, 0, &|m| m.fs_type = "xfs".into()), Ok((300 * MIB, "xfs"))),
+        (of(&plain, 0, 16 * MIB, &|_| {}), Err("needs at least 32.0 MiB (the size of the source), but limit_bytes allows 16.0 MiB")),
+        (of(&plain, 0, 0, &|m| m.source = Some("nope".into())), Err("source volume nope does not exist on this node")),
+        (of(&plain, 0, 0, &|m| m.block = true), Err("it is a filesystem volume; a clone of it cannot be a block volume")),
+        (of(&plain, 0, 0, &|m| m.fs_type = "xfs".into()), Err("it holds ext4, not xfs")),
+        (of(&rw, 0, 0, &|_| {}), Err("it is mounted read-write at /k/s")),
+        (of(&lost, 0, 0, &|_| {}), Err("the data is gone")),
+        (of(&adopted, 0, 0, &|_| {}), Err("it is adopted from /mnt/disks/a")),
+        (of(&deleting, 0, 0, &|_| {}), Err("another operation on volume")),
+    ];
+    for (m, want) in table {
+        let what = format!("{:?} of {:?} ({:?})", m.source, m.range, m.fs_type);
+        match (b.plan_create(&m), want) {
+            (Ok(CreatePlan::New(r)), Ok((size, fs))) => {
+                assert_eq!((r.size, r.fs_type.as_str(), r.clone_of.as_ref()), (size, fs, m.source.as_ref()), "{what}");
+                assert!(!r.formatted, "{what}: formatted only once the copy is done");
+            }
+            (Err(e), Err(words)) => assert!(e.to_string().contains(words), "{what}: {e}"),
+            (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_health_list_pages_only_abnormal_volumes_and_storage_health_counts_missing_drives() {
+    let mut on_gone = available(2);
+    on_gone.drive_id = "gone".into();
+    let mut also_gone = available(4);
+    also_gone.drive_id = "gone".into();
+    let mut creating = available(5);
+    creating.drive_id = "gone".into();
+    creating.state = VolumeState::Creating;
+    let b = book_with(vec![available(1), on_gone, available(3), also_gone, creating]);
+    let (page, next) = b.page_where(None, 1, true).expect("ready");
+    assert_eq!(page.iter().map(|s| s.record.id.clone()).collect::<Vec<_>>(), vec![available(2).id]);
+    assert!(page[0].condition.abnormal && !page[0].condition.entries.is_empty());
+    let (page, next) = b.page_where(next.as_deref(), 1, true).expect("ready");
+    assert_eq!(page.iter().map(|s| s.record.id.clone()).collect::<Vec<_>>(), vec![available(4).id]);
+    assert_eq!(next, None, "no token when nothing unhealthy follows (a healthy volume does)");
+    assert_eq!(b.page_where(None, 0, false).expect("ready").0.len(), 4, "all shown volumes without the filter");
+    let st = b.storage_health().expect("ready");
+    assert_eq!(st.len(), 1, "{st:?}");
+    assert_eq!((st[0].status, st[0].reason), (health::StorageStatus::StorageUnreachable, health::Reason::DriveMissing));
+    assert!(st[0].message.contains("drive gone holding 2 volumes"), "a volume being created does not count: {}", st[0].message);
+    assert!(matches!(VolumeBook::new(VolumesConfig::default(), false).storage_health(), Err(VolumeError::NotReady)));
 }

@@ -47,10 +47,10 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::{
-    publish_spec, reconcile, reconcile_pv, Action, AttachError, Executor, Observed, PublishSpec, RetryPolicy, VolumeOps,
-    VolumeState,
+    publish_spec, reconcile, reconcile_pv, Action, AttachError, Executor, Observed, PublishSpec, RetryPolicy, VolumeCallError,
+    VolumeOps, VolumeState,
 };
-use crate::actors::volumes::{AttachPreview, AttachVolume, DetachVolume, VolumeError, VolumeManager, WaitReady};
+use crate::actors::volumes::{AttachPreview, AttachVolume, DetachVolume, VolumeManager, WaitReady};
 use crate::backoff::backoff;
 use crate::k8s::identity::Identity;
 use crate::k8s::workqueue::{Outcome, WorkQueue};
@@ -70,7 +70,7 @@ pub const READY_RETRY: Duration = Duration::from_secs(1);
 pub trait AttachBackend: VolumeOps + Clone + Unpin + 'static {
     /// Whether publishing `spec` to `node` would be accepted now; `Err` when the volume
     /// side cannot tell yet (starting, busy), which is retried with backoff.
-    fn volume_state(&self, spec: &PublishSpec, node: &str) -> impl Future<Output = Result<VolumeState, String>> + Send;
+    fn volume_state(&self, spec: &PublishSpec, node: &str) -> impl Future<Output = Result<VolumeState, VolumeCallError>> + Send;
 
     /// Resolves once the volume side is ready to answer (start-up done); the queue runs
     /// nothing before.
@@ -99,35 +99,25 @@ fn attach_message(spec: &PublishSpec, node: &str) -> AttachVolume {
     }
 }
 
+fn unanswered(e: actix::MailboxError) -> VolumeCallError {
+    VolumeCallError::Unavailable(format!("the volume manager did not answer: {e}"))
+}
+
 impl VolumeOps for ManagerBackend {
-    async fn publish(&self, spec: &PublishSpec, node: &str) -> Result<BTreeMap<String, String>, String> {
-        match self.volumes.send(attach_message(spec, node)).await {
-            Ok(Ok(context)) => Ok(context.to_map()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(format!("the volume manager did not answer: {e}")),
-        }
+    async fn publish(&self, spec: &PublishSpec, node: &str) -> Result<BTreeMap<String, String>, VolumeCallError> {
+        let context = self.volumes.send(attach_message(spec, node)).await.map_err(unanswered)??;
+        Ok(context.to_map())
     }
 
-    async fn unpublish(&self, volume_id: &str, node: &str) -> Result<(), String> {
+    async fn unpublish(&self, volume_id: &str, node: &str) -> Result<(), VolumeCallError> {
         let m = DetachVolume { volume_id: volume_id.to_string(), node_id: Some(node.to_string()) };
-        match self.volumes.send(m).await {
-            Ok(res) => res.map_err(|e| e.to_string()),
-            Err(e) => Err(format!("the volume manager did not answer: {e}")),
-        }
+        Ok(self.volumes.send(m).await.map_err(unanswered)??)
     }
 }
 
 impl AttachBackend for ManagerBackend {
-    async fn volume_state(&self, spec: &PublishSpec, node: &str) -> Result<VolumeState, String> {
-        match self.volumes.send(AttachPreview(attach_message(spec, node))).await {
-            Ok(Ok(())) => Ok(VolumeState::Usable),
-            Ok(Err(VolumeError::NotFound { .. })) => Ok(VolumeState::Missing),
-            // Any refusal of the volume's state (drive failing, releasing or gone,
-            // attached elsewhere, ...) is one the attachment waits out.
-            Ok(Err(e)) if e.why().is_some() => Ok(VolumeState::Unusable { reason: e.why().unwrap_or_default() }),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(format!("the volume manager did not answer: {e}")),
-        }
+    async fn volume_state(&self, spec: &PublishSpec, node: &str) -> Result<VolumeState, VolumeCallError> {
+        super::volume_state(self.volumes.send(AttachPreview(attach_message(spec, node))).await.map_err(unanswered)?)
     }
 
     async fn wait_ready(&self) {

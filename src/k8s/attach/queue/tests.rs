@@ -10,6 +10,7 @@ use http::Method;
 use serde_json::{json, Value};
 
 use super::*;
+use crate::actors::volumes::VolumeError;
 use crate::k8s::attach::fixtures::*;
 use crate::k8s::fake_api::{fake_api_serving, list_of, respond, FakeApi, Script};
 
@@ -60,21 +61,21 @@ impl FakeBackend {
 }
 
 impl VolumeOps for FakeBackend {
-    async fn publish(&self, spec: &PublishSpec, node: &str) -> Result<BTreeMap<String, String>, String> {
+    async fn publish(&self, spec: &PublishSpec, node: &str) -> Result<BTreeMap<String, String>, VolumeCallError> {
         self.calls.lock().expect("calls").push(format!("publish {} {node}", spec.volume_id));
         Ok(context())
     }
-    async fn unpublish(&self, volume_id: &str, node: &str) -> Result<(), String> {
+    async fn unpublish(&self, volume_id: &str, node: &str) -> Result<(), VolumeCallError> {
         self.calls.lock().expect("calls").push(format!("unpublish {volume_id} {node}"));
         Ok(())
     }
 }
 
 impl AttachBackend for FakeBackend {
-    async fn volume_state(&self, spec: &PublishSpec, _node: &str) -> Result<VolumeState, String> {
+    async fn volume_state(&self, spec: &PublishSpec, _node: &str) -> Result<VolumeState, VolumeCallError> {
         *self.asked.lock().expect("asked") += 1;
         if !*self.ready.borrow() {
-            return Err("the volume manager is still starting; retry shortly".into());
+            return Err(VolumeError::NotReady.into());
         }
         Ok(self.states.lock().expect("states").get(&spec.volume_id).cloned().unwrap_or(VolumeState::Missing))
     }

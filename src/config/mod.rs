@@ -12,7 +12,15 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
+
+use self::units::{de_duration, de_size};
+pub use self::units::{human_bytes, parse_duration, parse_size};
+
+/// Sizes and durations: parsing and showing.
+mod units;
+/// `Config::validate` and its checks.
+mod validate;
 
 /// Errors from loading or validating a configuration.
 #[derive(Debug, thiserror::Error)]
@@ -367,7 +375,11 @@ pub struct KubernetesConfig {
     /// Run the in-process attacher: VolumeAttachments of this driver and node are
     /// attached and detached here (no external-attacher sidecar).
     pub attach: bool,
-    /// Backoff after the first failed attach or detach; doubled per failure.
+    /// Run the in-process resizer: claims of this driver's volumes on this node that ask
+    /// for more are grown here (no external-resizer sidecar). Its retries use the attach
+    /// backoff settings; an infeasible size waits `attach_terminal_retry`.
+    pub resize: bool,
+    /// Backoff after the first failed attach or detach (or resize); doubled per failure.
     #[serde(deserialize_with = "de_duration")]
     pub attach_backoff_base: Duration,
     /// The longest backoff.
@@ -404,6 +416,7 @@ impl Default for KubernetesConfig {
             enabled: false,
             kubeconfig: PathBuf::new(),
             attach: true,
+            resize: true,
             attach_backoff_base: Duration::from_secs(1),
             attach_backoff_cap: Duration::from_secs(300),
             attach_terminal_retry: Duration::from_secs(600),
@@ -415,89 +428,6 @@ impl Default for KubernetesConfig {
             label_node: false,
         }
     }
-}
-
-/// Bytes in binary units, e.g. `1.9 GiB`: how sizes are shown to people (`ctl`, `csi`,
-/// Drive objects).
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
-}
-
-/// Parses a size: a whole number with an optional unit. `K`, `M`, `G`, `T` (and `KB`...)
-/// are powers of 1000; `Ki`, `Mi`, `Gi`, `Ti` (and `KiB`...) are powers of 1024.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    if num.is_empty() {
-        return Err(format!("\"{s}\" is not a size; write e.g. \"10GiB\", \"500M\" or \"1073741824\""));
-    }
-    let n: u64 = num.parse().map_err(|_| format!("\"{s}\": number too large"))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KB" | "k" | "kB" => 1000,
-        "M" | "MB" => 1000u64.pow(2),
-        "G" | "GB" => 1000u64.pow(3),
-        "T" | "TB" => 1000u64.pow(4),
-        "Ki" | "KiB" => 1 << 10,
-        "Mi" | "MiB" => 1 << 20,
-        "Gi" | "GiB" => 1 << 30,
-        "Ti" | "TiB" => 1 << 40,
-        other => {
-            return Err(format!(
-                "\"{s}\": unknown unit \"{other}\"; use one of K, M, G, T (powers of 1000) or Ki, Mi, Gi, Ti (powers of 1024)"
-            ))
-        }
-    };
-    n.checked_mul(mult).ok_or_else(|| format!("\"{s}\": size too large"))
-}
-
-/// Parses a duration: a whole number followed by `ms`, `s`, `m` or `h`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("\"{s}\" is not a duration; write e.g. \"30s\", \"5m\" or \"500ms\""))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(format!("\"{s}\": unit must be ms, s, m or h")),
-    };
-    Ok(d)
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum SizeRepr {
-    Int(u64),
-    Str(String),
-}
-
-fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    match SizeRepr::deserialize(d)? {
-        SizeRepr::Int(n) => Ok(n),
-        SizeRepr::Str(s) => parse_size(&s).map_err(serde::de::Error::custom),
-    }
-}
-
-fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
 impl Config {
@@ -545,149 +475,6 @@ impl Config {
         }
     }
 
-    /// Checks every value; the error names the key and what to change.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        validate_driver_name(&self.driver.name)?;
-        let node = &self.driver.node_name;
-        if node.is_empty() {
-            return Err(invalid(
-                "driver.node_name",
-                "is empty and neither NODE_NAME nor the host name is set; set driver.node_name or NODE_NAME",
-            ));
-        }
-        if node.len() > 128 || node.chars().any(|c| c.is_control() || c.is_whitespace()) {
-            return Err(invalid("driver.node_name", "must be at most 128 characters without spaces or control characters"));
-        }
-        if self.driver.max_volumes_per_node < 0 {
-            return Err(invalid("driver.max_volumes_per_node", "must be 0 (no limit) or a positive number"));
-        }
-        for (k, v) in &self.driver.topology {
-            let key = format!("driver.topology.\"{k}\"");
-            if k == crate::TOPOLOGY_NODE_KEY {
-                return Err(invalid(&key, "is set by drivelet itself from the node name; remove it"));
-            }
-            if !valid_label_key(k) {
-                return Err(invalid(&key, "is not a valid Kubernetes label key (optional DNS prefix, '/', then up to 63 of [A-Za-z0-9-_.])"));
-            }
-            if !valid_label_value(v) {
-                return Err(invalid(&key, format!("value \"{v}\" is not a valid Kubernetes label value (up to 63 of [A-Za-z0-9-_.], alphanumeric at both ends)")));
-            }
-        }
-        for (key, p) in [
-            ("paths.csi_socket", &self.paths.csi_socket),
-            ("paths.admin_socket", &self.paths.admin_socket),
-        ] {
-            check_socket_path(key, p)?;
-        }
-        if self.paths.csi_socket == self.paths.admin_socket {
-            return Err(invalid("paths.admin_socket", "must differ from paths.csi_socket"));
-        }
-        if !self.paths.state_dir.is_absolute() {
-            return Err(invalid("paths.state_dir", "must be an absolute path"));
-        }
-        if self.drives.rescan_interval < Duration::from_secs(1) {
-            return Err(invalid("drives.rescan_interval", "must be at least 1s (udev events do the live work; this is only a safety net)"));
-        }
-        for (i, g) in self.drives.filters.include_paths.iter().enumerate() {
-            check_glob(&format!("drives.filters.include_paths[{i}]"), g)?;
-        }
-        for (i, g) in self.drives.filters.exclude_paths.iter().enumerate() {
-            check_glob(&format!("drives.filters.exclude_paths[{i}]"), g)?;
-        }
-        for (i, g) in self.drives.filters.exclude_models.iter().enumerate() {
-            check_glob(&format!("drives.filters.exclude_models[{i}]"), g)?;
-        }
-        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
-            return Err(invalid("log.level", format!("\"{}\" is not a log filter; use e.g. \"info\", \"debug\" or \"drivelet=debug,info\"", self.log.level)));
-        }
-        if self.volumes.allowed_roots.is_empty() {
-            return Err(invalid("volumes.allowed_roots", "is empty; list the kubelet directory, e.g. [\"/var/lib/kubelet\"]"));
-        }
-        for (i, r) in self.volumes.allowed_roots.iter().enumerate() {
-            if !r.is_absolute() || r == Path::new("/") {
-                return Err(invalid(&format!("volumes.allowed_roots[{i}]"), "must be an absolute directory other than /"));
-            }
-        }
-        if self.volumes.default_size < (1 << 20) {
-            return Err(invalid("volumes.default_size", "must be at least 1MiB"));
-        }
-        if !matches!(self.volumes.default_fs.as_str(), "ext4" | "xfs") {
-            return Err(invalid("volumes.default_fs", format!("is \"{}\"; it must be ext4 or xfs", self.volumes.default_fs)));
-        }
-        if self.health.interval < Duration::from_secs(1) {
-            return Err(invalid("health.interval", "must be at least 1s"));
-        }
-        if self.health.volume_check_interval < Duration::from_millis(100) {
-            return Err(invalid("health.volume_check_interval", "must be at least 100ms"));
-        }
-        if self.health.jitter_percent > 50 {
-            return Err(invalid("health.jitter_percent", "must be between 0 and 50"));
-        }
-        if self.health.concurrency == 0 || self.health.concurrency > 64 {
-            return Err(invalid("health.concurrency", "must be between 1 and 64"));
-        }
-        if self.health.usage_threshold_percent == 0 || self.health.usage_threshold_percent > 100 {
-            return Err(invalid("health.usage_threshold_percent", "must be between 1 and 100"));
-        }
-        if self.health.fsck_runs == 0 || self.health.fsck_runs > 10 {
-            return Err(invalid("health.fsck_runs", "must be between 1 and 10"));
-        }
-        if !self.kubelet.dir.is_absolute() {
-            return Err(invalid("kubelet.dir", "must be an absolute path, e.g. \"/var/lib/kubelet\""));
-        }
-        if self.kubelet.registration {
-            let reg = self.registration_socket();
-            if reg.as_os_str().len() > 107 {
-                return Err(invalid(
-                    "kubelet.dir",
-                    format!("makes the registration socket path {} longer than 107 bytes, the limit of a unix socket path; choose a shorter directory", reg.display()),
-                ));
-            }
-            if reg == self.paths.csi_socket || reg == self.paths.admin_socket {
-                return Err(invalid("kubelet.dir", format!("makes the registration socket {} collide with paths.csi_socket or paths.admin_socket", reg.display())));
-            }
-        }
-        if !self.http.address.is_empty() && self.http.address.parse::<std::net::SocketAddr>().is_err() {
-            return Err(invalid("http.address", format!("\"{}\" is not host:port with a numeric host, e.g. \"0.0.0.0:9808\" or \"127.0.0.1:9808\"", self.http.address)));
-        }
-        let k = &self.kubernetes;
-        if k.enabled {
-            if !k.kubeconfig.as_os_str().is_empty() && !k.kubeconfig.is_absolute() {
-                return Err(invalid("kubernetes.kubeconfig", "must be an absolute path, or empty for the in-cluster service account"));
-            }
-            if k.attach_backoff_base < Duration::from_millis(10) {
-                return Err(invalid("kubernetes.attach_backoff_base", "must be at least 10ms"));
-            }
-            if k.attach_backoff_cap < k.attach_backoff_base {
-                return Err(invalid("kubernetes.attach_backoff_cap", "must be at least kubernetes.attach_backoff_base"));
-            }
-            if k.attach_terminal_retry < Duration::from_secs(1) {
-                return Err(invalid("kubernetes.attach_terminal_retry", "must be at least 1s"));
-            }
-            if k.resync_interval != Duration::ZERO && k.resync_interval < Duration::from_secs(10) {
-                return Err(invalid("kubernetes.resync_interval", "must be 0s (off) or at least 10s"));
-            }
-            if k.drive_resync_interval < Duration::from_secs(10) {
-                return Err(invalid("kubernetes.drive_resync_interval", "must be at least 10s"));
-            }
-        }
-        if self.demo.enabled {
-            if !self.drives.allow_loop {
-                return Err(invalid("demo.enabled", "needs drives.allow_loop = true, or drivelet would ignore its own demo drives"));
-            }
-            if !self.demo.dir.is_absolute() {
-                return Err(invalid("demo.dir", "must be an absolute path"));
-            }
-            if self.demo.drives == 0 || self.demo.drives > 64 {
-                return Err(invalid("demo.drives", "must be between 1 and 64"));
-            }
-            if self.demo.size < (64 << 20) {
-                return Err(invalid("demo.size", "must be at least 64MiB"));
-            }
-        }
-        Ok(())
-    }
-
     /// Where kubelet's plugin watcher looks for this driver's registration socket:
     /// `<kubelet.dir>/plugins_registry/<driver.name>-reg.sock`.
     pub fn registration_socket(&self) -> PathBuf {
@@ -700,67 +487,6 @@ impl Config {
         t.insert(crate::TOPOLOGY_NODE_KEY.to_string(), self.driver.node_name.clone());
         t
     }
-}
-
-fn check_socket_path(key: &str, p: &Path) -> Result<(), ConfigError> {
-    if !p.is_absolute() {
-        return Err(invalid(key, "must be an absolute path"));
-    }
-    // sun_path holds 108 bytes including the terminating NUL.
-    if p.as_os_str().len() > 107 {
-        return Err(invalid(key, "is longer than 107 bytes, the limit of a unix socket path; choose a shorter path"));
-    }
-    Ok(())
-}
-
-fn check_glob(key: &str, g: &str) -> Result<(), ConfigError> {
-    glob::Pattern::new(g)
-        .map(|_| ())
-        .map_err(|e| invalid(key, format!("\"{g}\" is not a valid glob: {e}")))
-}
-
-/// CSI: at most 63 characters, domain notation, alphanumeric at both ends.
-fn validate_driver_name(name: &str) -> Result<(), ConfigError> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if ok {
-        Ok(())
-    } else {
-        Err(invalid("driver.name", format!("\"{name}\" must be a domain-style name of at most 63 characters ([a-z0-9.-], alphanumeric at both ends), e.g. csi.drivelet.io")))
-    }
-}
-
-fn valid_label_value(v: &str) -> bool {
-    v.is_empty()
-        || (v.len() <= 63
-            && v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            && v.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && v.ends_with(|c: char| c.is_ascii_alphanumeric()))
-}
-
-fn valid_label_key(k: &str) -> bool {
-    let (prefix, name) = match k.rsplit_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, k),
-    };
-    if let Some(p) = prefix {
-        let dns_ok = !p.is_empty()
-            && p.len() <= 253
-            && p.split('.').all(|l| {
-                !l.is_empty()
-                    && l.len() <= 63
-                    && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                    && !l.starts_with('-')
-                    && !l.ends_with('-')
-            });
-        if !dns_ok {
-            return false;
-        }
-    }
-    !name.is_empty() && valid_label_value(name)
 }
 
 #[cfg(test)]

@@ -1,0 +1,78 @@
+//! The disk step of a clone: the source's data copied onto the new volume's wiped
+//! partition, inside CreateVolume, before the volume is handed out.
+//!
+//! Rules (crash safety is the create's: the record stays `Creating`, with its source
+//! named, until the copy is complete and on disk, and a restart rolls a `Creating`
+//! record back, so a half copy is never served; a retried CreateVolume copies again
+//! from the start onto a freshly wiped partition):
+//! - a filesystem source is copied by the filesystem's own tool, used blocks only
+//!   ([`disk::copy`]), given a fresh UUID, grown to the clone's size, fsynced and
+//!   checked read-only; a copy that does not check clean fails the create (which then
+//!   rolls back);
+//! - a block source is copied byte for byte, its whole length, then fsynced; what a
+//!   larger clone holds past that length is not defined (as for any new block volume);
+//! - a filesystem source that was never formatted holds no data: nothing is copied and
+//!   the clone is formatted at its first stage, like any new volume;
+//! - the source is read and never written; the caller has checked that it is not
+//!   mounted read-write and holds its claim while this runs.
+
+use std::time::Instant;
+
+use tracing::info;
+
+use super::model::VolumeRecord;
+use super::ops::DriveLoc;
+use super::VolumeError;
+use crate::disk::{blkpg, copy, fs, DiskError};
+use crate::failpoint::crash_point;
+
+/// The source of a clone, for the disk step.
+#[derive(Debug, Clone)]
+pub struct CloneFrom {
+    /// The source's record, as it was when the clone began.
+    pub source: VolumeRecord,
+    /// Its drive.
+    pub loc: DriveLoc,
+}
+
+fn disk(id: &str, op: &'static str) -> impl FnOnce(DiskError) -> VolumeError {
+    let volume_id = id.to_string();
+    move |source| VolumeError::Disk { volume_id, op, source }
+}
+
+/// Copies `from`'s data onto `dst`, the new volume `rec`'s wiped partition, and
+/// records in `rec` what the copy made (a formatted filesystem of the source's type).
+pub fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &CloneFrom) -> Result<(), VolumeError> {
+    let src = &from.source;
+    let id = rec.id.clone();
+    let began = Instant::now();
+    let kp = blkpg::ensure_kernel_partition(&from.loc.path, src.start, src.size).map_err(disk(&id, "find the source's partition"))?;
+    copy::drop_cache(&kp.devnode).map_err(disk(&id, "read the source from the disk"))?;
+    if rec.block {
+        info!(volume.id = %id, volume.source = %src.id, volume.size = src.size, "cloning a block volume, every byte");
+        let bytes = copy::copy_bytes(&kp.devnode, &dst.devnode).map_err(disk(&id, "copy the source's bytes"))?;
+        copy::sync(&dst.devnode).map_err(disk(&id, "flush the copy"))?;
+        crash_point!("clone.copied");
+        info!(volume.id = %id, volume.source = %src.id, clone.bytes = bytes, clone.millis = began.elapsed().as_millis() as u64, "volume cloned");
+        return Ok(());
+    }
+    if !src.formatted || src.fs_type.is_empty() {
+        info!(volume.id = %id, volume.source = %src.id, "the source was never formatted: the clone starts empty");
+        return Ok(());
+    }
+    let fs_type = src.fs_type.clone();
+    let found = fs::probe_fs(&kp.devnode).map_err(disk(&id, "probe the source's filesystem"))?;
+    if found.as_deref() != Some(fs_type.as_str()) {
+        return Err(VolumeError::SourceChanged { volume_id: id, source_id: src.id.clone(), expected: fs_type, found });
+    }
+    info!(volume.id = %id, volume.source = %src.id, volume.fs = %fs_type, volume.size = rec.size, "cloning a filesystem, used blocks only");
+    let uuid = copy::fs_uuid(&kp.devnode).map_err(disk(&id, "read the source's filesystem UUID"))?;
+    copy::copy_filesystem(&kp.devnode, &dst.devnode, &fs_type).map_err(disk(&id, "copy the source's filesystem"))?;
+    crash_point!("clone.copied");
+    copy::finish_filesystem(&dst.devnode, &fs_type, uuid.as_deref(), rec.size > src.size).map_err(disk(&id, "make the copy a filesystem of its own"))?;
+    crash_point!("clone.finished");
+    rec.formatted = true;
+    rec.fs_type = fs_type;
+    info!(volume.id = %id, volume.source = %src.id, clone.millis = began.elapsed().as_millis() as u64, "volume cloned");
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! Copies of one device's data onto another, for clones: the filesystem's own copy
+//! tools where they exist, bytes otherwise.
+//!
+//! Rules:
+//! - only what the filesystem uses is copied where a tool allows it: ext4 by
+//!   `e2image -ra` (used blocks), xfs by `xfs_copy` (used blocks); anything else (a
+//!   block volume) byte for byte, the whole length of the source;
+//! - the source is only read, from the disk itself ([`drop_cache`] first: a filesystem
+//!   writes file data past the device's cache, so cached blocks may be stale); that
+//!   nothing writes to it meanwhile is the caller's rule (it is not mounted
+//!   read-write);
+//! - a filesystem copy gets a fresh UUID (`xfs_copy` makes one; ext4 by
+//!   `tune2fs -U random`), because two filesystems with one UUID confuse udev's
+//!   `by-uuid` links and the kernel refuses to mount a second xfs with the same UUID;
+//! - it then grows to fill the target: ext4 offline (`e2fsck -fp`, then `resize2fs`),
+//!   xfs through a mount that exists only in a private mount namespace
+//!   (`unshare -m`), so nothing is left mounted on the host if drivelet dies midway;
+//! - the target is fsynced, and a filesystem copy must then check clean read-only
+//!   (`e2fsck -fn`, `xfs_repair -n`), or the copy is an error;
+//! - a tool's failure carries its exit status and stderr.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::Command;
+
+use super::fs::{self, Fsck};
+use super::DiskError;
+
+/// Bytes read and written at a time by [`copy_bytes`].
+const CHUNK: usize = 4 << 20;
+
+/// Runs a tool and fails with its words unless it exits 0 (or with one of `ok`). The
+/// tool dies with the thread that runs it (`PR_SET_PDEATHSIG`): after a `kill -9` of
+/// drivelet no copy goes on writing to a partition a restart rolls back or a retry
+/// copies onto again.
+fn tool(name: &str, cmd: &mut Command, on: &Path, ok: &[i32]) -> Result<(), DiskError> {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl,
+    // which is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = fs::run(name, cmd)?;
+    match out.status.code() {
+        Some(0) => Ok(()),
+        Some(c) if ok.contains(&c) => Ok(()),
+        _ => Err(fs::tool_error(name, on, &out)),
+    }
+}
+
+/// Runs `script` under `sh` in a private mount namespace whose `/var/tmp` is a fresh
+/// tmpfs: whatever it mounts there, and any file a tool leaves there, is gone with the
+/// namespace. `args` are the script's `$1`, `$2`, ...
+fn in_private_namespace(name: &str, script: &str, args: &[&Path], on: &Path) -> Result<(), DiskError> {
+    let full = format!("mount -t tmpfs -o mode=0700 drivelet-clone /var/tmp && {script}");
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", &full, "sh"]).args(args);
+    tool(name, &mut cmd, on, &[])
+}
+
+/// The raw ioctl, kept private to this file.
+mod sys {
+    nix::ioctl_none!(
+        /// `BLKFLSBUF`: write out and drop a block device's buffer cache.
+        blkflsbuf,
+        0x12,
+        97
+    );
+}
+
+/// Drops what the kernel caches of a device's blocks (`BLKFLSBUF`, as `blockdev
+/// --flushbufs`), so the next reads come from the disk. A filesystem writes file data
+/// past the device's cache: blocks cached before (by mkfs, a probe, a check) would
+/// otherwise be read stale by a copy after the filesystem is unmounted.
+pub fn drop_cache(dev: &Path) -> Result<(), DiskError> {
+    use std::os::unix::io::AsRawFd;
+    let f = File::open(dev).map_err(DiskError::io(format!("open {}", dev.display())))?;
+    // SAFETY: the fd is open for the whole call and BLKFLSBUF takes no argument.
+    unsafe { sys::blkflsbuf(f.as_raw_fd()) }.map_err(DiskError::errno(format!("drop the cache of {} (BLKFLSBUF)", dev.display())))?;
+    Ok(())
+}
+
+/// The filesystem UUID on a device (`blkid -p`), if it has one.
+pub fn fs_uuid(dev: &Path) -> Result<Option<String>, DiskError> {
+    let out = fs::run("blkid", Command::new("blkid").arg("-p").arg("-o").arg("export").arg(dev))?;
+    match out.status.code() {
+        Some(0) => Ok(fs::export_value(&String::from_utf8_lossy(&out.stdout), "UUID").map(str::to_string)),
+        Some(2) => Ok(None),
+        _ => Err(fs::tool_error("blkid", dev, &out)),
+    }
+}
+
+/// Copies the used blocks of the `fs` filesystem on `src` onto `dst` (which must be
+/// at least as large and hold nothing of value): `e2image -ra` for ext4, `xfs_copy`
+/// for xfs (in a private namespace: it leaves a log file in `/var/tmp`).
+pub fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str) -> Result<(), DiskError> {
+    match fs_type {
+        "ext4" => tool("e2image", Command::new("e2image").arg("-ra").arg(src).arg(dst), src, &[]),
+        "xfs" => in_private_namespace("xfs_copy", r#"exec xfs_copy "$1" "$2" >/dev/null"#, &[src, dst], src),
+        other => Err(DiskError::invalid(format!("cannot copy a {other:?} filesystem from {}: supported are ext4 and xfs", src.display()))),
+    }
+}
+
+/// Copies every byte of `src` onto the start of `dst` (at least as large); answers the
+/// bytes copied.
+pub fn copy_bytes(src: &Path, dst: &Path) -> Result<u64, DiskError> {
+    let len = fs::device_size(src)?;
+    let room = fs::device_size(dst)?;
+    if room < len {
+        return Err(DiskError::invalid(format!("{} holds {room} bytes, less than the {len} of {}", dst.display(), src.display())));
+    }
+    let mut from = File::open(src).map_err(DiskError::io(format!("open {}", src.display())))?;
+    let mut to = OpenOptions::new().write(true).open(dst).map_err(DiskError::io(format!("open {}", dst.display())))?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut done = 0u64;
+    while done < len {
+        let want = ((len - done) as usize).min(CHUNK);
+        from.read_exact(&mut buf[..want]).map_err(DiskError::io(format!("read {} at byte {done}", src.display())))?;
+        to.write_all(&buf[..want]).map_err(DiskError::io(format!("write {} at byte {done}", dst.display())))?;
+        done += want as u64;
+    }
+    Ok(done)
+}
+
+/// Flushes a device's written data to stable storage.
+pub fn sync(dev: &Path) -> Result<(), DiskError> {
+    let f = OpenOptions::new().write(true).open(dev).map_err(DiskError::io(format!("open {}", dev.display())))?;
+    f.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
+}
+
+/// Makes the filesystem copied onto `dst` its own: a UUID other than `src_uuid`, grown
+/// to fill `dst` when `grow`, fsynced, then checked read-only (it must be clean).
+pub fn finish_filesystem(dst: &Path, fs_type: &str, src_uuid: Option<&str>, grow: bool) -> Result<(), DiskError> {
+    match fs_type {
+        "ext4" => {
+            // e2fsck 1 = errors corrected (a preen of a clean copy corrects nothing).
+            tool("e2fsck", Command::new("e2fsck").arg("-f").arg("-p").arg(dst), dst, &[1])?;
+            tool("tune2fs", Command::new("tune2fs").args(["-U", "random"]).arg(dst), dst, &[])?;
+            if grow {
+                tool("resize2fs", Command::new("resize2fs").arg(dst), dst, &[])?;
+            }
+        }
+        "xfs" => {
+            if src_uuid.is_some() && fs_uuid(dst)?.as_deref() == src_uuid {
+                tool("xfs_admin", Command::new("xfs_admin").args(["-U", "generate"]).arg(dst), dst, &[])?;
+            }
+            if grow {
+                let script = r#"mkdir /var/tmp/m && mount -t xfs "$1" /var/tmp/m && { xfs_growfs /var/tmp/m >/dev/null; rc=$?; umount /var/tmp/m || rc=1; exit $rc; }"#;
+                in_private_namespace("xfs_growfs", script, &[dst], dst)?;
+            }
+        }
+        other => return Err(DiskError::invalid(format!("cannot finish a {other:?} filesystem on {}", dst.display()))),
+    }
+    sync(dst)?;
+    let uuid = fs_uuid(dst)?;
+    if uuid.is_none() || uuid.as_deref() == src_uuid {
+        return Err(DiskError::Tool {
+            tool: "blkid".into(),
+            message: format!("the copy on {} did not get a UUID of its own ({uuid:?})", dst.display()),
+        });
+    }
+    match fs::check_readonly(dst, fs_type) {
+        Fsck::Clean => Ok(()),
+        Fsck::Corrupt(words) | Fsck::Undecided(words) => {
+            Err(DiskError::Tool { tool: "fsck".into(), message: format!("the copy on {} does not check clean: {words}", dst.display()) })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_ext4_and_xfs_are_copied_as_filesystems() {
+        let err = copy_filesystem(Path::new("/dev/null"), Path::new("/dev/zero"), "btrfs").unwrap_err();
+        assert!(err.to_string().contains("btrfs") && err.to_string().contains("/dev/null"), "{err}");
+        let err = finish_filesystem(Path::new("/dev/null"), "vfat", None, false).unwrap_err();
+        assert!(err.to_string().contains("vfat"), "{err}");
+    }
+}

@@ -1,0 +1,312 @@
+//! The GPT writer: adds, removes and resizes drivelet partitions. Every change is
+//! judged first ([`judge`]), written backup copy first and fsynced, serialised within the
+//! process (see the rules of [`super`]).
+
+use super::examine::{judge, judge_gpt, open_to_inspect, refuse, Judged};
+use super::*;
+
+/// Serialises GPT changes within this process; the callers' [`crate::disk::lock::DiskLock`]
+/// keeps udev and other processes out.
+static GPT_WRITE: Mutex<()> = Mutex::new(());
+
+fn check_extent(dev: &Path, start: u64, size: u64) -> Result<(), DiskError> {
+    if size == 0 || !start.is_multiple_of(ALIGN) || !size.is_multiple_of(ALIGN) || start.checked_add(size).is_none() {
+        return Err(DiskError::invalid(format!(
+            "{}: partition [{start}, +{size}) bytes is empty or not aligned to {ALIGN} bytes",
+            dev.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks `[first, last]` (LBAs) lies in the usable area of the GPT and within the device.
+fn check_usable(dev: &Path, disk: &GptDisk<&File>, first: u64, last: u64, size: u64, sector: u64) -> Result<(), DiskError> {
+    let h = disk.header();
+    if first < h.first_usable || last > h.last_usable || (last + 1) * sector > size {
+        return Err(DiskError::Conflict {
+            device: dev.to_path_buf(),
+            start: first * sector,
+            size: (last + 1 - first) * sector,
+            reason: format!(
+                "outside the usable area of the GPT, bytes [{}, {})",
+                h.first_usable * sector,
+                (h.last_usable + 1) * sector
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn overlaps(p: &Partition, first: u64, last: u64) -> bool {
+    p.first_lba <= last && first <= p.last_lba
+}
+
+/// Replaces the entries of the table in memory (headers follow the device's size).
+pub(super) fn set_entries(dev: &Path, disk: &mut GptDisk<&File>, parts: BTreeMap<u32, Partition>) -> Result<(), DiskError> {
+    disk.update_partitions(parts).map_err(gpt_error(dev, "update the partition table"))?;
+    // The headers now place the backup at the device's end; a device that shrank below
+    // the table's usable area would put the backup entries over partitions.
+    let h = disk.header();
+    let entry_lbs = (u64::from(h.num_parts) * u64::from(h.part_size)).div_ceil(disk.logical_block_size().as_u64());
+    if h.last_usable + entry_lbs >= h.backup_lba {
+        return Err(DiskError::Gpt {
+            device: dev.to_path_buf(),
+            reason: format!(
+                "the device is smaller than its GPT says (usable area ends at LBA {}, backup header at LBA {})",
+                h.last_usable, h.backup_lba
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Stands in for the device while the GPT library writes a table: reads go through to
+/// the device with the writes made so far laid over them (the library reads the entry
+/// array back to checksum it), and writes are kept in memory, in order, for [`commit`]
+/// to put on the device in a crash-safe order.
+#[derive(Debug)]
+struct Staged<'f> {
+    dev: &'f File,
+    size: u64,
+    pos: u64,
+    writes: Vec<(u64, Vec<u8>)>,
+}
+
+impl std::io::Read for Staged<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.dev.read_at(buf, self.pos)?;
+        let (from, to) = (self.pos, self.pos + n as u64);
+        for (off, data) in &self.writes {
+            let (start, end) = ((*off).max(from), (off + data.len() as u64).min(to));
+            if start < end {
+                buf[(start - from) as usize..(end - from) as usize].copy_from_slice(&data[(start - off) as usize..(end - off) as usize]);
+            }
+        }
+        self.pos = to;
+        Ok(n)
+    }
+}
+
+impl std::io::Write for Staged<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.writes.push((self.pos, buf.to_vec()));
+        self.pos += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Seek for Staged<'_> {
+    fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+        let at = match to {
+            SeekFrom::Start(n) => Some(n),
+            SeekFrom::End(d) => self.size.checked_add_signed(d),
+            SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        self.pos = at.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "seek before the start of the device"))?;
+        Ok(self.pos)
+    }
+}
+
+/// The writes that put the table prepared in `disk` on a device of `size` bytes
+/// (read through `file`), in the order they must reach it: first everything in the
+/// backup half (entry array, then header), then everything in the primary half (entry
+/// array, then header). So at every moment one of the two headers describes the entry
+/// array beside it, and a process killed in the middle leaves a readable table: the
+/// old one, or the new one. (The GPT library writes both arrays before either header;
+/// a kill between them left both copies failing their checksums, and the drive, with
+/// every volume on it, looking foreign to blkid and the kernel.)
+pub(super) fn ordered_writes(dev: &Path, disk: &GptDisk<&File>, file: &File, size: u64) -> Result<Vec<(u64, Vec<u8>)>, DiskError> {
+    let mut staged = Staged { dev: file, size, pos: 0, writes: Vec::new() };
+    disk.with_disk_device(&mut staged, true).write_inplace().map_err(gpt_error(dev, "write the partition table"))?;
+    let half = size / 2;
+    let (backup, primary): (Vec<_>, Vec<_>) = staged.writes.into_iter().partition(|(off, _)| *off >= half);
+    Ok(backup.into_iter().chain(primary).collect())
+}
+
+/// Writes the table prepared in `disk` (and, for a fresh table on a device of `fresh`
+/// bytes, the protective MBR) through a read-write descriptor opened only for this,
+/// backup copy first and flushed, then the primary copy, and flushes it to the device.
+fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>) -> Result<(), DiskError> {
+    let rw = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(dev)
+        .map_err(DiskError::io(format!("open {} for writing", dev.display())))?;
+    let size = len_of(dev, &rw)?;
+    let half = size / 2;
+    let mut in_backup = true;
+    for (off, data) in ordered_writes(dev, disk, &rw, size)? {
+        if in_backup && off < half {
+            // The backup copy is whole on the device before the primary is touched.
+            rw.sync_data().map_err(DiskError::io(format!("fsync {}", dev.display())))?;
+            in_backup = false;
+        }
+        rw.write_all_at(&data, off).map_err(DiskError::io(format!("write {} at byte {off}", dev.display())))?;
+    }
+    if let Some(size) = fresh {
+        let sectors = size / disk.logical_block_size().as_u64();
+        let pmbr = gpt::mbr::ProtectiveMBR::with_lb_size(u32::try_from(sectors - 1).unwrap_or(u32::MAX));
+        pmbr.overwrite_lba0(&mut &rw).map_err(|e| DiskError::Gpt {
+            device: dev.to_path_buf(),
+            reason: format!("write the protective MBR: {e}"),
+        })?;
+    }
+    rw.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
+}
+
+/// Adds a drivelet partition `[start, start+size)` (bytes, [`ALIGN`]-aligned) with
+/// `guid` and the GPT name `label`.
+///
+/// A device without a GPT first gets a fresh drivelet GPT and protective MBR, but only
+/// if nothing at all is found on it. A GPT that is not drivelet's is refused. A
+/// partition with the same GUID, start and size already there is success; the same GUID
+/// elsewhere, or an overlap with another partition, is a [`DiskError::Conflict`].
+pub fn add_partition(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64) -> Result<(), DiskError> {
+    check_extent(dev, start, size)?;
+    if label.encode_utf16().count() > MAX_LABEL_UNITS || label.contains('\0') {
+        return Err(DiskError::invalid(format!(
+            "{}: partition name {label:?} is longer than {MAX_LABEL_UNITS} UTF-16 units or holds NUL",
+            dev.display()
+        )));
+    }
+    let lb = block_size(dev, sector)?;
+    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
+    let (file, dev_size) = open_to_inspect(dev, sector)?;
+    let file: &File = &file;
+    let conflict = |reason: String| DiskError::Conflict { device: dev.to_path_buf(), start, size, reason };
+
+    let (mut disk, fresh) = match judge(dev, file, dev_size, sector)? {
+        Judged::Drivelet(disk) => (*disk, None),
+        Judged::Foreign(found) => return Err(refuse(dev, found)),
+        Judged::Blank => {
+            let disk = GptConfig::new()
+                .logical_block_size(lb)
+                .create_from_device(file, Some(new_disk_guid()))
+                .map_err(gpt_error(dev, "create a partition table"))?;
+            (disk, Some(dev_size))
+        }
+    };
+
+    let first = start / sector;
+    let last = (start + size) / sector - 1;
+    let mut parts = disk.partitions().clone();
+    parts.retain(|_, p| p.is_used());
+    for p in parts.values() {
+        if p.part_guid == guid {
+            if p.first_lba == first && p.last_lba == last && p.part_type_guid.guid == PARTITION_TYPE_GUID {
+                return Ok(());
+            }
+            return Err(conflict(format!(
+                "a partition with GUID {guid} already exists at [{}, +{})",
+                p.first_lba * sector,
+                (p.last_lba + 1 - p.first_lba) * sector
+            )));
+        }
+        if overlaps(p, first, last) {
+            return Err(conflict(format!(
+                "overlaps partition {} {:?} at [{}, +{})",
+                p.part_guid,
+                p.name,
+                p.first_lba * sector,
+                (p.last_lba + 1 - p.first_lba) * sector
+            )));
+        }
+    }
+    if parts.len() as u64 >= u64::from(disk.header().num_parts) {
+        return Err(conflict(format!("the GPT is full ({} entries)", disk.header().num_parts)));
+    }
+    let key = parts.keys().next_back().map_or(1, |k| k + 1);
+    parts.insert(
+        key,
+        Partition {
+            part_type_guid: PARTITION_TYPE_GUID.into(),
+            part_guid: guid,
+            first_lba: first,
+            last_lba: last,
+            flags: 0,
+            name: label.to_string(),
+        },
+    );
+    set_entries(dev, &mut disk, parts)?;
+    check_usable(dev, &disk, first, last, dev_size, sector)?;
+    commit(dev, &disk, fresh)
+}
+
+/// Finds the used entry with `guid`: its key and entry.
+fn find_by_guid(disk: &GptDisk<&File>, guid: Uuid) -> Option<(u32, Partition)> {
+    disk.partitions().iter().find(|(_, p)| p.is_used() && p.part_guid == guid).map(|(k, p)| (*k, p.clone()))
+}
+
+fn ensure_ours(dev: &Path, p: &Partition) -> Result<(), DiskError> {
+    if p.part_type_guid.guid == PARTITION_TYPE_GUID {
+        Ok(())
+    } else {
+        Err(DiskError::Gpt {
+            device: dev.to_path_buf(),
+            reason: format!("partition {} has type {}, not drivelet's; leaving it alone", p.part_guid, p.part_type_guid.guid),
+        })
+    }
+}
+
+/// Removes the drivelet partition with `guid`; `Ok(false)` when there is none (also when
+/// the device has no GPT). A GPT that is not drivelet's is refused.
+pub fn remove_partition(dev: &Path, sector: u64, guid: Uuid) -> Result<bool, DiskError> {
+    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
+    let (file, dev_size) = open_to_inspect(dev, sector)?;
+    let file: &File = &file;
+    let Some(disk) = open_gpt(dev, file, dev_size, sector)? else { return Ok(false) };
+    let mut disk = judge_gpt(dev, disk)?.map_err(|found| refuse(dev, found))?;
+    let Some((key, p)) = find_by_guid(&disk, guid) else { return Ok(false) };
+    ensure_ours(dev, &p)?;
+    let mut parts = disk.partitions().clone();
+    parts.retain(|k, p| p.is_used() && *k != key);
+    set_entries(dev, &mut disk, parts)?;
+    commit(dev, &disk, None)?;
+    Ok(true)
+}
+
+/// Grows the drivelet partition with `guid` in place to `new_size` bytes; the space
+/// after it must be free and inside the GPT's usable area. The same size is success;
+/// shrinking is refused.
+pub fn resize_partition(dev: &Path, sector: u64, guid: Uuid, new_size: u64) -> Result<(), DiskError> {
+    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
+    let (file, dev_size) = open_to_inspect(dev, sector)?;
+    let file: &File = &file;
+    let not_found = || DiskError::NotFound { device: dev.to_path_buf(), what: format!("partition {guid}") };
+    let disk = open_gpt(dev, file, dev_size, sector)?.ok_or_else(not_found)?;
+    let mut disk = judge_gpt(dev, disk)?.map_err(|found| refuse(dev, found))?;
+    let (key, p) = find_by_guid(&disk, guid).ok_or_else(not_found)?;
+    ensure_ours(dev, &p)?;
+    let start = p.first_lba * sector;
+    check_extent(dev, start, new_size)?;
+    let old_size = (p.last_lba + 1 - p.first_lba) * sector;
+    let conflict = |reason: String| DiskError::Conflict { device: dev.to_path_buf(), start, size: new_size, reason };
+    if new_size == old_size {
+        return Ok(());
+    }
+    if new_size < old_size {
+        return Err(conflict(format!("partition {guid} is {old_size} bytes; shrinking is not supported")));
+    }
+    let last = (start + new_size) / sector - 1;
+    let mut parts = disk.partitions().clone();
+    parts.retain(|_, p| p.is_used());
+    if let Some(other) = parts.iter().find(|(k, o)| **k != key && overlaps(o, p.first_lba, last)).map(|(_, o)| o) {
+        return Err(conflict(format!(
+            "the space after it is taken by partition {} at [{}, +{})",
+            other.part_guid,
+            other.first_lba * sector,
+            (other.last_lba + 1 - other.first_lba) * sector
+        )));
+    }
+    if let Some(entry) = parts.get_mut(&key) {
+        entry.last_lba = last;
+    }
+    set_entries(dev, &mut disk, parts)?;
+    check_usable(dev, &disk, p.first_lba, last, dev_size, sector)?;
+    commit(dev, &disk, None)
+}
