@@ -130,7 +130,12 @@ pub fn kind_of(e: &VolumeError) -> RefusalKind {
         | VolumeError::AdoptedFixedSize { .. }
         | VolumeError::AdoptedFilesystem { .. }
         | VolumeError::ExpandUnfinished { .. }
-        | VolumeError::CannotGrowExt4 { .. } => Transient,
+        | VolumeError::CannotGrowExt4 { .. }
+        | VolumeError::SourceNotFound { .. }
+        | VolumeError::SourceIncompatible { .. }
+        | VolumeError::SourceChanged { .. }
+        | VolumeError::SourceInUse { .. }
+        | VolumeError::CloneTooSmall { .. } => Transient,
     }
 }
 
