@@ -99,7 +99,8 @@ struct BenchArgs {
 #[derive(Subcommand)]
 enum BenchMode {
     /// N callers call each cheap RPC back to back for --duration (one phase per RPC):
-    /// Probe, NodeGetCapabilities, GetCapacity, ListVolumes (first page).
+    /// GetPluginInfo (the no-op baseline), Probe, NodeGetInfo, NodeGetCapabilities,
+    /// GetCapacity, ListVolumes (first page).
     Rpc {
         #[command(flatten)]
         args: BenchArgs,

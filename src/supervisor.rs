@@ -33,7 +33,7 @@ use crate::actors::messages::SubscribeConditions;
 use crate::actors::volumes::VolumeManager;
 use crate::config::Config;
 use crate::grpc::registration::{Registrar, RegistrationService, RegistrationState};
-use crate::grpc::{admin, CsiFront, Front};
+use crate::grpc::{admin, CsiFront, Front, Views};
 use crate::k8s::attach::queue::{AttachQueue, ManagerBackend, QueueConfig};
 use crate::k8s::attach::RetryPolicy;
 use crate::k8s::drives::DriveSync;
@@ -85,14 +85,17 @@ pub(crate) struct Running {
 /// actors, the gRPC front on `sockets`, and the Kubernetes front when `kube` is a client.
 pub(crate) fn start(cfg: &Arc<Config>, sockets: Sockets, kube: Option<kube::Client>) -> Running {
     let drives = cfg.drives.clone();
-    let inventory = Supervisor::start(move |_| DriveInventory::new(drives));
-    let (vcfg, dir, inv, auto) = (cfg.volumes.clone(), cfg.paths.state_dir.clone(), inventory.clone(), cfg.health.auto_release);
-    let volumes = Supervisor::start(move |_| VolumeManager::new(vcfg, dir, inv, auto));
+    let inventory = DriveInventory::new(drives);
+    let scanned = inventory.scan_reader();
+    let inventory = Supervisor::start(move |_| inventory);
+    let volumes = VolumeManager::new(cfg.volumes.clone(), cfg.paths.state_dir.clone(), inventory.clone(), cfg.health.auto_release);
+    let views = Views { scanned, volumes: volumes.view_reader() };
+    let volumes = Supervisor::start(move |_| volumes);
     let (hcfg, inv, vols) = (cfg.health.clone(), inventory.clone(), volumes.clone());
     let health = Supervisor::start(move |_| HealthPoller::new(hcfg, inv, vols));
     let actors = Actors { inventory, volumes, health };
 
-    let front = Front::new(cfg.clone(), actors.inventory.clone(), actors.volumes.clone());
+    let front = Front::new(cfg.clone(), actors.inventory.clone(), actors.volumes.clone(), views);
     let csi = {
         let (f, l) = (front.clone(), sockets.csi);
         Supervisor::start(move |_| CsiFront::new(f, l))

@@ -5,7 +5,8 @@
 //! armed with `1*return`, so each fires once: `actor.inventory.stop` while answering
 //! ListDrives (armed through the admin socket when its turn comes, since the volume
 //! manager and the health poller ask for the drives from the start; `ctl drives` then
-//! asks), `actor.volumes.stop` while answering ListVolumes, `actor.health.stop` at a
+//! asks), `actor.volumes.stop` while answering ControllerGetVolume (ListVolumes reads
+//! the manager's published view, no message), `actor.health.stop` at a
 //! volume check cycle (every second here). The actor stops itself, as an actor
 //! that fails does; a panic would not do: the actor's task would die with it and its
 //! supervisor never restart it (src/actors/supervisor.rs has the test that shows it).
@@ -232,7 +233,13 @@ fn each_actor_failing_once_mid_lifecycle_is_restarted_and_the_service_carries_on
                 arm(&agent, point, "1*return");
                 agent.ctl_drives();
             }
-            "actor.volumes.stop" => drop(list("ListVolumes (the volume manager fails)")),
+            "actor.volumes.stop" => {
+                let id = kept_id.clone();
+                retried(&agent, "ControllerGetVolume (the volume manager fails)", move |mut c| {
+                    let volume_id = id.clone();
+                    Box::pin(async move { c.ctrl.controller_get_volume(csi::ControllerGetVolumeRequest { volume_id }).await.map(drop) })
+                })
+            }
             _ => {}
         }
         assert!(

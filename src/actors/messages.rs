@@ -26,10 +26,10 @@ pub struct InventoryStatus {
     pub drives: usize,
 }
 
-/// Query (to the volume manager): what GetCapacity answers for volumes of `media` and
-/// `layout` whose smallest size is `minimum` (see `actors::volumes::placement`).
-#[derive(Message)]
-#[rtype(result = "Result<crate::actors::volumes::placement::Capacity, crate::actors::volumes::VolumeError>")]
+/// The question GetCapacity asks of the volume manager's published view: what volumes
+/// of `media` and `layout` whose smallest size is `minimum` could use (see
+/// `actors::volumes::placement` and `actors::volumes::view`).
+#[derive(Debug, Clone, Copy)]
 pub struct GetCapacity {
     /// Restrict to one media class; `None` is any.
     pub media: Option<Media>,

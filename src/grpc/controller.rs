@@ -50,7 +50,9 @@
 //!   and topology could use, with `maximum_volume_size` = the largest free extent; a
 //!   topology that does not include this node, or a capability drivelet cannot serve,
 //!   gets 0 (not an error);
-//! - secrets are never read or logged; malformed input is INVALID_ARGUMENT.
+//! - secrets are never read or logged; malformed input is INVALID_ARGUMENT;
+//! - `ListVolumes` and `GetCapacity` answer from the volume manager's published view
+//!   (`actors::volumes::view`), one consistent moment of its book, without a message.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -66,7 +68,7 @@ use crate::actors::messages::GetCapacity;
 use crate::actors::volumes::model::{minimum_size, CapacityRange, VolumeRecord};
 use crate::actors::volumes::health::Condition;
 use crate::actors::volumes::{
-    AttachVolume, CreateVolume, DeleteVolume, DetachVolume, ExpandVolume, GetVolume, GetVolumeStatus, ListVolumeStatuses,
+    AttachVolume, CreateVolume, DeleteVolume, DetachVolume, ExpandVolume, GetVolume, GetVolumeStatus,
 };
 
 /// Controller service over the shared front state.
@@ -405,12 +407,8 @@ impl Controller for ControllerService {
         } else {
             Some(self.0.parse_token(&req.starting_token).ok_or_else(|| FrontError::BadToken { token: req.starting_token.clone() })?)
         };
-        let (page, next) = self
-            .0
-            .volumes
-            .send(ListVolumeStatuses { after, max: req.max_entries as usize, abnormal_only: false })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        let view = self.0.views.book()?;
+        let (page, next) = view.page(after.as_deref(), req.max_entries as usize)?;
         Ok(Response::new(csi::ListVolumesResponse {
             entries: page
                 .iter()
@@ -527,12 +525,7 @@ impl Controller for ControllerService {
         if !servable {
             return Ok(Response::new(zero()));
         }
-        let cap = self
-            .0
-            .volumes
-            .send(GetCapacity { media: params.media, layout: params.layout, minimum: minimum as u64 })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        let cap = self.0.views.book()?.capacity(&GetCapacity { media: params.media, layout: params.layout, minimum: minimum as u64 })?;
         Ok(Response::new(csi::GetCapacityResponse {
             available_capacity: i64::try_from(cap.available).unwrap_or(i64::MAX),
             maximum_volume_size: Some(i64::try_from(cap.maximum_volume_size).unwrap_or(i64::MAX)),

@@ -5,16 +5,14 @@
 //! (controller service, topology, ONLINE volume expansion);
 //! `Probe` answers `ready=false` until the drive inventory finished its first scan
 //! and the volume manager reconciled its store with the drives,
-//! and an error when the inventory does not answer at all.
+//! and UNAVAILABLE when either has stopped for good; it reads what they publish
+//! (`Views`), never waiting on their mailboxes.
 
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
 use super::proto::csi::{self, identity_server::Identity, plugin_capability};
-use super::status::FrontError;
 use super::Front;
-use crate::actors::messages::GetInventoryStatus;
-use crate::actors::volumes::VolumesReady;
 
 /// Identity service over the shared front state.
 pub(crate) struct IdentityService(pub Front);
@@ -55,8 +53,8 @@ impl Identity for IdentityService {
 
     #[instrument(skip_all, fields(csi.method = "Probe"), err)]
     async fn probe(&self, _: Request<csi::ProbeRequest>) -> Result<Response<csi::ProbeResponse>, Status> {
-        let st = self.0.inventory.send(GetInventoryStatus).await.map_err(FrontError::mailbox("drive inventory"))?;
-        let volumes = self.0.volumes.send(VolumesReady).await.map_err(FrontError::mailbox("volume manager"))?;
-        Ok(Response::new(csi::ProbeResponse { ready: Some(st.scanned && volumes) }))
+        let scanned = self.0.views.scan_done()?;
+        let volumes = self.0.views.book()?.is_ready();
+        Ok(Response::new(csi::ProbeResponse { ready: Some(scanned && volumes) }))
     }
 }

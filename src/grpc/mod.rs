@@ -28,7 +28,8 @@ use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 use tracing::{error, info, warn};
 
-use crate::actors::inventory::DriveInventory;
+use crate::actors::inventory::{DriveInventory, ScanReader};
+use crate::actors::volumes::view::{ViewReader, VolumesView};
 use crate::actors::volumes::VolumeManager;
 use crate::config::Config;
 
@@ -107,7 +108,30 @@ pub fn bind_socket(path: &Path) -> Result<UnixListener, SocketError> {
     UnixListener::from_std(l).map_err(|source| SocketError::Bind { path: path.to_path_buf(), source })
 }
 
-/// Shared, read-only state of the CSI services: config and actor addresses.
+/// What the actors publish for the cheap calls (Probe, GetCapacity, ListVolumes), read
+/// without a message.
+#[derive(Clone)]
+pub struct Views {
+    /// Whether the inventory's first full scan is done.
+    pub scanned: ScanReader,
+    /// The volume manager's book.
+    pub volumes: ViewReader,
+}
+
+impl Views {
+    /// Whether the inventory's first full scan is done; UNAVAILABLE when the inventory
+    /// is gone.
+    pub fn scan_done(&self) -> Result<bool, status::FrontError> {
+        self.scanned.get().ok_or_else(|| status::FrontError::Unavailable { actor: "drive inventory", reason: "it stopped".into() })
+    }
+
+    /// The volume manager's latest view; UNAVAILABLE when the manager is gone.
+    pub fn book(&self) -> Result<Arc<VolumesView>, status::FrontError> {
+        self.volumes.get().ok_or_else(|| status::FrontError::Unavailable { actor: "volume manager", reason: "it stopped".into() })
+    }
+}
+
+/// Shared, read-only state of the CSI services: config, actor addresses and views.
 #[derive(Clone)]
 pub struct Front {
     /// Configuration.
@@ -118,6 +142,8 @@ pub struct Front {
     pub inventory: Addr<DriveInventory>,
     /// The volume manager.
     pub volumes: Addr<VolumeManager>,
+    /// What the actors publish.
+    pub views: Views,
     /// Random per-run value that ListVolumes tokens carry, so a token from an earlier
     /// run is recognised as stale.
     pub token_nonce: u64,
@@ -125,10 +151,10 @@ pub struct Front {
 
 impl Front {
     /// Front state for a config and the actors.
-    pub fn new(cfg: Arc<Config>, inventory: Addr<DriveInventory>, volumes: Addr<VolumeManager>) -> Front {
+    pub fn new(cfg: Arc<Config>, inventory: Addr<DriveInventory>, volumes: Addr<VolumeManager>, views: Views) -> Front {
         let topology = cfg.topology_segments().into_iter().collect();
         let token_nonce = uuid::Uuid::new_v4().as_u64_pair().0;
-        Front { cfg, topology, inventory, volumes, token_nonce }
+        Front { cfg, topology, inventory, volumes, views, token_nonce }
     }
 
     /// A ListVolumes token resuming after volume `id`.

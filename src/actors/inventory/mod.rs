@@ -12,7 +12,9 @@
 //!   writer's words; its next probe judges it again by the writer's own rule;
 //! - on restart (supervisor) the actor forgets everything and rebuilds from the host;
 //!   tests make it fail while answering `ListDrives` (fail point
-//!   `actor.inventory.stop`, armed through the admin socket when the test wants it).
+//!   `actor.inventory.stop`, armed through the admin socket when the test wants it);
+//! - whether the first full scan is done is published on every change (false again
+//!   at a restart), for Probe to read without a message.
 
 pub mod classify;
 pub mod model;
@@ -23,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use self::model::{Drive, DriveChange, Inventory};
@@ -55,6 +58,42 @@ pub struct DriveInventory {
     dirty: BTreeSet<String>,
     /// Health verdicts by drive id, kept across rescans and re-appearances.
     health: BTreeMap<String, model::DriveHealth>,
+    /// Where whether the first full scan is done is published (Probe reads it).
+    scanned: ScanPublisher,
+}
+
+/// Where the drive inventory publishes whether its first full scan is done.
+#[derive(Debug)]
+pub struct ScanPublisher(watch::Sender<bool>);
+
+impl Default for ScanPublisher {
+    fn default() -> Self {
+        ScanPublisher(watch::Sender::new(false))
+    }
+}
+
+impl ScanPublisher {
+    /// Says whether the first full scan is done.
+    pub fn publish(&self, scanned: bool) {
+        self.0.send_if_modified(|s| std::mem::replace(s, scanned) != scanned);
+    }
+
+    /// A reader from now on.
+    pub fn reader(&self) -> ScanReader {
+        ScanReader(self.0.subscribe())
+    }
+}
+
+/// Reads whether the inventory's first full scan is done.
+#[derive(Debug, Clone)]
+pub struct ScanReader(watch::Receiver<bool>);
+
+impl ScanReader {
+    /// Whether the first full scan is done; `None` when the inventory is gone for good.
+    pub fn get(&self) -> Option<bool> {
+        self.0.has_changed().ok()?;
+        Some(*self.0.borrow())
+    }
 }
 
 impl DriveInventory {
@@ -69,7 +108,13 @@ impl DriveInventory {
             want_full: true,
             dirty: BTreeSet::new(),
             health: BTreeMap::new(),
+            scanned: ScanPublisher::default(),
         }
+    }
+
+    /// A reader of whether the first full scan is done.
+    pub fn scan_reader(&self) -> ScanReader {
+        self.scanned.reader()
     }
 
     fn start_monitor(&mut self, ctx: &mut Context<Self>) {
@@ -192,6 +237,7 @@ impl DriveInventory {
         if first && self.inv.scanned() {
             info!(actor = "inventory", drives = self.inv.list().len(), "first drive scan complete");
         }
+        self.scanned.publish(self.inv.scanned());
         for c in changes {
             self.publish(c);
         }
@@ -251,6 +297,7 @@ impl Supervised for DriveInventory {
         warn!(actor = "inventory", "restarting: rebuilding the drive set from udev");
         self.stop_monitor();
         self.inv = Inventory::default();
+        self.scanned.publish(false);
         self.probing = false;
         self.dirty.clear();
     }

@@ -35,10 +35,11 @@ use super::messages::{AdoptVolume, AttachVolume, CreateVolume, DetachVolume, Exp
 use super::model::{self, Refusal, VolumeRecord, VolumeState};
 use super::ops::DriveLoc;
 use super::placement::{self, Candidate, NoRoom};
+use super::view::{DriveRoom, Listed, ViewPublisher, ViewReader, VolumesView};
 use super::VolumeError;
 use crate::actors::inventory::classify::DriveClass;
 use crate::actors::inventory::model::{Drive, LayoutKind};
-use crate::actors::messages::{GetCapacity, VolumeConditionChanged};
+use crate::actors::messages::VolumeConditionChanged;
 use crate::config::{human_bytes, Media, VolumesConfig};
 use crate::disk::gpt;
 use crate::disk::smart::Health;
@@ -63,7 +64,8 @@ pub(crate) struct VolumeBook {
     ready: bool,
     /// Present drives by stable id.
     drives: BTreeMap<String, Drive>,
-    records: BTreeMap<String, VolumeRecord>,
+    /// Records by id, shared with the published views (a change replaces a record).
+    records: BTreeMap<String, Arc<VolumeRecord>>,
     busy: Arc<Mutex<BusyIds>>,
     /// Drives that are releasing or released, by id (persisted).
     drive_use: BTreeMap<String, DriveUse>,
@@ -71,6 +73,8 @@ pub(crate) struct VolumeBook {
     findings: HashMap<String, Vec<Finding>>,
     /// Last condition logged per volume, to log each change once.
     conditions: HashMap<String, Condition>,
+    /// Where each change of what the cheap calls read is published.
+    view: ViewPublisher,
 }
 
 
@@ -92,7 +96,33 @@ impl VolumeBook {
             drive_use: BTreeMap::new(),
             findings: HashMap::new(),
             conditions: HashMap::new(),
+            view: ViewPublisher::default(),
         }
+    }
+
+    /// A reader of the views this book publishes.
+    pub(crate) fn view_reader(&self) -> ViewReader {
+        self.view.reader()
+    }
+
+    /// Publishes a view of the book as it is now. Every `&mut self` method that changes
+    /// what a view shows (readiness, records, drives, drive uses, findings) ends here.
+    fn publish(&self) {
+        if !self.ready {
+            return self.view.publish(VolumesView::not_ready());
+        }
+        let volumes = self
+            .records
+            .values()
+            .filter(|r| r.state != VolumeState::Creating)
+            .map(|r| Listed { record: r.clone(), condition: self.condition_of(r) })
+            .collect();
+        let drives = self
+            .candidates()
+            .into_iter()
+            .map(|c| DriveRoom { drive: c.drive.clone(), used: c.used, closed: c.closed })
+            .collect();
+        self.view.publish(VolumesView::ready(volumes, drives));
     }
 
     /// Forgets what restarting must rebuild from the host: records, drives, claims.
@@ -101,6 +131,7 @@ impl VolumeBook {
         self.records.clear();
         self.drives.clear();
         self.busy.lock().unwrap_or_else(|p| p.into_inner()).ids.clear();
+        self.publish();
     }
 
     /// Whether start-up reconciliation is done.
@@ -118,6 +149,7 @@ impl VolumeBook {
         for d in drives {
             self.drives.insert(d.id.clone(), d);
         }
+        self.publish();
     }
 
     /// Every present drive.
@@ -132,7 +164,7 @@ impl VolumeBook {
         if let Some(uses) = uses {
             self.drive_use = uses.into_iter().map(|u| (u.drive_id.clone(), u)).collect();
         }
-        self.records = records.into_iter().map(|r| (r.id.clone(), r)).collect();
+        self.records = records.into_iter().map(|r| (r.id.clone(), Arc::new(r))).collect();
         let bad: Vec<(String, String)> =
             self.drives.values().filter(|d| d.health.health == Health::Bad).map(|d| (d.id.clone(), d.health.reason.clone())).collect();
         let mut save = Vec::new();
@@ -143,6 +175,7 @@ impl VolumeBook {
             }
         }
         self.ready = true;
+        self.publish();
         save
     }
 
@@ -153,7 +186,7 @@ impl VolumeBook {
 
     /// Every record, by id.
     pub(crate) fn records(&self) -> impl Iterator<Item = &VolumeRecord> {
-        self.records.values()
+        self.records.values().map(|r| &**r)
     }
 
     /// The usage records of releasing and released drives.
@@ -220,7 +253,7 @@ impl VolumeBook {
 
     #[cfg(test)]
     /// A page of shown volumes after `after` (by id), at most `max` (0: all), and the
-    /// id to go on after when more follow.
+    /// id to go on after when more follow: the page of the view published last.
     pub(crate) fn page(&self, after: Option<&str>, max: usize) -> Result<(Vec<VolumeStatus>, Option<String>), VolumeError> {
         self.page_where(after, max, false)
     }
@@ -251,7 +284,7 @@ impl VolumeBook {
                 next = out.last().map(|s| s.record.id.clone());
                 break;
             }
-            out.push(VolumeStatus { record: r.clone(), condition });
+            out.push(VolumeStatus { record: VolumeRecord::clone(r), condition });
         }
         Ok((out, next))
     }
@@ -305,7 +338,10 @@ impl VolumeBook {
         if self.is_busy(&volume_id) || !self.records.contains_key(&volume_id) {
             return false;
         }
-        self.findings.insert(volume_id, findings);
+        if self.findings.get(&volume_id) != Some(&findings) {
+            self.findings.insert(volume_id, findings);
+            self.publish();
+        }
         true
     }
 
@@ -318,12 +354,13 @@ impl VolumeBook {
         }
         match record {
             Some(r) => {
-                self.records.insert(r.id.clone(), r);
+                self.records.insert(r.id.clone(), Arc::new(r));
             }
             None => {
                 self.records.remove(id);
             }
         }
+        self.publish();
         let after = self.shown(id);
         if before == after {
             return BTreeSet::new();
@@ -363,14 +400,6 @@ impl VolumeBook {
             .collect()
     }
 
-    /// GetCapacity from the placement model.
-    pub(crate) fn capacity(&self, m: &GetCapacity) -> Result<placement::Capacity, VolumeError> {
-        if !self.ready {
-            return Err(VolumeError::NotReady);
-        }
-        Ok(placement::capacity(&self.candidates(), m.media, m.layout, m.minimum))
-    }
-
     /// Decides a CreateVolume: the existing volume of the name, or a new record placed
     /// on a drive with room.
     pub(crate) fn plan_create(&self, m: &CreateVolume) -> Result<CreatePlan, VolumeError> {
@@ -385,7 +414,7 @@ impl VolumeBook {
             let fs_type = if m.source.is_some() && m.fs_type.is_empty() && !m.block { rec.fs_type.clone() } else { fs_type };
             return match rec.state {
                 VolumeState::Deleting => Err(VolumeError::DeleteUnfinished { volume_id: id }),
-                VolumeState::Creating => Ok(CreatePlan::New(rec.clone())),
+                VolumeState::Creating => Ok(CreatePlan::New(VolumeRecord::clone(rec))),
                 // Never a success for a volume that does not exist: the CO sees why, and
                 // DeleteVolume clears the way for a new one of the same name.
                 _ if rec.lost => Err(health::lost(rec)),
@@ -403,7 +432,7 @@ impl VolumeBook {
                             reason: "exists with different parameters or access type".into(),
                         })
                     } else {
-                        Ok(CreatePlan::Existing(rec.clone()))
+                        Ok(CreatePlan::Existing(VolumeRecord::clone(rec)))
                     }
                 }
             };
@@ -449,12 +478,13 @@ impl VolumeBook {
     /// Reserves a record's extent (a new volume being created, or the size an expansion
     /// grows to): a create placed meanwhile sees the space taken.
     pub(crate) fn reserve(&mut self, rec: VolumeRecord) {
-        self.records.insert(rec.id.clone(), rec);
+        self.records.insert(rec.id.clone(), Arc::new(rec));
+        self.publish();
     }
 
     /// Decides a DeleteVolume: the record to delete, `None` when it is gone already.
     pub(crate) fn plan_delete(&self, id: &str) -> Option<VolumeRecord> {
-        self.records.get(id).cloned()
+        self.records.get(id).map(|r| VolumeRecord::clone(r))
     }
 
     /// Common start of a node call: ready, known; the drive when present (required
@@ -463,7 +493,7 @@ impl VolumeBook {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
-        let rec = self.records.get(id).cloned().ok_or_else(|| VolumeError::NotFound { volume_id: id.to_string() })?;
+        let rec = self.records.get(id).map(|r| VolumeRecord::clone(r)).ok_or_else(|| VolumeError::NotFound { volume_id: id.to_string() })?;
         let loc = self.loc_of(&rec);
         if need_drive && loc.is_none() && rec.adopted.is_none() {
             return Err(VolumeError::DriveAbsent { volume_id: id.to_string(), drive_id: rec.drive_id });
@@ -570,7 +600,7 @@ impl VolumeBook {
         if m.node_id.as_ref().is_some_and(|n| *n != attached) {
             return Ok(None);
         }
-        let mut rec = rec.clone();
+        let mut rec = VolumeRecord::clone(rec);
         rec.published_node = None;
         Ok(Some((rec, attached)))
     }
@@ -582,7 +612,7 @@ impl VolumeBook {
         if let Some(r) = self.records.get(&m.volume_id) {
             let same = r.adopted.as_ref().is_some_and(|a| a.path == canonical && a.pv_name == m.pv_name);
             return if same {
-                Ok(CreatePlan::Existing(r.clone()))
+                Ok(CreatePlan::Existing(VolumeRecord::clone(r)))
             } else {
                 Err(VolumeError::AlreadyExists { volume: m.volume_id.clone(), reason: "exists with other data".into() })
             };

@@ -21,7 +21,9 @@
 //! - on restart (supervisor) the book is rebuilt from the store, the drives and the
 //!   mounts; calls in flight are answered UNAVAILABLE, and their disk steps run on to
 //!   their end, holding the store, which the rebuild waits for; tests make the actor
-//!   fail while answering `ListVolumeStatuses` (fail point `actor.volumes.stop`).
+//!   fail while answering `GetVolumeStatus` (fail point `actor.volumes.stop`);
+//! - after each change of what the cheap CSI calls read, the book publishes a
+//!   [`view::VolumesView`] of itself, which they read without a message.
 //!
 //! The actor is a thin shell: [`book::VolumeBook`] holds the state and decides, the
 //! handlers forward to it and run the disk steps it asks for ([`ops`]) off the actor
@@ -38,6 +40,7 @@ pub mod ops;
 pub(crate) mod placement;
 pub(crate) mod reconcile;
 pub(crate) mod startup;
+pub(crate) mod view;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -55,7 +58,7 @@ use self::model::VolumeRecord;
 use self::ops::Outcome;
 use super::inventory::DriveInventory;
 use super::messages::{
-    DriveEvent, DriveRefused, GetCapacity, SubscribeConditions, SubscribeDrives, SubscribeVolumes, VolumeConditionChanged, VolumesChanged,
+    DriveEvent, DriveRefused, SubscribeConditions, SubscribeDrives, SubscribeVolumes, VolumeConditionChanged, VolumesChanged,
 };
 use crate::config::VolumesConfig;
 use crate::disk::gpt;
@@ -135,6 +138,11 @@ impl VolumeManager {
             volume_subscribers: Vec::new(),
             ready_waiters: Vec::new(),
         }
+    }
+
+    /// A reader of the views the manager publishes for the cheap CSI calls.
+    pub fn view_reader(&self) -> view::ViewReader {
+        self.book.view_reader()
     }
 
     fn lock_of(&mut self, drive_id: &str) -> Arc<Mutex<()>> {
@@ -359,20 +367,20 @@ impl Handler<ReleaseDrive> for VolumeManager {
 
 impl Handler<GetVolumeStatus> for VolumeManager {
     type Result = Result<VolumeStatus, VolumeError>;
-    fn handle(&mut self, m: GetVolumeStatus, _: &mut Context<Self>) -> Self::Result {
-        self.book.status(&m.volume_id)
+    fn handle(&mut self, m: GetVolumeStatus, ctx: &mut Context<Self>) -> Self::Result {
+        let status = self.book.status(&m.volume_id);
+        if crate::failpoint::injected_failure("actor.volumes.stop") {
+            warn!(actor = "volumes", "failure injected: stopping after this answer");
+            ctx.stop();
+        }
+        status
     }
 }
 
 impl Handler<ListVolumeStatuses> for VolumeManager {
     type Result = Result<(Vec<VolumeStatus>, Option<String>), VolumeError>;
-    fn handle(&mut self, m: ListVolumeStatuses, ctx: &mut Context<Self>) -> Self::Result {
-        let page = self.book.page_where(m.after.as_deref(), m.max, m.abnormal_only)?;
-        if crate::failpoint::injected_failure("actor.volumes.stop") {
-            warn!(actor = "volumes", "failure injected: stopping after this answer");
-            ctx.stop();
-        }
-        Ok(page)
+    fn handle(&mut self, m: ListVolumeStatuses, _: &mut Context<Self>) -> Self::Result {
+        self.book.page_where(m.after.as_deref(), m.max, m.abnormal_only)
     }
 }
 
@@ -387,13 +395,6 @@ impl Handler<ListDriveUses> for VolumeManager {
     type Result = MessageResult<ListDriveUses>;
     fn handle(&mut self, _: ListDriveUses, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.book.drive_uses())
-    }
-}
-
-impl Handler<GetCapacity> for VolumeManager {
-    type Result = Result<placement::Capacity, VolumeError>;
-    fn handle(&mut self, m: GetCapacity, _: &mut Context<Self>) -> Self::Result {
-        self.book.capacity(&m)
     }
 }
 

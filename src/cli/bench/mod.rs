@@ -319,7 +319,9 @@ impl Clients {
             (d, r.map(|_| ()))
         }
         match rpc {
+            Rpc::GetPluginInfo => unit(timed(limit, self.id.get_plugin_info(csi::GetPluginInfoRequest {})).await),
             Rpc::Probe => unit(timed(limit, self.id.probe(csi::ProbeRequest {})).await),
+            Rpc::NodeGetInfo => unit(timed(limit, self.node.node_get_info(csi::NodeGetInfoRequest {})).await),
             Rpc::NodeGetCapabilities => {
                 unit(timed(limit, self.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {})).await)
             }

@@ -7,8 +7,13 @@ use super::*;
 /// A cheap RPC for `rpc` mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Rpc {
+    /// Identity GetPluginInfo: the baseline, a call answered from configuration alone
+    /// (in drivelet, with no actor and no disk behind it), on the same server stack.
+    GetPluginInfo,
     /// Identity Probe.
     Probe,
+    /// NodeGetInfo.
+    NodeGetInfo,
     /// NodeGetCapabilities.
     NodeGetCapabilities,
     /// GetCapacity with no parameters.
@@ -19,12 +24,15 @@ pub enum Rpc {
 
 impl Rpc {
     /// Every RPC of `rpc` mode, in the order they run.
-    pub const ALL: [Rpc; 4] = [Rpc::Probe, Rpc::NodeGetCapabilities, Rpc::GetCapacity, Rpc::ListVolumes];
+    pub const ALL: [Rpc; 6] =
+        [Rpc::GetPluginInfo, Rpc::Probe, Rpc::NodeGetInfo, Rpc::NodeGetCapabilities, Rpc::GetCapacity, Rpc::ListVolumes];
 
     /// CSI name.
     pub fn name(self) -> &'static str {
         match self {
+            Rpc::GetPluginInfo => "GetPluginInfo",
             Rpc::Probe => "Probe",
+            Rpc::NodeGetInfo => "NodeGetInfo",
             Rpc::NodeGetCapabilities => "NodeGetCapabilities",
             Rpc::GetCapacity => "GetCapacity",
             Rpc::ListVolumes => "ListVolumes",

@@ -61,7 +61,7 @@ impl VolumeBook {
         let loc = self
             .loc_of(src)
             .ok_or_else(|| VolumeError::DriveAbsent { volume_id: source_id.to_string(), drive_id: src.drive_id.clone() })?;
-        Ok((src.clone(), loc))
+        Ok((VolumeRecord::clone(src), loc))
     }
 
     /// [`clone_source`](Self::clone_source) for a copy that begins now: the source is

@@ -6,6 +6,8 @@
 //! always with `auto_release`); a forced release fails the volumes still on it; a
 //! released drive that is pulled is forgotten.
 
+use std::sync::Arc;
+
 use tracing::{info, warn};
 
 use super::{Claim, VolumeBook};
@@ -51,6 +53,7 @@ impl VolumeBook {
         let done = DriveUse { state: DriveUseState::Released, ..u.clone() };
         info!(drive.id = %drive_id, drive.usage = "released", "drive released: it holds no volume and may be pulled");
         self.drive_use.insert(drive_id.to_string(), done.clone());
+        self.publish();
         Some(done)
     }
 
@@ -98,6 +101,7 @@ impl VolumeBook {
                 d.id
             }
         };
+        self.publish();
         (id, fx)
     }
 
@@ -109,7 +113,7 @@ impl VolumeBook {
     /// Claims every record on `drive_id` for its reconciliation, with copies of them;
     /// `None` when a call holds one of them (look again later).
     pub(crate) fn claim_drive(&self, drive_id: &str) -> Option<(Vec<Claim>, Vec<VolumeRecord>)> {
-        let recs: Vec<VolumeRecord> = self.records.values().filter(|r| r.drive_id == drive_id).cloned().collect();
+        let recs: Vec<VolumeRecord> = self.records.values().filter(|r| r.drive_id == drive_id).map(|r| VolumeRecord::clone(r)).collect();
         let mut claims = Vec::new();
         for r in &recs {
             claims.push(self.try_claim(&r.id)?);
@@ -128,8 +132,9 @@ impl VolumeBook {
                 warn!(actor = "volumes", volume.id = %r.id, drive.id = %drive_id, "a partition of this volume is on another drive too; ignored here");
                 continue;
             }
-            self.records.insert(r.id.clone(), r);
+            self.records.insert(r.id.clone(), Arc::new(r));
         }
+        self.publish();
     }
 
     /// Marks a drive the GPT writer refused foreign at once, so placement skips it from
@@ -141,6 +146,7 @@ impl VolumeBook {
             d.free_bytes = 0;
             d.largest_free_bytes = 0;
         }
+        self.publish();
     }
 
     /// Decides and applies a drive release: the drive takes no new volume from now on;
@@ -153,11 +159,12 @@ impl VolumeBook {
         if !known {
             return Err(VolumeError::InvalidArgument { reason: format!("no drive with id {} is known on this node", m.drive_id) });
         }
-        let live: Vec<&VolumeRecord> = self.records.values().filter(|r| r.drive_id == m.drive_id && !r.failed).collect();
+        let live: Vec<&VolumeRecord> = self.records.values().filter(|r| r.drive_id == m.drive_id && !r.failed).map(|r| &**r).collect();
         let (usage, fail) = health::release(self.drive_use.get(&m.drive_id), &m.drive_id, &live, m.force);
         let mut failed = Vec::new();
         for id in fail {
             if let Some(r) = self.records.get_mut(&id) {
+                let r = Arc::make_mut(r);
                 r.failed = true;
                 warn!(volume.id = %id, drive.id = %m.drive_id, "volume failed by a forced drive release");
                 failed.push(r.clone());
@@ -166,6 +173,7 @@ impl VolumeBook {
         let live = self.records.values().filter(|r| r.drive_id == m.drive_id && !r.failed).count();
         info!(drive.id = %m.drive_id, drive.usage = usage.state.as_str(), volumes = live, "drive release requested");
         self.drive_use.insert(m.drive_id.clone(), usage.clone());
+        self.publish();
         Ok(ReleasePlan { usage, failed })
     }
 }
