@@ -20,8 +20,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
-use drivelet::actors::inventory::model::LayoutKind;
-use drivelet::config::Media;
 use drivelet::actors::volumes::model::{VolumeRecord, VolumeState};
 use drivelet::actors::volumes::ops::{self, DriveLoc};
 use drivelet::disk::{gpt, timing};
@@ -119,28 +117,12 @@ fn record(n: u32, drive_id: &str, start: u64, size: u64) -> VolumeRecord {
     let name = format!("pvc-bench-{n}");
     let guid = gpt::volume_partition_guid(&name);
     VolumeRecord {
-        id: guid.to_string(),
-        name,
         drive_id: drive_id.into(),
         part_guid: guid,
         start,
         size,
-        layout: LayoutKind::Partition,
-        media: Media::Virtual,
         block: true,
-        fs_type: String::new(),
-        parameters: BTreeMap::new(),
-        state: VolumeState::Creating,
-        formatted: false,
-        staging: None,
-        targets: BTreeMap::new(),
-        created_unix: 0,
-        rebuilt: false,
-        failed: false,
-        published_node: None,
-        adopted: None,
-        lost: false,
-        clone_of: None,
+        ..VolumeRecord::new(guid.to_string(), name, VolumeState::Creating, 0)
     }
 }
 

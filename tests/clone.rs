@@ -44,7 +44,15 @@ fn reader_cap(fs: &str) -> csi::VolumeCapability {
 /// Writes `len` bytes of a pattern seeded by `seed` to `path`, fsynced.
 fn write_pattern(path: &Path, len: usize, seed: u8) {
     let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8).collect();
-    let mut f = std::fs::File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    // A device node is never created: a missing one must fail here, not become a
+    // regular file in /dev that squats the node's name for every later test.
+    let create = !path.starts_with("/dev");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(create)
+        .truncate(create)
+        .open(path)
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
     f.write_all(&data).unwrap();
     f.sync_all().unwrap();
 }

@@ -532,7 +532,10 @@ fn clone_crash(point: &'static str, block: bool) {
     let src_start = src_entry[0].start;
     if block {
         let dev = drivelet::disk::blkpg::kernel_partitions(&drive.dev).unwrap().remove(0).devnode;
-        std::fs::write(&dev, vec![0xa5u8; (2 * MIB) as usize]).unwrap();
+        // Opened, never created: a missing node must not become a regular file in /dev.
+        let mut f = std::fs::OpenOptions::new().write(true).open(&dev).unwrap_or_else(|e| panic!("open {}: {e}", dev.display()));
+        std::io::Write::write_all(&mut f, &vec![0xa5u8; (2 * MIB) as usize]).unwrap();
+        f.sync_all().unwrap();
     } else {
         rt().block_on(async {
             let mut c = Csi::connect(&agent).await;

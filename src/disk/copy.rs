@@ -13,8 +13,9 @@
 //!   `tune2fs -U random`), because two filesystems with one UUID confuse udev's
 //!   `by-uuid` links and the kernel refuses to mount a second xfs with the same UUID;
 //! - it then grows to fill the target: ext4 offline (`e2fsck -fp`, then `resize2fs`),
-//!   xfs through a mount that exists only in a private mount namespace
-//!   (`unshare -m`), so nothing is left mounted on the host if drivelet dies midway;
+//!   xfs through a mount that exists only in a mount namespace of its own
+//!   (`unshare -m`, a slave of the node's mounts), so nothing is left mounted on the
+//!   host if drivelet dies midway;
 //! - the target is fsynced, and a filesystem copy must then check clean read-only
 //!   (`e2fsck -fn`, `xfs_repair -n`), or the copy is an error;
 //! - a tool's failure carries its exit status and stderr.
@@ -60,7 +61,10 @@ fn tool(name: &str, cmd: &mut Command, on: &Path, ok: &[i32]) -> Result<(), Disk
 fn in_private_namespace(name: &str, script: &str, args: &[&Path], on: &Path) -> Result<(), DiskError> {
     let full = format!("mount -t tmpfs -o mode=0700 drivelet-clone /var/tmp && {script}");
     let mut cmd = Command::new("unshare");
-    cmd.args(["--mount", "--propagation", "private", "sh", "-c", &full, "sh"]).args(args);
+    // A slave of the node's mounts: an unmount on the node reaches the namespace's copy
+    // (where the node's mounts are shared, as kubelet's are), so an unstaged volume is
+    // not kept mounted here; nothing mounted here reaches the node.
+    cmd.args(["--mount", "--propagation", "slave", "sh", "-c", &full, "sh"]).args(args);
     tool(name, &mut cmd, on, &[])
 }
 
@@ -98,11 +102,21 @@ pub(crate) fn fs_uuid(dev: &Path) -> Result<Option<String>, DiskError> {
 
 /// Copies the used blocks of the `fs` filesystem on `src` onto `dst` (which must be
 /// at least as large and hold nothing of value): `e2image -ra` for ext4, `xfs_copy`
-/// for xfs (in a private namespace: it leaves a log file in `/var/tmp`).
+/// for xfs (its log goes to a file of drivelet's, removed after). Neither runs in a
+/// mount namespace of its own: a namespace holds a copy of every mount of the node for
+/// as long as the copy runs, and an unstaged volume's filesystem would stay alive in it
+/// (a mount read-only or a wipe of that volume meanwhile found it busy).
 pub(crate) fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str) -> Result<(), DiskError> {
     match fs_type {
         "ext4" => tool("e2image", Command::new("e2image").arg("-ra").arg(src).arg(dst), src, &[]),
-        "xfs" => in_private_namespace("xfs_copy", r#"exec xfs_copy "$1" "$2" >/dev/null"#, &[src, dst], src),
+        "xfs" => {
+            static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let log = std::env::temp_dir().join(format!("drivelet-xfs_copy-{}-{n}.log", std::process::id()));
+            let r = tool("xfs_copy", Command::new("xfs_copy").arg("-L").arg(&log).arg(src).arg(dst), src, &[]);
+            let _ = std::fs::remove_file(&log);
+            r
+        }
         other => Err(DiskError::invalid(format!("cannot copy a {other:?} filesystem from {}: supported are ext4 and xfs", src.display()))),
     }
 }

@@ -3,14 +3,12 @@
 //! held to their tables when advertised (UNIMPLEMENTED otherwise, checked with the other
 //! capabilities in `identity`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
 use crate::harness::*;
-use drivelet::actors::inventory::model::LayoutKind;
 use drivelet::actors::volumes::model::{VolumeRecord, VolumeState};
-use drivelet::config::Media;
 use drivelet::grpc::proto::csi;
 use csi::controller_service_capability::{rpc::Type as CR, Type as CT};
 use drivelet::store::Store;
@@ -247,28 +245,12 @@ fn seed(dir: &Path, n: u32) -> BTreeSet<String> {
         let name = format!("pvc-seed-{i:04}");
         let guid = drivelet::disk::gpt::volume_partition_guid(&name);
         let rec = VolumeRecord {
-            id: guid.to_string(),
-            name,
             drive_id: "seeded-absent-drive".into(),
             part_guid: guid,
             start: (1 + i as u64) << 20,
             size: 1 << 20,
-            layout: LayoutKind::Partition,
-            media: Media::Virtual,
             block: true,
-            fs_type: String::new(),
-            parameters: BTreeMap::new(),
-            state: VolumeState::Available,
-            formatted: false,
-            staging: None,
-            targets: BTreeMap::new(),
-            created_unix: 0,
-            rebuilt: false,
-            failed: false,
-            published_node: None,
-            adopted: None,
-            lost: false,
-            clone_of: None,
+            ..VolumeRecord::new(guid.to_string(), name, VolumeState::Available, 0)
         };
         store.put(&rec.id, &rec).unwrap();
         ids.insert(rec.id);
