@@ -59,8 +59,8 @@ fn agent_bin() -> PathBuf {
     std::env::var_os("DRIVELET_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_drivelet")))
 }
 
-/// (VmRSS, VmHWM) of a process, KiB.
-fn rss_kib(pid: u32) -> (u64, u64) {
+/// (VmRSS, VmHWM, RssAnon) of a process, KiB.
+fn rss_kib(pid: u32) -> (u64, u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
     let field = |name: &str| {
         status
@@ -70,7 +70,7 @@ fn rss_kib(pid: u32) -> (u64, u64) {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    (field("VmRSS:"), field("VmHWM:"))
+    (field("VmRSS:"), field("VmHWM:"), field("RssAnon:"))
 }
 
 /// One measured run.
@@ -83,6 +83,8 @@ struct Figures {
     rss_ready_kib: u64,
     hwm_ready_kib: u64,
     rss_listed_kib: u64,
+    anon_ready_kib: u64,
+    anon_listed_kib: u64,
     list_ms: f64,
     pages: usize,
     ngi_p50_us: f64,
@@ -171,7 +173,8 @@ fn make_drives(dir: &Path, volumes: usize, drives: usize) -> (Vec<PathBuf>, Vec<
                 media: Media::Virtual,
                 block: false,
                 fs_type: "ext4".into(),
-                parameters: BTreeMap::new(),
+                // What the provisioner passes from the suite's StorageClasses.
+                parameters: [("layout", "partition"), ("media", "virtual")].map(|(k, v)| (k.to_string(), v.to_string())).into(),
                 state: VolumeState::Available,
                 formatted: false,
                 staging: None,
@@ -266,6 +269,8 @@ fn median(runs: &[Figures]) -> Figures {
         rss_ready_kib: mid(runs, |f| f.rss_ready_kib),
         hwm_ready_kib: mid(runs, |f| f.hwm_ready_kib),
         rss_listed_kib: mid(runs, |f| f.rss_listed_kib),
+        anon_ready_kib: mid(runs, |f| f.anon_ready_kib),
+        anon_listed_kib: mid(runs, |f| f.anon_listed_kib),
         list_ms: mid(runs, |f| f.list_ms),
         pages: mid(runs, |f| f.pages),
         ngi_p50_us: mid(runs, |f| f.ngi_p50_us),
@@ -301,7 +306,7 @@ fn measure(dir: &Path, cfg: &Path, volumes: usize, rt: &tokio::runtime::Runtime)
         std::thread::sleep(Duration::from_millis(2));
     }
     let ready_ms = t0.elapsed().as_secs_f64() * 1000.0;
-    let (rss_ready_kib, hwm_ready_kib) = rss_kib(pid);
+    let (rss_ready_kib, hwm_ready_kib, anon_ready_kib) = rss_kib(pid);
 
     let f = rt.block_on(async {
         let ch = drivelet::cli::csi::connect(&socket).await.expect("connect");
@@ -328,7 +333,7 @@ fn measure(dir: &Path, cfg: &Path, volumes: usize, rt: &tokio::runtime::Runtime)
             token = r.next_token;
         }
         let list_ms = t.elapsed().as_secs_f64() * 1000.0;
-        let rss_listed_kib = rss_kib(pid).0;
+        let (rss_listed_kib, _, anon_listed_kib) = rss_kib(pid);
         assert_eq!(seen, volumes, "every volume once");
         assert_eq!(abnormal, 0, "every record found its drive and partition (the seeded drive ids match)");
         let (mut ngi, mut cap) = (Histogram::new(), Histogram::new());
@@ -350,6 +355,7 @@ fn measure(dir: &Path, cfg: &Path, volumes: usize, rt: &tokio::runtime::Runtime)
             list_ms,
             pages,
             rss_listed_kib,
+            anon_listed_kib,
             ngi_p50_us: us(&ngi, 0.5),
             ngi_p99_us: us(&ngi, 0.99),
             cap_p50_us: us(&cap, 0.5),
@@ -359,7 +365,7 @@ fn measure(dir: &Path, cfg: &Path, volumes: usize, rt: &tokio::runtime::Runtime)
     });
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
     let _ = agent.0.wait();
-    Figures { ready_ms, rss_ready_kib, hwm_ready_kib, ..f }
+    Figures { ready_ms, rss_ready_kib, hwm_ready_kib, anon_ready_kib, ..f }
 }
 
 fn main() {
@@ -374,7 +380,7 @@ fn main() {
     for v in counts {
         let f = run(v, &rt);
         println!(
-            "V={:<6} drives={:<3} (set up in {:.0}s) ready {:>7.1} ms  RSS ready {:>6.1} MiB (peak {:.1})  RSS after list {:>6.1} MiB  \
+            "V={:<6} drives={:<3} (set up in {:.0}s) ready {:>7.1} ms  RSS ready {:>6.1} MiB (peak {:.1}, anonymous {:.1})  RSS after list {:>6.1} MiB (anonymous {:.1})  \
              ListVolumes {} pages of {PAGE} {:>7.1} ms  NodeGetInfo p50 {:.0}µs p99 {:.0}µs  GetCapacity p50 {:.0}µs p99 {:.0}µs",
             f.volumes,
             f.drives,
@@ -382,7 +388,9 @@ fn main() {
             f.ready_ms,
             f.rss_ready_kib as f64 / 1024.0,
             f.hwm_ready_kib as f64 / 1024.0,
+            f.anon_ready_kib as f64 / 1024.0,
             f.rss_listed_kib as f64 / 1024.0,
+            f.anon_listed_kib as f64 / 1024.0,
             f.pages,
             f.list_ms,
             f.ngi_p50_us,
@@ -393,17 +401,19 @@ fn main() {
         all.push(f);
     }
     println!();
-    println!("| volumes | drives | ready (ms) | RSS ready (MiB) | peak RSS (MiB) | RSS after list (MiB) | full ListVolumes (ms) | NodeGetInfo p50/p99 (µs) | GetCapacity p50/p99 (µs) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| volumes | drives | ready (ms) | RSS ready (MiB) | peak RSS (MiB) | RSS after list (MiB) | anonymous ready / after list (MiB) | full ListVolumes (ms) | NodeGetInfo p50/p99 (µs) | GetCapacity p50/p99 (µs) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for f in &all {
         println!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} / {:.1} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} |",
             f.volumes,
             f.drives,
             f.ready_ms,
             f.rss_ready_kib as f64 / 1024.0,
             f.hwm_ready_kib as f64 / 1024.0,
             f.rss_listed_kib as f64 / 1024.0,
+            f.anon_ready_kib as f64 / 1024.0,
+            f.anon_listed_kib as f64 / 1024.0,
             f.list_ms,
             f.ngi_p50_us,
             f.ngi_p99_us,
@@ -421,12 +431,14 @@ fn main() {
             continue;
         }
         println!(
-            "  {} -> {}: ready {:+.1} µs/volume, RSS after ready {:+.2} KiB/volume, RSS after list {:+.2} KiB/volume, ListVolumes {:+.2} µs/volume",
+            "  {} -> {}: ready {:+.1} µs/volume, RSS after ready {:+.2} KiB/volume (anonymous {:+.2}), RSS after list {:+.2} KiB/volume (anonymous {:+.2}), ListVolumes {:+.2} µs/volume",
             a.volumes,
             b.volumes,
             (b.ready_ms - a.ready_ms) * 1000.0 / dv,
             (b.rss_ready_kib as f64 - a.rss_ready_kib as f64) / dv,
+            (b.anon_ready_kib as f64 - a.anon_ready_kib as f64) / dv,
             (b.rss_listed_kib as f64 - a.rss_listed_kib as f64) / dv,
+            (b.anon_listed_kib as f64 - a.anon_listed_kib as f64) / dv,
             (b.list_ms - a.list_ms) * 1000.0 / dv,
         );
     }

@@ -382,14 +382,8 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 fn run(config: PathBuf) -> anyhow::Result<()> {
-    // glibc gives each thread that allocates an arena of its own; the agent's threads
-    // allocate little, and two arenas keep idle memory down without contention.
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only tunes the allocator; it is called before any other thread
-    // exists.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
+    // Before any other thread exists: freed memory goes back to the kernel.
+    drivelet::agent::tune_allocator();
     let cfg = Config::load(Some(&config))?;
     drivelet::logging::init(&cfg.log);
     // Crash and fail points for tests (`FAILPOINTS`); compiled out unless built with

@@ -704,25 +704,70 @@ fn record_memory(ctx: &mut Ctx, when: &str) {
         .flat_map(|p| p["containers"].as_array().cloned().unwrap_or_default())
         .find(|c| c["name"] == "drivelet");
     let mib = |v: &Value| v.as_f64().map(|b| format!("{:.1} MiB", b / MIB as f64)).unwrap_or_else(|| "?".into());
-    let vm_rss = std::fs::read_dir("/proc")
+    let pid = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
-        .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c.starts_with(b"/usr/local/bin/drivelet\0run")))
-        .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
-        .filter_map(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string()))
-        .next()
-        .and_then(|kib| kib.parse::<f64>().ok())
-        .map(|kib| format!("{:.1} MiB", kib / 1024.0))
-        .unwrap_or_else(|| "?".into());
+        .find(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c.starts_with(b"/usr/local/bin/drivelet\0run")))
+        .map(|e| e.path());
+    let process = pid.as_deref().map_or_else(|| "no drivelet process found".to_string(), process_memory);
+    let cgroup = pid.as_deref().map_or_else(String::new, cgroup_memory);
     let text = match container {
-        Some(c) => format!(
-            "working set {} (kubelet summary, the container's cgroup); the process's VmRSS {vm_rss}",
-            mib(&c["memory"]["workingSetBytes"])
-        ),
-        None => format!("kubelet summary has no drivelet container; VmRSS {vm_rss}"),
+        Some(c) => format!("working set {} (kubelet summary); cgroup: {cgroup}; process: {process}", mib(&c["memory"]["workingSetBytes"])),
+        None => format!("kubelet summary has no drivelet container; cgroup: {cgroup}; process: {process}"),
     };
     ctx.measured.insert(format!("drivelet memory {when}"), text);
+}
+
+/// A process's resident memory from /proc/PID/status: VmRSS with its anonymous and
+/// file-backed parts, and its threads.
+fn process_memory(proc_dir: &Path) -> String {
+    let status = std::fs::read_to_string(proc_dir.join("status")).unwrap_or_default();
+    let kib = |key: &str| {
+        status.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<f64>().ok())
+    };
+    let m = |key: &str| kib(key).map_or("?".into(), |k| format!("{:.1} MiB", k / 1024.0));
+    format!(
+        "VmRSS {} (anonymous {}, files {}), {} threads",
+        m("VmRSS:"),
+        m("RssAnon:"),
+        m("RssFile:"),
+        kib("Threads:").map_or("?".into(), |t| t.to_string())
+    )
+}
+
+/// What the container's memory cgroup holds, from its memory.stat (cgroup v1 or v2):
+/// anonymous memory, page cache split into active and inactive (kubelet's working set
+/// is everything but the inactive page cache), and kernel memory.
+fn cgroup_memory(proc_dir: &Path) -> String {
+    let cgroups = std::fs::read_to_string(proc_dir.join("cgroup")).unwrap_or_default();
+    let v1 = cgroups.lines().find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_string()));
+    let (dir, v2) = match v1 {
+        Some(p) => (format!("/sys/fs/cgroup/memory{p}"), false),
+        None => match cgroups.lines().find_map(|l| l.strip_prefix("0::")) {
+            Some(p) => (format!("/sys/fs/cgroup{p}"), true),
+            None => return "no memory cgroup found".into(),
+        },
+    };
+    let stat = std::fs::read_to_string(format!("{dir}/memory.stat")).unwrap_or_default();
+    let field = |key: &str| {
+        stat.lines().find_map(|l| l.split_once(' ').filter(|(k, _)| *k == key).and_then(|(_, v)| v.trim().parse::<u64>().ok()))
+    };
+    let read = |file: &str| std::fs::read_to_string(format!("{dir}/{file}")).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let m = |b: Option<u64>| b.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / MIB as f64));
+    let (usage, anon, active, inactive, kernel) = if v2 {
+        (read("memory.current"), field("anon"), field("active_file"), field("inactive_file"), field("kernel"))
+    } else {
+        (read("memory.usage_in_bytes"), field("total_rss"), field("total_active_file"), field("total_inactive_file"), read("memory.kmem.usage_in_bytes"))
+    };
+    format!(
+        "usage {}: anonymous {}, page cache {} active and {} inactive, kernel {}",
+        m(usage),
+        m(anon),
+        m(active),
+        m(inactive),
+        m(kernel)
+    )
 }
 
 fn drive_free(id: &str) -> Result<u64, String> {
