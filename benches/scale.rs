@@ -174,7 +174,7 @@ fn make_drives(dir: &Path, volumes: usize, drives: usize) -> (Vec<PathBuf>, Vec<
                 block: false,
                 fs_type: "ext4".into(),
                 // What the provisioner passes from the suite's StorageClasses.
-                parameters: [("layout", "partition"), ("media", "virtual")].map(|(k, v)| (k.to_string(), v.to_string())).into(),
+                parameters: [("layout", "partition"), ("media", "virtual")].into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
                 state: VolumeState::Available,
                 formatted: false,
                 staging: None,

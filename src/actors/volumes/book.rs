@@ -420,7 +420,7 @@ impl VolumeBook {
                 _ if rec.lost => Err(health::lost(rec)),
                 _ => {
                     let same_kind = rec.rebuilt || (rec.block == m.block && (m.block || rec.fs_type == fs_type));
-                    let same_params = rec.rebuilt || rec.parameters == m.parameters;
+                    let same_params = rec.rebuilt || *rec.parameters == m.parameters;
                     if !m.range.admits(rec.size) {
                         Err(VolumeError::AlreadyExists {
                             volume: m.name.clone(),
@@ -469,7 +469,7 @@ impl VolumeBook {
             media,
             block: m.block,
             fs_type,
-            parameters: m.parameters.clone(),
+            parameters: m.parameters.clone().into(),
             clone_of: m.source.clone(),
             ..VolumeRecord::new(id, m.name.clone(), VolumeState::Creating, now_unix())
         }))

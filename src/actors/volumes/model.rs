@@ -26,6 +26,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use serde::{Deserialize, Serialize};
 
@@ -178,7 +179,7 @@ pub struct VolumeRecord {
     /// Filesystem for mount access (ext4 or xfs).
     pub fs_type: String,
     /// StorageClass parameters it was created with.
-    pub parameters: BTreeMap<String, String>,
+    pub parameters: Parameters,
     /// Lifecycle state.
     pub state: VolumeState,
     /// drivelet made the filesystem (mkfs completed), so an existing one is data.
@@ -241,6 +242,76 @@ impl VolumeRecord {
     }
 }
 
+/// The StorageClass parameters a volume was created with (the `csi.storage.k8s.io/`
+/// ones left out), compared when a CreateVolume of the same name comes again. The
+/// volumes of one StorageClass carry the same few parameters, so equal sets share one
+/// map: a volume holds a pointer, not a map of its own (about 700 bytes of heap with
+/// two parameters). Stored, shown and compared as the plain map.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Parameters(Arc<BTreeMap<String, String>>);
+
+impl Parameters {
+    /// The shared map equal to `map`: the one already held by another volume, else
+    /// `map` itself, from now on shared.
+    fn shared(map: BTreeMap<String, String>) -> Parameters {
+        // Every distinct set in use, weakly: a set no volume holds any more is dropped
+        // here on the next lookup. Parameters are checked before a volume is made (known
+        // keys and values only), so there are only ever a few sets.
+        static SETS: Mutex<Vec<Weak<BTreeMap<String, String>>>> = Mutex::new(Vec::new());
+        let mut sets = SETS.lock().unwrap_or_else(PoisonError::into_inner);
+        sets.retain(|w| w.strong_count() > 0);
+        if let Some(held) = sets.iter().filter_map(Weak::upgrade).find(|held| **held == map) {
+            return Parameters(held);
+        }
+        let new = Arc::new(map);
+        sets.push(Arc::downgrade(&new));
+        Parameters(new)
+    }
+}
+
+impl Default for Parameters {
+    fn default() -> Parameters {
+        Parameters::shared(BTreeMap::new())
+    }
+}
+
+impl From<BTreeMap<String, String>> for Parameters {
+    fn from(map: BTreeMap<String, String>) -> Parameters {
+        Parameters::shared(map)
+    }
+}
+
+impl FromIterator<(String, String)> for Parameters {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(iter: I) -> Parameters {
+        Parameters::shared(iter.into_iter().collect())
+    }
+}
+
+impl std::ops::Deref for Parameters {
+    type Target = BTreeMap<String, String>;
+    fn deref(&self) -> &BTreeMap<String, String> {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Parameters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl Serialize for Parameters {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Parameters {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Parameters, D::Error> {
+        BTreeMap::deserialize(d).map(Parameters::shared)
+    }
+}
+
 impl VolumeRecord {
     /// A record with nothing placed, staged, published, formatted or flagged: where every
     /// record starts (a volume just placed, adopted, or rebuilt from a GPT). The caller
@@ -257,7 +328,7 @@ impl VolumeRecord {
             media: Media::Virtual,
             block: false,
             fs_type: String::new(),
-            parameters: BTreeMap::new(),
+            parameters: Parameters::default(),
             state,
             formatted: false,
             staging: None,
@@ -421,5 +492,34 @@ mod tests {
         assert!(size_for(r(10 * MIB, 100 * MIB), GIB, 300 * MIB).is_err());
         assert!(size_for(r(u64::MAX, 0), GIB, MIB).is_err());
         assert_eq!(size_for(r(i64::MAX as u64, 0), GIB, MIB), Ok(1 << 63));
+    }
+
+    #[test]
+    fn volumes_of_one_storage_class_share_their_parameters_stored_as_a_plain_map() {
+        let class = |media: &str| -> Parameters {
+            [("layout", "partition"), ("media", media)].into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        let (a, b, other) = (class("ssd"), class("ssd"), class("hdd"));
+        assert!(Arc::ptr_eq(&a.0, &b.0), "equal sets are one map");
+        assert!(!Arc::ptr_eq(&a.0, &other.0));
+        assert_eq!(a, b);
+        assert_ne!(a, other);
+        assert!(Arc::ptr_eq(&Parameters::default().0, &Parameters::from(BTreeMap::new()).0));
+
+        // The store's format is the map's: records written before read back, and equal.
+        let plain: BTreeMap<String, String> = a.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let json = serde_json::to_string(&a).unwrap();
+        assert_eq!(json, serde_json::to_string(&plain).unwrap());
+        let back: Parameters = serde_json::from_str(&json).unwrap();
+        assert!(Arc::ptr_eq(&back.0, &a.0), "a record read from the store shares the set too");
+        assert_eq!(format!("{a:?}"), format!("{plain:?}"));
+
+        // A set no volume holds any more is let go (a value no other test uses).
+        let lone = class("only-this-test");
+        let gone = Arc::downgrade(&lone.0);
+        drop(lone);
+        let _ = class("ssd");
+        assert_eq!(gone.strong_count(), 0);
+        assert!(!class("only-this-test").is_empty());
     }
 }
