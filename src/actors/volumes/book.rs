@@ -69,9 +69,11 @@ pub(crate) struct VolumeBook {
     busy: Arc<Mutex<BusyIds>>,
     /// Drives that are releasing or released, by id (persisted).
     drive_use: BTreeMap<String, DriveUse>,
-    /// Latest check findings by volume id (from the health poller).
+    /// Latest check findings by volume id (from the health poller), of the volumes
+    /// where a check found something.
     findings: HashMap<String, Vec<Finding>>,
-    /// Last condition logged per volume, to log each change once.
+    /// Last condition logged per volume, to log each change once; abnormal ones only
+    /// (a volume without an entry is healthy), so a healthy volume costs nothing here.
     conditions: HashMap<String, Condition>,
     /// Where each change of what the cheap calls read is published.
     view: ViewPublisher,
@@ -312,11 +314,13 @@ impl VolumeBook {
         let mut changed = Vec::new();
         for rec in self.records.values().filter(|r| which(r) && r.state != VolumeState::Creating) {
             let c = self.condition_of(rec);
-            let before = self.conditions.get(&rec.id);
-            if before != Some(&c) && (before.is_some() || c.abnormal) {
+            // Only abnormal conditions are kept: none logged means healthy.
+            let change = match self.conditions.get(&rec.id) {
+                Some(before) => *before != c,
+                None => c.abnormal,
+            };
+            if change {
                 changed.push((rec.id.clone(), rec.drive_id.clone(), c));
-            } else if before.is_none() {
-                self.conditions.insert(rec.id.clone(), c);
             }
         }
         let mut events = Vec::new();
@@ -327,7 +331,11 @@ impl VolumeBook {
                 info!(volume.id = %id, drive.id = %drive, volume.abnormal = false, volume.condition = %c.message, "volume condition changed");
             }
             events.push(VolumeConditionChanged { volume_id: id.clone(), abnormal: c.abnormal, message: c.message.clone() });
-            self.conditions.insert(id, c);
+            if c.abnormal {
+                self.conditions.insert(id, c);
+            } else {
+                self.conditions.remove(&id);
+            }
         }
         events
     }
@@ -338,8 +346,13 @@ impl VolumeBook {
         if self.is_busy(&volume_id) || !self.records.contains_key(&volume_id) {
             return false;
         }
-        if self.findings.get(&volume_id) != Some(&findings) {
-            self.findings.insert(volume_id, findings);
+        // Only volumes with findings have an entry: none means nothing found.
+        if self.findings.get(&volume_id).map_or(&[][..], Vec::as_slice) != findings.as_slice() {
+            if findings.is_empty() {
+                self.findings.remove(&volume_id);
+            } else {
+                self.findings.insert(volume_id, findings);
+            }
             self.publish();
         }
         true
