@@ -54,6 +54,8 @@ const PAGE: i32 = 500;
 const CALLS: usize = 1000;
 /// Measured agent starts per volume count (after one warm-up start); figures are medians.
 const STARTS: usize = 3;
+/// CreateVolume + DeleteVolume rounds (one 8 MiB block volume at a time) per start.
+const ROUNDS: usize = 20;
 
 fn agent_bin() -> PathBuf {
     std::env::var_os("DRIVELET_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_drivelet")))
@@ -89,6 +91,8 @@ struct Figures {
     ngi_p99_us: f64,
     cap_p50_us: f64,
     cap_p99_us: f64,
+    create_p50_ms: f64,
+    delete_p50_ms: f64,
 }
 
 /// Loop devices of this run, detached on drop.
@@ -272,6 +276,8 @@ fn median(runs: &[Figures]) -> Figures {
         ngi_p99_us: mid(runs, |f| f.ngi_p99_us),
         cap_p50_us: mid(runs, |f| f.cap_p50_us),
         cap_p99_us: mid(runs, |f| f.cap_p99_us),
+        create_p50_ms: mid(runs, |f| f.create_p50_ms),
+        delete_p50_ms: mid(runs, |f| f.delete_p50_ms),
         ..Default::default()
     }
 }
@@ -346,7 +352,31 @@ fn measure(dir: &Path, cfg: &Path, volumes: usize, rt: &tokio::runtime::Runtime)
                 cap.record(t.elapsed());
             }
         }
+        // Creating and deleting with V volumes in the book: each change republishes
+        // the whole view (src/actors/volumes/view.rs), so this shows what that costs.
+        let (mut created, mut deleted) = (Histogram::new(), Histogram::new());
+        for i in 0..ROUNDS {
+            let t = Instant::now();
+            let v = ctrl
+                .create_volume(csi::CreateVolumeRequest {
+                    name: format!("scale-round-{i}"),
+                    capacity_range: Some(csi::CapacityRange { required_bytes: VOLUME_SIZE as i64, limit_bytes: 0 }),
+                    volume_capabilities: vec![block_cap()],
+                    ..Default::default()
+                })
+                .await
+                .expect("CreateVolume")
+                .into_inner()
+                .volume
+                .expect("a volume");
+            created.record(t.elapsed());
+            let t = Instant::now();
+            ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id, ..Default::default() }).await.expect("DeleteVolume");
+            deleted.record(t.elapsed());
+        }
         Figures {
+            create_p50_ms: us(&created, 0.5) / 1000.0,
+            delete_p50_ms: us(&deleted, 0.5) / 1000.0,
             list_ms,
             pages,
             rss_listed_kib,
@@ -375,7 +405,8 @@ fn main() {
         let f = run(v, &rt);
         println!(
             "V={:<6} drives={:<3} (set up in {:.0}s) ready {:>7.1} ms  RSS ready {:>6.1} MiB (peak {:.1})  RSS after list {:>6.1} MiB  \
-             ListVolumes {} pages of {PAGE} {:>7.1} ms  NodeGetInfo p50 {:.0}µs p99 {:.0}µs  GetCapacity p50 {:.0}µs p99 {:.0}µs",
+             ListVolumes {} pages of {PAGE} {:>7.1} ms  NodeGetInfo p50 {:.0}µs p99 {:.0}µs  GetCapacity p50 {:.0}µs p99 {:.0}µs  \
+             CreateVolume p50 {:.1} ms  DeleteVolume p50 {:.1} ms",
             f.volumes,
             f.drives,
             f.setup_s,
@@ -389,15 +420,17 @@ fn main() {
             f.ngi_p99_us,
             f.cap_p50_us,
             f.cap_p99_us,
+            f.create_p50_ms,
+            f.delete_p50_ms,
         );
         all.push(f);
     }
     println!();
-    println!("| volumes | drives | ready (ms) | RSS ready (MiB) | peak RSS (MiB) | RSS after list (MiB) | full ListVolumes (ms) | NodeGetInfo p50/p99 (µs) | GetCapacity p50/p99 (µs) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| volumes | drives | ready (ms) | RSS ready (MiB) | peak RSS (MiB) | RSS after list (MiB) | full ListVolumes (ms) | NodeGetInfo p50/p99 (µs) | GetCapacity p50/p99 (µs) | CreateVolume / DeleteVolume p50 (ms) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for f in &all {
         println!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} / {:.1} |",
             f.volumes,
             f.drives,
             f.ready_ms,
@@ -408,7 +441,9 @@ fn main() {
             f.ngi_p50_us,
             f.ngi_p99_us,
             f.cap_p50_us,
-            f.cap_p99_us
+            f.cap_p99_us,
+            f.create_p50_ms,
+            f.delete_p50_ms
         );
     }
     // Per-volume cost between consecutive runs: flat or falling means at most linear.

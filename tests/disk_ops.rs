@@ -293,6 +293,32 @@ fn writing_a_gpt_never_touches_bytes_outside_its_structures() {
 }
 
 #[test]
+fn a_partition_added_wiped_has_its_first_and_last_mib_zeroed_and_nothing_else_changed() {
+    let size = 64 * MIB;
+    let (_d, img) = image(size, 0xa5);
+    let (start, len) = (4 * MIB, 16 * MIB);
+    let g = gpt::volume_partition_guid("wiped");
+    assert_eq!(gpt::add_partition_wiped(&img, 512, g, "drivelet:wiped", start, len).unwrap(), gpt::Added::Wiped);
+    let raw = std::fs::read(&img).unwrap();
+    let (s, e, m) = (start as usize, (start + len) as usize, MIB as usize);
+    assert!(raw[s..s + m].iter().all(|&b| b == 0), "the partition's first MiB is zero");
+    assert!(raw[e - m..e].iter().all(|&b| b == 0), "the partition's last MiB is zero");
+    assert!(raw[s + m..e - m].iter().all(|&b| b == 0xa5), "the middle of the partition is not written");
+    let (lo, hi) = (34 * 512, size as usize - 33 * 512);
+    assert!(raw[lo..s].iter().chain(&raw[e..hi]).all(|&b| b == 0xa5), "nothing outside the partition and the GPT changed");
+    let parts = gpt::read_table(&img, 512).unwrap().unwrap().partitions;
+    assert_eq!(parts.iter().map(|p| (p.guid, p.start, p.size)).collect::<Vec<_>>(), vec![(g, start, len)]);
+
+    // The same entry again: nothing is written, not even zeros over what is there now.
+    let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0x5a; 512], start).unwrap();
+    drop(f);
+    let before = sha256(&img);
+    assert_eq!(gpt::add_partition_wiped(&img, 512, g, "drivelet:wiped", start, len).unwrap(), gpt::Added::AlreadyThere);
+    assert_eq!(sha256(&img), before, "an entry already there is left as it is");
+}
+
+#[test]
 fn an_image_with_a_filesystem_or_a_foreign_gpt_is_refused_untouched() {
     let (_d, img) = image(32 * MIB, 0);
     sh("mkfs.ext4", &["-F", "-q", img.to_str().unwrap()]);

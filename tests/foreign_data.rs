@@ -471,3 +471,57 @@ fn a_disk_the_writer_refuses_at_create_time_turns_foreign_and_the_create_goes_on
     assert_eq!(agent.stop(), 0, "clean exit; log:\n{}", agent.log_tail(40));
     assert_eq!(digest(&small.file), before, "the refused drive is byte-for-byte unchanged");
 }
+
+#[test]
+fn old_data_in_a_managed_drives_free_space_never_reaches_a_new_volume() {
+    require_host();
+    let tmp = short_tempdir();
+    let drive = LoopDrive::new(tmp.path(), "d.img", SIZE);
+    sh("udevadm", &["settle"]);
+    let mut agent = Agent::start(tmp.path(), AgentOpts::default());
+    assert_eq!(entry(&agent.ctl_drives(), &drive.dev)["class"], "managed");
+
+    // Behind udev's back, where the first volume will go: an ext4 filesystem at its
+    // start and garbage over its last MiB (where an md 1.0 superblock would be), as a
+    // drive's earlier life leaves them; then drop the device's cached blocks.
+    let vol = 64 * MIB;
+    let start = first_volume_start(SIZE);
+    let fs_img = image(tmp.path(), "old-fs.raw", 8 * MIB);
+    sh("mkfs.ext4", &["-F", "-q", fs_img.to_str().unwrap()]);
+    let old = std::fs::read(&fs_img).unwrap();
+    write_at(&drive.file, start, &old[..2 * MIB as usize]);
+    write_at(&drive.file, start + vol - MIB, &vec![0xee; MIB as usize]);
+    sh("blockdev", &["--flushbufs", drive.dev.to_str().unwrap()]);
+    assert_eq!(entry(&agent.ctl_drives(), &drive.dev)["class"], "managed", "data in free space is not seen on the whole disk");
+
+    let rt = rt();
+    let id = rt.block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.ctrl.create_volume(create("fresh", vol, &[])).await.unwrap_or_else(|s| panic!("create: {} {}", s.code(), s.message())).into_inner().volume.unwrap().volume_id
+    });
+    let parts = kernel_parts(&drive.dev);
+    let (name, _, _) = parts.iter().find(|(_, s, _)| *s == start).unwrap_or_else(|| panic!("no kernel partition at {start}: {parts:?}"));
+    let part = Path::new("/dev").join(name);
+    let zeroed = |when: &str| {
+        let file = std::fs::File::open(&drive.file).unwrap();
+        for at in [start, start + vol - MIB] {
+            let mut buf = vec![0xffu8; MIB as usize];
+            file.read_exact_at(&mut buf, at).unwrap();
+            assert!(buf.iter().all(|&b| b == 0), "{when}: the MiB at byte {at} of the drive (the volume's first or last) is zero");
+        }
+    };
+    zeroed("after CreateVolume");
+    let probed = blkid(&part);
+    assert!(!probed.contains_key("TYPE") && !probed.contains_key("PTTYPE"), "volume {id}: the new partition shows nothing: {probed:?}");
+
+    // What the volume held does not outlive it either: DeleteVolume zeroes the same
+    // areas on the drive.
+    sh("mkfs.ext4", &["-F", "-q", part.to_str().unwrap()]);
+    write_at(&part, vol - 4096, &[0xee; 4096]);
+    rt.block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap_or_else(|s| panic!("delete: {} {}", s.code(), s.message()));
+    });
+    zeroed("after DeleteVolume");
+    assert_eq!(agent.stop(), 0, "clean exit; log:\n{}", agent.log_tail(40));
+}

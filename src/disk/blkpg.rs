@@ -188,6 +188,13 @@ fn wait_for_node(sys: &Path, disk: &Path, start: u64, size: u64) -> Result<Kerne
 /// lowest free partition number; one overlapping it differently is a
 /// [`DiskError::Conflict`].
 pub fn ensure_kernel_partition(disk: &Path, start: u64, size: u64) -> Result<KernelPartition, DiskError> {
+    ensure_kernel_partition_added(disk, start, size).map(|(p, _)| p)
+}
+
+/// [`ensure_kernel_partition`], saying whether this call added the partition (`true`):
+/// a partition added now is a new block device whose page cache holds nothing, so it
+/// reads what is on the disk.
+pub fn ensure_kernel_partition_added(disk: &Path, start: u64, size: u64) -> Result<(KernelPartition, bool), DiskError> {
     if size == 0 || !start.is_multiple_of(512) || !size.is_multiple_of(512) || start.checked_add(size).is_none() {
         return Err(DiskError::invalid(format!(
             "{}: partition [{start}, +{size}) bytes is empty or not in whole 512-byte sectors",
@@ -202,7 +209,7 @@ pub fn ensure_kernel_partition(disk: &Path, start: u64, size: u64) -> Result<Ker
     for _ in 0..50 {
         let parts = partitions_in(&sys, disk)?;
         if parts.iter().any(|p| p.start == start && p.size == size) {
-            return wait_for_node(&sys, disk, start, size);
+            return wait_for_node(&sys, disk, start, size).map(|p| (p, false));
         }
         if let Some(p) = parts.iter().find(|p| p.start < start + size && start < ends(p)) {
             return Err(conflict(format!(
@@ -215,7 +222,7 @@ pub fn ensure_kernel_partition(disk: &Path, start: u64, size: u64) -> Result<Ker
         }
         let number = (1u32..).find(|n| parts.iter().all(|p| p.number != *n)).unwrap_or(1);
         match blkpg(disk, &file, BLKPG_ADD_PARTITION, number, start, size) {
-            Ok(()) => return wait_for_node(&sys, disk, start, size),
+            Ok(()) => return wait_for_node(&sys, disk, start, size).map(|p| (p, true)),
             Err(Errno::EBUSY) => std::thread::sleep(POLL * 5),
             Err(e) => {
                 return Err(DiskError::Io {

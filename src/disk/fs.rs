@@ -393,21 +393,38 @@ pub fn device_size(dev: &Path) -> Result<u64, DiskError> {
 }
 
 /// The byte ranges [`wipe_signatures`] zeroes on a device of `size` bytes.
-fn wipe_ranges(size: u64) -> Vec<(u64, u64)> {
+pub(crate) fn wipe_ranges(size: u64) -> Vec<(u64, u64)> {
     if size <= 2 * WIPE_LEN {
         return vec![(0, size)];
     }
     vec![(0, WIPE_LEN), (size - WIPE_LEN, WIPE_LEN)]
 }
 
-/// Zeroes the first and the last MiB of a block device (all of it if smaller) and
-/// fsyncs, so no filesystem, partition-table or RAID signature survives. A device that
-/// is mounted or held is refused ([`DiskError::Busy`]).
-pub fn wipe_signatures(dev: &Path) -> Result<(), DiskError> {
-    let _t = super::timing::step("wipe");
-    let file = OpenOptions::new()
+/// Writes zeros over `ranges` (offset, length in bytes) of `dev` through `file`; the
+/// caller flushes. The zeros sit at a 4 KiB-aligned address, so `file` may be opened
+/// `O_DIRECT` (the ranges must then be whole logical blocks).
+pub(crate) fn zero_ranges(dev: &Path, file: &File, ranges: &[(u64, u64)]) -> Result<(), DiskError> {
+    const PAGE: usize = 4096;
+    let buf = vec![0u8; WIPE_LEN as usize + PAGE];
+    let at = buf.as_ptr().align_offset(PAGE).min(PAGE);
+    let zeros = &buf[at..at + WIPE_LEN as usize];
+    for &(start, len) in ranges {
+        let mut off = start;
+        while off < start + len {
+            let n = (start + len - off).min(WIPE_LEN) as usize;
+            file.write_all_at(&zeros[..n], off).map_err(DiskError::io(format!("zero {} at byte {off}", dev.display())))?;
+            off += n as u64;
+        }
+    }
+    Ok(())
+}
+
+/// Opens a partition to wipe it: for writing, exclusively (`O_EXCL`: a mounted or held
+/// device is refused, [`DiskError::Busy`]), with `flags` added.
+fn open_to_wipe(dev: &Path, flags: libc::c_int) -> Result<File, DiskError> {
+    OpenOptions::new()
         .write(true)
-        .custom_flags(libc::O_EXCL | libc::O_CLOEXEC)
+        .custom_flags(libc::O_EXCL | libc::O_CLOEXEC | flags)
         .open(dev)
         .map_err(|e| match e.raw_os_error() {
             Some(libc::EBUSY) => DiskError::Busy {
@@ -415,20 +432,32 @@ pub fn wipe_signatures(dev: &Path) -> Result<(), DiskError> {
                 reason: "it is mounted or held by another device; not wiping it".into(),
             },
             _ => DiskError::Io { what: format!("open {} to wipe it", dev.display()), source: e },
-        })?;
+        })
+}
+
+/// Zeroes the first and the last MiB of a block device (all of it if smaller) and
+/// fsyncs, so no filesystem, partition-table or RAID signature survives. A device that
+/// is mounted or held is refused ([`DiskError::Busy`]).
+pub fn wipe_signatures(dev: &Path) -> Result<(), DiskError> {
+    let _t = super::timing::step("wipe");
+    let file = open_to_wipe(dev, 0)?;
     let size = size_of_open(dev, &file)?;
-    let zeros = vec![0u8; WIPE_LEN as usize];
-    for (start, len) in wipe_ranges(size) {
-        let mut off = start;
-        while off < start + len {
-            let n = (start + len - off).min(WIPE_LEN) as usize;
-            file.write_all_at(&zeros[..n], off)
-                .map_err(DiskError::io(format!("zero {} at byte {off}", dev.display())))?;
-            off += n as u64;
-        }
-    }
+    zero_ranges(dev, &file, &wipe_ranges(size))?;
     let _t = super::timing::step("wipe.flush");
     file.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
+}
+
+/// [`wipe_signatures`] without a flush of its own, for a partition whose disk is
+/// flushed next anyway (DeleteVolume: the GPT commit that removes its entry). The zeros
+/// go past the page cache straight to the device (`O_DIRECT`, which also drops the
+/// partition's cached copies of those blocks), so they are on the device when this
+/// returns and durable at that next flush of the disk; a flush of the whole disk does
+/// not write back a partition's page cache, so buffered zeros would not be.
+pub fn wipe_signatures_direct(dev: &Path) -> Result<(), DiskError> {
+    let _t = super::timing::step("wipe");
+    let file = open_to_wipe(dev, libc::O_DIRECT)?;
+    let size = size_of_open(dev, &file)?;
+    zero_ranges(dev, &file, &wipe_ranges(size))
 }
 
 #[cfg(test)]

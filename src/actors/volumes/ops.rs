@@ -153,16 +153,24 @@ pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeReco
 }
 
 fn create_steps(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: VolumeRecord, from: Option<&CloneFrom>) -> Result<VolumeRecord, VolumeError> {
-    let kp = {
+    let (kp, wiped) = {
         let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
         let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
-        gpt::add_partition(&drive.path, drive.sector, rec.part_guid, &gpt::partition_label(&rec.name), rec.start, rec.size)
+        // The new partition's signature areas are zeroed in the table's own commit.
+        let added = gpt::add_partition_wiped(&drive.path, drive.sector, rec.part_guid, &gpt::partition_label(&rec.name), rec.start, rec.size)
             .map_err(disk(&rec.id, "write the partition table"))?;
         crash_point!("create.gpt_written");
-        blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size).map_err(disk(&rec.id, "add the kernel partition"))?
+        let (kp, new) = blkpg::ensure_kernel_partition_added(&drive.path, rec.start, rec.size)
+            .map_err(disk(&rec.id, "add the kernel partition"))?;
+        // A kernel partition that was there before may hold stale blocks in its cache.
+        (kp, added == gpt::Added::Wiped && new)
     };
     crash_point!("create.partition_visible");
-    fs::wipe_signatures(&kp.devnode).map_err(disk(&rec.id, "wipe the new partition"))?;
+    if !wiped {
+        // An entry left by an earlier try, or a kernel partition that was already there:
+        // wipe through the partition itself.
+        fs::wipe_signatures(&kp.devnode).map_err(disk(&rec.id, "wipe the new partition"))?;
+    }
     crash_point!("create.wiped");
     if let Some(from) = from {
         super::clone::copy(&mut rec, &kp, from)?;
@@ -239,7 +247,8 @@ pub(crate) fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex
             if blkpg::is_read_only(&kp.devnode) {
                 blkpg::set_read_only(&kp.devnode, false).map_err(disk(&rec.id, "mark the partition writable"))?;
             }
-            fs::wipe_signatures(&kp.devnode).map_err(disk(&rec.id, "wipe the partition"))?;
+            // Durable with the GPT commit below, which flushes the disk.
+            fs::wipe_signatures_direct(&kp.devnode).map_err(disk(&rec.id, "wipe the partition"))?;
         }
         crash_point!("delete.wiped");
         blkpg::remove_kernel_partition(&drive.path, rec.start).map_err(disk(&rec.id, "remove the kernel partition"))?;

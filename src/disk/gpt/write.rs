@@ -130,7 +130,8 @@ pub(super) fn ordered_writes(dev: &Path, disk: &GptDisk<&File>, file: &File, siz
 /// Writes the table prepared in `disk` (and, for a fresh table on a device of `fresh`
 /// bytes, the protective MBR) through a read-write descriptor opened only for this,
 /// backup copy first and flushed, then the primary copy, and flushes it to the device.
-fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>) -> Result<(), DiskError> {
+/// The byte ranges in `zero` are zeroed first, so the first flush carries them too.
+fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u64)]) -> Result<(), DiskError> {
     let rw = OpenOptions::new()
         .read(true)
         .write(true)
@@ -138,6 +139,10 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>) -> Result<(), D
         .open(dev)
         .map_err(DiskError::io(format!("open {} for writing", dev.display())))?;
     let size = len_of(dev, &rw)?;
+    if !zero.is_empty() {
+        let _t = crate::disk::timing::step("gpt.zero");
+        crate::disk::fs::zero_ranges(dev, &rw, zero)?;
+    }
     let half = size / 2;
     let mut in_backup = true;
     for (off, data) in ordered_writes(dev, disk, &rw, size)? {
@@ -169,6 +174,29 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>) -> Result<(), D
 /// partition with the same GUID, start and size already there is success; the same GUID
 /// elsewhere, or an overlap with another partition, is a [`DiskError::Conflict`].
 pub fn add_partition(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64) -> Result<(), DiskError> {
+    add(dev, sector, guid, label, start, size, false).map(drop)
+}
+
+/// What [`add_partition_wiped`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Added {
+    /// The entry was written now, and the partition's signature areas (its first and
+    /// last MiB, as [`crate::disk::fs::wipe_signatures`] zeroes) were zeroed on the
+    /// device in the same commit, before the table's first flush.
+    Wiped,
+    /// The same entry was already in the table: nothing was written or zeroed.
+    AlreadyThere,
+}
+
+/// [`add_partition`], zeroing the new partition's signature areas through the same
+/// descriptor and flushes as the table: a wipe that costs no flush of its own. The
+/// space was free in drivelet's own table until this write; nothing outside the new
+/// partition is zeroed.
+pub fn add_partition_wiped(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64) -> Result<Added, DiskError> {
+    add(dev, sector, guid, label, start, size, true)
+}
+
+fn add(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, wipe: bool) -> Result<Added, DiskError> {
     let _t = crate::disk::timing::step("gpt.add");
     check_extent(dev, start, size)?;
     if label.encode_utf16().count() > MAX_LABEL_UNITS || label.contains('\0') {
@@ -202,7 +230,7 @@ pub fn add_partition(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u6
     for p in parts.values() {
         if p.part_guid == guid {
             if p.first_lba == first && p.last_lba == last && p.part_type_guid.guid == PARTITION_TYPE_GUID {
-                return Ok(());
+                return Ok(Added::AlreadyThere);
             }
             return Err(conflict(format!(
                 "a partition with GUID {guid} already exists at [{}, +{})",
@@ -237,7 +265,13 @@ pub fn add_partition(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u6
     );
     set_entries(dev, &mut disk, parts)?;
     check_usable(dev, &disk, first, last, dev_size, sector)?;
-    commit(dev, &disk, fresh)
+    let zero: Vec<(u64, u64)> = if wipe {
+        crate::disk::fs::wipe_ranges(size).into_iter().map(|(off, len)| (start + off, len)).collect()
+    } else {
+        Vec::new()
+    };
+    commit(dev, &disk, fresh, &zero)?;
+    Ok(Added::Wiped)
 }
 
 /// Finds the used entry with `guid`: its key and entry.
@@ -274,7 +308,7 @@ pub fn remove_partition(dev: &Path, sector: u64, guid: Uuid) -> Result<bool, Dis
     let mut parts = disk.partitions().clone();
     parts.retain(|k, p| p.is_used() && *k != key);
     set_entries(dev, &mut disk, parts)?;
-    commit(dev, &disk, None)?;
+    commit(dev, &disk, None, &[])?;
     Ok(true)
 }
 
@@ -316,5 +350,5 @@ pub fn resize_partition(dev: &Path, sector: u64, guid: Uuid, new_size: u64) -> R
     }
     set_entries(dev, &mut disk, parts)?;
     check_usable(dev, &disk, p.first_lba, last, dev_size, sector)?;
-    commit(dev, &disk, None)
+    commit(dev, &disk, None, &[])
 }
