@@ -84,7 +84,7 @@ async fn settled(c: &mut Csi, k: &Kind, want: (u64, u64)) -> (u64, u64) {
 /// GetCapacity must offer for whole drives in this step (the open drives, each whole);
 /// once it does, the volume manager has taken in the step's drive states, and every
 /// kind is read from that same view.
-async fn promise_holds(c: &mut Csi, step: &str, whole: (u64, u64)) -> Vec<(&'static str, u64, u64)> {
+async fn promise_holds(c: &mut Csi, agent: &Agent, step: &str, whole: (u64, u64)) -> Vec<(&'static str, u64, u64)> {
     assert_eq!(settled(c, &KINDS[2], whole).await, whole, "{step}: whole drives offered within 10 s");
     let mut seen = Vec::new();
     for k in &KINDS {
@@ -111,17 +111,17 @@ async fn promise_holds(c: &mut Csi, step: &str, whole: (u64, u64)) -> Vec<(&'sta
             }
             let (id, size) = create(c, k, &format!("fill-{n}"), max_now)
                 .await
-                .unwrap_or_else(|e| panic!("{what}: the promised maximum {max_now} was refused: {e}"));
+                .unwrap_or_else(|e| panic!("{what}: the promised maximum {max_now} was refused: {e}\nlog:\n{}", agent.log_tail(40)));
             assert_eq!(size, max_now, "{what}: a volume of the maximum");
             filled += size;
             made.push(id);
         }
-        assert_eq!(filled, available, "{what}: volumes of the maximum fill exactly the available capacity");
+        assert_eq!(filled, available, "{what}: volumes of the maximum fill exactly the available capacity; log:\n{}", agent.log_tail(40));
         for id in &made {
             delete(c, id).await;
         }
         // Space DeleteVolume freed is offered again as soon as it answered.
-        assert_eq!(capacity(c, k).await, (available, maximum), "{what}: everything back right after the deletes");
+        assert_eq!(capacity(c, k).await, (available, maximum), "{what}: everything back right after the deletes; log:\n{}", agent.log_tail(40));
     }
     seen
 }
@@ -167,7 +167,7 @@ fn get_capacity_promises_exactly_what_create_volume_accepts_through_every_drive_
             let (start, end) = drivelet::disk::gpt::usable_region(512 * MIB, 512).expect("a drive big enough for a GPT");
             end - start
         };
-        let all = promise_holds(&mut c, "five active drives", (5 * one_drive, one_drive)).await;
+        let all = promise_holds(&mut c, &agent, "five active drives", (5 * one_drive, one_drive)).await;
         assert_eq!(all[2], (KINDS[2].label, 5 * one_drive, one_drive), "whole drives: all five");
 
         // Releasing: a drive with a volume on it, released by the admin.
@@ -175,13 +175,13 @@ fn get_capacity_promises_exactly_what_create_volume_accepts_through_every_drive_
         let on = agent.ctl_volumes().as_array().unwrap().iter().find(|v| v["id"] == keep.as_str()).unwrap()["drive_id"].as_str().unwrap().to_string();
         release(&agent, &on);
         wait_drive(&agent, &on, "releasing", |d| d.is_some_and(|d| d["usage"] == "releasing"));
-        let seen = promise_holds(&mut c, "one drive releasing", (4 * one_drive, one_drive)).await;
+        let seen = promise_holds(&mut c, &agent, "one drive releasing", (4 * one_drive, one_drive)).await;
         assert_eq!(seen[2], (KINDS[2].label, 4 * one_drive, one_drive), "whole drives: the releasing one is not offered");
 
         // Released: its last volume deleted.
         delete(&mut c, &keep).await;
         wait_drive(&agent, &on, "released", |d| d.is_some_and(|d| d["usage"] == "released"));
-        let seen = promise_holds(&mut c, "one drive released", (4 * one_drive, one_drive)).await;
+        let seen = promise_holds(&mut c, &agent, "one drive released", (4 * one_drive, one_drive)).await;
         assert_eq!(seen[2].1, 4 * one_drive, "the released drive is not offered");
 
         // BAD: SMART says the drive is failing.
@@ -189,7 +189,7 @@ fn get_capacity_promises_exactly_what_create_volume_accepts_through_every_drive_
         let bad_dev = drives.iter().find(|d| drive_id_of(&agent, d) == bad).unwrap();
         smart.choose(&bad_dev.name(), "sata-hdd-smart-failed.json");
         wait_drive_health(&agent, &bad, "bad", Duration::from_secs(10));
-        let seen = promise_holds(&mut c, "one drive released, one BAD", (3 * one_drive, one_drive)).await;
+        let seen = promise_holds(&mut c, &agent, "one drive released, one BAD", (3 * one_drive, one_drive)).await;
         assert_eq!(seen[2].1, 3 * one_drive, "the BAD drive is not offered");
 
         // Missing: a drive pulled.
@@ -197,7 +197,7 @@ fn get_capacity_promises_exactly_what_create_volume_accepts_through_every_drive_
         let gone_dev = drives.iter_mut().find(|d| drive_id_of(&agent, d) == gone).unwrap();
         gone_dev.detach();
         wait_drive(&agent, &gone, "gone", |d| d.is_none());
-        let seen = promise_holds(&mut c, "one released, one BAD, one missing", (2 * one_drive, one_drive)).await;
+        let seen = promise_holds(&mut c, &agent, "one released, one BAD, one missing", (2 * one_drive, one_drive)).await;
         assert_eq!(seen[2], (KINDS[2].label, 2 * one_drive, one_drive), "two drives left");
     });
 }
