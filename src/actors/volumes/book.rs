@@ -118,16 +118,23 @@ impl VolumeBook {
         if !self.ready {
             return self.view.publish(VolumesView::not_ready());
         }
+        // One condition shared by every healthy volume: a view costs a record pointer and
+        // a condition pointer per volume.
+        let healthy = Arc::new(health::Condition::healthy());
         let volumes = self
             .records
             .values()
             .filter(|r| r.state != VolumeState::Creating)
-            .map(|r| Listed { record: r.clone(), condition: self.condition_of(r) })
+            .map(|r| {
+                let c = self.condition_of(r);
+                let condition = if c.abnormal { Arc::new(c) } else { healthy.clone() };
+                Listed { record: r.clone(), condition }
+            })
             .collect();
         let drives = self
             .candidates()
             .into_iter()
-            .map(|c| DriveRoom { drive: c.drive.clone(), used: c.used, closed: c.closed })
+            .map(|c| DriveRoom { drive: c.drive.clone(), used: c.used.into_owned(), closed: c.closed })
             .collect();
         self.view.publish(VolumesView::ready(volumes, drives));
     }
@@ -401,15 +408,19 @@ impl VolumeBook {
     }
 
     fn candidates(&self) -> Vec<Candidate<'_>> {
+        // One pass over the records, not one per drive.
+        let mut by_drive: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
+        for r in self.records.values().filter(|r| r.adopted.is_none()) {
+            by_drive.entry(r.drive_id.as_str()).or_default().push((r.start, r.size));
+        }
         self.drives
             .values()
             .filter(|d| d.class == DriveClass::Managed)
             .map(|d| {
-                let mut used: Vec<(u64, u64)> =
-                    self.records.values().filter(|r| r.drive_id == d.id && r.adopted.is_none()).map(|r| (r.start, r.size)).collect();
+                let mut used = by_drive.remove(d.id.as_str()).unwrap_or_default();
                 used.extend(d.extents.iter().copied());
                 let closed = self.drive_use.contains_key(&d.id) || d.health.health == Health::Bad;
-                Candidate { drive: d, used, closed }
+                Candidate { drive: d, used: used.into(), closed }
             })
             .collect()
     }

@@ -262,11 +262,16 @@ pub struct Condition {
 }
 
 impl Condition {
+    /// The condition of a volume with no adverse finding.
+    pub(crate) fn healthy() -> Condition {
+        Condition { abnormal: false, message: "volume is healthy".into(), entries: Vec::new() }
+    }
+
     /// The condition of findings given in report order: one entry per reason (messages
     /// of one reason joined), and every message joined for v1.12.
     fn of(found: Vec<(Reason, String)>) -> Condition {
         if found.is_empty() {
-            return Condition { abnormal: false, message: "volume is healthy".into(), entries: Vec::new() };
+            return Condition::healthy();
         }
         let message = found.iter().map(|(_, m)| m.as_str()).collect::<Vec<_>>().join("; ");
         let mut entries: Vec<HealthEntry> = Vec::new();

@@ -17,6 +17,8 @@
 //!   now, `available` the sum of every usable extent (what volumes of the largest size,
 //!   one after another, would fill). No I/O here.
 
+use std::borrow::Cow;
+
 use crate::actors::inventory::classify::DriveClass;
 use crate::actors::inventory::model::{Drive, LayoutKind};
 use crate::config::Media;
@@ -47,8 +49,9 @@ pub(crate) enum NoRoom {
 pub(crate) struct Candidate<'a> {
     /// The drive.
     pub drive: &'a Drive,
-    /// Extents in use (records and kernel partitions), `(start, len)`.
-    pub used: Vec<(u64, u64)>,
+    /// Extents in use (records and kernel partitions), `(start, len)`: the book's own,
+    /// or borrowed from a published view.
+    pub used: Cow<'a, [(u64, u64)]>,
     /// The drive must not take new volumes (releasing, failing).
     pub closed: bool,
 }
@@ -157,9 +160,9 @@ mod tests {
         let b = drive("b", Media::Ssd, 4 * GIB);
         let c = drive("c", Media::Hdd, 2 * GIB);
         let cands = vec![
-            Candidate { drive: &a, used: vec![], closed: false },
-            Candidate { drive: &b, used: vec![(MIB, GIB)], closed: false },
-            Candidate { drive: &c, used: vec![], closed: false },
+            Candidate { drive: &a, used: vec![].into(), closed: false },
+            Candidate { drive: &b, used: vec![(MIB, GIB)].into(), closed: false },
+            Candidate { drive: &c, used: vec![].into(), closed: false },
         ];
         let p = place(&cands, None, LayoutKind::Partition, GIB).unwrap();
         assert_eq!((p.drive_id.as_str(), p.start), ("c", MIB));
@@ -176,14 +179,14 @@ mod tests {
         let a = drive("a", Media::Ssd, 4 * GIB);
         let b = drive("b", Media::Ssd, 2 * GIB);
         let cands = vec![
-            Candidate { drive: &a, used: vec![], closed: false },
-            Candidate { drive: &b, used: vec![(MIB, MIB)], closed: false },
+            Candidate { drive: &a, used: vec![].into(), closed: false },
+            Candidate { drive: &b, used: vec![(MIB, MIB)].into(), closed: false },
         ];
         let p = place(&cands, None, LayoutKind::Drive, MIB).unwrap();
         assert_eq!(p.drive_id, "a");
         assert_eq!(p.start, MIB);
         assert_eq!(p.size, gpt::usable_region(4 * GIB, 512).map(|(s, e)| e - s).unwrap());
-        let cands = vec![Candidate { drive: &b, used: vec![(MIB, MIB)], closed: false }];
+        let cands = vec![Candidate { drive: &b, used: vec![(MIB, MIB)].into(), closed: false }];
         assert!(matches!(place(&cands, None, LayoutKind::Drive, MIB), Err(NoRoom::Full(_))));
     }
 
@@ -193,8 +196,8 @@ mod tests {
         let mut f = drive("f", Media::Ssd, 4 * GIB);
         f.class = DriveClass::Foreign;
         let cands = vec![
-            Candidate { drive: &a, used: vec![], closed: true },
-            Candidate { drive: &f, used: vec![], closed: false },
+            Candidate { drive: &a, used: vec![].into(), closed: true },
+            Candidate { drive: &f, used: vec![].into(), closed: false },
         ];
         assert!(matches!(place(&cands, None, LayoutKind::Partition, MIB), Err(NoRoom::Full(_))));
     }
@@ -215,20 +218,20 @@ mod tests {
         // (candidates, media, layout, minimum) -> (available, maximum)
         let cases: Vec<(Vec<Candidate<'_>>, Option<Media>, LayoutKind, u64, u64, u64)> = vec![
             // Empty drives: everything, the biggest whole region is the maximum.
-            (vec![Candidate { drive: &a, used: vec![], closed: false }, Candidate { drive: &h, used: vec![], closed: false }], None, p, MIB, region(2 * GIB) + region(4 * GIB), region(4 * GIB)),
+            (vec![Candidate { drive: &a, used: vec![].into(), closed: false }, Candidate { drive: &h, used: vec![].into(), closed: false }], None, p, MIB, region(2 * GIB) + region(4 * GIB), region(4 * GIB)),
             // Media filter.
-            (vec![Candidate { drive: &a, used: vec![], closed: false }, Candidate { drive: &h, used: vec![], closed: false }], Some(Media::Ssd), p, MIB, region(2 * GIB), region(2 * GIB)),
+            (vec![Candidate { drive: &a, used: vec![].into(), closed: false }, Candidate { drive: &h, used: vec![].into(), closed: false }], Some(Media::Ssd), p, MIB, region(2 * GIB), region(2 * GIB)),
             // A releasing or BAD drive (closed) promises nothing; a foreign one neither.
-            (vec![Candidate { drive: &h, used: vec![], closed: true }, Candidate { drive: &a, used: vec![], closed: false }], None, p, MIB, region(2 * GIB), region(2 * GIB)),
-            (vec![Candidate { drive: &h, used: vec![], closed: true }, Candidate { drive: &f, used: vec![], closed: false }], None, p, MIB, 0, 0),
+            (vec![Candidate { drive: &h, used: vec![].into(), closed: true }, Candidate { drive: &a, used: vec![].into(), closed: false }], None, p, MIB, region(2 * GIB), region(2 * GIB)),
+            (vec![Candidate { drive: &h, used: vec![].into(), closed: true }, Candidate { drive: &f, used: vec![].into(), closed: false }], None, p, MIB, 0, 0),
             // A volume in the middle splits the free space: the maximum is the larger side.
-            (vec![Candidate { drive: &a, used: vec![(MIB + 512 * MIB, 512 * MIB)], closed: false }], None, p, MIB, region(2 * GIB) - 512 * MIB, region(2 * GIB) - 1024 * MIB),
+            (vec![Candidate { drive: &a, used: vec![(MIB + 512 * MIB, 512 * MIB)].into(), closed: false }], None, p, MIB, region(2 * GIB) - 512 * MIB, region(2 * GIB) - 1024 * MIB),
             // Extents below the smallest volume (xfs: 300 MiB) are not counted.
-            (vec![Candidate { drive: &a, used: vec![(MIB + 100 * MIB, region(2 * GIB) - 100 * MIB)], closed: false }], None, p, 300 * MIB, 0, 0),
-            (vec![Candidate { drive: &a, used: vec![(MIB + 100 * MIB, region(2 * GIB) - 100 * MIB)], closed: false }], None, p, 16 * MIB, 100 * MIB, 100 * MIB),
+            (vec![Candidate { drive: &a, used: vec![(MIB + 100 * MIB, region(2 * GIB) - 100 * MIB)].into(), closed: false }], None, p, 300 * MIB, 0, 0),
+            (vec![Candidate { drive: &a, used: vec![(MIB + 100 * MIB, region(2 * GIB) - 100 * MIB)].into(), closed: false }], None, p, 16 * MIB, 100 * MIB, 100 * MIB),
             // Whole drives: only empty ones, each entirely.
-            (vec![Candidate { drive: &a, used: vec![(MIB, MIB)], closed: false }, Candidate { drive: &b, used: vec![], closed: false }], None, LayoutKind::Drive, MIB, region(2 * GIB), region(2 * GIB)),
-            (vec![Candidate { drive: &a, used: vec![(MIB, MIB)], closed: false }, Candidate { drive: &b, used: vec![], closed: true }], None, LayoutKind::Drive, MIB, 0, 0),
+            (vec![Candidate { drive: &a, used: vec![(MIB, MIB)].into(), closed: false }, Candidate { drive: &b, used: vec![].into(), closed: false }], None, LayoutKind::Drive, MIB, region(2 * GIB), region(2 * GIB)),
+            (vec![Candidate { drive: &a, used: vec![(MIB, MIB)].into(), closed: false }, Candidate { drive: &b, used: vec![].into(), closed: true }], None, LayoutKind::Drive, MIB, 0, 0),
         ];
         for (i, (cands, media, layout, minimum, available, maximum)) in cases.iter().enumerate() {
             let got = capacity(cands, *media, *layout, *minimum);
@@ -239,7 +242,7 @@ mod tests {
     /// Takes `p` on its drive, as a created volume would.
     fn take(cands: &mut [Candidate<'_>], p: &Placement) {
         let c = cands.iter_mut().find(|c| c.drive.id == p.drive_id).unwrap();
-        c.used.push((p.start, p.size));
+        c.used.to_mut().push((p.start, p.size));
     }
 
     #[test]
@@ -251,10 +254,10 @@ mod tests {
         for layout in [LayoutKind::Partition, LayoutKind::Drive] {
             for minimum in [MIB, 16 * MIB, 300 * MIB] {
                 let mut cands = vec![
-                    Candidate { drive: &a, used: vec![(MIB + 700 * MIB, 300 * MIB)], closed: false },
-                    Candidate { drive: &b, used: vec![], closed: false },
-                    Candidate { drive: &c, used: vec![(MIB + 900 * MIB, 20 * MIB)], closed: false },
-                    Candidate { drive: &d, used: vec![], closed: true },
+                    Candidate { drive: &a, used: vec![(MIB + 700 * MIB, 300 * MIB)].into(), closed: false },
+                    Candidate { drive: &b, used: vec![].into(), closed: false },
+                    Candidate { drive: &c, used: vec![(MIB + 900 * MIB, 20 * MIB)].into(), closed: false },
+                    Candidate { drive: &d, used: vec![].into(), closed: true },
                 ];
                 let start = capacity(&cands, None, layout, minimum);
                 let mut filled = 0;

@@ -15,6 +15,7 @@
 //! - when the manager is gone for good (its book dropped), readers see that
 //!   ([`ViewReader::get`] answers `None`) and say so rather than answer from the past.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -39,13 +40,13 @@ pub struct DriveRoom {
 }
 
 /// A shown volume: its record (shared with the book, never copied) and its condition
-/// at that moment.
+/// at that moment (every healthy volume shares one).
 #[derive(Debug, Clone)]
 pub struct Listed {
     /// The record.
     pub record: Arc<VolumeRecord>,
     /// Its condition.
-    pub condition: Condition,
+    pub condition: Arc<Condition>,
 }
 
 /// One moment of the volume manager's book, as the cheap calls read it.
@@ -97,7 +98,7 @@ impl VolumesView {
             return Err(VolumeError::NotReady);
         }
         let cands: Vec<Candidate<'_>> =
-            self.drives.iter().map(|d| Candidate { drive: &d.drive, used: d.used.clone(), closed: d.closed }).collect();
+            self.drives.iter().map(|d| Candidate { drive: &d.drive, used: Cow::Borrowed(&d.used), closed: d.closed }).collect();
         Ok(placement::capacity(&cands, m.media, m.layout, m.minimum))
     }
 }
@@ -143,7 +144,7 @@ mod tests {
 
     fn status(id: &str) -> Listed {
         let record = VolumeRecord { id: id.to_string(), ..VolumeRecord::for_test(1, VolumeState::Available) };
-        Listed { record: Arc::new(record), condition: Condition { abnormal: false, message: String::new(), entries: Vec::new() } }
+        Listed { record: Arc::new(record), condition: Arc::new(Condition { abnormal: false, message: String::new(), entries: Vec::new() }) }
     }
 
     fn ids(page: &[Listed]) -> Vec<&str> {
