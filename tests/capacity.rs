@@ -67,29 +67,29 @@ async fn delete(c: &mut Csi, id: &str) {
         .unwrap_or_else(|e| panic!("DeleteVolume {id}: {e}"));
 }
 
-/// GetCapacity once the drives' kernel partitions, as udev reports them, have caught up
-/// with the last create or delete (placement counts partitions the kernel lists as used,
-/// and the inventory hears of a deleted one a moment after DeleteVolume answered): two
-/// readings 300 ms apart agree, or `want` is read.
-async fn settled(c: &mut Csi, k: &Kind, want: Option<(u64, u64)>) -> (u64, u64) {
+/// GetCapacity once it reads `want`, at most 10 s: a drive's state reaches the volume
+/// manager as an event after `ctl drives` shows it (SMART verdicts, drives pulled).
+async fn settled(c: &mut Csi, k: &Kind, want: (u64, u64)) -> (u64, u64) {
     let start = Instant::now();
-    let mut last = capacity(c, k).await;
     loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
         let now = capacity(c, k).await;
-        if want.map_or(now == last, |w| now == w) || start.elapsed() > Duration::from_secs(10) {
+        if now == want || start.elapsed() > Duration::from_secs(10) {
             return now;
         }
-        last = now;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-/// The promise of GetCapacity holds for every kind of volume, now.
-async fn promise_holds(c: &mut Csi, step: &str) -> Vec<(&'static str, u64, u64)> {
+/// The promise of GetCapacity holds for every kind of volume, now. `whole`: what
+/// GetCapacity must offer for whole drives in this step (the open drives, each whole);
+/// once it does, the volume manager has taken in the step's drive states, and every
+/// kind is read from that same view.
+async fn promise_holds(c: &mut Csi, agent: &Agent, step: &str, whole: (u64, u64)) -> Vec<(&'static str, u64, u64)> {
+    assert_eq!(settled(c, &KINDS[2], whole).await, whole, "{step}: whole drives offered within 10 s");
     let mut seen = Vec::new();
     for k in &KINDS {
         let what = format!("{step}, {}", k.label);
-        let (available, maximum) = settled(c, k, None).await;
+        let (available, maximum) = capacity(c, k).await;
         seen.push((k.label, available, maximum));
         let mut made = Vec::new();
         if maximum > 0 {
@@ -111,16 +111,17 @@ async fn promise_holds(c: &mut Csi, step: &str) -> Vec<(&'static str, u64, u64)>
             }
             let (id, size) = create(c, k, &format!("fill-{n}"), max_now)
                 .await
-                .unwrap_or_else(|e| panic!("{what}: the promised maximum {max_now} was refused: {e}"));
+                .unwrap_or_else(|e| panic!("{what}: the promised maximum {max_now} was refused: {e}\nlog:\n{}", agent.log_tail(40)));
             assert_eq!(size, max_now, "{what}: a volume of the maximum");
             filled += size;
             made.push(id);
         }
-        assert_eq!(filled, available, "{what}: volumes of the maximum fill exactly the available capacity");
+        assert_eq!(filled, available, "{what}: volumes of the maximum fill exactly the available capacity; log:\n{}", agent.log_tail(40));
         for id in &made {
             delete(c, id).await;
         }
-        assert_eq!(settled(c, k, Some((available, maximum))).await, (available, maximum), "{what}: everything back after the deletes");
+        // Space DeleteVolume freed is offered again as soon as it answered.
+        assert_eq!(capacity(c, k).await, (available, maximum), "{what}: everything back right after the deletes; log:\n{}", agent.log_tail(40));
     }
     seen
 }
@@ -162,21 +163,25 @@ fn get_capacity_promises_exactly_what_create_volume_accepts_through_every_drive_
     let mut drives = drives;
     rt().block_on(async {
         let mut c = Csi::connect(&agent).await;
-        let all = promise_holds(&mut c, "five active drives").await;
-        let one_drive = all[2].1 / 5;
+        let one_drive = {
+            let (start, end) = drivelet::disk::gpt::usable_region(512 * MIB, 512).expect("a drive big enough for a GPT");
+            end - start
+        };
+        let all = promise_holds(&mut c, &agent, "five active drives", (5 * one_drive, one_drive)).await;
+        assert_eq!(all[2], (KINDS[2].label, 5 * one_drive, one_drive), "whole drives: all five");
 
         // Releasing: a drive with a volume on it, released by the admin.
         let (keep, _) = create(&mut c, &KINDS[0], "keep", 64 * MIB).await.unwrap();
         let on = agent.ctl_volumes().as_array().unwrap().iter().find(|v| v["id"] == keep.as_str()).unwrap()["drive_id"].as_str().unwrap().to_string();
         release(&agent, &on);
         wait_drive(&agent, &on, "releasing", |d| d.is_some_and(|d| d["usage"] == "releasing"));
-        let seen = promise_holds(&mut c, "one drive releasing").await;
+        let seen = promise_holds(&mut c, &agent, "one drive releasing", (4 * one_drive, one_drive)).await;
         assert_eq!(seen[2], (KINDS[2].label, 4 * one_drive, one_drive), "whole drives: the releasing one is not offered");
 
         // Released: its last volume deleted.
         delete(&mut c, &keep).await;
         wait_drive(&agent, &on, "released", |d| d.is_some_and(|d| d["usage"] == "released"));
-        let seen = promise_holds(&mut c, "one drive released").await;
+        let seen = promise_holds(&mut c, &agent, "one drive released", (4 * one_drive, one_drive)).await;
         assert_eq!(seen[2].1, 4 * one_drive, "the released drive is not offered");
 
         // BAD: SMART says the drive is failing.
@@ -184,7 +189,7 @@ fn get_capacity_promises_exactly_what_create_volume_accepts_through_every_drive_
         let bad_dev = drives.iter().find(|d| drive_id_of(&agent, d) == bad).unwrap();
         smart.choose(&bad_dev.name(), "sata-hdd-smart-failed.json");
         wait_drive_health(&agent, &bad, "bad", Duration::from_secs(10));
-        let seen = promise_holds(&mut c, "one drive released, one BAD").await;
+        let seen = promise_holds(&mut c, &agent, "one drive released, one BAD", (3 * one_drive, one_drive)).await;
         assert_eq!(seen[2].1, 3 * one_drive, "the BAD drive is not offered");
 
         // Missing: a drive pulled.
@@ -192,7 +197,7 @@ fn get_capacity_promises_exactly_what_create_volume_accepts_through_every_drive_
         let gone_dev = drives.iter_mut().find(|d| drive_id_of(&agent, d) == gone).unwrap();
         gone_dev.detach();
         wait_drive(&agent, &gone, "gone", |d| d.is_none());
-        let seen = promise_holds(&mut c, "one released, one BAD, one missing").await;
+        let seen = promise_holds(&mut c, &agent, "one released, one BAD, one missing", (2 * one_drive, one_drive)).await;
         assert_eq!(seen[2], (KINDS[2].label, 2 * one_drive, one_drive), "two drives left");
     });
 }

@@ -32,6 +32,53 @@ fn sockets_are_owner_only_and_stale_ones_are_replaced() {
     assert_eq!(agent.stop(), 0);
 }
 
+/// Kills a process this test started when dropped.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+#[test]
+fn a_socket_whose_listener_exited_is_stale_even_while_a_child_of_it_still_holds_it() {
+    require_host();
+    let tmp = short_tempdir();
+    let csi = tmp.path().join("csi.sock");
+    // As after a `kill -9` of an agent that was starting a tool: the agent (here a
+    // Python process) listened on the socket and is gone, but the child it forked still
+    // holds the listening socket until its exec closes it.
+    let script = [
+        "import os, socket, sys, time",
+        "s = socket.socket(socket.AF_UNIX)",
+        "s.bind(sys.argv[1])",
+        "s.listen()",
+        "pid = os.fork()",
+        "if pid == 0:",
+        "    null = os.open('/dev/null', os.O_RDWR)",
+        "    for fd in (0, 1, 2):",
+        "        os.dup2(null, fd)",
+        "    time.sleep(60)",
+        "    os._exit(0)",
+        "print(pid, flush=True)",
+    ]
+    .join("\n");
+    let out = Command::new("python3").args(["-c", &script, csi.to_str().unwrap()]).output().expect("python3");
+    assert!(out.status.success(), "python3: {}", String::from_utf8_lossy(&out.stderr));
+    let holder = KillOnDrop(String::from_utf8_lossy(&out.stdout).trim().parse().expect("the child's pid"));
+    assert!(std::os::unix::net::UnixStream::connect(&csi).is_ok(), "the orphaned listener still accepts connections");
+
+    let mut agent = Agent::start(tmp.path(), AgentOpts::default());
+    assert!(agent.logs().contains("has exited"), "the log says why the socket was replaced:\n{}", agent.log_tail(20));
+    let mode = std::fs::metadata(&agent.csi_socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the new socket is owner-only");
+    // The agent serves on the new socket (Agent::start waited for Probe on it); the
+    // orphan's copy is no longer reachable by path.
+    drop(holder);
+    assert_eq!(agent.stop(), 0);
+}
+
 fn check_config(toml: &str, env: &[(&str, &str)]) -> (i32, String) {
     let tmp = short_tempdir();
     let p = tmp.path().join("c.toml");

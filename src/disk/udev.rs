@@ -226,7 +226,7 @@ fn read_disk(d: &mut DiskProbe) {
     }
     match d.prop("ID_FS_TYPE") {
         None => {
-            let examined = examine_locked(&d.devnode, d.logical_block_size);
+            let examined = examine_locked(d);
             if let Ok(Contents::Drivelet(t)) = &examined {
                 fill_from_drivelet_gpt(d, t);
             }
@@ -256,9 +256,39 @@ fn read_disks(probes: &mut [DiskProbe]) {
 
 /// [`super::gpt::examine`] under a shared disk lock, so a table drivelet (or another
 /// tool that follows the locking protocol) is writing is read whole, before or after.
-fn examine_locked(devnode: &Path, sector: u64) -> Result<Contents, DiskError> {
-    let _shared = DiskLock::shared(devnode)?;
-    super::gpt::examine(devnode, sector)
+/// The kernel's partitions are listed again under the same lock: drivelet changes the
+/// table and the kernel's partitions under one exclusive hold, so both are read from
+/// the same side of it. (A list read before the lock against a table read after it
+/// showed a volume partition DeleteVolume had just removed as someone else's, and
+/// placement counted its space as taken until the next probe.)
+fn examine_locked(d: &mut DiskProbe) -> Result<Contents, DiskError> {
+    let _shared = DiskLock::shared(&d.devnode)?;
+    match partitions_named(&d.name) {
+        Ok(Some(parts)) => {
+            d.partitions = parts;
+            d.partitions.sort_by_key(|p| p.number);
+        }
+        // Gone meanwhile, or unreadable: the examination below says so.
+        Ok(None) | Err(_) => {}
+    }
+    super::gpt::examine(&d.devnode, d.logical_block_size)
+}
+
+/// The kernel partitions of the whole disk `name`, as udev and sysfs list them now;
+/// `Ok(None)` when the disk no longer exists.
+fn partitions_named(name: &str) -> Result<Option<Vec<PartitionProbe>>, DiskError> {
+    match udev::Device::from_subsystem_sysname("block".into(), name.into()) {
+        Ok(dev) if is_disk(&dev) => partitions_of(&dev).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// The kernel partitions of the whole disk `dev`.
+fn partitions_of(dev: &udev::Device) -> Result<Vec<PartitionProbe>, DiskError> {
+    let mut e = udev::Enumerator::new().map_err(DiskError::udev("create enumerator"))?;
+    e.match_parent(dev).map_err(DiskError::udev("match parent"))?;
+    e.match_subsystem("block").map_err(DiskError::udev("match block subsystem"))?;
+    Ok(e.scan_devices().map_err(DiskError::udev("scan partitions"))?.filter(is_partition).map(|p| partition_of(&p)).collect())
 }
 
 /// udev's view of a disk lags behind drivelet's own partition-table changes by the time
@@ -326,16 +356,7 @@ pub fn probe_disk(name: &str) -> Result<Option<DiskProbe>, DiskError> {
     if !is_disk(&dev) {
         return Ok(None);
     }
-    let mut e = udev::Enumerator::new().map_err(DiskError::udev("create enumerator"))?;
-    e.match_parent(&dev).map_err(DiskError::udev("match parent"))?;
-    e.match_subsystem("block").map_err(DiskError::udev("match block subsystem"))?;
-    let parts = e
-        .scan_devices()
-        .map_err(DiskError::udev("scan partitions"))?
-        .filter(is_partition)
-        .map(|p| partition_of(&p))
-        .collect();
-    let mut d = disk_of(&dev, parts);
+    let mut d = disk_of(&dev, partitions_of(&dev)?);
     read_disk(&mut d);
     Ok(Some(d))
 }

@@ -6,7 +6,9 @@
 //! Rules:
 //! - sockets are created mode 0600 (owner only); a stale socket from a previous run is
 //!   removed, but a socket another live process answers on is an error, and a path
-//!   that is not a socket is never deleted;
+//!   that is not a socket is never deleted. A socket that still accepts connections
+//!   while the process that listens on it has exited (a child it was starting holds a
+//!   copy until its exec closes it) is stale too;
 //! - the [`CsiFront`] actor owns the serving task: it stops accepting and finishes
 //!   in-flight calls on shutdown, and is restarted (rebinding) if the task fails.
 
@@ -88,8 +90,14 @@ pub fn bind_socket(path: &Path) -> Result<UnixListener, SocketError> {
     }
     match std::fs::symlink_metadata(path) {
         Ok(md) if md.file_type().is_socket() => {
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                return Err(SocketError::InUse { path: path.to_path_buf() });
+            if let Ok(probe) = std::os::unix::net::UnixStream::connect(path) {
+                match listener_pid(&probe) {
+                    Some(pid) if !process_alive(pid) => {
+                        warn!(socket.path = %path.display(), socket.owner_pid = pid,
+                              "the process that listened on this socket has exited (a process it started still holds it); replacing it");
+                    }
+                    _ => return Err(SocketError::InUse { path: path.to_path_buf() }),
+                }
             }
             info!(socket.path = %path.display(), "removing stale socket");
             std::fs::remove_file(path).map_err(|source| SocketError::Bind { path: path.to_path_buf(), source })?;
@@ -106,6 +114,27 @@ pub fn bind_socket(path: &Path) -> Result<UnixListener, SocketError> {
         .map_err(|source| SocketError::Bind { path: path.to_path_buf(), source })?;
     l.set_nonblocking(true).map_err(|source| SocketError::Bind { path: path.to_path_buf(), source })?;
     UnixListener::from_std(l).map_err(|source| SocketError::Bind { path: path.to_path_buf(), source })
+}
+
+/// The process that listens on the socket `conn` is connected to (the kernel records
+/// it at `listen()`); `None` when unknown (not visible from this PID namespace).
+fn listener_pid(conn: &std::os::unix::net::UnixStream) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: the descriptor is open for the call; the kernel writes at most `len` bytes
+    // into `cred`, which lives on this frame.
+    let r = unsafe { libc::getsockopt(conn.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) };
+    (r == 0 && cred.pid > 0).then_some(cred.pid)
+}
+
+/// Whether process `pid` still runs (a zombie holds no descriptors: it does not).
+fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may hold any byte.
+        Ok(stat) => stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()).is_none_or(|state| state != 'Z'),
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+    }
 }
 
 /// What the actors publish for the cheap calls (Probe, GetCapacity, ListVolumes), read

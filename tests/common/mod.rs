@@ -173,11 +173,16 @@ level = "debug"
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("drivelet exited early with {status}; log:\n{}", self.logs());
             }
+            // One attempt is bounded: the path may still name a socket nobody serves
+            // (a stale one the agent is about to replace), which accepts and never answers.
             let ready = is_socket(&self.csi_socket)
                 && rt.block_on(async {
-                    let ch = channel(&self.csi_socket).await.ok()?;
-                    let r = csi::identity_client::IdentityClient::new(ch).probe(csi::ProbeRequest {}).await.ok()?;
-                    r.into_inner().ready
+                    let attempt = async {
+                        let ch = channel(&self.csi_socket).await.ok()?;
+                        let r = csi::identity_client::IdentityClient::new(ch).probe(csi::ProbeRequest {}).await.ok()?;
+                        r.into_inner().ready
+                    };
+                    tokio::time::timeout(Duration::from_secs(2), attempt).await.ok().flatten()
                 }) == Some(true);
             if ready {
                 return;

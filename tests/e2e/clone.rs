@@ -13,27 +13,11 @@
 
 use super::*;
 
-/// A claim of `class` cloning claim `source`.
+/// A claim of `class` cloning claim `source`: [`claim`] with a `dataSource`.
 fn clone_claim(name: &str, class: &str, size_mib: u64, mode: &str, source: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: {name}
-  namespace: {NS}
-spec:
-  storageClassName: {class}
-  volumeMode: {mode}
-  accessModes: [ReadWriteOnce]
-  resources:
-    requests:
-      storage: {size_mib}Mi
-  dataSource:
-    kind: PersistentVolumeClaim
-    name: {source}
----
-"
-    )
+    let plain = claim(name, class, size_mib, mode, "ReadWriteOnce");
+    let spec = plain.strip_suffix("---\n").expect("a claim ends its YAML document with ---");
+    format!("{spec}  dataSource:\n    kind: PersistentVolumeClaim\n    name: {source}\n---\n")
 }
 
 /// Waits until no pod uses claim `name` any more: its volume neither staged nor published.

@@ -668,10 +668,15 @@ fn journey_delete(ctx: &mut Ctx) -> Check {
     kubectl(&["delete", "pvc", "-n", NS, "ext4", "--wait=true", "--timeout=60s"])?;
     wait_for(&format!("PV {pv} gone"), Duration::from_secs(60), || Ok(kubectl(&["get", "pv", &pv]).is_err().then_some(())))?;
     ensure(!ctl_volumes()?.iter().any(|v| v["id"] == id.as_str()), || format!("drivelet still has volume {id}"))?;
-    let free_after = drive_free(&drive_id)?;
-    ensure(free_after == free_before + rec["size"].as_u64().unwrap_or(0), || {
-        format!("drive {drive_id} free {free_before} -> {free_after} after deleting a volume of {}", rec["size"])
-    })?;
+    // `ctl drives` shows the inventory's view, which hears of the removed partition from
+    // udev a moment after DeleteVolume answered (GetCapacity, below, counts it at once).
+    let want = free_before + rec["size"].as_u64().unwrap_or(0);
+    let mut free_after = free_before;
+    wait_for(&format!("drive {drive_id} free {want} bytes (from {free_before}) after deleting a volume of {}", rec["size"]), Duration::from_secs(10), || {
+        free_after = drive_free(&drive_id)?;
+        Ok((free_after == want).then_some(()))
+    })
+    .map_err(|e| format!("{e}; last read {free_after}"))?;
     let (cap, _) = get_capacity()?;
     ensure(cap == cap_before + rec["size"].as_u64().unwrap_or(0), || format!("GetCapacity {cap_before} -> {cap} after deleting {}", rec["size"]))?;
     let t = Instant::now();

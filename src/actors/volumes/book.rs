@@ -16,7 +16,10 @@
 //!   may be copied, and how large the clone is ([`clone`]'s rules);
 //! - attach, expand, detach and release are decided here; the actor runs the disk and
 //!   store steps the decision asks for and hands their outcome back
-//!   ([`VolumeBook::finish`]).
+//!   ([`VolumeBook::finish`]);
+//! - while a drive's volumes are reconciled with its partitions (it appeared, or its
+//!   media changed) their conditions keep the verdict they had: a drive that comes back
+//!   turns its volumes normal only once they are checked and free to stage again.
 
 mod claim;
 mod clone;
@@ -75,6 +78,9 @@ pub(crate) struct VolumeBook {
     /// Last condition logged per volume, to log each change once; abnormal ones only
     /// (a volume without an entry is healthy), so a healthy volume costs nothing here.
     conditions: HashMap<String, Condition>,
+    /// Drives whose volumes are being reconciled, with how many reconciliations of
+    /// each are pending: their volumes' conditions hold still meanwhile.
+    reconciling: BTreeMap<String, u32>,
     /// Where each change of what the cheap calls read is published.
     view: ViewPublisher,
 }
@@ -98,6 +104,7 @@ impl VolumeBook {
             drive_use: BTreeMap::new(),
             findings: HashMap::new(),
             conditions: HashMap::new(),
+            reconciling: BTreeMap::new(),
             view: ViewPublisher::default(),
         }
     }
@@ -139,6 +146,7 @@ impl VolumeBook {
         self.ready = false;
         self.records.clear();
         self.drives.clear();
+        self.reconciling.clear();
         self.busy.lock().unwrap_or_else(|p| p.into_inner()).ids.clear();
         self.publish();
     }
@@ -248,8 +256,14 @@ impl VolumeBook {
         }
     }
 
-    /// The condition of a volume now.
+    /// The condition of a volume now: the last one logged while its drive is being
+    /// reconciled (no new verdict before its partitions are checked), else judged.
     pub(crate) fn condition_of(&self, rec: &VolumeRecord) -> Condition {
+        if self.reconciling.contains_key(&rec.drive_id) {
+            if let Some(c) = self.conditions.get(&rec.id) {
+                return c.clone();
+            }
+        }
         let f = self.findings.get(&rec.id).map(Vec::as_slice).unwrap_or(&[]);
         health::condition(rec, self.drives.get(&rec.drive_id), self.drive_use.get(&rec.drive_id), f)
     }

@@ -102,6 +102,9 @@ impl VolumeManager {
             ctx.run_later(Duration::from_secs(1), move |act, ctx| {
                 if act.book.drive_present_at(&drive) {
                     act.reconcile_drive(drive, ctx);
+                } else {
+                    act.book.reconciled(&drive.id);
+                    act.refresh(|r| r.drive_id == drive.id);
                 }
             });
             return;
@@ -111,16 +114,19 @@ impl VolumeManager {
         let locks = HashMap::from([(drive.id.clone(), self.lock_of(&drive.id))]);
         let job = move || settle(&store, records, std::slice::from_ref(&drive), &locks);
         ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |res, act, _| {
+            // Claims go before the conditions are judged again: a volume shown normal
+            // is free to stage.
             drop(claims);
+            act.book.reconciled(&drive_id);
             match res {
                 Ok(Ok(keep)) => {
                     act.book.settled(&drive_id, &ids, keep);
-                    act.refresh(|r| r.drive_id == drive_id);
                     act.announce(&drive_id);
                 }
                 Ok(Err(e)) => error!(actor = "volumes", drive.id = %drive_id, error = %e, "cannot reconcile the drive's volumes"),
                 Err(e) => error!(actor = "volumes", drive.id = %drive_id, error = %e, "reconciling the drive's volumes panicked"),
             }
+            act.refresh(|r| r.drive_id == drive_id);
         }));
     }
 }

@@ -83,6 +83,7 @@ impl VolumeBook {
                 }
                 self.drives.insert(id.clone(), d.clone());
                 if reread && self.ready {
+                    *self.reconciling.entry(id.clone()).or_default() += 1;
                     fx.reread = Some(d);
                 }
                 id
@@ -98,11 +99,24 @@ impl VolumeBook {
                     fx.forget = Some(d.id.clone());
                 }
                 self.drives.remove(&d.id);
+                self.reconciling.remove(&d.id);
                 d.id
             }
         };
         self.publish();
         (id, fx)
+    }
+
+    /// One reconciliation of `drive_id`'s volumes is over (done, failed or given up):
+    /// once none is pending, their conditions are judged again.
+    pub(crate) fn reconciled(&mut self, drive_id: &str) {
+        if let Some(n) = self.reconciling.get_mut(drive_id) {
+            *n -= 1;
+            if *n == 0 {
+                self.reconciling.remove(drive_id);
+            }
+        }
+        self.publish();
     }
 
     /// Whether `drive` is still present at the same path.

@@ -359,3 +359,35 @@ fn the_health_list_pages_only_abnormal_volumes_and_storage_health_counts_missing
     assert!(st[0].message.contains("drive gone holding 2 volumes"), "a volume being created does not count: {}", st[0].message);
     assert!(matches!(VolumeBook::new(VolumesConfig::default(), false).storage_health(), Err(VolumeError::NotReady)));
 }
+
+#[test]
+fn a_drive_that_comes_back_shows_its_volumes_normal_only_once_they_are_reconciled() {
+    use crate::actors::messages::DriveEvent;
+    let mut b = book_with(vec![available(1)]);
+    let id = available(1).id;
+    b.refresh(|_| true);
+    assert!(!b.condition_of(b.visible(&id).unwrap()).abnormal, "normal while its drive is here");
+    let d1 = Drive::for_test("d1", Media::Ssd, GIB);
+    b.drive_event(DriveEvent::DriveRemoved(d1.clone()));
+    b.refresh(|_| true);
+    let missing = b.condition_of(b.visible(&id).unwrap());
+    assert!(missing.abnormal && missing.message.contains("missing"), "{}", missing.message);
+
+    // It comes back: its volumes are reconciled with its partitions (claimed meanwhile),
+    // and their condition holds still until that is done.
+    let (_, fx) = b.drive_event(DriveEvent::DriveAppeared(d1));
+    assert!(fx.reread.is_some(), "a drive that comes back is read again");
+    let (claims, _) = b.claim_drive("d1").expect("nothing else holds its volumes");
+    assert!(b.refresh(|_| true).is_empty(), "no condition change while reconciling");
+    assert_eq!(b.condition_of(b.visible(&id).unwrap()), missing);
+    assert_eq!(b.status(&id).unwrap().condition, missing, "the status says the same");
+    drop(claims);
+    b.reconciled("d1");
+    let back = b.refresh(|_| true);
+    assert_eq!(back.len(), 1, "one change once reconciled: {back:?}");
+    assert!(!back[0].abnormal);
+    assert!(!b.condition_of(b.visible(&id).unwrap()).abnormal);
+    assert!(b.claim(&id).is_ok(), "a volume shown normal again is free to stage");
+    b.reconciled("d1");
+    assert!(!b.condition_of(b.visible(&id).unwrap()).abnormal, "an extra end changes nothing");
+}
