@@ -141,7 +141,14 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u
     let size = len_of(dev, &rw)?;
     if !zero.is_empty() {
         let _t = crate::disk::timing::step("gpt.zero");
+        // Straight to the device: zeros left in the whole disk's page cache would go
+        // stale once the partition writes the same blocks through its own cache (the
+        // kernel keeps the two apart), and a later read through the disk would see them.
+        let direct = set_direct(&rw, true);
         crate::disk::fs::zero_ranges(dev, &rw, zero)?;
+        if direct {
+            set_direct(&rw, false);
+        }
     }
     let half = size / 2;
     let mut in_backup = true;
@@ -164,6 +171,18 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u
     }
     let _t = crate::disk::timing::step("gpt.flush");
     rw.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
+}
+
+/// Turns `O_DIRECT` on or off for `file`; whether it was changed (a file system that
+/// cannot do direct I/O, as an image file may sit on, says no, and buffered writes
+/// serve there). One descriptor for the zeros and the table: udev answers each close
+/// of a descriptor written to, and the drive lock waits for one answer.
+fn set_direct(file: &File, on: bool) -> bool {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let Ok(bits) = fcntl(file, FcntlArg::F_GETFL) else { return false };
+    let mut flags = OFlag::from_bits_truncate(bits);
+    flags.set(OFlag::O_DIRECT, on);
+    fcntl(file, FcntlArg::F_SETFL(flags)).is_ok()
 }
 
 /// Adds a drivelet partition `[start, start+size)` (bytes, [`ALIGN`]-aligned) with
