@@ -535,6 +535,13 @@ fn bench(mode: BenchMode) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Run { .. } | Cmd::Bench { .. }) {
+        // A command that prints for people ends quietly when its reader goes away
+        // (`drivelet csi list | head`), as other Unix tools do, instead of failing on
+        // the broken pipe. The agent and the benches keep SIGPIPE ignored.
+        // SAFETY: sets a signal disposition before any thread is started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let res = match cli.cmd {
         Cmd::Run { config } => run(config),
         Cmd::CheckConfig { file } => Config::load(Some(&file)).map(|c| {

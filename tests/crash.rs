@@ -259,7 +259,7 @@ impl Case {
         match step {
             Step::Create => {
                 let parts = self.parts();
-                assert_eq!(parts.len(), 1, "{point}: one partition after create: {parts:?}");
+                assert_eq!(parts.len(), 1, "{point}: one partition after create: {parts:?}; log:\n{}", self.agent.log_tail(60));
                 assert_eq!(parts[0].2, VOLUME, "{point}: the partition has the volume's size");
                 self.start = parts[0].1;
             }
@@ -497,14 +497,22 @@ fn arm(agent: &Agent, name: &str) {
 }
 
 /// `len` bytes of `dev` from byte `start` (the whole drive: a crash may leave the
-/// kernel without a volume's partition until drivelet next needs it).
+/// kernel without a volume's partition until drivelet next needs it), as the device
+/// holds them: read O_DIRECT, since the whole drive's page cache is not the partition's
+/// and may keep blocks from before the partition's own writes.
 fn bytes_at(dev: &std::path::Path, start: u64, len: u64) -> Vec<u8> {
     use std::io::{Read, Seek};
-    let mut f = std::fs::File::open(dev).unwrap();
+    use std::os::unix::fs::OpenOptionsExt;
+    const ALIGN: usize = 4096;
+    assert!(start % ALIGN as u64 == 0 && len % ALIGN as u64 == 0, "aligned reads only");
+    let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(dev).unwrap();
     f.seek(std::io::SeekFrom::Start(start)).unwrap();
-    let mut buf = vec![0u8; len as usize];
-    f.read_exact(&mut buf).unwrap();
-    buf
+    let mut raw = vec![0u8; len as usize + ALIGN];
+    let off = raw.as_ptr().align_offset(ALIGN);
+    f.read_exact(&mut raw[off..off + len as usize]).unwrap();
+    raw.drain(..off);
+    raw.truncate(len as usize);
+    raw
 }
 
 /// A clone of a volume holding data, killed at `point`: the restart leaves the source

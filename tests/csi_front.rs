@@ -126,6 +126,26 @@ fn check_config_accepts_good_files_and_names_the_key_in_bad_ones() {
 }
 
 #[test]
+fn a_command_whose_reader_went_away_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    // `drivelet check-config … | head -0`: the pipe's reader is gone before anything is
+    // printed. The command ends by SIGPIPE, as other Unix tools do, and panics not.
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new(bin())
+        .args(["check-config", &format!("{root}/config/demo.toml")])
+        .env("NODE_NAME", "n1")
+        .stdout(std::process::Stdio::from(write))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "a broken pipe is no panic: {err}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "ended by the broken pipe: {:?} {err}", out.status);
+}
+
+#[test]
 fn startup_errors_are_clear_and_change_nothing() {
     require_host();
     let tmp = short_tempdir();

@@ -47,9 +47,19 @@ impl LoopDrive {
         self.dev.file_name().unwrap().to_string_lossy().into_owned()
     }
 
+    /// Detaches the loop device and waits until the kernel has let it go: a device
+    /// still open somewhere (udev probing it, the agent's lock lingering after a write)
+    /// is released at its last close, and a drive pulled is gone before another one
+    /// comes.
     pub fn detach(&mut self) {
         if !self.dev.as_os_str().is_empty() {
             let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
+            let backing = PathBuf::from("/sys/block").join(self.name()).join("loop/backing_file");
+            let t0 = std::time::Instant::now();
+            let ours = || std::fs::read_to_string(&backing).is_ok_and(|b| Path::new(b.trim()) == self.file);
+            while ours() && t0.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             self.dev = PathBuf::new();
         }
     }
@@ -258,6 +268,11 @@ level = "debug"
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill();
+        if let Ok(d) = std::env::var("TMP_KEEP_AGENT_LOGS") {
+            let _ = std::fs::create_dir_all(&d);
+            let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+            let _ = std::fs::copy(&self.log, format!("{d}/{n}.log"));
+        }
     }
 }
 
