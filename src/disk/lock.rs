@@ -9,18 +9,24 @@
 //! process holds a lock on it, udev skips the re-read and only sends change events.
 //!
 //! Rules: the lock is taken on a read-only descriptor (closing it never counts as a
-//! write). When a write was closed on the disk under an exclusive lock, dropping the
-//! guard does not unlock: it turns the lock shared and keeps the descriptor for
-//! [`LINGER`]. udev answers a close in its own time, after the lock is gone if it is
-//! busy, and an answer seen under the lock may be the one for an older close (a tool
-//! that configured the disk, say): a shared lock held for seconds after the last write
-//! refuses udev's re-read whenever it comes, and lets udev's own probes (which take
-//! the lock shared) run meanwhile. The next exclusive lock of the disk takes over the
-//! lingering descriptor (so this process never waits on itself); a reaper thread closes
-//! it once its time is up. No write: unlocked and closed at once. Callers hold the
-//! drive's own mutex around an exclusive lock, so two of them never wait on each
-//! other's descriptor. Readers that must not see a table half written (the inventory's
-//! check of what a disk holds) take it shared, as udev's own probes do.
+//! write). An exclusive lock watches the disk's node for `IN_CLOSE_WRITE` (as udev
+//! does) and listens to the kernel's uevents from the moment it is taken. When a write
+//! was closed on the disk under it, dropping the guard:
+//! 1. waits (if udev watches the disk, at most [`ANSWER_WAIT`]) for the "change" udev
+//!    synthesises for the disk (`SYNTH_UUID` set), which udev sends after its own try
+//!    at the lock failed; meanwhile udev's workers, which take the lock shared, put
+//!    their events off, so the next call on the drive usually finds it free;
+//! 2. then does not unlock but turns the lock shared and keeps the descriptor for
+//!    [`LINGER`]: the answer seen may have been the one to an older close (a tool
+//!    that configured the disk, say) while udev still has this one to handle, and a
+//!    shared lock refuses its re-read whenever it comes. udev's probes share it.
+//!
+//! The next exclusive lock of the disk takes the lingering descriptor over (this
+//! process never waits on itself); a reaper thread closes it once its time is up. No
+//! write: unlocked and closed at once. Callers hold the drive's own mutex around an
+//! exclusive lock, so two of them never wait on each other's descriptor. Readers that
+//! must not see a table half written (the inventory's check of what a disk holds) take
+//! it shared, as udev's own probes do.
 //!
 //! A loop device that is detached (`losetup -d`) while open is released by the kernel
 //! at its last close: the reaper checks a lingering loop device's `autoclear` flag
@@ -41,6 +47,10 @@ use super::DiskError;
 /// How long a shared lock outlives the last write on a disk, for udev's answer.
 pub const LINGER: Duration = Duration::from_secs(5);
 
+/// How long an exclusive lock waits for udev's answer to a write before it turns
+/// shared anyway.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(2);
+
 /// How long taking the lock may wait for another holder.
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -50,9 +60,10 @@ pub struct DiskLock {
     file: Option<File>,
     disk: PathBuf,
     exclusive: bool,
-    /// For an exclusive lock: a watch for closes after writes on the disk's node, set
-    /// up when the lock is taken; `None` when it could not be (a write is assumed).
-    closes: Option<OwnedFd>,
+    /// For an exclusive lock: the watch for writes on the disk and udev's answer to
+    /// them, set up when the lock is taken; `None` when it could not be (a write is
+    /// assumed, and lingers without waiting for an answer).
+    answer: Option<Answer>,
 }
 
 /// A descriptor still holding `LOCK_SH` after a write: until when, and for a loop
@@ -146,8 +157,8 @@ impl DiskLock {
             // SAFETY: flock on a descriptor this function owns; no memory is passed.
             let r = unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) };
             if r == 0 {
-                let closes = if exclusive { watch_closes(disk) } else { None };
-                return Ok(DiskLock { file: Some(file), disk: disk.to_path_buf(), exclusive, closes });
+                let answer = if exclusive { Answer::watch(disk) } else { None };
+                return Ok(DiskLock { file: Some(file), disk: disk.to_path_buf(), exclusive, answer });
             }
             let e = std::io::Error::last_os_error();
             match e.raw_os_error() {
@@ -158,7 +169,7 @@ impl DiskLock {
                         file = f;
                         continue;
                     }
-                    std::thread::sleep(Duration::from_millis(10))
+                    std::thread::sleep(Duration::from_millis(1))
                 }
                 Some(libc::EWOULDBLOCK) => {
                     return Err(DiskError::Io {
@@ -171,21 +182,22 @@ impl DiskLock {
         }
     }
 
-    /// Whether anyone closed the disk after writing to it since the lock was taken.
-    fn written(&self) -> bool {
-        let Some(fd) = &self.closes else { return true };
-        let mut buf = [0u8; 4096];
-        // SAFETY: reads into a buffer on this frame, at most its length.
-        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        n > 0
-    }
 }
 
 impl Drop for DiskLock {
     fn drop(&mut self) {
         let Some(file) = self.file.take() else { return };
-        if self.exclusive && self.written() {
-            let _t = super::timing::step("lock.grace");
+        let written = match self.answer.take() {
+            Some(a) if a.written() => {
+                let _t = super::timing::step("lock.grace");
+                a.wait();
+                true
+            }
+            Some(_) => false,
+            None => self.exclusive,
+        };
+        if written {
+            let _t = super::timing::step("lock.linger");
             let autoclear = autoclear_flag(&file);
             // SAFETY: as above; turning this descriptor's own lock shared.
             if !autoclear.as_deref().is_some_and(detach_asked) && unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH) } == 0 {
@@ -201,18 +213,109 @@ impl Drop for DiskLock {
     }
 }
 
-/// An inotify watch for `IN_CLOSE_WRITE` on the disk's node, `None` on failure.
-fn watch_closes(disk: &Path) -> Option<OwnedFd> {
-    let path = std::ffi::CString::new(disk.as_os_str().as_bytes()).ok()?;
-    // SAFETY: plain syscalls; `path` is a NUL-terminated string that outlives the call,
-    // and a non-negative descriptor just returned is owned by no one else.
-    unsafe {
-        let fd = libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC);
-        if fd < 0 {
+/// What an exclusive lock needs to see udev answer a write: an inotify watch for
+/// `IN_CLOSE_WRITE` on the disk's node and a socket on the kernel's uevents, both set
+/// up when the lock is taken, before any write under it.
+struct Answer {
+    inotify: OwnedFd,
+    uevents: OwnedFd,
+    /// `None` for a file that is no block device (udev watches none).
+    devnum: Option<(u32, u32)>,
+}
+
+/// Takes ownership of a descriptor a libc call returned, `None` on failure.
+fn owned(fd: libc::c_int) -> Option<OwnedFd> {
+    // SAFETY: a non-negative descriptor just returned by the kernel is owned by no one else.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl Answer {
+    fn watch(disk: &Path) -> Option<Answer> {
+        let devnum = super::block_devnum(disk);
+        let path = std::ffi::CString::new(disk.as_os_str().as_bytes()).ok()?;
+        // SAFETY: plain syscalls; `path` is a NUL-terminated string that outlives the call.
+        let inotify = owned(unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) })?;
+        if unsafe { libc::inotify_add_watch(inotify.as_raw_fd(), path.as_ptr(), libc::IN_CLOSE_WRITE) } < 0 {
             return None;
         }
-        let fd = OwnedFd::from_raw_fd(fd);
-        (libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), libc::IN_CLOSE_WRITE) >= 0).then_some(fd)
+        let uevents = owned(unsafe {
+            libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, libc::NETLINK_KOBJECT_UEVENT)
+        })?;
+        // SAFETY: a zeroed sockaddr_nl is valid; it is filled in and passed with its size.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        addr.nl_groups = 1; // the kernel's own uevents, before udev handles them
+        let buf: libc::c_int = 1 << 20;
+        // SAFETY: the socket is open; the option value and address live on this frame.
+        unsafe {
+            libc::setsockopt(uevents.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, (&buf as *const libc::c_int).cast(), 4);
+            if libc::bind(uevents.as_raw_fd(), (&addr as *const libc::sockaddr_nl).cast(), std::mem::size_of::<libc::sockaddr_nl>() as u32) < 0 {
+                return None;
+            }
+        }
+        Some(Answer { inotify, uevents, devnum })
+    }
+
+    /// Whether anyone closed the disk after writing to it since the watch was set up.
+    fn written(&self) -> bool {
+        let mut buf = [0u8; 4096];
+        // SAFETY: reads into a buffer on this frame, at most its length.
+        let n = unsafe { libc::read(self.inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        n > 0
+    }
+
+    /// Whether udev watches the disk (its rules say `OPTIONS+="watch"`): then udev
+    /// answers a close after a write by trying to re-read the partition table.
+    fn udev_watches(&self) -> bool {
+        let Some((major, minor)) = self.devnum else { return false };
+        let want = format!("b{major}:{minor}");
+        let Ok(rd) = std::fs::read_dir("/run/udev/watch") else { return false };
+        rd.filter_map(|e| e.ok()).any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.as_os_str().as_bytes() == want.as_bytes()))
+    }
+
+    /// Whether a uevent is the change udev synthesises for this disk.
+    fn is_answer(&self, msg: &[u8]) -> bool {
+        let Some((major, minor)) = self.devnum else { return false };
+        let (maj, min) = (format!("MAJOR={major}"), format!("MINOR={minor}"));
+        let (mut change, mut synth, mut major, mut minor) = (false, false, false, false);
+        for f in msg.split(|b| *b == 0).skip(1) {
+            change |= f == b"ACTION=change";
+            synth |= f.starts_with(b"SYNTH_UUID=");
+            major |= f == maj.as_bytes();
+            minor |= f == min.as_bytes();
+        }
+        change && synth && major && minor
+    }
+
+    /// Waits, if udev watches the disk (it was written), for udev's answer.
+    fn wait(self) {
+        if !self.udev_watches() {
+            return;
+        }
+        let t0 = Instant::now();
+        let mut buf = vec![0u8; 16 << 10];
+        while let Some(left) = ANSWER_WAIT.checked_sub(t0.elapsed()) {
+            let mut pfd = libc::pollfd { fd: self.uevents.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one pollfd on this frame; the descriptor is open.
+            if unsafe { libc::poll(&mut pfd, 1, left.as_millis().max(1) as libc::c_int) } <= 0 {
+                continue;
+            }
+            loop {
+                // SAFETY: reads into a buffer on this frame, at most its length.
+                let n = unsafe { libc::recv(self.uevents.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+                if n < 0 {
+                    break; // EAGAIN: drained; ENOBUFS: some were dropped, keep listening
+                }
+                if self.is_answer(&buf[..n as usize]) {
+                    return;
+                }
+            }
+        }
+        tracing::warn!(
+            disk.devnum = %self.devnum.map(|(a, b)| format!("{a}:{b}")).unwrap_or_default(),
+            waited_ms = ANSWER_WAIT.as_millis() as u64,
+            "udev did not answer a partition table write in time; releasing the disk lock anyway"
+        );
     }
 }
 
@@ -246,5 +349,19 @@ mod tests {
         assert!(!lock_state(&other, libc::LOCK_SH), "exclusive again");
         drop(again); // no write: released at once
         assert!(lock_state(&other, libc::LOCK_EX), "nothing lingers after a lock with no write");
+    }
+
+    #[test]
+    fn only_the_change_udev_synthesises_for_the_disk_is_its_answer() {
+        // SAFETY: plain syscalls; any two descriptors do, the test reads neither.
+        let (inotify, uevents) = unsafe { (libc::inotify_init1(libc::IN_CLOEXEC), libc::inotify_init1(libc::IN_CLOEXEC)) };
+        let (inotify, uevents) = (owned(inotify).unwrap(), owned(uevents).unwrap());
+        let a = Answer { inotify, uevents, devnum: Some((7, 3)) };
+        let msg = |fields: &str| -> Vec<u8> { format!("change@/devices/virtual/block/loop3;{fields}").replace(';', "\0").into_bytes() };
+        assert!(a.is_answer(&msg("ACTION=change;SYNTH_UUID=0;MAJOR=7;MINOR=3;DEVTYPE=disk")));
+        assert!(!a.is_answer(&msg("ACTION=change;MAJOR=7;MINOR=3;DEVTYPE=disk")), "a change of the kernel's own");
+        assert!(!a.is_answer(&msg("ACTION=change;SYNTH_UUID=0;MAJOR=7;MINOR=30")), "another disk");
+        assert!(!a.is_answer(&msg("ACTION=add;SYNTH_UUID=0;MAJOR=7;MINOR=3")), "not a change");
+        assert!(!a.is_answer(&msg("ACTION=change;SYNTH_UUID=0;MAJOR=259;MINOR=3")), "another major");
     }
 }

@@ -268,7 +268,9 @@ level = "debug"
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill();
-        if let Ok(d) = std::env::var("TMP_KEEP_AGENT_LOGS") {
+        // DRIVELET_TEST_KEEP_LOGS=DIR keeps a copy of every agent's log (for a flake
+        // under load, whose failure shows only the tail).
+        if let Ok(d) = std::env::var("DRIVELET_TEST_KEEP_LOGS") {
             let _ = std::fs::create_dir_all(&d);
             let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
             let _ = std::fs::copy(&self.log, format!("{d}/{n}.log"));
