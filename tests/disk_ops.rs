@@ -546,6 +546,30 @@ fn two_volumes_go_through_partitions_mkfs_mounts_binds_unmount_wipe_and_removal(
 }
 
 #[test]
+fn a_partition_added_under_the_lock_survives_udev_answering_an_older_write_late() {
+    // A tool closed the disk after writing just before drivelet took the lock (as
+    // losetup does when it sets a disk up): udev's answer to that close can arrive while
+    // the lock is held and look like the answer to drivelet's own write. udev then
+    // handles drivelet's close after the exclusive lock is gone: the lock must still
+    // refuse its re-read, which would drop the partition just added.
+    let s = Scene::new(64 * MIB);
+    let_udev_act();
+    for round in 0..5 {
+        drop(std::fs::OpenOptions::new().write(true).open(&s.dev).unwrap());
+        let name = format!("late-{round}");
+        let p = create(&s.dev, &name, MIB, 8 * MIB);
+        let udev_reread = Command::new("flock").args(["--nonblock", "--exclusive"]).arg(&s.dev).arg("true").status().unwrap();
+        assert!(!udev_reread.success(), "round {round}: the disk could be locked exclusive right after the write");
+        let _ = Command::new("udevadm").arg("settle").status();
+        let_udev_act();
+        assert_eq!(blkpg::kernel_partitions(&s.dev).unwrap(), vec![p.clone()], "round {round}: the partition is still there");
+        let _udev = DiskLock::exclusive(&s.dev).unwrap();
+        blkpg::remove_kernel_partition(&s.dev, MIB).unwrap();
+        assert!(gpt::remove_partition(&s.dev, 512, gpt::volume_partition_guid(&name)).unwrap());
+    }
+}
+
+#[test]
 fn a_loop_device_with_ext4_on_it_is_refused_and_left_byte_for_byte_unchanged() {
     let s = Scene::new(64 * MIB);
     sh("mkfs.ext4", &["-F", "-q", s.dev.to_str().unwrap()]);
