@@ -86,6 +86,24 @@ impl Backing {
     }
 }
 
+/// [`backing`], with the kernel partition held open until the returned file is dropped:
+/// udev re-reads a disk's table (dropping every BLKPG partition) only while none of its
+/// partitions is open, and a re-read can still be on its way after a crash left a
+/// write unanswered. Held from here to the mount, the node mkfs and mount are given
+/// stays. A partition gone between finding and opening it is found (added) again.
+fn backing_held(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<(Backing, Option<std::fs::File>), VolumeError> {
+    let mut tries = 0;
+    loop {
+        let b = backing(drive, rec)?;
+        let Backing::Partition(kp) = &b else { return Ok((b, None)) };
+        match std::fs::File::open(&kp.devnode) {
+            Ok(f) => return Ok((b, Some(f))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 3 => tries += 1,
+            Err(e) => return Err(disk(&rec.id, "open the kernel partition")(DiskError::Io { what: kp.devnode.display().to_string(), source: e })),
+        }
+    }
+}
+
 /// The backing of `rec`: its adopted directory, or its kernel partition on `drive`.
 fn backing(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<Backing, VolumeError> {
     if rec.lost {
@@ -415,7 +433,7 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
             None,
         ));
     }
-    let b = backing(drive, &rec).map_err(|e| (e, None))?;
+    let (b, _held) = backing_held(drive, &rec).map_err(|e| (e, None))?;
     let found = match &b {
         Backing::Partition(kp) if !a.block => fs::probe_fs(&kp.devnode).map_err(|e| (disk(&id, "probe the filesystem")(e), None))?,
         // An adopted directory holds the data of its filesystem: never formatted.
@@ -539,7 +557,7 @@ pub(crate) fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf]
                 return Err(VolumeError::BlockReadOnlyMixed { volume_id: id.clone() });
             }
         }
-        let b = backing(drive, &r)?;
+        let (b, _held) = backing_held(drive, &r)?;
         if let Some(t) = r.targets.get(&a.target) {
             if t.readonly != a.readonly || t.block != a.block {
                 return Err(VolumeError::AlreadyExists {
