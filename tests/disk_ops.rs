@@ -164,6 +164,31 @@ fn image(size: u64, fill: u8) -> (tempfile::TempDir, PathBuf) {
 }
 
 #[test]
+fn a_primary_table_torn_by_a_kill_is_read_from_the_backup_and_mended_by_the_next_write() {
+    // A process killed after the primary copy's entry array and before its header leaves
+    // the primary failing its checksum; the backup was written whole before it.
+    let (_d, img) = image(64 * MIB, 0);
+    let a = gpt::volume_partition_guid("torn-a");
+    gpt::add_partition(&img, 512, a, &gpt::partition_label("torn-a"), MIB, 8 * MIB).unwrap();
+    let whole = gpt::read_table(&img, 512).unwrap().unwrap();
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&img).unwrap();
+    use std::os::unix::fs::FileExt;
+    let mut entry = [0u8; 1];
+    f.read_exact_at(&mut entry, 2 * 512 + 40).unwrap();
+    f.write_all_at(&[entry[0] ^ 0xff], 2 * 512 + 40).unwrap(); // the first entry's start LBA
+    drop(f);
+    let read = gpt::read_table(&img, 512).expect("the backup copy is read").expect("a table");
+    assert_eq!(read.partitions, whole.partitions, "the backup's table");
+    assert_eq!(read.disk_guid, whole.disk_guid);
+    let b = gpt::volume_partition_guid("torn-b");
+    gpt::add_partition(&img, 512, b, &gpt::partition_label("torn-b"), 16 * MIB, 8 * MIB).unwrap();
+    let out = Command::new("sfdisk").arg("--json").arg(&img).output().unwrap();
+    assert!(out.status.success() && !String::from_utf8_lossy(&out.stderr).contains("corrupt"), "both copies whole again: {}", String::from_utf8_lossy(&out.stderr));
+    let after = gpt::read_table(&img, 512).unwrap().unwrap();
+    assert_eq!(after.partitions.iter().map(|p| p.guid).collect::<Vec<_>>(), vec![a, b]);
+}
+
+#[test]
 fn a_blank_image_gets_a_drivelet_gpt_that_other_tools_read_the_same_way() {
     let (_d, img) = image(64 * MIB, 0);
     let a = gpt::volume_partition_guid("pvc-a");

@@ -314,11 +314,38 @@ fn open_gpt<'f>(
         }
         return Ok(None);
     }
-    GptConfig::new()
-        .logical_block_size(lb)
-        .open_from_device(file)
-        .map(Some)
-        .map_err(gpt_error(dev, "cannot read the partition table"))
+    match GptConfig::new().logical_block_size(lb.clone()).open_from_device(file) {
+        Ok(disk) => Ok(Some(disk)),
+        Err(e) => match from_backup(file, size, sector, lb) {
+            // drivelet writes the backup copy whole before the primary: a process killed
+            // in the primary's writes leaves its entry array failing the checksum, and the
+            // backup holds the table. (The library reads the primary's entries only.) The
+            // next write rewrites both.
+            Some(disk) => {
+                tracing::warn!(disk.path = %dev.display(), error = %e, "the primary partition table is damaged; reading the backup copy");
+                Ok(Some(disk))
+            }
+            None => Err(gpt_error(dev, "cannot read the partition table")(e)),
+        },
+    }
+}
+
+/// The table held by the backup copy at the end of a device of `size` bytes, as a disk
+/// ready to be written whole; `None` when the backup is not a valid table either.
+fn from_backup<'f>(file: &'f File, size: u64, sector: u64, lb: gpt::disk::LogicalBlockSize) -> Option<GptDisk<&'f File>> {
+    // The library reads a header only at the second sector of a device: read the last
+    // sector into that place of a buffer.
+    let mut buf = vec![0u8; 2 * sector as usize];
+    file.read_exact_at(&mut buf[sector as usize..], size.checked_sub(sector)?).ok()?;
+    let backup = gpt::header::read_header_from_arbitrary_device(&mut std::io::Cursor::new(buf), lb.clone()).ok()?;
+    if backup.current_lba != size / sector - 1 {
+        return None;
+    }
+    let mut f = file;
+    let parts = gpt::partition::file_read_partitions(&mut f, &backup, lb.clone()).ok()?;
+    let mut disk = GptConfig::new().logical_block_size(lb).create_from_device(file, Some(backup.disk_guid)).ok()?;
+    disk.update_partitions(parts).ok()?;
+    Some(disk)
 }
 
 /// Reads the GPT of a device; `Ok(None)` when it has none. `sector` is the device's
