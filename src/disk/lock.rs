@@ -21,11 +21,9 @@
 //!    that configured the disk, say) while udev still has this one to handle, and a
 //!    shared lock refuses its re-read whenever it comes. udev's probes share it.
 //!
-//! An exclusive lock lingers even when no close was seen under it: a process spawned
-//! meanwhile by another thread holds a copy of the write descriptor until it execs, and
-//! then that late close is the one udev acts on. The next exclusive lock of the disk
-//! takes the lingering descriptor over (this process never waits on itself); a reaper
-//! thread closes it once its time is up. Callers hold the drive's own mutex around an
+//! The next exclusive lock of the disk takes the lingering descriptor over (this
+//! process never waits on itself); a reaper thread closes it once its time is up. No
+//! write: unlocked and closed at once. Callers hold the drive's own mutex around an
 //! exclusive lock, so two of them never wait on each other's descriptor. Readers that
 //! must not see a table half written (the inventory's check of what a disk holds) take
 //! it shared, as udev's own probes do.
@@ -195,10 +193,8 @@ impl Drop for DiskLock {
                 a.wait();
                 true
             }
-            // No close seen (yet): a child process spawned meanwhile by another thread
-            // may hold a copy of the write descriptor until it execs, and the close udev
-            // acts on is that one, later. An exclusive lock is only taken to write.
-            Some(_) | None => self.exclusive,
+            Some(_) => false,
+            None => self.exclusive,
         };
         if written {
             let _t = super::timing::step("lock.linger");
@@ -351,9 +347,8 @@ mod tests {
         let again = DiskLock::exclusive(&disk).unwrap();
         assert!(t0.elapsed() < Duration::from_secs(1), "took over the lingering lock");
         assert!(!lock_state(&other, libc::LOCK_SH), "exclusive again");
-        drop(again); // no close seen: it lingers all the same (a late close may come)
-        assert!(!lock_state(&other, libc::LOCK_EX), "an exclusive lock always lingers shared");
-        assert!(DiskLock::shared(&disk).is_ok(), "readers are not held up");
+        drop(again); // no write: released at once
+        assert!(lock_state(&other, libc::LOCK_EX), "nothing lingers after a lock with no write");
     }
 
     #[test]
