@@ -21,6 +21,8 @@ command -v blkid >/dev/null || need+=(util-linux)
 command -v smartctl >/dev/null || need+=(smartmontools)
 command -v sfdisk >/dev/null || need+=(fdisk)
 command -v modprobe >/dev/null || need+=(kmod)
+# tests/csi_sanity.rs unpacks the community conformance suite (../shared/tools/csi-sanity.zst).
+command -v zstd >/dev/null || need+=(zstd)
 # tests/foreign_data.rs puts the data a node's disks commonly carry on loop drives
 # (btrfs, FAT, LUKS, an LVM physical volume, a bcache backing device) and reads the md
 # superblocks it writes back with mdadm --examine.

@@ -2,7 +2,8 @@
 //! ControllerListVolumeHealth, NodeGetVolumeHealth, NodeGetStorageHealth) served beside
 //! v1.12's volume conditions, through the real binary on loop drives:
 //! - the four capabilities are advertised (at their upstream enum values) next to
-//!   VOLUME_CONDITION and GET_VOLUME, and every RPC behind them is served;
+//!   VOLUME_CONDITION and GET_VOLUME only with `driver.advertise_volume_health`, and
+//!   every RPC behind them is served either way;
 //! - empty ids are INVALID_ARGUMENT, unknown ids NOT_FOUND, bad optional paths
 //!   INVALID_ARGUMENT;
 //! - ControllerListVolumeHealth lists only unhealthy volumes, pages by `max_entries`
@@ -143,56 +144,93 @@ fn cli(agent: &Agent, args: &[&str]) -> String {
     text
 }
 
+/// The v1.13 health capabilities a running agent advertises: (controller, node).
+async fn health_capabilities(c: &mut Csi) -> (Vec<csi::controller_service_capability::rpc::Type>, Vec<csi::node_service_capability::rpc::Type>) {
+    use csi::controller_service_capability::{rpc::Type as CR, Type as CT};
+    use csi::node_service_capability::{rpc::Type as NR, Type as NT};
+    let cc = c.ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await.unwrap().into_inner();
+    let ctrl: Vec<CR> = cc
+        .capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(CT::Rpc(r)) => CR::try_from(r.r#type).ok(),
+            _ => None,
+        })
+        .collect();
+    let nc = c.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await.unwrap().into_inner();
+    let node: Vec<NR> = nc
+        .capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(NT::Rpc(r)) => NR::try_from(r.r#type).ok(),
+            _ => None,
+        })
+        .collect();
+    (ctrl, node)
+}
+
+/// Each v1.13 RPC is served, advertised or not: a healthy volume has no entry, the
+/// node's healthy drive no storage entry.
+async fn health_rpcs_are_served(c: &mut Csi, name: &str) {
+    let (id, _) = create(c, name, 16 * MIB, block_cap()).await;
+    let h = ctrl_health(c, &id).await;
+    assert_eq!((h.volume_id.as_str(), h.health_statuses.len()), (id.as_str(), 0), "healthy: {h:?}");
+    let h = node_health(c, &id).await;
+    assert_eq!((h.volume_id.as_str(), h.health_statuses.len()), (id.as_str(), 0), "healthy on the node: {h:?}");
+    let pages = list_all(c, 0).await;
+    assert!(pages.concat().is_empty(), "no unhealthy volume is listed: {pages:?}");
+    assert!(storage(c).await.is_empty(), "a healthy drive is no storage condition");
+    // And v1.12 still says the same in its own words.
+    assert!(!condition(c, &id).await.abnormal);
+}
+
 #[test]
-fn the_health_capabilities_are_advertised_at_their_upstream_values_and_served() {
+fn the_health_capabilities_are_advertised_at_their_upstream_values_when_asked_and_served() {
     require_host();
     let tmp = short_tempdir();
     let _a = LoopDrive::new(tmp.path(), "a.img", 256 * MIB);
-    let (agent, _smart) = start(tmp.path());
+    std::fs::create_dir_all(tmp.path().join("kubelet")).unwrap();
+    let smart = SmartStandIn::install(tmp.path());
+    let agent = Agent::start_with(tmp.path(), opts(&smart), &[("DRIVELET__DRIVER__ADVERTISE_VOLUME_HEALTH", "true")]);
     rt().block_on(async {
         let mut c = Csi::connect(&agent).await;
-        use csi::controller_service_capability::{rpc::Type as CR, Type as CT};
-        use csi::node_service_capability::{rpc::Type as NR, Type as NT};
+        use csi::controller_service_capability::rpc::Type as CR;
+        use csi::node_service_capability::rpc::Type as NR;
         // The numbers CSI v1.13 gives them (proto/csi.proto says where they come from).
         assert_eq!((CR::VolumeCondition as i32, CR::GetVolume as i32, CR::ListVolumeHealth as i32, CR::GetVolumeHealth as i32), (11, 12, 16, 17));
         assert_eq!((NR::VolumeCondition as i32, NR::GetVolumeHealth as i32, NR::GetStorageHealth as i32), (4, 7, 8));
-        let cc = c.ctrl.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await.unwrap().into_inner();
-        let ctrl: Vec<CR> = cc
-            .capabilities
-            .iter()
-            .filter_map(|c| match &c.r#type {
-                Some(CT::Rpc(r)) => CR::try_from(r.r#type).ok(),
-                _ => None,
-            })
-            .collect();
-        let nc = c.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await.unwrap().into_inner();
-        let node: Vec<NR> = nc
-            .capabilities
-            .iter()
-            .filter_map(|c| match &c.r#type {
-                Some(NT::Rpc(r)) => NR::try_from(r.r#type).ok(),
-                _ => None,
-            })
-            .collect();
+        let (ctrl, node) = health_capabilities(&mut c).await;
         for t in [CR::ListVolumeHealth, CR::GetVolumeHealth, CR::VolumeCondition, CR::GetVolume] {
             assert!(ctrl.contains(&t), "controller capabilities {ctrl:?} lack {t:?}");
         }
         for t in [NR::GetVolumeHealth, NR::GetStorageHealth, NR::VolumeCondition, NR::GetVolumeStats] {
             assert!(node.contains(&t), "node capabilities {node:?} lack {t:?}");
         }
+        health_rpcs_are_served(&mut c, "cap-vol").await;
+    });
+}
 
-        // Each advertised RPC is served: a healthy volume has no entry, the node's
-        // healthy drive no storage entry.
-        let (id, _) = create(&mut c, "cap-vol", 16 * MIB, block_cap()).await;
-        let h = ctrl_health(&mut c, &id).await;
-        assert_eq!((h.volume_id.as_str(), h.health_statuses.len()), (id.as_str(), 0), "healthy: {h:?}");
-        let h = node_health(&mut c, &id).await;
-        assert_eq!((h.volume_id.as_str(), h.health_statuses.len()), (id.as_str(), 0), "healthy on the node: {h:?}");
-        let pages = list_all(&mut c, 0).await;
-        assert!(pages.concat().is_empty(), "no unhealthy volume is listed: {pages:?}");
-        assert!(storage(&mut c).await.is_empty(), "a healthy drive is no storage condition");
-        // And v1.12 still says the same in its own words.
-        assert!(!condition(&mut c, &id).await.abnormal);
+#[test]
+fn by_default_the_health_capabilities_are_not_advertised_but_their_rpcs_are_served() {
+    require_host();
+    let tmp = short_tempdir();
+    let _a = LoopDrive::new(tmp.path(), "a.img", 256 * MIB);
+    let (agent, _smart) = start(tmp.path());
+    rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        use csi::controller_service_capability::rpc::Type as CR;
+        use csi::node_service_capability::rpc::Type as NR;
+        let (ctrl, node) = health_capabilities(&mut c).await;
+        for t in [CR::ListVolumeHealth, CR::GetVolumeHealth] {
+            assert!(!ctrl.contains(&t), "controller capabilities {ctrl:?} advertise {t:?} by default");
+        }
+        for t in [NR::GetVolumeHealth, NR::GetStorageHealth] {
+            assert!(!node.contains(&t), "node capabilities {node:?} advertise {t:?} by default");
+        }
+        // CSI v1.12's own health words stay advertised: they are what Kubernetes reads.
+        assert!(ctrl.contains(&CR::VolumeCondition) && ctrl.contains(&CR::GetVolume), "controller: {ctrl:?}");
+        assert!(node.contains(&NR::VolumeCondition) && node.contains(&NR::GetVolumeStats), "node: {node:?}");
+        health_rpcs_are_served(&mut c, "cap-vol").await;
     });
 }
 

@@ -104,6 +104,12 @@ pub struct DriverConfig {
     pub max_volumes_per_node: i64,
     /// Extra topology segments reported with `topology.drivelet.io/node`.
     pub topology: BTreeMap<String, String>,
+    /// Advertise CSI v1.13's volume health capabilities (controller LIST_VOLUME_HEALTH
+    /// and GET_VOLUME_HEALTH, node GET_VOLUME_HEALTH and GET_STORAGE_HEALTH). The RPCs
+    /// are served either way; off by default, because no Kubernetes release calls them
+    /// yet and clients built on CSI v1.12 (csi-sanity v5.4.0 among them) reject
+    /// capabilities they do not know.
+    pub advertise_volume_health: bool,
 }
 
 impl Default for DriverConfig {
@@ -113,6 +119,7 @@ impl Default for DriverConfig {
             node_name: String::new(),
             max_volumes_per_node: 0,
             topology: BTreeMap::new(),
+            advertise_volume_health: false,
         }
     }
 }

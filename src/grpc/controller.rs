@@ -4,9 +4,9 @@
 //! - `ControllerGetCapabilities` lists only implemented RPCs: CREATE_DELETE_VOLUME,
 //!   PUBLISH_UNPUBLISH_VOLUME, GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES,
 //!   LIST_VOLUMES_PUBLISHED_NODES, GET_VOLUME, VOLUME_CONDITION, EXPAND_VOLUME,
-//!   CLONE_VOLUME, and CSI v1.13's LIST_VOLUME_HEALTH and GET_VOLUME_HEALTH (see
-//!   [`super::health`]) (not
-//!   PUBLISH_READONLY: read-only access is the SINGLE_NODE_READER_ONLY mode, enforced on
+//!   CLONE_VOLUME, and, only with `driver.advertise_volume_health`, CSI v1.13's
+//!   LIST_VOLUME_HEALTH and GET_VOLUME_HEALTH ([`super::health`] serves those two RPCs
+//!   either way) (not PUBLISH_READONLY: read-only access is the SINGLE_NODE_READER_ONLY mode, enforced on
 //!   the node);
 //! - `ControllerExpandVolume` grows a partition in place into the free space that
 //!   follows it (online: staged and published volumes too); a missing id or capacity
@@ -59,9 +59,9 @@ use std::collections::{BTreeMap, HashMap};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use super::params::{capability_supported, VolumeParams};
+use super::params::{capability_supported, unsupported_reason, VolumeParams};
 use super::proto::csi::{self, controller_server::Controller, controller_service_capability};
-use super::status::FrontError;
+use super::status::{echo, FrontError};
 use super::Front;
 use crate::actors::inventory::model::LayoutKind;
 use crate::actors::messages::GetCapacity;
@@ -103,10 +103,8 @@ pub(crate) fn access_of(caps: &[csi::VolumeCapability]) -> Result<(bool, String)
     let mut block = None;
     let mut fs = String::new();
     for c in caps {
-        if !capability_supported(c)? {
-            return Err(invalid(
-                "unsupported volume capability: drivelet serves single-node access modes with block access or ext4/xfs mounts",
-            ));
+        if let Some(why) = unsupported_reason(c)? {
+            return Err(invalid(format!("unsupported volume capability: {why}")));
         }
         let is_block = matches!(c.access_type, Some(AccessType::Block(_)));
         if block.is_some_and(|b| b != is_block) {
@@ -116,7 +114,11 @@ pub(crate) fn access_of(caps: &[csi::VolumeCapability]) -> Result<(bool, String)
         if let Some(AccessType::Mount(m)) = &c.access_type {
             if !m.fs_type.is_empty() {
                 if !fs.is_empty() && fs != m.fs_type {
-                    return Err(invalid("volume_capabilities ask for two different filesystems"));
+                    return Err(invalid(format!(
+                        "volume_capabilities ask for two filesystems, {} and {}; a volume holds one",
+                        echo(&fs),
+                        echo(&m.fs_type)
+                    )));
                 }
                 fs = m.fs_type.clone();
             }
@@ -128,7 +130,10 @@ pub(crate) fn access_of(caps: &[csi::VolumeCapability]) -> Result<(bool, String)
 pub(crate) fn range_of(r: Option<&csi::CapacityRange>) -> Result<CapacityRange, Status> {
     let Some(r) = r else { return Ok(CapacityRange { required: 0, limit: 0 }) };
     if r.required_bytes < 0 || r.limit_bytes < 0 {
-        return Err(invalid("capacity_range values must not be negative"));
+        return Err(invalid(format!(
+            "capacity_range has required_bytes {} and limit_bytes {}; neither may be negative (0: no bound)",
+            r.required_bytes, r.limit_bytes
+        )));
     }
     if r.limit_bytes != 0 && r.limit_bytes < r.required_bytes {
         return Err(invalid(format!(
@@ -213,22 +218,22 @@ impl Controller for ControllerService {
         let rpc = |t: Type| csi::ControllerServiceCapability {
             r#type: Some(controller_service_capability::Type::Rpc(controller_service_capability::Rpc { r#type: t as i32 })),
         };
-        Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
-            capabilities: vec![
-                rpc(Type::CreateDeleteVolume),
-                rpc(Type::PublishUnpublishVolume),
-                rpc(Type::GetCapacity),
-                rpc(Type::SingleNodeMultiWriter),
-                rpc(Type::ListVolumes),
-                rpc(Type::ListVolumesPublishedNodes),
-                rpc(Type::GetVolume),
-                rpc(Type::VolumeCondition),
-                rpc(Type::ExpandVolume),
-                rpc(Type::ListVolumeHealth),
-                rpc(Type::GetVolumeHealth),
-                rpc(Type::CloneVolume),
-            ],
-        }))
+        let mut types = vec![
+            Type::CreateDeleteVolume,
+            Type::PublishUnpublishVolume,
+            Type::GetCapacity,
+            Type::SingleNodeMultiWriter,
+            Type::ListVolumes,
+            Type::ListVolumesPublishedNodes,
+            Type::GetVolume,
+            Type::VolumeCondition,
+            Type::ExpandVolume,
+        ];
+        if self.0.cfg.driver.advertise_volume_health {
+            types.extend([Type::ListVolumeHealth, Type::GetVolumeHealth]);
+        }
+        types.push(Type::CloneVolume);
+        Ok(Response::new(csi::ControllerGetCapabilitiesResponse { capabilities: types.into_iter().map(rpc).collect() }))
     }
 
     #[instrument(skip_all, fields(csi.method = "CreateVolume", volume.name), err)]
@@ -244,7 +249,12 @@ impl Controller for ControllerService {
         let params = VolumeParams::parse(&req.parameters)?;
         let source = source_of(req.volume_content_source.as_ref())?;
         if !req.mutable_parameters.is_empty() {
-            return Err(invalid("mutable_parameters are not supported"));
+            let mut keys: Vec<String> = req.mutable_parameters.keys().map(|k| echo(k)).collect();
+            keys.sort();
+            return Err(invalid(format!(
+                "mutable_parameters {} are not supported: drivelet offers no MODIFY_VOLUME; put parameters in the StorageClass",
+                keys.join(", ")
+            )));
         }
         if let Some(t) = &req.accessibility_requirements {
             if !t.requisite.is_empty() && !t.requisite.iter().any(|t| self.0.topology_matches(t)) {
@@ -400,7 +410,7 @@ impl Controller for ControllerService {
     ) -> Result<Response<csi::ListVolumesResponse>, Status> {
         let req = req.into_inner();
         if req.max_entries < 0 {
-            return Err(invalid("max_entries must not be negative"));
+            return Err(invalid(format!("max_entries is {}; it must be 0 (no limit) or more", req.max_entries)));
         }
         let after = if req.starting_token.is_empty() {
             None

@@ -108,7 +108,7 @@ impl Front {
         req: csi::ControllerListVolumeHealthRequest,
     ) -> Result<Response<csi::ControllerListVolumeHealthResponse>, Status> {
         if req.max_entries < 0 {
-            return Err(invalid("max_entries must not be negative"));
+            return Err(invalid(format!("max_entries is {}; it must be 0 (no limit) or more", req.max_entries)));
         }
         let after = if req.starting_token.is_empty() {
             None

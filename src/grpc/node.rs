@@ -4,8 +4,9 @@
 //! name), `max_volumes_per_node` (0: no limit) and the accessible topology that every
 //! volume of this node carries: `topology.drivelet.io/node` plus configured segments.
 //! `NodeGetCapabilities` lists only what is implemented (STAGE_UNSTAGE_VOLUME,
-//! SINGLE_NODE_MULTI_WRITER, GET_VOLUME_STATS, VOLUME_CONDITION, EXPAND_VOLUME, and CSI
-//! v1.13's GET_VOLUME_HEALTH and GET_STORAGE_HEALTH, served by [`super::health`]).
+//! SINGLE_NODE_MULTI_WRITER, GET_VOLUME_STATS, VOLUME_CONDITION, EXPAND_VOLUME, and,
+//! only with `driver.advertise_volume_health`, CSI v1.13's GET_VOLUME_HEALTH and
+//! GET_STORAGE_HEALTH; [`super::health`] serves those two RPCs either way).
 //! `NodeExpandVolume` grows a staged filesystem online to its partition (resize2fs,
 //! xfs_growfs), for the volume's staging or target path (NOT_FOUND otherwise); a block
 //! volume needs nothing; a partition not grown yet is FAILED_PRECONDITION. `NodeGetVolumeStats`
@@ -168,7 +169,10 @@ impl Node for NodeService {
         let path = path_field("volume_path", &req.volume_path)?;
         if let Some(r) = &req.capacity_range {
             if r.required_bytes < 0 || r.limit_bytes < 0 {
-                return Err(invalid("capacity_range values must not be negative"));
+                return Err(invalid(format!(
+                    "capacity_range has required_bytes {} and limit_bytes {}; neither may be negative (0: no bound)",
+                    r.required_bytes, r.limit_bytes
+                )));
             }
         }
         let size = self
@@ -265,16 +269,11 @@ impl Node for NodeService {
         let rpc = |t: Type| csi::NodeServiceCapability {
             r#type: Some(node_service_capability::Type::Rpc(node_service_capability::Rpc { r#type: t as i32 })),
         };
-        Ok(Response::new(csi::NodeGetCapabilitiesResponse {
-            capabilities: vec![
-                rpc(Type::StageUnstageVolume),
-                rpc(Type::SingleNodeMultiWriter),
-                rpc(Type::GetVolumeStats),
-                rpc(Type::VolumeCondition),
-                rpc(Type::ExpandVolume),
-                rpc(Type::GetVolumeHealth),
-                rpc(Type::GetStorageHealth),
-            ],
-        }))
+        let mut types =
+            vec![Type::StageUnstageVolume, Type::SingleNodeMultiWriter, Type::GetVolumeStats, Type::VolumeCondition, Type::ExpandVolume];
+        if self.0.cfg.driver.advertise_volume_health {
+            types.extend([Type::GetVolumeHealth, Type::GetStorageHealth]);
+        }
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse { capabilities: types.into_iter().map(rpc).collect() }))
     }
 }

@@ -71,25 +71,67 @@ impl VolumeParams {
 /// Whether drivelet can serve a capability; malformed capabilities are errors.
 /// Supported: single-node access modes, block access, or mount access with ext4/xfs.
 pub fn capability_supported(cap: &csi::VolumeCapability) -> Result<bool, FrontError> {
+    Ok(unsupported_reason(cap)?.is_none())
+}
+
+/// The access modes drivelet serves, as the request names them and as Kubernetes does.
+const SERVED_MODES: &str = "SINGLE_NODE_WRITER or SINGLE_NODE_MULTI_WRITER (ReadWriteOnce), \
+SINGLE_NODE_SINGLE_WRITER (ReadWriteOncePod) or SINGLE_NODE_READER_ONLY";
+
+/// The Kubernetes access mode a CSI one comes from, where there is one.
+fn kubernetes_mode(mode: csi::volume_capability::access_mode::Mode) -> Option<&'static str> {
+    use csi::volume_capability::access_mode::Mode;
+    match mode {
+        Mode::MultiNodeReaderOnly => Some("ReadOnlyMany"),
+        Mode::MultiNodeMultiWriter => Some("ReadWriteMany"),
+        Mode::SingleNodeWriter | Mode::SingleNodeMultiWriter => Some("ReadWriteOnce"),
+        Mode::SingleNodeSingleWriter => Some("ReadWriteOncePod"),
+        _ => None,
+    }
+}
+
+/// Why drivelet cannot serve a well-formed capability, naming the value asked for and
+/// what would be accepted (`None`: it can); a malformed capability is an error that
+/// says what is missing or wrong.
+pub fn unsupported_reason(cap: &csi::VolumeCapability) -> Result<Option<String>, FrontError> {
     use csi::volume_capability::access_mode::Mode;
     use csi::volume_capability::AccessType;
-    let mode = cap
-        .access_mode
-        .as_ref()
-        .ok_or_else(|| FrontError::InvalidArgument("volume capability has no access_mode".into()))?;
-    let mode = Mode::try_from(mode.mode)
-        .map_err(|_| FrontError::InvalidArgument(format!("unknown access mode {}", mode.mode)))?;
-    let mode_ok = match mode {
-        Mode::Unknown => return Err(FrontError::InvalidArgument("access mode is UNKNOWN".into())),
-        Mode::SingleNodeWriter | Mode::SingleNodeReaderOnly | Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter => true,
-        _ => false,
+    let mode = cap.access_mode.as_ref().ok_or_else(|| {
+        FrontError::InvalidArgument(format!("volume capability has no access_mode; drivelet serves {SERVED_MODES}"))
+    })?;
+    let mode = Mode::try_from(mode.mode).map_err(|_| {
+        FrontError::InvalidArgument(format!("access mode {} is not a CSI access mode; drivelet serves {SERVED_MODES}", mode.mode))
+    })?;
+    let mode_reason = match mode {
+        Mode::Unknown => {
+            return Err(FrontError::InvalidArgument(format!("access mode is UNKNOWN; drivelet serves {SERVED_MODES}")))
+        }
+        Mode::SingleNodeWriter | Mode::SingleNodeReaderOnly | Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter => None,
+        other => Some(match kubernetes_mode(other) {
+            Some(k8s) => format!(
+                "access mode {} ({k8s}): a drivelet volume lives on one node's drive, so drivelet serves {SERVED_MODES}",
+                other.as_str_name()
+            ),
+            None => format!("access mode {}: drivelet serves {SERVED_MODES}", other.as_str_name()),
+        }),
     };
-    let type_ok = match &cap.access_type {
-        None => return Err(FrontError::InvalidArgument("volume capability has neither block nor mount access type".into())),
-        Some(AccessType::Block(_)) => true,
-        Some(AccessType::Mount(m)) => matches!(m.fs_type.as_str(), "" | "ext4" | "xfs"),
+    let type_reason = match &cap.access_type {
+        None => {
+            return Err(FrontError::InvalidArgument(
+                "volume capability has neither block nor mount access type; ask for block access or a mount with ext4 or xfs".into(),
+            ))
+        }
+        Some(AccessType::Block(_)) => None,
+        Some(AccessType::Mount(m)) => match m.fs_type.as_str() {
+            "" | "ext4" | "xfs" => None,
+            other => Some(format!("filesystem {}: drivelet makes ext4 or xfs (or serves raw block access)", echo(other))),
+        },
     };
-    Ok(mode_ok && type_ok)
+    Ok(match (mode_reason, type_reason) {
+        (None, None) => None,
+        (Some(r), None) | (None, Some(r)) => Some(r),
+        (Some(a), Some(b)) => Some(format!("{a}; and {b}")),
+    })
 }
 
 #[cfg(test)]
@@ -131,5 +173,32 @@ mod tests {
         assert!(capability_supported(&cap(99, block.clone())).is_err());
         assert!(capability_supported(&cap(Mode::SingleNodeWriter as i32, None)).is_err());
         assert!(capability_supported(&csi::VolumeCapability { access_mode: None, access_type: block }).is_err());
+    }
+
+    #[test]
+    fn refusals_name_the_value_asked_for_and_what_is_accepted() {
+        let mount = |fs: &str| Some(AccessType::Mount(MountVolume { fs_type: fs.into(), ..Default::default() }));
+        let block = Some(AccessType::Block(BlockVolume {}));
+        let reason = |c: csi::VolumeCapability| unsupported_reason(&c).unwrap().unwrap_or_default();
+        let error = |c: csi::VolumeCapability| unsupported_reason(&c).unwrap_err().to_string();
+        // (capability, words the answer must hold)
+        let cases: Vec<(String, Vec<&str>)> = vec![
+            (reason(cap(Mode::SingleNodeWriter as i32, mount("vfat"))), vec!["filesystem \"vfat\"", "ext4 or xfs"]),
+            (reason(cap(Mode::MultiNodeMultiWriter as i32, block.clone())), vec!["MULTI_NODE_MULTI_WRITER", "ReadWriteMany", "ReadWriteOnce"]),
+            (reason(cap(Mode::MultiNodeReaderOnly as i32, mount("ext4"))), vec!["MULTI_NODE_READER_ONLY", "ReadOnlyMany", "SINGLE_NODE_WRITER"]),
+            (reason(cap(Mode::MultiNodeSingleWriter as i32, mount("btrfs"))), vec!["MULTI_NODE_SINGLE_WRITER", "filesystem \"btrfs\""]),
+            (error(cap(Mode::Unknown as i32, block.clone())), vec!["UNKNOWN", "SINGLE_NODE_WRITER"]),
+            (error(cap(99, block.clone())), vec!["access mode 99", "SINGLE_NODE_WRITER"]),
+            (error(cap(Mode::SingleNodeWriter as i32, None)), vec!["neither block nor mount", "ext4 or xfs"]),
+            (error(csi::VolumeCapability { access_mode: None, access_type: block.clone() }), vec!["no access_mode", "ReadWriteOnce"]),
+        ];
+        for (got, words) in cases {
+            for w in words {
+                assert!(got.contains(w), "{got:?} lacks {w:?}");
+            }
+            assert!(!got.contains("Some(") && !got.contains("{"), "Debug output in {got:?}");
+        }
+        assert_eq!(unsupported_reason(&cap(Mode::SingleNodeSingleWriter as i32, mount("xfs"))).unwrap(), None);
+        assert_eq!(unsupported_reason(&cap(Mode::SingleNodeReaderOnly as i32, block)).unwrap(), None);
     }
 }

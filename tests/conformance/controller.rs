@@ -72,45 +72,49 @@ fn create_volume_with_bad_input_is_invalid_argument_and_changes_nothing() {
             with(&move |q| q.parameters = p.clone())
         };
         let named = |n: String| with(&move |q| q.name = n.clone());
-        let invalid: Vec<(&str, csi::CreateVolumeRequest)> = vec![
-            ("no name", named(String::new())),
-            ("no volume_capabilities", caps(vec![])),
-            ("a capability without access_mode", cap_with(&|c| c.access_mode = None)),
-            ("a capability without access_type", cap_with(&|c| c.access_type = None)),
-            ("access mode UNKNOWN", cap_with(&|c| c.access_mode = Some(AccessMode { mode: Mode::Unknown as i32 }))),
-            ("access mode 99 (not in the enum)", cap_with(&|c| c.access_mode = Some(AccessMode { mode: 99 }))),
-            ("MULTI_NODE_READER_ONLY", caps(vec![mount(Mode::MultiNodeReaderOnly, "ext4", &[])])),
-            ("MULTI_NODE_SINGLE_WRITER", caps(vec![mount(Mode::MultiNodeSingleWriter, "ext4", &[])])),
-            ("MULTI_NODE_MULTI_WRITER block", caps(vec![block(Mode::MultiNodeMultiWriter)])),
+        // (case, request, words its message must hold: the value asked for and what
+        // would be accepted)
+        let invalid: Vec<(&str, csi::CreateVolumeRequest, &[&str])> = vec![
+            ("no name", named(String::new()), &["name is required"]),
+            ("no volume_capabilities", caps(vec![]), &["volume_capabilities is required"]),
+            ("a capability without access_mode", cap_with(&|c| c.access_mode = None), &["no access_mode", "ReadWriteOnce"]),
+            ("a capability without access_type", cap_with(&|c| c.access_type = None), &["neither block nor mount", "ext4 or xfs"]),
+            ("access mode UNKNOWN", cap_with(&|c| c.access_mode = Some(AccessMode { mode: Mode::Unknown as i32 })), &["UNKNOWN", "SINGLE_NODE_WRITER"]),
+            ("access mode 99 (not in the enum)", cap_with(&|c| c.access_mode = Some(AccessMode { mode: 99 })), &["access mode 99", "SINGLE_NODE_WRITER"]),
+            ("MULTI_NODE_READER_ONLY", caps(vec![mount(Mode::MultiNodeReaderOnly, "ext4", &[])]), &["MULTI_NODE_READER_ONLY", "ReadOnlyMany", "SINGLE_NODE_WRITER"]),
+            ("MULTI_NODE_SINGLE_WRITER", caps(vec![mount(Mode::MultiNodeSingleWriter, "ext4", &[])]), &["MULTI_NODE_SINGLE_WRITER", "SINGLE_NODE_WRITER"]),
+            ("MULTI_NODE_MULTI_WRITER block", caps(vec![block(Mode::MultiNodeMultiWriter)]), &["MULTI_NODE_MULTI_WRITER", "ReadWriteMany", "ReadWriteOncePod"]),
             // "If ANY of the specified volume capabilities are not supported ... MUST" fail.
-            ("one supported and one MULTI_NODE capability", caps(vec![mount_cap("ext4"), mount(Mode::MultiNodeMultiWriter, "ext4", &[])])),
-            ("fs_type btrfs", caps(vec![mount_cap("btrfs")])),
-            ("block and mount access at once", caps(vec![block_cap(), mount_cap("ext4")])),
-            ("two different filesystems", caps(vec![mount_cap("ext4"), mount_cap("xfs")])),
+            ("one supported and one MULTI_NODE capability", caps(vec![mount_cap("ext4"), mount(Mode::MultiNodeMultiWriter, "ext4", &[])]), &["MULTI_NODE_MULTI_WRITER"]),
+            ("fs_type btrfs", caps(vec![mount_cap("btrfs")]), &["btrfs", "ext4 or xfs"]),
+            ("block and mount access at once", caps(vec![block_cap(), mount_cap("ext4")]), &["block and mount"]),
+            ("two different filesystems", caps(vec![mount_cap("ext4"), mount_cap("xfs")]), &["ext4", "xfs"]),
             (
                 "a snapshot content source (no CREATE_DELETE_SNAPSHOT)",
                 src(csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: "snap-1".into() })),
+                &["snapshot"],
             ),
-            ("a content source naming nothing", with(&|q| q.volume_content_source = Some(csi::VolumeContentSource { r#type: None }))),
+            ("a content source naming nothing", with(&|q| q.volume_content_source = Some(csi::VolumeContentSource { r#type: None })), &["neither a snapshot nor a volume"]),
             (
                 "a volume content source with an empty id",
                 src(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: String::new() })),
+                &["volume_content_source.volume.volume_id"],
             ),
-            ("negative required_bytes", range(-1, 0)),
-            ("negative limit_bytes", range(0, -1)),
+            ("negative required_bytes", range(-1, 0), &["required_bytes -1"]),
+            ("negative limit_bytes", range(0, -1), &["limit_bytes -1"]),
             // A malformed range (an invalid field value), not one the plugin cannot serve.
-            ("limit_bytes below required_bytes", range(64 * MIB_I, 32 * MIB_I)),
-            ("unknown parameter", params(&[("meda", "ssd")])),
-            ("media=tape", params(&[("media", "tape")])),
-            ("layout=stripe", params(&[("layout", "stripe")])),
-            ("mutable_parameters (no MODIFY_VOLUME)", with(&|q| q.mutable_parameters = kv(&[("media", "ssd")]))),
-            ("a name of 129 bytes", named("n".repeat(129))),
-            ("a name with U+0001", named("conf-c-\u{1}".into())),
-            ("a name with U+007F", named("conf-c-\u{7f}".into())),
-            ("a name with U+0085", named("conf-c-\u{85}".into())),
+            ("limit_bytes below required_bytes", range(64 * MIB_I, 32 * MIB_I), &["limit_bytes 33554432", "required_bytes 67108864"]),
+            ("unknown parameter", params(&[("meda", "ssd")]), &["meda", "media"]),
+            ("media=tape", params(&[("media", "tape")]), &["tape", "hdd, ssd, nvme"]),
+            ("layout=stripe", params(&[("layout", "stripe")]), &["stripe", "partition or drive"]),
+            ("mutable_parameters (no MODIFY_VOLUME)", with(&|q| q.mutable_parameters = kv(&[("media", "ssd")])), &["media", "StorageClass"]),
+            ("a name of 129 bytes", named("n".repeat(129)), &["129 bytes", "128"]),
+            ("a name with U+0001", named("conf-c-\u{1}".into()), &["control characters"]),
+            ("a name with U+007F", named("conf-c-\u{7f}".into()), &["control characters"]),
+            ("a name with U+0085", named("conf-c-\u{85}".into()), &["control characters"]),
         ];
-        for (what, q) in invalid {
-            r.code(&format!("CreateVolume with {what}"), c.ctrl.create_volume(q).await, Code::InvalidArgument);
+        for (what, q, words) in invalid {
+            r.code_naming(&format!("CreateVolume with {what}"), c.ctrl.create_volume(q).await, Code::InvalidArgument, words);
             r.unchanged(&format!("CreateVolume with {what}"), &fx, &clean);
         }
 

@@ -160,6 +160,17 @@ impl Report {
         }
     }
 
+    /// Like [`Report::code`], and the message names each of `words` (the value asked
+    /// for and what would be accepted).
+    pub(crate) fn code_naming<T>(&mut self, what: &str, got: Result<T, Status>, want: Code, words: &[&str]) -> bool {
+        let message = got.as_ref().err().map(|s| s.message().to_string()).unwrap_or_default();
+        if !self.code(what, got, want) {
+            return false;
+        }
+        let missing: Vec<&str> = words.iter().copied().filter(|w| !message.contains(w)).collect();
+        self.check(missing.is_empty(), || format!("{what}: the message {message:?} does not name {missing:?}"))
+    }
+
     /// Expects `got` to fail with one of `want`, where the spec's tables overlap.
     pub(crate) fn code_any<T>(&mut self, what: &str, got: Result<T, Status>, want: &[Code]) -> bool {
         match got {

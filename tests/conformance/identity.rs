@@ -137,8 +137,6 @@ fn capability_lists_hold_known_values_never_change_and_include_everything_implem
                 NR::GetVolumeStats as i32,
                 NR::VolumeCondition as i32,
                 NR::ExpandVolume as i32,
-                NR::GetVolumeHealth as i32,
-                NR::GetStorageHealth as i32,
             ]
         );
         let got: Vec<i32> = cc
@@ -161,8 +159,6 @@ fn capability_lists_hold_known_values_never_change_and_include_everything_implem
                 CR::GetVolume as i32,
                 CR::VolumeCondition as i32,
                 CR::ExpandVolume as i32,
-                CR::ListVolumeHealth as i32,
-                CR::GetVolumeHealth as i32,
                 CR::CloneVolume as i32,
             ]
         );
