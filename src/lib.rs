@@ -1,5 +1,5 @@
 //! drivelet: a local-drive CSI storage agent for Kubernetes, one supervised process per
-//! node. See DESIGN in the repository for the map of actors and modules.
+//! node. See docs/architecture.md for the map of actors, flows, layering and lock order.
 
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]

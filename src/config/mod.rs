@@ -586,11 +586,11 @@ mod tests {
         Config::load(Some(&p))
     }
 
-    /// Every key of config/drivelet.toml has a row in the README's key table.
+    /// Every key of config/drivelet.toml has a row in docs/configuration.md's key table.
     #[test]
-    fn readme_documents_every_config_key() {
+    fn the_configuration_page_documents_every_config_key() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+        let readme = std::fs::read_to_string(root.join("docs/configuration.md")).expect("docs/configuration.md");
         let text = std::fs::read_to_string(root.join("config/drivelet.toml")).expect("config/drivelet.toml");
         let mut section = String::new();
         let mut missing = Vec::new();
@@ -604,7 +604,7 @@ mod tests {
                 }
             }
         }
-        assert!(missing.is_empty(), "README.md's key table lacks {missing:?}");
+        assert!(missing.is_empty(), "docs/configuration.md's key table lacks {missing:?}");
     }
 
     #[test]

@@ -165,7 +165,7 @@ impl HealthStatus {
     }
 }
 
-/// Why a volume or a drive is reported: stable CamelCase names (the README lists them);
+/// Why a volume or a drive is reported: stable CamelCase names (docs/csi.md lists them);
 /// each has one status, so the v1.13 answer follows from the finding alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reason {
