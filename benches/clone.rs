@@ -11,7 +11,7 @@
 //!
 //! Run (as root): `cargo bench --bench clone -- [ROUNDS]` (default 3; the median is shown).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/integration/common/mod.rs"]
 #[allow(dead_code)]
 mod common;
 

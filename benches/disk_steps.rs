@@ -10,7 +10,7 @@
 //! rounds of a 64 MiB volume on a 1 GiB loop drive). Prints p50/p90/max per step and of
 //! the whole operation, and the load average before and after.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/integration/common/mod.rs"]
 #[allow(dead_code)]
 mod common;
 

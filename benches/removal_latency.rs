@@ -9,7 +9,7 @@
 //!
 //! Run (as root): `cargo bench --bench removal_latency -- [ROUNDS]` (default 100).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/integration/common/mod.rs"]
 #[allow(dead_code)]
 mod common;
 

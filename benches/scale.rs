@@ -28,7 +28,7 @@
 //! the one cargo builds for the bench (`target/release/drivelet`, `CARGO_TARGET_DIR`
 //! aware), or `$DRIVELET_BIN`.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/integration/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;

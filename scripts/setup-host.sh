@@ -21,9 +21,9 @@ command -v blkid >/dev/null || need+=(util-linux)
 command -v smartctl >/dev/null || need+=(smartmontools)
 command -v sfdisk >/dev/null || need+=(fdisk)
 command -v modprobe >/dev/null || need+=(kmod)
-# tests/csi_sanity.rs unpacks the community conformance suite (../shared/tools/csi-sanity.zst).
+# tests/integration/csi/csi_sanity.rs unpacks the community conformance suite (../shared/tools/csi-sanity.zst).
 command -v zstd >/dev/null || need+=(zstd)
-# tests/foreign_data.rs puts the data a node's disks commonly carry on loop drives
+# tests/integration/disks/foreign_data.rs puts the data a node's disks commonly carry on loop drives
 # (btrfs, FAT, LUKS, an LVM physical volume, a bcache backing device) and reads the md
 # superblocks it writes back with mdadm --examine.
 command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)
@@ -32,8 +32,8 @@ command -v cryptsetup >/dev/null || need+=(cryptsetup-bin)
 command -v pvcreate >/dev/null || need+=(lvm2)
 command -v make-bcache >/dev/null || need+=(bcache-tools)
 command -v mdadm >/dev/null || need+=(mdadm)
-# scripts/validate-deploy.sh (run by tests/deploy.rs) checks deploy/ with the Python
-# package kubernetes-validate; tests/interop.rs calls the gRPC sockets with grpcio.
+# scripts/validate-deploy.sh (run by tests/integration/cluster/deploy.rs) checks deploy/ with the Python
+# package kubernetes-validate; tests/integration/csi/interop.rs calls the gRPC sockets with grpcio.
 command -v python3 >/dev/null || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if [ ${#need[@]} -gt 0 ]; then
@@ -51,7 +51,7 @@ if ! python3 -c 'import kubernetes_validate.utils' 2>/dev/null; then
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$kubernetes_validate"
 fi
 
-# gRPC C-core's Python binding: tests/interop.rs calls both gRPC sockets with it.
+# gRPC C-core's Python binding: tests/integration/csi/interop.rs calls both gRPC sockets with it.
 grpcio="grpcio==1.76.0"
 if ! python3 -c 'import grpc' 2>/dev/null; then
   echo "installing: $grpcio (pip)"

@@ -3,16 +3,19 @@
 # (scripts/setup-host.sh: packages, udev, loop devices).
 #
 #   scripts/test.sh               all tiers: unit, integration, then end to end
-#   scripts/test.sh unit          unit tests of the library (cargo test --lib), built as
-#                                 root and run as the unprivileged user drivelet-test
-#                                 (created if missing): seconds once built
-#   scripts/test.sh integration   the real binary against loop devices, udev, mkfs and
-#                                 mount, the deploy/ checks and the gRPC interop clients
+#   scripts/test.sh unit          unit tests of the library (cargo test --lib) and the
+#                                 allocator test, built as root and run as the
+#                                 unprivileged user drivelet-test (created if missing):
+#                                 what a plain `cargo test` runs, seconds once built
+#   scripts/test.sh integration   the one integration binary (tests/integration, a module
+#                                 per area): the real binary against loop devices, udev,
+#                                 mkfs and mount, the deploy/ checks, the gRPC interop
+#                                 clients and the community conformance suite
 #   scripts/test.sh e2e           the end-to-end suite on the cluster kit (scripts/e2e.sh)
 #
-# More arguments after the tier go to cargo nextest (or cargo test), e.g.
-# `scripts/test.sh integration --test health`.
-# Built with the `failpoints` feature: tests/crash.rs kills the agent at named crash
+# More arguments after the tier go to cargo nextest (or cargo test), e.g. a filter:
+# `scripts/test.sh integration volumes::health`.
+# Built with the `failpoints` feature: tests/integration/robustness/crash.rs kills the agent at named crash
 # points and fails without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,24 +44,24 @@ unit() {
   runner=CARGO_TARGET_$(echo "$triple" | tr 'a-z-' 'A-Z_')_RUNNER
   if nextest; then
     # Build first (as root), so a target dir the user cannot read is named before any run.
-    cargo nextest run --features failpoints --lib --no-run
+    cargo nextest run --features failpoints --lib --test allocator --no-run
     target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
     if ! setpriv --reuid="$test_user" --regid="$test_user" --init-groups test -x "$target/debug/deps"; then
       echo "the unit tier runs as $test_user, who cannot reach $target/debug/deps: make the target dir readable" >&2
       exit 1
     fi
     env "$runner=$PWD/scripts/unprivileged.sh" DRIVELET_TEST_USER="$test_user" \
-      cargo nextest run --no-fail-fast --features failpoints --lib "$@"
+      cargo nextest run --no-fail-fast --features failpoints --lib --test allocator "$@"
   else
     env "$runner=$PWD/scripts/unprivileged.sh" DRIVELET_TEST_USER="$test_user" \
-      cargo test --no-fail-fast --features failpoints --lib "$@"
+      cargo test --no-fail-fast --features failpoints --lib --test allocator "$@"
   fi
 }
 
 # The integration tier: as root, against loop devices, udev, mkfs and mount.
 integration() {
-  if nextest; then cargo nextest run --no-fail-fast --features failpoints -E 'not kind(lib)' "$@"
-  else cargo test --no-fail-fast --features failpoints --test '*' "$@"; fi
+  if nextest; then cargo nextest run --no-fail-fast --features failpoints --test integration "$@"
+  else cargo test --no-fail-fast --features failpoints --test integration "$@"; fi
 }
 
 case "$tier" in

@@ -478,7 +478,7 @@ mod tests {
         assert!(!is_block_device(&file), "a regular file");
         assert!(!is_block_device(&dir.path().join("gone")), "a path that cannot be stat-ed");
         assert!(!is_block_device(Path::new("/dev/null")), "a character device");
-        // A real block device counts: tests/inventory.rs (a loop device over a block
+        // A real block device counts: tests/integration/disks/inventory.rs (a loop device over a block
         // device is not a drive) proves it on a loop device; this tier has none.
     }
 }

@@ -1,5 +1,5 @@
 //! The Kubernetes API permissions drivelet itself needs, as one table that the
-//! deployment's RBAC is checked against (`tests/deploy.rs` compares the `drivelet`
+//! deployment's RBAC is checked against (`tests/integration/cluster/deploy.rs` compares the `drivelet`
 //! ClusterRole in `deploy/rbac.yaml` with [`PERMISSIONS`], both ways).
 //!
 //! Rules:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gRPC C-core (Python grpcio) client for tests/interop.rs.
+"""gRPC C-core (Python grpcio) client for tests/integration/csi/interop.rs.
 
 Usage: grpc_client.py default|socket-path CSI_SOCKET REGISTRATION_SOCKET
 

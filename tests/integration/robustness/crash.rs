@@ -1,0 +1,617 @@
+//! Crash safety of the volume operations: the agent is killed (SIGKILL) at every named
+//! crash point of create, stage, publish, expand (controller and node), unpublish,
+//! unstage, delete and clone, and a restarted agent finishes or undoes what the killed
+//! one left.
+//!
+//! Each case gets its own directory, 1 GiB loop drive and agent armed with
+//! `FAILPOINTS=<point>=return`, and drives one ext4 volume through the whole lifecycle;
+//! the cases of the expansion points use xfs and grow the published volume to twice
+//! its size on the way (growing a mounted ext4 needs CAP_SYS_RESOURCE, which some
+//! machines withhold; tests/integration/volumes/expansion.rs covers ext4 growth).
+//! The rules checked:
+//! - the call that reaches the point fails, because the agent died of SIGKILL;
+//! - the same call, retried against a restarted agent (nothing armed), succeeds, and
+//!   the rest of the lifecycle runs to its end;
+//! - a deletion killed midway is finished by the restart itself;
+//! - data written before the crash is read back after it;
+//! - at the end nothing is left: no kernel partition, no GPT entry, no mount under the
+//!   test directory, no volume record, and a new volume takes the space the old one
+//!   had;
+//! - a create killed and never retried is rolled back by the restart on its own;
+//! - a clone killed at any point of its create or its copy leaves no clone after the
+//!   restart (never a half copy served: its partition and record are gone, the source
+//!   untouched), or, killed once it was marked done, the complete clone; the retried
+//!   clone copies again (or answers the complete one) and carries the source's data.
+//!
+//! Needs the `failpoints` feature (scripts/test.sh passes it); without it every test
+//! fails and says so.
+// The feature check at the top of each test is constant by design: it is the message
+// a run without the feature gets.
+#![allow(clippy::assertions_on_constants)]
+
+
+use std::collections::BTreeSet;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::common::*;
+use drivelet::grpc::proto::csi;
+use tonic::Status;
+
+/// Size of each test volume (xfs needs 300 MiB at least).
+const VOLUME: u64 = 320 * MIB;
+/// Size of each case's loop drive.
+const DRIVE: u64 = GIB;
+/// No single CSI call may take longer than this.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+const CREATE_POINTS: &[&str] = &["create.intent_saved", "create.gpt_written", "create.partition_visible", "create.wiped", "create.saved"];
+const STAGE_POINTS: &[&str] = &["stage.intent_saved", "stage.formatted", "stage.mounted"];
+const PUBLISH_POINTS: &[&str] = &["publish.intent_saved", "publish.mounted"];
+const EXPAND_POINTS: &[&str] = &["expand.gpt_resized", "expand.kernel_resized"];
+const NODE_EXPAND_POINTS: &[&str] = &["node_expand.grown"];
+const UNPUBLISH_POINTS: &[&str] = &["unpublish.unmounted"];
+const UNSTAGE_POINTS: &[&str] = &["unstage.unmounted"];
+const DELETE_POINTS: &[&str] = &["delete.intent_saved", "delete.wiped", "delete.partition_hidden", "delete.gpt_removed"];
+/// The points of a clone's copy; a clone also passes every create point.
+const CLONE_POINTS: &[&str] = &["clone.copied", "clone.finished"];
+
+/// Fails when the agent binary has no crash points compiled in.
+fn require_failpoints() {
+    // The binary is shared by every test binary of the target directory: a concurrent
+    // build without the feature replaces it.
+    let armed = std::process::Command::new("grep").args(["-q", "-a", "-F", CREATE_POINTS[0], bin()]).status().expect("grep");
+    assert!(
+        armed.success(),
+        "{} has no crash points compiled in: a cargo build without `--features failpoints` replaced it; rerun with the feature",
+        bin()
+    );
+}
+
+/// One call of the volume lifecycle, in lifecycle order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Create,
+    Stage,
+    Publish,
+    Expand,
+    NodeExpand,
+    Unpublish,
+    Unstage,
+    Delete,
+}
+
+const LIFECYCLE: [Step; 8] =
+    [Step::Create, Step::Stage, Step::Publish, Step::Expand, Step::NodeExpand, Step::Unpublish, Step::Unstage, Step::Delete];
+
+/// The call that reaches a crash point: the part of its name before the dot.
+fn step_of(point: &str) -> Step {
+    match point.split('.').next().unwrap() {
+        "create" => Step::Create,
+        "stage" => Step::Stage,
+        "publish" => Step::Publish,
+        "expand" => Step::Expand,
+        "node_expand" => Step::NodeExpand,
+        "unpublish" => Step::Unpublish,
+        "unstage" => Step::Unstage,
+        "delete" => Step::Delete,
+        other => panic!("crash point {point}: no lifecycle call is named {other:?}"),
+    }
+}
+
+/// One crash case: its own directory, loop drive and agent armed at `point`.
+/// Fields drop in order: the agent is killed, then mounts go, then the drive.
+struct Case {
+    point: &'static str,
+    agent: Agent,
+    _unmount: Unmounter,
+    drive: LoopDrive,
+    tmp: tempfile::TempDir,
+    name: String,
+    volume_id: String,
+    /// Where the volume's partition starts, once created.
+    start: u64,
+    staging: PathBuf,
+    target: PathBuf,
+    /// ext4, or xfs for the expansion points.
+    fs: &'static str,
+}
+
+impl Case {
+    fn new(point: &'static str) -> Case {
+        let tmp = short_tempdir();
+        let drive = LoopDrive::new(tmp.path(), "a.img", DRIVE);
+        sh("udevadm", &["settle"]);
+        let kubelet = tmp.path().join("kubelet");
+        let staging = kubelet.join("plugins/stage");
+        let target = kubelet.join("pods/p0/volumes/v");
+        std::fs::create_dir_all(&staging).unwrap();
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let unmount = Unmounter(tmp.path().to_path_buf());
+        let armed = format!("{point}=return");
+        let agent = Agent::start_with(tmp.path(), AgentOpts::default(), &[("FAILPOINTS", &armed)]);
+        let name = format!("pvc-{}", point.replace(['.', '_'], "-"));
+        let volume_id = drivelet::disk::gpt::volume_partition_guid(&name).to_string();
+        let fs = if point.starts_with("expand.") || point.starts_with("node_expand.") { "xfs" } else { "ext4" };
+        Case { point, agent, _unmount: unmount, drive, tmp, name, volume_id, start: 0, staging, target, fs }
+    }
+
+    /// Makes one lifecycle call against the running agent, on a fresh connection.
+    fn call(&self, step: Step) -> Result<(), Status> {
+        let (id, cap) = (self.volume_id.clone(), mount_cap(self.fs));
+        let fut = async {
+            let mut c = Csi::connect(&self.agent).await;
+            match step {
+                Step::Create => {
+                    let v = c.ctrl.create_volume(create_req(&self.name, VOLUME, cap)).await?.into_inner().volume.unwrap();
+                    assert_eq!(v.volume_id, id, "{}: the volume id is the one derived from its name", self.point);
+                    assert_eq!(v.capacity_bytes, VOLUME as i64);
+                }
+                Step::Stage => {
+                    c.node.node_stage_volume(stage_req(&id, &self.staging, cap)).await?;
+                }
+                Step::Publish => {
+                    c.node.node_publish_volume(publish_req(&id, &self.staging, &self.target, cap, false)).await?;
+                }
+                Step::Expand => {
+                    let range = csi::CapacityRange { required_bytes: 2 * VOLUME as i64, limit_bytes: 0 };
+                    let req = csi::ControllerExpandVolumeRequest { volume_id: id, capacity_range: Some(range), ..Default::default() };
+                    let r = c.ctrl.controller_expand_volume(req).await?.into_inner();
+                    assert_eq!(r.capacity_bytes, 2 * VOLUME as i64, "{}: expanded to twice the size", self.point);
+                    assert!(r.node_expansion_required, "{}: a filesystem needs the node step", self.point);
+                }
+                Step::NodeExpand => {
+                    let req = csi::NodeExpandVolumeRequest {
+                        volume_id: id,
+                        volume_path: self.target.display().to_string(),
+                        capacity_range: Some(csi::CapacityRange { required_bytes: 2 * VOLUME as i64, limit_bytes: 0 }),
+                        ..Default::default()
+                    };
+                    let r = c.node.node_expand_volume(req).await?.into_inner();
+                    assert_eq!(r.capacity_bytes, 2 * VOLUME as i64, "{}: the node answers the new size", self.point);
+                }
+                Step::Unpublish => {
+                    let req = csi::NodeUnpublishVolumeRequest { volume_id: id, target_path: self.target.display().to_string() };
+                    c.node.node_unpublish_volume(req).await?;
+                }
+                Step::Unstage => {
+                    let req = csi::NodeUnstageVolumeRequest { volume_id: id, staging_target_path: self.staging.display().to_string() };
+                    c.node.node_unstage_volume(req).await?;
+                }
+                Step::Delete => {
+                    c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id, ..Default::default() }).await?;
+                }
+            }
+            Ok(())
+        };
+        // A runtime per call: its connections close with it, so a later graceful stop
+        // of the agent is not held up by idle ones.
+        rt().block_on(async {
+            tokio::time::timeout(CALL_TIMEOUT, fut)
+                .await
+                .unwrap_or_else(|_| panic!("{}: {step:?} hung for {CALL_TIMEOUT:?}; log:\n{}", self.point, self.agent.log_tail(40)))
+        })
+    }
+
+    /// A call that must succeed.
+    fn ok(&self, step: Step, when: &str) {
+        if let Err(e) = self.call(step) {
+            panic!("{}: {step:?} {when} failed: {e:?}; the agent's view of the drive: {}\nlog:\n{}", self.point, self.drive_view(), self.agent.log_tail(40));
+        }
+    }
+
+    /// Makes the call that reaches the armed point and checks that it failed because
+    /// the agent killed itself there.
+    fn crash(&mut self, step: Step) {
+        let res = self.call(step);
+        assert!(
+            res.is_err(),
+            "{}: {step:?} succeeded, so the crash point was not reached (is the binary built with --features failpoints?)",
+            self.point
+        );
+        let status = self.agent.wait_exit(Duration::from_secs(20));
+        assert_eq!(
+            status.and_then(|s| s.signal()),
+            Some(nix::sys::signal::Signal::SIGKILL as i32),
+            "{}: {step:?} failed with {res:?}, but the agent did not die of SIGKILL (exit: {status:?}, None = still running); log:\n{}",
+            self.point,
+            self.agent.log_tail(40)
+        );
+    }
+
+    /// The agent's view of the drive (`ctl drives`), for failure messages.
+    fn drive_view(&self) -> String {
+        let out = std::process::Command::new(bin())
+            .args(["ctl", "--socket", self.agent.admin_socket.to_str().unwrap(), "drives", "--output", "json"])
+            .output()
+            .unwrap();
+        match serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+            Ok(d) => drive_by_path(&d, &self.drive.dev).map(|v| v.to_string()).unwrap_or_else(|| format!("not listed: {d}")),
+            Err(_) => format!("unknown (ctl drives: {})", String::from_utf8_lossy(&out.stderr).trim()),
+        }
+    }
+
+    fn parts(&self) -> Vec<(String, u64, u64)> {
+        kernel_parts(&self.drive.dev)
+    }
+
+    fn write(&self, path: PathBuf, text: &str) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&path).unwrap_or_else(|e| panic!("{}: write {}: {e}", self.point, path.display()));
+        f.write_all(text.as_bytes()).unwrap();
+        f.sync_all().unwrap();
+    }
+
+    fn read(&self, path: PathBuf) -> String {
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: data written before the crash is gone: {}: {e}", self.point, path.display()))
+    }
+
+    fn text(&self, what: &str) -> String {
+        format!("{what} (case {})", self.point)
+    }
+
+    /// What must hold after each successful lifecycle call; writes the data later
+    /// calls read back.
+    fn after(&mut self, step: Step) {
+        let point = self.point;
+        match step {
+            Step::Create => {
+                let parts = self.parts();
+                assert_eq!(parts.len(), 1, "{point}: one partition after create: {parts:?}; log:\n{}", self.agent.log_tail(60));
+                assert_eq!(parts[0].2, VOLUME, "{point}: the partition has the volume's size");
+                self.start = parts[0].1;
+            }
+            Step::Stage => {
+                assert_eq!(mounts_under(&self.staging).len(), 1, "{point}: staged exactly once: {:?}", mounts_under(&self.staging));
+                self.write(self.staging.join("a.txt"), &self.text("written after stage"));
+            }
+            Step::Publish => {
+                assert_eq!(mounts_under(&self.target).len(), 1, "{point}: published exactly once: {:?}", mounts_under(&self.target));
+                assert_eq!(self.read(self.target.join("a.txt")), self.text("written after stage"));
+                self.write(self.target.join("b.txt"), &self.text("written after publish"));
+            }
+            Step::Expand => {
+                let parts = self.parts();
+                assert_eq!(parts.len(), 1, "{point}: one partition after expand: {parts:?}");
+                assert_eq!((parts[0].1, parts[0].2), (self.start, 2 * VOLUME), "{point}: the partition grew in place");
+                let gpt = gpt_entries(&self.drive.dev);
+                assert_eq!(gpt.iter().map(|e| (e.start, e.size)).collect::<Vec<_>>(), vec![(self.start, 2 * VOLUME)], "{point}: the GPT entry grew");
+                assert_eq!(self.read(self.target.join("b.txt")), self.text("written after publish"));
+            }
+            Step::NodeExpand => {
+                let st = nix::sys::statvfs::statvfs(&self.target).unwrap();
+                let total = st.blocks() as u64 * st.fragment_size() as u64;
+                assert!(total > VOLUME, "{point}: the filesystem grew: {total} bytes");
+                assert_eq!(self.read(self.target.join("a.txt")), self.text("written after stage"));
+                self.write(self.target.join("c.txt"), &self.text("written after growth"));
+            }
+            Step::Unpublish => {
+                assert!(!self.target.exists(), "{point}: the target {} is removed", self.target.display());
+                assert_eq!(self.read(self.staging.join("b.txt")), self.text("written after publish"));
+            }
+            Step::Unstage => {
+                assert!(mounts_under(self.tmp.path()).is_empty(), "{point}: nothing mounted after unstage: {:?}", mounts_under(self.tmp.path()));
+                // The filesystem and its data outlive the unstage: stage it again.
+                self.ok(Step::Stage, "again after unstage");
+                assert_eq!(self.read(self.staging.join("a.txt")), self.text("written after stage"));
+                assert_eq!(self.read(self.staging.join("b.txt")), self.text("written after publish"));
+                self.ok(Step::Unstage, "again after the second stage");
+                assert!(mounts_under(self.tmp.path()).is_empty(), "{point}: nothing mounted after the second unstage");
+            }
+            Step::Delete => {}
+        }
+    }
+
+    /// What the restarted agent must have done on its own, before any retry.
+    fn after_restart(&self, step: Step) {
+        if step == Step::Delete {
+            let (point, parts, gpt) = (self.point, self.parts(), gpt_entries(&self.drive.dev));
+            let log = || self.agent.log_tail(60);
+            assert!(parts.is_empty(), "{point}: the restart finished the deletion: kernel partitions {parts:?}; log:\n{}", log());
+            assert!(gpt.is_empty(), "{point}: the restart finished the deletion: GPT entries {gpt:?}; log:\n{}", log());
+        }
+    }
+
+    /// Nothing of the volume is left, and its space is free again.
+    fn assert_nothing_left(&mut self) {
+        let point = self.point;
+        self.ok(Step::Delete, "a second time");
+        assert!(self.parts().is_empty(), "{point}: kernel partitions leaked: {:?}", self.parts());
+        let gpt = gpt_entries(&self.drive.dev);
+        assert!(gpt.is_empty(), "{point}: GPT entries leaked: {gpt:?}");
+        assert!(mounts_under(self.tmp.path()).is_empty(), "{point}: mounts leaked: {:?}", mounts_under(self.tmp.path()));
+        if let Some(ids) = self.agent.ctl_volume_ids() {
+            assert!(ids.is_empty(), "{point}: volume records leaked: {ids:?}");
+        }
+        // The space is not held by a leftover record: a new volume takes it.
+        assert_eq!(self.start, first_volume_start(DRIVE), "{point}: the volume took the first extent of a blank drive");
+        self.name = format!("{}-probe", self.name);
+        self.volume_id = drivelet::disk::gpt::volume_partition_guid(&self.name).to_string();
+        self.ok(Step::Create, "of a new volume after the delete");
+        let parts = self.parts();
+        assert_eq!(
+            parts.iter().map(|p| (p.1, p.2)).collect::<Vec<_>>(),
+            vec![(self.start, VOLUME)],
+            "{point}: the new volume reuses the space; the agent's view of the drive: {}\nlog:\n{}",
+            self.drive_view(),
+            self.agent.log_tail(40)
+        );
+        self.ok(Step::Delete, "of the new volume");
+        assert!(self.parts().is_empty(), "{point}: kernel partitions left by the new volume: {:?}", self.parts());
+        assert_eq!(self.agent.stop(), 0, "{point}: the agent stops cleanly; log:\n{}", self.agent.log_tail(40));
+    }
+}
+
+/// Runs the whole lifecycle with the agent killed once at `point`.
+fn crash_and_retry(point: &'static str) {
+    let crash_at = step_of(point);
+    let mut c = Case::new(point);
+    // Growth is part of the lifecycle of the expansion cases (xfs) only.
+    let grows = c.fs == "xfs";
+    let steps = LIFECYCLE.into_iter().filter(|s| grows || !matches!(s, Step::Expand | Step::NodeExpand));
+    for step in steps {
+        if step == crash_at {
+            c.crash(step);
+            c.agent.spawn();
+            c.after_restart(step);
+            c.ok(step, "retried after the crash");
+        } else {
+            c.ok(step, "before or after the crash");
+        }
+        c.after(step);
+    }
+    c.assert_nothing_left();
+}
+
+/// Runs `case` for every point, each to its end even when an earlier one failed (its
+/// panic message is printed as it happens), then fails naming every point that did.
+fn each_point(points: &[&'static str], case: impl Fn(&'static str)) {
+    require_failpoints();
+    require_host();
+    let failed: Vec<String> = points
+        .iter()
+        .filter_map(|&p| {
+            let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(p))).err()?;
+            let msg = err.downcast_ref::<String>().cloned().or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+            Some(format!("- {}", msg.lines().next().unwrap_or(p)))
+        })
+        .collect();
+    assert!(failed.is_empty(), "{} of {} crash points failed (details above):\n{}", failed.len(), points.len(), failed.join("\n"));
+}
+
+fn family(points: &[&'static str]) {
+    each_point(points, crash_and_retry);
+}
+
+#[test]
+fn every_crash_point_in_the_source_has_a_crash_case() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    let covered: BTreeSet<&str> =
+        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS, CLONE_POINTS]
+        .concat()
+        .into_iter()
+        .collect();
+    let found = crash_points();
+    let found: BTreeSet<&str> = found.iter().map(String::as_str).collect();
+    let untested: Vec<_> = found.difference(&covered).collect();
+    let stale: Vec<_> = covered.difference(&found).collect();
+    assert!(untested.is_empty(), "crash points without a crash case in tests/integration/robustness/crash.rs: {untested:?}");
+    assert!(stale.is_empty(), "crash cases for points no longer in src/: {stale:?}");
+}
+
+#[test]
+fn create_killed_at_any_point_succeeds_when_retried_and_leaves_nothing() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    family(CREATE_POINTS);
+}
+
+#[test]
+fn stage_killed_at_any_point_succeeds_when_retried_and_leaves_nothing() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    family(STAGE_POINTS);
+}
+
+#[test]
+fn publish_killed_at_any_point_succeeds_when_retried_and_keeps_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    family(PUBLISH_POINTS);
+}
+
+#[test]
+fn expand_killed_at_any_point_succeeds_when_retried_and_keeps_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    family(EXPAND_POINTS);
+}
+
+#[test]
+fn node_expand_killed_after_growing_succeeds_when_retried_and_keeps_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    family(NODE_EXPAND_POINTS);
+}
+
+#[test]
+fn unpublish_killed_after_unmount_succeeds_when_retried_and_keeps_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    family(UNPUBLISH_POINTS);
+}
+
+#[test]
+fn unstage_killed_after_unmount_succeeds_when_retried_and_keeps_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    family(UNSTAGE_POINTS);
+}
+
+#[test]
+fn delete_killed_at_any_point_is_finished_by_the_restart_and_the_retry_succeeds() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    family(DELETE_POINTS);
+}
+
+#[test]
+fn create_killed_and_never_retried_is_rolled_back_at_restart() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    // create.saved is past the point of no return: the volume exists (its retry case
+    // above gets it back); every earlier point leaves an unfinished create.
+    let unfinished: Vec<&'static str> = CREATE_POINTS.iter().copied().filter(|p| *p != "create.saved").collect();
+    each_point(&unfinished, |point| {
+        let mut c = Case::new(point);
+        c.crash(Step::Create);
+        c.agent.spawn();
+        assert!(c.parts().is_empty(), "{point}: the restart removed the kernel partition: {:?}; log:\n{}", c.parts(), c.agent.log_tail(40));
+        let gpt = gpt_entries(&c.drive.dev);
+        assert!(gpt.is_empty(), "{point}: the restart removed the GPT entry: {gpt:?}; log:\n{}", c.agent.log_tail(60));
+        if let Some(ids) = c.agent.ctl_volume_ids() {
+            assert!(ids.is_empty(), "{point}: the restart dropped the record: {ids:?}");
+        }
+        // A second restart finds nothing to adopt or roll back.
+        c.agent.kill();
+        c.agent.spawn();
+        assert!(c.parts().is_empty() && gpt_entries(&c.drive.dev).is_empty(), "{point}: nothing reappears after a second restart");
+        if let Some(ids) = c.agent.ctl_volume_ids() {
+            assert!(ids.is_empty(), "{point}: no record after a second restart: {ids:?}");
+        }
+        // The extent it had reserved is free: another volume takes the first one.
+        c.name = format!("{}-other", c.name);
+        c.volume_id = drivelet::disk::gpt::volume_partition_guid(&c.name).to_string();
+        c.ok(Step::Create, "of another volume after the rollback");
+        c.after(Step::Create);
+        assert_eq!(c.start, first_volume_start(DRIVE), "{point}: the rolled-back extent is reused");
+        c.ok(Step::Delete, "of the other volume");
+        assert!(c.parts().is_empty() && gpt_entries(&c.drive.dev).is_empty(), "{point}: the other volume left partitions");
+        assert_eq!(c.agent.stop(), 0);
+    });
+}
+
+/// Arms a crash point in the running agent through its admin socket.
+fn arm(agent: &Agent, name: &str) {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(&agent.admin_socket).expect("admin socket");
+    let req = serde_json::json!({"cmd": "fail-point", "name": name, "actions": "return"});
+    writeln!(s, "{req}").unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(s).read_line(&mut line).unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(answer["armed"], name, "arming {name}: {answer}");
+}
+
+/// `len` bytes of `dev` from byte `start` (the whole drive: a crash may leave the
+/// kernel without a volume's partition until drivelet next needs it), as the device
+/// holds them: read O_DIRECT, since the whole drive's page cache is not the partition's
+/// and may keep blocks from before the partition's own writes.
+fn bytes_at(dev: &std::path::Path, start: u64, len: u64) -> Vec<u8> {
+    use std::io::{Read, Seek};
+    use std::os::unix::fs::OpenOptionsExt;
+    const ALIGN: usize = 4096;
+    assert!(start % ALIGN as u64 == 0 && len % ALIGN as u64 == 0, "aligned reads only");
+    let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(dev).unwrap();
+    f.seek(std::io::SeekFrom::Start(start)).unwrap();
+    let mut raw = vec![0u8; len as usize + ALIGN];
+    let off = raw.as_ptr().align_offset(ALIGN);
+    f.read_exact(&mut raw[off..off + len as usize]).unwrap();
+    raw.drain(..off);
+    raw.truncate(len as usize);
+    raw
+}
+
+/// A clone of a volume holding data, killed at `point`: the restart leaves the source
+/// alone and no clone (or, past the point of no return, the complete clone); the
+/// retried clone carries the data. `block`: a block source.
+fn clone_crash(point: &'static str, block: bool) {
+    let tmp = short_tempdir();
+    let drive = LoopDrive::new(tmp.path(), "a.img", DRIVE);
+    sh("udevadm", &["settle"]);
+    let kubelet = tmp.path().join("kubelet");
+    let staging = kubelet.join("plugins/stage");
+    let mut agent = Agent::start(tmp.path(), AgentOpts::default());
+    let _unmount = Unmounter(tmp.path().to_path_buf());
+    let cap = if block { block_cap() } else { mount_cap("ext4") };
+    let size = if block { 16 * MIB } else { 64 * MIB };
+    let call = |agent: &Agent, q: csi::CreateVolumeRequest| -> Result<csi::Volume, Status> {
+        rt().block_on(async {
+            let mut c = Csi::connect(agent).await;
+            tokio::time::timeout(CALL_TIMEOUT, c.ctrl.create_volume(q)).await.expect("CreateVolume hung").map(|r| r.into_inner().volume.unwrap())
+        })
+    };
+    let src = call(&agent, create_req("pvc-crash-src", size, cap.clone())).expect("create the source").volume_id;
+    let src_entry = gpt_entries(&drive.dev);
+    assert_eq!(src_entry.len(), 1, "{point}: the source's GPT entry");
+    let src_start = src_entry[0].start;
+    if block {
+        let dev = drivelet::disk::blkpg::kernel_partitions(&drive.dev).unwrap().remove(0).devnode;
+        // Opened, never created: a missing node must not become a regular file in /dev.
+        let mut f = std::fs::OpenOptions::new().write(true).open(&dev).unwrap_or_else(|e| panic!("open {}: {e}", dev.display()));
+        std::io::Write::write_all(&mut f, &vec![0xa5u8; (2 * MIB) as usize]).unwrap();
+        f.sync_all().unwrap();
+    } else {
+        rt().block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            c.node.node_stage_volume(stage_req(&src, &staging, cap.clone())).await.expect("stage the source");
+        });
+        std::fs::write(staging.join("data.txt"), format!("written before the crash at {point}")).unwrap();
+        rt().block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            let q = csi::NodeUnstageVolumeRequest { volume_id: src.clone(), staging_target_path: staging.display().to_string() };
+            c.node.node_unstage_volume(q).await.expect("unstage the source");
+        });
+    }
+    sh("sync", &[]);
+    let before = bytes_at(&drive.dev, src_start, size);
+    let mut q = create_req("pvc-crash-clone", 2 * size, cap.clone());
+    q.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: src.clone() })),
+    });
+    arm(&agent, point);
+    assert!(call(&agent, q.clone()).is_err(), "{point}: the clone succeeded, so the crash point was not reached");
+    let status = agent.wait_exit(Duration::from_secs(20));
+    assert_eq!(status.and_then(|s| s.signal()), Some(nix::sys::signal::Signal::SIGKILL as i32), "{point}: killed; log:\n{}", agent.log_tail(40));
+    agent.spawn();
+    let log = |a: &Agent| a.log_tail(40);
+    let entries = gpt_entries(&drive.dev);
+    if point == "create.saved" {
+        // Past the point of no return: the clone is complete and kept.
+        assert_eq!(entries.len(), 2, "{point}: the complete clone is kept: {entries:?}; log:\n{}", log(&agent));
+        assert_eq!(agent.ctl_volume_ids().map(|ids| ids.len()), Some(2), "{point}: the clone's record is kept");
+    } else {
+        assert_eq!(entries.len(), 1, "{point}: only the source's GPT entry is left: {entries:?}; log:\n{}", log(&agent));
+        assert_eq!(entries[0].start, src_start, "{point}: the source's entry is the one left");
+        let parts = kernel_parts(&drive.dev);
+        assert!(parts.iter().all(|p| p.1 == src_start), "{point}: no kernel partition of the clone is left: {parts:?}");
+        assert_eq!(agent.ctl_volume_ids(), Some(vec![src.clone()]), "{point}: no clone record is left, not even a half one");
+    }
+    assert!(bytes_at(&drive.dev, src_start, size) == before, "{point}: the source is untouched");
+
+    let v = call(&agent, q.clone()).unwrap_or_else(|e| panic!("{point}: the retried clone failed: {e:?}; log:\n{}", log(&agent)));
+    assert_eq!(v.capacity_bytes, 2 * size as i64);
+    let clone_start = gpt_entries(&drive.dev).iter().map(|e| e.start).find(|s| *s != src_start).expect("the clone's GPT entry");
+    if block {
+        assert!(bytes_at(&drive.dev, clone_start, 2 * MIB).iter().all(|b| *b == 0xa5), "{point}: the retried block clone carries the source's bytes");
+    } else {
+        rt().block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            c.node.node_stage_volume(stage_req(&v.volume_id, &staging, cap.clone())).await.expect("stage the clone");
+        });
+        assert_eq!(std::fs::read_to_string(staging.join("data.txt")).unwrap(), format!("written before the crash at {point}"), "{point}: the clone's data");
+        rt().block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            let q = csi::NodeUnstageVolumeRequest { volume_id: v.volume_id.clone(), staging_target_path: staging.display().to_string() };
+            c.node.node_unstage_volume(q).await.expect("unstage the clone");
+        });
+    }
+    rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        for id in [&v.volume_id, &src] {
+            c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.expect("delete");
+        }
+    });
+    assert!(kernel_parts(&drive.dev).is_empty() && gpt_entries(&drive.dev).is_empty(), "{point}: nothing left");
+    assert_eq!(agent.stop(), 0, "{point}: the agent stops cleanly");
+}
+
+#[test]
+fn clone_killed_at_any_point_leaves_no_clone_and_the_retry_copies_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    let points: Vec<&'static str> = CREATE_POINTS.iter().chain(CLONE_POINTS).copied().collect();
+    each_point(&points, |p| clone_crash(p, false));
+    each_point(&["clone.copied"], |p| clone_crash(p, true));
+}

@@ -1,0 +1,6 @@
+//! The command-line tools: the benchmark client and the demo.
+
+/// The CSI load generator.
+mod bench;
+/// The demo command.
+mod demo;

@@ -1,0 +1,18 @@
+//! Volumes through their whole life on real drives: create, place, grow, clone, release, health conditions, migration, concurrent calls.
+
+/// The volume lifecycle: create, stage, publish, unpublish, unstage, delete.
+mod volumes;
+/// GetCapacity promises exactly what CreateVolume accepts.
+mod capacity;
+/// Clones: CreateVolume with a source volume.
+mod clone;
+/// Online volume expansion.
+mod expansion;
+/// Drive release with `drivelet ctl drive release`.
+mod release;
+/// Volume conditions from drives dying, detaching and failing SMART.
+mod health;
+/// Migration of an in-tree `local` volume.
+mod migration;
+/// Concurrent calls on one agent.
+mod concurrency;
