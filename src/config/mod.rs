@@ -571,6 +571,8 @@ mod tests {
             (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.attach_terminal_retry = Duration::from_millis(5); }), "kubernetes.attach_terminal_retry"),
             (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.resync_interval = Duration::from_secs(1); }), "kubernetes.resync_interval"),
             (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.drive_resync_interval = Duration::from_secs(1); }), "kubernetes.drive_resync_interval"),
+            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.namespace = "Drivelet_System".into(); }), "kubernetes.namespace"),
+            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.namespace = String::new(); }), "kubernetes.namespace"),
         ];
         for (mutate, key) in cases {
             let mut c = valid();
