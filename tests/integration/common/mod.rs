@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 use drivelet::grpc::proto::csi;
 use tonic::transport::Channel;
 
+/// The one set of CSI request builders every test uses.
+pub mod requests;
+#[allow(unused_imports)]
+pub use requests::*;
+
 /// Fails the test with a reason when the machine cannot run integration tests.
 pub fn require_host() {
     assert!(nix::unistd::geteuid().is_root(), "integration tests need root (loop devices, mkfs, mount); run as root");
@@ -307,7 +312,7 @@ pub fn root_disk() -> PathBuf {
     }
 }
 
-/// CSI clients over one channel, with request builders for the volume lifecycle.
+/// CSI clients over one channel (the request builders are in [`requests`]).
 pub struct Csi {
     pub ctrl: csi::controller_client::ControllerClient<Channel>,
     pub node: csi::node_client::NodeClient<Channel>,
@@ -318,65 +323,19 @@ pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
 impl Csi {
+    /// Clients of the agent's CSI socket.
     pub async fn connect(agent: &Agent) -> Csi {
-        let ch = agent.csi().await;
+        Csi::connect_path(&agent.csi_socket).await
+    }
+
+    /// Clients of the CSI socket at `sock`, on a connection of their own.
+    pub async fn connect_path(sock: &Path) -> Csi {
+        let ch = channel(sock).await.expect("connect CSI socket");
         Csi {
             ctrl: csi::controller_client::ControllerClient::new(ch.clone()),
             node: csi::node_client::NodeClient::new(ch.clone()),
             id: csi::identity_client::IdentityClient::new(ch),
         }
-    }
-}
-
-/// A mount capability (`fs` may be empty) in SINGLE_NODE_WRITER mode.
-pub fn mount_cap(fs: &str) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(csi::volume_capability::AccessType::Mount(csi::volume_capability::MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })),
-    }
-}
-
-/// A block capability in SINGLE_NODE_WRITER mode.
-pub fn block_cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(csi::volume_capability::AccessType::Block(Default::default())),
-    }
-}
-
-pub fn create_req(name: &str, bytes: u64, cap: csi::VolumeCapability) -> csi::CreateVolumeRequest {
-    csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: bytes as i64, limit_bytes: 0 }),
-        volume_capabilities: vec![cap],
-        ..Default::default()
-    }
-}
-
-pub fn stage_req(id: &str, staging: &Path, cap: csi::VolumeCapability) -> csi::NodeStageVolumeRequest {
-    csi::NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(cap),
-        ..Default::default()
-    }
-}
-
-pub fn publish_req(id: &str, staging: &Path, target: &Path, cap: csi::VolumeCapability, readonly: bool) -> csi::NodePublishVolumeRequest {
-    csi::NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(cap),
-        readonly,
-        ..Default::default()
     }
 }
 

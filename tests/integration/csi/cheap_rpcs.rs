@@ -29,9 +29,6 @@ use drivelet::grpc::proto::csi;
 /// Drive-event cycles (detach and attach of `b`) the test runs.
 const CYCLES: usize = 6;
 
-fn capacity_req() -> csi::GetCapacityRequest {
-    csi::GetCapacityRequest { volume_capabilities: vec![block_cap()], ..Default::default() }
-}
 
 /// The usable bytes of a drive of `size` (the region between the two GPTs).
 fn usable(size: u64) -> u64 {
@@ -90,7 +87,7 @@ fn cheap_rpcs_never_answer_a_torn_view_while_drives_and_volumes_change() {
                 while !stop.load(Ordering::SeqCst) {
                     let ready = rt.block_on(c.id.probe(csi::ProbeRequest {})).expect("Probe").into_inner().ready;
                     assert_eq!(ready, Some(true), "reader {n}: Probe stopped saying ready");
-                    let cap = rt.block_on(c.ctrl.get_capacity(capacity_req())).expect("GetCapacity").into_inner();
+                    let cap = rt.block_on(c.ctrl.get_capacity(capacity_req(block_cap()))).expect("GetCapacity").into_inner();
                     let (avail, max) = (cap.available_capacity as u64, cap.maximum_volume_size.unwrap_or(0) as u64);
                     assert!(max <= avail, "reader {n}: maximum {max} exceeds available {avail}");
                     assert!(avail <= bound, "reader {n}: available {avail} exceeds both drives' usable {bound}");
@@ -118,7 +115,7 @@ fn cheap_rpcs_never_answer_a_torn_view_while_drives_and_volumes_change() {
                 // after DeleteVolume answered (placement counts it as used until then).
                 let deadline = std::time::Instant::now() + Duration::from_secs(10);
                 let max = loop {
-                    let cap = rt.block_on(c.ctrl.get_capacity(capacity_req())).expect("GetCapacity").into_inner();
+                    let cap = rt.block_on(c.ctrl.get_capacity(capacity_req(block_cap()))).expect("GetCapacity").into_inner();
                     let max = cap.maximum_volume_size.unwrap_or(0) as u64;
                     if max > usable(64 * MIB) {
                         break max;

@@ -22,17 +22,6 @@ use crate::common::*;
 use drivelet::grpc::proto::csi;
 use tonic::Code;
 
-fn clone_req(name: &str, bytes: u64, limit: u64, cap: csi::VolumeCapability, source: &str) -> csi::CreateVolumeRequest {
-    csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: bytes as i64, limit_bytes: limit as i64 }),
-        volume_capabilities: vec![cap],
-        volume_content_source: Some(csi::VolumeContentSource {
-            r#type: Some(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: source.into() })),
-        }),
-        ..Default::default()
-    }
-}
 
 fn reader_cap(fs: &str) -> csi::VolumeCapability {
     let mut c = mount_cap(fs);

@@ -29,15 +29,6 @@ fn multi_thread_rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap()
 }
 
-/// CSI clients on a connection of their own.
-async fn connect(sock: &Path) -> Csi {
-    let ch = channel(sock).await.expect("connect CSI socket");
-    Csi {
-        ctrl: csi::controller_client::ControllerClient::new(ch.clone()),
-        node: csi::node_client::NodeClient::new(ch.clone()),
-        id: csi::identity_client::IdentityClient::new(ch),
-    }
-}
 
 /// Runs `n` calls at once: each task connects, waits until all are connected, then
 /// makes its call. Results come back in task order.
@@ -50,7 +41,7 @@ where
     let barrier = Arc::new(Barrier::new(n));
     let mut tasks = Vec::new();
     for i in 0..n {
-        let c = connect(sock).await;
+        let c = Csi::connect_path(sock).await;
         let fut = call(i, c);
         let barrier = barrier.clone();
         tasks.push(tokio::spawn(async move {
@@ -65,9 +56,6 @@ where
     out
 }
 
-fn delete_req(id: &str) -> csi::DeleteVolumeRequest {
-    csi::DeleteVolumeRequest { volume_id: id.into(), ..Default::default() }
-}
 
 fn describe<T: std::fmt::Debug>(results: &[Result<T, Status>]) -> String {
     results
@@ -117,10 +105,10 @@ fn parallel_creates_with_one_name_make_one_volume_and_every_call_gets_it_or_abor
     assert_eq!(gpt_entries(&a.dev).len(), 1, "exactly one GPT entry: {:?}", gpt_entries(&a.dev));
 
     rt.block_on(async {
-        let mut c = connect(&sock).await;
+        let mut c = Csi::connect_path(&sock).await;
         let again = c.ctrl.create_volume(create_req("pvc-same", 64 * MIB, mount_cap("ext4"))).await.unwrap().into_inner().volume.unwrap();
         assert_eq!(again.volume_id, id, "a later create with the name returns the same volume");
-        c.ctrl.delete_volume(delete_req(&id)).await.unwrap();
+        c.ctrl.delete_volume(del_req(&id)).await.unwrap();
     });
     assert!(kernel_parts(&a.dev).is_empty(), "the delete removed the partition: {:?}", kernel_parts(&a.dev));
 }
@@ -176,7 +164,7 @@ fn parallel_creates_with_distinct_names_fill_two_drives_without_overlap_and_para
     let ids: Vec<String> = ids.into_iter().collect();
     let deletes = rt.block_on(all_at_once(&sock, N, |i, mut c| {
         let id = ids[i].clone();
-        async move { c.ctrl.delete_volume(delete_req(&id)).await.map(|r| r.into_inner()) }
+        async move { c.ctrl.delete_volume(del_req(&id)).await.map(|r| r.into_inner()) }
     }));
     assert!(deletes.iter().all(Result::is_ok), "every delete succeeds:\n{}\nlog:\n{}", describe(&deletes), agent.log_tail(60));
     for d in [&a, &b] {
@@ -203,7 +191,7 @@ fn stages_of_two_volumes_run_in_parallel_and_a_second_stage_in_flight_is_aborted
     let rt = multi_thread_rt();
 
     let (va, vb) = rt.block_on(async {
-        let mut c = connect(&sock).await;
+        let mut c = Csi::connect_path(&sock).await;
         let va = c.ctrl.create_volume(create_req("pvc-a", 64 * MIB, mount_cap("ext4"))).await.unwrap().into_inner().volume.unwrap();
         let vb = c.ctrl.create_volume(create_req("pvc-b", 64 * MIB, mount_cap("ext4"))).await.unwrap().into_inner().volume.unwrap();
         (va.volume_id, vb.volume_id)
@@ -232,13 +220,13 @@ fn stages_of_two_volumes_run_in_parallel_and_a_second_stage_in_flight_is_aborted
     assert_eq!(sh("findmnt", &["-n", "-o", "FSTYPE", stage_b.to_str().unwrap()]), "ext4");
 
     rt.block_on(async {
-        let mut c = connect(&sock).await;
+        let mut c = Csi::connect_path(&sock).await;
         // Once nothing is in flight, staging A again is a plain idempotent OK.
         c.node.node_stage_volume(stage_req(&va, &stage_a, mount_cap("ext4"))).await.unwrap();
         for (id, path) in [(&va, &stage_a), (&vb, &stage_b)] {
             let req = csi::NodeUnstageVolumeRequest { volume_id: id.clone(), staging_target_path: path.display().to_string() };
             c.node.node_unstage_volume(req).await.unwrap();
-            c.ctrl.delete_volume(delete_req(id)).await.unwrap();
+            c.ctrl.delete_volume(del_req(id)).await.unwrap();
         }
     });
     assert!(mounts_under(tmp.path()).is_empty(), "no mounts remain: {:?}", mounts_under(tmp.path()));

@@ -15,22 +15,7 @@ use crate::common::*;
 use drivelet::grpc::proto::csi;
 use tonic::Code;
 
-fn expand_req(id: &str, required: u64, limit: u64) -> csi::ControllerExpandVolumeRequest {
-    csi::ControllerExpandVolumeRequest {
-        volume_id: id.into(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: required as i64, limit_bytes: limit as i64 }),
-        ..Default::default()
-    }
-}
 
-fn node_expand_req(id: &str, path: &Path, required: u64) -> csi::NodeExpandVolumeRequest {
-    csi::NodeExpandVolumeRequest {
-        volume_id: id.into(),
-        volume_path: path.display().to_string(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: required as i64, limit_bytes: 0 }),
-        ..Default::default()
-    }
-}
 
 /// Total bytes of the filesystem mounted at `path`, as `df` shows them.
 fn fs_size(path: &Path) -> u64 {

@@ -2,14 +2,11 @@
 //! refused request must not change, a report that collects every violation, request
 //! builders and the spec's well-formedness rules for names and topology.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common::*;
 use drivelet::grpc::proto::csi;
-use drivelet::grpc::proto::csi::volume_capability::access_mode::Mode;
-use drivelet::grpc::proto::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use tonic::{Code, Response, Status};
 
 /// Topology key naming the node every volume lives on.
@@ -245,65 +242,6 @@ pub(crate) async fn capacity_settles(
     }
 }
 
-pub(crate) fn layout_req(layout: &str) -> csi::GetCapacityRequest {
-    csi::GetCapacityRequest { parameters: kv(&[("layout", layout)]), ..Default::default() }
-}
-
-// ---------------------------------------------------------------------------------
-// Request builders.
-// ---------------------------------------------------------------------------------
-
-pub(crate) fn kv(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-}
-
-pub(crate) fn topo(pairs: &[(&str, &str)]) -> csi::Topology {
-    csi::Topology { segments: kv(pairs) }
-}
-
-pub(crate) fn mount(mode: Mode, fs: &str, flags: &[&str]) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(AccessMode { mode: mode as i32 }),
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            mount_flags: flags.iter().map(|f| f.to_string()).collect(),
-            ..Default::default()
-        })),
-    }
-}
-
-pub(crate) fn block(mode: Mode) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(AccessMode { mode: mode as i32 }),
-        access_type: Some(AccessType::Block(BlockVolume {})),
-    }
-}
-
-pub(crate) fn vol_req(name: &str, required: i64, limit: i64, caps: Vec<csi::VolumeCapability>, params: &[(&str, &str)]) -> csi::CreateVolumeRequest {
-    csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: required, limit_bytes: limit }),
-        volume_capabilities: caps,
-        parameters: kv(params),
-        ..Default::default()
-    }
-}
-
-pub(crate) fn del_req(id: &str) -> csi::DeleteVolumeRequest {
-    csi::DeleteVolumeRequest { volume_id: id.into(), ..Default::default() }
-}
-
-pub(crate) fn unstage_req(id: &str, path: &Path) -> csi::NodeUnstageVolumeRequest {
-    csi::NodeUnstageVolumeRequest { volume_id: id.into(), staging_target_path: path.display().to_string() }
-}
-
-pub(crate) fn unpublish_req(id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
-    csi::NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: target.display().to_string() }
-}
-
-pub(crate) fn validate_req(id: &str, caps: Vec<csi::VolumeCapability>) -> csi::ValidateVolumeCapabilitiesRequest {
-    csi::ValidateVolumeCapabilitiesRequest { volume_id: id.into(), volume_capabilities: caps, ..Default::default() }
-}
 
 /// Checks the fields of a created volume [CreateVolume, Volume] and returns it.
 pub(crate) fn created(r: &mut Report, what: &str, resp: Option<csi::CreateVolumeResponse>, required: i64, limit: i64) -> Option<csi::Volume> {
