@@ -11,6 +11,10 @@
 //!   still mounted. For a formatted filesystem that is mounted nowhere: a read-only fsck,
 //!   `health.fsck_runs` times, corruption reported only when every run agrees; it is
 //!   re-run only after the volume was mounted again, or after [`FSCK_EVERY`].
+//! - Probing and judging are apart: the cycle probes the host (mountinfo, reads,
+//!   statvfs, fsck) into a [`Seen`] per volume and the pure [`judge`] turns that into
+//!   findings; the pure [`to_check`], [`staged_filesystem`] and [`fsck_candidate`]
+//!   decide what is probed. All four are table-tested.
 //! - Findings go to the volume manager, which turns them into conditions.
 //! - Slow work runs off the actor thread; a cycle still running skips the next tick;
 //!   volume checks (and their fsck runs) go one at a time on one blocking thread;
@@ -213,6 +217,74 @@ fn hold_for<R>(what: &Path, ms: Option<String>, r: R) -> R {
 
 type Fscked = HashMap<String, (Instant, Option<Finding>)>;
 
+/// Whether a volume is looked at this cycle: not while it is being created or deleted,
+/// nor while its drive is unknown to the inventory (an adopted volume has no drive of
+/// ours and is always looked at).
+pub(crate) fn to_check(rec: &VolumeRecord, drive_known: bool) -> bool {
+    !matches!(rec.state, VolumeState::Creating | VolumeState::Deleting) && (drive_known || rec.adopted.is_some())
+}
+
+/// The staging path whose mount is checked: a finished stage of a filesystem volume.
+pub(crate) fn staged_filesystem(rec: &VolumeRecord) -> Option<&Path> {
+    rec.staging.as_ref().filter(|s| s.done && !s.block).map(|s| s.path.as_path())
+}
+
+/// Whether a read-only fsck may look at the volume: a formatted filesystem of ours that
+/// no stage or publish holds (whether it is mounted elsewhere is probed separately).
+pub(crate) fn fsck_candidate(rec: &VolumeRecord) -> bool {
+    rec.staging.is_none() && rec.targets.is_empty() && rec.formatted && !rec.block && !rec.fs_type.is_empty() && rec.adopted.is_none()
+}
+
+/// What the staging path showed.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum StagingSeen {
+    /// Nothing is mounted there.
+    NotMounted,
+    /// Mounted, but a read of it failed (or did not end in time).
+    Unreadable(String),
+    /// Mounted and readable; the percent used, when statvfs answered.
+    Readable(Option<u8>),
+}
+
+/// What the probes of one volume saw on the host: the input of [`judge`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Seen {
+    /// An adopted volume's directory and the result of reading it.
+    pub adopted: Option<(PathBuf, Result<(), String>)>,
+    /// The staging path of a staged filesystem, and what it showed.
+    pub staging: Option<(PathBuf, StagingSeen)>,
+    /// Each target path, whether its publish finished, and whether it is mounted.
+    pub targets: Vec<(PathBuf, bool, bool)>,
+    /// The verdict of the read-only fsck runs, when they were run (or remembered).
+    pub fsck: Option<Finding>,
+}
+
+/// The findings of one volume from what its probes saw (pure; the poller's judgement).
+pub(crate) fn judge(seen: Seen, usage_threshold_percent: u8) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    if let Some((path, Err(error))) = seen.adopted {
+        findings.push(Finding::Unreadable { path: path.display().to_string(), error });
+    }
+    match seen.staging {
+        Some((path, StagingSeen::NotMounted)) => findings.push(Finding::StagingNotMounted { path: path.display().to_string() }),
+        Some((path, StagingSeen::Unreadable(error))) => findings.push(Finding::Unreadable { path: path.display().to_string(), error }),
+        Some((_, StagingSeen::Readable(Some(pct)))) if pct >= usage_threshold_percent => {
+            findings.push(Finding::OutOfSpace { percent: pct, threshold: usage_threshold_percent })
+        }
+        _ => {}
+    }
+    for (path, done, mounted) in seen.targets {
+        if done && !mounted {
+            findings.push(Finding::TargetNotMounted { path: path.display().to_string() });
+        }
+    }
+    findings.extend(seen.fsck);
+    findings
+}
+
+/// One volume check cycle: probes the host for each volume (mountinfo, reads, statvfs,
+/// read-only fsck) and judges what was seen; returns each volume's findings and the
+/// fsck verdicts to remember.
 fn check_all(
     cfg: &HealthConfig,
     drives: &HashMap<String, Drive>,
@@ -224,43 +296,32 @@ fn check_all(
     let mut out = Vec::new();
     let mut keep: Fscked = HashMap::new();
     for rec in records {
-        if matches!(rec.state, VolumeState::Creating | VolumeState::Deleting) {
-            continue;
-        }
         let drive = drives.get(&rec.drive_id);
-        if drive.is_none() && rec.adopted.is_none() {
+        if !to_check(&rec, drive.is_some()) {
             continue;
         }
         // A stage, unstage or delete of the volume is under way: checked next cycle.
         let Some(held) = gate::try_check(&rec.id).map(Arc::new) else { continue };
-        let mut findings = Vec::new();
+        let mut seen = Seen::default();
         // An adopted volume's data is a directory of the host: it must still be there.
         if let Some(a) = &rec.adopted {
-            if let Err(error) = readable(&a.path, cfg.command_timeout, held.clone()) {
-                findings.push(Finding::Unreadable { path: a.path.display().to_string(), error });
-            }
+            seen.adopted = Some((a.path.clone(), readable(&a.path, cfg.command_timeout, held.clone())));
         }
-        if let Some(st) = rec.staging.as_ref().filter(|s| s.done && !s.block) {
-            if !mounted_at(&st.path) {
-                findings.push(Finding::StagingNotMounted { path: st.path.display().to_string() });
-            } else if let Err(error) = readable(&st.path, cfg.command_timeout, held.clone()) {
-                findings.push(Finding::Unreadable { path: st.path.display().to_string(), error });
-            } else if let Ok(u) = fs::usage(&st.path) {
-                let pct = u.percent_used();
-                if pct >= cfg.usage_threshold_percent {
-                    findings.push(Finding::OutOfSpace { percent: pct, threshold: cfg.usage_threshold_percent });
+        if let Some(st) = staged_filesystem(&rec) {
+            let what = if !mounted_at(st) {
+                StagingSeen::NotMounted
+            } else {
+                match readable(st, cfg.command_timeout, held.clone()) {
+                    Err(error) => StagingSeen::Unreadable(error),
+                    Ok(()) => StagingSeen::Readable(fs::usage(st).ok().map(|u| u.percent_used())),
                 }
-            }
+            };
+            seen.staging = Some((st.to_path_buf(), what));
         }
-        for (path, t) in &rec.targets {
-            if t.done && !mounted_at(path) {
-                findings.push(Finding::TargetNotMounted { path: path.display().to_string() });
-            }
-        }
-        let idle = rec.staging.is_none() && rec.targets.is_empty() && rec.formatted && !rec.block && !rec.fs_type.is_empty();
-        if let (true, Some(drive), None) = (idle, drive, &rec.adopted) {
+        seen.targets = rec.targets.iter().map(|(path, t)| (path.clone(), t.done, mounted_at(path))).collect();
+        if let (true, Some(drive)) = (fsck_candidate(&rec), drive) {
             let fresh = fscked.remove(&rec.id).filter(|(at, _)| at.elapsed() < FSCK_EVERY);
-            let verdict = match fresh {
+            seen.fsck = match fresh {
                 Some((at, v)) => {
                     keep.insert(rec.id.clone(), (at, v.clone()));
                     v
@@ -276,9 +337,8 @@ fn check_all(
                     v
                 }
             };
-            findings.extend(verdict);
         }
-        out.push((rec.id, findings));
+        out.push((rec.id, judge(seen, cfg.usage_threshold_percent)));
     }
     (out, keep)
 }
@@ -319,3 +379,130 @@ impl Supervised for HealthPoller {
         self.fscked.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actors::volumes::model::{Adopted, Staging, Target};
+
+    fn staged(block: bool, done: bool) -> Staging {
+        Staging { path: "/k/stage".into(), block, flags: vec![], readonly: false, done }
+    }
+
+    #[test]
+    fn which_volumes_are_checked_staged_and_fscked() {
+        let base = || {
+            let mut r = VolumeRecord::for_test(1, VolumeState::Available);
+            r.formatted = true;
+            r.fs_type = "ext4".into();
+            r.block = false;
+            r
+        };
+        let adopted = |mut r: VolumeRecord| {
+            r.adopted = Some(Adopted { path: "/data".into(), pv_name: "pv".into() });
+            r
+        };
+        let state = |s: VolumeState| {
+            let mut r = base();
+            r.state = s;
+            r
+        };
+        // (case, record, drive known, checked)
+        let checked: Vec<(&str, VolumeRecord, bool, bool)> = vec![
+            ("an available volume on a known drive", base(), true, true),
+            ("its drive unknown", base(), false, false),
+            ("being created", state(VolumeState::Creating), true, false),
+            ("being deleted", state(VolumeState::Deleting), true, false),
+            ("adopted, no drive of ours", adopted(base()), false, true),
+        ];
+        for (what, rec, known, want) in checked {
+            assert_eq!(to_check(&rec, known), want, "{what}");
+        }
+        let with_staging = |st: Option<Staging>| {
+            let mut r = base();
+            r.staging = st;
+            r
+        };
+        assert_eq!(staged_filesystem(&with_staging(Some(staged(false, true)))), Some(Path::new("/k/stage")));
+        assert_eq!(staged_filesystem(&with_staging(Some(staged(false, false)))), None, "a stage in progress");
+        assert_eq!(staged_filesystem(&with_staging(Some(staged(true, true)))), None, "block: nothing is mounted there");
+        assert_eq!(staged_filesystem(&with_staging(None)), None);
+        let mut published = base();
+        published.targets.insert("/k/t".into(), Target { readonly: false, block: false, done: true });
+        let mut raw = base();
+        raw.block = true;
+        let mut blank = base();
+        blank.formatted = false;
+        // (case, record, fsck may look)
+        let fsck: Vec<(&str, VolumeRecord, bool)> = vec![
+            ("a formatted filesystem nobody holds", base(), true),
+            ("staged", with_staging(Some(staged(false, true))), false),
+            ("published", published, false),
+            ("block", raw, false),
+            ("never formatted", blank, false),
+            ("adopted (not ours to fsck)", adopted(base()), false),
+        ];
+        for (what, rec, want) in fsck {
+            assert_eq!(fsck_candidate(&rec), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn what_was_seen_is_judged_into_findings() {
+        let p = |s: &str| PathBuf::from(s);
+        let corrupt = Finding::Corrupt { detail: "bad inode".into() };
+        // (case, seen, findings)
+        let table: Vec<(&str, Seen, Vec<Finding>)> = vec![
+            ("nothing to look at", Seen::default(), vec![]),
+            ("a healthy staged volume", Seen { staging: Some((p("/s"), StagingSeen::Readable(Some(40)))), ..Seen::default() }, vec![]),
+            ("statvfs did not answer", Seen { staging: Some((p("/s"), StagingSeen::Readable(None))), ..Seen::default() }, vec![]),
+            (
+                "staging unmounted",
+                Seen { staging: Some((p("/s"), StagingSeen::NotMounted)), ..Seen::default() },
+                vec![Finding::StagingNotMounted { path: "/s".into() }],
+            ),
+            (
+                "staging unreadable",
+                Seen { staging: Some((p("/s"), StagingSeen::Unreadable("EIO".into()))), ..Seen::default() },
+                vec![Finding::Unreadable { path: "/s".into(), error: "EIO".into() }],
+            ),
+            (
+                "at the threshold is full",
+                Seen { staging: Some((p("/s"), StagingSeen::Readable(Some(80)))), ..Seen::default() },
+                vec![Finding::OutOfSpace { percent: 80, threshold: 80 }],
+            ),
+            ("just under it is not", Seen { staging: Some((p("/s"), StagingSeen::Readable(Some(79)))), ..Seen::default() }, vec![]),
+            (
+                "a finished target unmounted, one in progress ignored, one mounted fine",
+                Seen { targets: vec![(p("/t1"), true, false), (p("/t2"), false, false), (p("/t3"), true, true)], ..Seen::default() },
+                vec![Finding::TargetNotMounted { path: "/t1".into() }],
+            ),
+            (
+                "an adopted directory gone",
+                Seen { adopted: Some((p("/data"), Err("No such file or directory".into()))), ..Seen::default() },
+                vec![Finding::Unreadable { path: "/data".into(), error: "No such file or directory".into() }],
+            ),
+            ("an adopted directory readable", Seen { adopted: Some((p("/data"), Ok(()))), ..Seen::default() }, vec![]),
+            ("fsck agreed on corruption", Seen { fsck: Some(corrupt.clone()), ..Seen::default() }, vec![corrupt.clone()]),
+            (
+                "everything at once, in order",
+                Seen {
+                    adopted: Some((p("/data"), Err("EIO".into()))),
+                    staging: Some((p("/s"), StagingSeen::NotMounted)),
+                    targets: vec![(p("/t1"), true, false)],
+                    fsck: Some(corrupt.clone()),
+                },
+                vec![
+                    Finding::Unreadable { path: "/data".into(), error: "EIO".into() },
+                    Finding::StagingNotMounted { path: "/s".into() },
+                    Finding::TargetNotMounted { path: "/t1".into() },
+                    corrupt,
+                ],
+            ),
+        ];
+        for (what, seen, want) in table {
+            assert_eq!(judge(seen, 80), want, "{what}");
+        }
+    }
+}
+
