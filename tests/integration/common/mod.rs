@@ -590,3 +590,25 @@ pub fn drive_id_of(agent: &Agent, d: &LoopDrive) -> String {
     drive_by_path(&all, &d.dev).unwrap_or_else(|| panic!("{} not listed: {all}", d.dev.display()))["id"].as_str().unwrap().to_string()
 }
 
+/// The ListVolumes entry of `id` (all pages).
+pub async fn listed(c: &mut Csi, id: &str) -> csi::list_volumes_response::Entry {
+    let mut token = String::new();
+    loop {
+        let r = c
+            .ctrl
+            .list_volumes(csi::ListVolumesRequest { max_entries: 0, starting_token: token })
+            .await
+            .unwrap()
+            .into_inner();
+        if let Some(e) = r.entries.into_iter().find(|e| e.volume.as_ref().is_some_and(|v| v.volume_id == id)) {
+            return e;
+        }
+        assert!(!r.next_token.is_empty(), "ListVolumes does not list volume {id}");
+        token = r.next_token;
+    }
+}
+
+/// The volume condition a ListVolumes entry carries.
+pub fn listed_condition(e: &csi::list_volumes_response::Entry) -> csi::VolumeCondition {
+    e.status.as_ref().and_then(|s| s.volume_condition.clone()).expect("ListVolumes entries carry a volume condition")
+}

@@ -9,9 +9,11 @@
 //! - ControllerListVolumeHealth lists only unhealthy volumes, pages by `max_entries`
 //!   with tokens, and answers ABORTED to a malformed token or one from before a
 //!   restart;
-//! - a detached drive shows in both generations from the same event (once v1.12 says
-//!   abnormal, v1.13 says INACCESSIBLE/DriveMissing at the next call), NodeGetStorageHealth
-//!   reports the drive STORAGE_UNREACHABLE, and re-attaching it clears all three;
+//! - a detached drive shows in both generations from the same event, within a second
+//!   (once v1.12 says abnormal in ControllerGetVolume and ListVolumes, v1.13 says
+//!   INACCESSIBLE/DriveMissing at the next call), NodeGetStorageHealth reports the drive
+//!   STORAGE_UNREACHABLE, and re-attaching it clears all three and its volumes serve
+//!   again (an ext4 volume stages); this is the one home of that behaviour;
 //! - a SUSPECT drive is DEGRADED/DriveSuspect, a BAD one DATA_LOSS/DriveFailed and
 //!   STORAGE_DEGRADED; an unmounted target is INACCESSIBLE/MountLost.
 //!
@@ -279,21 +281,29 @@ fn empty_ids_are_invalid_unknown_ids_not_found_and_bad_paths_invalid() {
 }
 
 #[test]
-fn a_detached_drive_shows_in_both_generations_pages_in_the_list_and_clears_when_it_returns() {
+fn a_detached_drive_shows_in_both_generations_within_a_second_pages_in_the_list_and_heals_when_it_returns() {
     require_host();
     let tmp = short_tempdir();
+    let _u = Unmounter(tmp.path().to_path_buf());
     // Best fit puts the small volumes on the small drive A; the large one goes to B.
     let mut a = LoopDrive::new(tmp.path(), "a.img", 256 * MIB);
     let _b = LoopDrive::new(tmp.path(), "b.img", GIB);
     let (mut agent, _smart) = start(tmp.path());
     let ida = drive_id_of(&agent, &a);
     let rt = rt();
-    let (on_a, healthy) = rt.block_on(async {
+    let (on_a, healthy, fs_vol) = rt.block_on(async {
         let mut c = Csi::connect(&agent).await;
         let mut on_a = Vec::new();
+        // Four block volumes and one ext4 volume, which must stage again once the drive
+        // is back.
+        let mut fs_vol = String::new();
         for i in 0..5 {
-            let (id, drive) = create(&mut c, &format!("page-{i}"), 16 * MIB, block_cap()).await;
+            let cap = if i == 4 { mount_cap("ext4") } else { block_cap() };
+            let (id, drive) = create(&mut c, &format!("page-{i}"), 16 * MIB, cap).await;
             assert_eq!(drive, ida, "page-{i} lands on the small drive");
+            if i == 4 {
+                fs_vol = id.clone();
+            }
             on_a.push(id);
         }
         let (healthy, drive) = create(&mut c, "page-big", 512 * MIB, block_cap()).await;
@@ -315,6 +325,9 @@ fn a_detached_drive_shows_in_both_generations_pages_in_the_list_and_clears_when_
         };
         let (cond, h) = v13;
         println!("drive detached -> v1.12 abnormal after {v12:?}; v1.13 at the next call: {:?}", kinds(&h));
+        assert!(v12 < Duration::from_secs(1), "the condition took {v12:?} (limit 1s): {:?}", cond.message);
+        let lc = listed_condition(&listed(&mut c, &first).await);
+        assert!(lc.abnormal && lc.message.contains(&ida), "ListVolumes names the missing drive: {lc:?}");
         assert_eq!(kinds(&h), vec![(csi::VolumeHealthErrorType::Inaccessible, "DriveMissing".to_string())], "{h:?}");
         assert_eq!(h.health_statuses[0].message, cond.message, "one finding, one message in both generations");
         assert!(cond.message.contains(&ida) && cond.message.contains("missing"), "{cond:?}");
@@ -357,7 +370,7 @@ fn a_detached_drive_shows_in_both_generations_pages_in_the_list_and_clears_when_
         }
         let json: serde_json::Value = serde_json::from_str(&cli(&agent, &["-o", "json", "health", &healthy])).unwrap();
         assert_eq!((json["healthy"].as_bool(), json["conditions"].as_array().map(Vec::len)), (Some(true), Some(0)), "{json}");
-        (on_a, healthy)
+        (on_a, healthy, fs_vol)
     });
 
     // A token from before a restart is stale: ABORTED, list again from the start.
@@ -398,6 +411,16 @@ fn a_detached_drive_shows_in_both_generations_pages_in_the_list_and_clears_when_
         assert!(cli(&agent, &["health"]).contains("summary: every volume is healthy\n"));
         assert!(cli(&agent, &["storage-health"]).contains("healthy: true\n"));
         assert!(ctrl_health(&mut c, &healthy).await.health_statuses.is_empty());
+
+        // The same backing file came back (perhaps as another loop device): the drive id
+        // comes from the backing file, so it is the same drive, and its volumes serve:
+        // staging the ext4 one formats and mounts it.
+        assert_eq!(drive_id_of(&agent, &a), ida, "the reattached drive has the same id");
+        let stage = tmp.path().join("kubelet/plugins/stage-page-4");
+        std::fs::create_dir_all(&stage).unwrap();
+        c.node.node_stage_volume(stage_req(&fs_vol, &stage, mount_cap("ext4"))).await.unwrap();
+        assert_eq!(sh("findmnt", &["-n", "-o", "FSTYPE", stage.to_str().unwrap()]), "ext4");
+        c.node.node_unstage_volume(unstage_req(&fs_vol, &stage)).await.unwrap();
     });
 }
 
