@@ -612,3 +612,26 @@ pub async fn listed(c: &mut Csi, id: &str) -> csi::list_volumes_response::Entry 
 pub fn listed_condition(e: &csi::list_volumes_response::Entry) -> csi::VolumeCondition {
     e.status.as_ref().and_then(|s| s.volume_condition.clone()).expect("ListVolumes entries carry a volume condition")
 }
+
+/// Agent options with `[health]` tuned for tests (SMART every second, volume checks
+/// every 200 ms, commands bounded at 3 s) and smartctl replaced by `smart`; `more` is
+/// TOML appended after those keys (more `[health]` keys, then other tables).
+pub fn health_opts(smart: &SmartStandIn, more: &str) -> AgentOpts {
+    AgentOpts {
+        extra_toml: format!(
+            "\n[health]\ninterval = \"1s\"\njitter_percent = 0\nvolume_check_interval = \"200ms\"\ncommand_timeout = \"3s\"\nsmartctl = \"{}\"\n{more}\n",
+            smart.program.display()
+        ),
+        ..AgentOpts::default()
+    }
+}
+
+/// The test directory's kubelet root, the smartctl stand-in and an agent started with
+/// [`health_opts`].
+pub fn start_health_agent(dir: &Path, more: &str) -> (Agent, SmartStandIn) {
+    std::fs::create_dir_all(dir.join("kubelet")).unwrap();
+    let smart = SmartStandIn::install(dir);
+    let agent = Agent::start(dir, health_opts(&smart, more));
+    (agent, smart)
+}
+

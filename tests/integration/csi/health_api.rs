@@ -27,34 +27,11 @@ use crate::common::*;
 use drivelet::grpc::proto::csi;
 use tonic::Code;
 
-/// `[health]` tuned for tests (SMART every second, checks every 200 ms), SMART thresholds
-/// such that the reallocated/pending fixture is SUSPECT rather than BAD.
-fn opts(smart: &SmartStandIn) -> AgentOpts {
-    AgentOpts {
-        extra_toml: format!(
-            r#"
-[health]
-interval = "1s"
-jitter_percent = 0
-volume_check_interval = "200ms"
-command_timeout = "3s"
-smartctl = "{}"
-
-[health.smart]
-reallocated_sectors_bad = 100000
-pending_sectors_bad = 100000
-"#,
-            smart.program.display()
-        ),
-        ..AgentOpts::default()
-    }
-}
+/// SMART thresholds such that the reallocated/pending fixture is SUSPECT rather than BAD.
+const MORE: &str = "[health.smart]\nreallocated_sectors_bad = 100000\npending_sectors_bad = 100000";
 
 fn start(dir: &Path) -> (Agent, SmartStandIn) {
-    std::fs::create_dir_all(dir.join("kubelet")).unwrap();
-    let smart = SmartStandIn::install(dir);
-    let agent = Agent::start(dir, opts(&smart));
-    (agent, smart)
+    start_health_agent(dir, MORE)
 }
 
 async fn create(c: &mut Csi, name: &str, bytes: u64, cap: csi::VolumeCapability) -> (String, String) {
@@ -192,7 +169,7 @@ fn the_health_capabilities_are_advertised_at_their_upstream_values_when_asked_an
     let _a = LoopDrive::new(tmp.path(), "a.img", 256 * MIB);
     std::fs::create_dir_all(tmp.path().join("kubelet")).unwrap();
     let smart = SmartStandIn::install(tmp.path());
-    let agent = Agent::start_with(tmp.path(), opts(&smart), &[("DRIVELET__DRIVER__ADVERTISE_VOLUME_HEALTH", "true")]);
+    let agent = Agent::start_with(tmp.path(), health_opts(&smart, MORE), &[("DRIVELET__DRIVER__ADVERTISE_VOLUME_HEALTH", "true")]);
     rt().block_on(async {
         let mut c = Csi::connect(&agent).await;
         use csi::controller_service_capability::rpc::Type as CR;

@@ -19,32 +19,11 @@ use crate::common::*;
 use drivelet::grpc::proto::csi;
 use tonic::Code;
 
-/// `[health]` tuned for tests, with smartctl replaced by the stand-in.
-fn health_opts(smart: &SmartStandIn) -> AgentOpts {
-    AgentOpts {
-        extra_toml: format!(
-            r#"
-[health]
-interval = "1s"
-jitter_percent = 0
-volume_check_interval = "200ms"
-fsck_runs = 2
-usage_threshold_percent = 80
-command_timeout = "3s"
-smartctl = "{}"
-"#,
-            smart.program.display()
-        ),
-        ..AgentOpts::default()
-    }
-}
+/// More `[health]` keys of these tests: two read-only fsck runs, full at 80 %.
+const MORE: &str = "fsck_runs = 2\nusage_threshold_percent = 80";
 
-/// The test directory, its kubelet root and an agent with the stand-in installed.
 fn start_agent(dir: &Path) -> (Agent, SmartStandIn) {
-    std::fs::create_dir_all(dir.join("kubelet")).unwrap();
-    let smart = SmartStandIn::install(dir);
-    let agent = Agent::start(dir, health_opts(&smart));
-    (agent, smart)
+    start_health_agent(dir, MORE)
 }
 
 /// The staging path and one target path of a volume called `n`.
@@ -316,7 +295,7 @@ fn a_drive_whose_smart_says_failing_fails_its_volumes_and_takes_no_new_ones_whil
     // A starts healthy; B answers like a device smartctl cannot open.
     smart.choose(&a.name(), "sata-hdd-healthy.json");
     smart.choose(&b.name(), OPEN_FAILED);
-    let agent = Agent::start(tmp.path(), health_opts(&smart));
+    let agent = Agent::start(tmp.path(), health_opts(&smart, MORE));
     let (ida, idb) = (drive_id_of(&agent, &a), drive_id_of(&agent, &b));
     wait_drive_health(&agent, &ida, "good", Duration::from_secs(5));
     let db = wait_drive_health(&agent, &idb, "unknown", Duration::from_secs(5));
@@ -453,7 +432,7 @@ fn start_holding_agent(dir: &Path, point: &str) -> (Agent, SmartStandIn) {
     assert!(cfg!(feature = "failpoints"), "this test needs `--features failpoints`; scripts/test.sh passes it");
     std::fs::create_dir_all(dir.join("kubelet")).unwrap();
     let smart = SmartStandIn::install(dir);
-    let agent = Agent::start_with(dir, health_opts(&smart), &[("FAILPOINTS", &format!("{point}=return(3000)"))]);
+    let agent = Agent::start_with(dir, health_opts(&smart, MORE), &[("FAILPOINTS", &format!("{point}=return(3000)"))]);
     (agent, smart)
 }
 
