@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use drivelet::actors::volumes::model::{VolumeRecord, VolumeState};
-use drivelet::actors::volumes::ops::{self, DriveLoc};
+use drivelet::actors::volumes::ops::self;
 use drivelet::disk::{gpt, timing};
 use drivelet::store::Store;
+use drivelet::words::DriveLoc;
 
 /// Steps in the order they run, with their nesting depth, per operation.
 const CREATE: &[(&str, usize)] = &[

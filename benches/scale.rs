@@ -38,13 +38,14 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use drivelet::actors::inventory::classify::stable_id;
-use drivelet::actors::inventory::model::LayoutKind;
+
 use drivelet::actors::volumes::model::{VolumeRecord, VolumeState};
 use drivelet::cli::bench::Histogram;
-use drivelet::config::Media;
+
 use drivelet::disk::{gpt, udev::DiskProbe};
 use drivelet::grpc::proto::csi;
 use drivelet::store::Store;
+use drivelet::words::{LayoutKind, Media};
 
 const DRIVE_SIZE: u64 = 2 * GIB;
 const VOLUME_SIZE: u64 = 8 * MIB;

@@ -38,6 +38,9 @@ pub(crate) mod metrics;
 pub(crate) mod migration;
 /// The embedded store of volume records.
 pub mod store;
+/// The shared words every layer speaks: media, drive health and class, layout, drive
+/// usage, drive location; one file each.
+pub mod words;
 /// The root supervisor: starts every actor, core and fronts, in one place.
 pub(crate) mod supervisor;
 /// Property tests of request and config validation.

@@ -29,7 +29,7 @@ use actix::prelude::*;
 use tokio::net::UnixListener;
 use tracing::info;
 
-use crate::actors::health::HealthPoller;
+use crate::actors::health_poller::HealthPoller;
 use crate::actors::inventory::DriveInventory;
 use crate::actors::messages::SubscribeConditions;
 use crate::actors::volumes::VolumeManager;

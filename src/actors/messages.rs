@@ -3,9 +3,10 @@
 
 use actix::prelude::*;
 
-use super::inventory::model::{Drive, LayoutKind};
-use crate::config::Media;
+use super::inventory::model::Drive;
+
 use crate::disk::udev::BlockEvent;
+use crate::words::{LayoutKind, Media};
 
 /// Query: every drive the inventory knows, with classification.
 #[derive(Message)]

@@ -7,7 +7,8 @@
 //! subscriptions the fronts ask for (`SubscribeConditions`, `SubscribeDrives`,
 //! `SubscribeVolumes`). All of them are started by `crate::supervisor::start`.
 
-pub(crate) mod health;
+/// The HealthPoller: the probing schedule of SMART and volume checks.
+pub(crate) mod health_poller;
 pub mod inventory;
 pub(crate) mod messages;
 pub mod volumes;

@@ -7,9 +7,10 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
 use crate::actors::volumes::model::VolumeRecord;
-use crate::actors::volumes::health::DriveUse;
+
 use crate::config::human_bytes;
 use crate::grpc::admin::{AdminRequest, AdminResponse, DriveView};
+use crate::words::DriveUse;
 
 /// Errors talking to the agent.
 #[derive(Debug, thiserror::Error)]
@@ -139,8 +140,8 @@ pub fn drives_table(drives: &[DriveView]) -> String {
         .map(|v| {
             let d = &v.drive;
             let mut reason = d.reason.clone();
-            if d.class == crate::actors::inventory::classify::DriveClass::Managed {
-                if !matches!(d.health.health, crate::disk::smart::Health::Good) && d.health.checked_unix != 0 {
+            if d.class == crate::words::DriveClass::Managed {
+                if !matches!(d.health.health, crate::words::Health::Good) && d.health.checked_unix != 0 {
                     reason = format!("{reason}; health: {}", d.health.reason);
                 }
                 if !v.usage_reason.is_empty() {
@@ -155,7 +156,7 @@ pub fn drives_table(drives: &[DriveView]) -> String {
                 d.class.as_str().to_string(),
                 d.health.health.as_str().to_string(),
                 v.usage.clone(),
-                if d.class == crate::actors::inventory::classify::DriveClass::Managed {
+                if d.class == crate::words::DriveClass::Managed {
                     human_bytes(d.free_bytes)
                 } else {
                     "-".into()

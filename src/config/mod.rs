@@ -16,6 +16,7 @@ use serde::Deserialize;
 
 use self::units::{de_duration, de_size};
 pub use self::units::{human_bytes, parse_duration, parse_size};
+use crate::words::Media;
 
 /// Sizes and durations: parsing and showing.
 mod units;
@@ -142,43 +143,6 @@ impl Default for PathsConfig {
             csi_socket: "/var/lib/kubelet/plugins/csi.drivelet.io/csi.sock".into(),
             admin_socket: "/run/drivelet/admin.sock".into(),
             state_dir: "/var/lib/drivelet".into(),
-        }
-    }
-}
-
-/// Media classes of a drive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Media {
-    /// Rotating disk.
-    Hdd,
-    /// SATA/SAS solid-state disk.
-    Ssd,
-    /// NVMe namespace.
-    Nvme,
-    /// Loop, virtio and other virtual disks.
-    Virtual,
-}
-
-impl Media {
-    /// The lower-case name used in config, parameters and output.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Media::Hdd => "hdd",
-            Media::Ssd => "ssd",
-            Media::Nvme => "nvme",
-            Media::Virtual => "virtual",
-        }
-    }
-
-    /// Parses a media name as written in config or StorageClass parameters.
-    pub fn parse(s: &str) -> Option<Media> {
-        match s {
-            "hdd" => Some(Media::Hdd),
-            "ssd" => Some(Media::Ssd),
-            "nvme" => Some(Media::Nvme),
-            "virtual" => Some(Media::Virtual),
-            _ => None,
         }
     }
 }

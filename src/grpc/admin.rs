@@ -14,8 +14,9 @@ use super::Front;
 use crate::actors::inventory::model::Drive;
 use crate::actors::messages::ListDrives;
 use crate::actors::volumes::model::VolumeRecord;
-use crate::actors::volumes::health::DriveUse;
+
 use crate::actors::volumes::{AdoptVolume, ListDriveUses, ListVolumes, ReleaseDrive};
+use crate::words::DriveUse;
 
 /// A request on the admin socket.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -182,5 +183,4 @@ pub(crate) async fn serve_admin(front: Front, listener: UnixListener, shutdown: 
         }
     }
 }
-
 

@@ -5,7 +5,7 @@
 //!   PUBLISH_UNPUBLISH_VOLUME, GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES,
 //!   LIST_VOLUMES_PUBLISHED_NODES, GET_VOLUME, VOLUME_CONDITION, EXPAND_VOLUME,
 //!   CLONE_VOLUME, and, only with `driver.advertise_volume_health`, CSI v1.13's
-//!   LIST_VOLUME_HEALTH and GET_VOLUME_HEALTH ([`super::health`] serves those two RPCs
+//!   LIST_VOLUME_HEALTH and GET_VOLUME_HEALTH ([`super::volume_health`] serves those two RPCs
 //!   either way) (not PUBLISH_READONLY: read-only access is the SINGLE_NODE_READER_ONLY mode, enforced on
 //!   the node);
 //! - `ControllerExpandVolume` grows a partition in place into the free space that
@@ -63,13 +63,14 @@ use super::params::{capability_supported, unsupported_reason, VolumeParams};
 use super::proto::csi::{self, controller_server::Controller, controller_service_capability};
 use super::status::{echo, FrontError};
 use super::Front;
-use crate::actors::inventory::model::LayoutKind;
+
 use crate::actors::messages::GetCapacity;
 use crate::actors::volumes::model::{minimum_size, CapacityRange, VolumeRecord};
-use crate::actors::volumes::health::Condition;
+use crate::actors::volumes::conditions::Condition;
 use crate::actors::volumes::{
     AttachVolume, CreateVolume, DeleteVolume, DetachVolume, ExpandVolume, GetVolume, GetVolumeStatus,
 };
+use crate::words::LayoutKind;
 
 /// Controller service over the shared front state.
 pub(crate) struct ControllerService(pub Front);

@@ -14,7 +14,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod controller;
-pub(crate) mod health;
+pub(crate) mod volume_health;
 pub(crate) mod identity;
 pub(crate) mod node;
 pub mod params;

@@ -6,7 +6,7 @@
 //! `NodeGetCapabilities` lists only what is implemented (STAGE_UNSTAGE_VOLUME,
 //! SINGLE_NODE_MULTI_WRITER, GET_VOLUME_STATS, VOLUME_CONDITION, EXPAND_VOLUME, and,
 //! only with `driver.advertise_volume_health`, CSI v1.13's GET_VOLUME_HEALTH and
-//! GET_STORAGE_HEALTH; [`super::health`] serves those two RPCs either way).
+//! GET_STORAGE_HEALTH; [`super::volume_health`] serves those two RPCs either way).
 //! `NodeExpandVolume` grows a staged filesystem online to its partition (resize2fs,
 //! xfs_growfs), for the volume's staging or target path (NOT_FOUND otherwise); a block
 //! volume needs nothing; a partition not grown yet is FAILED_PRECONDITION. `NodeGetVolumeStats`

@@ -16,8 +16,7 @@ use std::collections::HashMap;
 
 use super::proto::csi;
 use super::status::{echo, FrontError};
-use crate::actors::inventory::model::LayoutKind;
-use crate::config::Media;
+use crate::words::{LayoutKind, Media};
 
 /// The StorageClass parameter saying what happens to a bound claim once its node's Node
 /// object is deleted.

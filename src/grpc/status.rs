@@ -208,7 +208,7 @@ mod tests {
                 VolumeError::DriveReleasing {
                     volume_id: id(),
                     drive_id: "d1".into(),
-                    state: crate::actors::volumes::health::DriveUseState::Releasing,
+                    state: crate::words::DriveUseState::Releasing,
                     reason: "asked".into(),
                 },
                 Code::FailedPrecondition,

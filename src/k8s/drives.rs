@@ -45,14 +45,14 @@ use tracing::{debug, info, warn};
 
 use crate::backoff::backoff;
 use super::crd;
-use crate::actors::inventory::classify::DriveClass;
+
 use crate::actors::inventory::model::Drive;
 use crate::actors::inventory::DriveInventory;
 use crate::actors::messages::{DriveEvent, GetInventoryStatus, ListDrives, SubscribeDrives, SubscribeVolumes, VolumesChanged};
-use crate::actors::volumes::health::{DriveUse, DriveUseState};
+
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::actors::volumes::{ListDriveUses, ListVolumes, VolumeManager, VolumesReady};
-use crate::disk::smart::Health;
+use crate::words::{DriveClass, DriveUse, DriveUseState, Health};
 
 /// The label naming the node a `Drive` object belongs to.
 pub(crate) const NODE_LABEL: &str = "drivelet.io/node";
@@ -658,7 +658,7 @@ pub(crate) mod fixtures {
 
     use super::*;
     use crate::actors::inventory::model::DriveHealth;
-    use crate::config::Media;
+    use crate::words::Media;
 
     pub(crate) const NODE: &str = "node-a";
 
@@ -685,7 +685,6 @@ pub(crate) mod fixtures {
         desired(NODE, std::slice::from_ref(d), &[], &[]).remove(0)
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -20,14 +20,14 @@ use super::crd;
 use super::drives::fixtures::*;
 use super::drives::*;
 use super::fake_api::{fake_api, list_of, respond, respond_error, FakeApi, Reply};
-use crate::actors::inventory::classify::DriveClass;
+
 use crate::actors::inventory::model::{Drive, DriveHealth};
 use crate::actors::messages::{
     DriveEvent, GetInventoryStatus, InventoryStatus, ListDrives, SubscribeDrives, SubscribeVolumes, VolumesChanged,
 };
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::actors::volumes::{ListDriveUses, ListVolumes, VolumesReady};
-use crate::disk::smart::Health;
+use crate::words::{DriveClass, Health};
 
 const LIST_PATH: &str = "/apis/drivelet.io/v1alpha1/drives?&labelSelector=drivelet.io%2Fnode%3Dnode-a";
 

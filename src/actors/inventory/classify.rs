@@ -30,39 +30,12 @@
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
-use crate::config::{DriveFilters, Media};
+use crate::config::DriveFilters;
 use crate::disk::gpt::{self, Contents};
 use crate::disk::mounts::{HostUsage, Mounted};
 use crate::disk::signature;
 use crate::disk::udev::DiskProbe;
-
-/// What drivelet may do with a drive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
-#[serde(rename_all = "lowercase")]
-pub enum DriveClass {
-    /// Blank or carrying a drivelet GPT: drivelet may write to it.
-    Managed,
-    /// Backs the running system (a mounted filesystem, swap, or a holder that does).
-    System,
-    /// Holds data or structures drivelet did not create; never touched.
-    Foreign,
-    /// Ruled out by a configured filter.
-    Excluded,
-}
-
-impl DriveClass {
-    /// Lower-case name for output.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DriveClass::Managed => "managed",
-            DriveClass::System => "system",
-            DriveClass::Foreign => "foreign",
-            DriveClass::Excluded => "excluded",
-        }
-    }
-}
+use crate::words::{DriveClass, Media};
 
 const NOT_DRIVES: &[&str] = &["ram", "zram", "dm-", "md", "sr", "fd", "nbd", "rbd", "drbd", "bcache", "mtdblock", "pmem"];
 

@@ -13,12 +13,13 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::classify::{self, DriveClass};
-use crate::config::{DriveFilters, Media};
+use super::classify;
+use crate::config::DriveFilters;
 use crate::disk::gpt;
-use crate::disk::smart::Health;
+
 use crate::disk::mounts::HostUsage;
 use crate::disk::udev::DiskProbe;
+use crate::words::{DriveClass, Health, Media};
 
 /// One whole disk as drivelet sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -249,16 +250,6 @@ pub enum DriveChange {
     },
     /// A drive went away.
     Gone(Drive),
-}
-
-/// Which kind of volume a capacity question is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LayoutKind {
-    /// A partition carved from free space.
-    Partition,
-    /// A whole blank drive.
-    Drive,
 }
 
 /// The drive set.

@@ -27,25 +27,26 @@ mod drives;
 #[cfg(test)]
 mod tests;
 
+use crate::words::{DriveClass, DriveLoc, DriveUse, Health, LayoutKind, Media};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use tracing::{info, warn};
 
-use super::health::{self, Condition, DriveUse, Finding};
+use super::conditions::{self, Condition, Finding};
+use super::usage;
 use super::messages::{AdoptVolume, AttachVolume, CreateVolume, DetachVolume, ExpandVolume, NodeExpandVolume, VolumeStatus};
 use super::model::{self, Refusal, VolumeRecord, VolumeState};
-use super::ops::DriveLoc;
+
 use super::placement::{self, Candidate, NoRoom};
 use super::view::{DriveRoom, Listed, ViewPublisher, ViewReader, VolumesView};
 use super::VolumeError;
-use crate::actors::inventory::classify::DriveClass;
-use crate::actors::inventory::model::{Drive, LayoutKind};
+
+use crate::actors::inventory::model::Drive;
 use crate::actors::messages::VolumeConditionChanged;
-use crate::config::{human_bytes, Media, VolumesConfig};
+use crate::config::{human_bytes, VolumesConfig};
 use crate::disk::gpt;
-use crate::disk::smart::Health;
 
 use self::claim::BusyIds;
 pub(crate) use self::claim::Claim;
@@ -85,7 +86,6 @@ pub(crate) struct VolumeBook {
     view: ViewPublisher,
 }
 
-
 /// Seconds since the epoch, for records.
 pub(crate) fn now_unix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
@@ -122,7 +122,7 @@ impl VolumeBook {
         }
         // One condition shared by every healthy volume: a view costs a record pointer and
         // a condition pointer per volume.
-        let healthy = Arc::new(health::Condition::healthy());
+        let healthy = Arc::new(conditions::Condition::healthy());
         let volumes = self
             .records
             .values()
@@ -186,7 +186,7 @@ impl VolumeBook {
             self.drives.values().filter(|d| d.health.health == Health::Bad).map(|d| (d.id.clone(), d.health.reason.clone())).collect();
         let mut save = Vec::new();
         for (id, reason) in bad {
-            if let Some(u) = health::usage_after_health(self.drive_use.get(&id), &id, Health::Bad, &reason) {
+            if let Some(u) = usage::usage_after_health(self.drive_use.get(&id), &id, Health::Bad, &reason) {
                 self.drive_use.insert(id, u.clone());
                 save.push(u);
             }
@@ -265,7 +265,7 @@ impl VolumeBook {
             }
         }
         let f = self.findings.get(&rec.id).map(Vec::as_slice).unwrap_or(&[]);
-        health::condition(rec, self.drives.get(&rec.drive_id), self.drive_use.get(&rec.drive_id), f)
+        conditions::condition(rec, self.drives.get(&rec.drive_id), self.drive_use.get(&rec.drive_id), f)
     }
 
     /// A visible volume with its condition.
@@ -314,7 +314,7 @@ impl VolumeBook {
 
     /// The health of this node's storage (NodeGetStorageHealth): its managed drives,
     /// and the drives that hold shown volumes but are missing.
-    pub(crate) fn storage_health(&self) -> Result<Vec<health::StorageEntry>, VolumeError> {
+    pub(crate) fn storage_health(&self) -> Result<Vec<conditions::StorageEntry>, VolumeError> {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
@@ -326,7 +326,7 @@ impl VolumeBook {
                 *missing.entry(r.drive_id.clone()).or_default() += 1;
             }
         }
-        Ok(health::storage_health(&present, &missing.into_iter().collect::<Vec<_>>()))
+        Ok(conditions::storage_health(&present, &missing.into_iter().collect::<Vec<_>>()))
     }
 
     /// Recomputes the conditions of the matching volumes, logs each change once and
@@ -455,7 +455,7 @@ impl VolumeBook {
                 VolumeState::Creating => Ok(CreatePlan::New(VolumeRecord::clone(rec))),
                 // Never a success for a volume that does not exist: the CO sees why, and
                 // DeleteVolume clears the way for a new one of the same name.
-                _ if rec.lost => Err(health::lost(rec)),
+                _ if rec.lost => Err(conditions::lost(rec)),
                 _ => {
                     let same_kind = rec.rebuilt || (rec.block == m.block && (m.block || rec.fs_type == fs_type));
                     let same_params = rec.rebuilt || *rec.parameters == m.parameters;
@@ -568,7 +568,7 @@ impl VolumeBook {
             return Err(VolumeError::AttachedElsewhere { volume_id: id.to_string(), node: other.to_string() });
         }
         let d = self.drives.get(&rec.drive_id);
-        if let Some(refusal) = health::attach_refusal(&rec, d, self.drive_use.get(&rec.drive_id), &m.node_id) {
+        if let Some(refusal) = usage::attach_refusal(&rec, d, self.drive_use.get(&rec.drive_id), &m.node_id) {
             return Err(refusal);
         }
         if rec.adopted.is_none() && self.loc_of(&rec).is_none() {

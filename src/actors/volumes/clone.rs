@@ -21,10 +21,11 @@ use std::time::Instant;
 use tracing::info;
 
 use super::model::VolumeRecord;
-use super::ops::DriveLoc;
+
 use super::VolumeError;
 use crate::disk::{blkpg, copy, fs, DiskError};
 use crate::failpoint::crash_point;
+use crate::words::DriveLoc;
 
 /// The source of a clone, for the disk step.
 #[derive(Debug, Clone)]

@@ -9,10 +9,10 @@
 
 use std::path::PathBuf;
 
-use super::health::DriveUseState;
 use super::model::{Refusal, VolumeRecord};
 use crate::disk::DiskError;
 use crate::store::StoreError;
+use crate::words::DriveUseState;
 
 /// Errors of volume operations; each maps to one CSI code in `grpc::status`.
 #[derive(Debug, thiserror::Error)]

@@ -6,11 +6,10 @@ use std::path::PathBuf;
 
 use actix::prelude::*;
 
-use super::health::{Condition, DriveUse, Finding, StorageEntry};
+use super::conditions::{Condition, Finding, StorageEntry};
 use super::model::{CapacityRange, VolumeRecord};
 use super::VolumeError;
-use crate::actors::inventory::model::LayoutKind;
-use crate::config::Media;
+use crate::words::{DriveUse, LayoutKind, Media};
 
 /// Command: create (or return the existing) volume with this name.
 #[derive(Message, Debug, Clone)]

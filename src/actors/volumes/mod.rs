@@ -32,12 +32,13 @@
 pub(crate) mod book;
 pub(crate) mod clone;
 pub mod error;
-pub(crate) mod health;
+pub(crate) mod conditions;
 pub(crate) mod messages;
 pub(crate) mod gate;
 pub mod model;
 pub mod ops;
 pub(crate) mod placement;
+pub(crate) mod usage;
 pub(crate) mod reconcile;
 pub(crate) mod startup;
 pub(crate) mod view;
@@ -53,7 +54,7 @@ pub use self::error::VolumeError;
 pub use self::messages::*;
 
 use self::book::{Claim, CreatePlan, VolumeBook};
-use self::health::DriveUse;
+
 use self::model::VolumeRecord;
 use self::ops::Outcome;
 use super::inventory::DriveInventory;
@@ -63,6 +64,7 @@ use super::messages::{
 use crate::config::VolumesConfig;
 use crate::disk::gpt;
 use crate::store::{Kind, Store, StoreError};
+use crate::words::DriveUse;
 
 /// The answer of a handler that runs on: a future on the actor.
 type Reply<T> = ResponseActFuture<VolumeManager, Result<T, VolumeError>>;
@@ -283,7 +285,7 @@ impl VolumeManager {
     }
 
     /// Claims a volume for a node call: ready, known, not busy; the drive when present.
-    fn node_call(&mut self, id: &str, need_drive: bool) -> Result<(Claim, Arc<Store>, VolumeRecord, Option<ops::DriveLoc>), VolumeError> {
+    fn node_call(&mut self, id: &str, need_drive: bool) -> Result<(Claim, Arc<Store>, VolumeRecord, Option<crate::words::DriveLoc>), VolumeError> {
         let (rec, loc) = self.book.node_call(id, need_drive)?;
         let claim = self.book.claim(id)?;
         Ok((claim, self.store()?, rec, loc))
@@ -385,7 +387,7 @@ impl Handler<ListVolumeStatuses> for VolumeManager {
 }
 
 impl Handler<GetStorageHealth> for VolumeManager {
-    type Result = Result<Vec<health::StorageEntry>, VolumeError>;
+    type Result = Result<Vec<conditions::StorageEntry>, VolumeError>;
     fn handle(&mut self, _: GetStorageHealth, _: &mut Context<Self>) -> Self::Result {
         self.book.storage_health()
     }

@@ -30,9 +30,8 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use serde::{Deserialize, Serialize};
 
-use crate::actors::inventory::model::LayoutKind;
-use crate::config::Media;
 use crate::disk::gpt;
+use crate::words::{LayoutKind, Media};
 
 /// Where a volume is in its life. Persisted with the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

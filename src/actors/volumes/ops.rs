@@ -33,15 +33,7 @@ use crate::disk::lock::DiskLock;
 use crate::failpoint::crash_point;
 use crate::disk::{blkpg, fs, gpt, mount, paths, DiskError};
 use crate::store::Store;
-
-/// Where a volume's drive is, for the blocking steps.
-#[derive(Debug, Clone)]
-pub struct DriveLoc {
-    /// Kernel device node of the whole drive.
-    pub path: PathBuf,
-    /// Logical block size.
-    pub sector: u64,
-}
+use crate::words::DriveLoc;
 
 /// What a blocking step hands back: the record as it now is (`None`: removed) and the
 /// call's result.
@@ -107,7 +99,7 @@ fn backing_held(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<(Backing
 /// The backing of `rec`: its adopted directory, or its kernel partition on `drive`.
 fn backing(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<Backing, VolumeError> {
     if rec.lost {
-        return Err(super::health::lost(rec));
+        return Err(super::conditions::lost(rec));
     }
     if let Some(a) = &rec.adopted {
         let md = std::fs::metadata(&a.path).map_err(|e| VolumeError::AdoptedUnreadable {

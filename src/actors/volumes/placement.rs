@@ -19,10 +19,10 @@
 
 use std::borrow::Cow;
 
-use crate::actors::inventory::classify::DriveClass;
-use crate::actors::inventory::model::{Drive, LayoutKind};
-use crate::config::Media;
+use crate::actors::inventory::model::Drive;
+
 use crate::disk::gpt;
+use crate::words::{DriveClass, LayoutKind, Media};
 
 /// Where a new volume goes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,8 +20,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use super::model::{VolumeRecord, VolumeState};
-use crate::actors::inventory::model::{Drive, LayoutKind};
+use crate::actors::inventory::model::Drive;
 use crate::disk::gpt::GptPartition;
+use crate::words::LayoutKind;
 
 /// What to do at start-up.
 #[derive(Debug, Default, PartialEq)]
@@ -169,7 +170,7 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
 mod tests {
     use super::*;
     use crate::actors::volumes::model::{Staging, Target};
-    use crate::config::Media;
+    use crate::words::Media;
 
     const MIB: u64 = 1 << 20;
 

@@ -16,15 +16,16 @@ use actix::prelude::*;
 use tracing::{error, info, warn};
 
 use super::book::now_unix;
-use super::health::DriveUse;
+
 use super::model::{VolumeRecord, VolumeState};
-use super::ops::{self, DriveLoc};
+use super::ops;
 use super::{reconcile, VolumeError, VolumeManager};
-use crate::actors::inventory::classify::DriveClass;
+
 use crate::actors::inventory::model::Drive;
 use crate::actors::messages::{GetInventoryStatus, ListDrives};
 use crate::disk::gpt;
 use crate::store::{Kind, Store};
+use crate::words::{DriveClass, DriveLoc, DriveUse};
 
 /// Per-drive locks the disk steps of one drive take.
 pub(crate) type Locks = HashMap<String, Arc<Mutex<()>>>;

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::health::Condition;
+use super::conditions::Condition;
 use super::model::VolumeRecord;
 use super::placement::{self, Candidate};
 use super::VolumeError;
@@ -174,7 +174,7 @@ mod tests {
         let v = VolumesView::not_ready();
         assert!(!v.is_ready());
         assert!(matches!(v.page(None, 0), Err(VolumeError::NotReady)));
-        let m = GetCapacity { media: None, layout: crate::actors::inventory::model::LayoutKind::Partition, minimum: 1 };
+        let m = GetCapacity { media: None, layout: crate::words::LayoutKind::Partition, minimum: 1 };
         assert!(matches!(v.capacity(&m), Err(VolumeError::NotReady)));
     }
 

@@ -45,12 +45,12 @@
 //! A count threshold of 0 turns that check off. Reasons come worst first. Missing or
 //! ill-typed fields are skipped, never fatal: any input gives a report.
 
-use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use self::families::{ata_attributes, ata_error_log, ata_self_test_log, nvme, scsi};
+use crate::words::Health;
 
 /// What each drive family's logs say: ATA attributes, error and self-test logs, the
 /// NVMe health log, SCSI counters, as findings.
@@ -72,38 +72,6 @@ const BIT_ATTRIBUTE_PAST: i32 = 1 << 5;
 const BIT_ERROR_LOG: i32 = 1 << 6;
 /// Exit status bit 7: the self-test log has failed tests.
 const BIT_SELF_TEST_LOG: i32 = 1 << 7;
-
-/// A drive's health, ordered by severity so the worst of several is their maximum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Health {
-    /// SMART data was read and nothing is wrong.
-    Good,
-    /// No SMART data: a virtual, loop or RAID virtual disk, or smartctl could not open it.
-    Unknown,
-    /// Early signs of trouble: watch the drive, plan a replacement.
-    Suspect,
-    /// Failing: back up and replace the drive.
-    Bad,
-}
-
-impl Health {
-    /// The lowercase name, as serialized.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Health::Good => "good",
-            Health::Unknown => "unknown",
-            Health::Suspect => "suspect",
-            Health::Bad => "bad",
-        }
-    }
-}
-
-impl fmt::Display for Health {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Where counts turn a drive Suspect or Bad. A count threshold of 0 turns that check off.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -958,7 +958,7 @@ mod tests {
 
     #[test]
     fn the_volume_managers_answer_decides_missing_unusable_or_retry_by_variant() {
-        use crate::actors::volumes::health::DriveUseState;
+        use crate::words::DriveUseState;
         type E = crate::actors::volumes::VolumeError;
         let v = || "v1".to_string();
         let d = || "d1".to_string();

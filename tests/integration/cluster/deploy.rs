@@ -7,10 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use drivelet::actors::inventory::model::LayoutKind;
-use drivelet::config::{Config, Media};
+use drivelet::config::Config;
 use drivelet::grpc::params::VolumeParams;
 use drivelet::k8s::rbac::{Scope, PERMISSIONS};
+use drivelet::words::{LayoutKind, Media};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, Volume, VolumeMount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};

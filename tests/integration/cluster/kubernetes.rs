@@ -4,7 +4,6 @@
 //! watch the way the real one does. The test plays the cluster: it creates PVs, pods
 //! and VolumeAttachments and reads back what drivelet wrote.
 
-
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;

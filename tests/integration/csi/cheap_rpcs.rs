@@ -17,7 +17,6 @@
 //!   and its tokens stay valid (no ABORTED);
 //! - at the end everything made is deleted, and nothing is left on the drives.
 
-
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -28,7 +27,6 @@ use drivelet::grpc::proto::csi;
 
 /// Drive-event cycles (detach and attach of `b`) the test runs.
 const CYCLES: usize = 6;
-
 
 /// The usable bytes of a drive of `size` (the region between the two GPTs).
 fn usable(size: u64) -> u64 {

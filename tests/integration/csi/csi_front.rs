@@ -4,7 +4,6 @@
 //! and sizes in plain words. (What the CSI services answer, field by field, is the
 //! conformance suite's.)
 
-
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 

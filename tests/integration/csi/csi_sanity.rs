@@ -12,7 +12,6 @@
 //!   `DRIVELET_CSI_SANITY`, an unpacked binary); if neither is there the test fails and
 //!   says so: it never skips.
 
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

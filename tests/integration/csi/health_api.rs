@@ -19,7 +19,6 @@
 //!
 //! Latency is measured by `benches/removal_latency.rs`, not here.
 
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

@@ -6,7 +6,6 @@
 //! held with `FAILPOINTS=inventory.first_scan=sleep(3000)` so the not-ready window is
 //! long enough to see.
 
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};

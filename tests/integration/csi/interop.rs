@@ -25,7 +25,6 @@
 //! Python grpcio must be installed (scripts/setup-host.sh does it); without it the test
 //! fails and says so, it never skips.
 
-
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};

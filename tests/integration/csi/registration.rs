@@ -3,7 +3,6 @@
 //! through the generated client exactly as kubelet calls them, comes back when the
 //! registry directory is wiped, and is removed at shutdown.
 
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};

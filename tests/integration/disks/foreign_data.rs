@@ -12,7 +12,6 @@
 //! --examine` (checksums correct); the ZFS labels (no ZFS tools in Debian main) and the
 //! Ceph BlueStore label (ceph-osd is far too heavy to install for a test) by `blkid -p`.
 
-
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::FileExt;

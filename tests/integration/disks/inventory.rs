@@ -1,6 +1,5 @@
 //! Drive inventory end to end: the real binary, real loop devices, real udev.
 
-
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

@@ -10,7 +10,6 @@
 //!   FAILED_PRECONDITION with the reason; staging is refused the same way;
 //! - DeleteVolume clears it, and a CreateVolume of the name then makes a new volume.
 
-
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

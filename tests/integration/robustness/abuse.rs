@@ -20,7 +20,6 @@
 //!   binary run as nobody (uid 65534, no groups) gets "permission denied" connecting to
 //!   either, while the same command as root succeeds.
 
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;

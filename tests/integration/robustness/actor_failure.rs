@@ -26,7 +26,6 @@
 //! Needs the `failpoints` feature; without it the test fails and says so.
 #![allow(clippy::assertions_on_constants)]
 
-
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -29,7 +29,6 @@
 // a run without the feature gets.
 #![allow(clippy::assertions_on_constants)]
 
-
 use std::collections::BTreeSet;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;

@@ -40,7 +40,6 @@
 //! Needs the `failpoints` feature; without it the test fails and says so.
 #![allow(clippy::assertions_on_constants)]
 
-
 use std::collections::BTreeSet;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -588,7 +587,6 @@ fn block_of(text: &str) -> Vec<u8> {
 // ---------------------------------------------------------------------------------
 // Rounds.
 // ---------------------------------------------------------------------------------
-
 
 /// Fails when the agent binary has no crash points compiled in.
 fn require_failpoints(point: &str) {

@@ -2,7 +2,6 @@
 //! JSON report adds up, latencies are positive and ordered, nothing fails, a failing
 //! lifecycle is cleaned up, and no volume, mount or directory is left afterwards.
 
-
 use std::path::Path;
 use std::process::Command;
 

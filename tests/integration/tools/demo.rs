@@ -2,7 +2,6 @@
 //! `demo.remove_files_on_stop`) removed at stop together with the volume store, so the
 //! next start's store matches its blank drives and lists no phantom volume.
 
-
 use crate::common::*;
 
 const MIB: u64 = 1 << 20;

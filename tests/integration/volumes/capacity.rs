@@ -9,7 +9,6 @@
 //!   RESOURCE_EXHAUSTED (never INTERNAL);
 //! - everything made for the check is deleted again.
 
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 

@@ -14,14 +14,12 @@
 //! - idempotency: the same name and source answer the same volume, another source (or
 //!   none) ALREADY_EXISTS; a clone asked smaller than its source gets the source's size.
 
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
 use drivelet::grpc::proto::csi;
 use tonic::Code;
-
 
 fn reader_cap(fs: &str) -> csi::VolumeCapability {
     let mut c = mount_cap(fs);

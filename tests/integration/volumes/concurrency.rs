@@ -11,7 +11,6 @@
 //! - stages of different volumes run in parallel, and a second stage of a volume that
 //!   is being staged gets ABORTED or OK, nothing else, and mounts it once.
 
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,7 +27,6 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 fn multi_thread_rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap()
 }
-
 
 /// Runs `n` calls at once: each task connects, waits until all are connected, then
 /// makes its call. Results come back in task order.
@@ -55,7 +53,6 @@ where
     }
     out
 }
-
 
 fn describe<T: std::fmt::Debug>(results: &[Result<T, Status>]) -> String {
     results

@@ -4,7 +4,6 @@
 //! new size; then the error table (neighbour in the way, end of the drive, shrinking,
 //! unknown volumes and paths) and block volumes.
 
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,8 +13,6 @@ use std::time::Duration;
 use crate::common::*;
 use drivelet::grpc::proto::csi;
 use tonic::Code;
-
-
 
 /// Total bytes of the filesystem mounted at `path`, as `df` shows them.
 fn fs_size(path: &Path) -> u64 {

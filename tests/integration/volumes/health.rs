@@ -11,7 +11,6 @@
 //! two read-only fsck runs, a usage threshold of 80 %. Conditions are read the way
 //! Kubernetes reads them: ControllerGetVolume, ListVolumes and NodeGetVolumeStats.
 
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

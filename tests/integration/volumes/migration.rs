@@ -5,7 +5,6 @@
 //! kill -9 of the agent, and is still in place after DeleteVolume (retain semantics).
 //! drivelet never writes to that drive: no partition is ever added to it.
 
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -3,7 +3,6 @@
 //! once with --force, failing what is left); a released drive that is pulled is
 //! forgotten, and a drive put in its place is managed again.
 
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,6 @@
 //! targets, data through both, restarts in the middle, and a full teardown that gives
 //! the space back and leaves no mount behind.
 
-
 use std::path::Path;
 
 use crate::common::*;

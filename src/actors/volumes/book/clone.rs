@@ -20,7 +20,7 @@
 use super::{VolumeBook, VolumeError};
 use crate::actors::volumes::messages::CreateVolume;
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
-use crate::actors::volumes::ops::DriveLoc;
+use crate::words::DriveLoc;
 
 impl VolumeBook {
     /// The source of a clone `m` asks for, with its drive, if it can be copied now.
@@ -43,7 +43,7 @@ impl VolumeBook {
             )));
         }
         if src.lost {
-            return Err(crate::actors::volumes::health::lost(src));
+            return Err(crate::actors::volumes::conditions::lost(src));
         }
         if src.block != m.block && !src.rebuilt {
             let (is, asked) = if src.block { ("a block volume", "a filesystem") } else { ("a filesystem volume", "a block volume") };
@@ -144,7 +144,7 @@ mod tests {
             name: "pvc-1".into(),
             range: crate::actors::volumes::model::CapacityRange { required: 0, limit: 0 },
             media: None,
-            layout: crate::actors::inventory::model::LayoutKind::Partition,
+            layout: crate::words::LayoutKind::Partition,
             block: false,
             fs_type: String::new(),
             parameters: Default::default(),

@@ -11,13 +11,14 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use super::{Claim, VolumeBook};
-use crate::actors::inventory::classify::DriveClass;
+
 use crate::actors::inventory::model::Drive;
 use crate::actors::messages::DriveEvent;
-use crate::actors::volumes::health::{self, DriveUse, DriveUseState};
+use crate::actors::volumes::usage;
 use crate::actors::volumes::messages::ReleaseDrive;
 use crate::actors::volumes::model::VolumeRecord;
 use crate::actors::volumes::VolumeError;
+use crate::words::{DriveClass, DriveUse, DriveUseState};
 
 /// What a drive event asks of the actor once the book took it in.
 #[derive(Debug, Default)]
@@ -73,7 +74,7 @@ impl VolumeBook {
             DriveEvent::DriveAppeared(d) | DriveEvent::DriveChanged { new: d, .. } => {
                 let id = d.id.clone();
                 if self.ready {
-                    if let Some(u) = health::usage_after_health(self.drive_use.get(&id), &id, d.health.health, &d.health.reason) {
+                    if let Some(u) = usage::usage_after_health(self.drive_use.get(&id), &id, d.health.health, &d.health.reason) {
                         warn!(drive.id = %id, drive.usage = "releasing", drive.health_reason = %d.health.reason,
                               "drive health is BAD: it takes no new volumes and its volumes are asked to move");
                         self.drive_use.insert(id.clone(), u.clone());
@@ -174,7 +175,7 @@ impl VolumeBook {
             return Err(VolumeError::InvalidArgument { reason: format!("no drive with id {} is known on this node", m.drive_id) });
         }
         let live: Vec<&VolumeRecord> = self.records.values().filter(|r| r.drive_id == m.drive_id && !r.failed).map(|r| &**r).collect();
-        let (usage, fail) = health::release(self.drive_use.get(&m.drive_id), &m.drive_id, &live, m.force);
+        let (usage, fail) = usage::release(self.drive_use.get(&m.drive_id), &m.drive_id, &live, m.force);
         let mut failed = Vec::new();
         for id in fail {
             if let Some(r) = self.records.get_mut(&id) {

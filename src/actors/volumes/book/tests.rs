@@ -4,9 +4,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::*;
-use crate::actors::volumes::health::DriveUseState;
+
 use crate::actors::volumes::messages::ReleaseDrive;
 use crate::actors::volumes::model::{CapacityRange, Staging};
+use crate::words::DriveUseState;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -355,7 +356,7 @@ fn the_health_list_pages_only_abnormal_volumes_and_storage_health_counts_missing
     assert_eq!(b.page_where(None, 0, false).expect("ready").0.len(), 4, "all shown volumes without the filter");
     let st = b.storage_health().expect("ready");
     assert_eq!(st.len(), 1, "{st:?}");
-    assert_eq!((st[0].status, st[0].reason), (health::StorageStatus::StorageUnreachable, health::Reason::DriveMissing));
+    assert_eq!((st[0].status, st[0].reason), (conditions::StorageStatus::StorageUnreachable, conditions::Reason::DriveMissing));
     assert!(st[0].message.contains("drive gone holding 2 volumes"), "a volume being created does not count: {}", st[0].message);
     assert!(matches!(VolumeBook::new(VolumesConfig::default(), false).storage_health(), Err(VolumeError::NotReady)));
 }

@@ -242,7 +242,6 @@ pub(crate) async fn capacity_settles(
     }
 }
 
-
 /// Checks the fields of a created volume [CreateVolume, Volume] and returns it.
 pub(crate) fn created(r: &mut Report, what: &str, resp: Option<csi::CreateVolumeResponse>, required: i64, limit: i64) -> Option<csi::Volume> {
     let resp = resp?;

@@ -1,6 +1,6 @@
 //! The CSI v1.13 health RPCs: ControllerGetVolumeHealth, ControllerListVolumeHealth,
 //! NodeGetVolumeHealth and NodeGetStorageHealth, served from the same volume
-//! conditions as v1.12's `volume_condition` (see `actors::volumes::health`).
+//! conditions as v1.12's `volume_condition` (see `actors::volumes::conditions`).
 //!
 //! CSI MUSTs honoured:
 //! - an empty or malformed volume id is INVALID_ARGUMENT, an unknown volume NOT_FOUND;
@@ -25,7 +25,7 @@ use super::controller::check_id;
 use super::proto::csi;
 use super::status::FrontError;
 use super::Front;
-use crate::actors::volumes::health::{Condition, HealthStatus, StorageEntry, StorageStatus};
+use crate::actors::volumes::conditions::{Condition, HealthStatus, StorageEntry, StorageStatus};
 use crate::actors::volumes::{GetStorageHealth, GetVolumeStatus, ListVolumeStatuses};
 
 /// Longest optional path NodeGetVolumeHealth takes: the kernel's PATH_MAX.
@@ -149,7 +149,7 @@ impl Front {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::actors::volumes::health::{HealthEntry, Reason};
+    use crate::actors::volumes::conditions::{HealthEntry, Reason};
 
     #[test]
     fn entries_keep_their_status_reason_and_message_on_the_wire() {

@@ -30,17 +30,17 @@ use actix::prelude::*;
 use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
-use super::inventory::classify::DriveClass;
 use super::inventory::model::{Drive, DriveHealth};
 use super::inventory::DriveInventory;
 use super::messages::{DriveHealthObserved, ListDrives};
-use super::volumes::health::Finding;
+use super::volumes::conditions::Finding;
 use super::volumes::model::{VolumeRecord, VolumeState};
 use super::volumes::{gate, ListVolumes, VolumeChecked, VolumeManager};
 use crate::config::HealthConfig;
 use crate::disk::fs::Fsck;
-use crate::disk::smart::{self, Health};
+use crate::disk::smart;
 use crate::disk::{blkpg, fs, mounts};
+use crate::words::{DriveClass, Health};
 
 /// An unmounted filesystem found clean is checked again after this long.
 pub(crate) const FSCK_EVERY: Duration = Duration::from_secs(6 * 3600);
