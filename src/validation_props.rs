@@ -32,7 +32,8 @@ use crate::config::{Config, ConfigError};
 use crate::disk::mount::parse_mount_flags;
 use crate::disk::paths::check_under_roots;
 use crate::grpc::controller::{check_id, range_of};
-use crate::grpc::params::{capability_supported, VolumeParams, ON_NODE_DELETED};
+use crate::grpc::params::{capability_supported, VolumeParams};
+use crate::words::on_node_deleted::ON_NODE_DELETED;
 use crate::grpc::proto::csi;
 use crate::grpc::{list_token, parse_list_token};
 

@@ -17,6 +17,8 @@ pub mod drive_use;
 pub mod layout;
 /// A drive's media class (hdd, ssd, nvme, virtual).
 pub mod media;
+/// What happens to a claim once its node is deleted (a StorageClass parameter).
+pub mod on_node_deleted;
 
 pub use drive_class::DriveClass;
 pub use drive_health::Health;
@@ -24,3 +26,4 @@ pub use drive_loc::DriveLoc;
 pub use drive_use::{DriveUse, DriveUseState};
 pub use layout::LayoutKind;
 pub use media::Media;
+pub use on_node_deleted::OnNodeDeleted;

@@ -31,7 +31,7 @@ use tracing::{info, warn};
 use super::{claims_to_read, gone_nodes, releasing_namespaces, Duty, Observed, REMOVED_VOLUMES};
 use crate::k8s::crd::Drive;
 use crate::k8s::identity::Identity;
-use crate::grpc::params::ON_NODE_DELETED;
+use crate::words::on_node_deleted::ON_NODE_DELETED;
 
 /// Why a round of duties (or a step of it) did not finish.
 #[derive(Debug, thiserror::Error)]

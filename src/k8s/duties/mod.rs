@@ -42,7 +42,7 @@ use kube::{Resource, ResourceExt};
 
 use super::crd::Drive;
 use super::identity::finalizer_name;
-use crate::grpc::params::{OnNodeDeleted, ON_NODE_DELETED};
+use crate::words::on_node_deleted::{OnNodeDeleted, ON_NODE_DELETED};
 use crate::TOPOLOGY_NODE_KEY;
 
 /// The controller that runs the election and the duties while leading.
