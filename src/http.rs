@@ -26,7 +26,7 @@ use tracing::{info, warn};
 use crate::actors::inventory::DriveInventory;
 use crate::actors::messages::{GetInventoryStatus, InventoryStatus, ListDrives};
 use crate::actors::volumes::{ListDriveUses, ListVolumeStatuses, VolumeManager, VolumesReady};
-use crate::k8s::attach::queue::{AttachQueue, GetQueueStats, ManagerBackend};
+use crate::k8s::attach::{AttachQueue, GetQueueStats, ManagerBackend};
 use crate::metrics::{metrics, render, Gauges};
 
 /// How long a probe waits for an actor to answer.

@@ -51,6 +51,9 @@ pub mod rbac;
 /// The external-resizer: decisions about a claim asking for more, the status it writes,
 /// and the ResizeQueue actor that runs them.
 pub(crate) mod resize;
+/// The one controller shell: two watches with relists, the work queue, readiness and
+/// resync, around a controller's decisions (attach, resize).
+pub(crate) mod shell;
 /// A keyed work queue with dedup, one run per key at a time and per-key retry delays.
 pub(crate) mod workqueue;
 

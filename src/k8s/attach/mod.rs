@@ -30,8 +30,9 @@
 //!
 //! `Executor::apply` performs the actions in order and stops at the first failure; a
 //! failed publish or unpublish is turned into the failure actions above. Clocks (error
-//! times) are read by the executor, never by the decisions. The [`queue`] actor decides
-//! when each object is looked at; this module decides what to do about it.
+//! times) are read by the executor, never by the decisions. The [`controller`], run by
+//! the controller shell (`crate::k8s::shell`), decides when each object is looked at;
+//! this module decides what to do about it.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -50,9 +51,15 @@ use super::identity::Identity;
 use crate::actors::volumes::VolumeError;
 use crate::backoff::backoff;
 
-/// The AttachQueue actor that runs these decisions: the watches, the work queue, and the
-/// VolumeManager asked by message.
-pub(crate) mod queue;
+/// The volume side: what the attacher asks of the volume manager, and the VolumeManager
+/// backend of a running agent.
+pub(crate) mod backend;
+/// The attach controller the shell runs (the AttachQueue actor): what is kept of the
+/// watched objects, which keys a change queues, and a run of a key.
+pub(crate) mod controller;
+
+pub(crate) use backend::{AttachBackend, ManagerBackend};
+pub(crate) use controller::{AttachQueue, GetQueueStats, QueueConfig};
 
 /// What the volume manager says about the volume a VolumeAttachment names.
 #[derive(Debug, Clone, PartialEq, Eq)]

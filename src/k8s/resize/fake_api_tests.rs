@@ -11,7 +11,14 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tower_test::mock::{self, SendResponse};
 
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::runtime::watcher::Event;
+use kube::Client;
+
 use super::*;
+use crate::k8s::resize::backend::ResizeBackend;
+use crate::k8s::resize::Failure;
+use crate::k8s::shell::WatchItem;
 use crate::k8s::resize::tests::{identity, pv, pv_on, pvc, with_state};
 use crate::k8s::resize::{CONTROLLER_IN_PROGRESS, FS_RESIZE_PENDING, NODE_PENDING};
 
@@ -186,7 +193,7 @@ async fn an_infeasible_size_is_recorded_once_and_a_lowered_request_recovers() {
     let mut lowered = infeasible.clone();
     lowered.spec.as_mut().unwrap().resources.as_mut().unwrap().requests =
         Some([(crate::k8s::resize::STORAGE.to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1536Mi".into()))].into());
-    queue.do_send(WatchItem::Pvc(Ok(Event::Apply(lowered.clone()))));
+    queue.do_send(WatchItem::First(Ok(Event::Apply(lowered.clone()))));
     let (body, reply) = api.expect(Method::PATCH, STATUS).await;
     assert_eq!(body["status"]["allocatedResources"], json!({"storage": "1536Mi"}));
     assert_eq!(body["status"]["conditions"].as_array().map(Vec::len), Some(1), "the error condition goes");

@@ -9,8 +9,16 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{json, Value};
 
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::runtime::watcher::Event;
+use kube::Client;
+use tokio::time::Instant;
+
 use super::*;
 use crate::actors::volumes::VolumeError;
+use crate::k8s::attach::{AttachBackend, PublishSpec, RetryPolicy, VolumeCallError, VolumeOps, VolumeState};
+use crate::k8s::shell::WatchItem;
 use crate::k8s::attach::fixtures::*;
 use crate::k8s::fake_api::{fake_api_serving, list_of, respond, FakeApi, Script};
 
@@ -224,16 +232,16 @@ async fn the_pv_finalizer_goes_only_when_the_deleted_pv_is_named_by_no_attachmen
     let (body, reply) = api.expect_path(Method::PATCH, VA).await;
     assert_eq!(body["metadata"]["finalizers"], json!([]));
     respond(reply, &deleting_va(attached(va("va-1", "pv-1"))));
-    queue.do_send(WatchItem::Va(Ok(Event::Delete(deleting_va(attached(va("va-1", "pv-1")))))));
+    queue.do_send(WatchItem::First(Ok(Event::Delete(deleting_va(attached(va("va-1", "pv-1")))))));
     api.assert_quiet().await;
 
     // The PV is deleted, but node-b's attachment still names it.
-    queue.do_send(WatchItem::Pv(Ok(Event::Apply(deleting_pv.clone()))));
+    queue.do_send(WatchItem::Second(Ok(Event::Apply(deleting_pv.clone()))));
     api.assert_quiet().await;
     assert_eq!(api.count("PATCH /api/v1/persistentvolumes"), 0, "va-2 on node-b still names the PV");
 
     // node-b's attachment goes: nothing names the PV any more.
-    queue.do_send(WatchItem::Va(Ok(Event::Delete(elsewhere))));
+    queue.do_send(WatchItem::First(Ok(Event::Delete(elsewhere))));
     let (body, reply) = api.expect_path(Method::PATCH, PV).await;
     assert_eq!(body, json!({"metadata": {"finalizers": [], "resourceVersion": "7"}}));
     respond(reply, &deleting_pv);
@@ -260,7 +268,7 @@ async fn a_failing_attach_is_retried_on_its_backoff_and_not_on_its_own_status_wr
     let (_, reply) = api.expect_path(Method::POST, "/apis/events.k8s.io/v1/namespaces/default/events").await;
     respond(reply, &json!({}));
     // Our own status write comes back through the watch: it must not trigger a retry.
-    queue.do_send(WatchItem::Va(Ok(Event::Apply(failed.clone()))));
+    queue.do_send(WatchItem::First(Ok(Event::Apply(failed.clone()))));
 
     // The volume appears; the retry comes after the 1 s backoff, not before.
     backend.states.lock().expect("states").insert("vol-1".into(), VolumeState::Usable);

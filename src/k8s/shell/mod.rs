@@ -1,0 +1,383 @@
+//! The one Kubernetes controller shell: an actix actor that runs any [`Controller`] (the
+//! attach queue, the resize queue). The shell owns what every controller of this front
+//! needs and none decides: two cluster-wide watches, their relists, a keyed
+//! [`WorkQueue`], readiness, periodic resync and the workers; the controller owns what it
+//! keeps of the watched objects, which keys a change queues, and what a run of a key does.
+//!
+//! Rules:
+//! - Two watches (`Controller::First`, `Controller::Second`), cluster-wide (the API
+//!   server has no field selector for what the controllers filter on), restarted with
+//!   backoff when they fail. A watch (re)start lists everything again (`Init` ..
+//!   `InitDone`): the listed objects the controller keeps ([`Controller::keep`]) are
+//!   collected and handed over whole at `InitDone` ([`Change::Listed`]), where they
+//!   replace the kept set, and then every key is queued ([`Controller::queue_all`]):
+//!   nothing that changed while the watch was down is lost, and objects deleted meanwhile
+//!   are forgotten.
+//! - Watch updates and deletions go to the controller as they come ([`Change::Applied`],
+//!   [`Change::Deleted`]); it queues what they change through [`Pending`].
+//! - Keys, not objects, are queued (see [`WorkQueue`]): a key already waiting is not
+//!   queued twice, one key runs at most once at a time, a key changed while it runs runs
+//!   once more after, a failed run comes back after the delay its outcome names.
+//! - Nothing runs before both watches have delivered their first full list, so no key is
+//!   judged against an object that simply was not listed yet, nor before the controller's
+//!   volume side is ready ([`Controller::ready`]). Keys queued meanwhile wait and run as
+//!   soon as both hold.
+//! - At most [`Controller::WORKERS`] keys run at once. A run is planned on the actor
+//!   ([`Controller::work`]: done at once, or a future), runs off it, and its result comes
+//!   back to the actor ([`Controller::ran`]), which says how the run ended.
+//! - [`Controller::resync`] queues everything again that often (`Duration::ZERO`: never).
+//! - A restart under supervision empties the queue and waits for both lists and
+//!   readiness again; what the controller keeps is replaced by the next lists.
+//! - Clocks are read here only; the queue and the controllers' decisions take the time.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use actix::prelude::*;
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+use tokio_stream::StreamExt;
+use tracing::{debug, info, warn};
+
+use crate::k8s::workqueue::{Outcome, WorkQueue};
+
+#[cfg(test)]
+mod tests;
+
+/// An object a controller watches.
+pub(crate) trait Watched: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Unpin + 'static {}
+
+impl<K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Unpin + 'static> Watched for K {}
+
+/// What the shell tells a controller about one of its watches.
+#[derive(Debug)]
+pub(crate) enum Change<K> {
+    /// The watch (re)listed: these are all the objects kept of it now.
+    Listed(Vec<K>),
+    /// An object was created or changed (as it came, not filtered by `keep`).
+    Applied(K),
+    /// An object was deleted.
+    Deleted(K),
+}
+
+/// Which of the two watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Which {
+    First,
+    Second,
+}
+
+/// A change of either watch.
+#[derive(Debug)]
+pub(crate) enum Either<A, B> {
+    First(A),
+    Second(B),
+}
+
+/// A run planned by [`Controller::work`].
+pub(crate) enum Work<T> {
+    /// Nothing to run: the key ended so.
+    Now(Outcome),
+    /// Run this off the actor; its result goes to [`Controller::ran`].
+    Run(Pin<Box<dyn Future<Output = T>>>),
+}
+
+/// The queue as a controller sees it while it takes a change in.
+pub(crate) struct Pending<'a, K: Ord + Clone> {
+    queue: &'a mut WorkQueue<K>,
+    now: Instant,
+}
+
+impl<K: Ord + Clone> Pending<'_, K> {
+    /// The key changed: run it (once more).
+    pub(crate) fn add(&mut self, key: K) {
+        self.queue.add(key, self.now);
+    }
+
+    /// The key's object is gone.
+    pub(crate) fn forget(&mut self, key: &K) {
+        self.queue.forget(key);
+    }
+}
+
+/// What a controller decides; the shell does the rest (see the module rules).
+pub(crate) trait Controller: Unpin + Sized + 'static {
+    /// The first watched resource.
+    type First: Watched;
+    /// The second watched resource.
+    type Second: Watched;
+    /// What is queued.
+    type Key: Ord + Clone + Debug + Unpin + 'static;
+    /// What a run hands back to the actor.
+    type Ran: 'static;
+
+    /// For logs: what this controller is ("attach queue").
+    const NAME: &'static str;
+    /// How many keys run at once.
+    const WORKERS: usize;
+
+    /// Queue everything again this often (`Duration::ZERO`: never).
+    fn resync(&self) -> Duration;
+
+    /// Resolves once the volume side is ready to answer; nothing runs before.
+    fn ready(&self) -> Pin<Box<dyn Future<Output = ()>>>;
+
+    /// What is kept of a listed object of the first watch (stripped), or `None` when it
+    /// is none of ours.
+    fn keep_first(&self, object: Self::First) -> Option<Self::First>;
+
+    /// The same for the second watch.
+    fn keep_second(&self, object: Self::Second) -> Option<Self::Second>;
+
+    /// A change of one of the watches; queue what it changes.
+    fn change(&mut self, change: Either<Change<Self::First>, Change<Self::Second>>, queue: &mut Pending<'_, Self::Key>);
+
+    /// Queue every key (after a relist, and on resync).
+    fn queue_all(&self, queue: &mut Pending<'_, Self::Key>);
+
+    /// Plans a run of `key`, which has failed `failures` times in a row so far.
+    fn work(&mut self, key: &Self::Key, failures: u32) -> Work<Self::Ran>;
+
+    /// A run of `key` ended with `ran`: how it counts.
+    fn ran(&mut self, key: &Self::Key, ran: Self::Ran) -> Outcome;
+}
+
+/// The shell's own counters; each controller adds what it keeps for its statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, MessageResponse)]
+pub(crate) struct Counters {
+    /// Keys waiting to run.
+    pub waiting: usize,
+    /// Keys running.
+    pub running: usize,
+    /// Runs that ended in a retry, since start.
+    pub retries: u64,
+    /// Lists completed by each watch (first, second), since start.
+    pub relists: (u64, u64),
+}
+
+/// Query: the shell's counters.
+#[derive(Message)]
+#[rtype(result = "Counters")]
+pub(crate) struct GetCounters;
+
+/// An item of one of the two watches.
+pub(crate) type WatchItem<A, B> = Either<Result<Event<A>, watcher::Error>, Result<Event<B>, watcher::Error>>;
+
+impl<A: 'static, B: 'static> Message for Either<Result<Event<A>, watcher::Error>, Result<Event<B>, watcher::Error>> {
+    type Result = ();
+}
+
+/// The actor running a controller `C`; see the module rules.
+pub(crate) struct Shell<C: Controller> {
+    client: Client,
+    controller: C,
+    /// Objects listed since each watch's last `Init`.
+    listing: (Option<Vec<C::First>>, Option<Vec<C::Second>>),
+    queue: WorkQueue<C::Key>,
+    wake: Option<SpawnHandle>,
+    /// Each watch has delivered its first full list.
+    synced: (bool, bool),
+    /// The volume side is ready.
+    ready: bool,
+    counters: Counters,
+}
+
+impl<C: Controller> Shell<C> {
+    /// A shell around `controller`, watching through `client`.
+    pub(crate) fn with(client: Client, controller: C) -> Self {
+        Self {
+            client,
+            controller,
+            listing: (None, None),
+            queue: WorkQueue::new(),
+            wake: None,
+            synced: (false, false),
+            ready: false,
+            counters: Counters::default(),
+        }
+    }
+
+    /// The controller, for its statistics.
+    pub(crate) fn controller(&self) -> &C {
+        &self.controller
+    }
+
+    /// The shell's counters now.
+    pub(crate) fn counters(&self) -> Counters {
+        Counters { waiting: self.queue.waiting(), running: self.queue.running(), ..self.counters }
+    }
+
+    /// Whether work may run: both watches listed and the volume side ready.
+    fn runnable(&self) -> bool {
+        self.synced == (true, true) && self.ready
+    }
+
+    fn pending(queue: &mut WorkQueue<C::Key>) -> Pending<'_, C::Key> {
+        Pending { queue, now: Instant::now() }
+    }
+
+    /// A change of a watch: the first list marks it synced; a list queues everything.
+    fn take_in(&mut self, change: Either<Change<C::First>, Change<C::Second>>) {
+        let listed = match &change {
+            Either::First(Change::Listed(_)) => Some(Which::First),
+            Either::Second(Change::Listed(_)) => Some(Which::Second),
+            _ => None,
+        };
+        match listed {
+            Some(Which::First) => {
+                self.synced.0 = true;
+                self.counters.relists.0 += 1;
+            }
+            Some(Which::Second) => {
+                self.synced.1 = true;
+                self.counters.relists.1 += 1;
+            }
+            None => {}
+        }
+        self.controller.change(change, &mut Self::pending(&mut self.queue));
+        if listed.is_some() {
+            self.controller.queue_all(&mut Self::pending(&mut self.queue));
+        }
+    }
+
+    /// Start every due key there is a worker for, and wake up when the next one is due.
+    fn kick(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        while self.runnable() && self.queue.running() < C::WORKERS {
+            let Some((key, failures)) = self.queue.pop(now) else { break };
+            self.start(key, failures, ctx);
+        }
+        if let Some(h) = self.wake.take() {
+            ctx.cancel_future(h);
+        }
+        if self.runnable() && self.queue.running() < C::WORKERS {
+            if let Some(at) = self.queue.next_due() {
+                self.wake = Some(ctx.run_later(at.saturating_duration_since(now), |act, ctx| {
+                    act.wake = None;
+                    act.kick(ctx);
+                }));
+            }
+        }
+    }
+
+    fn start(&mut self, key: C::Key, failures: u32, ctx: &mut Context<Self>) {
+        let work = match self.controller.work(&key, failures) {
+            Work::Now(outcome) => return self.queue.finish(&key, outcome, Instant::now()),
+            Work::Run(work) => work,
+        };
+        ctx.spawn(work.into_actor(self).map(move |ran, act, ctx| {
+            let outcome = act.controller.ran(&key, ran);
+            if matches!(outcome, Outcome::Retry(_)) {
+                act.counters.retries += 1;
+            }
+            act.queue.finish(&key, outcome, Instant::now());
+            act.kick(ctx);
+        }));
+    }
+}
+
+impl<C: Controller> Actor for Shell<C> {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let cfg = watcher::Config::default();
+        let first: Api<C::First> = Api::all(self.client.clone());
+        let second: Api<C::Second> = Api::all(self.client.clone());
+        ctx.add_stream(watcher(first, cfg.clone()).default_backoff().map(WatchItem::<C::First, C::Second>::First));
+        ctx.add_stream(watcher(second, cfg).default_backoff().map(WatchItem::<C::First, C::Second>::Second));
+        let resync = self.controller.resync();
+        if resync > Duration::ZERO {
+            ctx.run_interval(resync, |act, ctx| {
+                act.controller.queue_all(&mut Self::pending(&mut act.queue));
+                act.kick(ctx);
+            });
+        }
+        ctx.spawn(self.controller.ready().into_actor(self).map(|(), act, ctx| {
+            act.ready = true;
+            debug!(controller = C::NAME, waiting = act.queue.waiting(), "volume manager ready; work may run");
+            act.kick(ctx);
+        }));
+        info!(controller = C::NAME, "{} started", C::NAME);
+    }
+}
+
+impl<C: Controller> Supervised for Shell<C> {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        warn!(controller = C::NAME, "restarting the {}; the watches list everything again", C::NAME);
+        self.listing = (None, None);
+        self.queue = WorkQueue::new();
+        self.wake = None;
+        self.synced = (false, false);
+        self.ready = false;
+    }
+}
+
+/// A watch item delivered by message (the tests inject changes this way).
+impl<C: Controller> Handler<WatchItem<C::First, C::Second>> for Shell<C> {
+    type Result = ();
+    fn handle(&mut self, item: WatchItem<C::First, C::Second>, ctx: &mut Context<Self>) {
+        <Self as StreamHandler<WatchItem<C::First, C::Second>>>::handle(self, item, ctx);
+    }
+}
+
+impl<C: Controller> Handler<GetCounters> for Shell<C> {
+    type Result = Counters;
+    fn handle(&mut self, _: GetCounters, _: &mut Context<Self>) -> Counters {
+        self.counters()
+    }
+}
+
+/// One watch event: a relist is collected (what `keep` keeps of each object) and handed
+/// over whole at its end; an update or a deletion is handed over as it comes.
+fn collect<K>(event: Event<K>, listing: &mut Option<Vec<K>>, keep: impl FnOnce(K) -> Option<K>) -> Option<Change<K>> {
+    match event {
+        Event::Init => {
+            *listing = Some(Vec::new());
+            None
+        }
+        Event::InitApply(object) => {
+            if let Some(list) = listing.as_mut() {
+                list.extend(keep(object));
+            }
+            None
+        }
+        Event::InitDone => listing.take().map(Change::Listed),
+        Event::Apply(object) => Some(Change::Applied(object)),
+        Event::Delete(object) => Some(Change::Deleted(object)),
+    }
+}
+
+/// The kind of a watched resource, for logs.
+fn kind<K: Resource<DynamicType = ()>>() -> String {
+    K::kind(&()).into_owned()
+}
+
+impl<C: Controller> StreamHandler<WatchItem<C::First, C::Second>> for Shell<C> {
+    fn handle(&mut self, item: WatchItem<C::First, C::Second>, ctx: &mut Context<Self>) {
+        let change = match item {
+            Either::First(Ok(event)) => collect(event, &mut self.listing.0, |o| self.controller.keep_first(o)).map(Either::First),
+            Either::Second(Ok(event)) => collect(event, &mut self.listing.1, |o| self.controller.keep_second(o)).map(Either::Second),
+            Either::First(Err(e)) => return warn!(error = %e, "{} watch failed; it restarts with backoff", kind::<C::First>()),
+            Either::Second(Err(e)) => return warn!(error = %e, "{} watch failed; it restarts with backoff", kind::<C::Second>()),
+        };
+        if let Some(change) = change {
+            self.take_in(change);
+        }
+        self.kick(ctx);
+    }
+
+    fn finished(&mut self, ctx: &mut Context<Self>) {
+        warn!(
+            "a {} or {} watch ended; restarting the {}",
+            kind::<C::First>(),
+            kind::<C::Second>(),
+            C::NAME
+        );
+        ctx.stop();
+    }
+}
