@@ -54,6 +54,8 @@ pub(crate) mod resize;
 /// The one controller shell: two watches with relists, the work queue, readiness and
 /// resync, around a controller's decisions (attach, resize).
 pub(crate) mod shell;
+/// The VolumeManager as this front's controllers ask it (by message), and its readiness.
+pub(crate) mod volume_manager;
 /// A keyed work queue with dedup, one run per key at a time and per-key retry delays.
 pub(crate) mod workqueue;
 

@@ -1,51 +1,28 @@
 //! The volume side of attaching: [`AttachBackend`], what the attach controller asks of
-//! the volume manager, and [`ManagerBackend`], the one of a running agent, which asks the
-//! VolumeManager actor by message (the attacher's only link to the core actors).
+//! the volume manager, implemented for the VolumeManager handle of a running agent
+//! ([`ManagerBackend`], asked by message: the attacher's only link to the core actors).
 //!
 //! Rules:
 //! - A refusal is carried as the volume manager's error variant
 //!   ([`VolumeCallError::Volume`]) so [`kind_of`](super::kind_of) decides on the variant;
 //!   a volume manager that does not answer (restarting) is
 //!   [`VolumeCallError::Unavailable`], retried with backoff.
-//! - Readiness is asked again every [`READY_RETRY`] until the volume manager's start-up
-//!   reconciliation is done.
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::time::Duration;
-
-use actix::Addr;
 
 use super::{PublishSpec, VolumeCallError, VolumeOps, VolumeState};
-use crate::actors::volumes::{AttachPreview, AttachVolume, DetachVolume, VolumeManager, WaitReady};
-
-/// How long to wait before asking the volume manager for its readiness again, when it
-/// could not answer (it was restarting).
-pub(crate) const READY_RETRY: Duration = Duration::from_secs(1);
+use crate::actors::volumes::{AttachPreview, AttachVolume, DetachVolume};
+use crate::k8s::shell::Ready;
+pub(crate) use crate::k8s::volume_manager::ManagerBackend;
 
 /// The volume side of attaching: what the volume manager says about a volume, and the
-/// in-process ControllerPublish / ControllerUnpublish.
-pub(crate) trait AttachBackend: VolumeOps + Clone + Unpin + 'static {
+/// in-process ControllerPublish / ControllerUnpublish; nothing runs before it is
+/// [`Ready`].
+pub(crate) trait AttachBackend: VolumeOps + Ready + Clone + Unpin + 'static {
     /// Whether publishing `spec` to `node` would be accepted now; `Err` when the volume
     /// side cannot tell yet (starting, busy), which is retried with backoff.
     fn volume_state(&self, spec: &PublishSpec, node: &str) -> impl Future<Output = Result<VolumeState, VolumeCallError>> + Send;
-
-    /// Resolves once the volume side is ready to answer (start-up done); the queue runs
-    /// nothing before.
-    fn wait_ready(&self) -> impl Future<Output = ()> + Send;
-}
-
-/// The backend of a running agent: the VolumeManager actor.
-#[derive(Clone)]
-pub(crate) struct ManagerBackend {
-    volumes: Addr<VolumeManager>,
-}
-
-impl ManagerBackend {
-    /// Asks `volumes`.
-    pub(crate) fn new(volumes: Addr<VolumeManager>) -> Self {
-        Self { volumes }
-    }
 }
 
 fn attach_message(spec: &PublishSpec, node: &str) -> AttachVolume {
@@ -63,24 +40,18 @@ fn unanswered(e: actix::MailboxError) -> VolumeCallError {
 
 impl VolumeOps for ManagerBackend {
     async fn publish(&self, spec: &PublishSpec, node: &str) -> Result<BTreeMap<String, String>, VolumeCallError> {
-        let context = self.volumes.send(attach_message(spec, node)).await.map_err(unanswered)??;
+        let context = self.volumes().send(attach_message(spec, node)).await.map_err(unanswered)??;
         Ok(context.to_map())
     }
 
     async fn unpublish(&self, volume_id: &str, node: &str) -> Result<(), VolumeCallError> {
         let m = DetachVolume { volume_id: volume_id.to_string(), node_id: Some(node.to_string()) };
-        Ok(self.volumes.send(m).await.map_err(unanswered)??)
+        Ok(self.volumes().send(m).await.map_err(unanswered)??)
     }
 }
 
 impl AttachBackend for ManagerBackend {
     async fn volume_state(&self, spec: &PublishSpec, node: &str) -> Result<VolumeState, VolumeCallError> {
-        super::volume_state(self.volumes.send(AttachPreview(attach_message(spec, node))).await.map_err(unanswered)?)
-    }
-
-    async fn wait_ready(&self) {
-        while !matches!(self.volumes.send(WaitReady).await, Ok(true)) {
-            tokio::time::sleep(READY_RETRY).await;
-        }
+        super::volume_state(self.volumes().send(AttachPreview(attach_message(spec, node))).await.map_err(unanswered)?)
     }
 }

@@ -26,8 +26,7 @@
 //!   restarting) is retried with backoff and logged.
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
+use std::ops::Deref;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -37,10 +36,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Client, ResourceExt};
 use tracing::{debug, info, warn};
 
-use super::{publish_spec, reconcile, reconcile_pv, Action, AttachBackend, AttachError, Executor, Observed, RetryPolicy, VolumeState};
+use super::{publish_spec, reconcile, reconcile_pv, Action, AttachBackend, AttachError, Executor, Observed, VolumeState};
 use crate::backoff::backoff;
-use crate::k8s::identity::Identity;
-use crate::k8s::shell::{Change, Controller, Either, Pending, Shell, Work};
+pub(crate) use crate::k8s::shell::QueueConfig;
+use crate::k8s::shell::{Change, Controller, Counters, Pending, Settings, Shell, Work};
 use crate::k8s::workqueue::Outcome;
 
 #[cfg(test)]
@@ -59,30 +58,23 @@ pub(crate) enum Key {
     Pv(String),
 }
 
-/// Settings of the queue.
-#[derive(Debug, Clone)]
-pub(crate) struct QueueConfig {
-    /// Driver and node.
-    pub identity: Identity,
-    /// Backoff and terminal retry delays.
-    pub policy: RetryPolicy,
-    /// Queue everything again this often (`Duration::ZERO`: never).
-    pub resync: Duration,
-}
-
-/// Counters for observation.
+/// Counters for observation: the shell's ([`Counters`]: waiting, running, retries) and
+/// the attachments kept.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, MessageResponse)]
 pub(crate) struct QueueStats {
     /// VolumeAttachments of this node kept.
     pub attachments: usize,
-    /// Keys waiting to run.
-    pub waiting: usize,
-    /// Keys running.
-    pub running: usize,
-    /// Runs that ended in a retry, since start.
-    pub retries: u64,
     /// VolumeAttachment watch (re)starts completed, since start.
     pub relists: u64,
+    /// The shell's counters.
+    pub queue: Counters,
+}
+
+impl Deref for QueueStats {
+    type Target = Counters;
+    fn deref(&self) -> &Counters {
+        &self.queue
+    }
 }
 
 /// Query: the queue's counters.
@@ -111,16 +103,16 @@ impl<B: AttachBackend> Shell<Attach<B>> {
     pub(crate) fn new(client: Client, cfg: QueueConfig, backend: B) -> Self {
         let executor = Executor::new(client.clone(), cfg.identity.clone(), cfg.policy);
         let attach = Attach { cfg, backend, executor, vas: BTreeMap::new(), others: BTreeMap::new(), pvs: BTreeMap::new() };
-        Shell::with(client, attach)
+        let settings = Settings { name: "attach queue", workers: WORKERS, resync: attach.cfg.resync };
+        Shell::with(client, settings, attach.backend.clone(), attach)
     }
 }
 
 impl<B: AttachBackend> Handler<GetQueueStats> for Shell<Attach<B>> {
     type Result = QueueStats;
     fn handle(&mut self, _: GetQueueStats, _: &mut Context<Self>) -> QueueStats {
-        let c = self.counters();
-        let attachments = self.controller().vas.len();
-        QueueStats { attachments, waiting: c.waiting, running: c.running, retries: c.retries, relists: c.relists.0 }
+        let queue = self.counters();
+        QueueStats { attachments: self.controller().vas.len(), relists: queue.relists.0, queue }
     }
 }
 
@@ -305,18 +297,6 @@ impl<B: AttachBackend> Controller for Attach<B> {
     type Key = Key;
     type Ran = Outcome;
 
-    const NAME: &'static str = "attach queue";
-    const WORKERS: usize = WORKERS;
-
-    fn resync(&self) -> Duration {
-        self.cfg.resync
-    }
-
-    fn ready(&self) -> Pin<Box<dyn Future<Output = ()>>> {
-        let backend = self.backend.clone();
-        Box::pin(async move { backend.wait_ready().await })
-    }
-
     fn keep_first(&self, va: VolumeAttachment) -> Option<VolumeAttachment> {
         (va.spec.attacher == self.cfg.identity.driver).then(|| slim_va(va))
     }
@@ -325,11 +305,12 @@ impl<B: AttachBackend> Controller for Attach<B> {
         self.keeps_pv(&pv).then(|| slim_pv(pv))
     }
 
-    fn change(&mut self, change: Either<Change<VolumeAttachment>, Change<PersistentVolume>>, queue: &mut Pending<'_, Key>) {
-        match change {
-            Either::First(change) => self.on_va(change, queue),
-            Either::Second(change) => self.on_pv(change, queue),
-        }
+    fn first(&mut self, change: Change<VolumeAttachment>, queue: &mut Pending<'_, Key>) {
+        self.on_va(change, queue);
+    }
+
+    fn second(&mut self, change: Change<PersistentVolume>, queue: &mut Pending<'_, Key>) {
+        self.on_pv(change, queue);
     }
 
     fn queue_all(&self, queue: &mut Pending<'_, Key>) {

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::*;
 use crate::actors::volumes::VolumeError;
 use crate::k8s::attach::{AttachBackend, PublishSpec, RetryPolicy, VolumeCallError, VolumeOps, VolumeState};
-use crate::k8s::shell::WatchItem;
+use crate::k8s::shell::{Ready, WatchItem};
 use crate::k8s::attach::fixtures::*;
 use crate::k8s::fake_api::{fake_api_serving, list_of, respond, FakeApi, Script};
 
@@ -87,7 +87,9 @@ impl AttachBackend for FakeBackend {
         }
         Ok(self.states.lock().expect("states").get(&spec.volume_id).cloned().unwrap_or(VolumeState::Missing))
     }
+}
 
+impl Ready for FakeBackend {
     async fn wait_ready(&self) {
         let mut ready = self.ready.subscribe();
         let _ = ready.wait_for(|r| *r).await;

@@ -24,8 +24,7 @@
 //! - API errors retry with backoff.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
-use std::pin::Pin;
+use std::ops::Deref;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -41,9 +40,8 @@ use super::backend::ResizeBackend;
 use super::executor::{key_of, Executor, Ran};
 use super::{claim_differs, our_volume, plan, resize_status, Observed, Plan, CONTROLLER_INFEASIBLE};
 use crate::backoff::backoff;
-use crate::k8s::attach::RetryPolicy;
-use crate::k8s::identity::Identity;
-use crate::k8s::shell::{Change, Controller, Either, Pending, Shell, Work};
+pub(crate) use crate::k8s::shell::QueueConfig;
+use crate::k8s::shell::{Change, Controller, Counters, Pending, Settings, Shell, Work};
 use crate::k8s::workqueue::Outcome;
 
 #[cfg(test)]
@@ -53,28 +51,21 @@ mod fake_api_tests;
 /// How many claims are worked on at once.
 pub(crate) const WORKERS: usize = 2;
 
-/// Settings of the queue.
-#[derive(Debug, Clone)]
-pub(crate) struct QueueConfig {
-    /// Driver and node.
-    pub identity: Identity,
-    /// Backoff, and the slow-set delay of an infeasible size (`terminal`).
-    pub policy: RetryPolicy,
-    /// Queue every claim again this often (`Duration::ZERO`: never).
-    pub resync: Duration,
-}
-
-/// Counters for observation.
+/// Counters for observation: the shell's ([`Counters`]: waiting, running, retries) and
+/// the claims kept.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, MessageResponse)]
 pub(crate) struct ResizeStats {
     /// Claims bound to a kept PV.
     pub claims: usize,
-    /// Keys waiting to run.
-    pub waiting: usize,
-    /// Keys running.
-    pub running: usize,
-    /// Runs that ended in a retry, since start.
-    pub retries: u64,
+    /// The shell's counters.
+    pub queue: Counters,
+}
+
+impl Deref for ResizeStats {
+    type Target = Counters;
+    fn deref(&self) -> &Counters {
+        &self.queue
+    }
 }
 
 /// Query: the queue's counters.
@@ -117,17 +108,16 @@ impl<B: ResizeBackend> Shell<Resize<B>> {
             final_errors: BTreeSet::new(),
             slow: BTreeMap::new(),
         };
-        Shell::with(client, resize)
+        let settings = Settings { name: "resize queue", workers: WORKERS, resync: resize.cfg.resync };
+        Shell::with(client, settings, resize.backend.clone(), resize)
     }
 }
 
 impl<B: ResizeBackend> Handler<GetResizeStats> for Shell<Resize<B>> {
     type Result = ResizeStats;
     fn handle(&mut self, _: GetResizeStats, _: &mut Context<Self>) -> ResizeStats {
-        let c = self.counters();
         let r = self.controller();
-        let claims = r.pvcs.values().filter(|p| r.ours(p)).count();
-        ResizeStats { claims, waiting: c.waiting, running: c.running, retries: c.retries }
+        ResizeStats { claims: r.pvcs.values().filter(|p| r.ours(p)).count(), queue: self.counters() }
     }
 }
 
@@ -242,18 +232,6 @@ impl<B: ResizeBackend> Controller for Resize<B> {
     type Key = String;
     type Ran = Run;
 
-    const NAME: &'static str = "resize queue";
-    const WORKERS: usize = WORKERS;
-
-    fn resync(&self) -> Duration {
-        self.cfg.resync
-    }
-
-    fn ready(&self) -> Pin<Box<dyn Future<Output = ()>>> {
-        let backend = self.backend.clone();
-        Box::pin(async move { backend.wait_ready().await })
-    }
-
     fn keep_first(&self, pvc: PersistentVolumeClaim) -> Option<PersistentVolumeClaim> {
         bound_pv(&pvc).is_some().then(|| slim_pvc(pvc))
     }
@@ -262,11 +240,12 @@ impl<B: ResizeBackend> Controller for Resize<B> {
         our_volume(&pv, &self.cfg.identity).is_some().then(|| slim_pv(pv))
     }
 
-    fn change(&mut self, change: Either<Change<PersistentVolumeClaim>, Change<PersistentVolume>>, queue: &mut Pending<'_, String>) {
-        match change {
-            Either::First(change) => self.on_pvc(change, queue),
-            Either::Second(change) => self.on_pv(change, queue),
-        }
+    fn first(&mut self, change: Change<PersistentVolumeClaim>, queue: &mut Pending<'_, String>) {
+        self.on_pvc(change, queue);
+    }
+
+    fn second(&mut self, change: Change<PersistentVolume>, queue: &mut Pending<'_, String>) {
+        self.on_pv(change, queue);
     }
 
     fn queue_all(&self, queue: &mut Pending<'_, String>) {

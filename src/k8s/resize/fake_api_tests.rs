@@ -16,9 +16,10 @@ use kube::runtime::watcher::Event;
 use kube::Client;
 
 use super::*;
+use crate::k8s::attach::RetryPolicy;
 use crate::k8s::resize::backend::ResizeBackend;
 use crate::k8s::resize::Failure;
-use crate::k8s::shell::WatchItem;
+use crate::k8s::shell::{Ready, WatchItem};
 use crate::k8s::resize::tests::{identity, pv, pv_on, pvc, with_state};
 use crate::k8s::resize::{CONTROLLER_IN_PROGRESS, FS_RESIZE_PENDING, NODE_PENDING};
 
@@ -113,6 +114,9 @@ impl ResizeBackend for FakeBackend {
         self.asked.lock().expect("asked").push(bytes);
         self.answers.lock().expect("answers").pop_front().expect("an answer for every expansion")
     }
+}
+
+impl Ready for FakeBackend {
     async fn wait_ready(&self) {}
 }
 

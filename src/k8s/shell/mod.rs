@@ -14,18 +14,19 @@
 //!   nothing that changed while the watch was down is lost, and objects deleted meanwhile
 //!   are forgotten.
 //! - Watch updates and deletions go to the controller as they come ([`Change::Applied`],
-//!   [`Change::Deleted`]); it queues what they change through [`Pending`].
+//!   [`Change::Deleted`], to [`Controller::first`] or [`Controller::second`]); it
+//!   queues what they change through [`Pending`].
 //! - Keys, not objects, are queued (see [`WorkQueue`]): a key already waiting is not
 //!   queued twice, one key runs at most once at a time, a key changed while it runs runs
 //!   once more after, a failed run comes back after the delay its outcome names.
 //! - Nothing runs before both watches have delivered their first full list, so no key is
-//!   judged against an object that simply was not listed yet, nor before the controller's
-//!   volume side is ready ([`Controller::ready`]). Keys queued meanwhile wait and run as
+//!   judged against an object that simply was not listed yet, nor before the volume side
+//!   is [`Ready`] (its start-up done), so a normal start makes no failed attempt. Keys queued meanwhile wait and run as
 //!   soon as both hold.
-//! - At most [`Controller::WORKERS`] keys run at once. A run is planned on the actor
+//! - At most [`Settings::workers`] keys run at once. A run is planned on the actor
 //!   ([`Controller::work`]: done at once, or a future), runs off it, and its result comes
 //!   back to the actor ([`Controller::ran`]), which says how the run ended.
-//! - [`Controller::resync`] queues everything again that often (`Duration::ZERO`: never).
+//! - [`Settings::resync`] queues everything again that often (`Duration::ZERO`: never).
 //! - A restart under supervision empties the queue and waits for both lists and
 //!   readiness again; what the controller keeps is replaced by the next lists.
 //! - Clocks are read here only; the queue and the controllers' decisions take the time.
@@ -44,6 +45,8 @@ use tokio::time::Instant;
 use tokio_stream::StreamExt;
 use tracing::{debug, info, warn};
 
+use crate::k8s::attach::RetryPolicy;
+use crate::k8s::identity::Identity;
 use crate::k8s::workqueue::{Outcome, WorkQueue};
 
 #[cfg(test)]
@@ -63,13 +66,6 @@ pub(crate) enum Change<K> {
     Applied(K),
     /// An object was deleted.
     Deleted(K),
-}
-
-/// Which of the two watches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Which {
-    First,
-    Second,
 }
 
 /// A change of either watch.
@@ -105,6 +101,34 @@ impl<K: Ord + Clone> Pending<'_, K> {
     }
 }
 
+/// What each controller of this front is given.
+#[derive(Debug, Clone)]
+pub(crate) struct QueueConfig {
+    /// Driver and node.
+    pub identity: Identity,
+    /// Backoff and terminal retry delays.
+    pub policy: RetryPolicy,
+    /// Queue everything again this often (`Duration::ZERO`: never).
+    pub resync: Duration,
+}
+
+/// What the shell waits for before it runs anything: the volume side's start-up.
+pub(crate) trait Ready {
+    /// Resolves once the volume side is ready to answer.
+    fn wait_ready(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// How the shell runs a controller.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    /// For logs: what the controller is ("attach queue").
+    pub name: &'static str,
+    /// How many keys run at once.
+    pub workers: usize,
+    /// Queue everything again this often (`Duration::ZERO`: never).
+    pub resync: Duration,
+}
+
 /// What a controller decides; the shell does the rest (see the module rules).
 pub(crate) trait Controller: Unpin + Sized + 'static {
     /// The first watched resource.
@@ -116,17 +140,6 @@ pub(crate) trait Controller: Unpin + Sized + 'static {
     /// What a run hands back to the actor.
     type Ran: 'static;
 
-    /// For logs: what this controller is ("attach queue").
-    const NAME: &'static str;
-    /// How many keys run at once.
-    const WORKERS: usize;
-
-    /// Queue everything again this often (`Duration::ZERO`: never).
-    fn resync(&self) -> Duration;
-
-    /// Resolves once the volume side is ready to answer; nothing runs before.
-    fn ready(&self) -> Pin<Box<dyn Future<Output = ()>>>;
-
     /// What is kept of a listed object of the first watch (stripped), or `None` when it
     /// is none of ours.
     fn keep_first(&self, object: Self::First) -> Option<Self::First>;
@@ -134,8 +147,11 @@ pub(crate) trait Controller: Unpin + Sized + 'static {
     /// The same for the second watch.
     fn keep_second(&self, object: Self::Second) -> Option<Self::Second>;
 
-    /// A change of one of the watches; queue what it changes.
-    fn change(&mut self, change: Either<Change<Self::First>, Change<Self::Second>>, queue: &mut Pending<'_, Self::Key>);
+    /// A change of the first watch; queue what it changes.
+    fn first(&mut self, change: Change<Self::First>, queue: &mut Pending<'_, Self::Key>);
+
+    /// A change of the second watch; queue what it changes.
+    fn second(&mut self, change: Change<Self::Second>, queue: &mut Pending<'_, Self::Key>);
 
     /// Queue every key (after a relist, and on resync).
     fn queue_all(&self, queue: &mut Pending<'_, Self::Key>);
@@ -147,7 +163,8 @@ pub(crate) trait Controller: Unpin + Sized + 'static {
     fn ran(&mut self, key: &Self::Key, ran: Self::Ran) -> Outcome;
 }
 
-/// The shell's own counters; each controller adds what it keeps for its statistics.
+/// The shell's own counters; each controller's statistics add what it keeps and reach
+/// these through `Deref`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, MessageResponse)]
 pub(crate) struct Counters {
     /// Keys waiting to run.
@@ -175,6 +192,9 @@ impl<A: 'static, B: 'static> Message for Either<Result<Event<A>, watcher::Error>
 /// The actor running a controller `C`; see the module rules.
 pub(crate) struct Shell<C: Controller> {
     client: Client,
+    settings: Settings,
+    /// Starts a wait for the volume side's readiness (again after a restart).
+    readiness: Box<dyn Fn() -> Pin<Box<dyn Future<Output = ()>>>>,
     controller: C,
     /// Objects listed since each watch's last `Init`.
     listing: (Option<Vec<C::First>>, Option<Vec<C::Second>>),
@@ -188,10 +208,17 @@ pub(crate) struct Shell<C: Controller> {
 }
 
 impl<C: Controller> Shell<C> {
-    /// A shell around `controller`, watching through `client`.
-    pub(crate) fn with(client: Client, controller: C) -> Self {
+    /// A shell around `controller`, watching through `client`, running nothing before
+    /// `ready` is.
+    pub(crate) fn with(client: Client, settings: Settings, ready: impl Ready + Clone + 'static, controller: C) -> Self {
+        let readiness = Box::new(move || {
+            let ready = ready.clone();
+            Box::pin(async move { ready.wait_ready().await }) as Pin<Box<dyn Future<Output = ()>>>
+        });
         Self {
             client,
+            settings,
+            readiness,
             controller,
             listing: (None, None),
             queue: WorkQueue::new(),
@@ -223,24 +250,20 @@ impl<C: Controller> Shell<C> {
 
     /// A change of a watch: the first list marks it synced; a list queues everything.
     fn take_in(&mut self, change: Either<Change<C::First>, Change<C::Second>>) {
-        let listed = match &change {
-            Either::First(Change::Listed(_)) => Some(Which::First),
-            Either::Second(Change::Listed(_)) => Some(Which::Second),
-            _ => None,
+        let queue = &mut Self::pending(&mut self.queue);
+        let listed = match change {
+            Either::First(change) => {
+                let listed = mark(&change, &mut self.synced.0, &mut self.counters.relists.0);
+                self.controller.first(change, queue);
+                listed
+            }
+            Either::Second(change) => {
+                let listed = mark(&change, &mut self.synced.1, &mut self.counters.relists.1);
+                self.controller.second(change, queue);
+                listed
+            }
         };
-        match listed {
-            Some(Which::First) => {
-                self.synced.0 = true;
-                self.counters.relists.0 += 1;
-            }
-            Some(Which::Second) => {
-                self.synced.1 = true;
-                self.counters.relists.1 += 1;
-            }
-            None => {}
-        }
-        self.controller.change(change, &mut Self::pending(&mut self.queue));
-        if listed.is_some() {
+        if listed {
             self.controller.queue_all(&mut Self::pending(&mut self.queue));
         }
     }
@@ -248,14 +271,14 @@ impl<C: Controller> Shell<C> {
     /// Start every due key there is a worker for, and wake up when the next one is due.
     fn kick(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
-        while self.runnable() && self.queue.running() < C::WORKERS {
+        while self.runnable() && self.queue.running() < self.settings.workers {
             let Some((key, failures)) = self.queue.pop(now) else { break };
             self.start(key, failures, ctx);
         }
         if let Some(h) = self.wake.take() {
             ctx.cancel_future(h);
         }
-        if self.runnable() && self.queue.running() < C::WORKERS {
+        if self.runnable() && self.queue.running() < self.settings.workers {
             if let Some(at) = self.queue.next_due() {
                 self.wake = Some(ctx.run_later(at.saturating_duration_since(now), |act, ctx| {
                     act.wake = None;
@@ -290,25 +313,25 @@ impl<C: Controller> Actor for Shell<C> {
         let second: Api<C::Second> = Api::all(self.client.clone());
         ctx.add_stream(watcher(first, cfg.clone()).default_backoff().map(WatchItem::<C::First, C::Second>::First));
         ctx.add_stream(watcher(second, cfg).default_backoff().map(WatchItem::<C::First, C::Second>::Second));
-        let resync = self.controller.resync();
+        let resync = self.settings.resync;
         if resync > Duration::ZERO {
             ctx.run_interval(resync, |act, ctx| {
                 act.controller.queue_all(&mut Self::pending(&mut act.queue));
                 act.kick(ctx);
             });
         }
-        ctx.spawn(self.controller.ready().into_actor(self).map(|(), act, ctx| {
+        ctx.spawn((self.readiness)().into_actor(self).map(|(), act, ctx| {
             act.ready = true;
-            debug!(controller = C::NAME, waiting = act.queue.waiting(), "volume manager ready; work may run");
+            debug!(controller = act.settings.name, waiting = act.queue.waiting(), "volume manager ready; work may run");
             act.kick(ctx);
         }));
-        info!(controller = C::NAME, "{} started", C::NAME);
+        info!(controller = self.settings.name, "{} started", self.settings.name);
     }
 }
 
 impl<C: Controller> Supervised for Shell<C> {
     fn restarting(&mut self, _: &mut Context<Self>) {
-        warn!(controller = C::NAME, "restarting the {}; the watches list everything again", C::NAME);
+        warn!(controller = self.settings.name, "restarting the {}; the watches list everything again", self.settings.name);
         self.listing = (None, None);
         self.queue = WorkQueue::new();
         self.wake = None;
@@ -330,6 +353,16 @@ impl<C: Controller> Handler<GetCounters> for Shell<C> {
     fn handle(&mut self, _: GetCounters, _: &mut Context<Self>) -> Counters {
         self.counters()
     }
+}
+
+/// Whether `change` is a list, which marks its watch synced and counts.
+fn mark<K>(change: &Change<K>, synced: &mut bool, relists: &mut u64) -> bool {
+    let listed = matches!(change, Change::Listed(_));
+    if listed {
+        *synced = true;
+        *relists += 1;
+    }
+    listed
 }
 
 /// One watch event: a relist is collected (what `keep` keeps of each object) and handed
@@ -376,7 +409,7 @@ impl<C: Controller> StreamHandler<WatchItem<C::First, C::Second>> for Shell<C> {
             "a {} or {} watch ended; restarting the {}",
             kind::<C::First>(),
             kind::<C::Second>(),
-            C::NAME
+            self.settings.name
         );
         ctx.stop();
     }

@@ -12,14 +12,27 @@ use serde_json::{json, Value};
 use super::*;
 use crate::k8s::fake_api::{fake_api_serving, list_of, FakeApi, Script};
 
+/// Ready once the flag says so.
+#[derive(Clone)]
+struct Flag(tokio::sync::watch::Receiver<bool>);
+
+impl Ready for Flag {
+    async fn wait_ready(&self) {
+        let mut ready = self.0.clone();
+        let _ = ready.wait_for(|r| *r).await;
+    }
+}
+
+fn settings(resync: Duration) -> Settings {
+    Settings { name: "toy controller", workers: 2, resync }
+}
+
 /// Keeps Node names; a Node's run logs its name and, when asked, fails once.
 struct Toy {
     nodes: BTreeSet<String>,
     runs: Arc<Mutex<Vec<String>>>,
     /// Every list handed over, names in order.
     lists: Arc<Mutex<Vec<Vec<String>>>>,
-    ready: tokio::sync::watch::Receiver<bool>,
-    resync: Duration,
     /// Keys whose next run fails (once).
     fail: BTreeSet<String>,
 }
@@ -30,20 +43,6 @@ impl Controller for Toy {
     type Key = String;
     type Ran = Outcome;
 
-    const NAME: &'static str = "toy controller";
-    const WORKERS: usize = 2;
-
-    fn resync(&self) -> Duration {
-        self.resync
-    }
-
-    fn ready(&self) -> Pin<Box<dyn Future<Output = ()>>> {
-        let mut ready = self.ready.clone();
-        Box::pin(async move {
-            let _ = ready.wait_for(|r| *r).await;
-        })
-    }
-
     fn keep_first(&self, node: Node) -> Option<Node> {
         (!node.name_any().starts_with("skip")).then_some(node)
     }
@@ -52,9 +51,11 @@ impl Controller for Toy {
         Some(pv)
     }
 
-    fn change(&mut self, change: Either<Change<Node>, Change<PersistentVolume>>, queue: &mut Pending<'_, String>) {
+    fn second(&mut self, _: Change<PersistentVolume>, _: &mut Pending<'_, String>) {}
+
+    fn first(&mut self, change: Change<Node>, queue: &mut Pending<'_, String>) {
         match change {
-            Either::First(Change::Listed(list)) => {
+            Change::Listed(list) => {
                 let names: Vec<String> = list.iter().map(|n| n.name_any()).collect();
                 self.lists.lock().expect("lists").push(names.clone());
                 for gone in self.nodes.iter().filter(|n| !names.contains(n)) {
@@ -62,15 +63,14 @@ impl Controller for Toy {
                 }
                 self.nodes = names.into_iter().collect();
             }
-            Either::First(Change::Applied(node)) => {
+            Change::Applied(node) => {
                 self.nodes.insert(node.name_any());
                 queue.add(node.name_any());
             }
-            Either::First(Change::Deleted(node)) => {
+            Change::Deleted(node) => {
                 self.nodes.remove(&node.name_any());
                 queue.forget(&node.name_any());
             }
-            Either::Second(_) => {}
         }
     }
 
@@ -145,11 +145,9 @@ fn start(node_script: Script, ready: bool, resync: Duration, fail: &[&str]) -> H
         nodes: BTreeSet::new(),
         runs: Arc::clone(&runs),
         lists: Arc::clone(&lists),
-        ready: rx,
-        resync,
         fail: fail.iter().map(|s| s.to_string()).collect(),
     };
-    let shell = Shell::with(client, toy).start();
+    let shell = Shell::with(client, settings(resync), Flag(rx), toy).start();
     Harness { shell, api, runs, lists, ready: tx }
 }
 
@@ -186,11 +184,9 @@ async fn nothing_runs_before_both_watches_have_listed() {
         nodes: BTreeSet::new(),
         runs: Arc::clone(&runs),
         lists: Arc::default(),
-        ready: rx,
-        resync: Duration::ZERO,
         fail: BTreeSet::new(),
     };
-    let shell = Shell::with(client, toy).start();
+    let shell = Shell::with(client, settings(Duration::ZERO), Flag(rx), toy).start();
     // The PV list request comes to the test, which never answers it.
     let _held = api.next("the PersistentVolume list").await;
     tokio::time::sleep(Duration::from_secs(30)).await;
