@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::attach::fixtures::*;
+use super::attach::backend::VolumeOps;
 use super::attach::*;
 use super::fake_api::{fake_api, respond, FakeApi};
 use super::identity::REPORTER;

@@ -11,10 +11,19 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 
-use super::{PublishSpec, VolumeCallError, VolumeOps, VolumeState};
+use super::{PublishSpec, VolumeCallError, VolumeState};
 use crate::actors::volumes::{AttachPreview, AttachVolume, DetachVolume};
 use crate::k8s::shell::Ready;
 pub(crate) use crate::k8s::volume_manager::ManagerBackend;
+
+/// The in-process CSI controller calls the executor makes; [`ManagerBackend`]
+/// implements them by asking the VolumeManager.
+pub(crate) trait VolumeOps {
+    /// ControllerPublishVolume of `spec` to `node`, answering the publish context.
+    fn publish(&self, spec: &PublishSpec, node: &str) -> impl Future<Output = Result<BTreeMap<String, String>, VolumeCallError>> + Send;
+    /// ControllerUnpublishVolume of `volume_id` from `node`.
+    fn unpublish(&self, volume_id: &str, node: &str) -> impl Future<Output = Result<(), VolumeCallError>> + Send;
+}
 
 /// The volume side of attaching: what the volume manager says about a volume, and the
 /// in-process ControllerPublish / ControllerUnpublish; nothing runs before it is

@@ -17,7 +17,8 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::actors::volumes::VolumeError;
-use crate::k8s::attach::{AttachBackend, PublishSpec, RetryPolicy, VolumeCallError, VolumeOps, VolumeState};
+use crate::k8s::attach::backend::VolumeOps;
+use crate::k8s::attach::{AttachBackend, PublishSpec, RetryPolicy, VolumeCallError, VolumeState};
 use crate::k8s::shell::{Ready, WatchItem};
 use crate::k8s::attach::fixtures::*;
 use crate::k8s::fake_api::{fake_api_serving, list_of, respond, FakeApi, Script};
