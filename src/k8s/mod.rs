@@ -61,8 +61,6 @@ pub(crate) mod workqueue;
 
 #[cfg(test)]
 mod drives_fake_api_tests;
-#[cfg(test)]
-mod events_fake_api_tests;
 /// The one fake API server of this front's tests, and its expectation helpers.
 #[cfg(test)]
 pub(crate) mod fake_api;
