@@ -61,7 +61,7 @@ pub enum MigrateError {
     },
     /// No client for the API server.
     #[error("{0}")]
-    Client(String),
+    Client(#[from] crate::k8s::KubeError),
     /// The PV could not be read from the cluster.
     #[error("read PersistentVolume {name}")]
     Fetch {

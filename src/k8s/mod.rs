@@ -42,12 +42,16 @@ pub(crate) mod drives;
 /// Rate-limited Events on a volume's claim and pods when its condition turns abnormal or
 /// back to normal.
 pub(crate) mod events;
+/// The front's own error: the API client, the volume manager asked by a controller.
+pub mod error;
 /// Who drivelet is to the API server: driver, node, finalizer, Event reporter.
 pub(crate) mod identity;
 /// Labelling the Node with drivelet's topology segments.
 pub(crate) mod node;
 /// The API permissions drivelet needs, the table the deployment's RBAC is checked against.
 pub mod rbac;
+
+pub use error::KubeError;
 /// The external-resizer: decisions about a claim asking for more, the status it writes,
 /// and the ResizeQueue actor that runs them.
 pub(crate) mod resize;
@@ -69,15 +73,16 @@ mod fake_api_tests;
 
 /// The API client `[kubernetes]` asks for: the kubeconfig file when one is named, else
 /// the in-cluster service account (or `KUBECONFIG` / `~/.kube/config` outside a pod).
-pub async fn client(cfg: &crate::config::KubernetesConfig) -> Result<kube::Client, String> {
+pub async fn client(cfg: &crate::config::KubernetesConfig) -> Result<kube::Client, KubeError> {
+    let path = || cfg.kubeconfig.clone();
     let config = if cfg.kubeconfig.as_os_str().is_empty() {
-        kube::Config::infer().await.map_err(|e| format!("no in-cluster service account and no kubeconfig: {e}"))?
+        kube::Config::infer().await.map_err(|source| KubeError::NoConfig { source })?
     } else {
         let file = kube::config::Kubeconfig::read_from(&cfg.kubeconfig)
-            .map_err(|e| format!("cannot read kubernetes.kubeconfig {}: {e}", cfg.kubeconfig.display()))?;
+            .map_err(|source| KubeError::ReadKubeconfig { path: path(), source })?;
         kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
             .await
-            .map_err(|e| format!("kubernetes.kubeconfig {}: {e}", cfg.kubeconfig.display()))?
+            .map_err(|source| KubeError::Kubeconfig { path: path(), source })?
     };
-    kube::Client::try_from(config).map_err(|e| format!("cannot build the Kubernetes client: {e}"))
+    kube::Client::try_from(config).map_err(|source| KubeError::Client { source })
 }

@@ -29,6 +29,7 @@ use super::executor::{handles, handles_text, DutyError};
 use super::REMOVED_VOLUMES;
 use crate::actors::volumes::{DeleteVolume, DetachVolume};
 use crate::k8s::shell::Ready;
+use crate::k8s::KubeError;
 pub(crate) use crate::k8s::volume_manager::ManagerBackend;
 
 /// How often the key is read again when it holds nothing to do.
@@ -40,16 +41,15 @@ pub(crate) const RETRY: Duration = Duration::from_secs(10);
 /// The volume side: deleting one volume of this node.
 pub(crate) trait RemovedBackend: Ready + Send + Sync + 'static {
     /// Detaches `volume_id` from `node` and deletes it; the error in plain words.
-    fn delete(&self, volume_id: &str, node: &str) -> impl Future<Output = Result<(), String>> + Send;
+    fn delete(&self, volume_id: &str, node: &str) -> impl Future<Output = Result<(), KubeError>> + Send;
 }
 
 impl RemovedBackend for ManagerBackend {
-    async fn delete(&self, volume_id: &str, node: &str) -> Result<(), String> {
-        let unanswered = |_| "the volume manager did not answer (restarting)".to_string();
+    async fn delete(&self, volume_id: &str, node: &str) -> Result<(), KubeError> {
         let detach = DetachVolume { volume_id: volume_id.to_string(), node_id: Some(node.to_string()) };
-        self.volumes().send(detach).await.map_err(unanswered)?.map_err(|e| e.to_string())?;
+        self.volumes().send(detach).await.map_err(KubeError::unanswered(volume_id))?.map_err(KubeError::volume(volume_id))?;
         let delete = DeleteVolume { volume_id: volume_id.to_string() };
-        self.volumes().send(delete).await.map_err(unanswered)?.map_err(|e| e.to_string())
+        self.volumes().send(delete).await.map_err(KubeError::unanswered(volume_id))?.map_err(KubeError::volume(volume_id))
     }
 }
 

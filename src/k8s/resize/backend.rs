@@ -12,15 +12,16 @@ use super::Failure;
 use crate::actors::volumes::model::CapacityRange;
 use crate::actors::volumes::{ExpandVolume, GetVolume, VolumeError};
 use crate::k8s::shell::Ready;
+use crate::k8s::KubeError;
 pub(crate) use crate::k8s::volume_manager::ManagerBackend;
 
 /// The volume side of resizing; nothing runs before it is [`Ready`].
 pub(crate) trait ResizeBackend: Ready + Clone + Unpin + 'static {
     /// Whether the volume manager knows the volume; `Err` when it cannot tell now.
-    fn known(&self, volume_id: &str) -> impl Future<Output = Result<bool, String>> + Send;
+    fn known(&self, volume_id: &str) -> impl Future<Output = Result<bool, KubeError>> + Send;
     /// ControllerExpandVolume to at least `bytes`: the size now and whether the node must
-    /// grow a filesystem, or how it failed and why in plain words.
-    fn expand(&self, volume_id: &str, bytes: u64) -> impl Future<Output = Result<(u64, bool), (Failure, String)>> + Send;
+    /// grow a filesystem, or how it failed and why.
+    fn expand(&self, volume_id: &str, bytes: u64) -> impl Future<Output = Result<(u64, bool), (Failure, KubeError)>> + Send;
 }
 
 /// How an expansion refusal counts for the claim's status (see the module rules of
@@ -34,21 +35,21 @@ pub(crate) fn failure_of(e: &VolumeError) -> Failure {
 }
 
 impl ResizeBackend for ManagerBackend {
-    async fn known(&self, volume_id: &str) -> Result<bool, String> {
+    async fn known(&self, volume_id: &str) -> Result<bool, KubeError> {
         match self.volumes().send(GetVolume { volume_id: volume_id.to_string() }).await {
             Ok(Ok(_)) => Ok(true),
             Ok(Err(VolumeError::NotFound { .. })) => Ok(false),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(format!("the volume manager did not answer: {e}")),
+            Ok(Err(e)) => Err(KubeError::volume(volume_id)(e)),
+            Err(e) => Err(KubeError::unanswered(volume_id)(e)),
         }
     }
 
-    async fn expand(&self, volume_id: &str, bytes: u64) -> Result<(u64, bool), (Failure, String)> {
+    async fn expand(&self, volume_id: &str, bytes: u64) -> Result<(u64, bool), (Failure, KubeError)> {
         let m = ExpandVolume { volume_id: volume_id.to_string(), range: CapacityRange { required: bytes, limit: 0 } };
         match self.volumes().send(m).await {
             Ok(Ok(done)) => Ok(done),
-            Ok(Err(e)) => Err((failure_of(&e), e.to_string())),
-            Err(e) => Err((Failure::Transient, format!("the volume manager did not answer: {e}"))),
+            Ok(Err(e)) => Err((failure_of(&e), KubeError::volume(volume_id)(e))),
+            Err(e) => Err((Failure::Transient, KubeError::unanswered(volume_id)(e))),
         }
     }
 }

@@ -19,7 +19,9 @@ use super::*;
 use crate::k8s::attach::RetryPolicy;
 use crate::k8s::resize::backend::ResizeBackend;
 use crate::k8s::resize::Failure;
+use crate::actors::volumes::VolumeError;
 use crate::k8s::shell::{Ready, WatchItem};
+use crate::k8s::KubeError;
 use crate::k8s::resize::tests::{identity, pv, pv_on, pvc, with_state};
 use crate::k8s::resize::{CONTROLLER_IN_PROGRESS, FS_RESIZE_PENDING, NODE_PENDING};
 
@@ -102,15 +104,15 @@ impl FakeApi {
 /// The volume manager, scripted: knows `vol-1`, answers expansions from a list.
 #[derive(Clone, Default)]
 struct FakeBackend {
-    answers: Arc<Mutex<VecDeque<Result<(u64, bool), (Failure, String)>>>>,
+    answers: Arc<Mutex<VecDeque<Result<(u64, bool), (Failure, KubeError)>>>>,
     asked: Arc<Mutex<Vec<u64>>>,
 }
 
 impl ResizeBackend for FakeBackend {
-    async fn known(&self, volume_id: &str) -> Result<bool, String> {
+    async fn known(&self, volume_id: &str) -> Result<bool, KubeError> {
         Ok(volume_id == "vol-1")
     }
-    async fn expand(&self, _: &str, bytes: u64) -> Result<(u64, bool), (Failure, String)> {
+    async fn expand(&self, _: &str, bytes: u64) -> Result<(u64, bool), (Failure, KubeError)> {
         self.asked.lock().expect("asked").push(bytes);
         self.answers.lock().expect("answers").pop_front().expect("an answer for every expansion")
     }
@@ -177,7 +179,7 @@ async fn an_infeasible_size_is_recorded_once_and_a_lowered_request_recovers() {
     let claim = pvc("100Gi", "1Gi");
     let (client, mut api) = fake_api(vec![&claim], vec![&pv("1Gi")]);
     let backend = FakeBackend::default();
-    backend.answers.lock().unwrap().push_back(Err((Failure::Infeasible, "the drive ends there".into())));
+    backend.answers.lock().unwrap().push_back(Err((Failure::Infeasible, KubeError::volume("vol-1")(VolumeError::OutOfRange { reason: "the drive ends there".into() }))));
     backend.answers.lock().unwrap().push_back(Ok(((3 * GI) / 2, false)));
     let queue = ResizeQueue::new(client, config(), backend.clone()).start();
 
