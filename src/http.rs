@@ -119,7 +119,7 @@ impl Endpoints {
             g.volumes = volumes;
         }
         if let Some(q) = &self.attach {
-            if let Some(s) = ask(q, GetQueueStats).await {
+            if let Some(s) = ask(q, GetQueueStats::default()).await {
                 g.attach = Some((s.waiting, s.running, s.retries, s.relists));
             }
         }

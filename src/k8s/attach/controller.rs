@@ -26,7 +26,6 @@
 //!   restarting) is retried with backoff and logged.
 
 use std::collections::BTreeMap;
-use std::ops::Deref;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -39,7 +38,7 @@ use tracing::{debug, info, warn};
 use super::{publish_spec, reconcile, reconcile_pv, Action, AttachBackend, AttachError, Executor, Observed, VolumeState};
 use crate::backoff::backoff;
 pub(crate) use crate::k8s::shell::QueueConfig;
-use crate::k8s::shell::{Change, Controller, Counters, Pending, Settings, Shell, Work};
+use crate::k8s::shell::{Change, Controller, GetStats, Pending, Settings, Shell, Work};
 use crate::k8s::workqueue::Outcome;
 
 #[cfg(test)]
@@ -58,29 +57,17 @@ pub(crate) enum Key {
     Pv(String),
 }
 
-/// Counters for observation: the shell's ([`Counters`]: waiting, running, retries) and
-/// the attachments kept.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, MessageResponse)]
-pub(crate) struct QueueStats {
+/// What the attach controller adds to the shell's statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Attached {
     /// VolumeAttachments of this node kept.
     pub attachments: usize,
     /// VolumeAttachment watch (re)starts completed, since start.
     pub relists: u64,
-    /// The shell's counters.
-    pub queue: Counters,
 }
 
-impl Deref for QueueStats {
-    type Target = Counters;
-    fn deref(&self) -> &Counters {
-        &self.queue
-    }
-}
-
-/// Query: the queue's counters.
-#[derive(Message)]
-#[rtype(result = "QueueStats")]
-pub(crate) struct GetQueueStats;
+/// Query: the queue's statistics.
+pub(crate) type GetQueueStats = GetStats<Attached>;
 
 /// The attach queue actor: the shell running [`Attach`].
 pub(crate) type AttachQueue<B> = Shell<Attach<B>>;
@@ -105,14 +92,6 @@ impl<B: AttachBackend> Shell<Attach<B>> {
         let attach = Attach { cfg, backend, executor, vas: BTreeMap::new(), others: BTreeMap::new(), pvs: BTreeMap::new() };
         let settings = Settings { name: "attach queue", workers: WORKERS, resync: attach.cfg.resync };
         Shell::with(client, settings, attach.backend.clone(), attach)
-    }
-}
-
-impl<B: AttachBackend> Handler<GetQueueStats> for Shell<Attach<B>> {
-    type Result = QueueStats;
-    fn handle(&mut self, _: GetQueueStats, _: &mut Context<Self>) -> QueueStats {
-        let queue = self.counters();
-        QueueStats { attachments: self.controller().vas.len(), relists: queue.relists.0, queue }
     }
 }
 
@@ -295,6 +274,7 @@ impl<B: AttachBackend> Controller for Attach<B> {
     type First = VolumeAttachment;
     type Second = PersistentVolume;
     type Key = Key;
+    type Own = Attached;
     type Ran = Outcome;
 
     fn keep_first(&self, va: VolumeAttachment) -> Option<VolumeAttachment> {
@@ -327,6 +307,10 @@ impl<B: AttachBackend> Controller for Attach<B> {
             Key::Va(name) => self.work_va(name, failures),
             Key::Pv(name) => self.work_pv(name, failures),
         }
+    }
+
+    fn own(&self, lists: (u64, u64)) -> Attached {
+        Attached { attachments: self.vas.len(), relists: lists.0 }
     }
 
     fn ran(&mut self, _: &Key, outcome: Outcome) -> Outcome {

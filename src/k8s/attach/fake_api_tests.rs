@@ -150,7 +150,7 @@ async fn a_listed_attachment_is_attached_and_others_are_left_alone() {
 
     api.assert_quiet().await;
     assert_eq!(backend.calls(), ["publish vol-1 node-a"]);
-    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    let stats = queue.send(GetQueueStats::default()).await.expect("queue answers");
     assert_eq!((stats.attachments, stats.waiting, stats.running, stats.retries), (1, 0, 0, 0));
 }
 
@@ -168,7 +168,7 @@ async fn no_attach_work_runs_before_the_volume_manager_is_ready() {
     api.assert_quiet().await;
     assert_eq!(*backend.asked.lock().expect("asked"), 0, "no volume was asked about");
     assert!(backend.calls().is_empty(), "nothing published or unpublished");
-    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    let stats = queue.send(GetQueueStats::default()).await.expect("queue answers");
     assert_eq!((stats.attachments, stats.waiting, stats.running, stats.retries), (1, 1, 0, 0), "queued, waiting, no retry");
 
     // Ready: the waiting attachment runs at once, first time right.
@@ -185,7 +185,7 @@ async fn no_attach_work_runs_before_the_volume_manager_is_ready() {
     respond(reply, &attached(with_finalizer(va("va-1", "pv-1"))));
     api.assert_quiet().await;
     assert_eq!(backend.calls(), ["publish vol-1 node-a"]);
-    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    let stats = queue.send(GetQueueStats::default()).await.expect("queue answers");
     assert_eq!(stats.retries, 0, "no failed attempt before ready");
 }
 
@@ -212,7 +212,7 @@ async fn a_change_missed_while_the_watch_was_down_is_found_by_the_relist() {
 
     assert_eq!(backend.calls(), ["unpublish vol-1 node-a"], "nothing to do for the first list, one unpublish after the second");
     assert_eq!(api.count("GET /apis/storage.k8s.io/v1/volumeattachments?&limit=500"), 2, "listed again after the watch broke");
-    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    let stats = queue.send(GetQueueStats::default()).await.expect("queue answers");
     assert_eq!(stats.relists, 2);
 }
 
@@ -283,7 +283,7 @@ async fn a_failing_attach_is_retried_on_its_backoff_and_not_on_its_own_status_wr
     respond(reply, &attached(with_finalizer(va("va-1", "pv-1"))));
     api.assert_quiet().await;
     assert_eq!(backend.calls(), ["publish vol-1 node-a"]);
-    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    let stats = queue.send(GetQueueStats::default()).await.expect("queue answers");
     assert_eq!(stats.retries, 1);
 }
 

@@ -24,7 +24,6 @@
 //! - API errors retry with backoff.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::Deref;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -41,7 +40,7 @@ use super::executor::{key_of, Executor, Ran};
 use super::{claim_differs, our_volume, plan, resize_status, Observed, Plan, CONTROLLER_INFEASIBLE};
 use crate::backoff::backoff;
 pub(crate) use crate::k8s::shell::QueueConfig;
-use crate::k8s::shell::{Change, Controller, Counters, Pending, Settings, Shell, Work};
+use crate::k8s::shell::{Change, Controller, GetStats, Pending, Settings, Shell, Work};
 use crate::k8s::workqueue::Outcome;
 
 #[cfg(test)]
@@ -51,27 +50,15 @@ mod fake_api_tests;
 /// How many claims are worked on at once.
 pub(crate) const WORKERS: usize = 2;
 
-/// Counters for observation: the shell's ([`Counters`]: waiting, running, retries) and
-/// the claims kept.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, MessageResponse)]
-pub(crate) struct ResizeStats {
+/// What the resize controller adds to the shell's statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Claims {
     /// Claims bound to a kept PV.
     pub claims: usize,
-    /// The shell's counters.
-    pub queue: Counters,
 }
 
-impl Deref for ResizeStats {
-    type Target = Counters;
-    fn deref(&self) -> &Counters {
-        &self.queue
-    }
-}
-
-/// Query: the queue's counters.
-#[derive(Message)]
-#[rtype(result = "ResizeStats")]
-pub(crate) struct GetResizeStats;
+/// Query: the queue's statistics.
+pub(crate) type GetResizeStats = GetStats<Claims>;
 
 /// The resize queue actor: the shell running [`Resize`].
 pub(crate) type ResizeQueue<B> = Shell<Resize<B>>;
@@ -110,14 +97,6 @@ impl<B: ResizeBackend> Shell<Resize<B>> {
         };
         let settings = Settings { name: "resize queue", workers: WORKERS, resync: resize.cfg.resync };
         Shell::with(client, settings, resize.backend.clone(), resize)
-    }
-}
-
-impl<B: ResizeBackend> Handler<GetResizeStats> for Shell<Resize<B>> {
-    type Result = ResizeStats;
-    fn handle(&mut self, _: GetResizeStats, _: &mut Context<Self>) -> ResizeStats {
-        let r = self.controller();
-        ResizeStats { claims: r.pvcs.values().filter(|p| r.ours(p)).count(), queue: self.counters() }
     }
 }
 
@@ -230,6 +209,7 @@ impl<B: ResizeBackend> Controller for Resize<B> {
     type First = PersistentVolumeClaim;
     type Second = PersistentVolume;
     type Key = String;
+    type Own = Claims;
     type Ran = Run;
 
     fn keep_first(&self, pvc: PersistentVolumeClaim) -> Option<PersistentVolumeClaim> {
@@ -292,6 +272,10 @@ impl<B: ResizeBackend> Controller for Resize<B> {
                 }
             }
         }))
+    }
+
+    fn own(&self, _lists: (u64, u64)) -> Claims {
+        Claims { claims: self.pvcs.values().filter(|p| self.ours(p)).count() }
     }
 
     fn ran(&mut self, key: &String, run: Run) -> Outcome {

@@ -169,7 +169,7 @@ async fn a_claim_asking_for_more_grows_its_volume_and_waits_for_kubelet() {
     api.assert_quiet().await;
     assert_eq!(*backend.asked.lock().unwrap(), [2 * GI], "another node's claim is not touched");
     assert_eq!(api.events(), ["Resizing", "FileSystemResizeRequired"]);
-    let stats = queue.send(GetResizeStats).await.expect("answers");
+    let stats = queue.send(GetResizeStats::default()).await.expect("answers");
     assert_eq!((stats.claims, stats.waiting, stats.running, stats.retries), (1, 0, 0, 0));
 }
 

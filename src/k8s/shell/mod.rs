@@ -33,6 +33,8 @@
 
 use std::fmt::Debug;
 use std::future::Future;
+use std::marker::PhantomData;
+use std::ops::Deref;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -139,6 +141,8 @@ pub(crate) trait Controller: Unpin + Sized + 'static {
     type Key: Ord + Clone + Debug + Unpin + 'static;
     /// What a run hands back to the actor.
     type Ran: 'static;
+    /// The controller's part of the statistics.
+    type Own: Copy + Default + 'static;
 
     /// What is kept of a listed object of the first watch (stripped), or `None` when it
     /// is none of ours.
@@ -161,12 +165,15 @@ pub(crate) trait Controller: Unpin + Sized + 'static {
 
     /// A run of `key` ended with `ran`: how it counts.
     fn ran(&mut self, key: &Self::Key, ran: Self::Ran) -> Outcome;
+
+    /// What the controller adds to the statistics, given the lists counted so far.
+    fn own(&self, lists: (u64, u64)) -> Self::Own;
 }
 
-/// The shell's own counters; each controller's statistics add what it keeps and reach
-/// these through `Deref`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, MessageResponse)]
-pub(crate) struct Counters {
+/// Counters for observation: the shell's, and what the controller adds (`own`), whose
+/// fields read as the stats' own through `Deref` (`stats.attachments`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Stats<K> {
     /// Keys waiting to run.
     pub waiting: usize,
     /// Keys running.
@@ -174,13 +181,25 @@ pub(crate) struct Counters {
     /// Runs that ended in a retry, since start.
     pub retries: u64,
     /// Lists completed by each watch (first, second), since start.
-    pub relists: (u64, u64),
+    pub lists: (u64, u64),
+    /// The controller's part ([`Controller::own`]).
+    pub own: K,
 }
 
-/// Query: the shell's counters.
-#[derive(Message)]
-#[rtype(result = "Counters")]
-pub(crate) struct GetCounters;
+impl<K> Deref for Stats<K> {
+    type Target = K;
+    fn deref(&self) -> &K {
+        &self.own
+    }
+}
+
+/// Query: the shell's statistics, with the controller's part `K`.
+#[derive(Debug, Default)]
+pub(crate) struct GetStats<K>(PhantomData<K>);
+
+impl<K: 'static> Message for GetStats<K> {
+    type Result = Stats<K>;
+}
 
 /// An item of one of the two watches.
 pub(crate) type WatchItem<A, B> = Either<Result<Event<A>, watcher::Error>, Result<Event<B>, watcher::Error>>;
@@ -204,7 +223,8 @@ pub(crate) struct Shell<C: Controller> {
     synced: (bool, bool),
     /// The volume side is ready.
     ready: bool,
-    counters: Counters,
+    /// Retries and lists so far (`own` unused).
+    counters: Stats<()>,
 }
 
 impl<C: Controller> Shell<C> {
@@ -225,18 +245,14 @@ impl<C: Controller> Shell<C> {
             wake: None,
             synced: (false, false),
             ready: false,
-            counters: Counters::default(),
+            counters: Stats::default(),
         }
     }
 
-    /// The controller, for its statistics.
-    pub(crate) fn controller(&self) -> &C {
-        &self.controller
-    }
-
-    /// The shell's counters now.
-    pub(crate) fn counters(&self) -> Counters {
-        Counters { waiting: self.queue.waiting(), running: self.queue.running(), ..self.counters }
+    /// The statistics now.
+    pub(crate) fn stats(&self) -> Stats<C::Own> {
+        let Stats { retries, lists, .. } = self.counters;
+        Stats { waiting: self.queue.waiting(), running: self.queue.running(), retries, lists, own: self.controller.own(lists) }
     }
 
     /// Whether work may run: both watches listed and the volume side ready.
@@ -253,12 +269,12 @@ impl<C: Controller> Shell<C> {
         let queue = &mut Self::pending(&mut self.queue);
         let listed = match change {
             Either::First(change) => {
-                let listed = mark(&change, &mut self.synced.0, &mut self.counters.relists.0);
+                let listed = mark(&change, &mut self.synced.0, &mut self.counters.lists.0);
                 self.controller.first(change, queue);
                 listed
             }
             Either::Second(change) => {
-                let listed = mark(&change, &mut self.synced.1, &mut self.counters.relists.1);
+                let listed = mark(&change, &mut self.synced.1, &mut self.counters.lists.1);
                 self.controller.second(change, queue);
                 listed
             }
@@ -348,10 +364,10 @@ impl<C: Controller> Handler<WatchItem<C::First, C::Second>> for Shell<C> {
     }
 }
 
-impl<C: Controller> Handler<GetCounters> for Shell<C> {
-    type Result = Counters;
-    fn handle(&mut self, _: GetCounters, _: &mut Context<Self>) -> Counters {
-        self.counters()
+impl<C: Controller> Handler<GetStats<C::Own>> for Shell<C> {
+    type Result = MessageResult<GetStats<C::Own>>;
+    fn handle(&mut self, _: GetStats<C::Own>, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.stats())
     }
 }
 

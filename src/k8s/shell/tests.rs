@@ -42,6 +42,7 @@ impl Controller for Toy {
     type Second = PersistentVolume;
     type Key = String;
     type Ran = Outcome;
+    type Own = ();
 
     fn keep_first(&self, node: Node) -> Option<Node> {
         (!node.name_any().starts_with("skip")).then_some(node)
@@ -99,6 +100,8 @@ impl Controller for Toy {
     fn ran(&mut self, _: &String, outcome: Outcome) -> Outcome {
         outcome
     }
+
+    fn own(&self, _: (u64, u64)) {}
 }
 
 struct Harness {
@@ -114,8 +117,8 @@ impl Harness {
         std::mem::take(&mut *self.runs.lock().expect("runs"))
     }
 
-    async fn counters(&self) -> Counters {
-        self.shell.send(GetCounters).await.expect("the shell answers")
+    async fn counters(&self) -> Stats<()> {
+        self.shell.send(GetStats::default()).await.expect("the shell answers")
     }
 }
 
@@ -165,7 +168,7 @@ async fn nothing_runs_before_readiness_and_a_key_queued_twice_runs_once() {
     h.api.assert_quiet().await;
     assert!(h.runs().is_empty(), "nothing runs before the volume side is ready");
     let c = h.counters().await;
-    assert_eq!((c.waiting, c.running, c.relists), (2, 0, (1, 1)));
+    assert_eq!((c.waiting, c.running, c.lists), (2, 0, (1, 1)));
 
     h.ready.send_replace(true);
     h.api.assert_quiet().await;
@@ -191,8 +194,8 @@ async fn nothing_runs_before_both_watches_have_listed() {
     let _held = api.next("the PersistentVolume list").await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(runs.lock().expect("runs").is_empty(), "a ready volume side is not enough");
-    let c = shell.send(GetCounters).await.expect("answers");
-    assert_eq!((c.waiting, c.relists), (1, (1, 0)));
+    let c = shell.send(GetStats::<()>::default()).await.expect("answers");
+    assert_eq!((c.waiting, c.lists), (1, (1, 0)));
 }
 
 #[actix_rt::test]
@@ -206,7 +209,7 @@ async fn a_watch_restart_relists_queues_everything_and_forgets_what_went() {
     assert_eq!(h.lists.lock().expect("lists").clone(), [vec!["a", "b"], vec!["b", "c"]], "listed again after the watch broke");
     assert_eq!(h.runs(), ["a", "b", "b", "c"], "every kept key queued after each list, a not after it went");
     assert_eq!(h.api.count("GET /api/v1/nodes?&limit=500"), 2);
-    assert_eq!(h.counters().await.relists, (2, 1));
+    assert_eq!(h.counters().await.lists, (2, 1));
 }
 
 #[actix_rt::test]
