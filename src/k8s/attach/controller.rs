@@ -28,7 +28,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use actix::prelude::*;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -15,6 +15,8 @@ use kube::runtime::watcher::Event;
 use kube::Client;
 use tokio::time::Instant;
 
+use actix::Actor;
+
 use super::*;
 use crate::actors::volumes::VolumeError;
 use crate::k8s::attach::backend::VolumeOps;

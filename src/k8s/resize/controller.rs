@@ -26,7 +26,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use actix::prelude::*;
 use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, PersistentVolumeSpec,
 };
@@ -40,7 +39,7 @@ use super::executor::{key_of, Executor, Ran};
 use super::{claim_differs, our_volume, plan, resize_status, Observed, Plan, CONTROLLER_INFEASIBLE};
 use crate::backoff::backoff;
 pub(crate) use crate::k8s::shell::QueueConfig;
-use crate::k8s::shell::{Change, Controller, GetStats, Pending, Settings, Shell, Work};
+use crate::k8s::shell::{Change, Controller, Pending, Settings, Shell, Work};
 use crate::k8s::workqueue::Outcome;
 
 #[cfg(test)]
@@ -57,8 +56,9 @@ pub(crate) struct Claims {
     pub claims: usize,
 }
 
-/// Query: the queue's statistics.
-pub(crate) type GetResizeStats = GetStats<Claims>;
+/// Query: the queue's statistics (asked by the tests only).
+#[cfg(test)]
+pub(crate) type GetResizeStats = crate::k8s::shell::GetStats<Claims>;
 
 /// The resize queue actor: the shell running [`Resize`].
 pub(crate) type ResizeQueue<B> = Shell<Resize<B>>;

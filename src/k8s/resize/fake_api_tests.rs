@@ -15,6 +15,8 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::runtime::watcher::Event;
 use kube::Client;
 
+use actix::Actor;
+
 use super::*;
 use crate::k8s::attach::RetryPolicy;
 use crate::k8s::resize::backend::ResizeBackend;
