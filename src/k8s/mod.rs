@@ -79,8 +79,6 @@ mod drives_fake_api_tests;
 /// The one fake API server of this front's tests, and its expectation helpers.
 #[cfg(test)]
 pub(crate) mod fake_api;
-#[cfg(test)]
-mod fake_api_tests;
 
 /// The API client `[kubernetes]` asks for: the kubeconfig file when one is named, else
 /// the in-cluster service account (or `KUBECONFIG` / `~/.kube/config` outside a pod).

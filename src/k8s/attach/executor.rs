@@ -27,6 +27,10 @@ use super::backend::VolumeOps;
 use super::{attach_failed, detach_failed, Action, ErrorPatch, EventKind, RefusalKind, RetryPolicy};
 use crate::k8s::identity::Identity;
 
+#[cfg(test)]
+#[path = "executor_tests.rs"]
+mod executor_tests;
+
 /// Errors talking to the API server while carrying out actions.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AttachError {
