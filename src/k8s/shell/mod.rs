@@ -208,6 +208,9 @@ impl<A: 'static, B: 'static> Message for Either<Result<Event<A>, watcher::Error>
     type Result = ();
 }
 
+/// Objects listed since each watch's last `Init`, when a list is under way.
+type Listing<C> = (Option<Vec<<C as Controller>::First>>, Option<Vec<<C as Controller>::Second>>);
+
 /// The actor running a controller `C`; see the module rules.
 pub(crate) struct Shell<C: Controller> {
     client: Client,
@@ -216,7 +219,7 @@ pub(crate) struct Shell<C: Controller> {
     readiness: Box<dyn Fn() -> Pin<Box<dyn Future<Output = ()>>>>,
     controller: C,
     /// Objects listed since each watch's last `Init`.
-    listing: (Option<Vec<C::First>>, Option<Vec<C::Second>>),
+    listing: Listing<C>,
     queue: WorkQueue<C::Key>,
     wake: Option<SpawnHandle>,
     /// Each watch has delivered its first full list.
