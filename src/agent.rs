@@ -39,7 +39,7 @@ pub enum AgentError {
     Socket(#[from] SocketError),
     /// `[kubernetes]` is on but no API client could be made.
     #[error("kubernetes: {0}")]
-    Kubernetes(String),
+    Kubernetes(#[from] crate::k8s::KubeError),
     /// The HTTP endpoints' address could not be bound.
     #[error("cannot listen on http.address {address}: {source}")]
     Http {

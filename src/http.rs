@@ -26,7 +26,7 @@ use tracing::{info, warn};
 use crate::actors::inventory::DriveInventory;
 use crate::actors::messages::{GetInventoryStatus, InventoryStatus, ListDrives};
 use crate::actors::volumes::{ListDriveUses, ListVolumeStatuses, VolumeManager, VolumesReady};
-use crate::k8s::attach::queue::{AttachQueue, GetQueueStats, ManagerBackend};
+use crate::k8s::attach::{AttachQueue, GetQueueStats, ManagerBackend};
 use crate::metrics::{metrics, render, Gauges};
 
 /// How long a probe waits for an actor to answer.
@@ -119,7 +119,7 @@ impl Endpoints {
             g.volumes = volumes;
         }
         if let Some(q) = &self.attach {
-            if let Some(s) = ask(q, GetQueueStats).await {
+            if let Some(s) = ask(q, GetQueueStats::default()).await {
                 g.attach = Some((s.waiting, s.running, s.retries, s.relists));
             }
         }

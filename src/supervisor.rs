@@ -36,13 +36,13 @@ use crate::actors::volumes::VolumeManager;
 use crate::config::Config;
 use crate::grpc::registration::{Registrar, RegistrationService, RegistrationState};
 use crate::grpc::{admin, CsiFront, Front, Views};
-use crate::k8s::attach::queue::{AttachQueue, ManagerBackend, QueueConfig};
+use crate::k8s::attach::{AttachQueue, ManagerBackend, QueueConfig};
 use crate::k8s::attach::RetryPolicy;
 use crate::k8s::drives::DriveSync;
 use crate::k8s::duties;
 use crate::k8s::events::{ConditionEvents, ConditionReporter};
 use crate::k8s::identity::Identity;
-use crate::k8s::resize::queue::{self as resize, ResizeQueue};
+use crate::k8s::resize::{self, ResizeQueue};
 
 /// Addresses of the running core actors.
 #[derive(Clone)]

@@ -4,7 +4,7 @@
 use actix::prelude::*;
 
 use super::inventory::model::Drive;
-
+use super::volumes::conditions::Reason;
 use crate::disk::udev::BlockEvent;
 use crate::words::{LayoutKind, Media};
 
@@ -110,6 +110,9 @@ pub struct VolumeConditionChanged {
     pub abnormal: bool,
     /// What, and what to do (the CSI volume condition message).
     pub message: String,
+    /// Why, typed: the reasons of the findings behind it, in report order (empty when
+    /// normal). What the Event side compares; the message is only for people.
+    pub reasons: Vec<Reason>,
 }
 
 /// Command: send every future [`VolumeConditionChanged`] to this recipient.

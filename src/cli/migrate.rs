@@ -61,7 +61,7 @@ pub enum MigrateError {
     },
     /// No client for the API server.
     #[error("{0}")]
-    Client(String),
+    Client(Box<crate::k8s::KubeError>),
     /// The PV could not be read from the cluster.
     #[error("read PersistentVolume {name}")]
     Fetch {
@@ -109,7 +109,7 @@ pub fn run(config: Option<&Path>, socket: Option<PathBuf>, source: Option<Source
                 return Err(MigrateError::NoKubernetes);
             }
             rt.block_on(async {
-                let client = crate::k8s::client(&cfg.kubernetes).await.map_err(MigrateError::Client)?;
+                let client = crate::k8s::client(&cfg.kubernetes).await.map_err(|e| MigrateError::Client(Box::new(e)))?;
                 let pvs: kube::Api<PersistentVolume> = kube::Api::all(client);
                 pvs.get(&name).await.map_err(|source| MigrateError::Fetch { name: name.clone(), source })
             })?

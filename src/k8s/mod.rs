@@ -1,35 +1,44 @@
 //! The Kubernetes front of drivelet, beside the gRPC front: the in-process
-//! external-attacher (the AttachQueue actor and its decisions), Events about volume
-//! conditions, the `Drive` custom resource and its sync, node labels. Everything that
-//! talks to an API server lives here, and nothing else does. With it, the cluster duties:
-//! one elected agent looks after the objects of deleted nodes (`duties`).
+//! external-attacher and external-resizer (controllers run by one controller shell),
+//! Events about volume conditions, the `Drive` custom resource and its sync, node labels.
+//! Everything that talks to an API server lives here, and nothing else does. With it,
+//! the cluster duties: one elected agent looks after the objects of deleted nodes
+//! (`duties`).
 //!
 //! Rules:
 //! - A front, like `grpc/`: it talks to the core actors (inventory, volume manager) only
-//!   by message, and `src/actors` never imports it. The attach queue publishes and
-//!   unpublishes through `attach::queue::ManagerBackend`, which sends the VolumeManager
-//!   `AttachVolume` / `DetachVolume`; condition Events arrive as `VolumeConditionChanged`
-//!   notifications the volume manager sends to a subscriber; the Drive sync asks
-//!   read-only queries and takes notifications; the resize queue grows volumes through
-//!   `resize::queue::ManagerBackend` (`ExpandVolume`, the message ControllerExpandVolume
-//!   sends).
+//!   by message, and `src/actors` never imports it. The controllers reach the volume
+//!   manager through one handle, [`volume_manager::ManagerBackend`], for which each
+//!   implements its own backend trait in its `backend.rs` (attach: `AttachVolume` /
+//!   `DetachVolume`; resize: `ExpandVolume`, the message ControllerExpandVolume sends;
+//!   the returned-node clean-up: `DetachVolume` / `DeleteVolume`); condition Events
+//!   arrive as `VolumeConditionChanged` notifications (with their typed reasons) the
+//!   volume manager sends to a subscriber; the Drive sync asks read-only queries and
+//!   takes notifications.
+//! - One controller shell ([`shell`]) owns the watches, their relists, the work queue,
+//!   readiness and resync; a controller (`attach::controller`, `resize::controller`)
+//!   only says what it keeps, what a change queues and what a run does. Each controller
+//!   is laid out alike: `mod.rs` the decisions, `controller.rs`, `executor.rs`,
+//!   `backend.rs`, and its tests.
 //! - Decisions are pure functions over Kubernetes objects and domain values
-//!   (`attach::reconcile`, `attach::reconcile_pv`, `events::EventGate`,
-//!   `events::find_claim`, `events::pods_using`, `drives::desired`, `drives::plan`,
-//!   `node::label_patch`, `duties::election::decide`, `duties::plan`); the only code that
-//!   talks to the API server is in the executors (`attach::Executor`,
-//!   `events::ConditionReporter`, `drives::Executor`, `node::label_once`,
-//!   `duties::executor::Executor`, `duties::returned::reconcile_once`) and the watches of the actors (`attach::queue::AttachQueue`,
-//!   `events::ConditionEvents`, `drives::DriveSync`), so the decisions are table-tested
-//!   without a cluster and the executors are tested against one scripted fake API server
-//!   (`fake_api`).
+//!   (`attach::reconcile`, `attach::reconcile_pv`, `resize::plan`, `events::gate`,
+//!   `events::targets`, `drives::desired`, `drives::plan`, `node::label_patch`,
+//!   `duties::election::decide`, `duties::plan`); the only code that talks to the API
+//!   server is in the executors (`attach::executor`, `resize::executor`,
+//!   `events::reporter`, `drives::Executor`, `node::label_once`,
+//!   `duties::executor::Executor`, `duties::returned::reconcile_once`) and the watches
+//!   of the shell and of the actors (`events::ConditionEvents`, `drives::DriveSync`), so
+//!   the decisions are table-tested without a cluster and the executors are tested
+//!   against one scripted fake API server (`fake_api`).
+//! - Errors are typed: each module's enum names the object of a failed API call, and
+//!   [`KubeError`] is what they share (the client, the volume manager); no `String`.
 //! - Nothing here touches a disk.
 //! - Who drivelet is to the API server (driver, node, finalizer, Event reporter) is
 //!   decided once, in [`identity`]; the actors of this front are started with the rest
 //!   in `crate::supervisor::start`, only when `[kubernetes]` turns them on.
 
-/// The external-attacher: reconcile decisions, the executor of their actions, and the
-/// AttachQueue actor that runs them.
+/// The external-attacher: reconcile decisions (mod.rs), the controller the shell runs
+/// (the AttachQueue), the executor of the actions and the volume side.
 pub(crate) mod attach;
 /// The cluster-scoped `Drive` custom resource and its CRD manifest.
 pub(crate) mod crd;
@@ -39,8 +48,11 @@ pub(crate) mod duties;
 /// The sync of this node's `Drive` objects: names, desired objects, the plan of writes,
 /// its executor and the `DriveSync` actor.
 pub(crate) mod drives;
+/// The front's own error: the API client, the volume manager asked by a controller.
+pub mod error;
 /// Rate-limited Events on a volume's claim and pods when its condition turns abnormal or
-/// back to normal.
+/// back to normal: the ConditionEvents actor, and a file per concern (the gate, the
+/// report queue, who to tell, what is said, the reporter).
 pub(crate) mod events;
 /// Who drivelet is to the API server: driver, node, finalizer, Event reporter.
 pub(crate) mod identity;
@@ -48,33 +60,38 @@ pub(crate) mod identity;
 pub(crate) mod node;
 /// The API permissions drivelet needs, the table the deployment's RBAC is checked against.
 pub mod rbac;
-/// The external-resizer: decisions about a claim asking for more, the status it writes,
-/// and the ResizeQueue actor that runs them.
+/// The external-resizer: decisions about a claim asking for more and the status it
+/// writes (mod.rs), the controller the shell runs (the ResizeQueue), the executor and
+/// the volume side.
 pub(crate) mod resize;
+/// The one controller shell: two watches with relists, the work queue, readiness,
+/// resync and the workers, around a controller's decisions (attach, resize).
+pub(crate) mod shell;
+/// The VolumeManager as this front's controllers ask it (by message), and its readiness.
+pub(crate) mod volume_manager;
 /// A keyed work queue with dedup, one run per key at a time and per-key retry delays.
 pub(crate) mod workqueue;
 
+pub use error::KubeError;
+
 #[cfg(test)]
 mod drives_fake_api_tests;
-#[cfg(test)]
-mod events_fake_api_tests;
 /// The one fake API server of this front's tests, and its expectation helpers.
 #[cfg(test)]
 pub(crate) mod fake_api;
-#[cfg(test)]
-mod fake_api_tests;
 
 /// The API client `[kubernetes]` asks for: the kubeconfig file when one is named, else
 /// the in-cluster service account (or `KUBECONFIG` / `~/.kube/config` outside a pod).
-pub async fn client(cfg: &crate::config::KubernetesConfig) -> Result<kube::Client, String> {
+pub async fn client(cfg: &crate::config::KubernetesConfig) -> Result<kube::Client, KubeError> {
+    let path = || cfg.kubeconfig.clone();
     let config = if cfg.kubeconfig.as_os_str().is_empty() {
-        kube::Config::infer().await.map_err(|e| format!("no in-cluster service account and no kubeconfig: {e}"))?
+        kube::Config::infer().await.map_err(|source| KubeError::NoConfig { source })?
     } else {
         let file = kube::config::Kubeconfig::read_from(&cfg.kubeconfig)
-            .map_err(|e| format!("cannot read kubernetes.kubeconfig {}: {e}", cfg.kubeconfig.display()))?;
+            .map_err(|source| KubeError::ReadKubeconfig { path: path(), source })?;
         kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
             .await
-            .map_err(|e| format!("kubernetes.kubeconfig {}: {e}", cfg.kubeconfig.display()))?
+            .map_err(|source| KubeError::Kubeconfig { path: path(), source })?
     };
-    kube::Client::try_from(config).map_err(|e| format!("cannot build the Kubernetes client: {e}"))
+    kube::Client::try_from(config).map_err(|source| KubeError::Client { source })
 }

@@ -50,7 +50,7 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "storage.k8s.io",
         resource: "volumeattachments",
         verbs: &["list", "watch", "patch"],
-        used_by: "k8s::attach::queue::AttachQueue (watcher: list, then watch) and k8s::attach::Executor (finalizer merge patches); \
+        used_by: "k8s::shell (the AttachQueue's watcher: list, then watch) and k8s::attach::executor::Executor (finalizer merge patches); \
                   k8s::duties::executor::Executor (lists them, removes the attacher finalizer of a deleted node's)",
     },
     Permission {
@@ -58,16 +58,16 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "storage.k8s.io",
         resource: "volumeattachments/status",
         verbs: &["patch"],
-        used_by: "k8s::attach::Executor (attached, attachmentMetadata, attachError, detachError)",
+        used_by: "k8s::attach::executor::Executor (attached, attachmentMetadata, attachError, detachError)",
     },
     Permission {
         scope: Scope::Cluster,
         group: "",
         resource: "persistentvolumes",
         verbs: &["list", "watch", "patch", "delete"],
-        used_by: "k8s::attach::queue::AttachQueue and k8s::resize::queue::ResizeQueue (watchers), \
-                  k8s::attach::Executor (PV finalizer patches), k8s::resize::queue::Executor (spec.capacity \
-                  merge patch after growing), k8s::events::ConditionReporter (lists PVs to find a volume's claim), \
+        used_by: "k8s::shell (the AttachQueue's and the ResizeQueue's watchers), \
+                  k8s::attach::executor::Executor (PV finalizer patches), k8s::resize::executor::Executor (spec.capacity \
+                  merge patch after growing), k8s::events::reporter::ConditionReporter (lists PVs to find a volume's claim), \
                   k8s::duties::executor::Executor (lists them; finalizer patches and delete of a deleted node's \
                   Released PVs)",
     },
@@ -76,7 +76,7 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "",
         resource: "persistentvolumeclaims",
         verbs: &["list", "watch", "delete"],
-        used_by: "k8s::resize::queue::ResizeQueue (watcher: claims asking for more than they have), \
+        used_by: "k8s::shell (the ResizeQueue's watcher: claims asking for more than they have), \
                   k8s::duties::executor::Executor (lists the claims of a deleted node's PVs; deletes one whose \
                   StorageClass has drivelet.io/on-node-deleted: release-claims)",
     },
@@ -85,7 +85,7 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "",
         resource: "persistentvolumeclaims/status",
         verbs: &["patch"],
-        used_by: "k8s::resize::queue::Executor (allocatedResources, allocatedResourceStatuses, resize conditions, \
+        used_by: "k8s::resize::executor::Executor (allocatedResources, allocatedResourceStatuses, resize conditions, \
                   capacity of a grown block volume)",
     },
     Permission {
@@ -93,7 +93,7 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "",
         resource: "pods",
         verbs: &["list"],
-        used_by: "k8s::events::ConditionReporter (this node's pods in the claim's namespace, by field selector), \
+        used_by: "k8s::events::reporter::ConditionReporter (this node's pods in the claim's namespace, by field selector), \
                   k8s::duties::executor::Executor (pods of a claim that may be released)",
     },
     Permission {

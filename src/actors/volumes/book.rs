@@ -351,7 +351,8 @@ impl VolumeBook {
             } else {
                 info!(volume.id = %id, drive.id = %drive, volume.abnormal = false, volume.condition = %c.message, "volume condition changed");
             }
-            events.push(VolumeConditionChanged { volume_id: id.clone(), abnormal: c.abnormal, message: c.message.clone() });
+            let reasons = c.entries.iter().map(|e| e.reason).collect();
+            events.push(VolumeConditionChanged { volume_id: id.clone(), abnormal: c.abnormal, message: c.message.clone(), reasons });
             if c.abnormal {
                 self.conditions.insert(id, c);
             } else {

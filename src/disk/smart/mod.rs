@@ -45,7 +45,6 @@
 //! A count threshold of 0 turns that check off. Reasons come worst first. Missing or
 //! ill-typed fields are skipped, never fatal: any input gives a report.
 
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

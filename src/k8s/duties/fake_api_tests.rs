@@ -20,6 +20,9 @@ use serde_json::{json, Value};
 use super::controller::Controller;
 use super::election::LEASE_NAME;
 use super::returned::{reconcile_once, RemovedBackend};
+use crate::actors::volumes::VolumeError;
+use crate::k8s::shell::Ready;
+use crate::k8s::KubeError;
 use super::tests::*;
 use super::{PROVISIONER_FINALIZER, REMOVED_VOLUMES};
 use crate::k8s::fake_api::{fake_api, list_of, respond, respond_error, respond_not_found, FakeApi};
@@ -400,13 +403,15 @@ struct FakeVolumes {
     failing: BTreeSet<String>,
 }
 
-impl RemovedBackend for FakeVolumes {
+impl Ready for FakeVolumes {
     async fn wait_ready(&self) {}
+}
 
-    async fn delete(&self, volume_id: &str, node: &str) -> Result<(), String> {
+impl RemovedBackend for FakeVolumes {
+    async fn delete(&self, volume_id: &str, node: &str) -> Result<(), KubeError> {
         self.calls.lock().unwrap().push(format!("{volume_id} {node}"));
         if self.failing.contains(volume_id) {
-            Err(format!("volume {volume_id} is still staged"))
+            Err(KubeError::volume(volume_id)(VolumeError::StillStaged { volume_id: volume_id.to_string() }))
         } else {
             Ok(())
         }

@@ -19,7 +19,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use actix::Addr;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -28,7 +27,10 @@ use tracing::{info, warn};
 
 use super::executor::{handles, handles_text, DutyError};
 use super::REMOVED_VOLUMES;
-use crate::actors::volumes::{DeleteVolume, DetachVolume, VolumeManager, WaitReady};
+use crate::actors::volumes::{DeleteVolume, DetachVolume};
+use crate::k8s::shell::Ready;
+use crate::k8s::KubeError;
+pub(crate) use crate::k8s::volume_manager::ManagerBackend;
 
 /// How often the key is read again when it holds nothing to do.
 pub(crate) const RECHECK: Duration = Duration::from_secs(60);
@@ -37,37 +39,17 @@ pub(crate) const RECHECK: Duration = Duration::from_secs(60);
 pub(crate) const RETRY: Duration = Duration::from_secs(10);
 
 /// The volume side: deleting one volume of this node.
-pub(crate) trait RemovedBackend: Send + Sync + 'static {
-    /// Resolves once the volume manager serves.
-    fn wait_ready(&self) -> impl Future<Output = ()> + Send;
+pub(crate) trait RemovedBackend: Ready + Send + Sync + 'static {
     /// Detaches `volume_id` from `node` and deletes it; the error in plain words.
-    fn delete(&self, volume_id: &str, node: &str) -> impl Future<Output = Result<(), String>> + Send;
-}
-
-/// The volume manager, asked by message.
-pub(crate) struct ManagerBackend {
-    volumes: Addr<VolumeManager>,
-}
-
-impl ManagerBackend {
-    pub(crate) fn new(volumes: Addr<VolumeManager>) -> Self {
-        Self { volumes }
-    }
+    fn delete(&self, volume_id: &str, node: &str) -> impl Future<Output = Result<(), KubeError>> + Send;
 }
 
 impl RemovedBackend for ManagerBackend {
-    async fn wait_ready(&self) {
-        while !matches!(self.volumes.send(WaitReady).await, Ok(true)) {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    }
-
-    async fn delete(&self, volume_id: &str, node: &str) -> Result<(), String> {
-        let unanswered = |_| "the volume manager did not answer (restarting)".to_string();
+    async fn delete(&self, volume_id: &str, node: &str) -> Result<(), KubeError> {
         let detach = DetachVolume { volume_id: volume_id.to_string(), node_id: Some(node.to_string()) };
-        self.volumes.send(detach).await.map_err(unanswered)?.map_err(|e| e.to_string())?;
+        self.volumes().send(detach).await.map_err(KubeError::unanswered(volume_id))?.map_err(KubeError::volume(volume_id))?;
         let delete = DeleteVolume { volume_id: volume_id.to_string() };
-        self.volumes.send(delete).await.map_err(unanswered)?.map_err(|e| e.to_string())
+        self.volumes().send(delete).await.map_err(KubeError::unanswered(volume_id))?.map_err(KubeError::volume(volume_id))
     }
 }
 

@@ -11,7 +11,19 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tower_test::mock::{self, SendResponse};
 
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::runtime::watcher::Event;
+use kube::Client;
+
+use actix::Actor;
+
 use super::*;
+use crate::k8s::attach::RetryPolicy;
+use crate::k8s::resize::backend::ResizeBackend;
+use crate::k8s::resize::Failure;
+use crate::actors::volumes::VolumeError;
+use crate::k8s::shell::{Ready, WatchItem};
+use crate::k8s::KubeError;
 use crate::k8s::resize::tests::{identity, pv, pv_on, pvc, with_state};
 use crate::k8s::resize::{CONTROLLER_IN_PROGRESS, FS_RESIZE_PENDING, NODE_PENDING};
 
@@ -94,18 +106,21 @@ impl FakeApi {
 /// The volume manager, scripted: knows `vol-1`, answers expansions from a list.
 #[derive(Clone, Default)]
 struct FakeBackend {
-    answers: Arc<Mutex<VecDeque<Result<(u64, bool), (Failure, String)>>>>,
+    answers: Arc<Mutex<VecDeque<Result<(u64, bool), (Failure, KubeError)>>>>,
     asked: Arc<Mutex<Vec<u64>>>,
 }
 
 impl ResizeBackend for FakeBackend {
-    async fn known(&self, volume_id: &str) -> Result<bool, String> {
+    async fn known(&self, volume_id: &str) -> Result<bool, KubeError> {
         Ok(volume_id == "vol-1")
     }
-    async fn expand(&self, _: &str, bytes: u64) -> Result<(u64, bool), (Failure, String)> {
+    async fn expand(&self, _: &str, bytes: u64) -> Result<(u64, bool), (Failure, KubeError)> {
         self.asked.lock().expect("asked").push(bytes);
         self.answers.lock().expect("answers").pop_front().expect("an answer for every expansion")
     }
+}
+
+impl Ready for FakeBackend {
     async fn wait_ready(&self) {}
 }
 
@@ -156,7 +171,7 @@ async fn a_claim_asking_for_more_grows_its_volume_and_waits_for_kubelet() {
     api.assert_quiet().await;
     assert_eq!(*backend.asked.lock().unwrap(), [2 * GI], "another node's claim is not touched");
     assert_eq!(api.events(), ["Resizing", "FileSystemResizeRequired"]);
-    let stats = queue.send(GetResizeStats).await.expect("answers");
+    let stats = queue.send(GetResizeStats::default()).await.expect("answers");
     assert_eq!((stats.claims, stats.waiting, stats.running, stats.retries), (1, 0, 0, 0));
 }
 
@@ -166,7 +181,7 @@ async fn an_infeasible_size_is_recorded_once_and_a_lowered_request_recovers() {
     let claim = pvc("100Gi", "1Gi");
     let (client, mut api) = fake_api(vec![&claim], vec![&pv("1Gi")]);
     let backend = FakeBackend::default();
-    backend.answers.lock().unwrap().push_back(Err((Failure::Infeasible, "the drive ends there".into())));
+    backend.answers.lock().unwrap().push_back(Err((Failure::Infeasible, KubeError::volume("vol-1")(VolumeError::OutOfRange { reason: "the drive ends there".into() }))));
     backend.answers.lock().unwrap().push_back(Ok(((3 * GI) / 2, false)));
     let queue = ResizeQueue::new(client, config(), backend.clone()).start();
 
@@ -186,7 +201,7 @@ async fn an_infeasible_size_is_recorded_once_and_a_lowered_request_recovers() {
     let mut lowered = infeasible.clone();
     lowered.spec.as_mut().unwrap().resources.as_mut().unwrap().requests =
         Some([(crate::k8s::resize::STORAGE.to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1536Mi".into()))].into());
-    queue.do_send(WatchItem::Pvc(Ok(Event::Apply(lowered.clone()))));
+    queue.do_send(WatchItem::First(Ok(Event::Apply(lowered.clone()))));
     let (body, reply) = api.expect(Method::PATCH, STATUS).await;
     assert_eq!(body["status"]["allocatedResources"], json!({"storage": "1536Mi"}));
     assert_eq!(body["status"]["conditions"].as_array().map(Vec::len), Some(1), "the error condition goes");

@@ -1,7 +1,7 @@
 //! The in-process external-resizer: decides what to do about one PersistentVolumeClaim
 //! whose volume lives on this node, and builds the status it writes, the way the
 //! community external-resizer does for Kubernetes v1.32 with RecoverVolumeExpansionFailure
-//! (KEP-1790, beta and on by default there). The [`queue`] actor runs these decisions.
+//! (KEP-1790, beta and on by default there). The [`controller`], run by the controller shell (`crate::k8s::shell`), runs these decisions.
 //!
 //! Rules, decided by the pure [`plan`] and the patch builders:
 //! - A claim is ours when its PV's CSI driver is ours and the PV's node affinity pins it
@@ -48,9 +48,17 @@ use serde_json::{json, Value};
 use super::identity::Identity;
 use crate::TOPOLOGY_NODE_KEY;
 
-/// The ResizeQueue actor that runs these decisions: the watches, the work queue, the
-/// executor, and the VolumeManager asked by message.
-pub(crate) mod queue;
+/// The volume side: what the resizer asks of the volume manager, and the VolumeManager
+/// backend of a running agent.
+pub(crate) mod backend;
+/// The resize controller the shell runs (the ResizeQueue actor): what is kept of the
+/// watched objects, which claims a change queues, and a run of a claim.
+pub(crate) mod controller;
+/// Carries a planned expansion out against the API server and the volume side.
+pub(crate) mod executor;
+
+pub(crate) use backend::ManagerBackend;
+pub(crate) use controller::{QueueConfig, ResizeQueue};
 
 #[cfg(test)]
 mod tests;

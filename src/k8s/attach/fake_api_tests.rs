@@ -9,8 +9,19 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{json, Value};
 
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::runtime::watcher::Event;
+use kube::Client;
+use tokio::time::Instant;
+
+use actix::Actor;
+
 use super::*;
 use crate::actors::volumes::VolumeError;
+use crate::k8s::attach::backend::VolumeOps;
+use crate::k8s::attach::{AttachBackend, PublishSpec, RetryPolicy, VolumeCallError, VolumeState};
+use crate::k8s::shell::{Ready, WatchItem};
 use crate::k8s::attach::fixtures::*;
 use crate::k8s::fake_api::{fake_api_serving, list_of, respond, FakeApi, Script};
 
@@ -79,7 +90,9 @@ impl AttachBackend for FakeBackend {
         }
         Ok(self.states.lock().expect("states").get(&spec.volume_id).cloned().unwrap_or(VolumeState::Missing))
     }
+}
 
+impl Ready for FakeBackend {
     async fn wait_ready(&self) {
         let mut ready = self.ready.subscribe();
         let _ = ready.wait_for(|r| *r).await;
@@ -139,7 +152,7 @@ async fn a_listed_attachment_is_attached_and_others_are_left_alone() {
 
     api.assert_quiet().await;
     assert_eq!(backend.calls(), ["publish vol-1 node-a"]);
-    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    let stats = queue.send(GetQueueStats::default()).await.expect("queue answers");
     assert_eq!((stats.attachments, stats.waiting, stats.running, stats.retries), (1, 0, 0, 0));
 }
 
@@ -157,7 +170,7 @@ async fn no_attach_work_runs_before_the_volume_manager_is_ready() {
     api.assert_quiet().await;
     assert_eq!(*backend.asked.lock().expect("asked"), 0, "no volume was asked about");
     assert!(backend.calls().is_empty(), "nothing published or unpublished");
-    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    let stats = queue.send(GetQueueStats::default()).await.expect("queue answers");
     assert_eq!((stats.attachments, stats.waiting, stats.running, stats.retries), (1, 1, 0, 0), "queued, waiting, no retry");
 
     // Ready: the waiting attachment runs at once, first time right.
@@ -174,7 +187,7 @@ async fn no_attach_work_runs_before_the_volume_manager_is_ready() {
     respond(reply, &attached(with_finalizer(va("va-1", "pv-1"))));
     api.assert_quiet().await;
     assert_eq!(backend.calls(), ["publish vol-1 node-a"]);
-    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    let stats = queue.send(GetQueueStats::default()).await.expect("queue answers");
     assert_eq!(stats.retries, 0, "no failed attempt before ready");
 }
 
@@ -201,7 +214,7 @@ async fn a_change_missed_while_the_watch_was_down_is_found_by_the_relist() {
 
     assert_eq!(backend.calls(), ["unpublish vol-1 node-a"], "nothing to do for the first list, one unpublish after the second");
     assert_eq!(api.count("GET /apis/storage.k8s.io/v1/volumeattachments?&limit=500"), 2, "listed again after the watch broke");
-    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    let stats = queue.send(GetQueueStats::default()).await.expect("queue answers");
     assert_eq!(stats.relists, 2);
 }
 
@@ -224,16 +237,16 @@ async fn the_pv_finalizer_goes_only_when_the_deleted_pv_is_named_by_no_attachmen
     let (body, reply) = api.expect_path(Method::PATCH, VA).await;
     assert_eq!(body["metadata"]["finalizers"], json!([]));
     respond(reply, &deleting_va(attached(va("va-1", "pv-1"))));
-    queue.do_send(WatchItem::Va(Ok(Event::Delete(deleting_va(attached(va("va-1", "pv-1")))))));
+    queue.do_send(WatchItem::First(Ok(Event::Delete(deleting_va(attached(va("va-1", "pv-1")))))));
     api.assert_quiet().await;
 
     // The PV is deleted, but node-b's attachment still names it.
-    queue.do_send(WatchItem::Pv(Ok(Event::Apply(deleting_pv.clone()))));
+    queue.do_send(WatchItem::Second(Ok(Event::Apply(deleting_pv.clone()))));
     api.assert_quiet().await;
     assert_eq!(api.count("PATCH /api/v1/persistentvolumes"), 0, "va-2 on node-b still names the PV");
 
     // node-b's attachment goes: nothing names the PV any more.
-    queue.do_send(WatchItem::Va(Ok(Event::Delete(elsewhere))));
+    queue.do_send(WatchItem::First(Ok(Event::Delete(elsewhere))));
     let (body, reply) = api.expect_path(Method::PATCH, PV).await;
     assert_eq!(body, json!({"metadata": {"finalizers": [], "resourceVersion": "7"}}));
     respond(reply, &deleting_pv);
@@ -260,7 +273,7 @@ async fn a_failing_attach_is_retried_on_its_backoff_and_not_on_its_own_status_wr
     let (_, reply) = api.expect_path(Method::POST, "/apis/events.k8s.io/v1/namespaces/default/events").await;
     respond(reply, &json!({}));
     // Our own status write comes back through the watch: it must not trigger a retry.
-    queue.do_send(WatchItem::Va(Ok(Event::Apply(failed.clone()))));
+    queue.do_send(WatchItem::First(Ok(Event::Apply(failed.clone()))));
 
     // The volume appears; the retry comes after the 1 s backoff, not before.
     backend.states.lock().expect("states").insert("vol-1".into(), VolumeState::Usable);
@@ -272,7 +285,7 @@ async fn a_failing_attach_is_retried_on_its_backoff_and_not_on_its_own_status_wr
     respond(reply, &attached(with_finalizer(va("va-1", "pv-1"))));
     api.assert_quiet().await;
     assert_eq!(backend.calls(), ["publish vol-1 node-a"]);
-    let stats = queue.send(GetQueueStats).await.expect("queue answers");
+    let stats = queue.send(GetQueueStats::default()).await.expect("queue answers");
     assert_eq!(stats.retries, 1);
 }
 

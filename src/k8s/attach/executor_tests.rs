@@ -1,4 +1,4 @@
-//! The attach executor against the scripted fake API server (`super::fake_api`): each
+//! The attach executor against the scripted fake API server (`crate::k8s::fake_api`): each
 //! test states the exact requests, in order, that one reconcile makes, and answers them.
 //!
 //! Rules: every request is checked for method, path and body (error times are only
@@ -16,10 +16,11 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::attach::fixtures::*;
-use super::attach::*;
-use super::fake_api::{fake_api, respond, FakeApi};
-use super::identity::REPORTER;
+use crate::k8s::attach::fixtures::*;
+use crate::k8s::attach::backend::VolumeOps;
+use crate::k8s::attach::*;
+use crate::k8s::fake_api::{fake_api, respond, FakeApi};
+use crate::k8s::identity::REPORTER;
 
 const VA_PATH: &str = "/apis/storage.k8s.io/v1/volumeattachments/va-1?";
 const VA_STATUS_PATH: &str = "/apis/storage.k8s.io/v1/volumeattachments/va-1/status?";

@@ -1,5 +1,5 @@
 //! The condition Event reporter (and its actor) against a scripted fake API server
-//! (`super::fake_api`): each test states the exact requests, in order, that one
+//! (`crate::k8s::fake_api`): each test states the exact requests, in order, that one
 //! report makes, and answers them.
 //!
 //! Rules: as in `fake_api_tests`: method, path with query and body are checked (Event
@@ -16,11 +16,13 @@ use kube::runtime::watcher;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::attach::fixtures::{identity, NODE};
-use super::identity::REPORTER;
-use super::events::fixtures::*;
-use super::events::*;
-use super::fake_api::{fake_api, list_of, respond, respond_error, FakeApi, Reply};
+use super::condition_event::truncate_note;
+use super::reporter::{EventsError, RETRY_AFTER};
+use super::fixtures::*;
+use super::*;
+use crate::k8s::attach::fixtures::{identity, NODE};
+use crate::k8s::fake_api::{fake_api, list_of, respond, respond_error, FakeApi, Reply};
+use crate::k8s::identity::REPORTER;
 
 const PV_LIST: &str = "/api/v1/persistentvolumes?&resourceVersion=0&resourceVersionMatch=NotOlderThan";
 const POD_LIST: &str =
