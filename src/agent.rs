@@ -5,7 +5,8 @@
 //! and admin servers, then, with `kubelet.registration`, the kubelet registration
 //! server, so kubelet finds a CSI socket that answers, then the Kubernetes front), then
 //! the HTTP endpoints.
-//! SIGTERM or SIGINT: stop accepting (registration first, so kubelet deregisters),
+//! SIGTERM or SIGINT: hand the cluster duties Lease over (when held), stop accepting
+//! (registration first, so kubelet deregisters),
 //! finish in-flight calls, remove the sockets, detach demo drives, stop the system.
 
 use std::sync::Arc;
@@ -135,6 +136,9 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         _ = sigint.recv() => "SIGINT",
     };
     info!(signal = which, "shutting down");
+    if let Some(d) = running.duties {
+        d.shutdown().await;
+    }
     if let Some(r) = &running.registrar {
         let _ = r.send(Shutdown).await;
     }

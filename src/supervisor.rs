@@ -10,7 +10,9 @@
 //!   both), then the gRPC front (CSI server, admin socket, and, last of the sockets, the
 //!   kubelet registration server, so kubelet finds a CSI socket that answers), then,
 //!   when `[kubernetes]` gives it a client, the Kubernetes front (`src/k8s`: attach
-//!   queue, condition Events, Drive objects, node labels). The fronts know the core
+//!   queue, condition Events, Drive objects, node labels, the cluster duties controller
+//!   with `kubernetes.cluster_duties`, and the clean-up of volumes removed while this
+//!   node was gone). The fronts know the core
 //!   actors by address; the core actors know neither front;
 //! - an actor fails by stopping itself (`ctx.stop()`); its supervisor then runs
 //!   `restarting()` and `started()` on the same address, and messages sent meanwhile
@@ -37,6 +39,7 @@ use crate::grpc::{admin, CsiFront, Front, Views};
 use crate::k8s::attach::queue::{AttachQueue, ManagerBackend, QueueConfig};
 use crate::k8s::attach::RetryPolicy;
 use crate::k8s::drives::DriveSync;
+use crate::k8s::duties;
 use crate::k8s::events::{ConditionEvents, ConditionReporter};
 use crate::k8s::identity::Identity;
 use crate::k8s::resize::queue::{self as resize, ResizeQueue};
@@ -79,6 +82,9 @@ pub(crate) struct Running {
     pub registrar: Option<Addr<Registrar>>,
     /// The attach queue, with `[kubernetes]` and `kubernetes.attach`.
     pub attach: Option<Addr<AttachQueue<ManagerBackend>>>,
+    /// The cluster duties controller, with `[kubernetes]` and `kubernetes.cluster_duties`;
+    /// shut down first, so it hands its Lease over.
+    pub duties: Option<duties::controller::Handle>,
 }
 
 /// Starts every actor on the current arbiter, in the order of the module rules: core
@@ -115,13 +121,21 @@ pub(crate) fn start(cfg: &Arc<Config>, sockets: Sockets, kube: Option<kube::Clie
         Supervisor::start(move |_| Registrar::new(service, path, l))
     });
 
-    let attach = kube.and_then(|client| start_kubernetes(cfg, client, &actors));
-    Running { actors, csi, admin_stop, admin_task, registrar, attach }
+    let (attach, duties) = match kube {
+        Some(client) => start_kubernetes(cfg, client, &actors),
+        None => (None, None),
+    };
+    Running { actors, csi, admin_stop, admin_task, registrar, attach, duties }
 }
 
+/// What [`start_kubernetes`] hands back: the attach queue and the duties controller.
+type KubernetesParts = (Option<Addr<AttachQueue<ManagerBackend>>>, Option<duties::controller::Handle>);
+
 /// The Kubernetes front, part of [`start`]: what `[kubernetes]` turns on, the attach
-/// queue (its address is returned), condition Events, Drive objects and node labels.
-fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Option<Addr<AttachQueue<ManagerBackend>>> {
+/// queue (its address is returned), condition Events, Drive objects, node labels, the
+/// cluster duties (their controller is returned), and, always, the clean-up of volumes
+/// removed while this node was gone.
+fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> KubernetesParts {
     let k = &cfg.kubernetes;
     let identity = Identity { driver: cfg.driver.name.clone(), node: cfg.driver.node_name.clone() };
     let mut attach = None;
@@ -156,10 +170,14 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Opti
     }
     if k.label_node {
         let labels = cfg.topology_segments();
-        tokio::spawn(crate::k8s::node::label_node(client, cfg.driver.node_name.clone(), labels, k.attach_backoff_base, k.attach_backoff_cap));
+        tokio::spawn(crate::k8s::node::label_node(client.clone(), cfg.driver.node_name.clone(), labels, k.attach_backoff_base, k.attach_backoff_cap));
     }
-    info!(attach = k.attach, resize = k.resize, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node, "kubernetes integration started");
-    attach
+    let duties = k.cluster_duties.then(|| duties::controller::start(client.clone(), identity.clone(), k.namespace.clone()));
+    let backend = duties::returned::ManagerBackend::new(actors.volumes.clone());
+    tokio::spawn(duties::returned::run(client, k.namespace.clone(), cfg.driver.node_name.clone(), backend));
+    info!(attach = k.attach, resize = k.resize, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node,
+        cluster_duties = k.cluster_duties, "kubernetes integration started");
+    (attach, duties)
 }
 
 #[cfg(test)]

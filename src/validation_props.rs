@@ -32,7 +32,7 @@ use crate::config::{Config, ConfigError};
 use crate::disk::mount::parse_mount_flags;
 use crate::disk::paths::check_under_roots;
 use crate::grpc::controller::{check_id, range_of};
-use crate::grpc::params::{capability_supported, VolumeParams};
+use crate::grpc::params::{capability_supported, VolumeParams, ON_NODE_DELETED};
 use crate::grpc::proto::csi;
 use crate::grpc::{list_token, parse_list_token};
 
@@ -84,8 +84,8 @@ proptest! {
     #[test]
     fn storage_class_parameters_are_accepted_only_when_known(
         pairs in proptest::collection::vec((
-            prop_oneof![Just("media".to_string()), Just("layout".to_string()), Just("csi.storage.k8s.io/pvc/name".to_string()), hostile_string(6)],
-            prop_oneof![Just("ssd".to_string()), Just("any".to_string()), Just("drive".to_string()), Just("partition".to_string()), Just(String::new()), hostile_string(6)],
+            prop_oneof![Just("media".to_string()), Just("layout".to_string()), Just(ON_NODE_DELETED.to_string()), Just("csi.storage.k8s.io/pvc/name".to_string()), hostile_string(6)],
+            prop_oneof![Just("ssd".to_string()), Just("any".to_string()), Just("drive".to_string()), Just("partition".to_string()), Just("release-claims".to_string()), Just("keep-claims".to_string()), Just(String::new()), hostile_string(6)],
         ), 0..5)
     ) {
         let params: HashMap<String, String> = pairs.into_iter().collect();
@@ -95,6 +95,7 @@ proptest! {
                     match k.as_str() {
                         "media" => prop_assert!(["", "any", "hdd", "ssd", "nvme", "virtual"].contains(&v.as_str()), "media={:?}", v),
                         "layout" => prop_assert!(["", "partition", "drive"].contains(&v.as_str()), "layout={:?}", v),
+                        ON_NODE_DELETED => prop_assert!(["", "keep-claims", "release-claims"].contains(&v.as_str()), "on-node-deleted={:?}", v),
                         k => prop_assert!(k.starts_with("csi.storage.k8s.io/"), "unknown key {:?} accepted", k),
                     }
                 }

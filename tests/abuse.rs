@@ -146,6 +146,7 @@ fn hostile_requests_get_their_codes_and_change_nothing_on_disk() {
         ("media with NUL", HashMap::from([(p("media"), p("ssd\0"))])),
         ("1000 unknown parameters", many.clone()),
         ("a 1 MiB layout value", HashMap::from([(p("layout"), huge.clone())])),
+        ("an unknown drivelet.io/on-node-deleted value", HashMap::from([(p("drivelet.io/on-node-deleted"), p("delete-data"))])),
     ] {
         rows.push(row(format!("CreateVolume with {what}"), ia, move |mut c| {
             let q = csi::CreateVolumeRequest { parameters: params.clone(), ..create_req("abuse-params", 64 * MIB, mount_cap("ext4")) };

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use drivelet::actors::inventory::model::LayoutKind;
 use drivelet::config::{Config, Media};
 use drivelet::grpc::params::VolumeParams;
-use drivelet::k8s::rbac::PERMISSIONS;
+use drivelet::k8s::rbac::{Scope, PERMISSIONS};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, Volume, VolumeMount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
@@ -309,20 +309,40 @@ fn storage_classes_use_only_parameters_create_volume_accepts() {
     assert_eq!(classes.len(), want.len());
 }
 
+/// The entries of the permissions table of `scope`, as RBAC grants.
+fn permissions(scope: Scope) -> BTreeMap<(String, String), BTreeSet<String>> {
+    PERMISSIONS
+        .iter()
+        .filter(|p| p.scope == scope)
+        .map(|p| ((p.group.to_string(), p.resource.to_string()), p.verbs.iter().map(|v| v.to_string()).collect()))
+        .collect()
+}
+
+fn assert_grants_exactly(what: &str, rules: &[PolicyRule], want: &BTreeMap<(String, String), BTreeSet<String>>) {
+    let have = grants(rules);
+    for (key, verbs) in want {
+        assert_eq!(have.get(key), Some(verbs), "deploy/rbac.yaml {what}, {key:?}: src/k8s/rbac.rs wants {verbs:?}");
+    }
+    for (key, verbs) in &have {
+        assert!(want.contains_key(key), "deploy/rbac.yaml {what} grants {key:?} {verbs:?}, which src/k8s/rbac.rs does not list");
+    }
+}
+
 #[test]
 fn drivelet_cluster_role_grants_exactly_the_permissions_table() {
     let role: ClusterRole = object("rbac.yaml", "ClusterRole", "drivelet");
-    let have = grants(role.rules.as_deref().unwrap_or_default());
-    let want: BTreeMap<(String, String), BTreeSet<String>> = PERMISSIONS
-        .iter()
-        .map(|p| ((p.group.to_string(), p.resource.to_string()), p.verbs.iter().map(|v| v.to_string()).collect()))
-        .collect();
-    for (key, verbs) in &want {
-        assert_eq!(have.get(key), Some(verbs), "deploy/rbac.yaml ClusterRole drivelet, {key:?}: src/k8s/rbac.rs wants {verbs:?}");
-    }
-    for (key, verbs) in &have {
-        assert!(want.contains_key(key), "deploy/rbac.yaml grants {key:?} {verbs:?}, which src/k8s/rbac.rs does not list");
-    }
+    assert_grants_exactly("ClusterRole drivelet", role.rules.as_deref().unwrap_or_default(), &permissions(Scope::Cluster));
+}
+
+#[test]
+fn drivelet_role_grants_exactly_the_namespaced_permissions_in_its_namespace() {
+    let role: Role = object("rbac.yaml", "Role", "drivelet");
+    assert_eq!(role.metadata.namespace.as_deref(), Some(NAMESPACE));
+    let want = permissions(Scope::Namespace);
+    assert!(!want.is_empty());
+    assert_grants_exactly("Role drivelet", role.rules.as_deref().unwrap_or_default(), &want);
+    let (cfg, _) = deploy_config();
+    assert_eq!(cfg.kubernetes.namespace, NAMESPACE, "the Lease and ConfigMap live where the Role grants them");
 }
 
 #[test]
@@ -368,10 +388,15 @@ fn bindings_give_the_daemonsets_service_account_every_role() {
         );
     }
     let bindings: Vec<RoleBinding> = objects("rbac.yaml", "RoleBinding");
-    assert!(bindings.iter().any(|b| b.metadata.namespace.as_deref() == Some(NAMESPACE)
-        && b.role_ref.kind == "Role"
-        && b.role_ref.name == "drivelet-external-provisioner"
-        && bound_to_us(&b.subjects)));
+    for role in ["drivelet", "drivelet-external-provisioner"] {
+        assert!(
+            bindings.iter().any(|b| b.metadata.namespace.as_deref() == Some(NAMESPACE)
+                && b.role_ref.kind == "Role"
+                && b.role_ref.name == role
+                && bound_to_us(&b.subjects)),
+            "Role {role} is bound to the ServiceAccount"
+        );
+    }
 }
 
 #[test]

@@ -31,7 +31,10 @@ const PVS: &str = "/api/v1/persistentvolumes";
 const NODES: &str = "/api/v1/nodes";
 const PODS: &str = "/api/v1/namespaces/apps/pods";
 const DRIVES: &str = "/apis/drivelet.io/v1alpha1/drives";
-const PLURALS: [&str; 7] = ["volumeattachments", "persistentvolumes", "persistentvolumeclaims", "drives", "nodes", "pods", "events"];
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/drivelet-system/leases";
+const CONFIGMAPS: &str = "/api/v1/namespaces/drivelet-system/configmaps";
+const PLURALS: [&str; 9] =
+    ["volumeattachments", "persistentvolumes", "persistentvolumeclaims", "drives", "nodes", "pods", "events", "leases", "configmaps"];
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -338,6 +341,20 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Resp
                 }
             }
         }
+        ("PUT", Some(name)) => {
+            let current = st.objects.get(&collection).and_then(|c| c.get(&name)).cloned();
+            let wanted_rv = body_json["metadata"]["resourceVersion"].as_str().map(str::to_owned);
+            match current {
+                None => status_error(StatusCode::NOT_FOUND, "NotFound", &format!("{name} not found")),
+                Some(cur) if wanted_rv.as_ref().is_some_and(|rv| Some(rv.as_str()) != cur["metadata"]["resourceVersion"].as_str()) => {
+                    status_error(StatusCode::CONFLICT, "Conflict", "the object has been modified")
+                }
+                Some(_) => {
+                    let stored = st.store(&collection, &name, body_json, "MODIFIED");
+                    full(StatusCode::OK, &stored)
+                }
+            }
+        }
         ("DELETE", Some(name)) => match st.objects.get(&collection).and_then(|c| c.get(&name)).cloned() {
             Some(mut obj) => {
                 obj["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:10Z");
@@ -367,6 +384,7 @@ fn authorized_as(line: &str) -> (String, String, String) {
         ("GET", 1) => "list",
         ("GET", _) => "get",
         ("POST", _) => "create",
+        ("PUT", _) => "update",
         ("PATCH", _) => "patch",
         ("DELETE", _) => "delete",
         (m, _) => panic!("unexpected method {m}"),
@@ -612,4 +630,53 @@ fn attachments_waiting_at_start_are_attached_without_a_warning() {
     let attach_side = |l: &&str| l.contains("\"target\":\"drivelet::actors::attach") || l.contains("\"target\":\"drivelet::k8s::");
     let warnings: Vec<&str> = log[before..].lines().filter(|l| l.contains("\"level\":\"WARN\"")).filter(attach_side).collect();
     assert!(warnings.is_empty(), "a normal start logs no attach warning:\n{}", warnings.join("\n"));
+}
+
+#[test]
+fn the_agent_leads_the_cluster_duties_hands_them_over_on_sigterm_and_back_deletes_the_volumes_removed_while_its_node_was_gone() {
+    require_host();
+    let tmp = short_tempdir();
+    let dir = tmp.path();
+    let _drive = LoopDrive::new(dir, "k9.img", 1 << 30);
+    let api = FakeApi::start();
+    api.create(NODES, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}}));
+    let mut agent = Agent::start(dir, kube_opts(&api, dir));
+    let rt = rt();
+    let [removed, kept] = ["pvc-gone", "pvc-kept"].map(|name| {
+        rt.block_on(async {
+            let mut csi = Csi::connect(&agent).await;
+            let r = csi.ctrl.create_volume(create_req(name, 64 << 20, mount_cap("ext4"))).await.expect("create");
+            r.into_inner().volume.expect("volume").volume_id
+        })
+    });
+
+    // The only candidate takes the Lease, and gives it up on SIGTERM.
+    api.wait_for(Duration::from_secs(10), "the cluster duties Lease held by this node", &agent, |api| {
+        api.get(LEASES, "drivelet-cluster-duties").filter(|l| l["spec"]["holderIdentity"] == NODE)
+    });
+    assert_eq!(agent.stop(), 0);
+    let lease = api.get(LEASES, "drivelet-cluster-duties").expect("the Lease stays");
+    assert!(lease["spec"]["holderIdentity"].is_null(), "a clean shutdown gives the Lease up: {lease}");
+
+    // Meanwhile the node was deleted and another agent deleted one volume's Released PV.
+    api.create(
+        CONFIGMAPS,
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "drivelet-removed-volumes", "namespace": "drivelet-system"},
+            "data": {NODE: format!("{removed}\n"), "node-b": "vol-of-node-b\n"}
+        }),
+    );
+    agent.spawn();
+    agent.wait_ready();
+    let cm = api.wait_for(Duration::from_secs(15), "this node's key of drivelet-removed-volumes cleared", &agent, |api| {
+        api.get(CONFIGMAPS, "drivelet-removed-volumes").filter(|cm| cm["data"].get(NODE).is_none())
+    });
+    assert_eq!(cm["data"]["node-b"], "vol-of-node-b\n", "another node's key is not touched");
+    let ids = agent.ctl_volume_ids().expect("ctl volumes");
+    assert!(!ids.contains(&removed), "the removed volume is deleted: {ids:?}");
+    assert!(ids.contains(&kept), "every other volume stays: {ids:?}");
+    let logs = agent.logs();
+    assert!(logs.lines().any(|l| l.contains("volume deleted") && l.contains(&removed)), "the deletion is logged");
+    assert_requests_are_permitted(&api);
 }

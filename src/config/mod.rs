@@ -408,6 +408,13 @@ pub struct KubernetesConfig {
     pub drive_resync_interval: Duration,
     /// Label the Node object with `driver.topology` and `topology.drivelet.io/node`.
     pub label_node: bool,
+    /// Stand for election as the agent that looks after the objects of deleted nodes
+    /// (their VolumeAttachments, PVs, Drive objects, and claims where the StorageClass
+    /// opts in); one agent of the cluster does them at a time, elected with a Lease.
+    pub cluster_duties: bool,
+    /// The namespace drivelet runs in: its Lease and the `drivelet-removed-volumes`
+    /// ConfigMap live there.
+    pub namespace: String,
 }
 
 impl Default for KubernetesConfig {
@@ -426,6 +433,8 @@ impl Default for KubernetesConfig {
             drive_objects: true,
             drive_resync_interval: Duration::from_secs(300),
             label_node: false,
+            cluster_duties: true,
+            namespace: "drivelet-system".to_string(),
         }
     }
 }
@@ -562,6 +571,8 @@ mod tests {
             (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.attach_terminal_retry = Duration::from_millis(5); }), "kubernetes.attach_terminal_retry"),
             (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.resync_interval = Duration::from_secs(1); }), "kubernetes.resync_interval"),
             (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.drive_resync_interval = Duration::from_secs(1); }), "kubernetes.drive_resync_interval"),
+            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.namespace = "Drivelet_System".into(); }), "kubernetes.namespace"),
+            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.namespace = String::new(); }), "kubernetes.namespace"),
         ];
         for (mutate, key) in cases {
             let mut c = valid();

@@ -131,6 +131,12 @@ impl Config {
             if k.drive_resync_interval < Duration::from_secs(10) {
                 return Err(invalid("kubernetes.drive_resync_interval", "must be at least 10s"));
             }
+            if !is_dns_label(&k.namespace) {
+                return Err(invalid(
+                    "kubernetes.namespace",
+                    format!("\"{}\" is not a namespace name (lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit)", k.namespace),
+                ));
+            }
         }
         if self.demo.enabled {
             if !self.drives.allow_loop {
@@ -209,4 +215,13 @@ fn valid_label_key(k: &str) -> bool {
         }
     }
     !name.is_empty() && valid_label_value(name)
+}
+
+/// Whether `s` is a DNS-1123 label, the form of a namespace name.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
 }

@@ -2,7 +2,12 @@
 //!
 //! Parameters drivelet understands (all optional):
 //! - `media`: `hdd`, `ssd`, `nvme`, `virtual` or `any` (default `any`);
-//! - `layout`: `partition` (default) or `drive` (a whole drive per volume).
+//! - `layout`: `partition` (default) or `drive` (a whole drive per volume);
+//! - `drivelet.io/on-node-deleted` ([`ON_NODE_DELETED`]): `keep-claims` (default) or
+//!   `release-claims`, what the cluster duties do with a bound claim once its node's Node
+//!   object is deleted (kept with a Warning Event, or deleted once no running pod uses it
+//!   so a StatefulSet makes it again on a live node). CreateVolume only checks the value;
+//!   the cluster duties read it from the StorageClass.
 //!
 //! Keys with the `csi.storage.k8s.io/` prefix belong to Kubernetes and are ignored;
 //! any other key is an error, so a typo in a StorageClass is caught at once.
@@ -14,6 +19,44 @@ use super::status::{echo, FrontError};
 use crate::actors::inventory::model::LayoutKind;
 use crate::config::Media;
 
+/// The StorageClass parameter saying what happens to a bound claim once its node's Node
+/// object is deleted.
+pub const ON_NODE_DELETED: &str = "drivelet.io/on-node-deleted";
+
+/// What the cluster duties do with a claim of a deleted node (parameter
+/// [`ON_NODE_DELETED`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnNodeDeleted {
+    /// The claim stays bound, with a Warning Event saying where its data is (default).
+    #[default]
+    KeepClaims,
+    /// The claim is deleted once no running pod uses it, so it can be made again on a
+    /// live node.
+    ReleaseClaims,
+}
+
+impl OnNodeDeleted {
+    /// The parameter's values, as the StorageClass spells them.
+    pub const VALUES: [&'static str; 2] = ["keep-claims", "release-claims"];
+
+    /// Parses a value of the parameter; `""` is the default.
+    pub fn parse(v: &str) -> Option<OnNodeDeleted> {
+        match v {
+            "keep-claims" | "" => Some(OnNodeDeleted::KeepClaims),
+            "release-claims" => Some(OnNodeDeleted::ReleaseClaims),
+            _ => None,
+        }
+    }
+
+    /// The value as the StorageClass spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnNodeDeleted::KeepClaims => "keep-claims",
+            OnNodeDeleted::ReleaseClaims => "release-claims",
+        }
+    }
+}
+
 /// Parsed StorageClass parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VolumeParams {
@@ -21,12 +64,14 @@ pub struct VolumeParams {
     pub media: Option<Media>,
     /// Partition or whole drive.
     pub layout: LayoutKind,
+    /// What happens to the claim once its node is deleted.
+    pub on_node_deleted: OnNodeDeleted,
 }
 
 impl VolumeParams {
     /// Parses a parameter map.
     pub fn parse(params: &HashMap<String, String>) -> Result<VolumeParams, FrontError> {
-        let mut out = VolumeParams { media: None, layout: LayoutKind::Partition };
+        let mut out = VolumeParams { media: None, layout: LayoutKind::Partition, on_node_deleted: OnNodeDeleted::KeepClaims };
         let mut keys: Vec<&String> = params.keys().collect();
         keys.sort();
         for k in keys {
@@ -55,10 +100,18 @@ impl VolumeParams {
                         }
                     }
                 }
+                ON_NODE_DELETED => {
+                    out.on_node_deleted = OnNodeDeleted::parse(v).ok_or_else(|| {
+                        FrontError::InvalidArgument(format!(
+                            "parameter \"{ON_NODE_DELETED}\" is {}; it must be keep-claims or release-claims",
+                            echo(v)
+                        ))
+                    })?;
+                }
                 k if k.starts_with("csi.storage.k8s.io/") => {}
                 other => {
                     return Err(FrontError::InvalidArgument(format!(
-                        "unknown parameter {}; drivelet understands media and layout",
+                        "unknown parameter {}; drivelet understands media, layout and {ON_NODE_DELETED}",
                         echo(other)
                     )))
                 }
@@ -103,14 +156,31 @@ mod tests {
 
     #[test]
     fn parameters_parse_and_typos_are_rejected() {
-        assert_eq!(VolumeParams::parse(&params(&[])).unwrap(), VolumeParams { media: None, layout: LayoutKind::Partition });
+        let keep = OnNodeDeleted::KeepClaims;
+        assert_eq!(VolumeParams::parse(&params(&[])).unwrap(), VolumeParams { media: None, layout: LayoutKind::Partition, on_node_deleted: keep });
         assert_eq!(
             VolumeParams::parse(&params(&[("media", "ssd"), ("layout", "drive"), ("csi.storage.k8s.io/pv/name", "x")])).unwrap(),
-            VolumeParams { media: Some(Media::Ssd), layout: LayoutKind::Drive }
+            VolumeParams { media: Some(Media::Ssd), layout: LayoutKind::Drive, on_node_deleted: keep }
         );
         for bad in [&[("media", "tape")][..], &[("layout", "stripe")], &[("meda", "ssd")]] {
             let e = VolumeParams::parse(&params(bad)).unwrap_err().to_string();
             assert!(e.contains(bad[0].0), "{e}");
+        }
+    }
+
+    #[test]
+    fn on_node_deleted_accepts_keep_and_release_claims_and_names_a_bad_value() {
+        for (value, want) in [("keep-claims", OnNodeDeleted::KeepClaims), ("release-claims", OnNodeDeleted::ReleaseClaims), ("", OnNodeDeleted::KeepClaims)] {
+            let parsed = VolumeParams::parse(&params(&[(ON_NODE_DELETED, value)])).unwrap();
+            assert_eq!(parsed.on_node_deleted, want, "{value:?}");
+        }
+        for bad in ["release", "Release-Claims", "delete"] {
+            let e = VolumeParams::parse(&params(&[(ON_NODE_DELETED, bad)])).unwrap_err();
+            assert!(matches!(e, FrontError::InvalidArgument(_)), "{e}");
+            let text = e.to_string();
+            for part in [ON_NODE_DELETED, bad, "keep-claims", "release-claims"] {
+                assert!(text.contains(part), "{text} names {part}");
+            }
         }
     }
 

@@ -208,6 +208,17 @@ pub(crate) fn respond_error(reply: Reply, code: u16, message: &str) {
     reply.send_response(Response::builder().status(code).body(Body::from(bytes)).expect("response"));
 }
 
+/// Answers 404 as the API server does for a missing object (reason `NotFound`, which
+/// kube's `get_opt` reads as "no such object").
+pub(crate) fn respond_not_found(reply: Reply, message: &str) {
+    let status = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": "NotFound", "code": 404,
+    });
+    let bytes = serde_json::to_vec(&status).expect("status serializes");
+    reply.send_response(Response::builder().status(404).body(Body::from(bytes)).expect("response"));
+}
+
 /// A list of `kind` objects at resource version `rv`, as the API server answers a list.
 pub(crate) fn list_of(kind: &str, api_version: &str, rv: &str, items: Vec<Value>) -> Value {
     json!({"apiVersion": api_version, "kind": format!("{kind}List"), "metadata": {"resourceVersion": rv}, "items": items})

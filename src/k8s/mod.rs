@@ -1,7 +1,8 @@
 //! The Kubernetes front of drivelet, beside the gRPC front: the in-process
 //! external-attacher (the AttachQueue actor and its decisions), Events about volume
 //! conditions, the `Drive` custom resource and its sync, node labels. Everything that
-//! talks to an API server lives here, and nothing else does.
+//! talks to an API server lives here, and nothing else does. With it, the cluster duties:
+//! one elected agent looks after the objects of deleted nodes (`duties`).
 //!
 //! Rules:
 //! - A front, like `grpc/`: it talks to the core actors (inventory, volume manager) only
@@ -15,9 +16,10 @@
 //! - Decisions are pure functions over Kubernetes objects and domain values
 //!   (`attach::reconcile`, `attach::reconcile_pv`, `events::EventGate`,
 //!   `events::find_claim`, `events::pods_using`, `drives::desired`, `drives::plan`,
-//!   `node::label_patch`); the only code that talks to the API server is in the
-//!   executors (`attach::Executor`, `events::ConditionReporter`, `drives::Executor`,
-//!   `node::label_once`) and the watches of the actors (`attach::queue::AttachQueue`,
+//!   `node::label_patch`, `duties::election::decide`, `duties::plan`); the only code that
+//!   talks to the API server is in the executors (`attach::Executor`,
+//!   `events::ConditionReporter`, `drives::Executor`, `node::label_once`,
+//!   `duties::executor::Executor`, `duties::returned::reconcile_once`) and the watches of the actors (`attach::queue::AttachQueue`,
 //!   `events::ConditionEvents`, `drives::DriveSync`), so the decisions are table-tested
 //!   without a cluster and the executors are tested against one scripted fake API server
 //!   (`fake_api`).
@@ -31,6 +33,9 @@
 pub(crate) mod attach;
 /// The cluster-scoped `Drive` custom resource and its CRD manifest.
 pub(crate) mod crd;
+/// Cluster duties: the Lease election of one agent that looks after deleted nodes'
+/// objects, its decisions, executor and controller, and a returning node's clean-up.
+pub(crate) mod duties;
 /// The sync of this node's `Drive` objects: names, desired objects, the plan of writes,
 /// its executor and the `DriveSync` actor.
 pub(crate) mod drives;

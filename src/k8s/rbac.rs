@@ -1,6 +1,8 @@
 //! The Kubernetes API permissions drivelet itself needs, as one table that the
 //! deployment's RBAC is checked against (`tests/deploy.rs` compares the `drivelet`
-//! ClusterRole in `deploy/rbac.yaml` with [`PERMISSIONS`], both ways).
+//! ClusterRole in `deploy/rbac.yaml` with the [`Scope::Cluster`] entries of
+//! [`PERMISSIONS`], and the `drivelet` Role in drivelet's namespace with the
+//! [`Scope::Namespace`] ones, both ways).
 //!
 //! Rules:
 //! - One entry per (API group, resource); a subresource is its own resource
@@ -12,9 +14,20 @@
 //! - The external-provisioner sidecar's rules are not here: they follow that project's
 //!   published RBAC, not drivelet's code (see `deploy/README.md`).
 
+/// Where a permission applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Everywhere: a ClusterRole.
+    Cluster,
+    /// Only in drivelet's own namespace: a Role there.
+    Namespace,
+}
+
 /// One permission: the verbs drivelet uses on one resource of one API group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Permission {
+    /// Cluster-wide, or in drivelet's namespace only.
+    pub scope: Scope,
     /// API group; `""` is the core group.
     pub group: &'static str,
     /// Resource name as in an RBAC rule, with `/subresource` for a subresource.
@@ -26,37 +39,49 @@ pub struct Permission {
 }
 
 /// Everything drivelet asks of the API server with `[kubernetes] enabled = true` and
-/// every integration on (attach, events, drive objects, node labels). All of it is
-/// cluster-wide: VolumeAttachments, PersistentVolumes, Nodes and Drives are
-/// cluster-scoped, and the claims and pods an Event is about live in any namespace.
+/// every integration on (attach, events, drive objects, node labels, cluster duties).
+/// Nearly all of it is cluster-wide: VolumeAttachments, PersistentVolumes, Nodes, Drives
+/// and StorageClasses are cluster-scoped, and the claims and pods an Event is about live
+/// in any namespace. The cluster duties' Lease and ConfigMap live in drivelet's own
+/// namespace.
 pub const PERMISSIONS: &[Permission] = &[
     Permission {
+        scope: Scope::Cluster,
         group: "storage.k8s.io",
         resource: "volumeattachments",
         verbs: &["list", "watch", "patch"],
-        used_by: "k8s::attach::queue::AttachQueue (watcher: list, then watch) and k8s::attach::Executor (finalizer merge patches)",
+        used_by: "k8s::attach::queue::AttachQueue (watcher: list, then watch) and k8s::attach::Executor (finalizer merge patches); \
+                  k8s::duties::executor::Executor (lists them, removes the attacher finalizer of a deleted node's)",
     },
     Permission {
+        scope: Scope::Cluster,
         group: "storage.k8s.io",
         resource: "volumeattachments/status",
         verbs: &["patch"],
         used_by: "k8s::attach::Executor (attached, attachmentMetadata, attachError, detachError)",
     },
     Permission {
+        scope: Scope::Cluster,
         group: "",
         resource: "persistentvolumes",
-        verbs: &["list", "watch", "patch"],
+        verbs: &["list", "watch", "patch", "delete"],
         used_by: "k8s::attach::queue::AttachQueue and k8s::resize::queue::ResizeQueue (watchers), \
                   k8s::attach::Executor (PV finalizer patches), k8s::resize::queue::Executor (spec.capacity \
-                  merge patch after growing), k8s::events::ConditionReporter (lists PVs to find a volume's claim)",
+                  merge patch after growing), k8s::events::ConditionReporter (lists PVs to find a volume's claim), \
+                  k8s::duties::executor::Executor (lists them; finalizer patches and delete of a deleted node's \
+                  Released PVs)",
     },
     Permission {
+        scope: Scope::Cluster,
         group: "",
         resource: "persistentvolumeclaims",
-        verbs: &["list", "watch"],
-        used_by: "k8s::resize::queue::ResizeQueue (watcher: claims asking for more than they have)",
+        verbs: &["list", "watch", "delete"],
+        used_by: "k8s::resize::queue::ResizeQueue (watcher: claims asking for more than they have), \
+                  k8s::duties::executor::Executor (lists the claims of a deleted node's PVs; deletes one whose \
+                  StorageClass has drivelet.io/on-node-deleted: release-claims)",
     },
     Permission {
+        scope: Scope::Cluster,
         group: "",
         resource: "persistentvolumeclaims/status",
         verbs: &["patch"],
@@ -64,36 +89,66 @@ pub const PERMISSIONS: &[Permission] = &[
                   capacity of a grown block volume)",
     },
     Permission {
+        scope: Scope::Cluster,
         group: "",
         resource: "pods",
         verbs: &["list"],
-        used_by: "k8s::events::ConditionReporter (this node's pods in the claim's namespace, by field selector)",
+        used_by: "k8s::events::ConditionReporter (this node's pods in the claim's namespace, by field selector), \
+                  k8s::duties::executor::Executor (pods of a claim that may be released)",
     },
     Permission {
+        scope: Scope::Cluster,
         group: "events.k8s.io",
         resource: "events",
         verbs: &["create", "patch"],
-        used_by: "kube::runtime::events::Recorder in k8s::attach, k8s::events and k8s::resize \
-                  (create; patch when a repeated Event becomes a series)",
+        used_by: "kube::runtime::events::Recorder in k8s::attach, k8s::events, k8s::resize and \
+                  k8s::duties (create; patch when a repeated Event becomes a series)",
     },
     Permission {
+        scope: Scope::Cluster,
         group: "",
         resource: "nodes",
-        verbs: &["get", "patch"],
-        used_by: "k8s::node::label_once (only with kubernetes.label_node = true)",
+        verbs: &["get", "list", "patch"],
+        used_by: "k8s::node::label_once (get, patch; only with kubernetes.label_node = true), \
+                  k8s::duties::executor::Executor (list of Node names; get to confirm a node is deleted)",
     },
     Permission {
+        scope: Scope::Cluster,
         group: "drivelet.io",
         resource: "drives",
         verbs: &["list", "create", "patch", "delete"],
         used_by: "Drive object sync (kubernetes.drive_objects): list by node label, server-side \
-                  apply (patch, and create when the object is new), delete of stale objects",
+                  apply (patch, and create when the object is new), delete of stale objects; \
+                  k8s::duties::executor::Executor (list; delete of a deleted node's objects)",
     },
     Permission {
+        scope: Scope::Cluster,
         group: "drivelet.io",
         resource: "drives/status",
         verbs: &["patch"],
         used_by: "Drive object sync (kubernetes.drive_objects): server-side apply of the status",
+    },
+    Permission {
+        scope: Scope::Cluster,
+        group: "storage.k8s.io",
+        resource: "storageclasses",
+        verbs: &["get"],
+        used_by: "k8s::duties::executor::Executor (drivelet.io/on-node-deleted of a deleted node's claims)",
+    },
+    Permission {
+        scope: Scope::Namespace,
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["get", "create", "update"],
+        used_by: "k8s::duties::controller::Controller (Lease drivelet-cluster-duties: read, create, take, renew, give up)",
+    },
+    Permission {
+        scope: Scope::Namespace,
+        group: "",
+        resource: "configmaps",
+        verbs: &["get", "create", "patch"],
+        used_by: "k8s::duties::executor::Executor (remembers removed volumes in drivelet-removed-volumes) and \
+                  k8s::duties::returned (a returning node reads and clears its key)",
     },
 ];
 

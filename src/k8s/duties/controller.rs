@@ -1,0 +1,219 @@
+//! The cluster duties controller: one task per agent (with `kubernetes.cluster_duties`)
+//! that stands in the Lease election and, while it leads, runs the duties.
+//!
+//! Rules:
+//! - Every [`RENEW_EVERY`] it reads the Lease and acts on [`election::decide`]: create,
+//!   take, renew, or follow. A write that conflicts means another candidate won: this one
+//!   follows at once. It leads while its last successful write is younger than
+//!   [`RENEW_DEADLINE`].
+//! - While it leads, a round of duties runs every [`DUTIES_EVERY`]: read
+//!   ([`Executor::observe`]), decide ([`plan`]), and for each node proposed as gone,
+//!   confirm it gone (GET answered 404) and then do its duties. Before each node it checks
+//!   that it still leads. A failed step is logged and redone next round.
+//! - Asked to stop (a clean shutdown), it gives the Lease up ([`election::release`]) when it
+//!   holds it, so a peer takes over at its next look; a round under way is dropped (the
+//!   duties are idempotent).
+//! - Becoming leader, losing the lead and a new holder are logged once each.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use tokio::sync::oneshot;
+use tokio::time::{Instant, MissedTickBehavior};
+use tracing::{info, warn};
+
+use super::election::{self, Election, LEASE_NAME, RENEW_DEADLINE, RENEW_EVERY};
+use super::executor::{DutyError, Executor};
+use super::plan;
+use crate::k8s::identity::Identity;
+
+/// How often the leader runs a round of duties.
+pub(crate) const DUTIES_EVERY: Duration = Duration::from_secs(10);
+
+/// How long a clean shutdown waits for the Lease to be given up.
+pub(crate) const RELEASE_WAIT: Duration = Duration::from_secs(3);
+
+/// The running controller: [`Handle::shutdown`] stops it and gives the Lease up.
+pub(crate) struct Handle {
+    stop: oneshot::Sender<oneshot::Sender<()>>,
+}
+
+impl Handle {
+    /// Stops the controller; waits (at most [`RELEASE_WAIT`]) for the Lease to be given up.
+    pub(crate) async fn shutdown(self) {
+        let (tx, rx) = oneshot::channel();
+        if self.stop.send(tx).is_ok() {
+            let _ = tokio::time::timeout(RELEASE_WAIT, rx).await;
+        }
+    }
+}
+
+/// Starts the controller for `identity` with its Lease in `namespace`.
+pub(crate) fn start(client: Client, identity: Identity, namespace: String) -> Handle {
+    let (stop, rx) = oneshot::channel();
+    let controller = Controller::new(client, identity, namespace);
+    tokio::spawn(controller.run(rx));
+    Handle { stop }
+}
+
+/// The election state and the executor of one agent.
+pub(crate) struct Controller {
+    leases: Api<Lease>,
+    identity: Identity,
+    executor: Executor,
+    /// The Lease's resourceVersion as last seen, and since when (this agent's clock).
+    seen: Option<(String, Instant)>,
+    /// Leading until then.
+    leading_until: Option<Instant>,
+    /// The holder last followed, so a change is logged once.
+    following: Option<String>,
+    /// When the last round of duties started.
+    last_round: Option<Instant>,
+}
+
+impl Controller {
+    pub(crate) fn new(client: Client, identity: Identity, namespace: String) -> Self {
+        let leases = Api::namespaced(client.clone(), &namespace);
+        let executor = Executor::new(client, identity.clone(), namespace);
+        Self { leases, identity, executor, seen: None, leading_until: None, following: None, last_round: None }
+    }
+
+    /// Whether this agent leads now.
+    pub(crate) fn leading(&self) -> bool {
+        self.leading_until.is_some_and(|t| Instant::now() < t)
+    }
+
+    /// Runs until `stop` says so (or its sender is dropped), then gives the Lease up.
+    pub(crate) async fn run(mut self, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
+        let mut tick = tokio::time::interval(RENEW_EVERY);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        info!(node.name = %self.identity.node, lease = LEASE_NAME, "standing for the cluster duties");
+        let done = loop {
+            tokio::select! {
+                done = &mut stop => break done.ok(),
+                _ = tick.tick() => {}
+            }
+            let work = async {
+                self.elect_logged().await;
+                if self.leading() && self.last_round.is_none_or(|t| t.elapsed() >= DUTIES_EVERY) {
+                    self.last_round = Some(Instant::now());
+                    if let Err(e) = self.round().await {
+                        warn!(error = %e, "a round of cluster duties failed; it is run again in {}s", DUTIES_EVERY.as_secs());
+                    }
+                }
+            };
+            tokio::select! {
+                done = &mut stop => break done.ok(),
+                _ = work => {}
+            }
+        };
+        self.give_up().await;
+        if let Some(tx) = done {
+            let _ = tx.send(());
+        }
+    }
+
+    async fn elect_logged(&mut self) {
+        let was = self.leading();
+        if let Err(e) = self.elect().await {
+            warn!(error = %e, lease = LEASE_NAME, "cannot read or write the cluster duties Lease; retried in {}s", RENEW_EVERY.as_secs());
+        }
+        match (was, self.leading()) {
+            (false, true) => info!(node.name = %self.identity.node, lease = LEASE_NAME, "now doing the cluster duties (Lease held)"),
+            (true, false) => warn!(node.name = %self.identity.node, lease = LEASE_NAME, "no longer doing the cluster duties (Lease lost)"),
+            _ => {}
+        }
+    }
+
+    /// One look at the Lease: create, take, renew or follow it.
+    pub(crate) async fn elect(&mut self) -> Result<(), kube::Error> {
+        let me = self.identity.node.clone();
+        let now = Instant::now();
+        let current = self.leases.get_opt(LEASE_NAME).await?;
+        let rv = current.as_ref().and_then(|l| l.resource_version());
+        match (&self.seen, &rv) {
+            (Some((seen, _)), Some(rv)) if seen == rv => {}
+            _ => self.seen = rv.map(|rv| (rv, now)),
+        }
+        let unchanged_for = self.seen.as_ref().map(|(_, t)| now.saturating_duration_since(*t)).unwrap_or_default();
+        let decision = election::decide(current.as_ref(), &me, unchanged_for);
+        let Some(lease) = election::desired(current.as_ref(), &decision, &me, Timestamp::now()) else {
+            self.leading_until = None;
+            if let Election::Wait { holder } = decision {
+                if self.following.as_deref() != Some(holder.as_str()) {
+                    info!(node.name = %me, lease.holder = %holder, "another agent does the cluster duties");
+                    self.following = Some(holder);
+                }
+            }
+            return Ok(());
+        };
+        let written = match decision {
+            Election::Create => self.leases.create(&PostParams::default(), &lease).await,
+            _ => self.leases.replace(LEASE_NAME, &PostParams::default(), &lease).await,
+        };
+        match written {
+            Ok(l) => {
+                self.leading_until = Some(now + RENEW_DEADLINE);
+                self.following = None;
+                self.seen = l.resource_version().map(|rv| (rv, now));
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // Another candidate wrote first: follow it.
+                self.leading_until = None;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One round of duties (while leading).
+    pub(crate) async fn round(&mut self) -> Result<(), DutyError> {
+        let (obs, gone) = self.executor.observe().await?;
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let plans = plan(&obs, &self.identity.driver, &gone);
+        for (node, duties) in plans {
+            if !self.leading() {
+                return Ok(());
+            }
+            match self.executor.confirm_gone(&node).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    info!(node.name = %node, "node exists (it was missing from the list only): nothing done about it");
+                    continue;
+                }
+                Err(e) => {
+                    warn!(node.name = %node, error = %e, "cannot confirm the node is deleted: nothing done about it this round");
+                    continue;
+                }
+            }
+            if let Err(e) = self.executor.apply(&node, &duties).await {
+                warn!(node.name = %node, error = %e, "a duty for a deleted node failed; it is redone next round");
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives the Lease up when this agent holds it.
+    pub(crate) async fn give_up(&mut self) {
+        let me = self.identity.node.clone();
+        let current = match self.leases.get_opt(LEASE_NAME).await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, lease = LEASE_NAME, "cannot read the cluster duties Lease to give it up; a peer takes over once it expires");
+                return;
+            }
+        };
+        let Some(lease) = election::release(current.as_ref(), &me) else { return };
+        match self.leases.replace(LEASE_NAME, &PostParams::default(), &lease).await {
+            Ok(_) => info!(node.name = %me, lease = LEASE_NAME, "cluster duties handed over (Lease given up)"),
+            Err(e) => warn!(error = %e, lease = LEASE_NAME, "cannot give the cluster duties Lease up; a peer takes over once it expires"),
+        }
+        self.leading_until = None;
+    }
+}

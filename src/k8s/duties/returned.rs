@@ -1,0 +1,127 @@
+//! A node that comes back: the volumes whose PVs the cluster duties deleted while its Node
+//! object was gone are deleted by its own agent.
+//!
+//! Rules:
+//! - The agent reads its node's key of ConfigMap [`REMOVED_VOLUMES`] at start (once the
+//!   volume manager serves) and every [`RECHECK`] after (the key may be written after the
+//!   agent started, before its Node object is back). Only the handles listed there are
+//!   touched: a PV deleted while its claim said Delete, the user's intent.
+//! - Each volume goes through the volume manager's normal path, as a ControllerUnpublish
+//!   from this node and a DeleteVolume would (crash-safe, idempotent: a volume it no
+//!   longer knows is done). A refusal (the volume still staged or mounted while kubelet
+//!   cleans up its pods, a busy drive) keeps the handle for [`RETRY`] later.
+//! - The deleted handles are then removed from the key (the key itself once empty), with
+//!   a patch guarded by the resourceVersion read, so a handle the leader adds meanwhile is
+//!   never lost. A crash between a delete and the patch only repeats a delete of a volume
+//!   that is gone.
+//! - Each deleted volume is logged with `node.name` and `volume.id`.
+
+use std::future::Future;
+use std::time::Duration;
+
+use actix::Addr;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::{json, Value};
+use tracing::{info, warn};
+
+use super::executor::{handles, handles_text, DutyError};
+use super::REMOVED_VOLUMES;
+use crate::actors::volumes::{DeleteVolume, DetachVolume, VolumeManager, WaitReady};
+
+/// How often the key is read again when it holds nothing to do.
+pub(crate) const RECHECK: Duration = Duration::from_secs(60);
+
+/// How soon a volume that could not be deleted (or a failed read) is tried again.
+pub(crate) const RETRY: Duration = Duration::from_secs(10);
+
+/// The volume side: deleting one volume of this node.
+pub(crate) trait RemovedBackend: Send + Sync + 'static {
+    /// Resolves once the volume manager serves.
+    fn wait_ready(&self) -> impl Future<Output = ()> + Send;
+    /// Detaches `volume_id` from `node` and deletes it; the error in plain words.
+    fn delete(&self, volume_id: &str, node: &str) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// The volume manager, asked by message.
+pub(crate) struct ManagerBackend {
+    volumes: Addr<VolumeManager>,
+}
+
+impl ManagerBackend {
+    pub(crate) fn new(volumes: Addr<VolumeManager>) -> Self {
+        Self { volumes }
+    }
+}
+
+impl RemovedBackend for ManagerBackend {
+    async fn wait_ready(&self) {
+        while !matches!(self.volumes.send(WaitReady).await, Ok(true)) {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    async fn delete(&self, volume_id: &str, node: &str) -> Result<(), String> {
+        let unanswered = |_| "the volume manager did not answer (restarting)".to_string();
+        let detach = DetachVolume { volume_id: volume_id.to_string(), node_id: Some(node.to_string()) };
+        self.volumes.send(detach).await.map_err(unanswered)?.map_err(|e| e.to_string())?;
+        let delete = DeleteVolume { volume_id: volume_id.to_string() };
+        self.volumes.send(delete).await.map_err(unanswered)?.map_err(|e| e.to_string())
+    }
+}
+
+/// Deletes `node`'s removed volumes now: answers how many are left to retry.
+pub(crate) async fn reconcile_once<B: RemovedBackend>(
+    client: &Client,
+    namespace: &str,
+    node: &str,
+    backend: &B,
+) -> Result<usize, DutyError> {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let what = |doing: &str| format!("{doing} ConfigMap {namespace}/{REMOVED_VOLUMES}");
+    let err = |doing: &'static str| move |source| DutyError::Api { what: what(doing), source };
+    let Some(cm) = cms.get_opt(REMOVED_VOLUMES).await.map_err(err("reading"))? else { return Ok(0) };
+    let listed = handles(cm.data.as_ref().and_then(|d| d.get(node)).map(String::as_str).unwrap_or(""));
+    if listed.is_empty() {
+        return Ok(0);
+    }
+    let (mut done, mut left) = (Vec::new(), Vec::new());
+    for id in listed {
+        match backend.delete(&id, node).await {
+            Ok(()) => {
+                info!(node.name = node, volume.id = %id,
+                    "volume deleted: its PersistentVolume was deleted (reclaim policy Delete) while this node's Node object was gone");
+                done.push(id);
+            }
+            Err(e) => {
+                warn!(node.name = node, volume.id = %id, error = %e,
+                    "cannot delete a volume whose PersistentVolume was deleted while this node was gone yet; retried in {}s", RETRY.as_secs());
+                left.push(id);
+            }
+        }
+    }
+    if !done.is_empty() {
+        let value = if left.is_empty() { Value::Null } else { json!(handles_text(&left)) };
+        let patch = json!({"metadata": {"resourceVersion": cm.resource_version()}, "data": {node: value}});
+        cms.patch(REMOVED_VOLUMES, &PatchParams::default(), &Patch::Merge(patch)).await.map_err(err("clearing this node's key of"))?;
+    }
+    Ok(left.len())
+}
+
+/// Runs for the agent's life: [`reconcile_once`] at start and every [`RECHECK`] (every
+/// [`RETRY`] while something is left or failed).
+pub(crate) async fn run<B: RemovedBackend>(client: Client, namespace: String, node: String, backend: B) {
+    backend.wait_ready().await;
+    loop {
+        let wait = match reconcile_once(&client, &namespace, &node, &backend).await {
+            Ok(0) => RECHECK,
+            Ok(_) => RETRY,
+            Err(e) => {
+                warn!(node.name = %node, error = %e, "cannot look for volumes removed while this node was gone; retried in {}s", RETRY.as_secs());
+                RETRY
+            }
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
