@@ -88,6 +88,10 @@ attach = true
 events = true
 drive_objects = true
 label_node = false
+# A candidate for the cluster duties like every agent (the Lease and the removed
+# volumes live in drivelet-system, as the DaemonSet's).
+cluster_duties = true
+namespace = "drivelet-system"
 [http]
 address = ""
 [volumes]

@@ -144,6 +144,9 @@ fn main() {
     }
     if let Some(f) = failed {
         diagnostics(&ctx);
+        for (k, v) in &ctx.measured {
+            println!("e2e: measured {k}: {v}");
+        }
         println!("\ne2e: FAILED in {:.0}s: {f}", started.elapsed().as_secs_f64());
         std::process::exit(1);
     }
@@ -913,7 +916,7 @@ fn journey_failure(ctx: &mut Ctx) -> Check {
 
 fn journey_cleanup(ctx: &mut Ctx) -> Check {
     let pvs: Vec<String> = ["xfs", "block", "rwop", "after-bad", "after-release"].iter().filter_map(|c| pv_of(c).ok()).collect();
-    kubectl(&["delete", "namespace", NS, "--wait=true", "--timeout=120s"])?;
+    kubectl(&["delete", "namespace", NS, "--ignore-not-found", "--wait=true", "--timeout=120s"])?;
     wait_for("every PV of the suite gone", Duration::from_secs(90), || {
         Ok(pvs.iter().all(|pv| kubectl(&["get", "pv", pv]).is_err()).then_some(()))
     })?;

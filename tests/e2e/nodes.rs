@@ -370,6 +370,8 @@ fn journey_placement(st: &mut State) -> Check {
         agent_json(node, &["csi", "info"]).map_err(|e| format!("{e}: scripts/e2e.sh starts it (scripts/e2e-node.sh start {node})"))?;
     }
     kubectl(&["create", "namespace", NS]).or_else(|e| if e.contains("AlreadyExists") { Ok(String::new()) } else { Err(e) })?;
+    // Made now, so its capacity is published by the time the deleted-node journey uses it.
+    apply(&class(RELEASE_CLASS, "ext4", "  drivelet.io/on-node-deleted: release-claims\n"))?;
 
     // Each fake node's CSIStorageCapacity, per class, is what its agent's GetCapacity says.
     let t = Instant::now();
@@ -602,9 +604,9 @@ fn kill_holder() -> Result<String, String> {
 }
 
 fn journey_deleted(st: &mut State) -> Check {
-    // A StatefulSet whose claim class releases claims of deleted nodes, its replica on
-    // node-2 (node-3 cordoned meanwhile: the pod may only go to fake nodes).
-    apply(&class(RELEASE_CLASS, "ext4", "  drivelet.io/on-node-deleted: release-claims\n"))?;
+    // A StatefulSet whose claim class releases claims of deleted nodes (made in the
+    // placement journey), its replica on node-2 (node-3 cordoned meanwhile: the pod may
+    // only go to fake nodes).
     kubectl(&["cordon", N3])?;
     let placed = apply(&statefulset()).and_then(|_| wait_attached("data-web-0", "web-0", N2, Duration::from_secs(120)));
     kubectl(&["uncordon", N3])?;
