@@ -465,7 +465,8 @@ fn pv_obj(name: &str) -> Result<Value, String> {
 }
 
 /// What must not change while node-2 is merely stopped: its claims (phase, volume), PVs
-/// (phase), attachments (attached), Drive objects; any deletion mark is a change too.
+/// (phase), attachments (attached), its drives' Drive objects; any deletion mark is a
+/// change too.
 fn snapshot_n2() -> Result<BTreeMap<String, String>, String> {
     let mut s = BTreeMap::new();
     let mark = |v: &Value| if v["metadata"]["deletionTimestamp"].is_null() { "" } else { " DELETING" };
@@ -486,7 +487,9 @@ fn snapshot_n2() -> Result<BTreeMap<String, String>, String> {
     for v in attachments_of(N2)? {
         s.insert(format!("VolumeAttachment {}", name_of(&v)), format!("attached {}{}", v["status"]["attached"], mark(&v)));
     }
-    for d in drive_objects_of(N2)? {
+    // Its own drives' objects: the objects of other loop devices of this shared host
+    // (excluded) come and go with whatever else runs on it.
+    for d in managed_drives_of(N2)? {
         s.insert(format!("Drive {}", name_of(&d)), mark(&d).to_string());
     }
     Ok(s)
