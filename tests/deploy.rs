@@ -209,6 +209,16 @@ fn node_name_comes_from_the_downward_api_in_both_containers() {
 }
 
 #[test]
+fn the_cluster_duties_run_in_the_pods_own_namespace() {
+    let pod = pod_spec(&daemonset());
+    let c = container(&pod, "drivelet");
+    let env = c.env.clone().unwrap_or_default();
+    assert_eq!(field_ref(&env, "DRIVELET__KUBERNETES__NAMESPACE").as_deref(), Some("metadata.namespace"));
+    let (cfg, _) = deploy_config();
+    assert!(cfg.kubernetes.cluster_duties, "the DaemonSet's agents stand for the cluster duties");
+}
+
+#[test]
 fn probes_ask_healthz_and_readyz_on_the_http_port_the_config_serves() {
     let pod = pod_spec(&daemonset());
     let c = container(&pod, "drivelet");

@@ -16,7 +16,8 @@
 //! 3. PVs of N that are `Released` with reclaim policy `Delete` (their claim was deleted:
 //!    the user's intent) are deleted ([`Duty::DeleteVolume`]): first their volume handle is
 //!    remembered in the ConfigMap [`REMOVED_VOLUMES`] under key N (one handle a line),
-//!    then the provisioner's finalizer is removed, then the PV is deleted. If N ever comes
+//!    then the provisioner's finalizer (and ours, by rule 2) is removed in one patch, then
+//!    the PV is deleted. If N ever comes
 //!    back under its name, its agent deletes those volumes and clears its key
 //!    ([`returned`]).
 //! 4. Drive objects of N are deleted ([`Duty::DeleteDrive`]).
@@ -260,21 +261,27 @@ pub(crate) fn plan(obs: &Observed, driver: &str, gone: &BTreeSet<String>) -> BTr
         let spec = pv.spec.as_ref();
         let finalizers = pv.finalizers();
         let duties = out.entry(node.clone()).or_default();
-        if finalizers.contains(&finalizer) && !named.contains(name.as_str()) {
-            duties.push(Duty::ReleaseVolume {
-                name: name.clone(),
-                finalizers: without(finalizers, &finalizer),
-                resource_version: pv.resource_version(),
-            });
-        }
+        // Our finalizer goes once no VolumeAttachment names the PV; a PV being deleted
+        // loses it in the same patch as the provisioner's (one write, one resourceVersion).
+        let release = finalizers.contains(&finalizer) && !named.contains(name.as_str());
         let reclaim = spec.and_then(|s| s.persistent_volume_reclaim_policy.as_deref());
         let handle = spec.and_then(|s| s.csi.as_ref()).map(|c| c.volume_handle.clone()).filter(|h| !h.is_empty());
         if let (Some(handle), "Released", Some("Delete")) = (handle, phase(pv), reclaim) {
-            let has = finalizers.iter().any(|f| f == PROVISIONER_FINALIZER);
+            let keep: Vec<String> = finalizers
+                .iter()
+                .filter(|f| *f != PROVISIONER_FINALIZER && !(release && **f == finalizer))
+                .cloned()
+                .collect();
             duties.push(Duty::DeleteVolume {
                 name: name.clone(),
                 handle,
-                finalizers: has.then(|| without(finalizers, PROVISIONER_FINALIZER)),
+                finalizers: (keep.len() != finalizers.len()).then_some(keep),
+                resource_version: pv.resource_version(),
+            });
+        } else if release {
+            duties.push(Duty::ReleaseVolume {
+                name: name.clone(),
+                finalizers: without(finalizers, &finalizer),
                 resource_version: pv.resource_version(),
             });
         }

@@ -265,6 +265,16 @@ fn the_duties_of_a_gone_node_follow_the_contract() {
             want: vec![delete_pv("pv-1", Some(&[]))],
         },
         Case {
+            why: "a Released PV no VolumeAttachment names loses both finalizers in one patch",
+            obs: with(live, |o| o.volumes = vec![pv("pv-1", "n2", "Released", "Delete", &[ATTACHER, "x/other", PROVISIONER_FINALIZER], None)]),
+            want: vec![delete_pv("pv-1", Some(&["x/other"]))],
+        },
+        Case {
+            why: "a Released PV with only foreign finalizers is deleted without a patch",
+            obs: with(live, |o| o.volumes = vec![pv("pv-1", "n2", "Released", "Delete", &["x/other"], None)]),
+            want: vec![delete_pv("pv-1", None)],
+        },
+        Case {
             why: "a Released PV without finalizers is just deleted",
             obs: with(live, |o| o.volumes = vec![pv("pv-1", "n2", "Released", "Delete", &[], None)]),
             want: vec![delete_pv("pv-1", None)],
@@ -443,7 +453,7 @@ fn duties_come_in_order_attachments_volumes_drives_claims_for_each_gone_node() {
     let obs = with(&["n1"], |o| {
         o.drives = vec![drive("drv-2", "n2"), drive("drv-3", "n3")];
         o.volumes = vec![
-            pv("pv-1", "n2", "Bound", "Delete", &[], Some(("apps", "data-0"))),
+            pv("pv-1", "n2", "Bound", "Delete", &[ATTACHER], Some(("apps", "data-0"))),
             pv("pv-2", "n2", "Released", "Delete", &[ATTACHER], None),
         ];
         o.attachments = vec![va("va-1", "n2", "pv-9", true, &[ATTACHER])];
