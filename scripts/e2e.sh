@@ -18,6 +18,10 @@
 # (`. /var/tmp/k8s-kit/kit.env; kubectl get drives`); run again to start afresh.
 # KIT (default ../shared/k8s) is the kit's directory. SKIP_BUILD=1 takes the image in
 # target/image/drivelet.tar as it is (a quicker rerun after changing only the suite).
+# On a machine where others use the kit too, take the kit's lock with `flock -o`
+# (`flock -o /tmp/drivelet-kit.lock scripts/e2e.sh`): without -o, the kit's daemons that
+# up.sh starts inherit the lock's descriptor and hold the lock for as long as they run,
+# which with KEEP=1 is until someone runs down.sh.
 # E2E_JOURNEYS=nodes runs only the deploy journey, the journeys across nodes
 # (tests/e2e/nodes.rs) and the clean-up (the output says which were not run).
 set -euo pipefail
