@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
-# The end-to-end suite on a real single-node Kubernetes (the kit in ../shared/k8s), in
-# one command, as root:
+# The end-to-end suite on a real Kubernetes (the kit in ../shared/k8s: one real node,
+# node-1, and two fake ones, node-2 and node-3), in one command, as root:
 #   1. builds the release binary and the image archive (scripts/image.sh), and the suite;
-#   2. brings the kit up and imports the image into its containerd;
-#   3. makes the suite's three 2 GiB loop drives (/var/tmp/drivelet-e2e/drives) and the
+#   2. brings the kit up with EXTRA_NODES="node-2 node-3" and imports the image into its
+#      containerd;
+#   3. makes node-1's three 2 GiB loop drives (/var/tmp/drivelet-e2e/drives), node-2's two
+#      of 4 GiB and node-3's one of 1 GiB (/var/tmp/drivelet-e2e/NODE/drives), and the
 #      smartctl stand-in the suite uses to make a drive fail;
-#   4. runs tests/e2e (it deploys with `kubectl apply -k tests/e2e/overlay` and walks the
+#   4. starts the fake nodes' CSI side as host processes (scripts/e2e-node.sh: a drivelet
+#      agent and a csi-provisioner each, node-3's first so that it holds the cluster-duties
+#      Lease; drivelet's DaemonSet, on node-1 only, comes later);
+#   5. runs tests/e2e (it deploys with `kubectl apply -k tests/e2e/overlay` and walks the
 #      journeys; on failure it prints the kubelet and drivelet log lines that explain it);
-#   5. deletes the deployment, detaches the drives and takes the kit down, pass or fail.
+#   6. deletes the deployment, stops the fake nodes' processes, detaches the drives and
+#      takes the kit down, pass or fail.
 # KEEP=1 leaves the kit, the deployment and the drives up for a look
 # (`. /var/tmp/k8s-kit/kit.env; kubectl get drives`); run again to start afresh.
 # KIT (default ../shared/k8s) is the kit's directory. SKIP_BUILD=1 takes the image in
 # target/image/drivelet.tar as it is (a quicker rerun after changing only the suite).
+# On a machine where others use the kit too, take the kit's lock with `flock -o`
+# (`flock -o /tmp/drivelet-kit.lock scripts/e2e.sh`): without -o, the kit's daemons that
+# up.sh starts inherit the lock's descriptor and hold the lock for as long as they run,
+# which with KEEP=1 is until someone runs down.sh.
+# E2E_JOURNEYS=nodes runs only the deploy journey, the journeys across nodes
+# (tests/e2e/nodes.rs) and the clean-up (the output says which were not run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 kit="${KIT:-$root/../shared/k8s}"
+export KIT="$kit"
 e2e=/var/tmp/drivelet-e2e
 overlay=tests/e2e/overlay
+fake_nodes="node-2 node-3"
 [ -x "$kit/up.sh" ] || { echo "e2e.sh: no cluster kit at $kit (set KIT)" >&2; exit 1; }
 
 log() { echo "e2e.sh: $*" >&2; }
@@ -29,17 +43,19 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   SKIP_BUILD=1 scripts/image.sh target/image/drivelet.tar
 fi
 [ -f target/image/drivelet.tar ] || { log "no target/image/drivelet.tar (run without SKIP_BUILD)"; exit 1; }
+[ -x target/release/drivelet ] || { log "no target/release/drivelet (run without SKIP_BUILD)"; exit 1; }
 # Built now, so the suite's clock does not include compiling it.
 cargo test --locked --features failpoints --test e2e --no-run
 
 log "bringing the kit up"
-"$kit/up.sh" >/dev/null
+EXTRA_NODES="$fake_nodes" "$kit/up.sh" >/dev/null
 kit_dir="${KIT_DIR:-/var/tmp/k8s-kit}"
 # shellcheck disable=SC1091
 . "$kit_dir/kit.env"
 export KIT_DIR="$kit_dir"
 
 detach_drives() {
+  for n in $fake_nodes; do scripts/e2e-node.sh detach "$n"; done
   for f in "$e2e"/drives/*.img; do
     [ -e "$f" ] || continue
     for dev in $(losetup -j "$f" -O NAME -n 2>/dev/null); do losetup -d "$dev" 2>/dev/null || true; done
@@ -51,7 +67,9 @@ driver_pvs() {
 }
 
 undeploy() {
-  kubectl delete namespace drivelet-e2e --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
+  # Nothing confirms a graceful deletion on a fake node: its pods go by force.
+  kubectl delete pods -n drivelet-e2e-nodes --all --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
+  kubectl delete namespace drivelet-e2e drivelet-e2e-nodes --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
   # The claims' PVs are deleted by the provisioner and drivelet: wait for them while
   # both still run. Any left after that (drivelet was not running) are dropped by force,
   # so the next run starts from an empty cluster.
@@ -66,11 +84,16 @@ undeploy() {
     kubectl delete pv "$pv" --wait=false >/dev/null 2>&1 || true
   done
   kubectl delete volumeattachments --all --wait=false >/dev/null 2>&1 || true
+  # An attachment of a node whose agent is gone keeps its finalizer: dropped by force too.
+  for va in $(kubectl get volumeattachments -o name 2>/dev/null); do
+    kubectl patch "$va" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+  done
   # The DaemonSet's pod must be gone before its drives and state go.
   for _ in $(seq 1 60); do
     kubectl get pods -n drivelet-system -o name 2>/dev/null | grep -q . || break
     sleep 1
   done
+  for n in $fake_nodes; do scripts/e2e-node.sh down "$n" || true; done
 }
 
 cleanup() {
@@ -89,7 +112,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A previous run left with KEEP=1: start from nothing.
+# A previous run left with KEEP=1 (or stopped half-way): start from nothing.
+for n in $fake_nodes; do kubectl uncordon "$n" >/dev/null 2>&1 || true; done
 undeploy
 detach_drives
 # drivelet's volume store (a hostPath) must match the blank drives made below.
@@ -120,7 +144,23 @@ for i in 0 1 2; do
   truncate -s 2G "$e2e/drives/drive-$i.img"
   losetup --find --show "$e2e/drives/drive-$i.img" >/dev/null
 done
+scripts/e2e-node.sh drives node-2 4G 4G
+scripts/e2e-node.sh drives node-3 1G
 udevadm settle --timeout=30 || true
 
+# The fake nodes' agents run the binary the image holds, from a copy the suite's files
+# keep (a rebuild meanwhile does not change what runs). They need the namespace (their
+# Lease, the provisioners' capacity objects) and the Drive CRD before the DaemonSet.
+cp target/release/drivelet "$e2e/bin/drivelet"
+kubectl apply -f deploy/namespace.yaml -f deploy/crd-drive.yaml >/dev/null
+kubectl wait --for=condition=Established crd/drives.drivelet.io --timeout=60s >/dev/null
+log "starting the CSI side of $fake_nodes (logs: $e2e/NODE/*.log)"
+scripts/e2e-node.sh start node-3
+for _ in $(seq 1 100); do
+  [ "$(kubectl get lease -n drivelet-system drivelet-cluster-duties -o 'jsonpath={.spec.holderIdentity}' 2>/dev/null)" = node-3 ] && break
+  sleep 0.2
+done
+scripts/e2e-node.sh start node-2
+
 log "running the suite"
-timeout 900 cargo test --locked --features failpoints --test e2e
+timeout 1200 cargo test --locked --features failpoints --test e2e

@@ -1,17 +1,20 @@
-//! The end-to-end suite: drivelet as a DaemonSet pod on a real single-node Kubernetes
-//! (the kit in `../shared/k8s`: kube-apiserver, controller-manager, scheduler, kubelet
-//! with containerd, the real external-provisioner), walking the journeys a user walks.
+//! The end-to-end suite: drivelet as a DaemonSet pod on a real Kubernetes (the kit in
+//! `../shared/k8s`: kube-apiserver, controller-manager, scheduler, kubelet with
+//! containerd, the real external-provisioner) with one real node and two fake ones,
+//! walking the journeys a user walks.
 //!
-//! Run it with `scripts/e2e.sh`, which builds the image, brings the kit up, attaches the
-//! suite's loop drives and installs the smartctl stand-in, runs this binary, and takes
-//! everything down again. Run alone (`cargo test --test e2e`), it expects all of that
-//! done and fails, saying what is missing, when it is not.
+//! Run it with `scripts/e2e.sh`, which builds the image, brings the kit up with
+//! `EXTRA_NODES="node-2 node-3"`, attaches the suite's loop drives, installs the smartctl
+//! stand-in and starts the fake nodes' CSI side as host processes (`scripts/e2e-node.sh`),
+//! runs this binary, and takes everything down again. Run alone (`cargo test --test e2e`),
+//! it expects all of that done and fails, saying what is missing, when it is not.
 //!
-//! Journeys, in order, each building on the one before:
-//! 1. deploy: `kubectl apply -k tests/e2e/overlay`; the DaemonSet Ready; CSINode lists
-//!    the driver with its topology key; the node carries the label; `kubectl get drives`
-//!    shows each drive; each CSIStorageCapacity equals GetCapacity for its class;
-//!    then claims grown by editing them, on the empty drives (`resize.rs`);
+//! The real node's journeys, in order, each building on the one before (their pods are
+//! pinned to the real node: nothing runs pods on a fake one):
+//! 1. deploy: `kubectl apply -k tests/e2e/overlay`; the DaemonSet Ready (on the real node
+//!    only); CSINode lists the driver with its topology key; the node carries the label;
+//!    `kubectl get drives` shows each drive; each CSIStorageCapacity equals GetCapacity for
+//!    its class; then claims grown by editing them, on the empty drives (`resize.rs`);
 //! 2. a drive vanishing while it holds a volume: the Drive object shows it missing and
 //!    lists the volume, the volume is abnormal; the claim deleted: the object goes; the
 //!    drive back: the volume's partition is listed again and can be deleted by hand;
@@ -29,17 +32,32 @@
 //!
 //! Between 5 and 6, claims are cloned from claims (`clone.rs`).
 //!
+//! Across nodes (`nodes.rs`), on their own thread once the deploy journey is done,
+//! beside the real node's journeys (their own namespace; joined before the clean-up):
+//! a. placement: each fake node's CSIStorageCapacity equals its agent's GetCapacity; a
+//!    claim only node-2 can hold lands there with its pod; one no node can hold leaves its
+//!    pod Pending for lack of storage with no PV; a pod pinned to a node without room is
+//!    refused and nothing is made elsewhere; ext4, xfs and block claims on node-2 attach;
+//! b. node-2 stopped (heartbeat and agent) past NotReady, then back: nothing released;
+//! c. node-2 deleted for good (agent stopped), with the Lease holder killed by kill -9
+//!    mid-way (d): the Lease moves to another candidate; no VolumeAttachment, Drive object
+//!    or released PV of node-2 is left; a release-claims StatefulSet claim is released and
+//!    its replica comes back on a live node; default claims stay with a NodeDeleted Event;
+//!    node-2 back on the same drives: removed volumes deleted, kept ones serve.
+//!
 //! On failure it prints what explains it: the cluster's objects and Events, drivelet's
 //! and the provisioner's logs, and kubelet's log lines about the driver.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 mod clone;
+mod nodes;
 
 const NS: &str = "drivelet-e2e";
 const SYSTEM_NS: &str = "drivelet-system";
@@ -53,6 +71,14 @@ const BUSYBOX: &str = "k8s-kit.local/busybox:1.35";
 const MIB: u64 = 1 << 20;
 
 type Check = Result<(), String>;
+
+/// The real node (the one without the kit's `k8s-kit/fake-node` label), where every pod
+/// of the real node's journeys is pinned.
+static REAL_NODE: OnceLock<String> = OnceLock::new();
+
+fn real_node() -> &'static str {
+    REAL_NODE.get().map(String::as_str).unwrap_or("node-1")
+}
 
 mod resize;
 
@@ -77,9 +103,27 @@ fn main() {
         ("clean-up: nothing left behind", journey_cleanup),
     ];
     let mut failed = None;
+    let mut across: Option<std::thread::JoinHandle<nodes::Outcome>> = None;
+    let last = journeys.len() - 1;
+    // E2E_JOURNEYS=nodes: deploy, the journeys across nodes and the clean-up only (a
+    // quicker rerun while working on them; said in the output, never the default).
+    let only_nodes = std::env::var("E2E_JOURNEYS").is_ok_and(|v| v == "nodes");
     for (i, (name, run)) in journeys.iter().enumerate() {
+        if i == last {
+            // The clean-up asserts an empty cluster: the journeys across nodes finish first.
+            if let Some(h) = across.take() {
+                failed = join_across(h, &mut ctx);
+                if failed.is_some() {
+                    break;
+                }
+            }
+        }
         let t = Instant::now();
         println!("e2e: [{}/{}] {name}", i + 1, journeys.len());
+        if only_nodes && i != 0 && i != last {
+            println!("e2e: [{}/{}] NOT RUN (E2E_JOURNEYS=nodes)", i + 1, journeys.len());
+            continue;
+        }
         match run(&mut ctx) {
             Ok(()) => println!("e2e: [{}/{}] ok in {:.1}s", i + 1, journeys.len(), t.elapsed().as_secs_f64()),
             Err(e) => {
@@ -88,15 +132,39 @@ fn main() {
                 break;
             }
         }
+        if i == 0 {
+            // Deployed (CSIDriver, classes): the journeys across nodes start beside the rest.
+            across = Some(std::thread::spawn(nodes::run));
+        }
+    }
+    if let Some(h) = across.take() {
+        if let Some(f) = join_across(h, &mut ctx) {
+            failed.get_or_insert(f);
+        }
     }
     if let Some(f) = failed {
         diagnostics(&ctx);
+        for (k, v) in &ctx.measured {
+            println!("e2e: measured {k}: {v}");
+        }
         println!("\ne2e: FAILED in {:.0}s: {f}", started.elapsed().as_secs_f64());
         std::process::exit(1);
     }
     println!("\ne2e: all journeys passed in {:.0}s", started.elapsed().as_secs_f64());
     for (k, v) in &ctx.measured {
         println!("e2e: measured {k}: {v}");
+    }
+}
+
+/// Waits for the journeys across nodes; their failure, if any.
+fn join_across(h: std::thread::JoinHandle<nodes::Outcome>, ctx: &mut Ctx) -> Option<String> {
+    println!("e2e: waiting for the journeys across nodes");
+    match h.join() {
+        Ok(out) => {
+            ctx.measured.extend(out.measured);
+            out.failed
+        }
+        Err(_) => Some("the journeys across nodes panicked".into()),
     }
 }
 
@@ -123,8 +191,9 @@ impl Ctx {
             }
         }
         let kit_dir = PathBuf::from(std::env::var("KIT_DIR").unwrap_or_else(|_| "/var/tmp/k8s-kit".into()));
-        let nodes = get_json(&["get", "nodes"])?;
-        let node = nodes["items"][0]["metadata"]["name"].as_str().ok_or("the cluster has no node")?.to_string();
+        let nodes = get_json(&["get", "nodes", "-l", "!k8s-kit/fake-node"])?;
+        let node = nodes["items"][0]["metadata"]["name"].as_str().ok_or("the cluster has no real node")?.to_string();
+        REAL_NODE.get_or_init(|| node.clone());
         Ok(Ctx { root, kit_dir, node, measured: BTreeMap::new() })
     }
 
@@ -284,6 +353,7 @@ fn pod(name: &str, claim: &str, block: bool, security: &str, script: &str) -> St
     };
     // A JSON string is a YAML flow scalar: no quoting to get wrong.
     let command = serde_json::to_string(&format!("{script}; trap 'exit 0' TERM; while true; do sleep 1; done")).expect("string");
+    let node = real_node();
     format!(
         "apiVersion: v1
 kind: Pod
@@ -294,6 +364,8 @@ spec:
   hostNetwork: true
   terminationGracePeriodSeconds: 2
   restartPolicy: Never
+  nodeSelector:
+    kubernetes.io/hostname: {node}
 {security}  containers:
     - name: c
       image: {BUSYBOX}
@@ -844,7 +916,7 @@ fn journey_failure(ctx: &mut Ctx) -> Check {
 
 fn journey_cleanup(ctx: &mut Ctx) -> Check {
     let pvs: Vec<String> = ["xfs", "block", "rwop", "after-bad", "after-release"].iter().filter_map(|c| pv_of(c).ok()).collect();
-    kubectl(&["delete", "namespace", NS, "--wait=true", "--timeout=120s"])?;
+    kubectl(&["delete", "namespace", NS, "--ignore-not-found", "--wait=true", "--timeout=120s"])?;
     wait_for("every PV of the suite gone", Duration::from_secs(90), || {
         Ok(pvs.iter().all(|pv| kubectl(&["get", "pv", pv]).is_err()).then_some(()))
     })?;
@@ -879,6 +951,7 @@ fn diagnostics(ctx: &Ctx) {
     show("drivelet log", &["logs", "-n", SYSTEM_NS, "ds/drivelet", "-c", "drivelet", "--tail=150"]);
     show("drivelet log (previous container)", &["logs", "-n", SYSTEM_NS, "ds/drivelet", "-c", "drivelet", "--previous", "--tail=50"]);
     show("provisioner log", &["logs", "-n", SYSTEM_NS, "ds/drivelet", "-c", "csi-provisioner", "--tail=60"]);
+    nodes::diagnostics();
     let kubelet_log = ctx.kit_dir.join("log/kubelet.log");
     println!("\n===== kubelet log lines about the driver and the suite's pods: {}", kubelet_log.display());
     match std::fs::read_to_string(&kubelet_log) {
