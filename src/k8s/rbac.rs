@@ -75,10 +75,11 @@ pub const PERMISSIONS: &[Permission] = &[
         scope: Scope::Cluster,
         group: "",
         resource: "persistentvolumeclaims",
-        verbs: &["list", "watch", "delete"],
+        verbs: &["list", "watch", "patch", "delete"],
         used_by: "k8s::shell (the ResizeQueue's watcher: claims asking for more than they have), \
                   k8s::duties::executor::Executor (lists the claims of a deleted node's PVs; deletes one whose \
-                  StorageClass has drivelet.io/on-node-deleted: release-claims)",
+                  StorageClass has drivelet.io/on-node-deleted: release-claims; annotates a kept one once it is \
+                  warned, so the NodeDeleted Warning is recorded once per claim)",
     },
     Permission {
         scope: Scope::Cluster,

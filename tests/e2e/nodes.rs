@@ -718,11 +718,19 @@ fn journey_deleted(st: &mut State) -> Check {
         })?;
     }
     st.measured.insert("node-2 deleted -> every duty done".into(), format!("{:.0}s", deleted.elapsed().as_secs_f64()));
-    // One leader warns a kept claim once; a leader that takes over may warn it again.
+    // A kept claim is warned once, whichever agent leads: the warning is remembered on
+    // the claim (annotation drivelet.io/node-deleted-warned), which every later leader
+    // reads. Only a leader killed between recording the Event and writing the annotation
+    // (milliseconds) leaves a second one.
     let mut counts = Vec::new();
     for c in kept {
+        wait(&format!("the kept claim {c} annotated as warned about node-2"), DUTIES_BOUND, || {
+            let claim = claim_obj(c)?.ok_or(format!("the kept claim {c} was deleted"))?;
+            Ok((claim["metadata"]["annotations"]["drivelet.io/node-deleted-warned"] == "node-2").then_some(()))
+        })?;
         let ev = events("PersistentVolumeClaim", c, "NodeDeleted")?;
         let n: u64 = ev.iter().map(|e| e["count"].as_u64().unwrap_or(1)).sum();
+        ensure(n <= 2, || format!("claim {c} got {n} NodeDeleted Events: one per leader, not one per claim: {ev:?}"))?;
         counts.push(format!("{c} {} Event(s), count {n}", ev.len()));
     }
     st.measured.insert("NodeDeleted Events on the kept claims (one Lease handover)".into(), counts.join(", "));

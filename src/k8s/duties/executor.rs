@@ -28,7 +28,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::{claims_to_read, gone_nodes, releasing_namespaces, Duty, Observed, REMOVED_VOLUMES};
+use super::{claims_to_read, gone_nodes, releasing_namespaces, Duty, Observed, REMOVED_VOLUMES, WARNED};
 use crate::k8s::crd::Drive;
 use crate::k8s::identity::Identity;
 use crate::words::on_node_deleted::ON_NODE_DELETED;
@@ -216,6 +216,11 @@ impl Executor {
                 let event =
                     Event { type_: EventType::Warning, reason: "NodeDeleted".into(), note: Some(note), action: "KeepClaim".into(), secondary: None };
                 self.recorder.publish(&event, claim).await.map_err(api(format!("recording an Event on claim {ns}/{name}")))?;
+                // Remembered on the claim itself, so no later leader warns again.
+                let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
+                let patch = json!({ "metadata": { "annotations": { WARNED: node } } });
+                let done = claims.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ());
+                ok_unless_found(done, format!("annotating claim {ns}/{name}"))?;
                 self.warned.insert(uid);
                 warn!(node.name = node, claim.namespace = %ns, claim.name = %name, pv.name = %volume,
                     "node is deleted: claim kept (its StorageClass keeps claims of deleted nodes); its data is on the deleted node's drives");

@@ -24,7 +24,7 @@ use crate::actors::volumes::VolumeError;
 use crate::k8s::shell::Ready;
 use crate::k8s::KubeError;
 use super::tests::*;
-use super::{PROVISIONER_FINALIZER, REMOVED_VOLUMES};
+use super::{PROVISIONER_FINALIZER, REMOVED_VOLUMES, WARNED};
 use crate::k8s::fake_api::{fake_api, list_of, respond, respond_error, respond_not_found, FakeApi};
 use crate::k8s::identity::{Identity, REPORTER};
 
@@ -306,8 +306,14 @@ async fn a_remembered_handle_is_added_to_the_nodes_key_once_and_a_kept_claim_is_
     let server = tokio::spawn(async move {
         for round in 0..2 {
             answer_lists(&mut api, &["n1"], vec![], pvs.clone(), vec![]).await;
+            // After the first round the claim carries the annotation the warning left, as
+            // any later leader reads it: it is not warned again.
+            let mut kept = claim("apps", "data-0", "pv-2", "fast");
+            if round == 1 {
+                kept.metadata.annotations = Some([(WARNED.to_string(), "n2".to_string())].into());
+            }
             let (_, reply) = api.expect_path(Method::GET, "/api/v1/namespaces/apps/persistentvolumeclaims").await;
-            respond(reply, &list_of("PersistentVolumeClaim", "v1", "1", vec![json!(claim("apps", "data-0", "pv-2", "fast"))]));
+            respond(reply, &list_of("PersistentVolumeClaim", "v1", "1", vec![json!(kept)]));
             let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/storageclasses/fast").await;
             respond(reply, &class("fast", None));
             // No pods read: nothing of a keep-claims class is released.
@@ -338,6 +344,9 @@ async fn a_remembered_handle_is_added_to_the_nodes_key_once_and_a_kept_claim_is_
                     assert!(note.contains(part), "{note} says {part}");
                 }
                 respond(reply, &event);
+                let (body, reply) = api.expect_path(Method::PATCH, "/api/v1/namespaces/apps/persistentvolumeclaims/data-0").await;
+                assert_eq!(body, json!({"metadata": {"annotations": {WARNED: "n2"}}}), "the warning is remembered on the claim");
+                respond(reply, &claim("apps", "data-0", "pv-2", "fast"));
             }
         }
         api

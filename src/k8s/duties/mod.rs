@@ -28,7 +28,8 @@
 //!    running pod still uses waits. Otherwise (`keep-claims`, no parameter, an unknown
 //!    value, or a StorageClass that is gone) the claim stays and gets one Warning Event
 //!    `NodeDeleted` saying where its data is and what the admin can do
-//!    ([`Duty::WarnClaim`]; the executor records it once per claim while it leads).
+//!    ([`Duty::WarnClaim`]); the claim is then annotated [`WARNED`] with the node's name,
+//!    and a claim annotated so is not warned again, whichever agent leads later.
 //!
 //! Every duty is idempotent (a removed finalizer, a deleted object, a remembered handle
 //! stay so), so a new leader redoes what an old one half did. Each is logged with
@@ -62,6 +63,10 @@ mod tests;
 /// The ConfigMap, in drivelet's namespace, remembering per node the volume handles of the
 /// PVs deleted while the node was gone.
 pub(crate) const REMOVED_VOLUMES: &str = "drivelet-removed-volumes";
+
+/// The annotation on a kept claim saying which deleted node it was warned about, so the
+/// `NodeDeleted` Warning is recorded once per claim, not once per leader.
+pub(crate) const WARNED: &str = "drivelet.io/node-deleted-warned";
 
 /// The external-provisioner's finalizer on the PVs it made.
 pub(crate) const PROVISIONER_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
@@ -286,7 +291,7 @@ pub(crate) fn plan(obs: &Observed, driver: &str, gone: &BTreeSet<String>) -> BTr
             });
         }
         if phase(pv) == "Bound" {
-            if let Some(duty) = claim_duty(obs, pv, &name) {
+            if let Some(duty) = claim_duty(obs, pv, &name, &node) {
                 duties.push(duty);
             }
         }
@@ -315,7 +320,7 @@ fn order(d: &Duty) -> u8 {
 }
 
 /// What to do about the claim a gone node's Bound PV is bound to.
-fn claim_duty(obs: &Observed, pv: &PersistentVolume, volume: &str) -> Option<Duty> {
+fn claim_duty(obs: &Observed, pv: &PersistentVolume, volume: &str, node: &str) -> Option<Duty> {
     let r = pv.spec.as_ref()?.claim_ref.as_ref()?;
     let (namespace, name) = (r.namespace.as_deref()?, r.name.as_deref()?);
     let claim = obs.claims.iter().find(|c| {
@@ -338,6 +343,9 @@ fn claim_duty(obs: &Observed, pv: &PersistentVolume, volume: &str) -> Option<Dut
             let busy = obs.pods.iter().any(|p| is_running(p) && uses_claim(p, namespace, name));
             (!busy).then_some(Duty::ReleaseClaim { claim: claim_ref, volume, class })
         }
-        OnNodeDeleted::KeepClaims => Some(Duty::WarnClaim { claim: claim_ref, volume, class }),
+        OnNodeDeleted::KeepClaims => {
+            let warned = claim.metadata.annotations.as_ref().and_then(|a| a.get(WARNED));
+            (warned.map(String::as_str) != Some(node)).then_some(Duty::WarnClaim { claim: claim_ref, volume, class })
+        }
     }
 }

@@ -328,6 +328,28 @@ fn the_duties_of_a_gone_node_follow_the_contract() {
             want: vec![Duty::WarnClaim { claim: claim_ref("apps", "data-0"), volume: "pv-1".into(), class: "fast".into() }],
         },
         Case {
+            why: "a kept claim already warned about this node (by any leader) is not warned again",
+            obs: with(live, |o| {
+                o.volumes = vec![pv("pv-1", "n2", "Bound", "Delete", &[], Some(("apps", "data-0")))];
+                let mut c = claim("apps", "data-0", "pv-1", "fast");
+                c.metadata.annotations = Some(BTreeMap::from([(WARNED.to_string(), "n2".to_string())]));
+                o.claims = vec![c];
+                o.classes = vec![class("fast", Some("keep-claims"))];
+            }),
+            want: vec![],
+        },
+        Case {
+            why: "a claim warned about another node (its PV moved since) is warned about this one",
+            obs: with(live, |o| {
+                o.volumes = vec![pv("pv-1", "n2", "Bound", "Delete", &[], Some(("apps", "data-0")))];
+                let mut c = claim("apps", "data-0", "pv-1", "fast");
+                c.metadata.annotations = Some(BTreeMap::from([(WARNED.to_string(), "n9".to_string())]));
+                o.claims = vec![c];
+                o.classes = vec![class("fast", Some("keep-claims"))];
+            }),
+            want: vec![Duty::WarnClaim { claim: claim_ref("apps", "data-0"), volume: "pv-1".into(), class: "fast".into() }],
+        },
+        Case {
             why: "an unknown value keeps the claim",
             obs: with(live, |o| {
                 o.volumes = vec![pv("pv-1", "n2", "Bound", "Delete", &[], Some(("apps", "data-0")))];
