@@ -260,6 +260,13 @@ impl<B: AttachBackend> Attach<B> {
                     info!(pv.name = %pv.name_any(), "PersistentVolume released: no VolumeAttachment names it");
                     Outcome::Done
                 }
+                // Every node's attacher releases the same finalizer of a deleted PV: a
+                // conflict is another one (or the provisioner) writing first; the retry
+                // reads the PV again and usually finds nothing left to do.
+                Err(e) if e.is_conflict() => {
+                    debug!(pv.name = %pv.name_any(), error = %e, "PersistentVolume changed meanwhile; retrying its release");
+                    Outcome::Retry(backoff(failures, policy.base, policy.cap))
+                }
                 Err(e) => {
                     warn!(pv.name = %pv.name_any(), error = %e, "cannot release the PersistentVolume; retrying");
                     Outcome::Retry(backoff(failures, policy.base, policy.cap))

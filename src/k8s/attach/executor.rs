@@ -52,6 +52,15 @@ pub(crate) enum AttachError {
     },
 }
 
+impl AttachError {
+    /// Whether the API server refused the write as a conflict (409): the object changed
+    /// since it was read.
+    pub(crate) fn is_conflict(&self) -> bool {
+        let (AttachError::VolumeAttachment { source, .. } | AttachError::PersistentVolume { source, .. }) = self;
+        matches!(source, kube::Error::Api(s) if s.code == 409)
+    }
+}
+
 /// Carries out actions against the API server (and the volume manager via `VolumeOps`).
 #[derive(Clone)]
 pub(crate) struct Executor {
@@ -194,10 +203,12 @@ impl Executor {
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
         let name = pv.name_any();
         let patch = finalizer_patch(pv, &self.identity.finalizer(), false);
-        pvs.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .map_err(|source| AttachError::PersistentVolume { name, source })?;
-        Ok(())
+        match pvs.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
+            // Gone already (the finalizer it waited for was the last): nothing to release.
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(source) => Err(AttachError::PersistentVolume { name, source }),
+            Ok(_) => Ok(()),
+        }
     }
 
     async fn patch_status(&self, va: &mut VolumeAttachment, patch: Value) -> Result<(), AttachError> {

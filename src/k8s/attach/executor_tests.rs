@@ -303,3 +303,35 @@ async fn failed_detach_writes_detach_error_keeps_the_finalizer_and_backs_off() {
     assert_eq!(requeue, Some(Duration::from_secs(2)));
     handle.assert_no_more_requests("no finalizer removal after a failed unpublish");
 }
+
+#[tokio::test(start_paused = true)]
+async fn releasing_a_pv_that_is_gone_is_done_and_a_conflict_is_told_apart() {
+    use crate::k8s::fake_api::respond_error;
+    let pv = pv_with_finalizer(pv("pv-1", "vol-1"));
+    // Gone already: another writer removed the last finalizer first. Nothing to release.
+    let (client, mut handle) = fake_api();
+    let executor = Executor::new(client, identity(), policy());
+    let server = tokio::spawn(async move {
+        let (_, send) = handle.expect(Method::PATCH, PV_PATH).await;
+        respond_error(send, 404, "persistentvolumes \"pv-1\" not found");
+        handle
+    });
+    executor.release_pv(&pv).await.expect("a PV that is gone needs no release");
+    server.await.expect("script ran").assert_no_more_requests("one patch");
+    // Changed meanwhile (another node's attacher wrote first): an error the caller retries
+    // quietly, told apart from any other failure.
+    let (client, mut handle) = fake_api();
+    let executor = Executor::new(client, identity(), policy());
+    let server = tokio::spawn(async move {
+        let (_, send) = handle.expect(Method::PATCH, PV_PATH).await;
+        respond_error(send, 409, "the object has been modified");
+        let (_, send) = handle.expect(Method::PATCH, PV_PATH).await;
+        respond_error(send, 500, "etcd is unhappy");
+        handle
+    });
+    let e = executor.release_pv(&pv).await.expect_err("a conflict is an error");
+    assert!(e.is_conflict(), "{e}");
+    let e = executor.release_pv(&pv).await.expect_err("a server error is an error");
+    assert!(!e.is_conflict(), "{e}");
+    server.await.expect("script ran").assert_no_more_requests("two patches");
+}
