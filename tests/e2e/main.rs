@@ -14,7 +14,8 @@
 //! 1. deploy: `kubectl apply -k tests/e2e/overlay`; the DaemonSet Ready (on the real node
 //!    only); CSINode lists the driver with its topology key; the node carries the label;
 //!    `kubectl get drives` shows each drive; each CSIStorageCapacity equals GetCapacity for
-//!    its class; then claims grown by editing them, on the empty drives (`resize.rs`);
+//!    its class (zero for an fstype vfat class, and a vfat claim sent to the node anyway
+//!    gets a ProvisioningFailed Event naming "vfat" and "ext4 or xfs"); then claims grown by editing them, on the empty drives (`resize.rs`);
 //! 2. a drive vanishing while it holds a volume: the Drive object shows it missing and
 //!    lists the volume, the volume is abnormal; the claim deleted: the object goes; the
 //!    drive back: the volume's partition is listed again and can be deleted by hand;
@@ -321,7 +322,9 @@ allowVolumeExpansion: true
 "
         )
     };
-    class("drivelet-e2e-ext4", "ext4") + &class("drivelet-e2e-xfs", "xfs")
+    // vfat: a filesystem drivelet does not make, for the refusal check of the deploy
+    // journey.
+    class("drivelet-e2e-ext4", "ext4") + &class("drivelet-e2e-xfs", "xfs") + &class("drivelet-e2e-vfat", "vfat")
 }
 
 fn claim(name: &str, class: &str, size_mib: u64, mode: &str, access: &str) -> String {
@@ -527,6 +530,31 @@ fn journey_deploy(ctx: &mut Ctx) -> Check {
             Ok(capacity_object(class)?.filter(|&c| c == (0, 0)).map(|_| ()))
         })?;
     }
+    // A class asking for a filesystem drivelet does not make: the scheduler is told there
+    // is no room for it, and a claim sent to the node anyway (the selected-node
+    // annotation the scheduler would set) is refused with words naming the value asked
+    // for and what is accepted; nothing is made.
+    wait_for("CSIStorageCapacity of drivelet-e2e-vfat zero (vfat is not served)", Duration::from_secs(60), || {
+        Ok(capacity_object("drivelet-e2e-vfat")?.filter(|&c| c == (0, 0)).map(|_| ()))
+    })?;
+    let refused = claim("refused-vfat", "drivelet-e2e-vfat", 64, "Filesystem", "ReadWriteOnce").replace(
+        &format!("  namespace: {NS}\n"),
+        &format!("  namespace: {NS}\n  annotations:\n    volume.kubernetes.io/selected-node: {}\n", real_node()),
+    );
+    kubectl(&["create", "namespace", NS]).or_else(|e| if e.contains("AlreadyExists") { Ok(String::new()) } else { Err(e) })?;
+    apply(&refused)?;
+    let message = wait_for("a ProvisioningFailed Event on claim refused-vfat", Duration::from_secs(60), || {
+        let ev = events_for("PersistentVolumeClaim", "refused-vfat", "ProvisioningFailed")?;
+        Ok(ev.first().and_then(|e| e["message"].as_str()).map(String::from))
+    })?;
+    for words in ["\"vfat\"", "ext4 or xfs", "InvalidArgument"] {
+        ensure(message.contains(words), || format!("the refusal does not name {words}: {message}"))?;
+    }
+    ctx.measured.insert("refusal of an fstype vfat claim".into(), message.clone());
+    let bound = get_json(&["get", "pvc", "-n", NS, "refused-vfat"])?;
+    ensure(bound["spec"]["volumeName"].as_str().unwrap_or_default().is_empty(), || format!("refused-vfat got a volume: {bound}"))?;
+    kubectl(&["delete", "pvc", "-n", NS, "refused-vfat", "--wait=true"])?;
+
     // Idle: the agent has scanned, registered and published; kubelet's stats lag ~10 s.
     std::thread::sleep(Duration::from_secs(15));
     record_memory(ctx, "idle after deploy");
