@@ -52,7 +52,7 @@ mod examine;
 mod write;
 
 pub use self::examine::{examine, Contents};
-pub use self::write::{add_partition, add_partition_wiped, remove_partition, resize_partition, Added};
+pub use self::write::{add_partition, add_partition_wiped, mark_clean, read_dirty, remove_partition, resize_partition, Added, DirtyState};
 
 /// Alignment of every partition start and size.
 pub const ALIGN: u64 = 1 << 20;
