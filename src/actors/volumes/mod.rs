@@ -247,10 +247,14 @@ impl VolumeManager {
             let Some(loc) = self.book.drives().find(|d| d.id == dd.drive_id).map(|d| ops::DriveLoc { path: d.path.clone(), sector: d.logical_block_size }) else {
                 continue;
             };
-            self.book.set_dirty(&dd.drive_id, dd.extents.clone());
+            // What the book holds dirty stays so: an extent freed while the drive was
+            // read (a create rolled back meanwhile) is not lost; one the drive says is
+            // clean already is found so by the cleaner and reported.
+            let extents = crate::disk::clean::union(&dd.extents, &self.book.dirty_extents(&dd.drive_id));
+            self.book.set_dirty(&dd.drive_id, extents.clone());
             let lock = self.lock_of(&dd.drive_id);
             match dd.expect {
-                Some(expect) => self.cleaner.set(&dd.drive_id, loc, lock, dd.extents, expect),
+                Some(expect) => self.cleaner.set(&dd.drive_id, loc, lock, extents, expect),
                 None => self.cleaner.set(&dd.drive_id, loc, lock, Vec::new(), cleaner::Expect::AnyTable),
             }
         }

@@ -83,6 +83,11 @@ impl VolumeBook {
         self.publish();
     }
 
+    /// The dirty extents of a drive.
+    pub(crate) fn dirty_extents(&self, drive_id: &str) -> Vec<Extent> {
+        self.dirty.get(drive_id).map(|d| d.extents.clone()).unwrap_or_default()
+    }
+
     /// How far cleaning is on every drive that has dirty space.
     pub(crate) fn cleaning(&self) -> Vec<Cleaning> {
         self.dirty
