@@ -19,7 +19,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
 use common::*;
 use drivelet::grpc::proto::csi;

@@ -214,7 +214,7 @@ fn run(shared: &Shared, step: u64, to: &Recipient<ExtentCleaned>, stalled: &Reci
                     q.jobs.remove(&s.drive_id);
                 }
                 drop(q);
-                let _ = to.do_send(ExtentCleaned { drive_id: s.drive_id, extent: s.extent });
+                to.do_send(ExtentCleaned { drive_id: s.drive_id, extent: s.extent });
             }
             Err(e) => {
                 let reason = e.to_string();
@@ -227,7 +227,7 @@ fn run(shared: &Shared, step: u64, to: &Recipient<ExtentCleaned>, stalled: &Reci
                     j.retry_at = Some(Instant::now() + RETRY);
                 }
                 drop(q);
-                let _ = stalled.do_send(CleaningStalled { drive_id: s.drive_id, reason, changed });
+                stalled.do_send(CleaningStalled { drive_id: s.drive_id, reason, changed });
             }
         }
     }
