@@ -421,6 +421,8 @@ impl Handler<cleaner::ExtentCleaned> for VolumeManager {
     fn handle(&mut self, m: cleaner::ExtentCleaned, _: &mut Context<Self>) {
         self.book.cleaned(&m.drive_id, m.extent);
         self.wake_clean_waiters();
+        // The Drive object shows how far cleaning is.
+        self.announce(&m.drive_id);
     }
 }
 
