@@ -374,15 +374,15 @@ fn a_table_without_a_journal_counts_all_free_space_dirty_and_a_blank_image_is_ta
     }
     drop(f);
     let free = gpt::free_extents(size, 512, &[(4 * MIB, 8 * MIB)]);
-    assert_eq!(gpt::read_dirty(&img, 512).unwrap(), gpt::DirtyState::Drivelet { disk_guid: table(&img).disk_guid, dirty: free });
+    assert_eq!(gpt::read_dirty(&img, 512).unwrap(), gpt::DirtyState::Drivelet { disk_guid: table(&img).disk_guid, dirty: free.clone(), free });
 
     // A blank image: the first step writes drivelet's table, the rest stays dirty.
     let (_d2, blank) = image(size, 0);
     assert_eq!(gpt::read_dirty(&blank, 512).unwrap(), gpt::DirtyState::Blank);
     let (guid, left) = gpt::mark_clean(&blank, 512, MIB, 16 * MIB, None).unwrap();
-    let region = gpt::usable_region(size, 512).unwrap();
-    assert_eq!(left, vec![(17 * MIB, region.1 - 17 * MIB)]);
-    assert_eq!(gpt::read_dirty(&blank, 512).unwrap(), gpt::DirtyState::Drivelet { disk_guid: guid, dirty: left });
+    let region = gpt::usable_region(size, 512).map(|(s, e)| (s, e - s)).unwrap();
+    assert_eq!(left, vec![(17 * MIB, region.0 + region.1 - 17 * MIB)]);
+    assert_eq!(gpt::read_dirty(&blank, 512).unwrap(), gpt::DirtyState::Drivelet { disk_guid: guid, dirty: left, free: vec![region] });
     assert!(table(&blank).partitions.is_empty(), "no partition, only the table");
     // Expecting a blank drive that has a table since is refused.
     assert!(matches!(gpt::mark_clean(&blank, 512, 17 * MIB, MIB, None), Err(DiskError::Foreign { .. })));

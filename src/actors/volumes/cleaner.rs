@@ -3,9 +3,10 @@
 //! tells the volume manager each step it made clean.
 //!
 //! Rules:
-//! - the drive's own journal ([`crate::disk::clean`]) says what is dirty; the jobs the
-//!   volume manager hands in say only where to look, and a job's extent the journal
-//!   does not list (a create that failed before it wrote anything) is clean already;
+//! - the drive's own journal ([`crate::disk::clean`]) says what is dirty after a
+//!   restart; a job's step is zeroed wherever the drive's table leaves it free (never
+//!   inside a partition), whether or not the journal lists it (a volume whose
+//!   partition was lost from the table and then deleted), then recorded clean;
 //! - a step is zeroed with no lock held (creates and deletes on the drive go on
 //!   meanwhile), through a write descriptor that is closed only under the drive's mutex
 //!   and its [`DiskLock`], with the journal update that records the step clean: so a
@@ -256,7 +257,11 @@ fn clean_step(s: &Step) -> Result<Uuid, DiskError> {
         (DirtyState::Drivelet { disk_guid, .. }, Expect::Blank) => {
             return Err(foreign(format!("a partition table (disk GUID {disk_guid}) written since it was found blank")));
         }
-        (DirtyState::Drivelet { disk_guid, dirty }, _) => (clean::intersect(&dirty, &[s.extent]), Some(disk_guid)),
+        // What the job says was freed is zeroed wherever the table leaves it free, even
+        // where the journal does not list it (a volume whose partition was lost from
+        // the table and then deleted); zeroing free space of drivelet's own table is
+        // always safe, and a step found clean already costs only the zeroing.
+        (DirtyState::Drivelet { disk_guid, free, .. }, _) => (clean::intersect(&free, &[s.extent]), Some(disk_guid)),
     };
     let file = open_for_zeroing(&s.loc)?;
     let how = clean::choose(clean::queue_limits(dev));
@@ -272,12 +277,7 @@ fn clean_step(s: &Step) -> Result<Uuid, DiskError> {
     let res = {
         let _g = s.lock.lock().unwrap_or_else(PoisonError::into_inner);
         let _udev = DiskLock::exclusive(dev)?;
-        let res = if targets.is_empty() && expect.is_some() {
-            // Clean already (nothing the journal lists): nothing to record.
-            Ok((expect.unwrap_or_default(), Vec::new()))
-        } else {
-            gpt::mark_clean(dev, s.loc.sector, s.extent.0, s.extent.1, expect)
-        };
+        let res = gpt::mark_clean(dev, s.loc.sector, s.extent.0, s.extent.1, expect);
         // Closed under the lock: udev's answer to it is the lock's to wait for.
         drop(file);
         res

@@ -275,7 +275,7 @@ fn dirty_on(d: &Drive, keep: &[VolumeRecord], clean_blank: bool) -> DriveDirty {
         .collect();
     let region: Vec<(u64, u64)> = gpt::usable_region(d.size_bytes, d.logical_block_size).map(|(s, e)| (s, e - s)).into_iter().collect();
     let (extents, expect) = match gpt::read_dirty(&d.path, d.logical_block_size) {
-        Ok(gpt::DirtyState::Drivelet { disk_guid, dirty }) => (clean::subtract(&dirty, &held), Some(cleaner::Expect::Table(disk_guid))),
+        Ok(gpt::DirtyState::Drivelet { disk_guid, dirty, .. }) => (clean::subtract(&dirty, &held), Some(cleaner::Expect::Table(disk_guid))),
         Ok(gpt::DirtyState::Blank) if !clean_blank => (Vec::new(), None),
         Ok(gpt::DirtyState::Blank) if held.is_empty() => {
             info!(actor = "volumes", drive.id = %d.id, "blank drive taken: it is zeroed whole before its first volume (volumes.clean_blank_drives)");

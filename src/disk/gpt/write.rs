@@ -222,6 +222,8 @@ pub enum DirtyState {
         disk_guid: Uuid,
         /// Dirty extents, merged.
         dirty: Vec<(u64, u64)>,
+        /// Free extents of the table (no partition there).
+        free: Vec<(u64, u64)>,
     },
 }
 
@@ -235,7 +237,8 @@ pub fn read_dirty(dev: &Path, sector: u64) -> Result<DirtyState, DiskError> {
         Judged::Foreign(found) => Err(refuse(dev, found)),
         Judged::Drivelet(disk) => {
             let (_, dirty) = dirty_on(file, &disk, size, sector);
-            Ok(DirtyState::Drivelet { disk_guid: *disk.guid(), dirty })
+            let free = free_extents(size, sector, &used_extents(&disk, sector));
+            Ok(DirtyState::Drivelet { disk_guid: *disk.guid(), dirty, free })
         }
     }
 }
