@@ -5,6 +5,8 @@
 //!   a whole-drive one, created over that space read back only zeros (`O_DIRECT`
 //!   reads of their partitions), the first one created right after the delete (it
 //!   waits for the cleaner).
+//! - ext4 and xfs volumes made there hold none of the old tenant's blocks (mkfs writes
+//!   only its metadata; the rest of the partition is what the drive held).
 //! - A drive filled with a pattern and then `wipefs -a`'d before drivelet first saw it
 //!   is zeroed whole before its first volume.
 //! - While freed space is being cleaned, GetCapacity does not promise it, `ctl drives`
@@ -19,6 +21,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use common::*;
 use drivelet::grpc::proto::csi;
@@ -196,6 +199,54 @@ fn space_being_cleaned_is_never_promised_is_shown_and_a_create_that_needs_it_wai
         assert_zeros(&drive, &id, "a volume over space cleaned while the agent was slowed");
         delete(&mut c, &id).await;
         delete(&mut c, &keep).await;
+    });
+    assert_eq!(agent.stop(), 0, "clean exit; log:\n{}", agent.log_tail(40));
+}
+
+/// How many whole 4 KiB blocks of `dev` hold nothing but the old tenant's pattern.
+fn pattern_blocks(dev: &Path) -> u64 {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let size = dev_size(dev);
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(dev).unwrap();
+    let mut b = Aligned::new(4 * MIB as usize, 0);
+    let (mut at, mut found) = (0, 0);
+    while at < size {
+        let n = (size - at).min(4 * MIB) as usize;
+        let buf = &mut b.buf()[..n];
+        f.read_exact_at(buf, at).unwrap();
+        found += buf.chunks(4096).filter(|c| c.iter().all(|&x| x == PATTERN)).count() as u64;
+        at += n as u64;
+    }
+    found
+}
+
+#[test]
+fn ext4_and_xfs_volumes_made_where_a_deleted_volume_lived_hold_none_of_its_blocks() {
+    require_host();
+    let tmp = short_tempdir();
+    let drive = LoopDrive::new(tmp.path(), "a.img", DRIVE);
+    sh("udevadm", &["settle"]);
+    let _unmount = Unmounter(tmp.path().to_path_buf());
+    let mut agent = Agent::start(tmp.path(), AgentOpts::default());
+    wait_clean(&agent, &drive);
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        tenant_fills_and_leaves(&mut c, &agent, &drive, "old-tenant").await;
+        for (fs, size) in [("ext4", 400 * MIB), ("xfs", 400 * MIB)] {
+            let v = c.ctrl.create_volume(create_req(&format!("fs-{fs}"), size, mount_cap(fs))).await;
+            let id = v.unwrap_or_else(|e| panic!("create {fs}: {e}; log:\n{}", agent.log_tail(30))).into_inner().volume.unwrap().volume_id;
+            let staging = tmp.path().join(format!("kubelet/stage-{fs}"));
+            std::fs::create_dir_all(&staging).unwrap();
+            c.node.node_stage_volume(stage_req(&id, &staging, mount_cap(fs))).await.unwrap_or_else(|e| panic!("stage {fs}: {e}"));
+            std::fs::write(staging.join("mine"), b"the new tenant's own file").unwrap();
+            let req = csi::NodeUnstageVolumeRequest { volume_id: id.clone(), staging_target_path: staging.display().to_string() };
+            c.node.node_unstage_volume(req).await.unwrap_or_else(|e| panic!("unstage {fs}: {e}"));
+            // mkfs writes only its metadata: everywhere else the partition is what the
+            // drive held, and that must not be the old tenant's.
+            let dev = volume_dev(&drive, &id);
+            assert_eq!(pattern_blocks(&dev), 0, "{fs}: the new volume's partition holds blocks of the old tenant's data");
+        }
     });
     assert_eq!(agent.stop(), 0, "clean exit; log:\n{}", agent.log_tail(40));
 }

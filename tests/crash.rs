@@ -327,8 +327,10 @@ impl Case {
         if let Some(ids) = self.agent.ctl_volume_ids() {
             assert!(ids.is_empty(), "{point}: volume records leaked: {ids:?}");
         }
-        // The space is not held by a leftover record: a new volume takes it.
+        // The space is not held by a leftover record: a new volume takes it, once the
+        // cleaner zeroed what the delete freed (until then it is placed elsewhere).
         assert_eq!(self.start, first_volume_start(DRIVE), "{point}: the volume took the first extent of a blank drive");
+        wait_clean(&self.agent, &self.drive);
         self.name = format!("{}-probe", self.name);
         self.volume_id = drivelet::disk::gpt::volume_partition_guid(&self.name).to_string();
         self.ok(Step::Create, "of a new volume after the delete");
@@ -357,6 +359,9 @@ fn crash_and_retry(point: &'static str) {
         if step == crash_at {
             c.crash(step);
             c.agent.spawn();
+            // What a create rolled back freed is zeroed before anything is placed there:
+            // the retry finds the drive as the first try did once that is done.
+            wait_clean(&c.agent, &c.drive);
             c.after_restart(step);
             c.ok(step, "retried after the crash");
         } else {
