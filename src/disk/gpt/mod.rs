@@ -21,7 +21,9 @@
 //!   the disk, a GPT drivelet cannot parse, a signature at either end — is foreign,
 //!   named in plain words; a fresh table gets a protective MBR and a drivelet disk GUID;
 //! - writes touch only the GPT structures (LBA 0, the primary header and entry array,
-//!   the backup entry array and header), are serialised within the process, and are
+//!   the backup entry array and header) and the journal of dirty extents in the rest of
+//!   the first MiB ([`crate::disk::clean`]: a removal lists the freed extent there in
+//!   the same commit, before its first flush), are serialised within the process, and are
 //!   fsynced before returning; the backup copy is written (array, then header) and
 //!   flushed before the primary copy, so a process killed mid-write leaves one copy
 //!   whose header matches its entry array; a device is inspected read-only and opened for writing
