@@ -158,7 +158,28 @@ level = "debug"
         let mut a = Agent { dir: dir.to_path_buf(), config, csi_socket, admin_socket, child: None, log: dir.join("agent.log") };
         a.spawn_with(env);
         a.wait_ready();
+        a.wait_drives_clean();
         a
+    }
+
+    /// Waits (60 s at most) until no drive has space being cleaned: a fresh agent zeroes
+    /// the blank drives it takes before they offer their space (issue 24), and a test
+    /// starts from drives that offer all of it.
+    pub fn wait_drives_clean(&self) {
+        let start = Instant::now();
+        loop {
+            let out = Command::new(bin())
+                .args(["ctl", "--socket", self.admin_socket.to_str().unwrap(), "drives", "--output", "json"])
+                .output()
+                .unwrap();
+            let drives: Option<serde_json::Value> = out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten();
+            let cleaning = drives.as_ref().and_then(|d| d.as_array()).map(|l| l.iter().any(|d| d.get("cleaning").is_some()));
+            if cleaning == Some(false) {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "drives still being cleaned 60 s after start: {drives:?}; log:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Starts (or restarts) the process and waits for readiness.
