@@ -16,7 +16,9 @@
 //!   drivelet table, or (a blank drive being taken) still nothing at all; anything else
 //!   stops the job and nothing is written;
 //! - a step that fails is tried again after [`RETRY`]; the space stays dirty (never
-//!   handed out) meanwhile.
+//!   handed out) meanwhile;
+//! - a blank drive that appears while drivelet runs is zeroed only after
+//!   [`BLANK_GRACE`].
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -37,6 +39,12 @@ use crate::failpoint::crash_point;
 
 /// How long a failed step waits before it is tried again.
 pub(crate) const RETRY: Duration = Duration::from_secs(30);
+
+/// How long a blank drive that appears while drivelet runs is left alone before it is
+/// zeroed: an admin who plugs a disk in and formats it at once (for another use) finds
+/// it untouched, and the cleaner, which checks the drive is still blank before each
+/// step, leaves it alone from then on. (A drive present at start-up has sat there.)
+pub(crate) const BLANK_GRACE: Duration = Duration::from_secs(5);
 
 /// What the drive must hold for a job's next step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,15 +126,17 @@ impl Cleaner {
         }
     }
 
-    /// Replaces what is to be cleaned on a drive (empty `dirty`: nothing).
-    pub(crate) fn set(&self, drive_id: &str, loc: DriveLoc, lock: Arc<Mutex<()>>, dirty: Vec<Extent>, expect: Expect) {
+    /// Replaces what is to be cleaned on a drive (empty `dirty`: nothing); the first
+    /// step waits `delay` when given.
+    pub(crate) fn set(&self, drive_id: &str, loc: DriveLoc, lock: Arc<Mutex<()>>, dirty: Vec<Extent>, expect: Expect, delay: Option<Duration>) {
         let mut q = self.shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
         q.generation += 1;
         let generation = q.generation;
         if dirty.is_empty() {
             q.jobs.remove(drive_id);
         } else {
-            q.jobs.insert(drive_id.to_string(), Job { loc, lock, dirty: clean::normalize(&dirty), expect, retry_at: None, generation });
+            let retry_at = delay.map(|d| Instant::now() + d);
+            q.jobs.insert(drive_id.to_string(), Job { loc, lock, dirty: clean::normalize(&dirty), expect, retry_at, generation });
         }
         self.shared.wake.notify_all();
     }

@@ -242,7 +242,9 @@ impl VolumeManager {
 
     /// Hands what start-up or a drive's reconciliation found dirty to the book and the
     /// cleaner.
-    fn take_dirty(&mut self, found: Vec<startup::DriveDirty>) {
+    /// `hotplug`: the drives were read because they appeared (or changed) while running:
+    /// a blank one is zeroed only after [`cleaner::BLANK_GRACE`].
+    fn take_dirty(&mut self, found: Vec<startup::DriveDirty>, hotplug: bool) {
         for dd in found {
             let Some(loc) = self.book.drives().find(|d| d.id == dd.drive_id).map(|d| ops::DriveLoc { path: d.path.clone(), sector: d.logical_block_size }) else {
                 continue;
@@ -254,8 +256,11 @@ impl VolumeManager {
             self.book.set_dirty(&dd.drive_id, extents.clone());
             let lock = self.lock_of(&dd.drive_id);
             match dd.expect {
-                Some(expect) => self.cleaner.set(&dd.drive_id, loc, lock, extents, expect),
-                None => self.cleaner.set(&dd.drive_id, loc, lock, Vec::new(), cleaner::Expect::AnyTable),
+                Some(expect) => {
+                    let delay = (hotplug && expect == cleaner::Expect::Blank).then_some(cleaner::BLANK_GRACE);
+                    self.cleaner.set(&dd.drive_id, loc, lock, extents, expect, delay)
+                }
+                None => self.cleaner.set(&dd.drive_id, loc, lock, Vec::new(), cleaner::Expect::AnyTable, None),
             }
         }
         self.wake_clean_waiters();

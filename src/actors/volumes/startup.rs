@@ -77,7 +77,7 @@ impl VolumeManager {
                         let id = u.drive_id.clone();
                         act.write_use(&id, Some(u));
                     }
-                    act.take_dirty(dirty);
+                    act.take_dirty(dirty, false);
                     act.refresh(|_| true);
                     info!(actor = "volumes", volumes = act.book.volume_count(), "volume manager ready");
                     for waiter in act.ready_waiters.drain(..) {
@@ -125,7 +125,7 @@ impl VolumeManager {
             match res {
                 Ok(Ok((keep, dirty))) => {
                     act.book.settled(&drive_id, &ids, keep);
-                    act.take_dirty(dirty);
+                    act.take_dirty(dirty, true);
                     act.announce(&drive_id);
                 }
                 Ok(Err(e)) => error!(actor = "volumes", drive.id = %drive_id, error = %e, "cannot reconcile the drive's volumes"),
