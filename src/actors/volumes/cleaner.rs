@@ -18,7 +18,8 @@
 //! - a step that fails is tried again after [`RETRY`]; the space stays dirty (never
 //!   handed out) meanwhile;
 //! - a blank drive that appears while drivelet runs is zeroed only after
-//!   [`BLANK_GRACE`].
+//!   [`BLANK_GRACE`]; space freed on a drive waits until the drive had [`QUIET`] without
+//!   another delete, so bursts of calls do not interleave with the cleaner's writes.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -39,6 +40,16 @@ use crate::failpoint::crash_point;
 
 /// How long a failed step waits before it is tried again.
 pub(crate) const RETRY: Duration = Duration::from_secs(30);
+
+/// How long the cleaner lets a drive rest after space on it was freed before it takes
+/// a step there: a burst of deletes and creates on one drive runs without the cleaner's
+/// writes (and udev's probes of them) between its calls, and the burst's space is
+/// cleaned after it.
+pub(crate) const QUIET: Duration = Duration::from_millis(200);
+
+/// The longest a drive's freed space waits for [`QUIET`]: deletes that never pause do
+/// not hold the cleaner off for good.
+pub(crate) const QUIET_MAX: Duration = Duration::from_secs(2);
 
 /// How long a blank drive that appears while drivelet runs is left alone before it is
 /// zeroed: an admin who plugs a disk in and formats it at once (for another use) finds
@@ -86,6 +97,8 @@ struct Job {
     dirty: Vec<Extent>,
     expect: Expect,
     retry_at: Option<Instant>,
+    /// When the first extent freed since the last step came (see [`QUIET_MAX`]).
+    first_pending: Option<Instant>,
     /// Bumped whenever the job is replaced, so a step's result for an older job is
     /// applied only as far as it still holds.
     generation: u64,
@@ -136,7 +149,7 @@ impl Cleaner {
             q.jobs.remove(drive_id);
         } else {
             let retry_at = delay.map(|d| Instant::now() + d);
-            q.jobs.insert(drive_id.to_string(), Job { loc, lock, dirty: clean::normalize(&dirty), expect, retry_at, generation });
+            q.jobs.insert(drive_id.to_string(), Job { loc, lock, dirty: clean::normalize(&dirty), expect, retry_at, first_pending: None, generation });
         }
         self.shared.wake.notify_all();
     }
@@ -148,12 +161,24 @@ impl Cleaner {
             Some(j) => {
                 j.dirty = clean::union(&j.dirty, &[extent]);
                 j.loc = loc;
-                j.retry_at = None;
+                let now = Instant::now();
+                let first = *j.first_pending.get_or_insert(now);
+                j.retry_at = Some((now + QUIET).min(first + QUIET_MAX));
             }
             None => {
                 q.generation += 1;
                 let generation = q.generation;
-                q.jobs.insert(drive_id.to_string(), Job { loc, lock, dirty: vec![extent], expect: Expect::AnyTable, retry_at: None, generation });
+                let now = Instant::now();
+                let job = Job {
+                    loc,
+                    lock,
+                    dirty: vec![extent],
+                    expect: Expect::AnyTable,
+                    retry_at: Some(now + QUIET),
+                    first_pending: Some(now),
+                    generation,
+                };
+                q.jobs.insert(drive_id.to_string(), job);
             }
         }
         self.shared.wake.notify_all();
@@ -217,6 +242,7 @@ fn run(shared: &Shared, step: u64, to: &Recipient<ExtentCleaned>, stalled: &Reci
         let Some(j) = q.jobs.get_mut(&s.drive_id) else { continue };
         match res {
             Ok(guid) => {
+                j.first_pending = None;
                 j.dirty = clean::subtract(&j.dirty, &[s.extent]);
                 if j.generation == s.generation || j.expect == Expect::AnyTable {
                     j.expect = Expect::Table(guid);
@@ -307,7 +333,7 @@ mod tests {
 
     fn job(dirty: Vec<Extent>, retry_at: Option<Instant>) -> Job {
         let loc = DriveLoc { path: "/dev/null".into(), sector: 512 };
-        Job { loc, lock: Arc::default(), dirty, expect: Expect::AnyTable, retry_at, generation: 1 }
+        Job { loc, lock: Arc::default(), dirty, expect: Expect::AnyTable, retry_at, first_pending: None, generation: 1 }
     }
 
     #[test]
