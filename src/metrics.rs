@@ -48,6 +48,7 @@ pub(crate) struct Metrics {
     /// Per CSI method: requests by code, and latency (one lock per request).
     rpcs: Mutex<BTreeMap<String, MethodStats>>,
     health_polls: AtomicU64,
+    zeroed_bytes: AtomicU64,
     health_poll_micros: AtomicU64,
     last_scan_unix: AtomicU64,
     csi_serving: AtomicBool,
@@ -89,6 +90,11 @@ impl Metrics {
         self.health_poll_micros.store(took.as_micros().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
+    /// The cleaner zeroed `bytes` of freed space.
+    pub(crate) fn record_zeroed(&self, bytes: u64) {
+        self.zeroed_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// A drive scan (full or of changed disks) was applied now.
     pub(crate) fn record_scan(&self) {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -112,6 +118,7 @@ impl Metrics {
             rpcs: stats.iter().flat_map(|(m, s)| s.codes.iter().map(move |(c, n)| ((m.clone(), *c), *n))).collect(),
             latency: stats.iter().map(|(m, s)| (m.clone(), s.latency.clone())).collect(),
             health_polls: self.health_polls.load(Ordering::Relaxed),
+            zeroed_bytes: self.zeroed_bytes.load(Ordering::Relaxed),
             health_poll_seconds: self.health_poll_micros.load(Ordering::Relaxed) as f64 / 1e6,
             last_scan_unix: self.last_scan_unix.load(Ordering::Relaxed),
         }
@@ -127,6 +134,8 @@ pub(crate) struct Counters {
     pub latency: BTreeMap<String, Histogram>,
     /// SMART polls done.
     pub health_polls: u64,
+    /// Bytes of freed space the cleaner zeroed.
+    pub zeroed_bytes: u64,
     /// Duration of the last SMART poll.
     pub health_poll_seconds: f64,
     /// When the last drive scan was applied (0: never).
@@ -223,6 +232,8 @@ pub(crate) fn render(c: &Counters, g: &Gauges) -> String {
     }
     header(&mut out, "drivelet_health_polls_total", "counter", "SMART polls of all managed drives.");
     let _ = writeln!(out, "drivelet_health_polls_total {}", c.health_polls);
+    header(&mut out, "drivelet_zeroed_bytes_total", "counter", "Bytes of freed drive space zeroed before reuse.");
+    let _ = writeln!(out, "drivelet_zeroed_bytes_total {}", c.zeroed_bytes);
     header(&mut out, "drivelet_health_poll_duration_seconds", "gauge", "How long the last SMART poll of all managed drives took.");
     let _ = writeln!(out, "drivelet_health_poll_duration_seconds {}", c.health_poll_seconds);
     header(&mut out, "drivelet_inventory_last_scan_timestamp_seconds", "gauge", "Unix time of the last drive scan applied.");
@@ -244,6 +255,7 @@ mod tests {
         c.latency.insert("Probe".into(), h);
         c.rpcs.insert(("Probe".into(), "OK"), 4);
         c.rpcs.insert(("Probe".into(), code_name(5)), 1);
+        c.zeroed_bytes = 3 << 20;
         let text = render(&c, &Gauges::default());
         for line in [
             "drivelet_csi_request_duration_seconds_bucket{method=\"Probe\",le=\"0.0001\"} 1",
@@ -254,6 +266,7 @@ mod tests {
             "drivelet_csi_request_duration_seconds_count{method=\"Probe\"} 5",
             "drivelet_csi_requests_total{method=\"Probe\",code=\"OK\"} 4",
             "drivelet_csi_requests_total{method=\"Probe\",code=\"NOT_FOUND\"} 1",
+            "drivelet_zeroed_bytes_total 3145728",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
         }

@@ -147,6 +147,9 @@ pub fn drives_table(drives: &[DriveView]) -> String {
                 if !v.usage_reason.is_empty() {
                     reason = format!("{reason}; {}: {}", v.usage, v.usage_reason);
                 }
+                if let Some(c) = &v.cleaning {
+                    reason = format!("{reason}; {} (zeroed before reuse, not free until then)", c.words());
+                }
             }
             vec![
                 d.id.clone(),
@@ -157,7 +160,7 @@ pub fn drives_table(drives: &[DriveView]) -> String {
                 d.health.health.as_str().to_string(),
                 v.usage.clone(),
                 if d.class == crate::words::DriveClass::Managed {
-                    human_bytes(d.free_bytes)
+                    human_bytes(d.free_bytes.saturating_sub(v.cleaning.as_ref().map_or(0, |c| c.left_bytes)))
                 } else {
                     "-".into()
                 },

@@ -229,11 +229,30 @@ pub struct VolumesConfig {
     pub default_size: u64,
     /// Filesystem made on a mount volume whose capability names none: ext4 or xfs.
     pub default_fs: String,
+    /// Whether a drive taken as blank (no partition table, no signature) is zeroed
+    /// whole before its first volume: blank to blkid is not zero. Off only for drives
+    /// known to hold nothing (fresh from the factory, or already zeroed).
+    pub clean_blank_drives: bool,
+    /// How long a CreateVolume that fits only in space still being cleaned waits for
+    /// it before it answers RESOURCE_EXHAUSTED.
+    #[serde(deserialize_with = "de_duration")]
+    pub cleaning_wait: Duration,
+    /// How much the cleaner zeroes between two records of its progress on the drive
+    /// (size string): what a restart zeroes again at most.
+    #[serde(deserialize_with = "de_size")]
+    pub cleaning_step: u64,
 }
 
 impl Default for VolumesConfig {
     fn default() -> Self {
-        Self { allowed_roots: vec!["/var/lib/kubelet".into()], default_size: 1 << 30, default_fs: "ext4".into() }
+        Self {
+            allowed_roots: vec!["/var/lib/kubelet".into()],
+            default_size: 1 << 30,
+            default_fs: "ext4".into(),
+            clean_blank_drives: true,
+            cleaning_wait: Duration::from_secs(30),
+            cleaning_step: 1 << 30,
+        }
     }
 }
 

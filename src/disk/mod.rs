@@ -4,6 +4,7 @@
 //! are synchronous, meant to run off the async runtime (`spawn_blocking`).
 
 pub mod blkpg;
+pub mod clean;
 pub(crate) mod copy;
 pub mod fs;
 pub mod gpt;

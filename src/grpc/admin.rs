@@ -15,7 +15,8 @@ use crate::actors::inventory::model::Drive;
 use crate::actors::messages::ListDrives;
 use crate::actors::volumes::model::VolumeRecord;
 
-use crate::actors::volumes::{AdoptVolume, ListDriveUses, ListVolumes, ReleaseDrive};
+use crate::actors::volumes::book::Cleaning;
+use crate::actors::volumes::{AdoptVolume, ListCleaning, ListDriveUses, ListVolumes, ReleaseDrive};
 use crate::words::DriveUse;
 
 /// A request on the admin socket.
@@ -69,6 +70,10 @@ pub struct DriveView {
     /// Why it is releasing or released.
     #[serde(default)]
     pub usage_reason: String,
+    /// Space freed on it that is still being zeroed before reuse (not counted as
+    /// capacity meanwhile), and how far that is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleaning: Option<Cleaning>,
 }
 
 /// An answer on the admin socket.
@@ -97,6 +102,7 @@ async fn answer(front: &Front, line: &str) -> AdminResponse {
         Ok(AdminRequest::Drives) => match (front.inventory.send(ListDrives).await, front.volumes.send(ListDriveUses).await) {
             (Ok(d), uses) => {
                 let uses = uses.unwrap_or_default();
+                let cleaning = front.volumes.send(ListCleaning).await.unwrap_or_default();
                 AdminResponse::Drives(
                     d.into_iter()
                         .map(|drive| {
@@ -104,6 +110,7 @@ async fn answer(front: &Front, line: &str) -> AdminResponse {
                             DriveView {
                                 usage: u.map(|u| u.state.as_str()).unwrap_or("active").to_string(),
                                 usage_reason: u.map(|u| u.reason.clone()).unwrap_or_default(),
+                                cleaning: cleaning.iter().find(|c| c.drive_id == drive.id).cloned(),
                                 drive,
                             }
                         })

@@ -106,6 +106,11 @@ pub(crate) struct DriveStatus {
     /// Ids of the volumes on the disk.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
+    /// Space freed on the disk that is still being zeroed before another volume may
+    /// take it (not counted as capacity until then), and how far that is, in plain
+    /// words: "512.0 MiB being cleaned (40% done)". Absent when nothing is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleaning: Option<String>,
 }
 
 /// Whether the node sees a disk.
@@ -251,6 +256,7 @@ mod tests {
             presence: DrivePresence::Present,
             missing: false,
             volumes: vec!["vol-1".into()],
+            cleaning: Some("512.0 MiB being cleaned (40% done)".into()),
         });
         let value = serde_json::to_value(&drive).expect("serializes");
         assert_eq!(value["apiVersion"], "drivelet.io/v1alpha1");
@@ -266,6 +272,7 @@ mod tests {
         assert!(value["status"].get("missing").is_none(), "a present drive carries no missing flag");
         assert_eq!(value["status"]["presence"], "present");
         assert_eq!(value["spec"]["size"], "1.8 TiB");
+        assert_eq!(value["status"]["cleaning"], "512.0 MiB being cleaned (40% done)");
         let back: Drive = serde_json::from_value(value).expect("round trips");
         assert_eq!(back.status, drive.status);
     }

@@ -51,7 +51,8 @@ use crate::actors::inventory::DriveInventory;
 use crate::actors::messages::{DriveEvent, GetInventoryStatus, ListDrives, SubscribeDrives, SubscribeVolumes, VolumesChanged};
 
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
-use crate::actors::volumes::{ListDriveUses, ListVolumes, VolumeManager, VolumesReady};
+use crate::actors::volumes::book::Cleaning;
+use crate::actors::volumes::{ListCleaning, ListDriveUses, ListVolumes, VolumeManager, VolumesReady};
 use crate::words::{DriveClass, DriveUse, DriveUseState, Health};
 
 /// The label naming the node a `Drive` object belongs to.
@@ -184,6 +185,16 @@ fn object(node: &str, drive_id: &str, spec: crd::DriveSpec, status: crd::DriveSt
     obj
 }
 
+/// Puts how far the cleaning of each drive's freed space is into its object's status.
+pub(crate) fn show_cleaning(objects: &mut [crd::Drive], cleaning: &[Cleaning]) {
+    for o in objects {
+        let words = cleaning.iter().find(|c| c.drive_id == o.spec.drive_id).map(Cleaning::words);
+        if let Some(st) = o.status.as_mut() {
+            st.cleaning = words;
+        }
+    }
+}
+
 /// The objects this node should have: one per drive the inventory sees, and one per
 /// drive it does not see that still holds a live volume (marked missing), ordered by name.
 pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: &[VolumeRecord]) -> Vec<crd::Drive> {
@@ -220,6 +231,7 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             presence: crd::DrivePresence::Present,
             missing: false,
             volumes: ids_on(&d.id),
+            cleaning: None,
         };
         let obj = object(node, &d.id, spec, status);
         out.entry(obj.name_any()).or_insert(obj);
@@ -256,6 +268,7 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             presence: crd::DrivePresence::Missing,
             missing: true,
             volumes: ids_on(id),
+            cleaning: None,
         };
         let obj = object(node, id, spec, status);
         out.entry(obj.name_any()).or_insert(obj);
@@ -449,6 +462,7 @@ pub(crate) struct Sources {
     pub(crate) volumes_ready: Recipient<VolumesReady>,
     pub(crate) uses: Recipient<ListDriveUses>,
     pub(crate) volumes: Recipient<ListVolumes>,
+    pub(crate) cleaning: Recipient<ListCleaning>,
 }
 
 impl Sources {
@@ -460,6 +474,7 @@ impl Sources {
             subscribe_volumes: volumes.clone().recipient(),
             volumes_ready: volumes.clone().recipient(),
             uses: volumes.clone().recipient(),
+            cleaning: volumes.clone().recipient(),
             volumes: volumes.recipient(),
         }
     }
@@ -491,7 +506,9 @@ async fn sync_once(node: String, sources: Sources, executor: Executor) -> Result
     let drives = sources.drives.send(ListDrives).await.map_err(ask("inventory", "its drives"))?;
     let uses = sources.uses.send(ListDriveUses).await.map_err(ask("volume manager", "the drive usage records"))?;
     let volumes = sources.volumes.send(ListVolumes).await.map_err(ask("volume manager", "its volumes"))?;
-    let want = desired(&node, &drives, &uses, &volumes);
+    let cleaning = sources.cleaning.send(ListCleaning).await.map_err(ask("volume manager", "how far cleaning is"))?;
+    let mut want = desired(&node, &drives, &uses, &volumes);
+    show_cleaning(&mut want, &cleaning);
     let existing = executor.list(&node).await?;
     let actions = plan(&node, &want, &existing);
     executor.execute(&actions).await?;
@@ -759,6 +776,18 @@ mod tests {
     }
 
     #[test]
+    fn a_drive_being_cleaned_says_so_in_its_status_and_the_others_do_not() {
+        let mut objs = desired(NODE, &[drive("wwn-a", DriveClass::Managed, "blank"), drive("wwn-b", DriveClass::Managed, "blank")], &[], &[]);
+        let c = Cleaning { drive_id: "wwn-a".into(), left_bytes: 384 << 20, round_bytes: 512 << 20 };
+        show_cleaning(&mut objs, &[c]);
+        let of = |objs: &[crd::Drive], id: &str| objs.iter().find(|o| o.spec.drive_id == id).and_then(|o| o.status.clone()).and_then(|s| s.cleaning);
+        assert_eq!(of(&objs, "wwn-a").as_deref(), Some("384.0 MiB being cleaned (25% done)"));
+        assert_eq!(of(&objs, "wwn-b"), None);
+        show_cleaning(&mut objs, &[]);
+        assert_eq!(of(&objs, "wwn-a"), None, "gone once clean");
+    }
+
+    #[test]
     fn desired_has_one_object_per_drive_of_any_class_with_mapped_states() {
         let managed = drive("wwn-m", DriveClass::Managed, "carries a drivelet GPT");
         let system = drive("ata-sys", DriveClass::System, "backs the mounted filesystem at /");
@@ -792,6 +821,7 @@ mod tests {
                 presence: crd::DrivePresence::Present,
                 missing: false,
                 volumes: vols.iter().map(|n| volume(*n, "", VolumeState::Available).id).collect(),
+                cleaning: None,
             }
         };
         let passed = "SMART overall-health passed";
@@ -883,6 +913,7 @@ mod tests {
                 presence: crd::DrivePresence::Missing,
                 missing: true,
                 volumes: vec![live.clone(), failed.id.clone()],
+                cleaning: None,
             })
         );
     }

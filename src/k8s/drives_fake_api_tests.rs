@@ -26,7 +26,7 @@ use crate::actors::messages::{
     DriveEvent, GetInventoryStatus, InventoryStatus, ListDrives, SubscribeDrives, SubscribeVolumes, VolumesChanged,
 };
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
-use crate::actors::volumes::{ListDriveUses, ListVolumes, VolumesReady};
+use crate::actors::volumes::{ListCleaning, ListDriveUses, ListVolumes, VolumesReady};
 use crate::words::{DriveClass, Health};
 
 const LIST_PATH: &str = "/apis/drivelet.io/v1alpha1/drives?&labelSelector=drivelet.io%2Fnode%3Dnode-a";
@@ -262,6 +262,13 @@ impl Handler<ListDriveUses> for FakeVolumes {
     }
 }
 
+impl Handler<ListCleaning> for FakeVolumes {
+    type Result = MessageResult<ListCleaning>;
+    fn handle(&mut self, _: ListCleaning, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(Vec::new())
+    }
+}
+
 impl Handler<ListVolumes> for FakeVolumes {
     type Result = MessageResult<ListVolumes>;
     fn handle(&mut self, _: ListVolumes, _: &mut Context<Self>) -> Self::Result {
@@ -289,6 +296,7 @@ fn start_sync(client: Client, world: &Shared) -> Addr<DriveSync> {
         subscribe_volumes: volumes.clone().recipient(),
         volumes_ready: volumes.clone().recipient(),
         uses: volumes.clone().recipient(),
+        cleaning: volumes.clone().recipient(),
         volumes: volumes.recipient(),
     };
     DriveSync::with_sources(client, NODE.to_string(), sources, RESYNC).start()

@@ -22,6 +22,7 @@
 //!   turns its volumes normal only once they are checked and free to stage again.
 
 mod claim;
+mod cleaning;
 mod clone;
 mod drives;
 #[cfg(test)]
@@ -50,6 +51,7 @@ use crate::disk::gpt;
 
 use self::claim::BusyIds;
 pub(crate) use self::claim::Claim;
+pub(crate) use self::cleaning::{Cleaning, Dirty};
 
 /// What a CreateVolume asks for, decided.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,6 +86,9 @@ pub(crate) struct VolumeBook {
     reconciling: BTreeMap<String, u32>,
     /// Where each change of what the cheap calls read is published.
     view: ViewPublisher,
+    /// Space per drive that may still hold a former tenant's bytes: never placed on,
+    /// never counted as capacity, until the cleaner zeroed it.
+    dirty: BTreeMap<String, Dirty>,
 }
 
 /// Seconds since the epoch, for records.
@@ -106,6 +111,7 @@ impl VolumeBook {
             conditions: HashMap::new(),
             reconciling: BTreeMap::new(),
             view: ViewPublisher::default(),
+            dirty: BTreeMap::new(),
         }
     }
 
@@ -147,6 +153,7 @@ impl VolumeBook {
         self.records.clear();
         self.drives.clear();
         self.reconciling.clear();
+        self.dirty.clear();
         self.busy.lock().unwrap_or_else(|p| p.into_inner()).ids.clear();
         self.publish();
     }
@@ -422,6 +429,12 @@ impl VolumeBook {
     }
 
     fn candidates(&self) -> Vec<Candidate<'_>> {
+        self.candidates_with(true)
+    }
+
+    /// The candidates for placement; `with_dirty`: space still being cleaned counts as
+    /// used (always, but to tell whether a create waits for the cleaner).
+    fn candidates_with(&self, with_dirty: bool) -> Vec<Candidate<'_>> {
         // One pass over the records, not one per drive.
         let mut by_drive: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
         for r in self.records.values().filter(|r| r.adopted.is_none()) {
@@ -433,6 +446,9 @@ impl VolumeBook {
             .map(|d| {
                 let mut used = by_drive.remove(d.id.as_str()).unwrap_or_default();
                 used.extend(d.extents.iter().copied());
+                if with_dirty {
+                    used.extend(self.dirty.get(&d.id).into_iter().flat_map(|x| x.extents.iter().copied()));
+                }
                 let closed = self.drive_use.contains_key(&d.id) || d.health.health == Health::Bad;
                 Candidate { drive: d, used: used.into(), closed }
             })
@@ -442,6 +458,11 @@ impl VolumeBook {
     /// Decides a CreateVolume: the existing volume of the name, or a new record placed
     /// on a drive with room.
     pub(crate) fn plan_create(&self, m: &CreateVolume) -> Result<CreatePlan, VolumeError> {
+        self.plan_create_with(m, true)
+    }
+
+    /// [`VolumeBook::plan_create`], counting space being cleaned as used or not.
+    fn plan_create_with(&self, m: &CreateVolume, with_dirty: bool) -> Result<CreatePlan, VolumeError> {
         let guid = gpt::volume_partition_guid(&m.name);
         let id = guid.to_string();
         let fs_type = if m.block { String::new() } else if m.fs_type.is_empty() { self.cfg.default_fs.clone() } else { m.fs_type.clone() };
@@ -489,8 +510,11 @@ impl VolumeBook {
         };
         let size = model::size_for(m.range, default, minimum).map_err(|reason| VolumeError::OutOfRange { reason })?;
         let want = if m.layout == LayoutKind::Drive { m.range.required.max(minimum) } else { size };
-        let p = placement::place(&self.candidates(), m.media, m.layout, want).map_err(|e| match e {
+        let p = placement::place(&self.candidates_with(with_dirty), m.media, m.layout, want).map_err(|e| match e {
             NoRoom::TooBig(reason) => VolumeError::OutOfRange { reason },
+            NoRoom::Full(reason) if with_dirty && self.plan_create_with(m, false).is_ok() => {
+                VolumeError::ResourceExhausted { reason: format!("{reason}: {}", self.cleaning_note()) }
+            }
             NoRoom::Full(reason) => VolumeError::ResourceExhausted { reason },
         })?;
         if m.layout == LayoutKind::Drive && m.range.limit != 0 && p.size > m.range.limit {

@@ -236,6 +236,11 @@ pub struct GetStorageHealth;
 #[rtype(result = "Vec<DriveUse>")]
 pub struct ListDriveUses;
 
+/// Query: how far the cleaning of freed space is, per drive that has some.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "Vec<super::book::Cleaning>")]
+pub struct ListCleaning;
+
 /// Query: filesystem usage of a volume at one of its paths (NodeGetVolumeStats).
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "Result<(VolumeStatus, Option<crate::disk::fs::Usage>), VolumeError>")]

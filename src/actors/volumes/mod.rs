@@ -30,6 +30,7 @@
 //! thread; [`messages`] are what it answers, [`startup`] how it starts.
 
 pub(crate) mod book;
+pub(crate) mod cleaner;
 pub(crate) mod clone;
 pub mod error;
 pub(crate) mod conditions;
@@ -123,12 +124,24 @@ pub struct VolumeManager {
     volume_subscribers: Vec<Recipient<VolumesChanged>>,
     /// Callers of [`WaitReady`] waiting for start-up reconciliation.
     ready_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Zeroes freed space in the background.
+    cleaner: cleaner::Cleaner,
+    /// Creates waiting for the cleaner's next step.
+    clean_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Whether a drive taken as blank is cleaned whole first.
+    clean_blank_drives: bool,
+    /// How long a create that fits only in space being cleaned waits for it.
+    cleaning_wait: std::time::Duration,
 }
 
 impl VolumeManager {
     /// A manager keeping its store under `state_dir`.
     pub fn new(cfg: VolumesConfig, state_dir: PathBuf, inventory: Addr<DriveInventory>, auto_release: bool) -> VolumeManager {
         VolumeManager {
+            cleaner: cleaner::Cleaner::new(cfg.cleaning_step),
+            clean_waiters: Vec::new(),
+            clean_blank_drives: cfg.clean_blank_drives,
+            cleaning_wait: cfg.cleaning_wait,
             state_dir,
             store: None,
             inventory,
@@ -184,6 +197,12 @@ impl VolumeManager {
                     (act.book.records().find(|r| r.id == id).cloned(), Err(e))
                 }
             };
+            let freed = act.freed_by(&id, record.as_ref(), res.as_ref().err());
+            if let Some((drive_id, extent)) = &freed {
+                // Dirty before the record leaves the book: no placement ever sees the
+                // extent free in between.
+                act.book.add_dirty(drive_id, *extent);
+            }
             for drive in act.book.finish(&id, before, record, clear_findings) {
                 act.announce(&drive);
             }
@@ -199,6 +218,54 @@ impl VolumeManager {
             }
             .into_actor(act)
         }))
+    }
+
+    /// The extent a step freed, when the record `id` leaves the book with it (a delete,
+    /// a create rolled back) while its drive is present: it is dirty until cleaned, and
+    /// handed to the cleaner. Nothing for an adopted volume, or a create the GPT writer
+    /// refused (it wrote nothing).
+    fn freed_by(&mut self, id: &str, after: Option<&VolumeRecord>, err: Option<&VolumeError>) -> Option<(String, (u64, u64))> {
+        if after.is_some() || err.is_some_and(|e| e.refused_drive().is_some()) {
+            return None;
+        }
+        let rec = self.book.records().find(|r| r.id == id)?.clone();
+        let loc = self.book.loc_of(&rec)?;
+        let lock = self.lock_of(&rec.drive_id);
+        self.cleaner.add(&rec.drive_id, loc, lock, (rec.start, rec.size));
+        Some((rec.drive_id, (rec.start, rec.size)))
+    }
+
+    /// Wakes the creates waiting for the cleaner.
+    fn wake_clean_waiters(&mut self) {
+        for w in self.clean_waiters.drain(..) {
+            let _ = w.send(());
+        }
+    }
+
+    /// Hands what start-up or a drive's reconciliation found dirty to the book and the
+    /// cleaner.
+    /// `hotplug`: the drives were read because they appeared (or changed) while running:
+    /// a blank one is zeroed only after [`cleaner::BLANK_GRACE`].
+    fn take_dirty(&mut self, found: Vec<startup::DriveDirty>, hotplug: bool) {
+        for dd in found {
+            let Some(loc) = self.book.drives().find(|d| d.id == dd.drive_id).map(|d| crate::words::DriveLoc { path: d.path.clone(), sector: d.logical_block_size }) else {
+                continue;
+            };
+            // What the book holds dirty stays so: an extent freed while the drive was
+            // read (a create rolled back meanwhile) is not lost; one the drive says is
+            // clean already is found so by the cleaner and reported.
+            let extents = crate::disk::clean::union(&dd.extents, &self.book.dirty_extents(&dd.drive_id));
+            self.book.set_dirty(&dd.drive_id, extents.clone());
+            let lock = self.lock_of(&dd.drive_id);
+            match dd.expect {
+                Some(expect) => {
+                    let delay = (hotplug && expect == cleaner::Expect::Blank).then_some(cleaner::BLANK_GRACE);
+                    self.cleaner.set(&dd.drive_id, loc, lock, extents, expect, delay)
+                }
+                None => self.cleaner.set(&dd.drive_id, loc, lock, Vec::new(), cleaner::Expect::AnyTable, None),
+            }
+        }
+        self.wake_clean_waiters();
     }
 
     /// Recomputes the conditions of the matching volumes and tells the subscribers.
@@ -240,10 +307,32 @@ impl VolumeManager {
     /// goes on to the next candidate; `refused` says which drives were refused so far,
     /// for the answer when no candidate is left (RESOURCE_EXHAUSTED, never INTERNAL).
     /// A clone also claims its source (`held`, once claimed) until the copy is done.
-    fn create_attempt(&mut self, m: CreateVolume, claim: Claim, store: Arc<Store>, mut refused: Vec<String>, mut held: Option<Claim>) -> Reply<VolumeRecord> {
+    /// A create that fits only in space still being cleaned waits for the cleaner until
+    /// `deadline`, then answers RESOURCE_EXHAUSTED naming that space.
+    fn create_attempt(
+        &mut self,
+        m: CreateVolume,
+        claim: Claim,
+        store: Arc<Store>,
+        mut refused: Vec<String>,
+        mut held: Option<Claim>,
+        deadline: std::time::Instant,
+    ) -> Reply<VolumeRecord> {
         let rec = match self.book.plan_create(&m) {
             Ok(CreatePlan::Existing(rec)) => return reply(Ok(rec)),
             Ok(CreatePlan::New(rec)) => rec,
+            Err(VolumeError::ResourceExhausted { .. }) if std::time::Instant::now() < deadline && self.book.fits_after_cleaning(&m) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                self.clean_waiters.push(tx);
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                return Box::pin(
+                    async move {
+                        let _ = tokio::time::timeout(left, rx).await;
+                    }
+                    .into_actor(self)
+                    .then(move |_, act, _| act.create_attempt(m, claim, store, refused, held, deadline)),
+                );
+            }
             Err(VolumeError::ResourceExhausted { reason }) if !refused.is_empty() => {
                 let reason = format!("{reason}; refused when written to: {}", refused.join("; "));
                 return reply(Err(VolumeError::ResourceExhausted { reason }));
@@ -278,7 +367,7 @@ impl VolumeManager {
             // The attempt's record is gone and the call is still this one: claim the
             // volume again for the next attempt.
             match act.book.claim(&id) {
-                Ok(claim) => act.create_attempt(m, claim, store, refused, held),
+                Ok(claim) => act.create_attempt(m, claim, store, refused, held, deadline),
                 Err(_) => reply(Err(VolumeError::Busy { volume_id: id })),
             }
         }))
@@ -297,6 +386,7 @@ impl Actor for VolumeManager {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         self.inventory.do_send(SubscribeDrives(ctx.address().recipient()));
+        self.cleaner.start(ctx.address().recipient(), ctx.address().recipient());
         self.wait_for_inventory(ctx);
     }
 }
@@ -326,7 +416,44 @@ impl Handler<DriveEvent> for VolumeManager {
         if let Some(d) = fx.reread {
             self.reconcile_drive(d, ctx);
         }
+        if !self.book.drives().any(|d| d.id == id) {
+            self.cleaner.forget(&id);
+        }
         self.refresh(|r| r.drive_id == id);
+    }
+}
+
+impl Handler<cleaner::ExtentCleaned> for VolumeManager {
+    type Result = ();
+    fn handle(&mut self, m: cleaner::ExtentCleaned, _: &mut Context<Self>) {
+        self.book.cleaned(&m.drive_id, m.extent);
+        self.wake_clean_waiters();
+        // The Drive object shows how far cleaning is.
+        self.announce(&m.drive_id);
+    }
+}
+
+impl Handler<cleaner::CleaningStalled> for VolumeManager {
+    type Result = ();
+    fn handle(&mut self, m: cleaner::CleaningStalled, ctx: &mut Context<Self>) {
+        self.wake_clean_waiters();
+        if !m.changed {
+            return;
+        }
+        // The drive holds something else than the job was made for: read it again,
+        // as when it appears, and clean what that finds by the same rules.
+        let found = self.book.drives().find(|d| d.id == m.drive_id).cloned();
+        if let Some(d) = found {
+            self.book.reconciling_started(&d.id);
+            self.reconcile_drive(d, ctx);
+        }
+    }
+}
+
+impl Handler<ListCleaning> for VolumeManager {
+    type Result = MessageResult<ListCleaning>;
+    fn handle(&mut self, _: ListCleaning, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.book.cleaning())
     }
 }
 
@@ -452,7 +579,10 @@ impl Handler<CreateVolume> for VolumeManager {
     fn handle(&mut self, m: CreateVolume, _: &mut Context<Self>) -> Self::Result {
         let id = gpt::volume_partition_guid(&m.name).to_string();
         match self.book.claim(&id).and_then(|c| Ok((c, self.store()?))) {
-            Ok((claim, store)) => self.create_attempt(m, claim, store, Vec::new(), None),
+            Ok((claim, store)) => {
+                let deadline = std::time::Instant::now() + self.cleaning_wait;
+                self.create_attempt(m, claim, store, Vec::new(), None, deadline)
+            }
             Err(e) => reply(Err(e)),
         }
     }

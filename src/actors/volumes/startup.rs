@@ -18,12 +18,13 @@ use tracing::{error, info, warn};
 use super::book::now_unix;
 
 use super::model::{VolumeRecord, VolumeState};
+use super::cleaner;
 use super::ops;
 use super::{reconcile, VolumeError, VolumeManager};
 
 use crate::actors::inventory::model::Drive;
 use crate::actors::messages::{GetInventoryStatus, ListDrives};
-use crate::disk::gpt;
+use crate::disk::{clean, gpt};
 use crate::store::{Kind, Store};
 use crate::words::{DriveClass, DriveLoc, DriveUse};
 
@@ -65,17 +66,19 @@ impl VolumeManager {
         // drivelet's own partitions are there.
         let drives: Vec<Drive> = self.book.drives().cloned().collect();
         let locks: Locks = drives.iter().map(|d| (d.id.clone(), self.lock_of(&d.id))).collect();
-        let job = move || startup(&dir, &drives, &locks);
+        let clean_blank = self.clean_blank_drives;
+        let job = move || startup(&dir, &drives, &locks, clean_blank);
         ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(|res, act, ctx| {
             act.reconciling = false;
             match res {
-                Ok(Ok(Started { store, records, uses })) => {
+                Ok(Ok(Started { store, records, uses, dirty })) => {
                     act.store = Some(Arc::new(store));
                     // Health verdicts that arrived before the usage records were loaded.
                     for u in act.book.load(records, uses) {
                         let id = u.drive_id.clone();
                         act.write_use(&id, Some(u));
                     }
+                    act.take_dirty(dirty, false);
                     act.refresh(|_| true);
                     info!(actor = "volumes", volumes = act.book.volume_count(), "volume manager ready");
                     for waiter in act.ready_waiters.drain(..) {
@@ -113,15 +116,17 @@ impl VolumeManager {
         let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
         let drive_id = drive.id.clone();
         let locks = HashMap::from([(drive.id.clone(), self.lock_of(&drive.id))]);
-        let job = move || settle(&store, records, std::slice::from_ref(&drive), &locks);
+        let clean_blank = self.clean_blank_drives;
+        let job = move || settle(&store, records, std::slice::from_ref(&drive), &locks, clean_blank);
         ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |res, act, _| {
             // Claims go before the conditions are judged again: a volume shown normal
             // is free to stage.
             drop(claims);
             act.book.reconciled(&drive_id);
             match res {
-                Ok(Ok(keep)) => {
+                Ok(Ok((keep, dirty))) => {
                     act.book.settled(&drive_id, &ids, keep);
+                    act.take_dirty(dirty, true);
                     act.announce(&drive_id);
                 }
                 Ok(Err(e)) => error!(actor = "volumes", drive.id = %drive_id, error = %e, "cannot reconcile the drive's volumes"),
@@ -139,16 +144,32 @@ struct Started {
     records: Vec<VolumeRecord>,
     /// The drives' usage records; `None` when they cannot be read.
     uses: Option<Vec<DriveUse>>,
+    /// What is dirty on each managed drive.
+    dirty: Vec<DriveDirty>,
+}
+
+/// What is dirty on one managed drive, as read from it, and whether the cleaner may
+/// zero it now.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct DriveDirty {
+    /// The drive.
+    pub drive_id: String,
+    /// Dirty extents (never one a record or another partition holds).
+    pub extents: Vec<(u64, u64)>,
+    /// What the drive must hold for the cleaner to zero them; `None`: not now (the
+    /// drive could not be read, or it is blank but records of lost volumes point at
+    /// it), and the space stays unavailable.
+    pub expect: Option<cleaner::Expect>,
 }
 
 /// Opens the store and carries out the start-up plan.
-fn startup(dir: &std::path::Path, drives: &[Drive], locks: &Locks) -> Result<Started, VolumeError> {
+fn startup(dir: &std::path::Path, drives: &[Drive], locks: &Locks, clean_blank: bool) -> Result<Started, VolumeError> {
     let store = Store::open(dir).map_err(VolumeError::Store)?;
     let (records, bad) = store.load::<VolumeRecord>().map_err(VolumeError::Store)?;
     for b in bad {
         error!(actor = "volumes", volume.id = %b.id, error = %b.reason, "unreadable volume record kept aside");
     }
-    let keep = settle(&store, records, drives, locks)?;
+    let (keep, dirty) = settle(&store, records, drives, locks, clean_blank)?;
     let uses = match store.load_in::<DriveUse>(Kind::Drive) {
         Ok((uses, bad)) => {
             for b in bad {
@@ -161,18 +182,20 @@ fn startup(dir: &std::path::Path, drives: &[Drive], locks: &Locks) -> Result<Sta
             None
         }
     };
-    Ok(Started { store, records: keep, uses })
+    Ok(Started { store, records: keep, uses, dirty })
 }
 
 /// Reconciles `records` with the GPTs of `drives` (the drives present) and the host's
 /// mounts ([`reconcile::plan`]) and carries the plan out; returns the records to serve.
-/// At start-up for every record and drive; later for one drive that appeared.
+/// At start-up for every record and drive; later for one drive that appeared. Also
+/// answers what is dirty on each managed drive once the plan is carried out.
 fn settle(
     store: &Store,
     records: Vec<VolumeRecord>,
     drives: &[Drive],
     locks: &HashMap<String, Arc<Mutex<()>>>,
-) -> Result<Vec<VolumeRecord>, VolumeError> {
+    clean_blank: bool,
+) -> Result<(Vec<VolumeRecord>, Vec<DriveDirty>), VolumeError> {
     let mut tables = reconcile::Tables::new();
     // Only managed drives are read for drivelet partitions (and so only they are ever
     // written to or adopted from); a drive carrying a drivelet GPT is classified
@@ -236,5 +259,38 @@ fn settle(
             store.put(&rec.id, rec).map_err(VolumeError::Store)?;
         }
     }
-    Ok(keep)
+    let dirty = drives.iter().filter(|d| d.class == DriveClass::Managed).map(|d| dirty_on(d, &keep, clean_blank)).collect();
+    Ok((keep, dirty))
+}
+
+/// What is dirty on the managed drive `d` whose records are among `keep`: by its
+/// journal; all of its free space when that cannot be read (unknown is dirty); for a
+/// blank drive, by policy (`clean_blank`). Extents records or other partitions hold
+/// are never dirty.
+fn dirty_on(d: &Drive, keep: &[VolumeRecord], clean_blank: bool) -> DriveDirty {
+    let held: Vec<(u64, u64)> = keep
+        .iter()
+        .filter(|r| r.drive_id == d.id && r.adopted.is_none())
+        .map(|r| (r.start, r.size))
+        .chain(d.extents.iter().copied())
+        .collect();
+    let region: Vec<(u64, u64)> = gpt::usable_region(d.size_bytes, d.logical_block_size).map(|(s, e)| (s, e - s)).into_iter().collect();
+    let (extents, expect) = match gpt::read_dirty(&d.path, d.logical_block_size) {
+        Ok(gpt::DirtyState::Drivelet { disk_guid, dirty, .. }) => (clean::subtract(&dirty, &held), Some(cleaner::Expect::Table(disk_guid))),
+        Ok(gpt::DirtyState::Blank) if !clean_blank => (Vec::new(), None),
+        Ok(gpt::DirtyState::Blank) if held.is_empty() => {
+            info!(actor = "volumes", drive.id = %d.id, "blank drive taken: it is zeroed whole before its first volume (volumes.clean_blank_drives)");
+            (region, Some(cleaner::Expect::Blank))
+        }
+        Ok(gpt::DirtyState::Blank) => {
+            warn!(actor = "volumes", drive.id = %d.id, "the drive is blank but volumes are recorded on it: it takes no new volume and is not cleaned until they are deleted");
+            (clean::subtract(&region, &held), None)
+        }
+        Err(crate::disk::DiskError::Foreign { .. }) => (Vec::new(), None),
+        Err(e) => {
+            warn!(actor = "volumes", drive.id = %d.id, error = %e, "cannot read what is dirty on the drive: its free space stays unavailable");
+            (clean::subtract(&region, &held), None)
+        }
+    };
+    DriveDirty { drive_id: d.id.clone(), extents, expect }
 }

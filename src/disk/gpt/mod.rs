@@ -21,7 +21,9 @@
 //!   the disk, a GPT drivelet cannot parse, a signature at either end — is foreign,
 //!   named in plain words; a fresh table gets a protective MBR and a drivelet disk GUID;
 //! - writes touch only the GPT structures (LBA 0, the primary header and entry array,
-//!   the backup entry array and header), are serialised within the process, and are
+//!   the backup entry array and header) and the journal of dirty extents in the rest of
+//!   the first MiB ([`crate::disk::clean`]: a removal lists the freed extent there in
+//!   the same commit, before its first flush), are serialised within the process, and are
 //!   fsynced before returning; the backup copy is written (array, then header) and
 //!   flushed before the primary copy, so a process killed mid-write leaves one copy
 //!   whose header matches its entry array; a device is inspected read-only and opened for writing
@@ -52,7 +54,7 @@ mod examine;
 mod write;
 
 pub use self::examine::{examine, Contents};
-pub use self::write::{add_partition, add_partition_wiped, remove_partition, resize_partition, Added};
+pub use self::write::{add_partition, add_partition_wiped, mark_clean, read_dirty, remove_partition, resize_partition, Added, DirtyState};
 
 /// Alignment of every partition start and size.
 pub const ALIGN: u64 = 1 << 20;

@@ -4,6 +4,7 @@
 
 use super::examine::{judge, judge_gpt, open_to_inspect, refuse, Judged};
 use super::*;
+use crate::disk::clean;
 
 /// Serialises GPT changes within this process; the callers' [`crate::disk::lock::DiskLock`]
 /// keeps udev and other processes out.
@@ -131,7 +132,10 @@ pub(super) fn ordered_writes(dev: &Path, disk: &GptDisk<&File>, file: &File, siz
 /// bytes, the protective MBR) through a read-write descriptor opened only for this,
 /// backup copy first and flushed, then the primary copy, and flushes it to the device.
 /// The byte ranges in `zero` are zeroed first, so the first flush carries them too.
-fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u64)]) -> Result<(), DiskError> {
+/// The journal of dirty extents ([`crate::disk::clean`]), when given, goes with the
+/// zeros: on the device before the first flush, so before the primary copy, which a
+/// reader trusts, can say an extent is free.
+fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u64)], journal: Option<&clean::Journal>) -> Result<(), DiskError> {
     let rw = OpenOptions::new()
         .read(true)
         .write(true)
@@ -139,13 +143,23 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u
         .open(dev)
         .map_err(DiskError::io(format!("open {} for writing", dev.display())))?;
     let size = len_of(dev, &rw)?;
-    if !zero.is_empty() {
+    let journal = match journal {
+        Some(j) => Some((j.slot(), j.encode().ok_or_else(|| DiskError::Gpt {
+            device: dev.to_path_buf(),
+            reason: format!("more than {} separate extents are waiting to be cleaned", clean::MAX_EXTENTS),
+        })?)),
+        None => None,
+    };
+    if !zero.is_empty() || journal.is_some() {
         let _t = crate::disk::timing::step("gpt.zero");
         // Straight to the device: zeros left in the whole disk's page cache would go
         // stale once the partition writes the same blocks through its own cache (the
         // kernel keeps the two apart), and a later read through the disk would see them.
         let direct = set_direct(&rw, true);
         crate::disk::fs::zero_ranges(dev, &rw, zero)?;
+        if let Some((at, bytes)) = &journal {
+            write_aligned(dev, &rw, *at, bytes)?;
+        }
         if direct {
             set_direct(&rw, false);
         }
@@ -170,6 +184,125 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u
         })?;
     }
     let _t = crate::disk::timing::step("gpt.flush");
+    rw.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
+}
+
+/// Writes `bytes` (whole 4 KiB blocks) at `at` from a 4 KiB-aligned buffer, so `file`
+/// may be `O_DIRECT`.
+fn write_aligned(dev: &Path, file: &File, at: u64, bytes: &[u8]) -> Result<(), DiskError> {
+    const PAGE: usize = 4096;
+    let mut buf = vec![0u8; bytes.len() + PAGE];
+    let off = buf.as_ptr().align_offset(PAGE).min(PAGE);
+    buf[off..off + bytes.len()].copy_from_slice(bytes);
+    file.write_all_at(&buf[off..off + bytes.len()], at).map_err(DiskError::io(format!("write {} at byte {at}", dev.display())))
+}
+
+/// The used entries of `disk` as `(start, len)` byte extents.
+fn used_extents(disk: &GptDisk<&File>, sector: u64) -> Vec<(u64, u64)> {
+    disk.partitions().values().filter(|p| p.is_used()).map(|p| (p.first_lba * sector, (p.last_lba + 1 - p.first_lba) * sector)).collect()
+}
+
+/// What is dirty on a device holding the drivelet table `disk` (see [`clean::dirty_of`]),
+/// with the journal slots as read.
+fn dirty_on(file: &File, disk: &GptDisk<&File>, size: u64, sector: u64) -> (Vec<Option<clean::Journal>>, Vec<(u64, u64)>) {
+    let slots = clean::read_slots(file);
+    let free = free_extents(size, sector, &used_extents(disk, sector));
+    let dirty = clean::dirty_of(clean::current(&slots, *disk.guid()).map(|j| j.dirty.as_slice()), &free);
+    (slots, dirty)
+}
+
+/// What a device holds, as far as cleaning goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirtyState {
+    /// No table at all: whatever its last owner wrote.
+    Blank,
+    /// A drivelet table with disk GUID `disk_guid`; `dirty` may hold old bytes.
+    Drivelet {
+        /// The table's disk GUID.
+        disk_guid: Uuid,
+        /// Dirty extents, merged.
+        dirty: Vec<(u64, u64)>,
+        /// Free extents of the table (no partition there).
+        free: Vec<(u64, u64)>,
+    },
+}
+
+/// What is dirty on `dev`, read-only. A device drivelet may not write to is refused
+/// ([`DiskError::Foreign`]).
+pub fn read_dirty(dev: &Path, sector: u64) -> Result<DirtyState, DiskError> {
+    let (file, size) = open_to_inspect(dev, sector)?;
+    let file: &File = &file;
+    match judge(dev, file, size, sector)? {
+        Judged::Blank => Ok(DirtyState::Blank),
+        Judged::Foreign(found) => Err(refuse(dev, found)),
+        Judged::Drivelet(disk) => {
+            let (_, dirty) = dirty_on(file, &disk, size, sector);
+            let free = free_extents(size, sector, &used_extents(&disk, sector));
+            Ok(DirtyState::Drivelet { disk_guid: *disk.guid(), dirty, free })
+        }
+    }
+}
+
+/// Records `[start, start+len)` of `dev` clean (it was zeroed): the journal loses it.
+/// A blank device gets a fresh drivelet GPT whose journal lists the rest of its space
+/// as dirty. `expect`: the disk GUID the caller zeroed under (`None`: the device was
+/// blank); a different table is refused. Answers the table's disk GUID and what is still
+/// dirty.
+pub fn mark_clean(dev: &Path, sector: u64, start: u64, len: u64, expect: Option<Uuid>) -> Result<(Uuid, Vec<(u64, u64)>), DiskError> {
+    let _t = crate::disk::timing::step("gpt.mark_clean");
+    let lb = block_size(dev, sector)?;
+    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
+    let (file, size) = open_to_inspect(dev, sector)?;
+    let file: &File = &file;
+    let changed = |found: String| DiskError::Foreign { device: dev.to_path_buf(), found };
+    match (judge(dev, file, size, sector)?, expect) {
+        (Judged::Foreign(found), _) => Err(refuse(dev, found)),
+        (Judged::Blank, None) => {
+            let mut disk = GptConfig::new()
+                .logical_block_size(lb)
+                .create_from_device(file, Some(new_disk_guid()))
+                .map_err(gpt_error(dev, "create a partition table"))?;
+            set_entries(dev, &mut disk, BTreeMap::new())?;
+            let free = free_extents(size, sector, &[]);
+            let dirty = clean::subtract(&free, &[(start, len)]);
+            let j = clean::next_journal(&[], *disk.guid(), dirty.clone());
+            commit(dev, &disk, Some(size), &[], Some(&j))?;
+            Ok((*disk.guid(), dirty))
+        }
+        (Judged::Blank, Some(g)) => Err(changed(format!("no partition table any more (drivelet's, disk GUID {g}, was there)"))),
+        (Judged::Drivelet(disk), e) if e.is_some_and(|g| g != *disk.guid()) || e.is_none() => {
+            Err(changed(format!("another drivelet partition table (disk GUID {}) than the one being cleaned", disk.guid())))
+        }
+        (Judged::Drivelet(disk), _) => {
+            let (slots, dirty) = dirty_on(file, &disk, size, sector);
+            let left = clean::subtract(&dirty, &[(start, len)]);
+            let had_journal = clean::current(&slots, *disk.guid()).is_some();
+            if left != dirty || !had_journal {
+                let j = clean::next_journal(&slots, *disk.guid(), left.clone());
+                write_journal(dev, &j)?;
+            }
+            Ok((*disk.guid(), left))
+        }
+    }
+}
+
+/// Writes a journal alone (no table change) and flushes it.
+fn write_journal(dev: &Path, j: &clean::Journal) -> Result<(), DiskError> {
+    let bytes = j.encode().ok_or_else(|| DiskError::Gpt {
+        device: dev.to_path_buf(),
+        reason: format!("more than {} separate extents are waiting to be cleaned", clean::MAX_EXTENTS),
+    })?;
+    let rw = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(dev)
+        .map_err(DiskError::io(format!("open {} for writing", dev.display())))?;
+    let direct = set_direct(&rw, true);
+    write_aligned(dev, &rw, j.slot(), &bytes)?;
+    if direct {
+        set_direct(&rw, false);
+    }
     rw.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
 }
 
@@ -289,7 +422,10 @@ fn add(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, 
     } else {
         Vec::new()
     };
-    commit(dev, &disk, fresh, &zero)?;
+    // A fresh table on a blank device: placement only puts a volume there once the
+    // device counts as clean (cleaned, or trusted by policy), so nothing is dirty.
+    let journal = fresh.map(|_| clean::next_journal(&[], *disk.guid(), Vec::new()));
+    commit(dev, &disk, fresh, &zero, journal.as_ref())?;
     Ok(Added::Wiped)
 }
 
@@ -324,10 +460,15 @@ pub fn remove_partition(dev: &Path, sector: u64, guid: Uuid) -> Result<bool, Dis
     let mut disk = judge_gpt(dev, disk)?.map_err(|found| refuse(dev, found))?;
     let Some((key, p)) = find_by_guid(&disk, guid) else { return Ok(false) };
     ensure_ours(dev, &p)?;
+    // The freed extent is dirty from the same commit on: it holds the tenant's bytes
+    // until the cleaner zeroes it.
+    let (slots, dirty) = dirty_on(file, &disk, dev_size, sector);
+    let freed = (p.first_lba * sector, (p.last_lba + 1 - p.first_lba) * sector);
+    let journal = clean::next_journal(&slots, *disk.guid(), clean::union(&dirty, &[freed]));
     let mut parts = disk.partitions().clone();
     parts.retain(|k, p| p.is_used() && *k != key);
     set_entries(dev, &mut disk, parts)?;
-    commit(dev, &disk, None, &[])?;
+    commit(dev, &disk, None, &[], Some(&journal))?;
     Ok(true)
 }
 
@@ -369,5 +510,5 @@ pub fn resize_partition(dev: &Path, sector: u64, guid: Uuid, new_size: u64) -> R
     }
     set_entries(dev, &mut disk, parts)?;
     check_usable(dev, &disk, p.first_lba, last, dev_size, sector)?;
-    commit(dev, &disk, None, &[])
+    commit(dev, &disk, None, &[], None)
 }

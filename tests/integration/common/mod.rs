@@ -4,7 +4,7 @@
 //! udevd, no loop devices) fails and says why.
 #![allow(dead_code)]
 
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -120,6 +120,12 @@ impl Agent {
     /// Writes a config that manages only `*.img` loop drives under `dir` and starts
     /// the binary; returns once Probe says ready.
     pub fn start(dir: &Path, opts: AgentOpts) -> Agent {
+        Agent::start_env(dir, opts, &[])
+    }
+
+    /// [`Agent::start`], the first process started with `env` added (config overrides
+    /// such as `DRIVELET__VOLUMES__...` that must hold from the very start).
+    pub fn start_env(dir: &Path, opts: AgentOpts, env: &[(&str, &str)]) -> Agent {
         let config = dir.join("drivelet.toml");
         let csi_socket = dir.join("csi.sock");
         let admin_socket = dir.join("admin.sock");
@@ -155,8 +161,30 @@ level = "debug"
         );
         std::fs::write(&config, toml).unwrap();
         let mut a = Agent { dir: dir.to_path_buf(), config, csi_socket, admin_socket, child: None, log: dir.join("agent.log") };
-        a.spawn();
+        a.spawn_with(env);
+        a.wait_ready();
+        a.wait_drives_clean();
         a
+    }
+
+    /// Waits (60 s at most) until no drive has space being cleaned: a fresh agent zeroes
+    /// the blank drives it takes before they offer their space (issue 24), and a test
+    /// starts from drives that offer all of it.
+    pub fn wait_drives_clean(&self) {
+        let start = Instant::now();
+        loop {
+            let out = Command::new(bin())
+                .args(["ctl", "--socket", self.admin_socket.to_str().unwrap(), "drives", "--output", "json"])
+                .output()
+                .unwrap();
+            let drives: Option<serde_json::Value> = out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten();
+            let cleaning = drives.as_ref().and_then(|d| d.as_array()).map(|l| l.iter().any(|d| d.get("cleaning").is_some()));
+            if cleaning == Some(false) {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "drives still being cleaned 60 s after start: {drives:?}; log:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Starts (or restarts) the process and waits for readiness.
@@ -633,5 +661,100 @@ pub fn start_health_agent(dir: &Path, more: &str) -> (Agent, SmartStandIn) {
     let smart = SmartStandIn::install(dir);
     let agent = Agent::start(dir, health_opts(&smart, more));
     (agent, smart)
+}
+
+// ---------------------------------------------------------------------------------
+// Clean extents: patterns written and read straight to and from devices
+
+/// The byte a tenant fills its volume with, to be looked for after it left.
+pub const PATTERN: u8 = 0xa5;
+
+/// A 4 KiB-aligned buffer of `len` bytes (for `O_DIRECT`).
+pub struct Aligned {
+    raw: Vec<u8>,
+    at: usize,
+    len: usize,
+}
+
+impl Aligned {
+    pub fn new(len: usize, fill: u8) -> Aligned {
+        let raw = vec![fill; len + 4096];
+        let at = raw.as_ptr().align_offset(4096);
+        Aligned { raw, at, len }
+    }
+    pub fn buf(&mut self) -> &mut [u8] {
+        &mut self.raw[self.at..self.at + self.len]
+    }
+}
+
+/// Writes `byte` over `[from, to)` of `dev`, straight to the device.
+pub fn fill(dev: &Path, from: u64, to: u64, byte: u8) {
+    let f = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(dev).unwrap();
+    let mut b = Aligned::new(4 * MIB as usize, byte);
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(4 * MIB) as usize;
+        f.write_all_at(&b.buf()[..n], at).unwrap_or_else(|e| panic!("write {} at {at}: {e}", dev.display()));
+        at += n as u64;
+    }
+    f.sync_all().unwrap();
+}
+
+/// The first byte of `[from, to)` of `dev` that is not zero, read straight from the
+/// device; `None` when all are zero.
+pub fn first_nonzero(dev: &Path, from: u64, to: u64) -> Option<(u64, u8)> {
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(dev).unwrap();
+    let mut b = Aligned::new(4 * MIB as usize, 0xff);
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(4 * MIB) as usize;
+        let buf = &mut b.buf()[..n];
+        f.read_exact_at(buf, at).unwrap_or_else(|e| panic!("read {} at {at}: {e}", dev.display()));
+        if let Some(i) = buf.iter().position(|&x| x != 0) {
+            return Some((at + i as u64, buf[i]));
+        }
+        at += n as u64;
+    }
+    None
+}
+
+/// Size of a block device.
+pub fn dev_size(dev: &Path) -> u64 {
+    sh("blockdev", &["--getsize64", dev.to_str().unwrap()]).parse().unwrap()
+}
+
+/// The kernel partition of volume `id` on `drive`.
+pub fn volume_dev(drive: &LoopDrive, id: &str) -> PathBuf {
+    let entry = gpt_entries(&drive.dev).into_iter().find(|e| e.uuid.eq_ignore_ascii_case(id)).unwrap_or_else(|| panic!("no GPT entry of {id}"));
+    let parts = kernel_parts(&drive.dev);
+    let (name, _, _) = parts.iter().find(|(_, s, _)| *s == entry.start).unwrap_or_else(|| panic!("no kernel partition at {}: {parts:?}", entry.start));
+    Path::new("/dev").join(name)
+}
+
+/// Asserts the volume `id` reads back only zeros, all of it.
+pub fn assert_zeros(drive: &LoopDrive, id: &str, what: &str) {
+    let dev = volume_dev(drive, id);
+    let size = dev_size(&dev);
+    if let Some((at, b)) = first_nonzero(&dev, 0, size) {
+        panic!("{what}: volume {id} ({} bytes) shows byte {b:#x} at {at}, which its tenant never wrote", size);
+    }
+}
+
+/// The drive's entry in `ctl drives`.
+pub fn drive_listed(agent: &Agent, d: &LoopDrive) -> serde_json::Value {
+    drive_by_path(&agent.ctl_drives(), &d.dev).cloned().unwrap_or_else(|| panic!("{} not listed", d.dev.display()))
+}
+
+/// Waits (60 s at most) until nothing is being cleaned on the drive.
+pub fn wait_clean(agent: &Agent, d: &LoopDrive) {
+    let start = Instant::now();
+    loop {
+        let v = drive_listed(agent, d);
+        if v.get("cleaning").is_none() {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "still cleaning after 60s: {v}; log:\n{}", agent.log_tail(30));
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 

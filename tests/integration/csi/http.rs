@@ -124,6 +124,8 @@ fn readiness_waits_for_the_first_scan_and_metrics_follow_a_lifecycle() {
     assert!(!after.contains("drivelet_volumes{"), "no volume left after the delete:\n{after}");
     assert_eq!(sample(&after, "drivelet_csi_requests_total{method=\"DeleteVolume\",code=\"OK\"}"), Some(1.0));
     assert!(sample(&after, "drivelet_health_polls_total").is_some_and(|n| n >= 1.0), "{after}");
+    // The deleted volume's space was zeroed in the background before reuse.
+    assert!(sample(&after, "drivelet_zeroed_bytes_total").is_some_and(|n| n >= (64u64 << 20) as f64), "{after}");
 
     assert_eq!(get(port, "/nope").map(|r| r.0), Some(404));
     assert_eq!(agent.stop(), 0);

@@ -312,9 +312,80 @@ fn writing_a_gpt_never_touches_bytes_outside_its_structures() {
     gpt::resize_partition(&img, 512, g, 16 * MIB).unwrap();
     assert!(gpt::remove_partition(&img, 512, g).unwrap());
     let raw = std::fs::read(&img).unwrap();
-    // LBA 0 to 33 (MBR, header, entries) and the last 33 sectors (entries, header).
-    let (lo, hi) = (34 * 512, size as usize - 33 * 512);
-    assert!(raw[lo..hi].iter().all(|&b| b == 0xa5), "bytes between the GPT structures changed");
+    assert!(outside_structures(&raw).all(|&b| b == 0xa5), "bytes between the GPT structures and the cleaning journal changed");
+}
+
+/// The bytes of a drivelet drive image outside its own structures: LBA 0 to 33 (MBR,
+/// header, entries), the cleaning journal's slots in the rest of the first MiB, and the
+/// last 33 sectors (entries, header).
+fn outside_structures(raw: &[u8]) -> impl Iterator<Item = &u8> {
+    let journal = (drivelet::disk::clean::SLOTS[0] as usize, (drivelet::disk::clean::SLOTS[1] + drivelet::disk::clean::SLOT_LEN) as usize);
+    raw[34 * 512..journal.0].iter().chain(&raw[journal.1..raw.len() - 33 * 512])
+}
+
+#[test]
+fn a_removed_partition_is_dirty_in_the_same_commit_until_marked_clean_and_its_bytes_stay_until_zeroed() {
+    let size = 64 * MIB;
+    let (_d, img) = image(size, 0xa5);
+    let (a, b) = (gpt::volume_partition_guid("a"), gpt::volume_partition_guid("b"));
+    gpt::add_partition(&img, 512, a, "drivelet:a", MIB, 8 * MIB).unwrap();
+    gpt::add_partition(&img, 512, b, "drivelet:b", 9 * MIB, 8 * MIB).unwrap();
+    let dirty = |img: &Path| match gpt::read_dirty(img, 512).unwrap() {
+        gpt::DirtyState::Drivelet { dirty, .. } => dirty,
+        other => panic!("a drivelet table: {other:?}"),
+    };
+    // A fresh table trusts its free space (placement only puts a volume on a drive
+    // known clean).
+    assert_eq!(dirty(&img), vec![]);
+    assert!(gpt::remove_partition(&img, 512, a).unwrap());
+    assert_eq!(dirty(&img), vec![(MIB, 8 * MIB)], "the freed extent is dirty");
+    assert!(gpt::remove_partition(&img, 512, b).unwrap());
+    assert_eq!(dirty(&img), vec![(MIB, 16 * MIB)], "adjacent freed extents merge");
+    let raw = std::fs::read(&img).unwrap();
+    assert!(raw[(2 * MIB) as usize..(8 * MIB) as usize].iter().all(|&b| b == 0xa5), "a remove zeroes nothing: the cleaner does");
+
+    // The cleaner's record: a step clean, then the rest.
+    let guid = gpt::read_table(&img, 512).unwrap().unwrap().disk_guid;
+    let (g, left) = gpt::mark_clean(&img, 512, MIB, 4 * MIB, Some(guid)).unwrap();
+    assert_eq!((g, left.clone()), (guid, vec![(5 * MIB, 12 * MIB)]));
+    assert_eq!(dirty(&img), left, "what is dirty survives a re-read");
+    // Another table than the one being cleaned is refused, and nothing changes.
+    let other = uuid::Uuid::from_u128(7);
+    assert!(matches!(gpt::mark_clean(&img, 512, 5 * MIB, MIB, Some(other)), Err(DiskError::Foreign { .. })));
+    assert_eq!(dirty(&img), left);
+    gpt::mark_clean(&img, 512, 5 * MIB, 12 * MIB, Some(guid)).unwrap();
+    assert_eq!(dirty(&img), vec![]);
+    // A volume over clean space does not make it dirty; only its removal does.
+    gpt::add_partition(&img, 512, a, "drivelet:a", MIB, 8 * MIB).unwrap();
+    assert_eq!(dirty(&img), vec![]);
+}
+
+#[test]
+fn a_table_without_a_journal_counts_all_free_space_dirty_and_a_blank_image_is_taken_by_its_first_clean_step() {
+    let size = 64 * MIB;
+    let (_d, img) = image(size, 0xa5);
+    let g = gpt::volume_partition_guid("a");
+    gpt::add_partition(&img, 512, g, "drivelet:a", 4 * MIB, 8 * MIB).unwrap();
+    // Both journal slots torn (or a drive written before journals existed): unknown is
+    // dirty, everything free.
+    let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+    for at in drivelet::disk::clean::SLOTS {
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0xa5; 4096], at).unwrap();
+    }
+    drop(f);
+    let free = gpt::free_extents(size, 512, &[(4 * MIB, 8 * MIB)]);
+    assert_eq!(gpt::read_dirty(&img, 512).unwrap(), gpt::DirtyState::Drivelet { disk_guid: table(&img).disk_guid, dirty: free.clone(), free });
+
+    // A blank image: the first step writes drivelet's table, the rest stays dirty.
+    let (_d2, blank) = image(size, 0);
+    assert_eq!(gpt::read_dirty(&blank, 512).unwrap(), gpt::DirtyState::Blank);
+    let (guid, left) = gpt::mark_clean(&blank, 512, MIB, 16 * MIB, None).unwrap();
+    let region = gpt::usable_region(size, 512).map(|(s, e)| (s, e - s)).unwrap();
+    assert_eq!(left, vec![(17 * MIB, region.0 + region.1 - 17 * MIB)]);
+    assert_eq!(gpt::read_dirty(&blank, 512).unwrap(), gpt::DirtyState::Drivelet { disk_guid: guid, dirty: left, free: vec![region] });
+    assert!(table(&blank).partitions.is_empty(), "no partition, only the table");
+    // Expecting a blank drive that has a table since is refused.
+    assert!(matches!(gpt::mark_clean(&blank, 512, 17 * MIB, MIB, None), Err(DiskError::Foreign { .. })));
 }
 
 #[test]
@@ -329,8 +400,9 @@ fn a_partition_added_wiped_has_its_first_and_last_mib_zeroed_and_nothing_else_ch
     assert!(raw[s..s + m].iter().all(|&b| b == 0), "the partition's first MiB is zero");
     assert!(raw[e - m..e].iter().all(|&b| b == 0), "the partition's last MiB is zero");
     assert!(raw[s + m..e - m].iter().all(|&b| b == 0xa5), "the middle of the partition is not written");
-    let (lo, hi) = (34 * 512, size as usize - 33 * 512);
-    assert!(raw[lo..s].iter().chain(&raw[e..hi]).all(|&b| b == 0xa5), "nothing outside the partition and the GPT changed");
+    let mut outside = raw.clone();
+    outside[s..e].fill(0xa5);
+    assert!(outside_structures(&outside).all(|&b| b == 0xa5), "nothing outside the partition, the GPT and the cleaning journal changed");
     let parts = gpt::read_table(&img, 512).unwrap().unwrap().partitions;
     assert_eq!(parts.iter().map(|p| (p.guid, p.start, p.size)).collect::<Vec<_>>(), vec![(g, start, len)]);
 

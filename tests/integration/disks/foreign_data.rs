@@ -428,7 +428,9 @@ fn a_disk_the_writer_refuses_at_create_time_turns_foreign_and_the_create_goes_on
     let small = LoopDrive::new(tmp.path(), "a-small.img", 256 * MIB);
     let big = LoopDrive::new(tmp.path(), "b-big.img", SIZE);
     sh("udevadm", &["settle"]);
-    let mut agent = Agent::start(tmp.path(), AgentOpts::default());
+    // The drives stay blank until the first create (not zeroed whole when taken): the
+    // small one is changed behind the agent's back while it still is.
+    let mut agent = Agent::start_env(tmp.path(), AgentOpts::default(), &[("DRIVELET__VOLUMES__CLEAN_BLANK_DRIVES", "false")]);
     let listed = agent.ctl_drives();
     assert_eq!(entry(&listed, &small.dev)["class"], "managed");
     assert_eq!(entry(&listed, &big.dev)["class"], "managed");

@@ -55,6 +55,8 @@ const UNSTAGE_POINTS: &[&str] = &["unstage.unmounted"];
 const DELETE_POINTS: &[&str] = &["delete.intent_saved", "delete.wiped", "delete.partition_hidden", "delete.gpt_removed"];
 /// The points of a clone's copy; a clone also passes every create point.
 const CLONE_POINTS: &[&str] = &["clone.copied", "clone.finished"];
+/// The points of the cleaner, which zeroes freed space after a delete.
+const CLEAN_POINTS: &[&str] = &["clean.zeroed"];
 
 /// Fails when the agent binary has no crash points compiled in.
 fn require_failpoints() {
@@ -323,8 +325,10 @@ impl Case {
         if let Some(ids) = self.agent.ctl_volume_ids() {
             assert!(ids.is_empty(), "{point}: volume records leaked: {ids:?}");
         }
-        // The space is not held by a leftover record: a new volume takes it.
+        // The space is not held by a leftover record: a new volume takes it, once the
+        // cleaner zeroed what the delete freed (until then it is placed elsewhere).
         assert_eq!(self.start, first_volume_start(DRIVE), "{point}: the volume took the first extent of a blank drive");
+        wait_clean(&self.agent, &self.drive);
         self.name = format!("{}-probe", self.name);
         self.volume_id = drivelet::disk::gpt::volume_partition_guid(&self.name).to_string();
         self.ok(Step::Create, "of a new volume after the delete");
@@ -353,6 +357,9 @@ fn crash_and_retry(point: &'static str) {
         if step == crash_at {
             c.crash(step);
             c.agent.spawn();
+            // What a create rolled back freed is zeroed before anything is placed there:
+            // the retry finds the drive as the first try did once that is done.
+            wait_clean(&c.agent, &c.drive);
             c.after_restart(step);
             c.ok(step, "retried after the crash");
         } else {
@@ -387,7 +394,7 @@ fn family(points: &[&'static str]) {
 fn every_crash_point_in_the_source_has_a_crash_case() {
     assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     let covered: BTreeSet<&str> =
-        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS, CLONE_POINTS]
+        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS, CLONE_POINTS, CLEAN_POINTS]
         .concat()
         .into_iter()
         .collect();
@@ -613,4 +620,63 @@ fn clone_killed_at_any_point_leaves_no_clone_and_the_retry_copies_the_data() {
     let points: Vec<&'static str> = CREATE_POINTS.iter().chain(CLONE_POINTS).copied().collect();
     each_point(&points, |p| clone_crash(p, false));
     each_point(&["clone.copied"], |p| clone_crash(p, true));
+}
+
+#[test]
+fn cleaning_killed_mid_zeroing_resumes_after_restart_and_new_volumes_read_zeros() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    require_host();
+    let tmp = short_tempdir();
+    let drive = LoopDrive::new(tmp.path(), "a.img", DRIVE);
+    sh("udevadm", &["settle"]);
+    let (lo, hi) = drivelet::disk::gpt::usable_region(DRIVE, 512).unwrap();
+    let mut agent = Agent::start(tmp.path(), AgentOpts::default());
+    wait_clean(&agent, &drive);
+    let block = |name: &str, bytes: u64, layout: &str| {
+        let mut req = create_req(name, bytes, block_cap());
+        req.parameters = [("layout".to_string(), layout.to_string())].into();
+        req
+    };
+    let id = rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.ctrl.create_volume(block("tenant", hi - lo, "partition")).await.expect("create").into_inner().volume.unwrap().volume_id
+    });
+    let dev = volume_dev(&drive, &id);
+    fill(&dev, 0, hi - lo, PATTERN);
+    assert_eq!(agent.stop(), 0, "clean exit; log:\n{}", agent.log_tail(40));
+
+    // Armed: the cleaner dies after zeroing its first 64 MiB step, before recording it.
+    agent.spawn_with(&[("FAILPOINTS", "clean.zeroed=return"), ("DRIVELET__VOLUMES__CLEANING_STEP", "64Mi")]);
+    agent.wait_ready();
+    rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.expect("delete returns before the cleaning");
+    });
+    let status = agent.wait_exit(Duration::from_secs(20));
+    assert_eq!(status.and_then(|s| s.signal()), Some(nix::sys::signal::Signal::SIGKILL as i32), "the cleaner reached clean.zeroed; log:\n{}", agent.log_tail(40));
+    assert!(gpt_entries(&drive.dev).is_empty(), "the delete itself was done");
+    assert_eq!(first_nonzero(&drive.dev, lo, lo + 64 * MIB), None, "the first step was zeroed");
+    assert_eq!(first_nonzero(&drive.dev, lo + 64 * MIB, hi), Some((lo + 64 * MIB, PATTERN)), "the kill came in the middle: the rest still holds the old bytes");
+
+    // Restarted: the journal on the drive still lists all of it; new volumes wait for it.
+    agent.spawn();
+    rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        let mut made = Vec::new();
+        for (i, size) in [MIB, 32 * MIB, 200 * MIB].into_iter().enumerate() {
+            let v = c.ctrl.create_volume(block(&format!("new-{i}"), size, "partition")).await;
+            let v = v.unwrap_or_else(|e| panic!("create {size}: {e}; log:\n{}", agent.log_tail(30))).into_inner().volume.unwrap();
+            assert_zeros(&drive, &v.volume_id, &format!("a {size}-byte volume after the restart"));
+            made.push(v.volume_id);
+        }
+        for id in made {
+            c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id, ..Default::default() }).await.expect("delete");
+        }
+        let v = c.ctrl.create_volume(block("whole", MIB, "drive")).await.unwrap_or_else(|e| panic!("whole drive: {e}")).into_inner().volume.unwrap();
+        assert_zeros(&drive, &v.volume_id, "a whole-drive volume after the restart");
+        c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id, ..Default::default() }).await.expect("delete");
+    });
+    wait_clean(&agent, &drive);
+    assert_eq!(first_nonzero(&drive.dev, lo, hi), None, "all of the free space is zero once cleaned");
+    assert_eq!(agent.stop(), 0, "clean exit; log:\n{}", agent.log_tail(40));
 }

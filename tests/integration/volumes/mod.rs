@@ -16,3 +16,5 @@ mod health;
 mod migration;
 /// Concurrent calls on one agent.
 mod concurrency;
+/// Clean extents: no volume shows bytes its tenant did not write.
+mod cleaning;

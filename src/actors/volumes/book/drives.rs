@@ -101,11 +101,18 @@ impl VolumeBook {
                 }
                 self.drives.remove(&d.id);
                 self.reconciling.remove(&d.id);
+                self.dirty.remove(&d.id);
                 d.id
             }
         };
         self.publish();
         (id, fx)
+    }
+
+    /// A reconciliation of `drive_id`'s volumes begins outside a drive event (the
+    /// cleaner found the drive changed): their conditions hold still meanwhile.
+    pub(crate) fn reconciling_started(&mut self, drive_id: &str) {
+        *self.reconciling.entry(drive_id.to_string()).or_default() += 1;
     }
 
     /// One reconciliation of `drive_id`'s volumes is over (done, failed or given up):

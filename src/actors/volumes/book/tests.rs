@@ -392,3 +392,42 @@ fn a_drive_that_comes_back_shows_its_volumes_normal_only_once_they_are_reconcile
     b.reconciled("d1");
     assert!(!b.condition_of(b.visible(&id).unwrap()).abnormal, "an extra end changes nothing");
 }
+
+#[test]
+fn space_being_cleaned_is_neither_placed_on_nor_promised_and_a_create_needing_it_is_told_why() {
+    let mut b = book_with(vec![]);
+    let region = gpt::usable_region(GIB, 512).map(|(s, e)| (s, e - s)).unwrap();
+    let cap = |b: &VolumeBook| {
+        let m = crate::actors::messages::GetCapacity { media: None, layout: LayoutKind::Partition, minimum: MIB };
+        b.view_reader().get().unwrap().capacity(&m).unwrap()
+    };
+    assert_eq!(cap(&b).available, region.1);
+    // A deleted 512 MiB volume at the start: dirty until cleaned.
+    b.add_dirty("d1", (region.0, 512 * MIB));
+    assert_eq!(cap(&b).available, region.1 - 512 * MIB, "GetCapacity counts only clean space");
+    assert_eq!(cap(&b).maximum_volume_size, region.1 - 512 * MIB);
+    let p = match b.plan_create(&create("small", 16 * MIB)).unwrap() {
+        CreatePlan::New(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(p.start, region.0 + 512 * MIB, "placed after the space being cleaned");
+    let big = create("big", region.1 - 256 * MIB);
+    match b.plan_create(&big) {
+        Err(VolumeError::ResourceExhausted { reason }) => {
+            assert!(reason.contains("512.0 MiB being cleaned (0% done) on drive d1"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(b.fits_after_cleaning(&big), "it fits once clean: the create waits");
+    assert!(!b.fits_after_cleaning(&create("huge", 2 * GIB)), "never fits: no wait");
+    // Half cleaned: progress, and still refused.
+    b.cleaned("d1", (region.0, 256 * MIB));
+    assert_eq!(b.cleaning()[0].percent_done(), 50);
+    assert_eq!(cap(&b).available, region.1 - 256 * MIB);
+    b.add_dirty("d1", (region.0 + 512 * MIB, 64 * MIB));
+    assert_eq!((b.cleaning()[0].left_bytes, b.cleaning()[0].round_bytes), (320 * MIB, 576 * MIB), "a freed extent next to one being cleaned joins the round");
+    b.cleaned("d1", (region.0 + 256 * MIB, 320 * MIB));
+    assert!(b.cleaning().is_empty());
+    assert_eq!(cap(&b).available, region.1);
+    assert!(matches!(b.plan_create(&big), Ok(CreatePlan::New(_))));
+}

@@ -1,0 +1,113 @@
+//! The clean side of the volume book: the space per drive that may still hold a former
+//! tenant's bytes, as start-up read it from the drives, deletes freed it and the
+//! cleaner zeroed it.
+//!
+//! Rules: dirty space counts as used for placement and capacity (one model for both);
+//! a CreateVolume that fits only once cleaning is done is told so, naming the space
+//! being cleaned and its progress; the progress of a drive's round of cleaning is what
+//! was zeroed of what the round has held so far (a round ends when nothing is dirty).
+
+use super::VolumeBook;
+use crate::actors::volumes::messages::CreateVolume;
+use crate::config::human_bytes;
+use crate::disk::clean::{self, Extent};
+
+/// A drive's dirty space.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Dirty {
+    /// Dirty extents, merged.
+    pub extents: Vec<Extent>,
+    /// Bytes this round of cleaning has held so far (what was dirty at its start, and
+    /// what was freed since).
+    pub round: u64,
+}
+
+/// How far the cleaning of one drive is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Cleaning {
+    /// The drive.
+    pub drive_id: String,
+    /// Bytes still to be zeroed.
+    pub left_bytes: u64,
+    /// Bytes this round of cleaning has held.
+    pub round_bytes: u64,
+}
+
+impl Cleaning {
+    /// Percent of the round done, rounded down.
+    pub fn percent_done(&self) -> u64 {
+        if self.round_bytes == 0 {
+            return 100;
+        }
+        (self.round_bytes - self.left_bytes.min(self.round_bytes)) * 100 / self.round_bytes
+    }
+
+    /// In words: "512 MiB being cleaned (40% done)".
+    pub fn words(&self) -> String {
+        format!("{} being cleaned ({}% done)", human_bytes(self.left_bytes), self.percent_done())
+    }
+}
+
+impl VolumeBook {
+    /// Replaces a drive's dirty space, as read from the drive.
+    pub(crate) fn set_dirty(&mut self, drive_id: &str, extents: Vec<Extent>) {
+        let extents = clean::normalize(&extents);
+        let left = clean::total(&extents);
+        if left == 0 {
+            self.dirty.remove(drive_id);
+        } else {
+            let d = self.dirty.entry(drive_id.to_string()).or_default();
+            d.round = d.round.max(left);
+            d.extents = extents;
+        }
+        self.publish();
+    }
+
+    /// Adds an extent freed on a drive.
+    pub(crate) fn add_dirty(&mut self, drive_id: &str, extent: Extent) {
+        let d = self.dirty.entry(drive_id.to_string()).or_default();
+        let before = clean::total(&d.extents);
+        d.extents = clean::union(&d.extents, &[extent]);
+        d.round += clean::total(&d.extents) - before;
+        self.publish();
+    }
+
+    /// Takes in a step the cleaner made clean.
+    pub(crate) fn cleaned(&mut self, drive_id: &str, extent: Extent) {
+        if let Some(d) = self.dirty.get_mut(drive_id) {
+            d.extents = clean::subtract(&d.extents, &[extent]);
+            if d.extents.is_empty() {
+                self.dirty.remove(drive_id);
+            }
+        }
+        self.publish();
+    }
+
+    /// The dirty extents of a drive.
+    pub(crate) fn dirty_extents(&self, drive_id: &str) -> Vec<Extent> {
+        self.dirty.get(drive_id).map(|d| d.extents.clone()).unwrap_or_default()
+    }
+
+    /// How far cleaning is on every drive that has dirty space.
+    pub(crate) fn cleaning(&self) -> Vec<Cleaning> {
+        self.dirty
+            .iter()
+            .map(|(id, d)| {
+                let left = clean::total(&d.extents);
+                Cleaning { drive_id: id.clone(), left_bytes: left, round_bytes: d.round.max(left) }
+            })
+            .collect()
+    }
+
+    /// The space being cleaned, in words, for a refusal.
+    pub(crate) fn cleaning_note(&self) -> String {
+        let parts: Vec<String> = self.cleaning().iter().map(|c| format!("{} on drive {}", c.words(), c.drive_id)).collect();
+        format!("space freed by earlier volumes is still being zeroed before reuse ({}); retry shortly", parts.join(", "))
+    }
+
+    /// Whether a CreateVolume the book refuses now would be placed once every drive's
+    /// dirty space is clean.
+    pub(crate) fn fits_after_cleaning(&self, m: &CreateVolume) -> bool {
+        !self.dirty.is_empty() && self.plan_create_with(m, false).is_ok()
+    }
+}
