@@ -562,8 +562,11 @@ fn volume_attachments_are_attached_detached_and_refused_through_the_api() {
     assert_eq!(refused["status"]["attached"], false);
     let message = refused["status"]["attachError"]["message"].as_str().unwrap_or("");
     assert!(message.contains("missing"), "attachError says the drive is missing: {message}");
-    let events = api.list("/events");
-    assert!(!events_about(&events, "VolumeAttachment", "va-2", "AttachFailed").is_empty(), "an AttachFailed Event on va-2");
+    // The Event is written right after the status (a second request): wait for it.
+    api.wait_for(Duration::from_secs(10), "an AttachFailed Event on va-2", &agent, |api| {
+        let events = api.list("/events");
+        (!events_about(&events, "VolumeAttachment", "va-2", "AttachFailed").is_empty()).then_some(())
+    });
     std::thread::sleep(Duration::from_millis(1500));
     let status_writes = api.log().iter().filter(|l| l.starts_with("PATCH /apis/storage.k8s.io/v1/volumeattachments/va-2/status")).count();
     assert!(status_writes <= 2, "a missing drive is not a retry storm: {status_writes} status writes in 1.5 s");
