@@ -16,7 +16,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -136,25 +135,24 @@ fn main() {
     let drive = LoopDrive::new(tmp.path(), "a.img", 1024 * MIB);
     let loc = DriveLoc { path: drive.dev.clone(), sector: 512 };
     let store = Store::open(&tmp.path().join("state")).expect("open store");
-    let lock = Mutex::new(());
     sh("udevadm", &["settle"]);
     println!("load average before: {}", loadavg());
     // One volume that stays, so the drive has a table and a neighbour partition, as
     // on a node in use; the measured volume comes and goes after it.
     let keep = record(0, "bench", MIB, 16 * MIB);
-    ops::create(&store, &loc, &lock, keep.clone(), None).result.expect("create the neighbour volume");
+    ops::create(&store, &loc, keep.clone(), None).result.expect("create the neighbour volume");
     let (mut create, mut delete) = (Steps::default(), Steps::default());
     for i in 1..=rounds {
         let rec = record(i, "bench", 32 * MIB, size_mib * MIB);
         timing::record();
         let t0 = Instant::now();
-        let done = ops::create(&store, &loc, &lock, rec, None).result.expect("create");
+        let done = ops::create(&store, &loc, rec, None).result.expect("create");
         create.add(t0.elapsed(), timing::take());
         let t0 = Instant::now();
-        ops::delete(&store, Some(&loc), &lock, done).result.expect("delete");
+        ops::delete(&store, Some(&loc), done).result.expect("delete");
         delete.add(t0.elapsed(), timing::take());
     }
-    ops::delete(&store, Some(&loc), &lock, VolumeRecord { state: VolumeState::Available, ..keep }).result.expect("delete the neighbour");
+    ops::delete(&store, Some(&loc), VolumeRecord { state: VolumeState::Available, ..keep }).result.expect("delete the neighbour");
     println!("load average after: {}", loadavg());
     println!("drive {} ({}), store {}", drive.dev.display(), PathBuf::from(&drive.file).display(), Store::path_in(&tmp.path().join("state")).display());
     create.print("CreateVolume (block)", CREATE);

@@ -23,8 +23,11 @@
 //!
 //! The next exclusive lock of the disk takes the lingering descriptor over (this
 //! process never waits on itself); a reaper thread closes it once its time is up. No
-//! write: unlocked and closed at once. Callers hold the drive's own mutex around an
-//! exclusive lock, so two of them never wait on each other's descriptor. Readers that
+//! write: unlocked and closed at once. An exclusive lock is exclusive inside this process
+//! too: it first takes the disk's in-process hold (threads of this process wait for each
+//! other there, never on each other's descriptor) and gives it back only after its
+//! drop has handed the descriptor to the linger, so no caller needs a mutex of its own
+//! around it. Readers that
 //! must not see a table half written (the inventory's check of what a disk holds) take
 //! it shared, as udev's own probes do.
 //!
@@ -33,7 +36,7 @@
 //! every 50 ms and lets go as soon as a detach was asked for (none lingers on one that
 //! already has it). A real disk that is pulled goes at once whatever is open.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -64,6 +67,45 @@ pub struct DiskLock {
     /// them, set up when the lock is taken; `None` when it could not be (a write is
     /// assumed, and lingers without waiting for an answer).
     answer: Option<Answer>,
+    /// For an exclusive lock: the disk's in-process hold, given back when the lock's
+    /// drop is done (fields drop after `Drop::drop`).
+    _hold: Option<Hold>,
+}
+
+/// The disks an exclusive [`DiskLock`] of this process holds, and a wake-up for the
+/// threads waiting for one of them.
+struct Holders {
+    held: Mutex<HashSet<PathBuf>>,
+    freed: Condvar,
+}
+
+fn holders() -> &'static Holders {
+    static H: std::sync::OnceLock<Holders> = std::sync::OnceLock::new();
+    H.get_or_init(|| Holders { held: Mutex::new(HashSet::new()), freed: Condvar::new() })
+}
+
+/// One thread's in-process hold of a disk; dropping it wakes the next waiter.
+struct Hold(PathBuf);
+
+impl Hold {
+    /// Waits until no other thread of this process holds `disk`, then holds it.
+    fn take(disk: &Path) -> Hold {
+        let h = holders();
+        let mut held = h.held.lock().unwrap_or_else(PoisonError::into_inner);
+        while held.contains(disk) {
+            held = h.freed.wait(held).unwrap_or_else(PoisonError::into_inner);
+        }
+        held.insert(disk.to_path_buf());
+        Hold(disk.to_path_buf())
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let h = holders();
+        h.held.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.0);
+        h.freed.notify_all();
+    }
 }
 
 /// A descriptor still holding `LOCK_SH` after a write: until when, and for a loop
@@ -146,6 +188,7 @@ impl DiskLock {
 
     fn take(disk: &Path, exclusive: bool) -> Result<DiskLock, DiskError> {
         let _t = super::timing::step("lock.take");
+        let hold = exclusive.then(|| Hold::take(disk));
         let open = || File::open(disk).map_err(DiskError::io(format!("open {} to lock it", disk.display())));
         let mut file = match exclusive.then(|| take_lingering(disk)).flatten() {
             Some(f) => f,
@@ -158,7 +201,7 @@ impl DiskLock {
             let r = unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) };
             if r == 0 {
                 let answer = if exclusive { Answer::watch(disk) } else { None };
-                return Ok(DiskLock { file: Some(file), disk: disk.to_path_buf(), exclusive, answer });
+                return Ok(DiskLock { file: Some(file), disk: disk.to_path_buf(), exclusive, answer, _hold: hold });
             }
             let e = std::io::Error::last_os_error();
             match e.raw_os_error() {
@@ -349,6 +392,33 @@ mod tests {
         assert!(!lock_state(&other, libc::LOCK_SH), "exclusive again");
         drop(again); // no write: released at once
         assert!(lock_state(&other, libc::LOCK_EX), "nothing lingers after a lock with no write");
+    }
+
+    #[test]
+    fn an_exclusive_lock_is_exclusive_between_threads_of_this_process_too() {
+        // Two threads of this process never hold one disk at once, whatever they hold
+        // around it: the lock takes its in-process hold itself.
+        let dir = tempfile::tempdir().unwrap();
+        let disk = dir.path().join("disk");
+        std::fs::write(&disk, b"x").unwrap();
+        let first = DiskLock::exclusive(&disk).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = disk.clone();
+        let waiter = std::thread::spawn(move || {
+            let l = DiskLock::exclusive(&d).unwrap();
+            tx.send(Instant::now()).unwrap();
+            drop(l);
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "a second thread got the disk while the first held it");
+        let released = Instant::now();
+        drop(first);
+        let got = rx.recv_timeout(Duration::from_secs(10)).expect("the second thread gets the disk once the first lets go");
+        assert!(got >= released, "not before the first let go");
+        waiter.join().unwrap();
+        // And the hold is given back: a third lock is had at once.
+        let t0 = Instant::now();
+        drop(DiskLock::exclusive(&disk).unwrap());
+        assert!(t0.elapsed() < Duration::from_secs(1));
     }
 
     #[test]

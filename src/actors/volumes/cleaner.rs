@@ -8,8 +8,8 @@
 //!   inside a partition), whether or not the journal lists it (a volume whose
 //!   partition was lost from the table and then deleted), then recorded clean;
 //! - a step is zeroed with no lock held (creates and deletes on the drive go on
-//!   meanwhile), through a write descriptor that is closed only under the drive's mutex
-//!   and its [`DiskLock`], with the journal update that records the step clean: so a
+//!   meanwhile), through a write descriptor that is closed only under the drive's
+//!   [`DiskLock`] (exclusive in this process too), with the journal update that records the step clean: so a
 //!   close never makes udev re-read the table behind drivelet's back, and a kill -9
 //!   between the zeroing and the record zeroes the step again after restart;
 //! - before each step the drive must still hold what the job was made for: the same
@@ -93,7 +93,6 @@ pub struct CleaningStalled {
 
 struct Job {
     loc: DriveLoc,
-    lock: Arc<Mutex<()>>,
     dirty: Vec<Extent>,
     expect: Expect,
     retry_at: Option<Instant>,
@@ -141,7 +140,7 @@ impl Cleaner {
 
     /// Replaces what is to be cleaned on a drive (empty `dirty`: nothing); the first
     /// step waits `delay` when given.
-    pub(crate) fn set(&self, drive_id: &str, loc: DriveLoc, lock: Arc<Mutex<()>>, dirty: Vec<Extent>, expect: Expect, delay: Option<Duration>) {
+    pub(crate) fn set(&self, drive_id: &str, loc: DriveLoc, dirty: Vec<Extent>, expect: Expect, delay: Option<Duration>) {
         let mut q = self.shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
         q.generation += 1;
         let generation = q.generation;
@@ -149,13 +148,13 @@ impl Cleaner {
             q.jobs.remove(drive_id);
         } else {
             let retry_at = delay.map(|d| Instant::now() + d);
-            q.jobs.insert(drive_id.to_string(), Job { loc, lock, dirty: clean::normalize(&dirty), expect, retry_at, first_pending: None, generation });
+            q.jobs.insert(drive_id.to_string(), Job { loc, dirty: clean::normalize(&dirty), expect, retry_at, first_pending: None, generation });
         }
         self.shared.wake.notify_all();
     }
 
     /// Adds an extent freed on a drive (a delete, a rolled-back create).
-    pub(crate) fn add(&self, drive_id: &str, loc: DriveLoc, lock: Arc<Mutex<()>>, extent: Extent) {
+    pub(crate) fn add(&self, drive_id: &str, loc: DriveLoc, extent: Extent) {
         let mut q = self.shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
         match q.jobs.get_mut(drive_id) {
             Some(j) => {
@@ -171,7 +170,6 @@ impl Cleaner {
                 let now = Instant::now();
                 let job = Job {
                     loc,
-                    lock,
                     dirty: vec![extent],
                     expect: Expect::AnyTable,
                     retry_at: Some(now + QUIET),
@@ -195,7 +193,6 @@ impl Cleaner {
 struct Step {
     drive_id: String,
     loc: DriveLoc,
-    lock: Arc<Mutex<()>>,
     extent: Extent,
     expect: Expect,
     generation: u64,
@@ -212,7 +209,6 @@ fn next_step(q: &Queue, step: u64, now: Instant) -> Result<Step, Option<Instant>
             return Ok(Step {
                 drive_id: id.clone(),
                 loc: j.loc.clone(),
-                lock: j.lock.clone(),
                 extent: (s, l.min(step)),
                 expect: j.expect,
                 generation: j.generation,
@@ -311,7 +307,6 @@ fn clean_step(s: &Step) -> Result<Uuid, DiskError> {
     }
     crash_point!("clean.zeroed");
     let res = {
-        let _g = s.lock.lock().unwrap_or_else(PoisonError::into_inner);
         let _udev = DiskLock::exclusive(dev)?;
         let res = gpt::mark_clean(dev, s.loc.sector, s.extent.0, s.extent.1, expect);
         // Closed under the lock: udev's answer to it is the lock's to wait for.
@@ -333,7 +328,7 @@ mod tests {
 
     fn job(dirty: Vec<Extent>, retry_at: Option<Instant>) -> Job {
         let loc = DriveLoc { path: "/dev/null".into(), sector: 512 };
-        Job { loc, lock: Arc::default(), dirty, expect: Expect::AnyTable, retry_at, first_pending: None, generation: 1 }
+        Job { loc, dirty, expect: Expect::AnyTable, retry_at, first_pending: None, generation: 1 }
     }
 
     #[test]

@@ -114,7 +114,6 @@ pub struct VolumeManager {
     store: Option<Arc<Store>>,
     inventory: Addr<DriveInventory>,
     book: VolumeBook,
-    locks: HashMap<String, Arc<Mutex<()>>>,
     /// Writes of drive usage records, off the actor thread, newest last.
     uses: UseWriter,
     reconciling: bool,
@@ -146,7 +145,6 @@ impl VolumeManager {
             store: None,
             inventory,
             book: VolumeBook::new(cfg, auto_release),
-            locks: HashMap::new(),
             uses: UseWriter::default(),
             reconciling: false,
             condition_subscribers: Vec::new(),
@@ -158,10 +156,6 @@ impl VolumeManager {
     /// A reader of the views the manager publishes for the cheap CSI calls.
     pub fn view_reader(&self) -> view::ViewReader {
         self.book.view_reader()
-    }
-
-    fn lock_of(&mut self, drive_id: &str) -> Arc<Mutex<()>> {
-        self.locks.entry(drive_id.to_string()).or_default().clone()
     }
 
     /// The store, once the book is ready.
@@ -230,8 +224,7 @@ impl VolumeManager {
         }
         let rec = self.book.records().find(|r| r.id == id)?.clone();
         let loc = self.book.loc_of(&rec)?;
-        let lock = self.lock_of(&rec.drive_id);
-        self.cleaner.add(&rec.drive_id, loc, lock, (rec.start, rec.size));
+        self.cleaner.add(&rec.drive_id, loc, (rec.start, rec.size));
         Some((rec.drive_id, (rec.start, rec.size)))
     }
 
@@ -256,13 +249,12 @@ impl VolumeManager {
             // clean already is found so by the cleaner and reported.
             let extents = crate::disk::clean::union(&dd.extents, &self.book.dirty_extents(&dd.drive_id));
             self.book.set_dirty(&dd.drive_id, extents.clone());
-            let lock = self.lock_of(&dd.drive_id);
             match dd.expect {
                 Some(expect) => {
                     let delay = (hotplug && expect == cleaner::Expect::Blank).then_some(cleaner::BLANK_GRACE);
-                    self.cleaner.set(&dd.drive_id, loc, lock, extents, expect, delay)
+                    self.cleaner.set(&dd.drive_id, loc, extents, expect, delay)
                 }
-                None => self.cleaner.set(&dd.drive_id, loc, lock, Vec::new(), cleaner::Expect::AnyTable, None),
+                None => self.cleaner.set(&dd.drive_id, loc, Vec::new(), cleaner::Expect::AnyTable, None),
             }
         }
         self.wake_clean_waiters();
@@ -350,12 +342,11 @@ impl VolumeManager {
             },
             None => None,
         };
-        let lock = self.lock_of(&rec.drive_id);
         let drive_id = rec.drive_id.clone();
         info!(volume.id = %rec.id, volume.name = %rec.name, drive.id = %rec.drive_id, volume.size = rec.size, volume.clone_of = ?rec.clone_of, "creating volume");
         self.book.reserve(rec.clone());
         let job_store = store.clone();
-        Box::pin(self.run(claim, id.clone(), move || ops::create(&job_store, &loc, &lock, rec, from.as_ref())).then(move |res, act, _| {
+        Box::pin(self.run(claim, id.clone(), move || ops::create(&job_store, &loc, rec, from.as_ref())).then(move |res, act, _| {
             let Some(found) = res.as_ref().err().and_then(VolumeError::refused_drive) else {
                 return reply(res);
             };
@@ -598,9 +589,8 @@ impl Handler<DeleteVolume> for VolumeManager {
         };
         let Some(rec) = self.book.plan_delete(&id) else { return reply(Ok(())) };
         let loc = self.book.loc_of(&rec);
-        let lock = self.lock_of(&rec.drive_id);
         info!(volume.id = %id, drive.id = %rec.drive_id, "deleting volume");
-        self.run(claim, id, move || ops::delete(&store, loc.as_ref(), &lock, rec))
+        self.run(claim, id, move || ops::delete(&store, loc.as_ref(), rec))
     }
 }
 
@@ -744,12 +734,11 @@ impl Handler<ExpandVolume> for VolumeManager {
             Ok(x) => x,
             Err(e) => return reply(Err(e)),
         };
-        let lock = self.lock_of(&rec.drive_id);
         let node_step = !rec.block;
         // The space is the volume's from now on: a create placed meanwhile sees it taken.
         self.book.reserve(VolumeRecord { size: new_size, ..rec.clone() });
         Box::pin(
-            self.run(claim, m.volume_id, move || ops::expand(&store, &loc, &lock, rec, new_size))
+            self.run(claim, m.volume_id, move || ops::expand(&store, &loc, rec, new_size))
                 .map(move |res, _, _| res.map(|size| (size, node_step))),
         )
     }

@@ -19,7 +19,6 @@
 //!   test arms one to kill the process right there.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use tracing::{info, warn};
 
@@ -141,18 +140,18 @@ fn is_partition_at(devnum: (u32, u32), parts: &[blkpg::KernelPartition], start: 
 /// wipe, then `Available`.
 /// A clone (`from`) copies its source onto the wiped partition before it is marked
 /// `Available` ([`super::clone::copy`]); until then a restart rolls it back.
-pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeRecord, from: Option<&CloneFrom>) -> Outcome<VolumeRecord> {
+pub fn create(store: &Store, drive: &DriveLoc, rec: VolumeRecord, from: Option<&CloneFrom>) -> Outcome<VolumeRecord> {
     if let Err(e) = save(store, &rec) {
         return Outcome { record: None, result: Err(e) };
     }
     crash_point!("create.intent_saved");
-    match create_steps(store, drive, lock, rec.clone(), from) {
+    match create_steps(store, drive, rec.clone(), from) {
         Ok(done) => Outcome { record: Some(done.clone()), result: Ok(done) },
         Err(e) if e.refused_drive().is_some() => match store.remove(&rec.id) {
             Ok(()) => Outcome { record: None, result: Err(e) },
             Err(undo) => Outcome { record: Some(rec), result: Err(VolumeError::Store(undo)) },
         },
-        Err(e) => match rollback_create(store, drive, lock, &rec) {
+        Err(e) => match rollback_create(store, drive, &rec) {
             Ok(()) => Outcome { record: None, result: Err(e) },
             Err(undo) => {
                 warn!(volume.id = %rec.id, error = %undo, "cannot roll back a failed create; a retry or restart finishes it");
@@ -162,9 +161,8 @@ pub fn create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: VolumeReco
     }
 }
 
-fn create_steps(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: VolumeRecord, from: Option<&CloneFrom>) -> Result<VolumeRecord, VolumeError> {
+fn create_steps(store: &Store, drive: &DriveLoc, mut rec: VolumeRecord, from: Option<&CloneFrom>) -> Result<VolumeRecord, VolumeError> {
     let (kp, wiped) = {
-        let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
         let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
         // The new partition's signature areas are zeroed in the table's own commit.
         let added = gpt::add_partition_wiped(&drive.path, drive.sector, rec.part_guid, &gpt::partition_label(&rec.name), rec.start, rec.size)
@@ -192,9 +190,8 @@ fn create_steps(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: Volu
 }
 
 /// Undoes a creation that was never handed out: kernel partition, GPT entry, record.
-pub(crate) fn rollback_create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, rec: &VolumeRecord) -> Result<(), VolumeError> {
+pub(crate) fn rollback_create(store: &Store, drive: &DriveLoc, rec: &VolumeRecord) -> Result<(), VolumeError> {
     {
-        let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
         let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
         blkpg::remove_kernel_partition(&drive.path, rec.start).map_err(disk(&rec.id, "remove the kernel partition"))?;
         gpt::remove_partition(&drive.path, drive.sector, rec.part_guid).map_err(disk(&rec.id, "update the partition table"))?;
@@ -204,7 +201,7 @@ pub(crate) fn rollback_create(store: &Store, drive: &DriveLoc, lock: &Mutex<()>,
 
 /// Deletes a volume: intent, wipe, kernel partition, GPT entry, record. With the drive
 /// absent (`drive` is `None`) only the record goes.
-pub fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec: VolumeRecord) -> Outcome<()> {
+pub fn delete(store: &Store, drive: Option<&DriveLoc>, mut rec: VolumeRecord) -> Outcome<()> {
     let prev = rec.clone();
     if let Some(node) = &rec.published_node {
         let e = VolumeError::StillAttached { volume_id: rec.id.clone(), node: node.clone() };
@@ -228,20 +225,19 @@ pub fn delete(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, mut rec
         return Outcome { record: Some(prev), result: Err(e) };
     }
     crash_point!("delete.intent_saved");
-    match delete_steps(store, drive, lock, &rec) {
+    match delete_steps(store, drive, &rec) {
         Ok(()) => Outcome { record: None, result: Ok(()) },
         Err(e) => Outcome { record: Some(rec), result: Err(e) },
     }
 }
 
 /// The steps of a deletion whose intent is recorded; also finishes one at start-up.
-pub(crate) fn delete_steps(store: &Store, drive: Option<&DriveLoc>, lock: &Mutex<()>, rec: &VolumeRecord) -> Result<(), VolumeError> {
+pub(crate) fn delete_steps(store: &Store, drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<(), VolumeError> {
     if let Some(drive) = drive {
         // A health check's read-only fsck holds the partition: the wipe waits for it.
         let _unchecked = gate::exclusive(&rec.id);
         // The table is read, and changed, under both locks: a parallel delete on the
         // same drive rewrites it.
-        let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
         let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
         let on_disk = gpt::read_table(&drive.path, drive.sector)
             .map_err(disk(&rec.id, "read the partition table"))?
@@ -296,11 +292,10 @@ pub(crate) fn controller_publish(store: &Store, drive: Option<&DriveLoc>, mut re
 /// entry, then the kernel's partition, then the record. Every step is a no-op when
 /// already done, so a retry after a crash anywhere finishes the job (a restart in
 /// between takes the size from the GPT). `rec` is the record before the call.
-pub(crate) fn expand(store: &Store, drive: &DriveLoc, lock: &Mutex<()>, mut rec: VolumeRecord, new_size: u64) -> Outcome<u64> {
+pub(crate) fn expand(store: &Store, drive: &DriveLoc, mut rec: VolumeRecord, new_size: u64) -> Outcome<u64> {
     let prev = rec.clone();
     let res = (|| {
         {
-            let _g = lock.lock().unwrap_or_else(|p| p.into_inner());
             let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
             gpt::resize_partition(&drive.path, drive.sector, rec.part_guid, new_size)
                 .map_err(disk(&rec.id, "grow the partition in the partition table"))?;

@@ -7,9 +7,9 @@
 //! carries the plan out); only managed drives are read for drivelet partitions; a
 //! drive's records are claimed while it is reconciled.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -28,8 +28,6 @@ use crate::disk::{clean, gpt};
 use crate::store::{Kind, Store};
 use crate::words::{DriveClass, DriveLoc, DriveUse};
 
-/// Per-drive locks the disk steps of one drive take.
-pub(crate) type Locks = HashMap<String, Arc<Mutex<()>>>;
 
 impl VolumeManager {
     /// Waits for the inventory's first scan, then reconciles with the drives it found.
@@ -65,9 +63,8 @@ impl VolumeManager {
         // on-disk table (not the inventory's class, which may lag) decides whether
         // drivelet's own partitions are there.
         let drives: Vec<Drive> = self.book.drives().cloned().collect();
-        let locks: Locks = drives.iter().map(|d| (d.id.clone(), self.lock_of(&d.id))).collect();
         let clean_blank = self.clean_blank_drives;
-        let job = move || startup(&dir, &drives, &locks, clean_blank);
+        let job = move || startup(&dir, &drives, clean_blank);
         ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(|res, act, ctx| {
             act.reconciling = false;
             match res {
@@ -115,9 +112,8 @@ impl VolumeManager {
         };
         let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
         let drive_id = drive.id.clone();
-        let locks = HashMap::from([(drive.id.clone(), self.lock_of(&drive.id))]);
         let clean_blank = self.clean_blank_drives;
-        let job = move || settle(&store, records, std::slice::from_ref(&drive), &locks, clean_blank);
+        let job = move || settle(&store, records, std::slice::from_ref(&drive), clean_blank);
         ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |res, act, _| {
             // Claims go before the conditions are judged again: a volume shown normal
             // is free to stage.
@@ -163,13 +159,13 @@ pub(crate) struct DriveDirty {
 }
 
 /// Opens the store and carries out the start-up plan.
-fn startup(dir: &std::path::Path, drives: &[Drive], locks: &Locks, clean_blank: bool) -> Result<Started, VolumeError> {
+fn startup(dir: &std::path::Path, drives: &[Drive], clean_blank: bool) -> Result<Started, VolumeError> {
     let store = Store::open(dir).map_err(VolumeError::Store)?;
     let (records, bad) = store.load::<VolumeRecord>().map_err(VolumeError::Store)?;
     for b in bad {
         error!(actor = "volumes", volume.id = %b.id, error = %b.reason, "unreadable volume record kept aside");
     }
-    let (keep, dirty) = settle(&store, records, drives, locks, clean_blank)?;
+    let (keep, dirty) = settle(&store, records, drives, clean_blank)?;
     let uses = match store.load_in::<DriveUse>(Kind::Drive) {
         Ok((uses, bad)) => {
             for b in bad {
@@ -193,7 +189,6 @@ fn settle(
     store: &Store,
     records: Vec<VolumeRecord>,
     drives: &[Drive],
-    locks: &HashMap<String, Arc<Mutex<()>>>,
     clean_blank: bool,
 ) -> Result<(Vec<VolumeRecord>, Vec<DriveDirty>), VolumeError> {
     let mut tables = reconcile::Tables::new();
@@ -216,13 +211,11 @@ fn settle(
         warn!(actor = "volumes", "{line}");
     }
     let loc = |id: &str| drives.iter().find(|d| d.id == id).map(|d| DriveLoc { path: d.path.clone(), sector: d.logical_block_size });
-    let nolock = Mutex::new(());
-    let lock = |id: &str| locks.get(id).map(|l| l.as_ref()).unwrap_or(&nolock);
     let mut keep = plan.keep;
     for rec in plan.rollback {
         // Without a drivelet table on the drive, nothing was written: only the record goes.
         let res = match (loc(&rec.drive_id), tables.contains_key(&rec.drive_id)) {
-            (Some(d), true) => ops::rollback_create(store, &d, lock(&rec.drive_id), &rec),
+            (Some(d), true) => ops::rollback_create(store, &d, &rec),
             _ => store.remove(&rec.id).map_err(VolumeError::Store),
         };
         if let Err(e) = res {
@@ -232,7 +225,7 @@ fn settle(
     }
     for rec in plan.finish_delete {
         let d = if tables.contains_key(&rec.drive_id) { loc(&rec.drive_id) } else { None };
-        if let Err(e) = ops::delete_steps(store, d.as_ref(), lock(&rec.drive_id), &rec) {
+        if let Err(e) = ops::delete_steps(store, d.as_ref(), &rec) {
             error!(actor = "volumes", volume.id = %rec.id, error = %e, "cannot finish an interrupted delete; kept");
             keep.push(rec);
         }
