@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use drivelet::actors::volumes::model::{VolumeRecord, VolumeState};
-use drivelet::actors::volumes::ops::self;
+use drivelet::actors::volumes::ops;
 use drivelet::disk::{gpt, timing};
 use drivelet::store::Store;
 use drivelet::words::DriveLoc;
