@@ -140,6 +140,7 @@ fn main() {
     // One volume that stays, so the drive has a table and a neighbour partition, as
     // on a node in use; the measured volume comes and goes after it.
     let keep = record(0, "bench", MIB, 16 * MIB);
+    let guards = std::sync::Arc::new(drivelet::actors::volumes::Guards::default());
     ops::create(&store, &loc, keep.clone(), None).result.expect("create the neighbour volume");
     let (mut create, mut delete) = (Steps::default(), Steps::default());
     for i in 1..=rounds {
@@ -149,10 +150,10 @@ fn main() {
         let done = ops::create(&store, &loc, rec, None).result.expect("create");
         create.add(t0.elapsed(), timing::take());
         let t0 = Instant::now();
-        ops::delete(&store, Some(&loc), done).result.expect("delete");
+        ops::delete(&store, &guards, Some(&loc), done).result.expect("delete");
         delete.add(t0.elapsed(), timing::take());
     }
-    ops::delete(&store, Some(&loc), VolumeRecord { state: VolumeState::Available, ..keep }).result.expect("delete the neighbour");
+    ops::delete(&store, &guards, Some(&loc), VolumeRecord { state: VolumeState::Available, ..keep }).result.expect("delete the neighbour");
     println!("load average after: {}", loadavg());
     println!("drive {} ({}), store {}", drive.dev.display(), PathBuf::from(&drive.file).display(), Store::path_in(&tmp.path().join("state")).display());
     create.print("CreateVolume (block)", CREATE);

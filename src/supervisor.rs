@@ -95,10 +95,11 @@ pub(crate) fn start(cfg: &Arc<Config>, sockets: Sockets, kube: Option<kube::Clie
     let scanned = inventory.scan_reader();
     let inventory = Supervisor::start(move |_| inventory);
     let volumes = VolumeManager::new(cfg.volumes.clone(), cfg.paths.state_dir.clone(), inventory.clone(), cfg.health.auto_release);
+    let guards = volumes.guards();
     let views = Views { scanned, volumes: volumes.view_reader() };
     let volumes = Supervisor::start(move |_| volumes);
     let (hcfg, inv, vols) = (cfg.health.clone(), inventory.clone(), volumes.clone());
-    let health = Supervisor::start(move |_| HealthPoller::new(hcfg, inv, vols));
+    let health = Supervisor::start(move |_| HealthPoller::new(hcfg, inv, vols, guards.clone()));
     let actors = Actors { inventory, volumes, health };
 
     let front = Front::new(cfg.clone(), actors.inventory.clone(), actors.volumes.clone(), views);

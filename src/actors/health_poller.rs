@@ -35,7 +35,8 @@ use super::inventory::DriveInventory;
 use super::messages::{DriveHealthObserved, ListDrives};
 use super::volumes::conditions::Finding;
 use super::volumes::model::{VolumeRecord, VolumeState};
-use super::volumes::{gate, ListVolumes, VolumeChecked, VolumeManager};
+use super::volumes::book::claim::Check;
+use super::volumes::{Guards, ListVolumes, VolumeChecked, VolumeManager};
 use crate::config::HealthConfig;
 use crate::disk::fs::Fsck;
 use crate::disk::smart;
@@ -55,13 +56,16 @@ pub(crate) struct HealthPoller {
     volumes_running: bool,
     /// When each unmounted volume was last fsck'd, and the verdict.
     fscked: HashMap<String, (Instant, Option<Finding>)>,
+    /// The volume book's guards: a check runs only while no call or step holds the volume.
+    guards: Arc<Guards>,
 }
 
 impl HealthPoller {
-    /// A poller reporting to the inventory and the volume manager.
-    pub(crate) fn new(cfg: HealthConfig, inventory: Addr<DriveInventory>, volumes: Addr<VolumeManager>) -> HealthPoller {
+    /// A poller reporting to the inventory and the volume manager, checking volumes
+    /// under the volume book's `guards`.
+    pub(crate) fn new(cfg: HealthConfig, inventory: Addr<DriveInventory>, volumes: Addr<VolumeManager>, guards: Arc<Guards>) -> HealthPoller {
         let limit = Arc::new(Semaphore::new(cfg.concurrency));
-        HealthPoller { cfg, inventory, volumes, limit, smart_running: false, volumes_running: false, fscked: HashMap::new() }
+        HealthPoller { cfg, inventory, volumes, limit, smart_running: false, volumes_running: false, fscked: HashMap::new(), guards }
     }
 
     fn jittered(&self, base: Duration) -> Duration {
@@ -120,7 +124,7 @@ impl HealthPoller {
             return;
         }
         self.volumes_running = true;
-        let (inv, vols) = (self.inventory.clone(), self.volumes.clone());
+        let (inv, vols, guards) = (self.inventory.clone(), self.volumes.clone(), self.guards.clone());
         let cfg = self.cfg.clone();
         let fscked = std::mem::take(&mut self.fscked);
         ctx.spawn(
@@ -128,7 +132,7 @@ impl HealthPoller {
                 let drives: HashMap<String, Drive> =
                     inv.send(ListDrives).await.unwrap_or_default().into_iter().map(|d| (d.id.clone(), d)).collect();
                 let records = vols.send(ListVolumes).await.unwrap_or_default();
-                let job = move || check_all(&cfg, &drives, records, fscked);
+                let job = move || check_all(&cfg, &guards, &drives, records, fscked);
                 match tokio::task::spawn_blocking(job).await {
                     Ok((results, fscked)) => {
                         for (volume_id, findings) in results {
@@ -186,7 +190,7 @@ fn partition_of(drive: &Drive, rec: &VolumeRecord) -> Option<(PathBuf, (u32, u32
 /// Reads a directory with a deadline: a hung filesystem (dead drive) must not hang the
 /// poller. The reading thread keeps the volume's check (`held`) until the read ends,
 /// also when the poller stopped waiting for it: the directory is open until then.
-fn readable(path: &Path, within: Duration, held: Arc<gate::Check>) -> Result<(), String> {
+fn readable(path: &Path, within: Duration, held: Arc<Check>) -> Result<(), String> {
     let (tx, rx) = std::sync::mpsc::channel();
     let p = path.to_path_buf();
     std::thread::spawn(move || {
@@ -287,6 +291,7 @@ pub(crate) fn judge(seen: Seen, usage_threshold_percent: u8) -> Vec<Finding> {
 /// fsck verdicts to remember.
 fn check_all(
     cfg: &HealthConfig,
+    guards: &Arc<Guards>,
     drives: &HashMap<String, Drive>,
     records: Vec<VolumeRecord>,
     mut fscked: Fscked,
@@ -301,7 +306,7 @@ fn check_all(
             continue;
         }
         // A stage, unstage or delete of the volume is under way: checked next cycle.
-        let Some(held) = gate::try_check(&rec.id).map(Arc::new) else { continue };
+        let Some(held) = guards.try_check(&rec.id).map(Arc::new) else { continue };
         let mut seen = Seen::default();
         // An adopted volume's data is a directory of the host: it must still be there.
         if let Some(a) = &rec.adopted {

@@ -21,7 +21,7 @@
 //!   media changed) their conditions keep the verdict they had: a drive that comes back
 //!   turns its volumes normal only once they are checked and free to stage again.
 
-mod claim;
+pub(crate) mod claim;
 mod cleaning;
 mod clone;
 mod drives;
@@ -31,7 +31,7 @@ mod tests;
 use crate::words::{DriveClass, DriveLoc, DriveUse, Health, LayoutKind, Media};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tracing::{info, warn};
 
@@ -49,7 +49,7 @@ use crate::actors::messages::VolumeConditionChanged;
 use crate::config::{human_bytes, VolumesConfig};
 use crate::disk::gpt;
 
-use self::claim::BusyIds;
+pub(crate) use self::claim::Guards;
 pub(crate) use self::claim::Claim;
 pub(crate) use self::cleaning::{Cleaning, Dirty};
 
@@ -72,7 +72,7 @@ pub(crate) struct VolumeBook {
     drives: BTreeMap<String, Drive>,
     /// Records by id, shared with the published views (a change replaces a record).
     records: BTreeMap<String, Arc<VolumeRecord>>,
-    busy: Arc<Mutex<BusyIds>>,
+    guards: Arc<Guards>,
     /// Drives that are releasing or released, by id (persisted).
     drive_use: BTreeMap<String, DriveUse>,
     /// Latest check findings by volume id (from the health poller), of the volumes
@@ -105,7 +105,7 @@ impl VolumeBook {
             ready: false,
             drives: BTreeMap::new(),
             records: BTreeMap::new(),
-            busy: Arc::default(),
+            guards: Arc::default(),
             drive_use: BTreeMap::new(),
             findings: HashMap::new(),
             conditions: HashMap::new(),
@@ -154,7 +154,7 @@ impl VolumeBook {
         self.drives.clear();
         self.reconciling.clear();
         self.dirty.clear();
-        self.busy.lock().unwrap_or_else(|p| p.into_inner()).ids.clear();
+        self.guards.clear_claims();
         self.publish();
     }
 
@@ -227,19 +227,18 @@ impl VolumeBook {
     }
 
     fn try_claim(&self, id: &str) -> Option<Claim> {
-        let mut b = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        if b.ids.contains_key(id) {
-            return None;
-        }
-        b.next += 1;
-        let token = b.next;
-        b.ids.insert(id.to_string(), token);
-        Some(Claim { busy: self.busy.clone(), id: id.to_string(), token })
+        self.guards.try_claim(id)
+    }
+
+    /// The book's guards, for the disk steps that need a volume unused and for the
+    /// health poller's checks (one instance for the life of the process).
+    pub(crate) fn guards(&self) -> Arc<Guards> {
+        self.guards.clone()
     }
 
     /// Whether a call holds volume `id`.
     pub(crate) fn is_busy(&self, id: &str) -> bool {
-        self.busy.lock().unwrap_or_else(|p| p.into_inner()).ids.contains_key(id)
+        self.guards.is_claimed(id)
     }
 
     /// Where a volume's drive is, for its disk steps. An adopted volume's drive (if

@@ -35,7 +35,6 @@ pub(crate) mod clone;
 pub mod error;
 pub(crate) mod conditions;
 pub(crate) mod messages;
-pub(crate) mod gate;
 pub mod model;
 pub mod ops;
 pub(crate) mod placement;
@@ -51,6 +50,7 @@ use std::sync::{Arc, Mutex};
 use actix::prelude::*;
 use tracing::{error, info, warn};
 
+pub use self::book::claim::Guards;
 pub use self::error::VolumeError;
 pub use self::messages::*;
 
@@ -156,6 +156,12 @@ impl VolumeManager {
     /// A reader of the views the manager publishes for the cheap CSI calls.
     pub fn view_reader(&self) -> view::ViewReader {
         self.book.view_reader()
+    }
+
+    /// The book's guards, which the health poller's checks go through (one instance for
+    /// the life of the process: a restart of the manager clears its claims, not them).
+    pub fn guards(&self) -> Arc<Guards> {
+        self.book.guards()
     }
 
     /// The store, once the book is ready.
@@ -590,7 +596,8 @@ impl Handler<DeleteVolume> for VolumeManager {
         let Some(rec) = self.book.plan_delete(&id) else { return reply(Ok(())) };
         let loc = self.book.loc_of(&rec);
         info!(volume.id = %id, drive.id = %rec.drive_id, "deleting volume");
-        self.run(claim, id, move || ops::delete(&store, loc.as_ref(), rec))
+        let guards = self.book.guards();
+        self.run(claim, id, move || ops::delete(&store, &guards, loc.as_ref(), rec))
     }
 }
 
@@ -602,7 +609,8 @@ impl Handler<StageVolume> for VolumeManager {
             Err(e) => return reply(Err(e)),
         };
         let roots = self.book.allowed_roots().to_vec();
-        self.run(claim, m.volume_id, move || ops::stage(&store, loc.as_ref(), &roots, rec, m.args))
+        let guards = self.book.guards();
+        self.run(claim, m.volume_id, move || ops::stage(&store, &guards, loc.as_ref(), &roots, rec, m.args))
     }
 }
 
@@ -610,7 +618,10 @@ impl Handler<UnstageVolume> for VolumeManager {
     type Result = Reply<()>;
     fn handle(&mut self, m: UnstageVolume, _: &mut Context<Self>) -> Self::Result {
         match self.node_call(&m.volume_id, false) {
-            Ok((claim, store, rec, loc)) => self.run(claim, m.volume_id, move || ops::unstage(&store, loc.as_ref(), rec, &m.path)),
+            Ok((claim, store, rec, loc)) => {
+                let guards = self.book.guards();
+                self.run(claim, m.volume_id, move || ops::unstage(&store, &guards, loc.as_ref(), rec, &m.path))
+            }
             Err(e) => reply(Err(e)),
         }
     }

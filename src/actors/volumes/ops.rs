@@ -19,13 +19,15 @@
 //!   test arms one to kill the process right there.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tracing::{info, warn};
 
 pub use super::clone::CloneFrom;
 use super::model::{next, Op, Staging, Target, VolumeRecord};
 use super::messages::{PublishArgs, StageArgs};
-use super::{gate, VolumeError};
+use super::book::Guards;
+use super::VolumeError;
 use nix::mount::MsFlags;
 
 use crate::disk::lock::DiskLock;
@@ -201,7 +203,7 @@ pub(crate) fn rollback_create(store: &Store, drive: &DriveLoc, rec: &VolumeRecor
 
 /// Deletes a volume: intent, wipe, kernel partition, GPT entry, record. With the drive
 /// absent (`drive` is `None`) only the record goes.
-pub fn delete(store: &Store, drive: Option<&DriveLoc>, mut rec: VolumeRecord) -> Outcome<()> {
+pub fn delete(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveLoc>, mut rec: VolumeRecord) -> Outcome<()> {
     let prev = rec.clone();
     if let Some(node) = &rec.published_node {
         let e = VolumeError::StillAttached { volume_id: rec.id.clone(), node: node.clone() };
@@ -225,17 +227,17 @@ pub fn delete(store: &Store, drive: Option<&DriveLoc>, mut rec: VolumeRecord) ->
         return Outcome { record: Some(prev), result: Err(e) };
     }
     crash_point!("delete.intent_saved");
-    match delete_steps(store, drive, &rec) {
+    match delete_steps(store, guards, drive, &rec) {
         Ok(()) => Outcome { record: None, result: Ok(()) },
         Err(e) => Outcome { record: Some(rec), result: Err(e) },
     }
 }
 
 /// The steps of a deletion whose intent is recorded; also finishes one at start-up.
-pub(crate) fn delete_steps(store: &Store, drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<(), VolumeError> {
+pub(crate) fn delete_steps(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<(), VolumeError> {
     if let Some(drive) = drive {
         // A health check's read-only fsck holds the partition: the wipe waits for it.
-        let _unchecked = gate::exclusive(&rec.id);
+        let _unchecked = guards.step(&rec.id);
         // The table is read, and changed, under both locks: a parallel delete on the
         // same drive rewrites it.
         let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
@@ -358,10 +360,10 @@ fn check_path(id: &str, p: &Path, roots: &[PathBuf]) -> Result<(), VolumeError> 
 
 /// Stages a volume: intent, mkfs (only on a volume drivelet wiped and never
 /// formatted), mount, then `Staged`.
-pub(crate) fn stage(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: VolumeRecord, a: StageArgs) -> Outcome<()> {
+pub(crate) fn stage(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: VolumeRecord, a: StageArgs) -> Outcome<()> {
     let prev = rec.clone();
     // A health check's read-only fsck holds the partition: mkfs and mount wait for it.
-    let _unchecked = gate::exclusive(&rec.id);
+    let _unchecked = guards.step(&rec.id);
     match stage_steps(store, drive, roots, rec, &a) {
         Ok(done) => Outcome { record: Some(done), result: Ok(()) },
         Err((e, now)) => {
@@ -483,10 +485,10 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
 }
 
 /// Unstages: unmount the staging path, then forget it.
-pub(crate) fn unstage(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, path: &Path) -> Outcome<()> {
+pub(crate) fn unstage(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveLoc>, rec: VolumeRecord, path: &Path) -> Outcome<()> {
     let id = rec.id.clone();
     // A health check's read of the staging directory holds the mount: the unmount waits.
-    let _unchecked = gate::exclusive(&id);
+    let _unchecked = guards.step(&id);
     let mut r = rec.clone();
     let res = (|| {
         let ours = match &r.staging {

@@ -18,6 +18,7 @@ use tracing::{error, info, warn};
 use super::book::now_unix;
 
 use super::model::{VolumeRecord, VolumeState};
+use super::book::Guards;
 use super::cleaner;
 use super::ops;
 use super::{reconcile, VolumeError, VolumeManager};
@@ -64,7 +65,8 @@ impl VolumeManager {
         // drivelet's own partitions are there.
         let drives: Vec<Drive> = self.book.drives().cloned().collect();
         let clean_blank = self.clean_blank_drives;
-        let job = move || startup(&dir, &drives, clean_blank);
+        let guards = self.book.guards();
+        let job = move || startup(&dir, &drives, &guards, clean_blank);
         ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(|res, act, ctx| {
             act.reconciling = false;
             match res {
@@ -113,7 +115,8 @@ impl VolumeManager {
         let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
         let drive_id = drive.id.clone();
         let clean_blank = self.clean_blank_drives;
-        let job = move || settle(&store, records, std::slice::from_ref(&drive), clean_blank);
+        let guards = self.book.guards();
+        let job = move || settle(&store, &guards, records, std::slice::from_ref(&drive), clean_blank);
         ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |res, act, _| {
             // Claims go before the conditions are judged again: a volume shown normal
             // is free to stage.
@@ -159,13 +162,13 @@ pub(crate) struct DriveDirty {
 }
 
 /// Opens the store and carries out the start-up plan.
-fn startup(dir: &std::path::Path, drives: &[Drive], clean_blank: bool) -> Result<Started, VolumeError> {
+fn startup(dir: &std::path::Path, drives: &[Drive], guards: &Arc<Guards>, clean_blank: bool) -> Result<Started, VolumeError> {
     let store = Store::open(dir).map_err(VolumeError::Store)?;
     let (records, bad) = store.load::<VolumeRecord>().map_err(VolumeError::Store)?;
     for b in bad {
         error!(actor = "volumes", volume.id = %b.id, error = %b.reason, "unreadable volume record kept aside");
     }
-    let (keep, dirty) = settle(&store, records, drives, clean_blank)?;
+    let (keep, dirty) = settle(&store, guards, records, drives, clean_blank)?;
     let uses = match store.load_in::<DriveUse>(Kind::Drive) {
         Ok((uses, bad)) => {
             for b in bad {
@@ -187,6 +190,7 @@ fn startup(dir: &std::path::Path, drives: &[Drive], clean_blank: bool) -> Result
 /// answers what is dirty on each managed drive once the plan is carried out.
 fn settle(
     store: &Store,
+    guards: &Arc<Guards>,
     records: Vec<VolumeRecord>,
     drives: &[Drive],
     clean_blank: bool,
@@ -225,7 +229,7 @@ fn settle(
     }
     for rec in plan.finish_delete {
         let d = if tables.contains_key(&rec.drive_id) { loc(&rec.drive_id) } else { None };
-        if let Err(e) = ops::delete_steps(store, d.as_ref(), &rec) {
+        if let Err(e) = ops::delete_steps(store, guards, d.as_ref(), &rec) {
             error!(actor = "volumes", volume.id = %rec.id, error = %e, "cannot finish an interrupted delete; kept");
             keep.push(rec);
         }
