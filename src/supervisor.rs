@@ -31,7 +31,7 @@ use tracing::info;
 
 use crate::actors::health_poller::HealthPoller;
 use crate::actors::inventory::DriveInventory;
-use crate::actors::messages::SubscribeConditions;
+use crate::actors::volumes::SubscribeConditions;
 use crate::actors::volumes::VolumeManager;
 use crate::config::Config;
 use crate::grpc::registration::{Registrar, RegistrationService, RegistrationState};

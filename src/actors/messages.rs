@@ -1,12 +1,11 @@
-//! Messages between actors and from the gRPC front. Commands are imperative, queries
-//! are questions, notifications are past tense.
+//! The drive inventory's messages: its queries, commands and notifications, and the
+//! health poller's word to it. (The volume manager's are in `volumes::messages`.)
+//! Commands are imperative, queries are questions, notifications are past tense.
 
 use actix::prelude::*;
 
 use super::inventory::model::Drive;
-use super::volumes::conditions::Reason;
 use crate::disk::udev::BlockEvent;
-use crate::words::{LayoutKind, Media};
 
 /// Query: every drive the inventory knows, with classification.
 #[derive(Message)]
@@ -25,19 +24,6 @@ pub struct InventoryStatus {
     pub scanned: bool,
     /// Number of drives of any class.
     pub drives: usize,
-}
-
-/// The question GetCapacity asks of the volume manager's published view: what volumes
-/// of `media` and `layout` whose smallest size is `minimum` could use (see
-/// `actors::volumes::placement` and `actors::volumes::view`).
-#[derive(Debug, Clone, Copy)]
-pub struct GetCapacity {
-    /// Restrict to one media class; `None` is any.
-    pub media: Option<Media>,
-    /// Partition or whole-drive volumes.
-    pub layout: LayoutKind,
-    /// The smallest volume the request's capabilities allow.
-    pub minimum: u64,
 }
 
 /// Notification from the udev monitor thread.
@@ -98,38 +84,3 @@ pub struct DriveRefused {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct SubscribeDrives(pub Recipient<DriveEvent>);
-
-/// Notification from the volume manager: a volume's condition turned abnormal, or back
-/// to normal.
-#[derive(Message, Debug, Clone, PartialEq, Eq)]
-#[rtype(result = "()")]
-pub struct VolumeConditionChanged {
-    /// The volume id.
-    pub volume_id: String,
-    /// Something is wrong now.
-    pub abnormal: bool,
-    /// What, and what to do (the CSI volume condition message).
-    pub message: String,
-    /// Why, typed: the reasons of the findings behind it, in report order (empty when
-    /// normal). What the Event side compares; the message is only for people.
-    pub reasons: Vec<Reason>,
-}
-
-/// Command: send every future [`VolumeConditionChanged`] to this recipient.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct SubscribeConditions(pub Recipient<VolumeConditionChanged>);
-
-/// Notification from the volume manager: what a drive holds changed (a volume on it was
-/// created, deleted or failed, or the drive's usage record changed).
-#[derive(Message, Debug, Clone, PartialEq, Eq)]
-#[rtype(result = "()")]
-pub struct VolumesChanged {
-    /// The drive's stable id.
-    pub drive_id: String,
-}
-
-/// Command: send every future [`VolumesChanged`] to this recipient.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct SubscribeVolumes(pub Recipient<VolumesChanged>);

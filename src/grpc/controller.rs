@@ -64,7 +64,7 @@ use super::proto::csi::{self, controller_server::Controller, controller_service_
 use super::status::{echo, FrontError};
 use super::Front;
 
-use crate::actors::messages::GetCapacity;
+use crate::actors::volumes::GetCapacity;
 use crate::actors::volumes::model::{minimum_size, CapacityRange, VolumeRecord};
 use crate::actors::volumes::conditions::Condition;
 use crate::actors::volumes::{

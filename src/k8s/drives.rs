@@ -48,7 +48,8 @@ use super::crd;
 
 use crate::actors::inventory::model::Drive;
 use crate::actors::inventory::DriveInventory;
-use crate::actors::messages::{DriveEvent, GetInventoryStatus, ListDrives, SubscribeDrives, SubscribeVolumes, VolumesChanged};
+use crate::actors::messages::{DriveEvent, GetInventoryStatus, ListDrives, SubscribeDrives};
+use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::actors::volumes::book::Cleaning;

@@ -22,9 +22,8 @@ use super::drives::*;
 use super::fake_api::{fake_api, list_of, respond, respond_error, FakeApi, Reply};
 
 use crate::actors::inventory::model::{Drive, DriveHealth};
-use crate::actors::messages::{
-    DriveEvent, GetInventoryStatus, InventoryStatus, ListDrives, SubscribeDrives, SubscribeVolumes, VolumesChanged,
-};
+use crate::actors::messages::{DriveEvent, GetInventoryStatus, InventoryStatus, ListDrives, SubscribeDrives};
+use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::actors::volumes::{ListCleaning, ListDriveUses, ListVolumes, VolumesReady};
 use crate::words::{DriveClass, Health};

@@ -45,7 +45,7 @@ use super::view::{DriveRoom, Listed, ViewPublisher, ViewReader, VolumesView};
 use super::VolumeError;
 
 use crate::actors::inventory::model::Drive;
-use crate::actors::messages::VolumeConditionChanged;
+use crate::actors::volumes::VolumeConditionChanged;
 use crate::config::{human_bytes, VolumesConfig};
 use crate::disk::gpt;
 

@@ -22,6 +22,11 @@
 //!   mounts; calls in flight are answered UNAVAILABLE, and their disk steps run on to
 //!   their end, holding the store, which the rebuild waits for; tests make the actor
 //!   fail while answering `GetVolumeStatus` (fail point `actor.volumes.stop`);
+//! - what may run beside what, outside in (nothing takes a guard above one it holds):
+//!   the book's [`Guards`] (one call per volume; health checks only of volumes no call or
+//!   step holds), then the drive's [`DiskLock`](crate::disk::lock::DiskLock) (one table
+//!   change per drive, in this process and against udev), then the store's write
+//!   transaction; docs/architecture.md explains each;
 //! - after each change of what the cheap CSI calls read, the book publishes a
 //!   [`view::VolumesView`] of itself, which they read without a message.
 //!
@@ -59,9 +64,7 @@ use self::book::{Claim, CreatePlan, VolumeBook};
 use self::model::VolumeRecord;
 use self::ops::Outcome;
 use super::inventory::DriveInventory;
-use super::messages::{
-    DriveEvent, DriveRefused, SubscribeConditions, SubscribeDrives, SubscribeVolumes, VolumeConditionChanged, VolumesChanged,
-};
+use super::messages::{DriveEvent, DriveRefused, SubscribeDrives};
 use crate::config::VolumesConfig;
 use crate::disk::gpt;
 use crate::store::{Kind, Store, StoreError};

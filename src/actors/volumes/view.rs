@@ -25,7 +25,7 @@ use super::model::VolumeRecord;
 use super::placement::{self, Candidate};
 use super::VolumeError;
 use crate::actors::inventory::model::Drive;
-use crate::actors::messages::GetCapacity;
+use crate::actors::volumes::GetCapacity;
 
 /// A managed drive as placement sees it, owned: the drive, the extents in use on it
 /// and whether it is closed to new volumes.

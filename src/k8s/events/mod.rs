@@ -59,7 +59,7 @@ mod tests;
 pub(crate) use self::gate::EventGate;
 pub(crate) use self::report_queue::{ReportQueue, MAX_CONCURRENT_REPORTS};
 pub(crate) use self::reporter::ConditionReporter;
-pub(crate) use crate::actors::messages::VolumeConditionChanged;
+pub(crate) use crate::actors::volumes::VolumeConditionChanged;
 
 /// The actor that turns volume condition changes into rate-limited Events: a thin shell
 /// over [`EventGate`], [`ReportQueue`] and [`ConditionReporter`].

@@ -398,7 +398,7 @@ fn space_being_cleaned_is_neither_placed_on_nor_promised_and_a_create_needing_it
     let mut b = book_with(vec![]);
     let region = gpt::usable_region(GIB, 512).map(|(s, e)| (s, e - s)).unwrap();
     let cap = |b: &VolumeBook| {
-        let m = crate::actors::messages::GetCapacity { media: None, layout: LayoutKind::Partition, minimum: MIB };
+        let m = crate::actors::volumes::GetCapacity { media: None, layout: LayoutKind::Partition, minimum: MIB };
         b.view_reader().get().unwrap().capacity(&m).unwrap()
     };
     assert_eq!(cap(&b).available, region.1);
