@@ -111,6 +111,7 @@ fn run_suite(env: &[(&str, &str)]) -> (String, String) {
 fn the_community_conformance_suite_passes_with_the_default_configuration() {
     let (out, log) = run_suite(&[]);
     let t = tally(&out).unwrap_or_else(|| panic!("no tally line in csi-sanity's output:\n{out}"));
+    println!("csi-sanity v5.4.0, default configuration: {} passed, {} failed, {} skipped", t.passed, t.failed, t.skipped);
     assert_eq!(t.failed, 0, "csi-sanity failed {} specs: {:#?}\n{out}\nagent log:\n{log}", t.failed, failures(&out));
     // A run that skipped its volume and node specs would pass too: make sure it ran them.
     assert!(t.passed >= 50, "only {} specs passed ({} skipped): the suite did not exercise the driver\n{out}", t.passed, t.skipped);
