@@ -223,3 +223,20 @@ pub(crate) fn respond_not_found(reply: Reply, message: &str) {
 pub(crate) fn list_of(kind: &str, api_version: &str, rv: &str, items: Vec<Value>) -> Value {
     json!({"apiVersion": api_version, "kind": format!("{kind}List"), "metadata": {"resourceVersion": rv}, "items": items})
 }
+
+/// The node affinity drivelet's PVs carry: required, `topology.drivelet.io/node In [node]`.
+pub(crate) fn pinned_to(node: &str) -> k8s_openapi::api::core::v1::VolumeNodeAffinity {
+    use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, VolumeNodeAffinity};
+    VolumeNodeAffinity {
+        required: Some(NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_expressions: Some(vec![NodeSelectorRequirement {
+                    key: crate::TOPOLOGY_NODE_KEY.into(),
+                    operator: "In".into(),
+                    values: Some(vec![node.into()]),
+                }]),
+                ..Default::default()
+            }],
+        }),
+    }
+}

@@ -242,7 +242,12 @@ fn apply(yaml: &str) -> Check {
 
 /// Polls `f` every 200 ms until it returns `Some`, or fails after `timeout` with `what`
 /// and the last reason `f` gave.
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<Option<T>, String>) -> Result<T, String> {
+fn wait_for<T>(what: &str, timeout: Duration, f: impl FnMut() -> Result<Option<T>, String>) -> Result<T, String> {
+    wait_every(what, timeout, Duration::from_millis(200), f)
+}
+
+/// [`wait_for`] with its own poll period.
+fn wait_every<T>(what: &str, timeout: Duration, every: Duration, mut f: impl FnMut() -> Result<Option<T>, String>) -> Result<T, String> {
     let deadline = Instant::now() + timeout;
     let mut last = String::new();
     loop {
@@ -255,7 +260,7 @@ fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<Opti
             let why = if last.is_empty() { String::new() } else { format!(" (last: {last})") };
             return Err(format!("{what}: not within {timeout:?}{why}"));
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(every);
     }
 }
 
@@ -462,8 +467,13 @@ fn choose_smart(dev: &str, fixture: &str) -> Check {
 }
 
 fn events_for(kind: &str, name: &str, reason: &str) -> Result<Vec<Value>, String> {
+    events_in(NS, kind, name, reason)
+}
+
+/// The Events of `reason` about the object `kind`/`name` in namespace `ns`.
+fn events_in(ns: &str, kind: &str, name: &str, reason: &str) -> Result<Vec<Value>, String> {
     let sel = format!("involvedObject.kind={kind},involvedObject.name={name},reason={reason}");
-    let ev = get_json(&["get", "events", "-n", NS, "--field-selector", &sel])?;
+    let ev = get_json(&["get", "events", "-n", ns, "--field-selector", &sel])?;
     Ok(ev["items"].as_array().cloned().unwrap_or_default())
 }
 

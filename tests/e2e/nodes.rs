@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{apply, ensure, get_json, kubectl, kubectl_stdin, parse_quantity, Check, DRIVER, E2E_DIR, SYSTEM_NS, TOPOLOGY_KEY};
+use super::{apply, ensure, events_in, get_json, wait_every, kubectl, kubectl_stdin, parse_quantity, Check, DRIVER, E2E_DIR, SYSTEM_NS, TOPOLOGY_KEY};
 
 const NS: &str = "drivelet-e2e-nodes";
 const N2: &str = "node-2";
@@ -89,24 +89,6 @@ pub(crate) fn run() -> Outcome {
 
 // ---------------------------------------------------------------------------------
 // helpers
-
-/// `wait_for` with its own poll period.
-fn wait_every<T>(what: &str, timeout: Duration, every: Duration, mut f: impl FnMut() -> Result<Option<T>, String>) -> Result<T, String> {
-    let deadline = Instant::now() + timeout;
-    let mut last = String::new();
-    loop {
-        match f() {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last = e,
-        }
-        if Instant::now() > deadline {
-            let why = if last.is_empty() { String::new() } else { format!(" (last: {last})") };
-            return Err(format!("{what}: not within {timeout:?}{why}"));
-        }
-        std::thread::sleep(every);
-    }
-}
 
 fn wait<T>(what: &str, timeout: Duration, f: impl FnMut() -> Result<Option<T>, String>) -> Result<T, String> {
     wait_every(what, timeout, Duration::from_millis(500), f)
@@ -315,9 +297,7 @@ fn managed_drives_of(node: &str) -> Result<Vec<Value>, String> {
 }
 
 fn events(kind: &str, name: &str, reason: &str) -> Result<Vec<Value>, String> {
-    let sel = format!("involvedObject.kind={kind},involvedObject.name={name},reason={reason}");
-    let ev = get_json(&["get", "events", "-n", NS, "--field-selector", &sel])?;
-    Ok(ev["items"].as_array().cloned().unwrap_or_default())
+    events_in(NS, kind, name, reason)
 }
 
 fn name_of(v: &Value) -> String {

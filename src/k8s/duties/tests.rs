@@ -4,9 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, PersistentVolume,
+    CSIPersistentVolumeSource, ObjectReference, PersistentVolume,
     PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PersistentVolumeSpec,
-    PersistentVolumeStatus, Pod, PodSpec, PodStatus, Volume, VolumeNodeAffinity,
+    PersistentVolumeStatus, Pod, PodSpec, PodStatus, Volume,
 };
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -60,18 +60,7 @@ pub(crate) fn pv(name: &str, node: &str, phase: &str, reclaim: &str, finalizers:
                 uid: Some(format!("uid-{c}")),
                 ..Default::default()
             }),
-            node_affinity: Some(VolumeNodeAffinity {
-                required: Some(NodeSelector {
-                    node_selector_terms: vec![NodeSelectorTerm {
-                        match_expressions: Some(vec![NodeSelectorRequirement {
-                            key: crate::TOPOLOGY_NODE_KEY.into(),
-                            operator: "In".into(),
-                            values: Some(vec![node.into()]),
-                        }]),
-                        ..Default::default()
-                    }],
-                }),
-            }),
+            node_affinity: Some(crate::k8s::fake_api::pinned_to(node)),
             ..Default::default()
         }),
         status: Some(PersistentVolumeStatus { phase: Some(phase.into()), ..Default::default() }),

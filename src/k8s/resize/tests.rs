@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, PersistentVolume,
+    CSIPersistentVolumeSource, ObjectReference, PersistentVolume,
     PersistentVolumeClaim, PersistentVolumeClaimCondition, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
-    PersistentVolumeSpec, VolumeNodeAffinity, VolumeResourceRequirements,
+    PersistentVolumeSpec, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -44,18 +44,7 @@ pub(crate) fn pv_on(node: &str, name: &str, volume: &str, capacity: &str, claim:
                 uid: Some(format!("uid-{claim}")),
                 ..Default::default()
             }),
-            node_affinity: Some(VolumeNodeAffinity {
-                required: Some(NodeSelector {
-                    node_selector_terms: vec![NodeSelectorTerm {
-                        match_expressions: Some(vec![NodeSelectorRequirement {
-                            key: crate::TOPOLOGY_NODE_KEY.into(),
-                            operator: "In".into(),
-                            values: Some(vec![node.into()]),
-                        }]),
-                        ..Default::default()
-                    }],
-                }),
-            }),
+            node_affinity: Some(crate::k8s::fake_api::pinned_to(node)),
             ..Default::default()
         }),
         status: None,
