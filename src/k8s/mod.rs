@@ -64,6 +64,10 @@ pub mod rbac;
 /// writes (mod.rs), the controller the shell runs (the ResizeQueue), the executor and
 /// the volume side.
 pub(crate) mod resize;
+/// The csi-snapshotter's part, in process: decisions about a VolumeSnapshotContent and
+/// the patches it writes (mod.rs), the controller the shell runs (the SnapshotQueue), the
+/// executor, the volume side and the snapshot objects.
+pub(crate) mod snapshot;
 /// The one controller shell: two watches with relists, the work queue, readiness,
 /// resync and the workers, around a controller's decisions (attach, resize).
 pub(crate) mod shell;
