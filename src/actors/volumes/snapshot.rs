@@ -28,7 +28,7 @@ use super::VolumeError;
 pub const FREEZE_PARAM: &str = "drivelet.io/freeze";
 
 /// A snapshot as callers see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SnapshotRecord {
     /// CSI snapshot id.
     pub id: String,
@@ -58,7 +58,8 @@ pub struct SnapshotRecord {
 }
 
 /// Where a snapshot is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum SnapshotState {
     /// Being taken.
     Creating,
