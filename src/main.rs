@@ -326,6 +326,12 @@ enum CtlCmd {
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// List every snapshot with its source volume, drive, size, state and time taken.
+    Snapshots {
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Drive replacement: `drive release ID` stops new volumes on a drive and marks it
     /// released once its volumes are deleted.
     Drive {
@@ -425,6 +431,13 @@ fn ctl(config: Option<PathBuf>, socket: Option<PathBuf>, cmd: CtlCmd) -> anyhow:
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&vols).context("encode")?),
                 Output::Table => print!("{}", drivelet::cli::ctl::volumes_table(&vols)),
+            }
+        }
+        CtlCmd::Snapshots { output } => {
+            let snaps = rt.block_on(drivelet::cli::ctl::snapshots(&socket))?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&snaps).context("encode")?),
+                Output::Table => print!("{}", drivelet::cli::ctl::snapshots_table(&snaps)),
             }
         }
         CtlCmd::Migrate { .. } => {}

@@ -106,9 +106,22 @@ pub(crate) fn fs_uuid(dev: &Path) -> Result<Option<String>, DiskError> {
 /// mount namespace of its own: a namespace holds a copy of every mount of the node for
 /// as long as the copy runs, and an unstaged volume's filesystem would stay alive in it
 /// (a mount read-only or a wipe of that volume meanwhile found it busy).
-pub(crate) fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str) -> Result<(), DiskError> {
+///
+/// `frozen`: the source is mounted and frozen ([`super::freeze`]), so its device reads
+/// as a consistent filesystem whose xfs log may still need replaying: ext4 is copied
+/// with `e2image -raf` (the tool refuses a mounted source otherwise); xfs, whose copy
+/// tool refuses a dirty log, is copied byte for byte, the whole filesystem, and its log
+/// is replayed on the copy by a mount in a namespace of its own.
+pub(crate) fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str, frozen: bool) -> Result<(), DiskError> {
     match fs_type {
+        "ext4" if frozen => tool("e2image", Command::new("e2image").arg("-raf").arg(src).arg(dst), src, &[]),
         "ext4" => tool("e2image", Command::new("e2image").arg("-ra").arg(src).arg(dst), src, &[]),
+        "xfs" if frozen => {
+            copy_bytes(src, dst, None)?;
+            sync(dst)?;
+            let script = r#"mkdir /var/tmp/m && mount -t xfs -o nouuid "$1" /var/tmp/m && umount /var/tmp/m"#;
+            in_private_namespace("mount", script, &[dst], dst)
+        }
         "xfs" => {
             static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
             let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -121,10 +134,11 @@ pub(crate) fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str) -> Result<(
     }
 }
 
-/// Copies every byte of `src` onto the start of `dst` (at least as large); answers the
-/// bytes copied.
-pub(crate) fn copy_bytes(src: &Path, dst: &Path) -> Result<u64, DiskError> {
-    let len = fs::device_size(src)?;
+/// Copies the first `len` bytes of `src` (every byte when `None`) onto the start of
+/// `dst` (at least as large); answers the bytes copied.
+pub(crate) fn copy_bytes(src: &Path, dst: &Path, len: Option<u64>) -> Result<u64, DiskError> {
+    let whole = fs::device_size(src)?;
+    let len = len.map_or(whole, |l| l.min(whole));
     let room = fs::device_size(dst)?;
     if room < len {
         return Err(DiskError::invalid(format!("{} holds {room} bytes, less than the {len} of {}", dst.display(), src.display())));

@@ -27,6 +27,8 @@ pub enum AdminRequest {
     Drives,
     /// List every volume with its drive, size, state and paths.
     Volumes,
+    /// List every snapshot.
+    Snapshots,
     /// Release a drive: no new volumes; released once empty (or at once with force,
     /// failing the volumes left on it).
     ReleaseDrive {
@@ -86,6 +88,8 @@ pub enum AdminResponse {
     Released(DriveUse),
     /// The volume list.
     Volumes(Vec<VolumeRecord>),
+    /// The snapshot list.
+    Snapshots(Vec<crate::actors::volumes::snapshot::SnapshotRecord>),
     /// The adopted volume.
     Adopted(Box<VolumeRecord>),
     /// The fail point that was armed.
@@ -138,6 +142,11 @@ async fn answer(front: &Front, line: &str) -> AdminResponse {
         Ok(AdminRequest::FailPoint { name, actions }) => match crate::failpoint::arm_failure(&name, &actions) {
             Ok(()) => AdminResponse::Armed(name),
             Err(e) => AdminResponse::Error(e),
+        },
+        Ok(AdminRequest::Snapshots) => match front.volumes.send(crate::actors::volumes::ListSnapshots).await {
+            Ok(Ok(s)) => AdminResponse::Snapshots(s),
+            Ok(Err(e)) => AdminResponse::Error(e.to_string()),
+            Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
         },
         Ok(AdminRequest::Volumes) => match front.volumes.send(ListVolumes).await {
             Ok(v) => AdminResponse::Volumes(v),

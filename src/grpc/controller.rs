@@ -67,8 +67,10 @@ use super::Front;
 use crate::actors::volumes::GetCapacity;
 use crate::actors::volumes::model::{minimum_size, CapacityRange, VolumeRecord};
 use crate::actors::volumes::conditions::Condition;
+use crate::actors::volumes::snapshot::SnapshotRecord;
 use crate::actors::volumes::{
-    AttachVolume, CreateVolume, DeleteVolume, DetachVolume, ExpandVolume, GetVolume, GetVolumeStatus,
+    AttachVolume, CreateSnapshot, CreateVolume, DeleteSnapshot, DeleteVolume, DetachVolume, ExpandVolume, GetVolume, GetVolumeStatus,
+    ListSnapshots,
 };
 use crate::words::LayoutKind;
 
@@ -145,20 +147,36 @@ pub(crate) fn range_of(r: Option<&csi::CapacityRange>) -> Result<CapacityRange, 
     Ok(CapacityRange { required: r.required_bytes as u64, limit: r.limit_bytes as u64 })
 }
 
-/// The volume a CreateVolume clones, if it names one; snapshots are refused
-/// (CREATE_DELETE_SNAPSHOT is not offered).
-pub(crate) fn source_of(src: Option<&csi::VolumeContentSource>) -> Result<Option<String>, Status> {
+/// The volume a CreateVolume clones or the snapshot it restores, if it names one, and
+/// whether it is a snapshot.
+pub(crate) fn source_of(src: Option<&csi::VolumeContentSource>) -> Result<Option<(String, bool)>, Status> {
     use csi::volume_content_source::Type;
     let Some(src) = src else { return Ok(None) };
     match &src.r#type {
         None => Err(invalid("volume_content_source names neither a snapshot nor a volume")),
-        Some(Type::Snapshot(_)) => Err(invalid(
-            "volume_content_source names a snapshot: drivelet does not take snapshots (CREATE_DELETE_SNAPSHOT is not offered); clone the volume itself instead",
-        )),
+        Some(Type::Snapshot(s)) => {
+            check_id("volume_content_source.snapshot.snapshot_id", &s.snapshot_id)?;
+            Ok(Some((s.snapshot_id.clone(), true)))
+        }
         Some(Type::Volume(v)) => {
             check_id("volume_content_source.volume.volume_id", &v.volume_id)?;
-            Ok(Some(v.volume_id.clone()))
+            Ok(Some((v.volume_id.clone(), false)))
         }
+    }
+}
+
+/// The CSI form of a snapshot.
+pub(crate) fn snapshot_of(s: &SnapshotRecord) -> csi::Snapshot {
+    csi::Snapshot {
+        size_bytes: i64::try_from(s.restore_size).unwrap_or(i64::MAX),
+        snapshot_id: s.id.clone(),
+        source_volume_id: s.source_volume_id.clone(),
+        creation_time: Some(prost_types::Timestamp {
+            seconds: s.created_unix_nanos.div_euclid(1_000_000_000),
+            nanos: s.created_unix_nanos.rem_euclid(1_000_000_000) as i32,
+        }),
+        ready_to_use: s.is_ready(),
+        group_snapshot_id: String::new(),
     }
 }
 
@@ -184,9 +202,15 @@ impl ControllerService {
             capacity_bytes: i64::try_from(rec.size).unwrap_or(i64::MAX),
             volume_id: rec.id.clone(),
             volume_context: context_of(rec),
-            content_source: rec.clone_of.as_ref().map(|id| csi::VolumeContentSource {
-                r#type: Some(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: id.clone() })),
-            }),
+            content_source: match (&rec.clone_of, &rec.restored_from) {
+                (_, Some(id)) => Some(csi::VolumeContentSource {
+                    r#type: Some(csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: id.clone() })),
+                }),
+                (Some(id), None) => Some(csi::VolumeContentSource {
+                    r#type: Some(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: id.clone() })),
+                }),
+                (None, None) => None,
+            },
             accessible_topology: vec![csi::Topology { segments: self.0.topology.clone() }],
         }
     }
@@ -233,7 +257,7 @@ impl Controller for ControllerService {
         if self.0.cfg.driver.advertise_volume_health {
             types.extend([Type::ListVolumeHealth, Type::GetVolumeHealth]);
         }
-        types.push(Type::CloneVolume);
+        types.extend([Type::CloneVolume, Type::CreateDeleteSnapshot, Type::ListSnapshots, Type::GetSnapshot]);
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse { capabilities: types.into_iter().map(rpc).collect() }))
     }
 
@@ -249,6 +273,8 @@ impl Controller for ControllerService {
         let range = range_of(req.capacity_range.as_ref())?;
         let params = VolumeParams::parse(&req.parameters)?;
         let source = source_of(req.volume_content_source.as_ref())?;
+        let from_snapshot = source.as_ref().is_some_and(|(_, snap)| *snap);
+        let source = source.map(|(id, _)| id);
         if !req.mutable_parameters.is_empty() {
             let mut keys: Vec<String> = req.mutable_parameters.keys().map(|k| echo(k)).collect();
             keys.sort();
@@ -280,6 +306,7 @@ impl Controller for ControllerService {
                 fs_type,
                 parameters,
                 source,
+                from_snapshot,
             })
             .await
             .map_err(FrontError::mailbox("volume manager"))??;
@@ -543,4 +570,103 @@ impl Controller for ControllerService {
             minimum_volume_size: Some(minimum),
         }))
     }
+
+    #[instrument(skip_all, fields(csi.method = "CreateSnapshot", snapshot.name, volume.id), err)]
+    async fn create_snapshot(
+        &self,
+        req: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        let req = req.into_inner();
+        check_id("name", &req.name)?;
+        tracing::Span::current().record("snapshot.name", req.name.as_str());
+        check_id("source_volume_id", &req.source_volume_id)?;
+        tracing::Span::current().record("volume.id", req.source_volume_id.as_str());
+        let parameters: BTreeMap<String, String> = req
+            .parameters
+            .iter()
+            .filter(|(k, _)| !k.starts_with("csi.storage.k8s.io/"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let snap = self
+            .0
+            .volumes
+            .send(CreateSnapshot { name: req.name, source_volume_id: req.source_volume_id, parameters })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::CreateSnapshotResponse { snapshot: Some(snapshot_of(&snap)) }))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "DeleteSnapshot", snapshot.id), err)]
+    async fn delete_snapshot(
+        &self,
+        req: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        let req = req.into_inner();
+        check_id("snapshot_id", &req.snapshot_id)?;
+        tracing::Span::current().record("snapshot.id", req.snapshot_id.as_str());
+        self.0
+            .volumes
+            .send(DeleteSnapshot { snapshot_id: req.snapshot_id })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::DeleteSnapshotResponse {}))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "ListSnapshots"), err)]
+    async fn list_snapshots(
+        &self,
+        req: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        let req = req.into_inner();
+        if req.max_entries < 0 {
+            return Err(invalid(format!("max_entries is {}; it must be 0 (no limit) or more", req.max_entries)));
+        }
+        let after = if req.starting_token.is_empty() {
+            None
+        } else {
+            Some(self.0.parse_token(&req.starting_token).ok_or_else(|| FrontError::BadToken { token: req.starting_token.clone() })?)
+        };
+        let all = self.0.volumes.send(ListSnapshots).await.map_err(FrontError::mailbox("volume manager"))??;
+        let chosen = all.iter().filter(|s| {
+            (req.snapshot_id.is_empty() || s.id == req.snapshot_id)
+                && (req.source_volume_id.is_empty() || s.source_volume_id == req.source_volume_id)
+                && after.as_deref().is_none_or(|a| s.id.as_str() > a)
+        });
+        let (page, next) = page_of(chosen, req.max_entries as usize);
+        Ok(Response::new(csi::ListSnapshotsResponse {
+            entries: page.into_iter().map(|s| csi::list_snapshots_response::Entry { snapshot: Some(snapshot_of(s)) }).collect(),
+            next_token: next.map(|id| self.0.token(&id)).unwrap_or_default(),
+        }))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "GetSnapshot", snapshot.id), err)]
+    async fn get_snapshot(
+        &self,
+        req: Request<csi::GetSnapshotRequest>,
+    ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
+        let req = req.into_inner();
+        check_id("snapshot_id", &req.snapshot_id)?;
+        tracing::Span::current().record("snapshot.id", req.snapshot_id.as_str());
+        let all = self.0.volumes.send(ListSnapshots).await.map_err(FrontError::mailbox("volume manager"))??;
+        let s = all
+            .iter()
+            .find(|s| s.id == req.snapshot_id)
+            .ok_or(crate::actors::volumes::VolumeError::SnapshotNotFound { snapshot_id: req.snapshot_id.clone() })?;
+        Ok(Response::new(csi::GetSnapshotResponse { snapshot: Some(snapshot_of(s)) }))
+    }
+}
+
+/// At most `max` (0: all) of `items` (in id order), and the id of the last one given
+/// when more follow.
+fn page_of<'a>(items: impl Iterator<Item = &'a SnapshotRecord>, max: usize) -> (Vec<&'a SnapshotRecord>, Option<String>) {
+    let max = if max == 0 { usize::MAX } else { max };
+    let mut out = Vec::new();
+    for s in items {
+        if out.len() == max {
+            let next = out.last().map(|s: &&SnapshotRecord| s.id.clone());
+            return (out, next);
+        }
+        out.push(s);
+    }
+    (out, None)
 }

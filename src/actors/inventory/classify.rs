@@ -354,6 +354,7 @@ mod tests {
                 name: gpt::partition_label("pvc-1"),
                 start: 1 << 20,
                 size: 1 << 30,
+                attrs: 0,
             }],
         })
     }
