@@ -43,6 +43,7 @@ use crate::k8s::duties;
 use crate::k8s::events::{ConditionEvents, ConditionReporter};
 use crate::k8s::identity::Identity;
 use crate::k8s::resize::{self, ResizeQueue};
+use crate::k8s::snapshot::{self, SnapshotQueue};
 
 /// Addresses of the running core actors.
 #[derive(Clone)]
@@ -158,6 +159,15 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Kube
         let (c, backend) = (client.clone(), resize::ManagerBackend::new(actors.volumes.clone()));
         Supervisor::start(move |_| ResizeQueue::new(c, rcfg, backend));
     }
+    if k.snapshots {
+        let scfg = snapshot::controller::QueueConfig {
+            identity: identity.clone(),
+            policy: RetryPolicy { base: k.attach_backoff_base, cap: k.attach_backoff_cap, terminal: k.attach_terminal_retry },
+            resync: k.resync_interval,
+        };
+        let (c, backend) = (client.clone(), snapshot::ManagerBackend::new(actors.volumes.clone()));
+        Supervisor::start(move |_| SnapshotQueue::new(c, scfg, backend));
+    }
     if k.events {
         let reporter = ConditionReporter::new(client.clone(), identity.clone());
         let interval = k.event_interval;
@@ -176,7 +186,7 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Kube
     let duties = k.cluster_duties.then(|| duties::controller::start(client.clone(), identity.clone(), k.namespace.clone()));
     let backend = duties::returned::ManagerBackend::new(actors.volumes.clone());
     tokio::spawn(duties::returned::run(client, k.namespace.clone(), cfg.driver.node_name.clone(), backend));
-    info!(attach = k.attach, resize = k.resize, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node,
+    info!(attach = k.attach, resize = k.resize, snapshots = k.snapshots, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node,
         cluster_duties = k.cluster_duties, "kubernetes integration started");
     (attach, duties)
 }

@@ -375,6 +375,11 @@ pub struct KubernetesConfig {
     /// for more are grown here (no external-resizer sidecar). Its retries use the attach
     /// backoff settings; an infeasible size waits `attach_terminal_retry`.
     pub resize: bool,
+    /// Run the in-process snapshotter: VolumeSnapshotContents of this driver whose
+    /// volume or snapshot this node holds are snapshotted and deleted here (no
+    /// csi-snapshotter sidecar). Needs the `snapshot.storage.k8s.io` CRDs; its retries use
+    /// the attach backoff settings.
+    pub snapshots: bool,
     /// Backoff after the first failed attach or detach (or resize); doubled per failure.
     #[serde(deserialize_with = "de_duration")]
     pub attach_backoff_base: Duration,
@@ -420,6 +425,7 @@ impl Default for KubernetesConfig {
             kubeconfig: PathBuf::new(),
             attach: true,
             resize: true,
+            snapshots: true,
             attach_backoff_base: Duration::from_secs(1),
             attach_backoff_cap: Duration::from_secs(300),
             attach_terminal_retry: Duration::from_secs(600),

@@ -102,8 +102,9 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "events.k8s.io",
         resource: "events",
         verbs: &["create", "patch"],
-        used_by: "kube::runtime::events::Recorder in k8s::attach, k8s::events, k8s::resize and \
-                  k8s::duties (create; patch when a repeated Event becomes a series)",
+        used_by: "kube::runtime::events::Recorder in k8s::attach, k8s::events, k8s::resize, k8s::snapshot (on \
+                  VolumeSnapshots and VolumeSnapshotContents) and k8s::duties (create; patch when a repeated Event \
+                  becomes a series)",
     },
     Permission {
         scope: Scope::Cluster,
@@ -135,6 +136,30 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "storageclasses",
         verbs: &["get"],
         used_by: "k8s::duties::executor::Executor (drivelet.io/on-node-deleted of a deleted node's claims)",
+    },
+    Permission {
+        scope: Scope::Cluster,
+        group: "snapshot.storage.k8s.io",
+        resource: "volumesnapshotcontents",
+        verbs: &["list", "watch", "patch"],
+        used_by: "k8s::shell (the SnapshotQueue's watcher: list, then watch) and k8s::snapshot::executor::Executor \
+                  (merge patches of the volumesnapshot-being-created annotation, the drivelet.io/node label and the \
+                  snapshot-controller's finalizer once the snapshot is deleted)",
+    },
+    Permission {
+        scope: Scope::Cluster,
+        group: "snapshot.storage.k8s.io",
+        resource: "volumesnapshotcontents/status",
+        verbs: &["patch"],
+        used_by: "k8s::snapshot::executor::Executor (snapshotHandle, creationTime, restoreSize, readyToUse, error; cleared \
+                  when the snapshot is deleted)",
+    },
+    Permission {
+        scope: Scope::Cluster,
+        group: "snapshot.storage.k8s.io",
+        resource: "volumesnapshotclasses",
+        verbs: &["list", "watch"],
+        used_by: "k8s::shell (the SnapshotQueue's watcher: the parameters a snapshot is taken with)",
     },
     Permission {
         scope: Scope::Namespace,

@@ -164,7 +164,7 @@ fn with(mut c: VolumeSnapshotContent, f: impl FnOnce(&mut VolumeSnapshotContent)
 }
 
 fn in_use() -> KubeError {
-    KubeError::volume("vol-1")(VolumeError::InvalidArgument { reason: "volume vol-1 is in use; ask for a freeze".into() })
+    KubeError::volume("vol-1")(VolumeError::SnapshotSourceInUse { volume_id: "vol-1".into(), path: "/mnt/data".into(), block: false })
 }
 
 #[actix_rt::test]
@@ -226,7 +226,8 @@ async fn a_refused_snapshot_is_recorded_once_and_retried_with_backoff() {
     ok(reply, &labelled(content(), NODE));
     let (body, reply) = api.expect(Method::PATCH, STATUS).await;
     let message = body["status"]["error"]["message"].as_str().unwrap_or("").to_string();
-    assert_eq!(message, format!("cannot take snapshot snapshot-{UID} of volume vol-1: volume vol-1 is in use; ask for a freeze"));
+    assert!(message.starts_with(&format!("cannot take snapshot snapshot-{UID} of volume vol-1: cannot snapshot volume vol-1 now")), "{message}");
+    assert!(message.contains("drivelet.io/freeze: \"true\""), "says how to get one: {message}");
     assert_eq!(body["status"]["readyToUse"], false);
     let errored = with(labelled(content(), NODE), |c| c.status = serde_json::from_value(body["status"].clone()).ok());
     ok(reply, &errored);

@@ -329,3 +329,21 @@ fn a_content_from_the_api_server_parses() {
     .expect("parses");
     assert_eq!(k.parameters.as_ref().and_then(|p| p.get(FREEZE_PARAMETER)).map(String::as_str), Some("true"));
 }
+
+#[test]
+fn refusals_count_as_busy_transient_or_final_by_their_variant() {
+    use crate::actors::volumes::VolumeError;
+    use backend::{failure_of, Failure};
+    let table = [
+        (VolumeError::Busy { volume_id: "v".into() }, Failure::Busy),
+        (VolumeError::ResourceExhausted { reason: "full".into() }, Failure::Transient),
+        (VolumeError::NotReady, Failure::Transient),
+        (VolumeError::SnapshotSourceInUse { volume_id: "v".into(), path: "/p".into(), block: false }, Failure::Final),
+        (VolumeError::SnapshotNameTaken { name: "n".into(), existing_source: "a".into(), asked_source: "b".into() }, Failure::Final),
+        (VolumeError::NotFound { volume_id: "v".into() }, Failure::Final),
+        (VolumeError::InvalidArgument { reason: "x".into() }, Failure::Final),
+    ];
+    for (e, want) in table {
+        assert_eq!(failure_of(&e), want, "{e}");
+    }
+}

@@ -319,6 +319,29 @@ fn storage_classes_use_only_parameters_create_volume_accepts() {
     assert_eq!(classes.len(), want.len());
 }
 
+#[test]
+fn snapshot_classes_are_drivelets_with_one_default_and_one_that_freezes() {
+    let (cfg, _) = deploy_config();
+    let k = &documents("snapshots/kustomization.yaml")[0];
+    let resources: Vec<&str> = k["resources"].as_sequence().expect("resources").iter().filter_map(|r| r.as_str()).collect();
+    assert_eq!(resources, ["snapshotclasses.yaml"]);
+    let classes = documents("snapshots/snapshotclasses.yaml");
+    let mut seen = BTreeMap::new();
+    for c in &classes {
+        let name = c["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        assert_eq!((c["apiVersion"].as_str(), c["kind"].as_str()), (Some("snapshot.storage.k8s.io/v1"), Some("VolumeSnapshotClass")), "{name}");
+        assert_eq!(c["driver"].as_str(), Some(cfg.driver.name.as_str()), "{name}");
+        assert_eq!(c["deletionPolicy"].as_str(), Some("Delete"), "{name}: deleting a VolumeSnapshot frees its space");
+        let params: BTreeMap<String, String> = serde_yaml::from_value(c["parameters"].clone()).unwrap_or_default();
+        let freeze = drivelet::actors::volumes::snapshot::wants_freeze(&params).unwrap_or_else(|e| panic!("{name}: CreateSnapshot refuses {params:?}: {e}"));
+        let default = c["metadata"]["annotations"]["snapshot.storage.kubernetes.io/is-default-class"].as_str() == Some("true");
+        seen.insert(name, (default, freeze));
+    }
+    let want: BTreeMap<String, (bool, bool)> =
+        [("drivelet-snapshot".to_string(), (true, false)), ("drivelet-snapshot-freeze".to_string(), (false, true))].into();
+    assert_eq!(seen, want, "a default class without a freeze, and one with it");
+}
+
 /// The entries of the permissions table of `scope`, as RBAC grants.
 fn permissions(scope: Scope) -> BTreeMap<(String, String), BTreeSet<String>> {
     PERMISSIONS
@@ -366,6 +389,8 @@ fn provisioner_roles_grant_exactly_its_documented_rules() {
         ("storage.k8s.io", "csinodes", &["get", "list", "watch"]),
         ("", "nodes", &["get", "list", "watch"]),
         ("storage.k8s.io", "volumeattachments", &["get", "list", "watch"]),
+        ("snapshot.storage.k8s.io", "volumesnapshots", &["get", "list"]),
+        ("snapshot.storage.k8s.io", "volumesnapshotcontents", &["get", "list"]),
     ]);
     assert_eq!(grants(cluster.rules.as_deref().unwrap_or_default()), want_cluster);
 
