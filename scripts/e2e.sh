@@ -23,7 +23,9 @@
 # up.sh starts inherit the lock's descriptor and hold the lock for as long as they run,
 # which with KEEP=1 is until someone runs down.sh.
 # E2E_JOURNEYS=nodes runs only the deploy journey, the journeys across nodes
-# (tests/e2e/nodes.rs) and the clean-up (the output says which were not run).
+# (tests/e2e/nodes.rs) and the clean-up (the output says which were not run);
+# E2E_JOURNEYS=snapshots only the deploy, snapshot (tests/e2e/snapshots.rs) and clean-up
+# journeys.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

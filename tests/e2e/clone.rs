@@ -21,7 +21,7 @@ fn clone_claim(name: &str, class: &str, size_mib: u64, mode: &str, source: &str)
 }
 
 /// Waits until no pod uses claim `name` any more: its volume neither staged nor published.
-fn wait_unused(name: &str) -> Check {
+pub(super) fn wait_unused(name: &str) -> Check {
     wait_for(&format!("the volume of claim {name} unstaged"), Duration::from_secs(90), || {
         let r = record_of(name)?;
         let idle = r["staging"].is_null() && r["targets"].as_object().is_none_or(|t| t.is_empty());

@@ -31,7 +31,8 @@
 //!    keeps new claims off a drive;
 //! 7. everything deleted: no volume, PV, VolumeAttachment or mount left.
 //!
-//! Between 5 and 6, claims are cloned from claims (`clone.rs`).
+//! Between 5 and 6, claims are cloned from claims (`clone.rs`), then snapshotted and
+//! restored (`snapshots.rs`).
 //!
 //! Across nodes (`nodes.rs`), on their own thread once the deploy journey is done,
 //! beside the real node's journeys (their own namespace; joined before the clean-up):
@@ -59,6 +60,7 @@ use serde_json::Value;
 
 mod clone;
 mod nodes;
+mod snapshots;
 
 const NS: &str = "drivelet-e2e";
 const SYSTEM_NS: &str = "drivelet-system";
@@ -92,7 +94,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 9] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 10] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
         ("claims grown by editing them: xfs in use, ext4 unused, too large then lowered", resize::journey_resize),
         ("a drive vanishing while it holds a volume, and coming back", journey_vanish),
@@ -100,15 +102,19 @@ fn main() {
         ("drivelet pod deleted, then a rolling update, with volumes in use", journey_restart),
         ("pods and a claim deleted: detach, finalizers, mounts, partition, capacity", journey_delete),
         ("claims cloned from claims: refused while written, then the data copied (ext4, block)", clone::journey_clone),
+        ("snapshots: refused in use, frozen, restored (ext4, xfs, block) after source deletion and a restart; space freed", snapshots::journey_snapshots),
         ("a drive failing under a running pod; a drive released", journey_failure),
         ("clean-up: nothing left behind", journey_cleanup),
     ];
     let mut failed = None;
     let mut across: Option<std::thread::JoinHandle<nodes::Outcome>> = None;
     let last = journeys.len() - 1;
-    // E2E_JOURNEYS=nodes: deploy, the journeys across nodes and the clean-up only (a
-    // quicker rerun while working on them; said in the output, never the default).
-    let only_nodes = std::env::var("E2E_JOURNEYS").is_ok_and(|v| v == "nodes");
+    // E2E_JOURNEYS=nodes: deploy, the journeys across nodes and the clean-up only;
+    // E2E_JOURNEYS=snapshots: deploy, the snapshot journey and the clean-up only (quicker
+    // reruns while working on them; said in the output, never the default).
+    let only = std::env::var("E2E_JOURNEYS").ok();
+    let only_nodes = only.as_deref() == Some("nodes");
+    let only_snapshots = only.as_deref() == Some("snapshots");
     for (i, (name, run)) in journeys.iter().enumerate() {
         if i == last {
             // The clean-up asserts an empty cluster: the journeys across nodes finish first.
@@ -121,8 +127,9 @@ fn main() {
         }
         let t = Instant::now();
         println!("e2e: [{}/{}] {name}", i + 1, journeys.len());
-        if only_nodes && i != 0 && i != last {
-            println!("e2e: [{}/{}] NOT RUN (E2E_JOURNEYS=nodes)", i + 1, journeys.len());
+        let picked = !(only_nodes || only_snapshots) || i == 0 || i == last || (only_snapshots && name.starts_with("snapshots:"));
+        if !picked {
+            println!("e2e: [{}/{}] NOT RUN (E2E_JOURNEYS={})", i + 1, journeys.len(), only.as_deref().unwrap_or_default());
             continue;
         }
         match run(&mut ctx) {
@@ -133,7 +140,7 @@ fn main() {
                 break;
             }
         }
-        if i == 0 {
+        if i == 0 && !only_snapshots {
             // Deployed (CSIDriver, classes): the journeys across nodes start beside the rest.
             across = Some(std::thread::spawn(nodes::run));
         }

@@ -77,8 +77,10 @@ pub(crate) const CONTENT_FINALIZER: &str = "snapshot.storage.kubernetes.io/volum
 pub(crate) const GROUP_MEMBER: &str = "groupsnapshot.storage.kubernetes.io/volume-group-snapshot-handle";
 /// The prefix of a snapshot's CSI name (the sidecar's `--snapshot-name-prefix` default).
 pub(crate) const NAME_PREFIX: &str = "snapshot";
-/// The class parameter that asks for a filesystem freeze during the copy.
-pub(crate) const FREEZE_PARAMETER: &str = "drivelet.io/freeze";
+/// The class parameter that asks for a filesystem freeze during the copy (the volume
+/// side reads it; here it is only passed on).
+#[cfg(test)]
+pub(crate) use crate::actors::volumes::snapshot::FREEZE_PARAM as FREEZE_PARAMETER;
 /// Class parameters with this prefix are for the snapshotter, not the driver.
 const CSI_PREFIX: &str = "csi.storage.k8s.io/";
 /// The `csi.storage.k8s.io/` keys the sidecar knows (secrets): removed, never logged.
