@@ -17,7 +17,9 @@
 //! - claims restored from the snapshots (pods pinned to the node) hold exactly the first
 //!   data (checksums; the later writes absent);
 //! - the restores deleted, then the VolumeSnapshots: their contents and snapshots go, and
-//!   GetCapacity and CSIStorageCapacity give their space back.
+//!   GetCapacity and CSIStorageCapacity give their space back (exactly the snapshots'
+//!   size on the drives, once the cleaner has zeroed it: measured on a node with nothing
+//!   being cleaned).
 //!
 //! It runs on the real node (pods must run), in the real node's chain of journeys: the
 //! journeys beside it there assert exact capacities and restart the drivelet pod, so it
@@ -85,6 +87,18 @@ fn wait_event(name: &str, reason: &str, timeout: Duration) -> Result<String, Str
 fn stall_ms(note: &str) -> Option<u64> {
     let rest = note.split("frozen for ").nth(1)?;
     rest.split(' ').next()?.parse().ok()
+}
+
+/// Waits until no drive of the node has space being cleaned (freed space is handed out,
+/// and counted in GetCapacity, once it is zeroed).
+fn wait_clean(what: &str) -> Check {
+    wait_for(&format!("{what} cleaned"), Duration::from_secs(120), || {
+        let busy: Vec<String> = ctl_drives()?.iter().filter(|d| !d["cleaning"].is_null()).map(|d| format!("{}: {}", d["id"], d["cleaning"])).collect();
+        if busy.is_empty() {
+            return Ok(Some(()));
+        }
+        Err(busy.join("; "))
+    })
 }
 
 struct Source {
@@ -241,6 +255,8 @@ pub(super) fn journey_snapshots(ctx: &mut Ctx) -> Check {
     del.extend(restored.iter().map(String::as_str));
     kubectl(&del)?;
     wait_for("the restored claims' PVs gone", Duration::from_secs(90), || Ok(restored_pvs.iter().all(|pv| kubectl(&["get", "pv", pv]).is_err()).then_some(())))?;
+    // Freed space counts once the cleaner has zeroed it: measure from a quiet node.
+    wait_clean("the restored claims' space")?;
     let on_drive: u64 = ctl_snapshots()?.iter().filter(|s| handles.iter().any(|h| s["id"] == h.as_str())).map(|s| s["size"].as_u64().unwrap_or(0)).sum();
     let (cap_before, _) = get_capacity()?;
     let t = Instant::now();
@@ -250,6 +266,7 @@ pub(super) fn journey_snapshots(ctx: &mut Ctx) -> Check {
     })?;
     let left: Vec<Value> = ctl_snapshots()?.into_iter().filter(|s| handles.iter().any(|h| s["id"] == h.as_str())).collect();
     ensure(left.is_empty(), || format!("snapshots left after their VolumeSnapshots were deleted: {left:?}"))?;
+    wait_clean("the deleted snapshots' space")?;
     let (cap, _) = get_capacity()?;
     ensure(cap == cap_before + on_drive, || format!("GetCapacity {cap_before} -> {cap} after deleting snapshots of {on_drive} bytes"))?;
     wait_for("CSIStorageCapacity follows the space the snapshots freed", Duration::from_secs(60), || {
