@@ -68,9 +68,15 @@ driver_pvs() {
   kubectl get pv -o jsonpath='{range .items[?(@.spec.csi.driver=="csi.drivelet.io")]}{.metadata.name}{"\n"}{end}' 2>/dev/null
 }
 
+driver_contents() {
+  kubectl get volumesnapshotcontents -o jsonpath='{range .items[?(@.spec.driver=="csi.drivelet.io")]}{.metadata.name}{"\n"}{end}' 2>/dev/null
+}
+
 undeploy() {
   # Nothing confirms a graceful deletion on a fake node: its pods go by force.
   kubectl delete pods -n drivelet-e2e-nodes --all --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
+  # VolumeSnapshots first, while drivelet still runs to delete their snapshots.
+  kubectl delete volumesnapshots -n drivelet-e2e --all --wait=true --timeout=60s >/dev/null 2>&1 || true
   kubectl delete namespace drivelet-e2e drivelet-e2e-nodes --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
   # The claims' PVs are deleted by the provisioner and drivelet: wait for them while
   # both still run. Any left after that (drivelet was not running) are dropped by force,
@@ -84,6 +90,11 @@ undeploy() {
     log "PV $pv outlived drivelet; removing it by force"
     kubectl patch pv "$pv" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
     kubectl delete pv "$pv" --wait=false >/dev/null 2>&1 || true
+  done
+  for c in $(driver_contents); do
+    log "VolumeSnapshotContent $c outlived drivelet; removing it by force"
+    kubectl patch volumesnapshotcontent "$c" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+    kubectl delete volumesnapshotcontent "$c" --wait=false >/dev/null 2>&1 || true
   done
   kubectl delete volumeattachments --all --wait=false >/dev/null 2>&1 || true
   # An attachment of a node whose agent is gone keeps its finalizer: dropped by force too.
