@@ -9,8 +9,8 @@
 //!   inventory's first scan before it serves, then the health poller, which reports to
 //!   both), then the gRPC front (CSI server, admin socket, and, last of the sockets, the
 //!   kubelet registration server, so kubelet finds a CSI socket that answers), then,
-//!   when `[kubernetes]` gives it a client, the Kubernetes front (`src/k8s`: attach
-//!   queue, condition Events, Drive objects, node labels, the cluster duties controller
+//!   when `[kubernetes]` gives it a client, the Kubernetes front (`src/k8s`: attach,
+//!   resize and snapshot queues, condition Events, Drive objects, node labels, the cluster duties controller
 //!   with `kubernetes.cluster_duties`, and the clean-up of volumes removed while this
 //!   node was gone). The fronts know the core
 //!   actors by address; the core actors know neither front;
@@ -134,7 +134,7 @@ pub(crate) fn start(cfg: &Arc<Config>, sockets: Sockets, kube: Option<kube::Clie
 type KubernetesParts = (Option<Addr<AttachQueue<ManagerBackend>>>, Option<duties::controller::Handle>);
 
 /// The Kubernetes front, part of [`start`]: what `[kubernetes]` turns on, the attach
-/// queue (its address is returned), condition Events, Drive objects, node labels, the
+/// queue (its address is returned), the resize and snapshot queues, condition Events, Drive objects, node labels, the
 /// cluster duties (their controller is returned), and, always, the clean-up of volumes
 /// removed while this node was gone.
 fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> KubernetesParts {

@@ -1,5 +1,6 @@
 //! The Kubernetes front of drivelet, beside the gRPC front: the in-process
-//! external-attacher and external-resizer (controllers run by one controller shell),
+//! external-attacher, external-resizer and csi-snapshotter (controllers run by one
+//! controller shell),
 //! Events about volume conditions, the `Drive` custom resource and its sync, node labels.
 //! Everything that talks to an API server lives here, and nothing else does. With it,
 //! the cluster duties: one elected agent looks after the objects of deleted nodes
@@ -11,19 +12,21 @@
 //!   manager through one handle, [`volume_manager::ManagerBackend`], for which each
 //!   implements its own backend trait in its `backend.rs` (attach: `AttachVolume` /
 //!   `DetachVolume`; resize: `ExpandVolume`, the message ControllerExpandVolume sends;
+//!   snapshot: `CreateSnapshot` / `DeleteSnapshot` / `ListSnapshots` / `GetVolume`;
 //!   the returned-node clean-up: `DetachVolume` / `DeleteVolume`); condition Events
 //!   arrive as `VolumeConditionChanged` notifications (with their typed reasons) the
 //!   volume manager sends to a subscriber; the Drive sync asks read-only queries and
 //!   takes notifications.
 //! - One controller shell ([`shell`]) owns the watches, their relists, the work queue,
-//!   readiness and resync; a controller (`attach::controller`, `resize::controller`)
-//!   only says what it keeps, what a change queues and what a run does. Each controller
+//!   readiness and resync; a controller (`attach::controller`, `resize::controller`,
+//!   `snapshot::controller`) only says what it keeps, what a change queues and what a
+//!   run does. Each controller
 //!   is laid out alike: `mod.rs` the decisions, `controller.rs`, `executor.rs`,
 //!   `backend.rs`, and its tests.
 //! - Decisions are pure functions over Kubernetes objects and domain values
 //!   (`attach::reconcile`, `attach::reconcile_pv`, `resize::plan`, `events::gate`,
 //!   `events::targets`, `drives::desired`, `drives::plan`, `node::label_patch`,
-//!   `duties::election::decide`, `duties::plan`); the only code that talks to the API
+//!   `duties::election::decide`, `duties::plan`, `snapshot::plan`); the only code that talks to the API
 //!   server is in the executors (`attach::executor`, `resize::executor`,
 //!   `events::reporter`, `drives::Executor`, `node::label_once`,
 //!   `duties::executor::Executor`, `duties::returned::reconcile_once`) and the watches
