@@ -250,7 +250,8 @@ fn a_volume_in_use_is_snapshotted_only_under_a_freeze_and_the_copy_is_consistent
             let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
             let mut n = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                writeln!(f, "line {n:08}").unwrap();
+                // One write per line: a freeze holds a write whole, before or after.
+                f.write_all(format!("line {n:08}\n").as_bytes()).unwrap();
                 if n % 64 == 0 {
                     f.sync_data().unwrap();
                 }
