@@ -207,7 +207,7 @@ mod tests {
 
     #[test]
     fn only_ext4_and_xfs_are_copied_as_filesystems() {
-        let err = copy_filesystem(Path::new("/dev/null"), Path::new("/dev/zero"), "btrfs").unwrap_err();
+        let err = copy_filesystem(Path::new("/dev/null"), Path::new("/dev/zero"), "btrfs", false).unwrap_err();
         assert!(err.to_string().contains("btrfs") && err.to_string().contains("/dev/null"), "{err}");
         let err = finish_filesystem(Path::new("/dev/null"), "vfat", None, false).unwrap_err();
         assert!(err.to_string().contains("vfat"), "{err}");
