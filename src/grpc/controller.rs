@@ -4,7 +4,7 @@
 //! - `ControllerGetCapabilities` lists only implemented RPCs: CREATE_DELETE_VOLUME,
 //!   PUBLISH_UNPUBLISH_VOLUME, GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES,
 //!   LIST_VOLUMES_PUBLISHED_NODES, GET_VOLUME, VOLUME_CONDITION, EXPAND_VOLUME,
-//!   CLONE_VOLUME, and, only with `driver.advertise_volume_health`, CSI v1.13's
+//!   CLONE_VOLUME, CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS, and, only with `driver.advertise_volume_health`, CSI v1.13's
 //!   LIST_VOLUME_HEALTH and GET_VOLUME_HEALTH ([`super::volume_health`] serves those two RPCs
 //!   either way) (not PUBLISH_READONLY: read-only access is the SINGLE_NODE_READER_ONLY mode, enforced on
 //!   the node);
@@ -40,9 +40,17 @@
 //!   unknown on this node NOT_FOUND, one of another access type or filesystem
 //!   INVALID_ARGUMENT, `limit_bytes` below its size OUT_OF_RANGE, one mounted
 //!   read-write FAILED_PRECONDITION; the same name with another source
-//!   ALREADY_EXISTS; the volume answered carries its `content_source`); snapshot
-//!   sources and mutable parameters are refused with INVALID_ARGUMENT because they
-//!   are not advertised;
+//!   ALREADY_EXISTS; the volume answered carries its `content_source`); a snapshot
+//!   source restores it (unknown: NOT_FOUND; of another kind INVALID_ARGUMENT; smaller
+//!   than the snapshot OUT_OF_RANGE; on an absent or failing drive
+//!   FAILED_PRECONDITION); mutable parameters are refused with INVALID_ARGUMENT because
+//!   MODIFY_VOLUME is not advertised;
+//! - `CreateSnapshot` is idempotent by name (the same source: the same snapshot, ready;
+//!   another: ALREADY_EXISTS); a source unknown here NOT_FOUND; one mounted read-write
+//!   FAILED_PRECONDITION unless the class asks for a freeze; `DeleteSnapshot` of an
+//!   unknown id succeeds; `ListSnapshots` pages in id order like `ListVolumes` and
+//!   filters by snapshot id or source volume (an unknown one: an empty list);
+//!   `GetSnapshot` is served but not advertised (GET_SNAPSHOT is alpha);
 //! - `DeleteVolume` of an unknown volume succeeds; of a staged, node-published or
 //!   attached (controller-published) one is FAILED_PRECONDITION;
 //! - `ValidateVolumeCapabilities` confirms only what the volume can serve;
