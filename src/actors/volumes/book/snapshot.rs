@@ -143,6 +143,9 @@ impl VolumeBook {
         if r.lost {
             return Some(format!("its partition is gone from drive {}: its data is lost", r.drive_id));
         }
+        if r.failed {
+            return Some(format!("its drive {} was released by force", r.drive_id));
+        }
         match self.drives.get(&r.drive_id) {
             None => Some(format!("its drive {} is absent from this node", r.drive_id)),
             Some(d) if d.health.health == Health::Bad => Some(format!("its drive {} is failing: {}", r.drive_id, d.health.reason)),
