@@ -56,8 +56,9 @@
 //! - `ValidateVolumeCapabilities` confirms only what the volume can serve;
 //! - `GetCapacity` reports the bytes that volumes matching the parameters, capabilities
 //!   and topology could use, with `maximum_volume_size` = the largest free extent; a
-//!   topology that does not include this node, or a capability drivelet cannot serve,
-//!   gets 0 (not an error);
+//!   topology that does not include this node, a capability drivelet cannot serve, or
+//!   a class filesystem (`csi.storage.k8s.io/fstype`) it cannot make gets 0 (not an
+//!   error);
 //! - secrets are never read or logged; malformed input is INVALID_ARGUMENT;
 //! - `ListVolumes` and `GetCapacity` answer from the volume manager's published view
 //!   (`actors::volumes::view`), one consistent moment of its book, without a message.
@@ -552,6 +553,13 @@ impl Controller for ControllerService {
         if let Some(t) = &req.accessible_topology {
             servable &= self.0.topology_matches(t);
         }
+        // The StorageClass's filesystem (the external-provisioner's capacity tracking
+        // passes the class's parameters and no capabilities): one drivelet cannot make
+        // has no capacity, and xfs has its larger minimum.
+        let class_fs = req.parameters.get("csi.storage.k8s.io/fstype").filter(|f| !f.is_empty());
+        if let Some(fs) = class_fs {
+            servable &= matches!(fs.as_str(), "ext4" | "xfs");
+        }
         // The smallest volume the capabilities allow: xfs needs 300 MiB, ext4 16 MiB.
         let minimum = req
             .volume_capabilities
@@ -563,6 +571,7 @@ impl Controller for ControllerService {
                 }
                 _ => minimum_size(true, ""),
             })
+            .chain(class_fs.map(|fs| minimum_size(false, fs)))
             .max()
             .unwrap_or_else(|| minimum_size(true, "")) as i64;
         let zero = || csi::GetCapacityResponse {
