@@ -570,7 +570,7 @@ fn journey_deploy(ctx: &mut Ctx) -> Check {
     // Idle: the agent has scanned, registered and published; kubelet's stats lag ~10 s.
     std::thread::sleep(Duration::from_secs(15));
     record_memory(ctx, "idle after deploy");
-    ctx.measured.insert("capacity before claims (bytes)".into(), cap.to_string());
+    ctx.measured.insert("capacity before claims (bytes)".into(), get_capacity()?.0.to_string());
     Ok(())
 }
 
