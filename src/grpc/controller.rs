@@ -50,7 +50,7 @@
 //!   FAILED_PRECONDITION unless the class asks for a freeze; `DeleteSnapshot` of an
 //!   unknown id succeeds; `ListSnapshots` pages in id order like `ListVolumes` and
 //!   filters by snapshot id or source volume (an unknown one: an empty list);
-//!   `GetSnapshot` is served but not advertised (GET_SNAPSHOT is alpha);
+//!   `GetSnapshot` (GET_SNAPSHOT, alpha) is not served;
 //! - `DeleteVolume` of an unknown volume succeeds; of a staged, node-published or
 //!   attached (controller-published) one is FAILED_PRECONDITION;
 //! - `ValidateVolumeCapabilities` confirms only what the volume can serve;
@@ -266,8 +266,8 @@ impl Controller for ControllerService {
         if self.0.cfg.driver.advertise_volume_health {
             types.extend([Type::ListVolumeHealth, Type::GetVolumeHealth]);
         }
-        // GetSnapshot is served too, but not advertised: GET_SNAPSHOT is an alpha
-        // capability the community conformance suite (v5.4.0) still calls unknown.
+        // Not GET_SNAPSHOT (alpha, and unknown to the community conformance suite
+        // v5.4.0): GetSnapshot answers UNIMPLEMENTED.
         types.extend([Type::CloneVolume, Type::CreateDeleteSnapshot, Type::ListSnapshots]);
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse { capabilities: types.into_iter().map(rpc).collect() }))
     }
@@ -656,22 +656,6 @@ impl Controller for ControllerService {
             entries: page.into_iter().map(|s| csi::list_snapshots_response::Entry { snapshot: Some(snapshot_of(s)) }).collect(),
             next_token: next.map(|id| self.0.token(&id)).unwrap_or_default(),
         }))
-    }
-
-    #[instrument(skip_all, fields(csi.method = "GetSnapshot", snapshot.id), err)]
-    async fn get_snapshot(
-        &self,
-        req: Request<csi::GetSnapshotRequest>,
-    ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
-        let req = req.into_inner();
-        check_id("snapshot_id", &req.snapshot_id)?;
-        tracing::Span::current().record("snapshot.id", req.snapshot_id.as_str());
-        let all = self.0.volumes.send(ListSnapshots).await.map_err(FrontError::mailbox("volume manager"))??;
-        let s = all
-            .iter()
-            .find(|s| s.id == req.snapshot_id)
-            .ok_or(crate::actors::volumes::VolumeError::SnapshotNotFound { snapshot_id: req.snapshot_id.clone() })?;
-        Ok(Response::new(csi::GetSnapshotResponse { snapshot: Some(snapshot_of(s)) }))
     }
 }
 
