@@ -448,16 +448,9 @@ impl Controller for ControllerService {
         req: Request<csi::ListVolumesRequest>,
     ) -> Result<Response<csi::ListVolumesResponse>, Status> {
         let req = req.into_inner();
-        if req.max_entries < 0 {
-            return Err(invalid(format!("max_entries is {}; it must be 0 (no limit) or more", req.max_entries)));
-        }
-        let after = if req.starting_token.is_empty() {
-            None
-        } else {
-            Some(self.0.parse_token(&req.starting_token).ok_or_else(|| FrontError::BadToken { token: req.starting_token.clone() })?)
-        };
+        let (max, after) = self.0.page_start(req.max_entries, &req.starting_token)?;
         let view = self.0.views.book()?;
-        let (page, next) = view.page(after.as_deref(), req.max_entries as usize)?;
+        let (page, next) = view.page(after.as_deref(), max)?;
         Ok(Response::new(csi::ListVolumesResponse {
             entries: page
                 .iter()
@@ -637,21 +630,14 @@ impl Controller for ControllerService {
         req: Request<csi::ListSnapshotsRequest>,
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
         let req = req.into_inner();
-        if req.max_entries < 0 {
-            return Err(invalid(format!("max_entries is {}; it must be 0 (no limit) or more", req.max_entries)));
-        }
-        let after = if req.starting_token.is_empty() {
-            None
-        } else {
-            Some(self.0.parse_token(&req.starting_token).ok_or_else(|| FrontError::BadToken { token: req.starting_token.clone() })?)
-        };
+        let (max, after) = self.0.page_start(req.max_entries, &req.starting_token)?;
         let all = self.0.volumes.send(ListSnapshots).await.map_err(FrontError::mailbox("volume manager"))??;
         let chosen = all.iter().filter(|s| {
             (req.snapshot_id.is_empty() || s.id == req.snapshot_id)
                 && (req.source_volume_id.is_empty() || s.source_volume_id == req.source_volume_id)
                 && after.as_deref().is_none_or(|a| s.id.as_str() > a)
         });
-        let (page, next) = page_of(chosen, req.max_entries as usize);
+        let (page, next) = page_of(chosen, max);
         Ok(Response::new(csi::ListSnapshotsResponse {
             entries: page.into_iter().map(|s| csi::list_snapshots_response::Entry { snapshot: Some(snapshot_of(s)) }).collect(),
             next_token: next.map(|id| self.0.token(&id)).unwrap_or_default(),
