@@ -18,17 +18,10 @@
 mod common;
 
 use std::io::Write;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
 use drivelet::grpc::proto::csi;
-
-fn sectors_written(dev: &Path) -> u64 {
-    let name = dev.file_name().unwrap().to_string_lossy().into_owned();
-    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).expect("disk stat");
-    stat.split_whitespace().nth(6).expect("field 7").parse().expect("a number")
-}
 
 fn main() {
     let rounds: usize = std::env::args().skip(1).find(|a| !a.starts_with('-')).and_then(|a| a.parse().ok()).unwrap_or(3);
