@@ -4,7 +4,7 @@
 //! - `ControllerGetCapabilities` lists only implemented RPCs: CREATE_DELETE_VOLUME,
 //!   PUBLISH_UNPUBLISH_VOLUME, GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES,
 //!   LIST_VOLUMES_PUBLISHED_NODES, GET_VOLUME, VOLUME_CONDITION, EXPAND_VOLUME,
-//!   CLONE_VOLUME, and, only with `driver.advertise_volume_health`, CSI v1.13's
+//!   CLONE_VOLUME, CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS, and, only with `driver.advertise_volume_health`, CSI v1.13's
 //!   LIST_VOLUME_HEALTH and GET_VOLUME_HEALTH ([`super::volume_health`] serves those two RPCs
 //!   either way) (not PUBLISH_READONLY: read-only access is the SINGLE_NODE_READER_ONLY mode, enforced on
 //!   the node);
@@ -40,16 +40,25 @@
 //!   unknown on this node NOT_FOUND, one of another access type or filesystem
 //!   INVALID_ARGUMENT, `limit_bytes` below its size OUT_OF_RANGE, one mounted
 //!   read-write FAILED_PRECONDITION; the same name with another source
-//!   ALREADY_EXISTS; the volume answered carries its `content_source`); snapshot
-//!   sources and mutable parameters are refused with INVALID_ARGUMENT because they
-//!   are not advertised;
+//!   ALREADY_EXISTS; the volume answered carries its `content_source`); a snapshot
+//!   source restores it (unknown: NOT_FOUND; of another kind INVALID_ARGUMENT; smaller
+//!   than the snapshot OUT_OF_RANGE; on an absent or failing drive
+//!   FAILED_PRECONDITION); mutable parameters are refused with INVALID_ARGUMENT because
+//!   MODIFY_VOLUME is not advertised;
+//! - `CreateSnapshot` is idempotent by name (the same source: the same snapshot, ready;
+//!   another: ALREADY_EXISTS); a source unknown here NOT_FOUND; one mounted read-write
+//!   FAILED_PRECONDITION unless the class asks for a freeze; `DeleteSnapshot` of an
+//!   unknown id succeeds; `ListSnapshots` pages in id order like `ListVolumes` and
+//!   filters by snapshot id or source volume (an unknown one: an empty list);
+//!   `GetSnapshot` (GET_SNAPSHOT, alpha) is not served;
 //! - `DeleteVolume` of an unknown volume succeeds; of a staged, node-published or
 //!   attached (controller-published) one is FAILED_PRECONDITION;
 //! - `ValidateVolumeCapabilities` confirms only what the volume can serve;
 //! - `GetCapacity` reports the bytes that volumes matching the parameters, capabilities
 //!   and topology could use, with `maximum_volume_size` = the largest free extent; a
-//!   topology that does not include this node, or a capability drivelet cannot serve,
-//!   gets 0 (not an error);
+//!   topology that does not include this node, a capability drivelet cannot serve, or
+//!   a class filesystem (`csi.storage.k8s.io/fstype`) it cannot make gets 0 (not an
+//!   error);
 //! - secrets are never read or logged; malformed input is INVALID_ARGUMENT;
 //! - `ListVolumes` and `GetCapacity` answer from the volume manager's published view
 //!   (`actors::volumes::view`), one consistent moment of its book, without a message.
@@ -257,7 +266,9 @@ impl Controller for ControllerService {
         if self.0.cfg.driver.advertise_volume_health {
             types.extend([Type::ListVolumeHealth, Type::GetVolumeHealth]);
         }
-        types.extend([Type::CloneVolume, Type::CreateDeleteSnapshot, Type::ListSnapshots, Type::GetSnapshot]);
+        // Not GET_SNAPSHOT (alpha, and unknown to the community conformance suite
+        // v5.4.0): GetSnapshot answers UNIMPLEMENTED.
+        types.extend([Type::CloneVolume, Type::CreateDeleteSnapshot, Type::ListSnapshots]);
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse { capabilities: types.into_iter().map(rpc).collect() }))
     }
 
@@ -437,16 +448,9 @@ impl Controller for ControllerService {
         req: Request<csi::ListVolumesRequest>,
     ) -> Result<Response<csi::ListVolumesResponse>, Status> {
         let req = req.into_inner();
-        if req.max_entries < 0 {
-            return Err(invalid(format!("max_entries is {}; it must be 0 (no limit) or more", req.max_entries)));
-        }
-        let after = if req.starting_token.is_empty() {
-            None
-        } else {
-            Some(self.0.parse_token(&req.starting_token).ok_or_else(|| FrontError::BadToken { token: req.starting_token.clone() })?)
-        };
+        let (max, after) = self.0.page_start(req.max_entries, &req.starting_token)?;
         let view = self.0.views.book()?;
-        let (page, next) = view.page(after.as_deref(), req.max_entries as usize)?;
+        let (page, next) = view.page(after.as_deref(), max)?;
         Ok(Response::new(csi::ListVolumesResponse {
             entries: page
                 .iter()
@@ -542,6 +546,13 @@ impl Controller for ControllerService {
         if let Some(t) = &req.accessible_topology {
             servable &= self.0.topology_matches(t);
         }
+        // The StorageClass's filesystem (the external-provisioner's capacity tracking
+        // passes the class's parameters and no capabilities): one drivelet cannot make
+        // has no capacity, and xfs has its larger minimum.
+        let class_fs = req.parameters.get("csi.storage.k8s.io/fstype").filter(|f| !f.is_empty());
+        if let Some(fs) = class_fs {
+            servable &= matches!(fs.as_str(), "ext4" | "xfs");
+        }
         // The smallest volume the capabilities allow: xfs needs 300 MiB, ext4 16 MiB.
         let minimum = req
             .volume_capabilities
@@ -553,6 +564,7 @@ impl Controller for ControllerService {
                 }
                 _ => minimum_size(true, ""),
             })
+            .chain(class_fs.map(|fs| minimum_size(false, fs)))
             .max()
             .unwrap_or_else(|| minimum_size(true, "")) as i64;
         let zero = || csi::GetCapacityResponse {
@@ -618,41 +630,18 @@ impl Controller for ControllerService {
         req: Request<csi::ListSnapshotsRequest>,
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
         let req = req.into_inner();
-        if req.max_entries < 0 {
-            return Err(invalid(format!("max_entries is {}; it must be 0 (no limit) or more", req.max_entries)));
-        }
-        let after = if req.starting_token.is_empty() {
-            None
-        } else {
-            Some(self.0.parse_token(&req.starting_token).ok_or_else(|| FrontError::BadToken { token: req.starting_token.clone() })?)
-        };
+        let (max, after) = self.0.page_start(req.max_entries, &req.starting_token)?;
         let all = self.0.volumes.send(ListSnapshots).await.map_err(FrontError::mailbox("volume manager"))??;
         let chosen = all.iter().filter(|s| {
             (req.snapshot_id.is_empty() || s.id == req.snapshot_id)
                 && (req.source_volume_id.is_empty() || s.source_volume_id == req.source_volume_id)
                 && after.as_deref().is_none_or(|a| s.id.as_str() > a)
         });
-        let (page, next) = page_of(chosen, req.max_entries as usize);
+        let (page, next) = page_of(chosen, max);
         Ok(Response::new(csi::ListSnapshotsResponse {
             entries: page.into_iter().map(|s| csi::list_snapshots_response::Entry { snapshot: Some(snapshot_of(s)) }).collect(),
             next_token: next.map(|id| self.0.token(&id)).unwrap_or_default(),
         }))
-    }
-
-    #[instrument(skip_all, fields(csi.method = "GetSnapshot", snapshot.id), err)]
-    async fn get_snapshot(
-        &self,
-        req: Request<csi::GetSnapshotRequest>,
-    ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
-        let req = req.into_inner();
-        check_id("snapshot_id", &req.snapshot_id)?;
-        tracing::Span::current().record("snapshot.id", req.snapshot_id.as_str());
-        let all = self.0.volumes.send(ListSnapshots).await.map_err(FrontError::mailbox("volume manager"))??;
-        let s = all
-            .iter()
-            .find(|s| s.id == req.snapshot_id)
-            .ok_or(crate::actors::volumes::VolumeError::SnapshotNotFound { snapshot_id: req.snapshot_id.clone() })?;
-        Ok(Response::new(csi::GetSnapshotResponse { snapshot: Some(snapshot_of(s)) }))
     }
 }
 

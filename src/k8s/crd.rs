@@ -106,6 +106,10 @@ pub(crate) struct DriveStatus {
     /// Ids of the volumes on the disk.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
+    /// Ids of the snapshots on the disk (CSI snapshot ids: a VolumeSnapshotContent's
+    /// snapshotHandle).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<String>,
     /// Space freed on the disk that is still being zeroed before another volume may
     /// take it (not counted as capacity until then), and how far that is, in plain
     /// words: "512.0 MiB being cleaned (40% done)". Absent when nothing is.
@@ -256,6 +260,7 @@ mod tests {
             presence: DrivePresence::Present,
             missing: false,
             volumes: vec!["vol-1".into()],
+            snapshots: vec![],
             cleaning: Some("512.0 MiB being cleaned (40% done)".into()),
         });
         let value = serde_json::to_value(&drive).expect("serializes");

@@ -53,7 +53,7 @@ use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::actors::volumes::book::Cleaning;
-use crate::actors::volumes::{ListCleaning, ListDriveUses, ListVolumes, VolumeManager, VolumesReady};
+use crate::actors::volumes::{ListCleaning, ListDriveUses, ListHeld, VolumeManager, VolumesReady};
 use crate::words::{DriveClass, DriveUse, DriveUseState, Health};
 
 /// The label naming the node a `Drive` object belongs to.
@@ -204,8 +204,8 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
     for rec in volumes.iter().filter(|r| r.state != VolumeState::Creating) {
         on_drive.entry(rec.drive_id.as_str()).or_default().push(rec);
     }
-    let ids_on = |id: &str| -> Vec<String> {
-        let mut ids: Vec<String> = on_drive.get(id).into_iter().flatten().map(|r| r.id.clone()).collect();
+    let ids_on = |id: &str, snapshots: bool| -> Vec<String> {
+        let mut ids: Vec<String> = on_drive.get(id).into_iter().flatten().filter(|r| r.snapshot.is_some() == snapshots).map(|r| r.id.clone()).collect();
         ids.sort();
         ids
     };
@@ -231,7 +231,8 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             usage_reason: usage.and_then(|u| non_empty(&u.reason)),
             presence: crd::DrivePresence::Present,
             missing: false,
-            volumes: ids_on(&d.id),
+            volumes: ids_on(&d.id, false),
+            snapshots: ids_on(&d.id, true),
             cleaning: None,
         };
         let obj = object(node, &d.id, spec, status);
@@ -268,7 +269,8 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             usage_reason: usage.and_then(|u| non_empty(&u.reason)),
             presence: crd::DrivePresence::Missing,
             missing: true,
-            volumes: ids_on(id),
+            volumes: ids_on(id, false),
+            snapshots: ids_on(id, true),
             cleaning: None,
         };
         let obj = object(node, id, spec, status);
@@ -462,7 +464,7 @@ pub(crate) struct Sources {
     pub(crate) subscribe_volumes: Recipient<SubscribeVolumes>,
     pub(crate) volumes_ready: Recipient<VolumesReady>,
     pub(crate) uses: Recipient<ListDriveUses>,
-    pub(crate) volumes: Recipient<ListVolumes>,
+    pub(crate) volumes: Recipient<ListHeld>,
     pub(crate) cleaning: Recipient<ListCleaning>,
 }
 
@@ -506,7 +508,7 @@ async fn sync_once(node: String, sources: Sources, executor: Executor) -> Result
     }
     let drives = sources.drives.send(ListDrives).await.map_err(ask("inventory", "its drives"))?;
     let uses = sources.uses.send(ListDriveUses).await.map_err(ask("volume manager", "the drive usage records"))?;
-    let volumes = sources.volumes.send(ListVolumes).await.map_err(ask("volume manager", "its volumes"))?;
+    let volumes = sources.volumes.send(ListHeld).await.map_err(ask("volume manager", "its volumes"))?;
     let cleaning = sources.cleaning.send(ListCleaning).await.map_err(ask("volume manager", "how far cleaning is"))?;
     let mut want = desired(&node, &drives, &uses, &volumes);
     show_cleaning(&mut want, &cleaning);
@@ -822,6 +824,7 @@ mod tests {
                 presence: crd::DrivePresence::Present,
                 missing: false,
                 volumes: vols.iter().map(|n| volume(*n, "", VolumeState::Available).id).collect(),
+                snapshots: vec![],
                 cleaning: None,
             }
         };
@@ -914,6 +917,7 @@ mod tests {
                 presence: crd::DrivePresence::Missing,
                 missing: true,
                 volumes: vec![live.clone(), failed.id.clone()],
+                snapshots: vec![],
                 cleaning: None,
             })
         );

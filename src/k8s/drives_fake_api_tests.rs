@@ -25,7 +25,7 @@ use crate::actors::inventory::model::{Drive, DriveHealth};
 use crate::actors::messages::{DriveEvent, GetInventoryStatus, InventoryStatus, ListDrives, SubscribeDrives};
 use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
-use crate::actors::volumes::{ListCleaning, ListDriveUses, ListVolumes, VolumesReady};
+use crate::actors::volumes::{ListCleaning, ListDriveUses, ListHeld, VolumesReady};
 use crate::words::{DriveClass, Health};
 
 const LIST_PATH: &str = "/apis/drivelet.io/v1alpha1/drives?&labelSelector=drivelet.io%2Fnode%3Dnode-a";
@@ -268,9 +268,9 @@ impl Handler<ListCleaning> for FakeVolumes {
     }
 }
 
-impl Handler<ListVolumes> for FakeVolumes {
-    type Result = MessageResult<ListVolumes>;
-    fn handle(&mut self, _: ListVolumes, _: &mut Context<Self>) -> Self::Result {
+impl Handler<ListHeld> for FakeVolumes {
+    type Result = MessageResult<ListHeld>;
+    fn handle(&mut self, _: ListHeld, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.0.lock().expect("world lock").volumes.clone())
     }
 }

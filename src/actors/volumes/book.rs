@@ -417,10 +417,10 @@ impl VolumeBook {
         }
     }
 
-    /// What the Drive objects show of one volume: its drive and whether it failed;
+    /// What the Drive objects show of one volume (or snapshot): its drive and whether it failed;
     /// `None` while it is unknown or still being created (never handed out).
     pub(crate) fn shown(&self, id: &str) -> Option<(String, bool)> {
-        self.records.get(id).filter(|r| r.state != VolumeState::Creating && r.is_volume()).map(|r| (r.drive_id.clone(), r.failed))
+        self.records.get(id).filter(|r| r.state != VolumeState::Creating).map(|r| (r.drive_id.clone(), r.failed))
     }
 
     /// The drive a volume lives on, if it is known.

@@ -90,7 +90,7 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
     }
     info!(volume.id = %id, volume.source = %src.id, volume.fs = %fs_type, volume.size = rec.size, "cloning a filesystem, used blocks only");
     let uuid = copy::fs_uuid(&kp.devnode).map_err(disk(&id, "read the source's filesystem UUID"))?;
-    let copied = copy::copy_filesystem(&kp.devnode, &dst.devnode, &fs_type, frozen.is_some()).map_err(disk(&id, "copy the source's filesystem"));
+    let copied = copy::copy_filesystem(&kp.devnode, &dst.devnode, &fs_type, frozen.as_ref().and(from.freeze.as_ref()).map(|(p, _)| p.as_path())).map_err(disk(&id, "copy the source's filesystem"));
     if let Some((f, limit)) = frozen {
         let thawed = f.thaw().map_err(disk(&id, "thaw the source's filesystem"))?;
         info!(volume.id = %src.id, freeze.millis = thawed.stall.as_millis() as u64, freeze.expired = thawed.expired, "filesystem thawed");

@@ -57,6 +57,12 @@ pub struct DeleteSnapshot {
     pub snapshot_id: String,
 }
 
+/// Query: every record of what the drives hold, volumes and snapshots (the Drive
+/// objects list both).
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "Vec<VolumeRecord>")]
+pub struct ListHeld;
+
 /// Query: every snapshot this node holds, by id.
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "Result<Vec<super::snapshot::SnapshotRecord>, VolumeError>")]

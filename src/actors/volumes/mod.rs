@@ -873,6 +873,13 @@ impl Handler<GetVolume> for VolumeManager {
     }
 }
 
+impl Handler<ListHeld> for VolumeManager {
+    type Result = MessageResult<ListHeld>;
+    fn handle(&mut self, _: ListHeld, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.book.records().cloned().collect())
+    }
+}
+
 impl Handler<ListVolumes> for VolumeManager {
     type Result = MessageResult<ListVolumes>;
     fn handle(&mut self, _: ListVolumes, _: &mut Context<Self>) -> Self::Result {

@@ -43,13 +43,6 @@ fn write_pattern(path: &Path, len: usize, seed: u8) {
     f.sync_all().unwrap();
 }
 
-/// Sectors written to a whole disk so far (`/sys/block/<dev>/stat`, field 7).
-fn sectors_written(dev: &Path) -> u64 {
-    let name = dev.file_name().unwrap().to_string_lossy().into_owned();
-    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).expect("disk stat");
-    stat.split_whitespace().nth(6).expect("field 7").parse().expect("a number")
-}
-
 /// The device node of the kernel partition of `drive` that starts where `id`'s does.
 fn devnode_of(agent: &Agent, drive: &LoopDrive, id: &str) -> PathBuf {
     let vols = agent.ctl_volumes();

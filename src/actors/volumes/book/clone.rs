@@ -95,6 +95,9 @@ impl VolumeBook {
         if src.lost {
             return Err(unusable(format!("its partition is gone from drive {} (the drive was wiped or replaced): its data is lost", src.drive_id)));
         }
+        if src.failed {
+            return Err(unusable(format!("its drive {} was released by force", src.drive_id)));
+        }
         let Some(d) = self.drives.get(&src.drive_id) else {
             return Err(unusable(format!("its drive {} is absent from this node; it can be restored from once the drive is back", src.drive_id)));
         };
