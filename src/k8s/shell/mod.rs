@@ -404,6 +404,20 @@ fn collect<K>(event: Event<K>, listing: &mut Option<Vec<K>>, keep: impl FnOnce(K
     }
 }
 
+/// Logs a failed watch: a resource the API server does not serve (its CRDs are not
+/// installed, such as the VolumeSnapshot ones on a cluster without snapshots) is said at
+/// info level, in plain words, since nothing is wrong with drivelet; anything else is a
+/// warning. The watch restarts with backoff either way, so installing the CRDs later
+/// needs no restart.
+fn watch_failed(e: &kube::runtime::watcher::Error, kind: &str) {
+    let text = e.to_string();
+    if text.contains("404") && text.contains("NotFound") {
+        info!(resource.kind = %kind, "the API server does not serve {kind} (its CRD is not installed); watching for it with backoff");
+    } else {
+        warn!(error = %e, "{kind} watch failed; it restarts with backoff");
+    }
+}
+
 /// The kind of a watched resource, for logs.
 fn kind<K: Resource<DynamicType = ()>>() -> String {
     K::kind(&()).into_owned()
@@ -414,8 +428,8 @@ impl<C: Controller> StreamHandler<WatchItem<C::First, C::Second>> for Shell<C> {
         let change = match item {
             Either::First(Ok(event)) => collect(event, &mut self.listing.0, |o| self.controller.keep_first(o)).map(Either::First),
             Either::Second(Ok(event)) => collect(event, &mut self.listing.1, |o| self.controller.keep_second(o)).map(Either::Second),
-            Either::First(Err(e)) => return warn!(error = %e, "{} watch failed; it restarts with backoff", kind::<C::First>()),
-            Either::Second(Err(e)) => return warn!(error = %e, "{} watch failed; it restarts with backoff", kind::<C::Second>()),
+            Either::First(Err(e)) => return watch_failed(&e, &kind::<C::First>()),
+            Either::Second(Err(e)) => return watch_failed(&e, &kind::<C::Second>()),
         };
         if let Some(change) = change {
             self.take_in(change);
