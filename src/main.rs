@@ -327,7 +327,8 @@ enum CtlCmd {
         output: Output,
     },
     /// Drive replacement: `drive release ID` stops new volumes on a drive and marks it
-    /// released once its volumes are deleted.
+    /// released once its volumes are deleted; `drive cordon ID` only stops new volumes
+    /// (`drive uncordon ID` undoes it).
     Drive {
         #[command(subcommand)]
         cmd: DriveCmd,
@@ -359,6 +360,16 @@ enum DriveCmd {
         /// Release now, failing the volumes still on the drive.
         #[arg(long)]
         force: bool,
+    },
+    /// Cordon a drive: no new volumes go on it; its volumes stay and are served.
+    Cordon {
+        /// Drive id, as `drivelet ctl drives` shows it.
+        id: String,
+    },
+    /// Uncordon a cordoned drive: it takes new volumes again (a release is not undone).
+    Uncordon {
+        /// Drive id, as `drivelet ctl drives` shows it.
+        id: String,
     },
 }
 
@@ -419,6 +430,17 @@ fn ctl(config: Option<PathBuf>, socket: Option<PathBuf>, cmd: CtlCmd) -> anyhow:
         CtlCmd::Drive { cmd: DriveCmd::Release { id, force } } => {
             let u = rt.block_on(drivelet::cli::ctl::release(&socket, &id, force))?;
             println!("drive {}: {} ({})", u.drive_id, u.state.as_str(), u.reason);
+        }
+        CtlCmd::Drive { cmd: cordon @ (DriveCmd::Cordon { .. } | DriveCmd::Uncordon { .. }) } => {
+            let (id, on) = match cordon {
+                DriveCmd::Cordon { id } => (id, true),
+                DriveCmd::Uncordon { id } | DriveCmd::Release { id, .. } => (id, false),
+            };
+            let u = rt.block_on(drivelet::cli::ctl::cordon(&socket, &id, on))?;
+            match u {
+                Some(u) => println!("drive {}: {} ({})", u.drive_id, u.state.as_str(), u.reason),
+                None => println!("drive {id}: active"),
+            }
         }
         CtlCmd::Volumes { output } => {
             let vols = rt.block_on(drivelet::cli::ctl::volumes(&socket))?;

@@ -54,6 +54,16 @@ pub async fn release(socket: &Path, drive_id: &str, force: bool) -> Result<Drive
     }
 }
 
+/// Asks the agent to cordon (`true`) or uncordon a drive; answers its usage from then
+/// on (`None`: active).
+pub async fn cordon(socket: &Path, drive_id: &str, cordon: bool) -> Result<Option<DriveUse>, CtlError> {
+    match request(socket, &AdminRequest::CordonDrive { drive_id: drive_id.to_string(), cordon }).await? {
+        AdminResponse::Cordoned(u) => Ok(u),
+        AdminResponse::Error(e) => Err(CtlError::Agent(e)),
+        other => Err(CtlError::Agent(format!("unexpected answer {other:?}"))),
+    }
+}
+
 /// Asks the agent to adopt a migrated volume (an `AdminRequest::Adopt`).
 pub async fn adopt(socket: &Path, req: &AdminRequest) -> Result<VolumeRecord, CtlError> {
     match request(socket, req).await? {

@@ -39,6 +39,7 @@ pub(crate) mod cleaner;
 pub(crate) mod clone;
 pub mod error;
 pub(crate) mod conditions;
+mod drive_actions;
 pub(crate) mod messages;
 pub mod model;
 pub mod ops;
