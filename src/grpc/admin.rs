@@ -16,7 +16,10 @@ use crate::actors::messages::ListDrives;
 use crate::actors::volumes::model::VolumeRecord;
 
 use crate::actors::volumes::book::Cleaning;
-use crate::actors::volumes::{AdoptVolume, CordonDrive, ListCleaning, ListDriveUses, ListVolumes, ReleaseDrive};
+use crate::actors::volumes::{
+    volume_detail, AdoptVolume, CordonDrive, ListCleaning, ListDriveUses, ListVolumeStatuses, ListVolumes, ReleaseDrive, VolumeDetail,
+    VolumesUsed,
+};
 use crate::words::DriveUse;
 
 /// A request on the admin socket.
@@ -27,6 +30,8 @@ pub enum AdminRequest {
     Drives,
     /// List every volume with its drive, size, state and paths.
     Volumes,
+    /// List every volume as an admin's listing shows it: used bytes and health too.
+    VolumeDetails,
     /// Release a drive: no new volumes; released once empty (or at once with force,
     /// failing the volumes left on it).
     ReleaseDrive {
@@ -95,6 +100,8 @@ pub enum AdminResponse {
     Cordoned(Option<DriveUse>),
     /// The volume list.
     Volumes(Vec<VolumeRecord>),
+    /// The volumes as an admin's listing shows them.
+    VolumeDetails(Vec<VolumeDetail>),
     /// The adopted volume.
     Adopted(Box<VolumeRecord>),
     /// The fail point that was armed.
@@ -133,6 +140,15 @@ async fn answer(front: &Front, line: &str) -> AdminResponse {
             Ok(Err(e)) => AdminResponse::Error(e.to_string()),
             Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
         },
+        Ok(AdminRequest::VolumeDetails) => {
+            let statuses = front.volumes.send(ListVolumeStatuses { after: None, max: 0, abnormal_only: false }).await;
+            let used = front.volumes.send(VolumesUsed).await.unwrap_or_default();
+            match statuses {
+                Ok(Ok((page, _))) => AdminResponse::VolumeDetails(page.iter().map(|v| volume_detail(v, &used)).collect()),
+                Ok(Err(e)) => AdminResponse::Error(e.to_string()),
+                Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
+            }
+        }
         Ok(AdminRequest::CordonDrive { drive_id, cordon }) => match front.volumes.send(CordonDrive { drive_id, cordon }).await {
             Ok(Ok(u)) => AdminResponse::Cordoned(u),
             Ok(Err(e)) => AdminResponse::Error(e.to_string()),

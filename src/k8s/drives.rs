@@ -56,8 +56,8 @@ use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::actors::volumes::book::Cleaning;
 use crate::actors::volumes::{
-    CordonDrive, ListCleaning, ListDriveUses, ListVolumeStatuses, ListVolumes, ReleaseDrive, VolumeManager, VolumeStatus,
-    VolumesReady, VolumesUsed,
+    volume_detail, CordonDrive, ListCleaning, ListDriveUses, ListVolumeStatuses, ListVolumes, ReleaseDrive, VolumeManager,
+    VolumeStatus, VolumesReady, VolumesUsed,
 };
 use super::drive_actions::{self, Command};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -609,7 +609,7 @@ async fn act(node: &str, existing: &[crd::Drive], uses: &[DriveUse], sources: &S
 }
 
 /// Puts each drive's volumes with their size, used bytes, state and health into its
-/// object's status, in the words `ctl volumes` uses.
+/// object's status, as `ctl volumes` shows them ([`volume_detail`]).
 pub(crate) fn show_volumes(objects: &mut [crd::Drive], statuses: &[VolumeStatus], used: &BTreeMap<String, u64>) {
     for o in objects {
         let Some(st) = o.status.as_mut() else { continue };
@@ -618,36 +618,20 @@ pub(crate) fn show_volumes(objects: &mut [crd::Drive], statuses: &[VolumeStatus]
             .iter()
             .filter_map(|id| statuses.iter().find(|v| v.record.id == *id))
             .map(|v| {
-                let r = &v.record;
+                let d = volume_detail(v, used);
                 crd::DriveVolume {
-                    id: r.id.clone(),
-                    name: r.name.clone(),
-                    size_bytes: r.size,
-                    used_bytes: used.get(&r.id).copied(),
-                    kind: volume_kind(r),
-                    state: volume_state(r),
-                    health: if v.condition.abnormal { "abnormal" } else { "normal" }.into(),
-                    health_reason: v.condition.abnormal.then(|| v.condition.message.clone()),
+                    id: d.id,
+                    name: d.name,
+                    size_bytes: d.size_bytes,
+                    used_bytes: d.used_bytes,
+                    kind: d.kind,
+                    state: d.state,
+                    health: if d.abnormal { "abnormal" } else { "normal" }.into(),
+                    health_reason: d.reason,
                 }
             })
             .collect();
     }
-}
-
-/// A volume's kind as `ctl volumes` prints it: `block`, its filesystem, or `fs`.
-pub(crate) fn volume_kind(r: &VolumeRecord) -> String {
-    if r.block {
-        "block".into()
-    } else if r.fs_type.is_empty() {
-        "fs".into()
-    } else {
-        r.fs_type.clone()
-    }
-}
-
-/// A volume's state as `ctl volumes` prints it (`lost` over the state).
-pub(crate) fn volume_state(r: &VolumeRecord) -> String {
-    if r.lost { "lost".into() } else { r.state.as_str().into() }
 }
 
 /// Puts the `ActionComplete` condition of each object an admin asked an action of into
