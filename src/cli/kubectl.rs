@@ -322,6 +322,15 @@ pub enum Action {
 }
 
 impl Action {
+    /// The word the user typed.
+    pub fn word(self) -> &'static str {
+        match self {
+            Action::Cordon => "cordon",
+            Action::Uncordon => "uncordon",
+            Action::Release => "release",
+        }
+    }
+
     fn spec(self) -> DriveAction {
         match self {
             Action::Cordon => DriveAction::Cordon,
@@ -333,8 +342,8 @@ impl Action {
 
 /// Asks `action` of the drive `target` (a merge patch of `spec.action`), then, when
 /// `wait` is given, waits that long for the node's agent to report it complete.
-pub async fn act(client: &Client, target: &str, action: Action, wait: Option<Duration>) -> Result<ActionOutcome, KubectlError> {
-    let action = action.spec();
+pub async fn act(client: &Client, target: &str, asked: Action, wait: Option<Duration>) -> Result<ActionOutcome, KubectlError> {
+    let action = asked.spec();
     let drives = list(client, None).await?;
     let drive = find(&drives, target)?;
     let (name, shown) = (drive.name_any(), format!("{}/{}", drive.spec.node, drive.spec.drive_id));
@@ -343,7 +352,7 @@ pub async fn act(client: &Client, target: &str, action: Action, wait: Option<Dur
     let patched = api
         .patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch))
         .await
-        .map_err(|source| KubectlError::Api { what: format!("asking drive {shown} to {}", action.as_str()), source })?;
+        .map_err(|source| KubectlError::Api { what: format!("asking drive {shown} to {}", asked.word()), source })?;
     let generation = patched.metadata.generation.unwrap_or(0);
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
     loop {
@@ -355,7 +364,7 @@ pub async fn act(client: &Client, target: &str, action: Action, wait: Option<Dur
             .cloned();
         let outcome = ActionOutcome {
             drive: shown.clone(),
-            action: action.as_str().into(),
+            action: asked.word().into(),
             complete: c.as_ref().is_some_and(|c| c.status == "True"),
             message: c.as_ref().map(|c| c.message.clone()).unwrap_or_else(|| format!("asked; node {} has not answered yet", now.spec.node)),
         };
@@ -368,7 +377,7 @@ pub async fn act(client: &Client, target: &str, action: Action, wait: Option<Dur
             Some(d) if tokio::time::Instant::now() >= d => {
                 return Err(KubectlError::TimedOut(format!(
                     "drive {shown}: {} not complete after {} s: {}",
-                    action.as_str(),
+                    asked.word(),
                     wait.unwrap_or_default().as_secs(),
                     outcome.message
                 )))

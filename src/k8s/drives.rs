@@ -29,7 +29,8 @@
 //! - [`DriveSync`] syncs at start, after the inventory's drive events and the volume
 //!   manager's [`VolumesChanged`] (a volume created, deleted or failed, a drive's usage
 //!   changed; a burst of either within [`DEBOUNCE`] is one sync), and every `resync`
-//!   period as a safety net. So a drive's volume list follows creates and deletes within
+//!   period as a safety net, and every [`USED_REFRESH`] for the bytes its volumes use
+//!   (written only when they changed). So a drive's volume list follows creates and deletes within
 //!   the debounce, and the object of a missing drive goes once its last live volume is
 //!   deleted. One sync runs at a time; a failed one is logged and retried after
 //!   [`backoff`]. Nothing is synced, so nothing is deleted, before the inventory's first
@@ -76,6 +77,10 @@ pub(crate) const DEBOUNCE: Duration = Duration::from_millis(500);
 /// How often a sync waiting for the inventory's first scan (or the volume manager's
 /// start-up) asks again.
 pub(crate) const READY_POLL: Duration = Duration::from_secs(1);
+
+/// How often the bytes staged volumes use are looked at again (a sync that writes only
+/// when a figure changed), so the Drive objects' used bytes are at most this old.
+pub(crate) const USED_REFRESH: Duration = Duration::from_secs(30);
 
 /// Delay after the first failed sync; doubled per consecutive failure.
 pub(crate) const RETRY_BASE: Duration = Duration::from_secs(1);
@@ -808,6 +813,7 @@ impl Actor for DriveSync {
             ctx.run_interval(self.resync, |act, ctx| act.request(ctx, Duration::ZERO));
         }
         if let Some(client) = self.watch.clone() {
+            ctx.run_interval(USED_REFRESH, |act, ctx| act.request(ctx, Duration::ZERO));
             use tokio_stream::StreamExt as _;
             use kube::runtime::{watcher, WatchStreamExt as _};
             let config = watcher::Config::default().labels(&format!("{NODE_LABEL}={}", node_label_value(&self.node)));

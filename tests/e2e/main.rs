@@ -31,7 +31,9 @@
 //!    keeps new claims off a drive;
 //! 7. everything deleted: no volume, PV, VolumeAttachment or mount left.
 //!
-//! Between 5 and 6, claims are cloned from claims (`clone.rs`).
+//! Between 5 and 6, claims are cloned from claims (`clone.rs`); between 6 and 7, drive
+//! actions through the Drive spec and the `kubectl drivelet` tables
+//! (`drive_actions.rs`).
 //!
 //! Across nodes (`nodes.rs`), on their own thread once the deploy journey is done,
 //! beside the real node's journeys (their own namespace; joined before the clean-up):
@@ -58,6 +60,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod clone;
+mod drive_actions;
 mod nodes;
 
 const NS: &str = "drivelet-e2e";
@@ -92,7 +95,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 9] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 10] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
         ("claims grown by editing them: xfs in use, ext4 unused, too large then lowered", resize::journey_resize),
         ("a drive vanishing while it holds a volume, and coming back", journey_vanish),
@@ -101,6 +104,7 @@ fn main() {
         ("pods and a claim deleted: detach, finalizers, mounts, partition, capacity", journey_delete),
         ("claims cloned from claims: refused while written, then the data copied (ext4, block)", clone::journey_clone),
         ("a drive failing under a running pod; a drive released", journey_failure),
+        ("kubectl drivelet: tables as ctl's, cordon, uncordon, release through the Drive spec", drive_actions::journey_drive_actions),
         ("clean-up: nothing left behind", journey_cleanup),
     ];
     let mut failed = None;
