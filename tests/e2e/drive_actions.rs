@@ -157,10 +157,11 @@ pub(super) fn journey_drive_actions(ctx: &mut Ctx) -> Check {
     let d = ctl_drives()?.into_iter().find(|d| d["id"] == drive.as_str()).unwrap_or_default();
     ensure(d["usage"] == "cordoned", || format!("ctl drives: {d}"))?;
     // spec.action is the plugin's: drivelet's field manager never owns it.
-    let fields = obj["metadata"]["managedFields"].as_array().cloned().unwrap_or_default();
+    let full = get_json(&["get", "drive", &name, "--show-managed-fields"])?;
+    let fields = full["metadata"]["managedFields"].as_array().cloned().unwrap_or_default();
     let owner = |m: &Value| m["fieldsV1"]["f:spec"].get("f:action").is_some();
     let owners: Vec<&str> = fields.iter().filter(|m| owner(m)).filter_map(|m| m["manager"].as_str()).collect();
-    ensure(owners == ["kubectl-drivelet"], || format!("spec.action is owned by {owners:?}"))?;
+    ensure(owners == ["kubectl-drivelet"], || format!("spec.action is owned by {owners:?}: {}", full["metadata"]["managedFields"]))?;
     wait_for("the tables still match with the drive cordoned", Duration::from_secs(45), || {
         tables_match(&["drives"], &["drives"], ("PATH", Some("SIZE")))
     })?;
