@@ -16,17 +16,10 @@
 mod common;
 
 use std::io::Write;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
 use drivelet::grpc::proto::csi;
-
-fn sectors_written(dev: &Path) -> u64 {
-    let name = dev.file_name().unwrap().to_string_lossy().into_owned();
-    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).expect("disk stat");
-    stat.split_whitespace().nth(6).expect("field 7").parse().expect("a number")
-}
 
 fn clone_req(name: &str, bytes: u64, cap: csi::VolumeCapability, source: &str) -> csi::CreateVolumeRequest {
     let mut q = create_req(name, bytes, cap);

@@ -191,6 +191,8 @@ fn make_drives(dir: &Path, volumes: usize, drives: usize) -> (Vec<PathBuf>, Vec<
                 adopted: None,
                 lost: false,
                 clone_of: None,
+                restored_from: None,
+                snapshot: None,
             });
         }
     }

@@ -118,6 +118,13 @@ impl Endpoints {
             }
             g.volumes = volumes;
         }
+        if let Some(Ok(snaps)) = ask(&self.volumes, crate::actors::volumes::ListSnapshots).await {
+            for s in snaps {
+                let e = g.snapshots.entry(s.state.as_str().to_string()).or_default();
+                e.0 += 1;
+                e.1 += s.size;
+            }
+        }
         if let Some(q) = &self.attach {
             if let Some(s) = ask(q, GetQueueStats::default()).await {
                 g.attach = Some((s.waiting, s.running, s.retries, s.relists));

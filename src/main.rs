@@ -418,6 +418,12 @@ enum CtlCmd {
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// List every snapshot with its source volume, drive, size, state and time taken.
+    Snapshots {
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Drive replacement: `drive release ID` stops new volumes on a drive and marks it
     /// released once its volumes are deleted; `drive cordon ID` only stops new volumes
     /// (`drive uncordon ID` undoes it).
@@ -542,6 +548,13 @@ fn ctl(config: Option<PathBuf>, socket: Option<PathBuf>, cmd: CtlCmd) -> anyhow:
                     let details = rt.block_on(drivelet::cli::ctl::volume_details(&socket))?;
                     print!("{}", drivelet::cli::ctl::volumes_table(&vols, &details))
                 }
+            }
+        }
+        CtlCmd::Snapshots { output } => {
+            let snaps = rt.block_on(drivelet::cli::ctl::snapshots(&socket))?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&snaps).context("encode")?),
+                Output::Table => print!("{}", drivelet::cli::ctl::snapshots_table(&snaps)),
             }
         }
         CtlCmd::Migrate { .. } => {}

@@ -149,6 +149,8 @@ pub(crate) struct Gauges {
     pub drives: BTreeMap<(String, String, String), u64>,
     /// Volumes by (state, condition).
     pub volumes: BTreeMap<(String, String), u64>,
+    /// Snapshots by state: (how many, bytes they take on the drives).
+    pub snapshots: BTreeMap<String, (u64, u64)>,
     /// Attach queue, when it runs: (waiting, running, retries, relists).
     pub attach: Option<(usize, usize, u64, u64)>,
     /// `/readyz` would answer ready.
@@ -203,6 +205,14 @@ pub(crate) fn render(c: &Counters, g: &Gauges) -> String {
     header(&mut out, "drivelet_volumes", "gauge", "Volumes, by state and condition.");
     for ((state, condition), n) in &g.volumes {
         let _ = writeln!(out, "drivelet_volumes{{state=\"{}\",condition=\"{}\"}} {n}", esc(state), esc(condition));
+    }
+    header(&mut out, "drivelet_snapshots", "gauge", "Snapshots, by state.");
+    for (state, (n, _)) in &g.snapshots {
+        let _ = writeln!(out, "drivelet_snapshots{{state=\"{}\"}} {n}", esc(state));
+    }
+    header(&mut out, "drivelet_snapshot_bytes", "gauge", "Bytes snapshots take on the drives, by state.");
+    for (state, (_, bytes)) in &g.snapshots {
+        let _ = writeln!(out, "drivelet_snapshot_bytes{{state=\"{}\"}} {bytes}", esc(state));
     }
     header(&mut out, "drivelet_csi_requests_total", "counter", "CSI requests served, by method and gRPC code.");
     for ((method, code), n) in &c.rpcs {
@@ -277,10 +287,13 @@ mod tests {
         let mut g = Gauges { ready: true, ..Default::default() };
         g.drives.insert(("managed".into(), "good".into(), "active".into()), 2);
         g.volumes.insert(("published".into(), "abnormal".into()), 1);
+        g.snapshots.insert("ready".into(), (2, 3 << 20));
         let text = render(&Counters::default(), &g);
         assert!(text.contains("drivelet_ready 1\n"));
         assert!(text.contains("drivelet_drives{class=\"managed\",health=\"good\",usage=\"active\"} 2\n"));
         assert!(text.contains("drivelet_volumes{state=\"published\",condition=\"abnormal\"} 1\n"));
+        assert!(text.contains("drivelet_snapshots{state=\"ready\"} 2\n"));
+        assert!(text.contains("drivelet_snapshot_bytes{state=\"ready\"} 3145728\n"));
         assert!(!text.contains("drivelet_attach_queue_depth"));
         g.attach = Some((3, 1, 7, 2));
         let text = render(&Counters::default(), &g);

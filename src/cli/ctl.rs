@@ -101,6 +101,53 @@ pub async fn volume_details(socket: &Path) -> Result<Vec<VolumeDetail>, CtlError
     }
 }
 
+/// Fetches the snapshot list.
+pub async fn snapshots(socket: &Path) -> Result<Vec<crate::actors::volumes::snapshot::SnapshotRecord>, CtlError> {
+    match request(socket, &AdminRequest::Snapshots).await? {
+        AdminResponse::Snapshots(s) => Ok(s),
+        AdminResponse::Error(e) => Err(CtlError::Agent(e)),
+        other => Err(CtlError::Agent(format!("unexpected answer {other:?}"))),
+    }
+}
+
+/// Renders snapshots as an aligned table: SIZE is the data it holds (the smallest
+/// restore), ON DRIVE what it takes there.
+pub fn snapshots_table(snaps: &[crate::actors::volumes::snapshot::SnapshotRecord]) -> String {
+    let header = ["ID", "NAME", "SOURCE VOLUME", "DRIVE", "SIZE", "ON DRIVE", "KIND", "STATE", "TAKEN", "WHY"];
+    let rows: Vec<Vec<String>> = snaps
+        .iter()
+        .map(|s| {
+            let kind = if s.block { "block".to_string() } else if s.fs_type.is_empty() { "fs (empty)".to_string() } else { s.fs_type.clone() };
+            let secs = s.created_unix_nanos.div_euclid(1_000_000_000);
+            let taken = i64::try_from(crate::actors::volumes::book::now_unix()).map(|now| format!("{} ago", human_age(now - secs))).unwrap_or_default();
+            vec![
+                s.id.clone(),
+                s.name.clone(),
+                s.source_volume_id.clone(),
+                s.drive_id.clone(),
+                human_bytes(s.restore_size),
+                human_bytes(s.size),
+                kind,
+                s.state.as_str().to_string(),
+                taken,
+                s.unusable.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    table(&header, &rows)
+}
+
+/// An age in the largest whole unit: 40s, 5m, 3h, 2d.
+fn human_age(secs: i64) -> String {
+    match secs.max(0) {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+
 /// The USED column: the bytes a staged filesystem uses, else `-`.
 pub(crate) fn used_words(used: Option<u64>) -> String {
     used.map(human_bytes).unwrap_or_else(|| "-".into())

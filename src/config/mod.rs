@@ -241,6 +241,11 @@ pub struct VolumesConfig {
     /// (size string): what a restart zeroes again at most.
     #[serde(deserialize_with = "de_size")]
     pub cleaning_step: u64,
+    /// The longest a snapshot may hold a frozen filesystem's writers (a snapshot class
+    /// with `drivelet.io/freeze: "true"`): past it the filesystem is thawed and the
+    /// snapshot fails, never torn.
+    #[serde(deserialize_with = "de_duration")]
+    pub freeze_limit: Duration,
 }
 
 impl Default for VolumesConfig {
@@ -252,6 +257,7 @@ impl Default for VolumesConfig {
             clean_blank_drives: true,
             cleaning_wait: Duration::from_secs(30),
             cleaning_step: 1 << 30,
+            freeze_limit: Duration::from_secs(10),
         }
     }
 }

@@ -118,7 +118,7 @@ pub fn dirty_of(journal: Option<&[Extent]>, free: &[Extent]) -> Vec<Extent> {
 }
 
 /// CRC-32 (ISO-HDLC, as GPT uses).
-fn crc32(bytes: &[u8]) -> u32 {
+pub(crate) fn crc32(bytes: &[u8]) -> u32 {
     static TABLE: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
     let t = TABLE.get_or_init(|| {
         let mut t = [0u32; 256];

@@ -106,10 +106,33 @@ pub(crate) fn fs_uuid(dev: &Path) -> Result<Option<String>, DiskError> {
 /// mount namespace of its own: a namespace holds a copy of every mount of the node for
 /// as long as the copy runs, and an unstaged volume's filesystem would stay alive in it
 /// (a mount read-only or a wipe of that volume meanwhile found it busy).
-pub(crate) fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str) -> Result<(), DiskError> {
-    match fs_type {
-        "ext4" => tool("e2image", Command::new("e2image").arg("-ra").arg(src).arg(dst), src, &[]),
-        "xfs" => {
+///
+/// `frozen`: the source is mounted there and frozen ([`super::freeze`]), so its device
+/// reads as a consistent filesystem whose xfs log may still need replaying: ext4 is
+/// copied with `e2image -raf` (the tool refuses a mounted source otherwise); xfs, whose
+/// copy tool refuses a dirty log, is copied extent by extent, every extent the
+/// filesystem's space map (`GETFSMAP`, through `xfs_io -c fsmap`) does not call free
+/// (what `xfs_copy` would copy), and its log is replayed on the copy by a mount in a
+/// namespace of its own.
+pub(crate) fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str, frozen: Option<&Path>) -> Result<(), DiskError> {
+    match (fs_type, frozen) {
+        ("ext4", Some(_)) => tool("e2image", Command::new("e2image").arg("-raf").arg(src).arg(dst), src, &[]),
+        ("ext4", None) => tool("e2image", Command::new("e2image").arg("-ra").arg(src).arg(dst), src, &[]),
+        ("xfs", Some(mounted)) => {
+            let out = fs::run("xfs_io", Command::new("xfs_io").args(["-r", "-c", "fsmap -d"]).arg(mounted))?;
+            if !out.status.success() {
+                return Err(fs::tool_error("xfs_io", mounted, &out));
+            }
+            let used = used_extents(&String::from_utf8_lossy(&out.stdout)).ok_or_else(|| DiskError::Tool {
+                tool: "xfs_io".into(),
+                message: format!("cannot read the space map of {}: {}", mounted.display(), String::from_utf8_lossy(&out.stdout)),
+            })?;
+            copy_ranges(src, dst, &used)?;
+            sync(dst)?;
+            let script = r#"mkdir /var/tmp/m && mount -t xfs -o nouuid "$1" /var/tmp/m && umount /var/tmp/m"#;
+            in_private_namespace("mount", script, &[dst], dst)
+        }
+        ("xfs", None) => {
             static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
             let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let log = std::env::temp_dir().join(format!("drivelet-xfs_copy-{}-{n}.log", std::process::id()));
@@ -117,14 +140,55 @@ pub(crate) fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str) -> Result<(
             let _ = std::fs::remove_file(&log);
             r
         }
-        other => Err(DiskError::invalid(format!("cannot copy a {other:?} filesystem from {}: supported are ext4 and xfs", src.display()))),
+        (other, _) => Err(DiskError::invalid(format!("cannot copy a {other:?} filesystem from {}: supported are ext4 and xfs", src.display()))),
     }
 }
 
-/// Copies every byte of `src` onto the start of `dst` (at least as large); answers the
-/// bytes copied.
-pub(crate) fn copy_bytes(src: &Path, dst: &Path) -> Result<u64, DiskError> {
-    let len = fs::device_size(src)?;
+/// The extents `(start, len)` in bytes that a space map (`xfs_io -c "fsmap -d"`: lines
+/// `N: MAJ:MIN [FIRST..LAST]: OWNER LENGTH`, in 512-byte units) does not call free
+/// space; `None` when a line cannot be read or nothing is listed.
+pub(crate) fn used_extents(map: &str) -> Option<Vec<(u64, u64)>> {
+    let mut used = Vec::new();
+    let mut seen = false;
+    for line in map.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let open = line.find('[')?;
+        let close = line[open..].find(']')? + open;
+        let (a, b) = line[open + 1..close].split_once("..")?;
+        let (a, b): (u64, u64) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+        seen = true;
+        let owner = line[close + 1..].trim_start_matches(':').trim();
+        if !owner.starts_with("free space") && b >= a {
+            used.push((a * 512, (b - a + 1) * 512));
+        }
+    }
+    seen.then_some(used)
+}
+
+/// Copies the byte ranges `(start, len)` of `src` onto the same places of `dst`.
+fn copy_ranges(src: &Path, dst: &Path, ranges: &[(u64, u64)]) -> Result<u64, DiskError> {
+    use std::os::unix::fs::FileExt;
+    let from = File::open(src).map_err(DiskError::io(format!("open {}", src.display())))?;
+    let to = OpenOptions::new().write(true).open(dst).map_err(DiskError::io(format!("open {}", dst.display())))?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut done = 0u64;
+    for &(start, len) in ranges {
+        let mut at = start;
+        while at < start + len {
+            let want = ((start + len - at) as usize).min(CHUNK);
+            from.read_exact_at(&mut buf[..want], at).map_err(DiskError::io(format!("read {} at byte {at}", src.display())))?;
+            to.write_all_at(&buf[..want], at).map_err(DiskError::io(format!("write {} at byte {at}", dst.display())))?;
+            at += want as u64;
+            done += want as u64;
+        }
+    }
+    Ok(done)
+}
+
+/// Copies the first `len` bytes of `src` (every byte when `None`) onto the start of
+/// `dst` (at least as large); answers the bytes copied.
+pub(crate) fn copy_bytes(src: &Path, dst: &Path, len: Option<u64>) -> Result<u64, DiskError> {
+    let whole = fs::device_size(src)?;
+    let len = len.map_or(whole, |l| l.min(whole));
     let room = fs::device_size(dst)?;
     if room < len {
         return Err(DiskError::invalid(format!("{} holds {room} bytes, less than the {len} of {}", dst.display(), src.display())));
@@ -193,9 +257,17 @@ mod tests {
 
     #[test]
     fn only_ext4_and_xfs_are_copied_as_filesystems() {
-        let err = copy_filesystem(Path::new("/dev/null"), Path::new("/dev/zero"), "btrfs").unwrap_err();
+        let err = copy_filesystem(Path::new("/dev/null"), Path::new("/dev/zero"), "btrfs", None).unwrap_err();
         assert!(err.to_string().contains("btrfs") && err.to_string().contains("/dev/null"), "{err}");
         let err = finish_filesystem(Path::new("/dev/null"), "vfat", None, false).unwrap_err();
         assert!(err.to_string().contains("vfat"), "{err}");
+    }
+
+    #[test]
+    fn the_used_extents_are_what_the_space_map_does_not_call_free() {
+        let map = "\t0: 7:0 [0..79]: unknown 80\n\t1: 7:0 [80..127]: free space 48\n\t2: 7:0 [128..41151]: unknown 41024\n\t3: 7:0 [41152..524287]: free space 483136\n";
+        assert_eq!(used_extents(map), Some(vec![(0, 80 * 512), (128 * 512, 41024 * 512)]));
+        assert_eq!(used_extents(""), None);
+        assert_eq!(used_extents("garbage"), None);
     }
 }

@@ -6,6 +6,8 @@
 pub mod blkpg;
 pub mod clean;
 pub(crate) mod copy;
+pub mod freeze;
+pub mod snapshot_note;
 pub mod fs;
 pub mod gpt;
 pub mod lock;

@@ -32,6 +32,8 @@ pub enum AdminRequest {
     Volumes,
     /// List every volume as an admin's listing shows it: used bytes and health too.
     VolumeDetails,
+    /// List every snapshot.
+    Snapshots,
     /// Release a drive: no new volumes; released once empty (or at once with force,
     /// failing the volumes left on it).
     ReleaseDrive {
@@ -102,6 +104,8 @@ pub enum AdminResponse {
     Volumes(Vec<VolumeRecord>),
     /// The volumes as an admin's listing shows them.
     VolumeDetails(Vec<VolumeDetail>),
+    /// The snapshot list.
+    Snapshots(Vec<crate::actors::volumes::snapshot::SnapshotRecord>),
     /// The adopted volume.
     Adopted(Box<VolumeRecord>),
     /// The fail point that was armed.
@@ -168,6 +172,11 @@ async fn answer(front: &Front, line: &str) -> AdminResponse {
         Ok(AdminRequest::FailPoint { name, actions }) => match crate::failpoint::arm_failure(&name, &actions) {
             Ok(()) => AdminResponse::Armed(name),
             Err(e) => AdminResponse::Error(e),
+        },
+        Ok(AdminRequest::Snapshots) => match front.volumes.send(crate::actors::volumes::ListSnapshots).await {
+            Ok(Ok(s)) => AdminResponse::Snapshots(s),
+            Ok(Err(e)) => AdminResponse::Error(e.to_string()),
+            Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
         },
         Ok(AdminRequest::Volumes) => match front.volumes.send(ListVolumes).await {
             Ok(v) => AdminResponse::Volumes(v),

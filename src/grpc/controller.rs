@@ -4,7 +4,7 @@
 //! - `ControllerGetCapabilities` lists only implemented RPCs: CREATE_DELETE_VOLUME,
 //!   PUBLISH_UNPUBLISH_VOLUME, GET_CAPACITY, SINGLE_NODE_MULTI_WRITER, LIST_VOLUMES,
 //!   LIST_VOLUMES_PUBLISHED_NODES, GET_VOLUME, VOLUME_CONDITION, EXPAND_VOLUME,
-//!   CLONE_VOLUME, and, only with `driver.advertise_volume_health`, CSI v1.13's
+//!   CLONE_VOLUME, CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS, and, only with `driver.advertise_volume_health`, CSI v1.13's
 //!   LIST_VOLUME_HEALTH and GET_VOLUME_HEALTH ([`super::volume_health`] serves those two RPCs
 //!   either way) (not PUBLISH_READONLY: read-only access is the SINGLE_NODE_READER_ONLY mode, enforced on
 //!   the node);
@@ -40,16 +40,25 @@
 //!   unknown on this node NOT_FOUND, one of another access type or filesystem
 //!   INVALID_ARGUMENT, `limit_bytes` below its size OUT_OF_RANGE, one mounted
 //!   read-write FAILED_PRECONDITION; the same name with another source
-//!   ALREADY_EXISTS; the volume answered carries its `content_source`); snapshot
-//!   sources and mutable parameters are refused with INVALID_ARGUMENT because they
-//!   are not advertised;
+//!   ALREADY_EXISTS; the volume answered carries its `content_source`); a snapshot
+//!   source restores it (unknown: NOT_FOUND; of another kind INVALID_ARGUMENT; smaller
+//!   than the snapshot OUT_OF_RANGE; on an absent or failing drive
+//!   FAILED_PRECONDITION); mutable parameters are refused with INVALID_ARGUMENT because
+//!   MODIFY_VOLUME is not advertised;
+//! - `CreateSnapshot` is idempotent by name (the same source: the same snapshot, ready;
+//!   another: ALREADY_EXISTS); a source unknown here NOT_FOUND; one mounted read-write
+//!   FAILED_PRECONDITION unless the class asks for a freeze; `DeleteSnapshot` of an
+//!   unknown id succeeds; `ListSnapshots` pages in id order like `ListVolumes` and
+//!   filters by snapshot id or source volume (an unknown one: an empty list);
+//!   `GetSnapshot` (GET_SNAPSHOT, alpha) is not served;
 //! - `DeleteVolume` of an unknown volume succeeds; of a staged, node-published or
 //!   attached (controller-published) one is FAILED_PRECONDITION;
 //! - `ValidateVolumeCapabilities` confirms only what the volume can serve;
 //! - `GetCapacity` reports the bytes that volumes matching the parameters, capabilities
 //!   and topology could use, with `maximum_volume_size` = the largest free extent; a
-//!   topology that does not include this node, or a capability drivelet cannot serve,
-//!   gets 0 (not an error);
+//!   topology that does not include this node, a capability drivelet cannot serve, or
+//!   a class filesystem (`csi.storage.k8s.io/fstype`) it cannot make gets 0 (not an
+//!   error);
 //! - secrets are never read or logged; malformed input is INVALID_ARGUMENT;
 //! - `ListVolumes` and `GetCapacity` answer from the volume manager's published view
 //!   (`actors::volumes::view`), one consistent moment of its book, without a message.
@@ -67,8 +76,10 @@ use super::Front;
 use crate::actors::volumes::GetCapacity;
 use crate::actors::volumes::model::{minimum_size, CapacityRange, VolumeRecord};
 use crate::actors::volumes::conditions::Condition;
+use crate::actors::volumes::snapshot::SnapshotRecord;
 use crate::actors::volumes::{
-    AttachVolume, CreateVolume, DeleteVolume, DetachVolume, ExpandVolume, GetVolume, GetVolumeStatus,
+    AttachVolume, CreateSnapshot, CreateVolume, DeleteSnapshot, DeleteVolume, DetachVolume, ExpandVolume, GetVolume, GetVolumeStatus,
+    ListSnapshots,
 };
 use crate::words::LayoutKind;
 
@@ -145,20 +156,36 @@ pub(crate) fn range_of(r: Option<&csi::CapacityRange>) -> Result<CapacityRange, 
     Ok(CapacityRange { required: r.required_bytes as u64, limit: r.limit_bytes as u64 })
 }
 
-/// The volume a CreateVolume clones, if it names one; snapshots are refused
-/// (CREATE_DELETE_SNAPSHOT is not offered).
-pub(crate) fn source_of(src: Option<&csi::VolumeContentSource>) -> Result<Option<String>, Status> {
+/// The volume a CreateVolume clones or the snapshot it restores, if it names one, and
+/// whether it is a snapshot.
+pub(crate) fn source_of(src: Option<&csi::VolumeContentSource>) -> Result<Option<(String, bool)>, Status> {
     use csi::volume_content_source::Type;
     let Some(src) = src else { return Ok(None) };
     match &src.r#type {
         None => Err(invalid("volume_content_source names neither a snapshot nor a volume")),
-        Some(Type::Snapshot(_)) => Err(invalid(
-            "volume_content_source names a snapshot: drivelet does not take snapshots (CREATE_DELETE_SNAPSHOT is not offered); clone the volume itself instead",
-        )),
+        Some(Type::Snapshot(s)) => {
+            check_id("volume_content_source.snapshot.snapshot_id", &s.snapshot_id)?;
+            Ok(Some((s.snapshot_id.clone(), true)))
+        }
         Some(Type::Volume(v)) => {
             check_id("volume_content_source.volume.volume_id", &v.volume_id)?;
-            Ok(Some(v.volume_id.clone()))
+            Ok(Some((v.volume_id.clone(), false)))
         }
+    }
+}
+
+/// The CSI form of a snapshot.
+pub(crate) fn snapshot_of(s: &SnapshotRecord) -> csi::Snapshot {
+    csi::Snapshot {
+        size_bytes: i64::try_from(s.restore_size).unwrap_or(i64::MAX),
+        snapshot_id: s.id.clone(),
+        source_volume_id: s.source_volume_id.clone(),
+        creation_time: Some(prost_types::Timestamp {
+            seconds: s.created_unix_nanos.div_euclid(1_000_000_000),
+            nanos: s.created_unix_nanos.rem_euclid(1_000_000_000) as i32,
+        }),
+        ready_to_use: s.is_ready(),
+        group_snapshot_id: String::new(),
     }
 }
 
@@ -184,9 +211,15 @@ impl ControllerService {
             capacity_bytes: i64::try_from(rec.size).unwrap_or(i64::MAX),
             volume_id: rec.id.clone(),
             volume_context: context_of(rec),
-            content_source: rec.clone_of.as_ref().map(|id| csi::VolumeContentSource {
-                r#type: Some(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: id.clone() })),
-            }),
+            content_source: match (&rec.clone_of, &rec.restored_from) {
+                (_, Some(id)) => Some(csi::VolumeContentSource {
+                    r#type: Some(csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: id.clone() })),
+                }),
+                (Some(id), None) => Some(csi::VolumeContentSource {
+                    r#type: Some(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: id.clone() })),
+                }),
+                (None, None) => None,
+            },
             accessible_topology: vec![csi::Topology { segments: self.0.topology.clone() }],
         }
     }
@@ -233,7 +266,9 @@ impl Controller for ControllerService {
         if self.0.cfg.driver.advertise_volume_health {
             types.extend([Type::ListVolumeHealth, Type::GetVolumeHealth]);
         }
-        types.push(Type::CloneVolume);
+        // Not GET_SNAPSHOT (alpha, and unknown to the community conformance suite
+        // v5.4.0): GetSnapshot answers UNIMPLEMENTED.
+        types.extend([Type::CloneVolume, Type::CreateDeleteSnapshot, Type::ListSnapshots]);
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse { capabilities: types.into_iter().map(rpc).collect() }))
     }
 
@@ -249,6 +284,8 @@ impl Controller for ControllerService {
         let range = range_of(req.capacity_range.as_ref())?;
         let params = VolumeParams::parse(&req.parameters)?;
         let source = source_of(req.volume_content_source.as_ref())?;
+        let from_snapshot = source.as_ref().is_some_and(|(_, snap)| *snap);
+        let source = source.map(|(id, _)| id);
         if !req.mutable_parameters.is_empty() {
             let mut keys: Vec<String> = req.mutable_parameters.keys().map(|k| echo(k)).collect();
             keys.sort();
@@ -280,6 +317,7 @@ impl Controller for ControllerService {
                 fs_type,
                 parameters,
                 source,
+                from_snapshot,
             })
             .await
             .map_err(FrontError::mailbox("volume manager"))??;
@@ -410,16 +448,9 @@ impl Controller for ControllerService {
         req: Request<csi::ListVolumesRequest>,
     ) -> Result<Response<csi::ListVolumesResponse>, Status> {
         let req = req.into_inner();
-        if req.max_entries < 0 {
-            return Err(invalid(format!("max_entries is {}; it must be 0 (no limit) or more", req.max_entries)));
-        }
-        let after = if req.starting_token.is_empty() {
-            None
-        } else {
-            Some(self.0.parse_token(&req.starting_token).ok_or_else(|| FrontError::BadToken { token: req.starting_token.clone() })?)
-        };
+        let (max, after) = self.0.page_start(req.max_entries, &req.starting_token)?;
         let view = self.0.views.book()?;
-        let (page, next) = view.page(after.as_deref(), req.max_entries as usize)?;
+        let (page, next) = view.page(after.as_deref(), max)?;
         Ok(Response::new(csi::ListVolumesResponse {
             entries: page
                 .iter()
@@ -515,6 +546,13 @@ impl Controller for ControllerService {
         if let Some(t) = &req.accessible_topology {
             servable &= self.0.topology_matches(t);
         }
+        // The StorageClass's filesystem (the external-provisioner's capacity tracking
+        // passes the class's parameters and no capabilities): one drivelet cannot make
+        // has no capacity, and xfs has its larger minimum.
+        let class_fs = req.parameters.get("csi.storage.k8s.io/fstype").filter(|f| !f.is_empty());
+        if let Some(fs) = class_fs {
+            servable &= matches!(fs.as_str(), "ext4" | "xfs");
+        }
         // The smallest volume the capabilities allow: xfs needs 300 MiB, ext4 16 MiB.
         let minimum = req
             .volume_capabilities
@@ -526,6 +564,7 @@ impl Controller for ControllerService {
                 }
                 _ => minimum_size(true, ""),
             })
+            .chain(class_fs.map(|fs| minimum_size(false, fs)))
             .max()
             .unwrap_or_else(|| minimum_size(true, "")) as i64;
         let zero = || csi::GetCapacityResponse {
@@ -543,4 +582,80 @@ impl Controller for ControllerService {
             minimum_volume_size: Some(minimum),
         }))
     }
+
+    #[instrument(skip_all, fields(csi.method = "CreateSnapshot", snapshot.name, volume.id), err)]
+    async fn create_snapshot(
+        &self,
+        req: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        let req = req.into_inner();
+        check_id("name", &req.name)?;
+        tracing::Span::current().record("snapshot.name", req.name.as_str());
+        check_id("source_volume_id", &req.source_volume_id)?;
+        tracing::Span::current().record("volume.id", req.source_volume_id.as_str());
+        let parameters: BTreeMap<String, String> = req
+            .parameters
+            .iter()
+            .filter(|(k, _)| !k.starts_with("csi.storage.k8s.io/"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let snap = self
+            .0
+            .volumes
+            .send(CreateSnapshot { name: req.name, source_volume_id: req.source_volume_id, parameters })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::CreateSnapshotResponse { snapshot: Some(snapshot_of(&snap)) }))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "DeleteSnapshot", snapshot.id), err)]
+    async fn delete_snapshot(
+        &self,
+        req: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        let req = req.into_inner();
+        check_id("snapshot_id", &req.snapshot_id)?;
+        tracing::Span::current().record("snapshot.id", req.snapshot_id.as_str());
+        self.0
+            .volumes
+            .send(DeleteSnapshot { snapshot_id: req.snapshot_id })
+            .await
+            .map_err(FrontError::mailbox("volume manager"))??;
+        Ok(Response::new(csi::DeleteSnapshotResponse {}))
+    }
+
+    #[instrument(skip_all, fields(csi.method = "ListSnapshots"), err)]
+    async fn list_snapshots(
+        &self,
+        req: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        let req = req.into_inner();
+        let (max, after) = self.0.page_start(req.max_entries, &req.starting_token)?;
+        let all = self.0.volumes.send(ListSnapshots).await.map_err(FrontError::mailbox("volume manager"))??;
+        let chosen = all.iter().filter(|s| {
+            (req.snapshot_id.is_empty() || s.id == req.snapshot_id)
+                && (req.source_volume_id.is_empty() || s.source_volume_id == req.source_volume_id)
+                && after.as_deref().is_none_or(|a| s.id.as_str() > a)
+        });
+        let (page, next) = page_of(chosen, max);
+        Ok(Response::new(csi::ListSnapshotsResponse {
+            entries: page.into_iter().map(|s| csi::list_snapshots_response::Entry { snapshot: Some(snapshot_of(s)) }).collect(),
+            next_token: next.map(|id| self.0.token(&id)).unwrap_or_default(),
+        }))
+    }
+}
+
+/// At most `max` (0: all) of `items` (in id order), and the id of the last one given
+/// when more follow.
+fn page_of<'a>(items: impl Iterator<Item = &'a SnapshotRecord>, max: usize) -> (Vec<&'a SnapshotRecord>, Option<String>) {
+    let max = if max == 0 { usize::MAX } else { max };
+    let mut out = Vec::new();
+    for s in items {
+        if out.len() == max {
+            let next = out.last().map(|s: &&SnapshotRecord| s.id.clone());
+            return (out, next);
+        }
+        out.push(s);
+    }
+    (out, None)
 }

@@ -196,6 +196,20 @@ impl Front {
         parse_list_token(self.token_nonce, t)
     }
 
+    /// Where a paged list starts and how long a page is (0: no limit), from its
+    /// `max_entries` and `starting_token`: a negative size is INVALID_ARGUMENT, a
+    /// malformed or stale token ABORTED. One rule for every list RPC.
+    pub(crate) fn page_start(&self, max_entries: i32, starting_token: &str) -> Result<(usize, Option<String>), tonic::Status> {
+        let max = usize::try_from(max_entries).map_err(|_| {
+            tonic::Status::from(status::FrontError::InvalidArgument(format!("max_entries is {max_entries}; it must be 0 (no limit) or more")))
+        })?;
+        if starting_token.is_empty() {
+            return Ok((max, None));
+        }
+        let after = self.parse_token(starting_token).ok_or_else(|| status::FrontError::BadToken { token: starting_token.to_string() })?;
+        Ok((max, Some(after)))
+    }
+
     /// Whether a requested topology includes this node: every segment it names must be
     /// one of ours with the same value.
     pub fn topology_matches(&self, t: &proto::csi::Topology) -> bool {

@@ -82,9 +82,9 @@ pub(crate) fn echo(input: &str) -> String {
 impl From<VolumeError> for Status {
     fn from(e: VolumeError) -> Status {
         let code = match &e {
-            VolumeError::NotFound { .. } | VolumeError::PathNotFound { .. } | VolumeError::SourceNotFound { .. } => Code::NotFound,
+            VolumeError::NotFound { .. } | VolumeError::PathNotFound { .. } | VolumeError::SourceNotFound { .. } | VolumeError::SnapshotNotFound { .. } => Code::NotFound,
             VolumeError::InvalidArgument { .. } | VolumeError::SourceIncompatible { .. } => Code::InvalidArgument,
-            VolumeError::AlreadyExists { .. } => Code::AlreadyExists,
+            VolumeError::AlreadyExists { .. } | VolumeError::SnapshotNameTaken { .. } => Code::AlreadyExists,
             VolumeError::ResourceExhausted { .. } => Code::ResourceExhausted,
             VolumeError::OutOfRange { .. } | VolumeError::CloneTooSmall { .. } => Code::OutOfRange,
             // The volume's state (or its drive's) does not allow the call.
@@ -118,6 +118,9 @@ impl From<VolumeError> for Status {
             | VolumeError::ExpandUnfinished { .. }
             | VolumeError::CannotGrowExt4 { .. }
             | VolumeError::SourceInUse { .. }
+            | VolumeError::SnapshotSourceInUse { .. }
+            | VolumeError::SnapshotUnusable { .. }
+            | VolumeError::FreezeExpired { .. }
             | VolumeError::SourceChanged { .. } => Code::FailedPrecondition,
             // The drive holds data drivelet did not write: a fact about the drive, not a
             // fault of drivelet's (CreateVolume goes on to another drive instead).

@@ -107,17 +107,10 @@ impl Front {
         &self,
         req: csi::ControllerListVolumeHealthRequest,
     ) -> Result<Response<csi::ControllerListVolumeHealthResponse>, Status> {
-        if req.max_entries < 0 {
-            return Err(invalid(format!("max_entries is {}; it must be 0 (no limit) or more", req.max_entries)));
-        }
-        let after = if req.starting_token.is_empty() {
-            None
-        } else {
-            Some(self.parse_token(&req.starting_token).ok_or_else(|| FrontError::BadToken { token: req.starting_token.clone() })?)
-        };
+        let (max, after) = self.page_start(req.max_entries, &req.starting_token)?;
         let (page, next) = self
             .volumes
-            .send(ListVolumeStatuses { after, max: req.max_entries as usize, abnormal_only: true })
+            .send(ListVolumeStatuses { after, max, abnormal_only: true })
             .await
             .map_err(FrontError::mailbox("volume manager"))??;
         Ok(Response::new(csi::ControllerListVolumeHealthResponse {

@@ -203,6 +203,10 @@ pub(crate) struct DriveStatus {
     /// How far the action of `spec.action` is (`ActionComplete`), once an admin asked one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<DriveCondition>,
+    /// Ids of the snapshots on the disk (CSI snapshot ids: a VolumeSnapshotContent's
+    /// snapshotHandle).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<String>,
     /// Space freed on the disk that is still being zeroed before another volume may
     /// take it (not counted as capacity until then), and how far that is, in plain
     /// words: "512.0 MiB being cleaned (40% done)". Absent when nothing is.
@@ -359,6 +363,7 @@ mod tests {
             volume_details: vec![],
             free_bytes: None,
             conditions: vec![],
+            snapshots: vec![],
             cleaning: Some("512.0 MiB being cleaned (40% done)".into()),
         });
         let value = serde_json::to_value(&drive).expect("serializes");

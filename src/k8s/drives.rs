@@ -57,7 +57,7 @@ use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::actors::volumes::book::Cleaning;
 use crate::actors::volumes::{
-    volume_detail, CordonDrive, ListCleaning, ListDriveUses, ListVolumeStatuses, ListVolumes, ReleaseDrive, VolumeManager,
+    volume_detail, CordonDrive, ListCleaning, ListDriveUses, ListHeld, ListVolumeStatuses, ReleaseDrive, VolumeManager,
     VolumeStatus, VolumesReady, VolumesUsed,
 };
 use super::drive_actions::{self, Command};
@@ -220,8 +220,8 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
     for rec in volumes.iter().filter(|r| r.state != VolumeState::Creating) {
         on_drive.entry(rec.drive_id.as_str()).or_default().push(rec);
     }
-    let ids_on = |id: &str| -> Vec<String> {
-        let mut ids: Vec<String> = on_drive.get(id).into_iter().flatten().map(|r| r.id.clone()).collect();
+    let ids_on = |id: &str, snapshots: bool| -> Vec<String> {
+        let mut ids: Vec<String> = on_drive.get(id).into_iter().flatten().filter(|r| r.snapshot.is_some() == snapshots).map(|r| r.id.clone()).collect();
         ids.sort();
         ids
     };
@@ -248,7 +248,8 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             usage_reason: usage.and_then(|u| non_empty(&u.reason)),
             presence: crd::DrivePresence::Present,
             missing: false,
-            volumes: ids_on(&d.id),
+            volumes: ids_on(&d.id, false),
+            snapshots: ids_on(&d.id, true),
             cleaning: None,
             free_bytes: (d.class == DriveClass::Managed).then_some(d.free_bytes),
             volume_details: Vec::new(),
@@ -289,7 +290,8 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             usage_reason: usage.and_then(|u| non_empty(&u.reason)),
             presence: crd::DrivePresence::Missing,
             missing: true,
-            volumes: ids_on(id),
+            volumes: ids_on(id, false),
+            snapshots: ids_on(id, true),
             cleaning: None,
             free_bytes: None,
             volume_details: Vec::new(),
@@ -502,7 +504,7 @@ pub(crate) struct Sources {
     pub(crate) subscribe_volumes: Recipient<SubscribeVolumes>,
     pub(crate) volumes_ready: Recipient<VolumesReady>,
     pub(crate) uses: Recipient<ListDriveUses>,
-    pub(crate) volumes: Recipient<ListVolumes>,
+    pub(crate) volumes: Recipient<ListHeld>,
     pub(crate) cleaning: Recipient<ListCleaning>,
     pub(crate) statuses: Recipient<ListVolumeStatuses>,
     pub(crate) used: Recipient<VolumesUsed>,
@@ -557,7 +559,7 @@ async fn sync_once(node: String, sources: Sources, executor: Executor) -> Result
     let refused = act(&node, &existing, &uses, &sources).await?;
     let drives = sources.drives.send(ListDrives).await.map_err(ask("inventory", "its drives"))?;
     let uses = sources.uses.send(ListDriveUses).await.map_err(ask("volume manager", "the drive usage records"))?;
-    let volumes = sources.volumes.send(ListVolumes).await.map_err(ask("volume manager", "its volumes"))?;
+    let volumes = sources.volumes.send(ListHeld).await.map_err(ask("volume manager", "its volumes"))?;
     let cleaning = sources.cleaning.send(ListCleaning).await.map_err(ask("volume manager", "how far cleaning is"))?;
     let statuses = sources
         .statuses
@@ -1019,6 +1021,7 @@ mod tests {
                 presence: crd::DrivePresence::Present,
                 missing: false,
                 volumes: vols.iter().map(|n| volume(*n, "", VolumeState::Available).id).collect(),
+                snapshots: vec![],
                 cleaning: None,
                 free_bytes: (class == crd::DriveClass::Managed).then_some(0),
                 volume_details: Vec::new(),
@@ -1115,6 +1118,7 @@ mod tests {
                 presence: crd::DrivePresence::Missing,
                 missing: true,
                 volumes: vec![live.clone(), failed.id.clone()],
+                snapshots: vec![],
                 cleaning: None,
                 free_bytes: None,
                 volume_details: Vec::new(),

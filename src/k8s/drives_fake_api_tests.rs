@@ -26,7 +26,7 @@ use crate::actors::messages::{DriveEvent, GetInventoryStatus, InventoryStatus, L
 use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::actors::volumes::{
-    CordonDrive, ListCleaning, ListDriveUses, ListVolumeStatuses, ListVolumes, ReleaseDrive, VolumeError, VolumeStatus, VolumesReady,
+    CordonDrive, ListCleaning, ListDriveUses, ListHeld, ListVolumeStatuses, ReleaseDrive, VolumeError, VolumeStatus, VolumesReady,
     VolumesUsed,
 };
 use crate::words::{DriveClass, DriveUse, DriveUseState, Health};
@@ -313,9 +313,9 @@ impl Handler<ListCleaning> for FakeVolumes {
     }
 }
 
-impl Handler<ListVolumes> for FakeVolumes {
-    type Result = MessageResult<ListVolumes>;
-    fn handle(&mut self, _: ListVolumes, _: &mut Context<Self>) -> Self::Result {
+impl Handler<ListHeld> for FakeVolumes {
+    type Result = MessageResult<ListHeld>;
+    fn handle(&mut self, _: ListHeld, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.0.lock().expect("world lock").volumes.clone())
     }
 }

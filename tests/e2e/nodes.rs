@@ -150,9 +150,15 @@ fn agent_volume_ids(node: &str) -> Result<Vec<String>, String> {
     Ok(v.as_array().into_iter().flatten().filter_map(|v| v["id"].as_str().map(str::to_string)).collect())
 }
 
-/// GetCapacity of the fake node's agent for the suite's class parameters.
+/// GetCapacity of the fake node's agent for the suite's ext4 class parameters.
 fn agent_capacity(node: &str) -> Result<(u64, u64), String> {
-    let v = agent_json(node, &["csi", "capacity", "--param", "media=virtual", "--param", "layout=partition"])?;
+    agent_capacity_for(node, "ext4")
+}
+
+/// GetCapacity of the fake node's agent for the parameters of the suite's class of `fs`.
+fn agent_capacity_for(node: &str, fs: &str) -> Result<(u64, u64), String> {
+    let fs = format!("csi.storage.k8s.io/fstype={fs}");
+    let v = agent_json(node, &["csi", "capacity", "--param", "media=virtual", "--param", "layout=partition", "--param", &fs])?;
     Ok((v["available_capacity"].as_u64().unwrap_or(0), v["maximum_volume_size"].as_u64().unwrap_or(0)))
 }
 
@@ -356,9 +362,9 @@ fn journey_placement(st: &mut State) -> Check {
     // Each fake node's CSIStorageCapacity, per class, is what its agent's GetCapacity says.
     let t = Instant::now();
     for node in [N2, N3] {
-        let want = agent_capacity(node)?;
-        ensure(want.0 > 0 && want.1 > 0, || format!("{node}'s agent: GetCapacity answers {want:?}"))?;
-        for class in [EXT4, XFS] {
+        for (class, fs) in [(EXT4, "ext4"), (XFS, "xfs")] {
+            let want = agent_capacity_for(node, fs)?;
+            ensure(want.0 > 0 && want.1 > 0, || format!("{node}'s agent: GetCapacity for {fs} answers {want:?}"))?;
             wait(&format!("{node}'s CSIStorageCapacity of {class} equal to its GetCapacity {want:?}"), Duration::from_secs(60), || {
                 let got = capacities(class, node)?;
                 if !got.is_empty() && got.iter().all(|c| *c == want) {
@@ -368,7 +374,7 @@ fn journey_placement(st: &mut State) -> Check {
                 }
             })?;
         }
-        st.measured.insert(format!("{node} GetCapacity (available, maximum volume)"), format!("{want:?}"));
+        st.measured.insert(format!("{node} GetCapacity (available, maximum volume)"), format!("{:?}", agent_capacity(node)?));
     }
     st.measured.insert("fake nodes' CSIStorageCapacity equal to GetCapacity, seen after".into(), format!("{:.1}s", t.elapsed().as_secs_f64()));
     let (_, max2) = agent_capacity(N2)?;

@@ -275,7 +275,11 @@ fn managed_reason(p: &DiskProbe) -> String {
     };
     let ours = t.partitions.iter().filter(|q| q.is_drivelet()).count();
     let others = t.partitions.len() - ours;
-    let volumes = signature::count(ours, "volume partition");
+    let snapshots = t.partitions.iter().filter(|q| q.is_drivelet() && q.is_snapshot()).count();
+    let volumes = match snapshots {
+        0 => signature::count(ours, "volume partition"),
+        n => format!("{} and {}", signature::count(ours - n, "volume partition"), signature::count(n, "snapshot partition")),
+    };
     match others {
         0 => format!("drivelet GPT with {volumes}"),
         1 => format!("drivelet GPT with {volumes}; 1 other partition is left alone"),
@@ -354,6 +358,7 @@ mod tests {
                 name: gpt::partition_label("pvc-1"),
                 start: 1 << 20,
                 size: 1 << 30,
+                attrs: 0,
             }],
         })
     }

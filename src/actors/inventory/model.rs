@@ -60,7 +60,7 @@ pub struct Drive {
     pub diskseq: u64,
     /// For a loop device, its backing file.
     pub backing_file: Option<PathBuf>,
-    /// Number of drivelet volume partitions on it.
+    /// Number of drivelet volume partitions on it (snapshots not counted).
     pub volumes: u32,
     /// Free bytes available to new volumes (managed drives only).
     pub free_bytes: u64,
@@ -127,7 +127,13 @@ impl Drive {
     /// Builds the drive view of a probe; `None` when the device is not a drive.
     pub fn from_probe(p: &DiskProbe, usage: &HostUsage, filters: &DriveFilters, allow_loop: bool) -> Option<Drive> {
         let (class, reason) = classify::classify(p, usage, filters, allow_loop)?;
-        let volumes = p.partitions.iter().filter(|q| q.part_type == gpt::PARTITION_TYPE).count() as u32;
+        // Snapshots are drivelet partitions too, but no volumes: the table read from
+        // the disk (when there is one) tells them apart by their attribute bit.
+        let snapshots = match &p.examined {
+            Some(Ok(crate::disk::gpt::Contents::Drivelet(t))) => t.partitions.iter().filter(|q| q.is_drivelet() && q.is_snapshot()).count(),
+            _ => 0,
+        };
+        let volumes = p.partitions.iter().filter(|q| q.part_type == gpt::PARTITION_TYPE).count().saturating_sub(snapshots) as u32;
         let (free_bytes, largest_free_bytes) = if class == DriveClass::Managed {
             let used: Vec<(u64, u64)> = p.partitions.iter().map(|q| (q.start, q.size)).collect();
             let free = gpt::free_extents(p.size, p.logical_block_size, &used);

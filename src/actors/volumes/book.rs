@@ -25,6 +25,7 @@ pub(crate) mod claim;
 mod cleaning;
 mod clone;
 mod drives;
+mod snapshot;
 #[cfg(test)]
 mod tests;
 
@@ -132,7 +133,7 @@ impl VolumeBook {
         let volumes = self
             .records
             .values()
-            .filter(|r| r.state != VolumeState::Creating)
+            .filter(|r| r.state != VolumeState::Creating && r.is_volume())
             .map(|r| {
                 let c = self.condition_of(r);
                 let condition = if c.abnormal { Arc::new(c) } else { healthy.clone() };
@@ -257,7 +258,7 @@ impl VolumeBook {
             return Err(VolumeError::NotReady);
         }
         match self.records.get(id) {
-            Some(r) if r.state != VolumeState::Creating => Ok(r),
+            Some(r) if r.state != VolumeState::Creating && r.is_volume() => Ok(r),
             _ => Err(VolumeError::NotFound { volume_id: id.to_string() }),
         }
     }
@@ -302,7 +303,7 @@ impl VolumeBook {
         let mut out: Vec<VolumeStatus> = Vec::new();
         let mut next = None;
         for r in self.records.range((lower, Bound::Unbounded)).map(|(_, r)| r) {
-            if r.state == VolumeState::Creating {
+            if r.state == VolumeState::Creating || !r.is_volume() {
                 continue;
             }
             let condition = self.condition_of(r);
@@ -339,7 +340,7 @@ impl VolumeBook {
     /// answers the changes to tell.
     pub(crate) fn refresh(&mut self, which: impl Fn(&VolumeRecord) -> bool) -> Vec<VolumeConditionChanged> {
         let mut changed = Vec::new();
-        for rec in self.records.values().filter(|r| which(r) && r.state != VolumeState::Creating) {
+        for rec in self.records.values().filter(|r| which(r) && r.state != VolumeState::Creating && r.is_volume()) {
             let c = self.condition_of(rec);
             // Only abnormal conditions are kept: none logged means healthy.
             let change = match self.conditions.get(&rec.id) {
@@ -416,7 +417,7 @@ impl VolumeBook {
         }
     }
 
-    /// What the Drive objects show of one volume: its drive and whether it failed;
+    /// What the Drive objects show of one volume (or snapshot): its drive and whether it failed;
     /// `None` while it is unknown or still being created (never handed out).
     pub(crate) fn shown(&self, id: &str) -> Option<(String, bool)> {
         self.records.get(id).filter(|r| r.state != VolumeState::Creating).map(|r| (r.drive_id.clone(), r.failed))
@@ -502,9 +503,13 @@ impl VolumeBook {
         };
         let fs_type = clone::fs_of_clone(source.as_ref(), m, fs_type);
         let minimum = model::minimum_size(m.block, &fs_type);
-        // A clone holds at least its source; asked for no size, it gets the source's.
+        // A clone holds at least its source (a restore its snapshot's data); asked for
+        // no size, it gets that.
         let (default, minimum) = match &source {
-            Some(src) => (src.size.max(minimum), src.size.max(minimum)),
+            Some(src) => {
+                let data = src.snapshot.as_ref().map_or(src.size, |s| s.restore_size);
+                (data.max(minimum), data.max(minimum))
+            }
             None => (self.cfg.default_size, minimum),
         };
         let size = model::size_for(m.range, default, minimum).map_err(|reason| VolumeError::OutOfRange { reason })?;
@@ -532,7 +537,8 @@ impl VolumeBook {
             block: m.block,
             fs_type,
             parameters: m.parameters.clone().into(),
-            clone_of: m.source.clone(),
+            clone_of: m.source.clone().filter(|_| !m.from_snapshot),
+            restored_from: m.source.clone().filter(|_| m.from_snapshot),
             ..VolumeRecord::new(id, m.name.clone(), VolumeState::Creating, now_unix())
         }))
     }
@@ -546,7 +552,7 @@ impl VolumeBook {
 
     /// Decides a DeleteVolume: the record to delete, `None` when it is gone already.
     pub(crate) fn plan_delete(&self, id: &str) -> Option<VolumeRecord> {
-        self.records.get(id).map(|r| VolumeRecord::clone(r))
+        self.records.get(id).filter(|r| r.is_volume()).map(|r| VolumeRecord::clone(r))
     }
 
     /// Common start of a node call: ready, known; the drive when present (required
@@ -555,7 +561,7 @@ impl VolumeBook {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
-        let rec = self.records.get(id).map(|r| VolumeRecord::clone(r)).ok_or_else(|| VolumeError::NotFound { volume_id: id.to_string() })?;
+        let rec = self.records.get(id).filter(|r| r.is_volume()).map(|r| VolumeRecord::clone(r)).ok_or_else(|| VolumeError::NotFound { volume_id: id.to_string() })?;
         let loc = self.loc_of(&rec);
         if need_drive && loc.is_none() && rec.adopted.is_none() {
             return Err(VolumeError::DriveAbsent { volume_id: id.to_string(), drive_id: rec.drive_id });
@@ -657,7 +663,7 @@ impl VolumeBook {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
-        let Some(rec) = self.records.get(&m.volume_id) else { return Ok(None) };
+        let Some(rec) = self.records.get(&m.volume_id).filter(|r| r.is_volume()) else { return Ok(None) };
         let Some(attached) = rec.published_node.clone() else { return Ok(None) };
         if m.node_id.as_ref().is_some_and(|n| *n != attached) {
             return Ok(None);

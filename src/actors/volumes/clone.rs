@@ -14,7 +14,13 @@
 //! - a filesystem source that was never formatted holds no data: nothing is copied and
 //!   the clone is formatted at its first stage, like any new volume;
 //! - the source is read and never written; the caller has checked that it is not
-//!   mounted read-write and holds its claim while this runs.
+//!   mounted read-write, or asks for it to be frozen for the copy (a snapshot whose
+//!   class asks for a freeze: [`crate::disk::freeze`], bounded, the stall recorded in
+//!   the snapshot; a copy that outlives the freeze limit is an error, never kept), and
+//!   holds its claim while this runs;
+//! - the same step makes a snapshot (the target is a snapshot's partition: its data is
+//!   never grown into the note that follows it) and restores one (the source is a
+//!   snapshot: only its data, `restore_size` bytes, is copied).
 
 use std::time::Instant;
 
@@ -23,7 +29,7 @@ use tracing::info;
 use super::model::VolumeRecord;
 
 use super::VolumeError;
-use crate::disk::{blkpg, copy, fs, DiskError};
+use crate::disk::{blkpg, copy, freeze, fs, DiskError};
 use crate::failpoint::crash_point;
 use crate::words::DriveLoc;
 
@@ -34,6 +40,9 @@ pub struct CloneFrom {
     pub source: VolumeRecord,
     /// Its drive.
     pub loc: DriveLoc,
+    /// Freeze the source's filesystem, mounted at this path, for at most this long
+    /// while it is copied.
+    pub freeze: Option<(std::path::PathBuf, std::time::Duration)>,
 }
 
 fn disk(id: &str, op: &'static str) -> impl FnOnce(DiskError) -> VolumeError {
@@ -47,11 +56,24 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
     let src = &from.source;
     let id = rec.id.clone();
     let began = Instant::now();
+    let data = src.snapshot.as_ref().map_or(src.size, |s| s.restore_size);
     let kp = blkpg::ensure_kernel_partition(&from.loc.path, src.start, src.size).map_err(disk(&id, "find the source's partition"))?;
+    if let Some((path, _)) = &from.freeze {
+        if rec.block || !src.formatted || src.fs_type.is_empty() {
+            return Err(VolumeError::SnapshotSourceInUse { volume_id: src.id.clone(), path: path.clone(), block: true });
+        }
+    }
+    let frozen = match &from.freeze {
+        Some((path, limit)) => {
+            info!(volume.id = %src.id, fs.path = %path.display(), freeze.limit_millis = limit.as_millis() as u64, "freezing the filesystem for the copy");
+            Some((freeze::Frozen::freeze(path, *limit).map_err(disk(&id, "freeze the source's filesystem"))?, *limit))
+        }
+        None => None,
+    };
     copy::drop_cache(&kp.devnode).map_err(disk(&id, "read the source from the disk"))?;
     if rec.block {
-        info!(volume.id = %id, volume.source = %src.id, volume.size = src.size, "cloning a block volume, every byte");
-        let bytes = copy::copy_bytes(&kp.devnode, &dst.devnode).map_err(disk(&id, "copy the source's bytes"))?;
+        info!(volume.id = %id, volume.source = %src.id, volume.size = data, "cloning a block volume, every byte");
+        let bytes = copy::copy_bytes(&kp.devnode, &dst.devnode, Some(data)).map_err(disk(&id, "copy the source's bytes"))?;
         copy::sync(&dst.devnode).map_err(disk(&id, "flush the copy"))?;
         crash_point!("clone.copied");
         info!(volume.id = %id, volume.source = %src.id, clone.bytes = bytes, clone.millis = began.elapsed().as_millis() as u64, "volume cloned");
@@ -68,9 +90,22 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
     }
     info!(volume.id = %id, volume.source = %src.id, volume.fs = %fs_type, volume.size = rec.size, "cloning a filesystem, used blocks only");
     let uuid = copy::fs_uuid(&kp.devnode).map_err(disk(&id, "read the source's filesystem UUID"))?;
-    copy::copy_filesystem(&kp.devnode, &dst.devnode, &fs_type).map_err(disk(&id, "copy the source's filesystem"))?;
+    let copied = copy::copy_filesystem(&kp.devnode, &dst.devnode, &fs_type, frozen.as_ref().and(from.freeze.as_ref()).map(|(p, _)| p.as_path())).map_err(disk(&id, "copy the source's filesystem"));
+    if let Some((f, limit)) = frozen {
+        let thawed = f.thaw().map_err(disk(&id, "thaw the source's filesystem"))?;
+        info!(volume.id = %src.id, freeze.millis = thawed.stall.as_millis() as u64, freeze.expired = thawed.expired, "filesystem thawed");
+        if thawed.expired {
+            return Err(VolumeError::FreezeExpired { volume_id: src.id.clone(), limit_millis: limit.as_millis() as u64 });
+        }
+        if let Some(snap) = rec.snapshot.as_mut() {
+            snap.freeze_millis = Some(thawed.stall.as_millis() as u64);
+        }
+    }
+    copied?;
     crash_point!("clone.copied");
-    copy::finish_filesystem(&dst.devnode, &fs_type, uuid.as_deref(), rec.size > src.size).map_err(disk(&id, "make the copy a filesystem of its own"))?;
+    // A snapshot's data is never grown into the note that follows it.
+    let grow = rec.snapshot.is_none() && rec.size > data;
+    copy::finish_filesystem(&dst.devnode, &fs_type, uuid.as_deref(), grow).map_err(disk(&id, "make the copy a filesystem of its own"))?;
     crash_point!("clone.finished");
     rec.formatted = true;
     rec.fs_type = fs_type;

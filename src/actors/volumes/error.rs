@@ -390,6 +390,62 @@ pub enum VolumeError {
         /// The limit asked for, bytes.
         limit: u64,
     },
+    /// A snapshot of a volume in use was asked without a freeze, or of a block volume in
+    /// use (which cannot be frozen): the copy would be torn.
+    #[error(
+        "cannot snapshot volume {volume_id} now: it is {} at {}, and a copy of it taken while it is written would be torn; {}",
+        if *block { "a block device in use" } else { "mounted read-write" },
+        path.display(),
+        if *block {
+            "drivelet cannot freeze a block volume: stop the pods using it (for example scale the workload to 0) and snapshot again"
+        } else {
+            "use a VolumeSnapshotClass with the parameter drivelet.io/freeze: \"true\" to freeze its filesystem for the copy (writers pause for the copy's length), or stop the pods using it"
+        }
+    )]
+    SnapshotSourceInUse {
+        /// The source volume.
+        volume_id: String,
+        /// Where it is in use.
+        path: PathBuf,
+        /// A block volume (cannot be frozen).
+        block: bool,
+    },
+    /// A snapshot of the name exists, taken of another volume.
+    #[error("snapshot {name} already exists, taken of volume {existing_source}, not of volume {asked_source}")]
+    SnapshotNameTaken {
+        /// The CSI name.
+        name: String,
+        /// The volume it was taken of.
+        existing_source: String,
+        /// The volume asked for now.
+        asked_source: String,
+    },
+    /// No snapshot with that id on this node.
+    #[error("snapshot {snapshot_id} does not exist on this node; a volume is restored from a snapshot on the node that holds it")]
+    SnapshotNotFound {
+        /// The id asked for.
+        snapshot_id: String,
+    },
+    /// The snapshot exists but cannot be read now.
+    #[error("snapshot {snapshot_id} cannot be restored from: {reason}")]
+    SnapshotUnusable {
+        /// The snapshot.
+        snapshot_id: String,
+        /// Why, in plain words.
+        reason: String,
+    },
+    /// A copy under a freeze took longer than the freeze limit: the filesystem was
+    /// thawed at the limit and the copy discarded.
+    #[error(
+        "cannot snapshot volume {volume_id}: the copy needed longer than the freeze limit of {}, so its filesystem was thawed and the copy discarded; raise volumes.freeze_limit or stop the pods using it",
+        format!("{:.1} s", *limit_millis as f64 / 1000.0)
+    )]
+    FreezeExpired {
+        /// The source volume.
+        volume_id: String,
+        /// The limit, milliseconds.
+        limit_millis: u64,
+    },
 }
 
 impl VolumeError {

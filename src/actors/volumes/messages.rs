@@ -29,9 +29,44 @@ pub struct CreateVolume {
     pub fs_type: String,
     /// The StorageClass parameters as given.
     pub parameters: BTreeMap<String, String>,
-    /// A clone: the id of the volume whose data the new one starts with.
+    /// A clone: the id of the volume (or, with `from_snapshot`, of the snapshot) whose
+    /// data the new one starts with.
     pub source: Option<String>,
+    /// `source` names a snapshot (a restore), not a volume.
+    pub from_snapshot: bool,
 }
+
+/// Command: copy a volume's data into a snapshot of this name (or return the snapshot
+/// of the name, taken of the same volume).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<super::snapshot::SnapshotRecord, VolumeError>")]
+pub struct CreateSnapshot {
+    /// CSI name.
+    pub name: String,
+    /// The volume to copy.
+    pub source_volume_id: String,
+    /// The snapshot class's parameters (`csi.storage.k8s.io/` ones left out).
+    pub parameters: BTreeMap<String, String>,
+}
+
+/// Command: delete a snapshot (idempotent: an unknown id is done).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), VolumeError>")]
+pub struct DeleteSnapshot {
+    /// Snapshot id.
+    pub snapshot_id: String,
+}
+
+/// Query: every record of what the drives hold, volumes and snapshots (the Drive
+/// objects list both).
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "Vec<VolumeRecord>")]
+pub struct ListHeld;
+
+/// Query: every snapshot this node holds, by id.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "Result<Vec<super::snapshot::SnapshotRecord>, VolumeError>")]
+pub struct ListSnapshots;
 
 /// Command: delete a volume (idempotent).
 #[derive(Message, Debug, Clone)]

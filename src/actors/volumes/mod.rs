@@ -46,6 +46,7 @@ pub mod ops;
 pub(crate) mod placement;
 pub(crate) mod usage;
 pub(crate) mod reconcile;
+pub mod snapshot;
 pub(crate) mod startup;
 pub(crate) mod view;
 
@@ -136,6 +137,8 @@ pub struct VolumeManager {
     clean_blank_drives: bool,
     /// How long a create that fits only in space being cleaned waits for it.
     cleaning_wait: std::time::Duration,
+    /// The longest a snapshot holds a frozen filesystem.
+    freeze_limit: std::time::Duration,
 }
 
 impl VolumeManager {
@@ -146,6 +149,7 @@ impl VolumeManager {
             clean_waiters: Vec::new(),
             clean_blank_drives: cfg.clean_blank_drives,
             cleaning_wait: cfg.cleaning_wait,
+            freeze_limit: cfg.freeze_limit,
             state_dir,
             store: None,
             inventory,
@@ -346,9 +350,9 @@ impl VolumeManager {
         let Some(loc) = self.book.loc_of(&rec) else {
             return reply(Err(VolumeError::DriveGoneDuringCreate { volume_id: id, drive_id: rec.drive_id }));
         };
-        let from = match &rec.clone_of {
+        let from = match rec.clone_of.as_ref().or(rec.restored_from.as_ref()) {
             Some(src) => match self.book.clone_start(src, &m, &mut held) {
-                Ok((source, loc)) => Some(clone::CloneFrom { source, loc }),
+                Ok((source, loc)) => Some(clone::CloneFrom { source, loc, freeze: None }),
                 Err(e) => return reply(Err(e)),
             },
             None => None,
@@ -590,6 +594,68 @@ impl Handler<CreateVolume> for VolumeManager {
     }
 }
 
+impl Handler<CreateSnapshot> for VolumeManager {
+    type Result = Reply<snapshot::SnapshotRecord>;
+    fn handle(&mut self, m: CreateSnapshot, _: &mut Context<Self>) -> Self::Result {
+        let id = gpt::snapshot_partition_guid(&m.name).to_string();
+        let (claim, store) = match self.book.claim(&id).and_then(|c| Ok((c, self.store()?))) {
+            Ok(x) => x,
+            Err(e) => return reply(Err(e)),
+        };
+        let shown = |rec: &VolumeRecord| {
+            snapshot::SnapshotRecord::of(rec, None).ok_or_else(|| VolumeError::Busy { volume_id: rec.id.clone() })
+        };
+        let (rec, from) = match self.book.plan_snapshot(&m, self.freeze_limit) {
+            Ok((CreatePlan::Existing(rec), _)) => return reply(shown(&rec)),
+            Ok((CreatePlan::New(rec), Some(from))) => (rec, from),
+            Ok((CreatePlan::New(rec), None)) => return reply(Err(VolumeError::Busy { volume_id: rec.id })),
+            Err(e) => return reply(Err(e)),
+        };
+        // The source is held for the copy: no stage, unstage or delete of it meanwhile.
+        let held = match self.book.claim(&m.source_volume_id) {
+            Ok(c) => c,
+            Err(e) => return reply(Err(e)),
+        };
+        let Some(loc) = self.book.loc_of(&rec) else {
+            return reply(Err(VolumeError::DriveGoneDuringCreate { volume_id: id, drive_id: rec.drive_id }));
+        };
+        info!(snapshot.id = %rec.id, snapshot.name = %rec.name, volume.id = %m.source_volume_id, drive.id = %rec.drive_id,
+              snapshot.size = rec.size, snapshot.freeze = from.freeze.is_some(), "taking snapshot");
+        self.book.reserve(rec.clone());
+        Box::pin(self.run(claim, id, move || ops::create(&store, &loc, rec, Some(&from))).map(move |res, _, _| {
+            drop(held);
+            res.and_then(|r| shown(&r))
+        }))
+    }
+}
+
+impl Handler<DeleteSnapshot> for VolumeManager {
+    type Result = Reply<()>;
+    fn handle(&mut self, m: DeleteSnapshot, _: &mut Context<Self>) -> Self::Result {
+        let id = m.snapshot_id;
+        let (claim, store) = match self.book.claim(&id).and_then(|c| Ok((c, self.store()?))) {
+            Ok(x) => x,
+            Err(e) => return reply(Err(e)),
+        };
+        let rec = match self.book.plan_delete_snapshot(&id) {
+            Ok(Some(rec)) => rec,
+            Ok(None) => return reply(Ok(())),
+            Err(e) => return reply(Err(e)),
+        };
+        let loc = self.book.loc_of(&rec);
+        info!(snapshot.id = %id, drive.id = %rec.drive_id, "deleting snapshot");
+        let guards = self.book.guards();
+        self.run(claim, id, move || ops::delete(&store, &guards, loc.as_ref(), rec))
+    }
+}
+
+impl Handler<ListSnapshots> for VolumeManager {
+    type Result = Result<Vec<snapshot::SnapshotRecord>, VolumeError>;
+    fn handle(&mut self, _: ListSnapshots, _: &mut Context<Self>) -> Self::Result {
+        self.book.snapshots()
+    }
+}
+
 impl Handler<DeleteVolume> for VolumeManager {
     type Result = Reply<()>;
     fn handle(&mut self, m: DeleteVolume, _: &mut Context<Self>) -> Self::Result {
@@ -809,10 +875,17 @@ impl Handler<GetVolume> for VolumeManager {
     }
 }
 
+impl Handler<ListHeld> for VolumeManager {
+    type Result = MessageResult<ListHeld>;
+    fn handle(&mut self, _: ListHeld, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.book.records().cloned().collect())
+    }
+}
+
 impl Handler<ListVolumes> for VolumeManager {
     type Result = MessageResult<ListVolumes>;
     fn handle(&mut self, _: ListVolumes, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.book.records().cloned().collect())
+        MessageResult(self.book.records().filter(|r| r.is_volume()).cloned().collect())
     }
 }
 

@@ -213,6 +213,32 @@ pub struct VolumeRecord {
     /// never served); once it is `Available` the copy is complete and on disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_of: Option<String>,
+    /// Restored from this snapshot (its id): the volume started as the snapshot's copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<String>,
+    /// Not a volume but a snapshot: a read-only copy of a volume's data, never staged,
+    /// published or attached, only restored from (see [`super::snapshot`]). `size` is
+    /// its partition's: the data and one more MiB for its note.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotOf>,
+}
+
+/// What a snapshot record knows of its snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotOf {
+    /// The volume it was taken of.
+    pub source_volume_id: String,
+    /// Bytes of data (the source's size when taken): the smallest volume restored from it.
+    pub restore_size: u64,
+    /// When it was taken, nanoseconds since the epoch.
+    pub created_unix_nanos: i64,
+    /// How long the source's filesystem was frozen for the copy, when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze_millis: Option<u64>,
+    /// Freeze the source's filesystem for the copy when it is mounted read-write (the
+    /// snapshot class asked for it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub freeze: bool,
 }
 
 /// Where an adopted volume's data lives.
@@ -339,7 +365,14 @@ impl VolumeRecord {
             adopted: None,
             lost: false,
             clone_of: None,
+            restored_from: None,
+            snapshot: None,
         }
+    }
+
+    /// Whether this record is a volume (not a snapshot).
+    pub fn is_volume(&self) -> bool {
+        self.snapshot.is_none()
     }
 
     /// Published targets that are confirmed.

@@ -32,7 +32,7 @@ use nix::mount::MsFlags;
 
 use crate::disk::lock::DiskLock;
 use crate::failpoint::crash_point;
-use crate::disk::{blkpg, fs, gpt, mount, paths, DiskError};
+use crate::disk::{blkpg, fs, gpt, mount, paths, snapshot_note, DiskError};
 use crate::store::Store;
 use crate::words::DriveLoc;
 
@@ -167,7 +167,8 @@ fn create_steps(store: &Store, drive: &DriveLoc, mut rec: VolumeRecord, from: Op
     let (kp, wiped) = {
         let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
         // The new partition's signature areas are zeroed in the table's own commit.
-        let added = gpt::add_partition_wiped(&drive.path, drive.sector, rec.part_guid, &gpt::partition_label(&rec.name), rec.start, rec.size)
+        let attrs = if rec.snapshot.is_some() { gpt::SNAPSHOT_ATTR } else { 0 };
+        let added = gpt::add_partition_wiped(&drive.path, drive.sector, rec.part_guid, &gpt::partition_label(&rec.name), rec.start, rec.size, attrs)
             .map_err(disk(&rec.id, "write the partition table"))?;
         crash_point!("create.gpt_written");
         let (kp, new) = blkpg::ensure_kernel_partition_added(&drive.path, rec.start, rec.size)
@@ -184,6 +185,19 @@ fn create_steps(store: &Store, drive: &DriveLoc, mut rec: VolumeRecord, from: Op
     crash_point!("create.wiped");
     if let Some(from) = from {
         super::clone::copy(&mut rec, &kp, from)?;
+    }
+    if let Some(snap) = &rec.snapshot {
+        // The note last: a snapshot whose note reads back whole is whole.
+        let note = snapshot_note::SnapshotNote {
+            name: rec.name.clone(),
+            source_volume_id: snap.source_volume_id.clone(),
+            restore_size: snap.restore_size,
+            block: rec.block,
+            fs_type: if rec.formatted { rec.fs_type.clone() } else { String::new() },
+            created_unix_nanos: snap.created_unix_nanos,
+        };
+        snapshot_note::write(&kp.devnode, snap.restore_size, &note).map_err(disk(&rec.id, "write the snapshot's note"))?;
+        crash_point!("snapshot.noted");
     }
     rec.state = next(rec.state, Op::CreateDone).map_err(|r| VolumeError::refused(&rec, r))?;
     save(store, &rec)?;

@@ -6,7 +6,9 @@
 //!   back and the record dropped, so a retried CreateVolume starts clean;
 //! - a `Deleting` record was asked to go: the deletion is finished;
 //! - a drivelet partition with no record (the store was lost) is adopted as a volume,
-//!   named from its GPT label;
+//!   named from its GPT label; one marked as a snapshot is taken back as a snapshot,
+//!   whose note (read by the caller) names it, or rolled back when it has no whole note
+//!   (a snapshot cut short: a copy, never anyone's data);
 //! - a record whose partition sits elsewhere on its drive follows the GPT (the GPT is
 //!   the truth for location) and the disagreement is reported;
 //! - a record whose drive is absent is kept and reported; the drive may come back;
@@ -148,13 +150,25 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
             let name = q.name.strip_prefix(crate::disk::gpt::LABEL_PREFIX).unwrap_or(&q.name).to_string();
             let whole = crate::disk::gpt::usable_region(d.size_bytes, d.logical_block_size)
                 .is_some_and(|(s, e)| q.start == s && q.size == e - s);
-            p.reports.push(format!("partition {} on drive {} has no record; adopted as volume {}", q.guid, drive_id, q.guid));
+            if q.is_snapshot() {
+                p.reports.push(format!("snapshot partition {} on drive {} has no record; taken back from its note", q.guid, drive_id));
+            } else {
+                p.reports.push(format!("partition {} on drive {} has no record; adopted as volume {}", q.guid, drive_id, q.guid));
+            }
+            let snapshot = q.is_snapshot().then(|| crate::actors::volumes::model::SnapshotOf {
+                source_volume_id: String::new(),
+                restore_size: q.size.saturating_sub(crate::disk::gpt::ALIGN),
+                created_unix_nanos: 0,
+                freeze_millis: None,
+                freeze: false,
+            });
             let rec = VolumeRecord {
+                snapshot,
                 drive_id: drive_id.clone(),
                 part_guid: q.guid,
                 start: q.start,
                 size: q.size,
-                layout: if whole && parts.len() == 1 { LayoutKind::Drive } else { LayoutKind::Partition },
+                layout: if whole && parts.len() == 1 && !q.is_snapshot() { LayoutKind::Drive } else { LayoutKind::Partition },
                 media: d.media,
                 rebuilt: true,
                 ..VolumeRecord::new(q.guid.to_string(), name, VolumeState::Available, now)
@@ -185,7 +199,7 @@ mod tests {
     }
 
     fn part(r: &VolumeRecord) -> GptPartition {
-        GptPartition { guid: r.part_guid, type_guid: uuid::Uuid::nil(), name: format!("drivelet:{}", r.name), start: r.start, size: r.size }
+        GptPartition { guid: r.part_guid, type_guid: uuid::Uuid::nil(), name: format!("drivelet:{}", r.name), start: r.start, size: r.size, attrs: 0 }
     }
 
     #[test]

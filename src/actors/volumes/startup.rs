@@ -237,8 +237,45 @@ fn settle(
     for id in plan.drop {
         store.remove(&id).map_err(VolumeError::Store)?;
     }
+    // A snapshot taken back from its drive is named by its note; one without a whole
+    // note was cut short and is rolled back (it holds a copy, never anyone's data).
+    let mut unfinished = Vec::new();
+    keep.retain_mut(|rec| {
+        let Some(snap) = rec.snapshot.as_mut().filter(|s| rec.rebuilt && s.source_volume_id.is_empty()) else { return true };
+        let Some(d) = loc(&rec.drive_id) else { return true };
+        let note = crate::disk::blkpg::ensure_kernel_partition(&d.path, rec.start, rec.size)
+            .and_then(|kp| crate::disk::snapshot_note::read(&kp.devnode, snap.restore_size));
+        match note {
+            Ok(Some(n)) => {
+                info!(actor = "volumes", snapshot.id = %rec.id, snapshot.name = %n.name, volume.id = %n.source_volume_id, "snapshot taken back from its note");
+                snap.source_volume_id = n.source_volume_id;
+                snap.restore_size = n.restore_size;
+                snap.created_unix_nanos = n.created_unix_nanos;
+                rec.name = n.name;
+                rec.block = n.block;
+                rec.formatted = !n.fs_type.is_empty();
+                rec.fs_type = n.fs_type;
+                true
+            }
+            Ok(None) => {
+                warn!(actor = "volumes", snapshot.id = %rec.id, drive.id = %rec.drive_id, "a snapshot partition without a whole note: a snapshot cut short; rolling it back");
+                unfinished.push((rec.clone(), d));
+                false
+            }
+            Err(e) => {
+                warn!(actor = "volumes", snapshot.id = %rec.id, error = %e, "cannot read the snapshot's note; kept as it is");
+                true
+            }
+        }
+    });
+    for (rec, d) in unfinished {
+        if let Err(e) = ops::rollback_create(store, &d, &rec) {
+            error!(actor = "volumes", snapshot.id = %rec.id, error = %e, "cannot roll back an unfinished snapshot; kept");
+            keep.push(rec);
+        }
+    }
     for rec in keep.iter_mut() {
-        if rec.rebuilt && rec.fs_type.is_empty() && rec.state == VolumeState::Available {
+        if rec.rebuilt && rec.is_volume() && rec.fs_type.is_empty() && rec.state == VolumeState::Available {
             if let Some(d) = loc(&rec.drive_id) {
                 if let Ok(kp) = crate::disk::blkpg::ensure_kernel_partition(&d.path, rec.start, rec.size) {
                     match crate::disk::fs::probe_fs(&kp.devnode) {

@@ -112,6 +112,21 @@ pub const PARTITION_TYPE_GUID: Uuid = uuid::uuid!("df8e4bd2-b4f6-46af-b301-8bcbf
 /// it: existing volumes are found by the GUIDs it yields.
 pub const VOLUME_GUID_NAMESPACE: Uuid = uuid::uuid!("3148d51a-bb5a-497e-a7d1-3d6d10985865");
 
+/// Namespace of the UUID v5 GUIDs of snapshot partitions, derived from CSI snapshot
+/// names (distinct from volumes', so a volume and a snapshot of one name never meet).
+/// Never change it.
+pub const SNAPSHOT_GUID_NAMESPACE: Uuid = uuid::uuid!("9f0b6a51-3c2e-4d57-9a8e-6c1f40d2b7a3");
+
+/// Attribute bit (one of the 16 the GPT leaves to the partition type) marking a
+/// drivelet partition that holds a snapshot: written only by drivelet, in its own
+/// table, so no tenant can make a volume look like one.
+pub const SNAPSHOT_ATTR: u64 = 1 << 48;
+
+/// Partition GUID of a CSI snapshot name: deterministic, distinct per name.
+pub fn snapshot_partition_guid(name: &str) -> Uuid {
+    Uuid::new_v5(&SNAPSHOT_GUID_NAMESPACE, name.as_bytes())
+}
+
 /// Start of the GPT partition name of every drivelet volume.
 pub const LABEL_PREFIX: &str = "drivelet:";
 
@@ -134,9 +149,16 @@ pub struct GptPartition {
     pub start: u64,
     /// Length in bytes.
     pub size: u64,
+    /// Attribute bits; of drivelet's partitions, [`SNAPSHOT_ATTR`] marks a snapshot.
+    pub attrs: u64,
 }
 
 impl GptPartition {
+    /// Whether this drivelet partition holds a snapshot, not a volume.
+    pub fn is_snapshot(&self) -> bool {
+        self.attrs & SNAPSHOT_ATTR != 0
+    }
+
     /// Whether this entry is a drivelet volume (type and name).
     pub fn is_drivelet(&self) -> bool {
         self.type_guid == PARTITION_TYPE_GUID && self.name.starts_with(LABEL_PREFIX)
@@ -293,6 +315,7 @@ fn to_table(dev: &Path, disk: &GptDisk<&File>, sector: u64) -> Result<GptTable, 
             name: p.name.clone(),
             start: p.first_lba * sector,
             size: len * sector,
+            attrs: p.flags,
         });
     }
     Ok(GptTable { disk_guid: *disk.guid(), partitions })
@@ -446,7 +469,7 @@ mod tests {
 
     #[test]
     fn drivelet_partitions_need_both_the_type_and_the_name_prefix() {
-        let p = |type_guid, name: &str| GptPartition { guid: Uuid::nil(), type_guid, name: name.into(), start: 0, size: 0 };
+        let p = |type_guid, name: &str| GptPartition { guid: Uuid::nil(), type_guid, name: name.into(), start: 0, size: 0, attrs: 0 };
         assert!(p(PARTITION_TYPE_GUID, "drivelet:x").is_drivelet());
         assert!(!p(PARTITION_TYPE_GUID, "x").is_drivelet());
         assert!(!p(Uuid::nil(), "drivelet:x").is_drivelet());

@@ -326,7 +326,7 @@ fn set_direct(file: &File, on: bool) -> bool {
 /// partition with the same GUID, start and size already there is success; the same GUID
 /// elsewhere, or an overlap with another partition, is a [`DiskError::Conflict`].
 pub fn add_partition(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64) -> Result<(), DiskError> {
-    add(dev, sector, guid, label, start, size, false).map(drop)
+    add(dev, sector, guid, label, start, size, 0, false).map(drop)
 }
 
 /// What [`add_partition_wiped`] did.
@@ -344,11 +344,13 @@ pub enum Added {
 /// descriptor and flushes as the table: a wipe that costs no flush of its own. The
 /// space was free in drivelet's own table until this write; nothing outside the new
 /// partition is zeroed.
-pub fn add_partition_wiped(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64) -> Result<Added, DiskError> {
-    add(dev, sector, guid, label, start, size, true)
+/// `attrs`: the entry's attribute bits ([`super::SNAPSHOT_ATTR`] for a snapshot, else 0).
+pub fn add_partition_wiped(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, attrs: u64) -> Result<Added, DiskError> {
+    add(dev, sector, guid, label, start, size, attrs, true)
 }
 
-fn add(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, wipe: bool) -> Result<Added, DiskError> {
+#[allow(clippy::too_many_arguments)]
+fn add(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, attrs: u64, wipe: bool) -> Result<Added, DiskError> {
     let _t = crate::disk::timing::step("gpt.add");
     check_extent(dev, start, size)?;
     if label.encode_utf16().count() > MAX_LABEL_UNITS || label.contains('\0') {
@@ -381,7 +383,7 @@ fn add(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, 
     parts.retain(|_, p| p.is_used());
     for p in parts.values() {
         if p.part_guid == guid {
-            if p.first_lba == first && p.last_lba == last && p.part_type_guid.guid == PARTITION_TYPE_GUID {
+            if p.first_lba == first && p.last_lba == last && p.part_type_guid.guid == PARTITION_TYPE_GUID && p.flags == attrs {
                 return Ok(Added::AlreadyThere);
             }
             return Err(conflict(format!(
@@ -411,7 +413,7 @@ fn add(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, 
             part_guid: guid,
             first_lba: first,
             last_lba: last,
-            flags: 0,
+            flags: attrs,
             name: label.to_string(),
         },
     );

@@ -106,6 +106,7 @@ pub(crate) fn kind_of(e: &VolumeError) -> RefusalKind {
         | VolumeError::AdoptedUnreadable { .. }
         | VolumeError::AdoptedNotDirectory { .. } => Unusable,
         VolumeError::Busy { .. }
+        | VolumeError::FreezeExpired { .. }
         | VolumeError::NotReady
         | VolumeError::DeleteUnfinished { .. }
         | VolumeError::DriveGoneDuringCreate { .. }
@@ -116,6 +117,10 @@ pub(crate) fn kind_of(e: &VolumeError) -> RefusalKind {
         // Refusals of node calls and of other controller calls: an attach never gets
         // them; should one come, retrying with backoff is the safe reading.
         VolumeError::InvalidArgument { .. }
+        | VolumeError::SnapshotSourceInUse { .. }
+        | VolumeError::SnapshotNameTaken { .. }
+        | VolumeError::SnapshotNotFound { .. }
+        | VolumeError::SnapshotUnusable { .. }
         | VolumeError::AlreadyExists { .. }
         | VolumeError::ResourceExhausted { .. }
         | VolumeError::OutOfRange { .. }

@@ -758,3 +758,10 @@ pub fn wait_clean(agent: &Agent, d: &LoopDrive) {
     }
 }
 
+
+/// Sectors of 512 bytes written to a whole disk so far (`/sys/block/<dev>/stat`, field 7).
+pub fn sectors_written(dev: &Path) -> u64 {
+    let name = dev.file_name().unwrap().to_string_lossy().into_owned();
+    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).expect("disk stat");
+    stat.split_whitespace().nth(6).expect("field 7").parse().expect("a number")
+}

@@ -144,3 +144,18 @@ pub fn capacity_req(cap: csi::VolumeCapability) -> csi::GetCapacityRequest {
 pub fn layout_req(layout: &str) -> csi::GetCapacityRequest {
     csi::GetCapacityRequest { parameters: kv(&[("layout", layout)]), ..Default::default() }
 }
+
+/// CreateSnapshot of `source` with the class parameters `params`.
+pub fn snapshot_req(name: &str, source: &str, params: &[(&str, &str)]) -> csi::CreateSnapshotRequest {
+    csi::CreateSnapshotRequest { name: name.into(), source_volume_id: source.into(), parameters: kv(params), ..Default::default() }
+}
+
+/// CreateVolume restored from the snapshot `snapshot`.
+pub fn restore_req(name: &str, bytes: u64, limit: u64, cap: csi::VolumeCapability, snapshot: &str) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        volume_content_source: Some(csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: snapshot.into() })),
+        }),
+        ..vol_req(name, bytes as i64, limit as i64, vec![cap], &[])
+    }
+}

@@ -203,3 +203,30 @@ fn get_capacity_promises_exactly_what_create_volume_accepts_through_every_drive_
         assert_eq!(seen[2], (KINDS[2].label, 2 * one_drive, one_drive), "two drives left");
     });
 }
+
+/// The external-provisioner's capacity tracking asks with the StorageClass's parameters
+/// and no capabilities: a class filesystem drivelet cannot make has no capacity (its
+/// claims would be refused), xfs has its 300 MiB minimum, ext4 and none the drive's room.
+#[test]
+fn get_capacity_reads_the_class_filesystem_from_the_parameters() {
+    require_host();
+    let tmp = short_tempdir();
+    let _drive = LoopDrive::new(tmp.path(), "f.img", 512 * MIB);
+    sh("udevadm", &["settle"]);
+    let agent = Agent::start(tmp.path(), AgentOpts::default());
+    rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        let ask = |fs: &str| csi::GetCapacityRequest { parameters: kv(&[("csi.storage.k8s.io/fstype", fs)]), ..Default::default() };
+        let none = c.ctrl.get_capacity(csi::GetCapacityRequest::default()).await.unwrap().into_inner();
+        assert!(none.available_capacity > 0);
+        for fs in ["ext4", "xfs"] {
+            let r = c.ctrl.get_capacity(ask(fs)).await.unwrap().into_inner();
+            assert_eq!(r.available_capacity, none.available_capacity, "{fs}: the drive's room");
+        }
+        assert_eq!(c.ctrl.get_capacity(ask("xfs")).await.unwrap().into_inner().minimum_volume_size, Some(300 * MIB as i64));
+        for fs in ["vfat", "btrfs"] {
+            let r = c.ctrl.get_capacity(ask(fs)).await.unwrap().into_inner();
+            assert_eq!((r.available_capacity, r.maximum_volume_size), (0, Some(0)), "{fs}: drivelet makes ext4 or xfs only");
+        }
+    });
+}

@@ -8,7 +8,7 @@
 //!   holds 8 MiB writes a small fraction of 1 GiB to the drive (block volumes are
 //!   copied whole);
 //! - refusals with the spec's codes, each changing nothing: an unknown source
-//!   NOT_FOUND, a snapshot or another access type or filesystem INVALID_ARGUMENT, a
+//!   NOT_FOUND (so is an unknown snapshot), another access type or filesystem INVALID_ARGUMENT, a
 //!   `limit_bytes` below the source's size OUT_OF_RANGE, a source mounted read-write
 //!   FAILED_PRECONDITION (served once it is unstaged, or staged read-only);
 //! - idempotency: the same name and source answer the same volume, another source (or
@@ -41,13 +41,6 @@ fn write_pattern(path: &Path, len: usize, seed: u8) {
         .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
     f.write_all(&data).unwrap();
     f.sync_all().unwrap();
-}
-
-/// Sectors written to a whole disk so far (`/sys/block/<dev>/stat`, field 7).
-fn sectors_written(dev: &Path) -> u64 {
-    let name = dev.file_name().unwrap().to_string_lossy().into_owned();
-    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).expect("disk stat");
-    stat.split_whitespace().nth(6).expect("field 7").parse().expect("a number")
 }
 
 /// The device node of the kernel partition of `drive` that starts where `id`'s does.
@@ -239,7 +232,7 @@ fn clone_refusals_have_the_spec_codes_and_change_nothing() {
     snap.volume_content_source = Some(csi::VolumeContentSource {
         r#type: Some(csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: "s".into() })),
     });
-    code("a snapshot source", snap, Code::InvalidArgument, "snapshot");
+    code("an unknown snapshot source", snap, Code::NotFound, "snapshot s does not exist");
     code("a block clone of a filesystem", clone_req("pvc-r3", 64 * MIB, 0, block_cap(), &src), Code::InvalidArgument, "a filesystem volume");
     code("an xfs clone of ext4", clone_req("pvc-r4", 320 * MIB, 0, mount_cap("xfs"), &src), Code::InvalidArgument, "holds ext4, not xfs");
     code("limit_bytes below the source", clone_req("pvc-r5", 32 * MIB, 32 * MIB, mount_cap("ext4"), &src), Code::OutOfRange, "needs at least 64.0 MiB");

@@ -18,3 +18,5 @@ mod migration;
 mod concurrency;
 /// Clean extents: no volume shows bytes its tenant did not write.
 mod cleaning;
+/// Snapshots: CreateSnapshot and restores.
+mod snapshots;

@@ -15,7 +15,12 @@
 //!   `limit_bytes` below the source's size is OUT_OF_RANGE;
 //! - idempotency: a repeated CreateVolume of the name must name the same source (or
 //!   none when the volume was made empty); another source is ALREADY_EXISTS. A record
-//!   rebuilt from its GPT has forgotten its source and is taken as it is.
+//!   rebuilt from its GPT has forgotten its source and is taken as it is;
+//! - a restore (CreateVolume from a snapshot) follows the same rules with the snapshot as
+//!   its source: it must be a snapshot this node holds (NOT_FOUND), complete, on a present
+//!   drive that is not failing and not lost (FAILED_PRECONDITION, saying why), of the
+//!   access type asked for (INVALID_ARGUMENT), and the new volume at least the
+//!   snapshot's restore size (OUT_OF_RANGE).
 
 use super::{VolumeBook, VolumeError};
 use crate::actors::volumes::messages::CreateVolume;
@@ -30,9 +35,13 @@ impl VolumeBook {
         }
         let incompatible = |reason: String| VolumeError::SourceIncompatible { source_id: source_id.to_string(), reason };
         let src = match self.records.get(source_id) {
-            Some(r) if r.state != VolumeState::Creating => r,
+            Some(r) if r.state != VolumeState::Creating && r.snapshot.is_some() == m.from_snapshot => r,
+            _ if m.from_snapshot => return Err(VolumeError::SnapshotNotFound { snapshot_id: source_id.to_string() }),
             _ => return Err(VolumeError::SourceNotFound { source_id: source_id.to_string() }),
         };
+        if let Some(snap) = &src.snapshot {
+            return self.restore_source(src, snap.restore_size, m);
+        }
         if src.state == VolumeState::Deleting {
             return Err(VolumeError::Busy { volume_id: source_id.to_string() });
         }
@@ -75,6 +84,56 @@ impl VolumeBook {
     }
 }
 
+impl VolumeBook {
+    /// [`clone_source`](Self::clone_source) of a restore: `src` is a snapshot of
+    /// `restore_size` bytes of data.
+    fn restore_source(&self, src: &VolumeRecord, restore_size: u64, m: &CreateVolume) -> Result<(VolumeRecord, DriveLoc), VolumeError> {
+        let unusable = |reason: String| VolumeError::SnapshotUnusable { snapshot_id: src.id.clone(), reason };
+        if src.state == VolumeState::Deleting {
+            return Err(VolumeError::Busy { volume_id: src.id.clone() });
+        }
+        if src.lost {
+            return Err(unusable(format!("its partition is gone from drive {} (the drive was wiped or replaced): its data is lost", src.drive_id)));
+        }
+        if src.failed {
+            return Err(unusable(format!("its drive {} was released by force", src.drive_id)));
+        }
+        let Some(d) = self.drives.get(&src.drive_id) else {
+            return Err(unusable(format!("its drive {} is absent from this node; it can be restored from once the drive is back", src.drive_id)));
+        };
+        if d.health.health == crate::words::Health::Bad {
+            return Err(unusable(format!(
+                "its drive {} is failing ({}); a copy read from it may not hold what was taken",
+                src.drive_id, d.health.reason
+            )));
+        }
+        if src.block != m.block {
+            let (is, asked) = if src.block { ("of a block volume", "a filesystem volume") } else { ("of a filesystem volume", "a block volume") };
+            return Err(VolumeError::InvalidArgument {
+                reason: format!("snapshot {} is {is}; it cannot be restored into {asked}", src.id),
+            });
+        }
+        if !m.block && src.formatted && !m.fs_type.is_empty() && src.fs_type != m.fs_type {
+            return Err(VolumeError::InvalidArgument {
+                reason: format!("snapshot {} holds {}, not {}; ask for {} or no filesystem type", src.id, src.fs_type, m.fs_type, src.fs_type),
+            });
+        }
+        if m.range.limit != 0 && m.range.limit < restore_size {
+            return Err(VolumeError::OutOfRange {
+                reason: format!(
+                    "snapshot {} holds {} ({restore_size} bytes); a volume restored from it cannot be limited to {} ({} bytes)",
+                    src.id,
+                    crate::config::human_bytes(restore_size),
+                    crate::config::human_bytes(m.range.limit),
+                    m.range.limit
+                ),
+            });
+        }
+        let loc = self.loc_of(src).ok_or_else(|| unusable(format!("its drive {} is absent from this node", src.drive_id)))?;
+        Ok((VolumeRecord::clone(src), loc))
+    }
+}
+
 /// Where a volume is mounted read-write (staged, or published to a target), if it is:
 /// the copy of such a volume would not be consistent.
 pub(super) fn writer_of(rec: &VolumeRecord) -> Option<std::path::PathBuf> {
@@ -95,14 +154,17 @@ pub(super) fn fs_of_clone(source: Option<&VolumeRecord>, m: &CreateVolume, fallb
 
 /// Why an existing volume of the name is not the clone `m` asks for, if it is not.
 pub(super) fn source_mismatch(rec: &VolumeRecord, m: &CreateVolume) -> Option<VolumeError> {
-    if rec.rebuilt || rec.clone_of == m.source {
+    let had = if rec.restored_from.is_some() { (rec.restored_from.as_ref(), true) } else { (rec.clone_of.as_ref(), false) };
+    if rec.rebuilt || had == (m.source.as_ref(), m.from_snapshot && m.source.is_some()) {
         return None;
     }
-    let was = match &rec.clone_of {
-        Some(s) => format!("a clone of volume {s}"),
-        None => "without a source volume".to_string(),
+    let was = match had {
+        (Some(s), true) => format!("restored from snapshot {s}"),
+        (Some(s), false) => format!("a clone of volume {s}"),
+        (None, _) => "without a source volume".to_string(),
     };
     let asked = match &m.source {
+        Some(s) if m.from_snapshot => format!("a restore of snapshot {s}"),
         Some(s) => format!("a clone of volume {s}"),
         None => "an empty volume".to_string(),
     };
@@ -149,6 +211,7 @@ mod tests {
             fs_type: String::new(),
             parameters: Default::default(),
             source: source.map(str::to_string),
+            from_snapshot: false,
         };
         assert!(source_mismatch(&rec, &m(None)).is_none());
         let e = source_mismatch(&rec, &m(Some("s1"))).expect("a clone asked of an empty volume");

@@ -31,6 +31,7 @@ fn create(name: &str, required: u64) -> CreateVolume {
         fs_type: String::new(),
         parameters: BTreeMap::new(),
         source: None,
+        from_snapshot: false,
     }
 }
 

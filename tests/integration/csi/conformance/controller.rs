@@ -90,9 +90,9 @@ fn create_volume_with_bad_input_is_invalid_argument_and_changes_nothing() {
             ("block and mount access at once", caps(vec![block_cap(), mount_cap("ext4")]), &["block and mount"]),
             ("two different filesystems", caps(vec![mount_cap("ext4"), mount_cap("xfs")]), &["ext4", "xfs"]),
             (
-                "a snapshot content source (no CREATE_DELETE_SNAPSHOT)",
-                src(csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: "snap-1".into() })),
-                &["snapshot"],
+                "a snapshot content source with an empty id",
+                src(csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: String::new() })),
+                &["volume_content_source.snapshot.snapshot_id is required"],
             ),
             ("a content source naming nothing", with(&|q| q.volume_content_source = Some(csi::VolumeContentSource { r#type: None })), &["neither a snapshot nor a volume"]),
             (

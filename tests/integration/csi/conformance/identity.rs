@@ -160,6 +160,8 @@ fn capability_lists_hold_known_values_never_change_and_include_everything_implem
                 CR::VolumeCondition as i32,
                 CR::ExpandVolume as i32,
                 CR::CloneVolume as i32,
+                CR::CreateDeleteSnapshot as i32,
+                CR::ListSnapshots as i32,
             ]
         );
     });

@@ -1,0 +1,120 @@
+//! Freezing a mounted filesystem for a consistent copy of the device under it.
+//!
+//! Rules:
+//! - a freeze (`FIFREEZE` on the mount point) flushes the filesystem's dirty data and
+//!   journal to the device and holds every writer until the thaw, so the device then
+//!   reads as a clean, consistent filesystem;
+//! - a freeze is bounded: a watchdog thaws the filesystem when the limit passes even if
+//!   the copy is still running, and the copy is then reported expired (the caller
+//!   discards it: a copy read past a thaw may be torn), so writers never stall longer
+//!   than the limit;
+//! - the thaw happens exactly once, on [`Frozen::thaw`], on drop, or by the watchdog;
+//!   the stall (freeze to thaw) is measured and answered.
+
+use std::fs::File;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::DiskError;
+
+mod sys {
+    // FIFREEZE = _IOWR('X', 119, int), FITHAW = _IOWR('X', 120, int).
+    nix::ioctl_readwrite!(fifreeze, b'X', 119, libc::c_int);
+    nix::ioctl_readwrite!(fithaw, b'X', 120, libc::c_int);
+}
+
+/// The shared state of a freeze: whether it is thawed, and when.
+struct State {
+    thawed: Option<Instant>,
+    /// The watchdog thawed it (the limit passed before the copy was done).
+    expired: bool,
+}
+
+/// A frozen filesystem; thawed when dropped.
+pub struct Frozen {
+    path: PathBuf,
+    dir: Arc<File>,
+    began: Instant,
+    state: Arc<(Mutex<State>, Condvar)>,
+}
+
+/// How a freeze ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thawed {
+    /// How long writers were held.
+    pub stall: Duration,
+    /// The limit passed before the thaw was asked: the copy made meanwhile is not
+    /// consistent.
+    pub expired: bool,
+}
+
+fn thaw_fd(dir: &File) -> Result<(), nix::Error> {
+    let mut arg: libc::c_int = 0;
+    // SAFETY: the fd is open for the call; FITHAW ignores its argument, which lives on
+    // this frame.
+    unsafe { sys::fithaw(dir.as_raw_fd(), &mut arg) }.map(drop)
+}
+
+impl Frozen {
+    /// Freezes the filesystem mounted at `path` for at most `limit`.
+    pub fn freeze(path: &Path, limit: Duration) -> Result<Frozen, DiskError> {
+        let dir = File::open(path).map_err(DiskError::io(format!("open {}", path.display())))?;
+        let mut arg: libc::c_int = 0;
+        // SAFETY: the fd is open for the call; FIFREEZE ignores its argument, which
+        // lives on this frame.
+        unsafe { sys::fifreeze(dir.as_raw_fd(), &mut arg) }
+            .map_err(DiskError::errno(format!("freeze the filesystem at {} (FIFREEZE)", path.display())))?;
+        let began = Instant::now();
+        let dir = Arc::new(dir);
+        let state = Arc::new((Mutex::new(State { thawed: None, expired: false }), Condvar::new()));
+        let (d, s, p) = (dir.clone(), state.clone(), path.to_path_buf());
+        std::thread::spawn(move || {
+            let (lock, cv) = &*s;
+            let mut st = lock.lock().unwrap_or_else(PoisonError::into_inner);
+            while st.thawed.is_none() {
+                let left = limit.saturating_sub(began.elapsed());
+                if left.is_zero() {
+                    if let Err(e) = thaw_fd(&d) {
+                        tracing::error!(fs.path = %p.display(), error = %e, "cannot thaw a filesystem frozen past its limit");
+                    }
+                    st.thawed = Some(Instant::now());
+                    st.expired = true;
+                    tracing::warn!(fs.path = %p.display(), freeze.limit_millis = limit.as_millis() as u64, "thawed a filesystem at its freeze limit; the copy made meanwhile is discarded");
+                    break;
+                }
+                st = cv.wait_timeout(st, left).unwrap_or_else(PoisonError::into_inner).0;
+            }
+        });
+        Ok(Frozen { path: path.to_path_buf(), dir, began, state })
+    }
+
+    /// Thaws the filesystem (unless the watchdog did) and says how the freeze went.
+    pub fn thaw(self) -> Result<Thawed, DiskError> {
+        self.end()
+    }
+
+    fn end(&self) -> Result<Thawed, DiskError> {
+        let (lock, cv) = &*self.state;
+        let mut st = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let res = if st.thawed.is_none() {
+            let r = thaw_fd(&self.dir).map_err(DiskError::errno(format!("thaw the filesystem at {} (FITHAW)", self.path.display())));
+            st.thawed = Some(Instant::now());
+            cv.notify_all();
+            r
+        } else {
+            Ok(())
+        };
+        let stall = st.thawed.map(|t| t.duration_since(self.began)).unwrap_or_default();
+        res.map(|()| Thawed { stall, expired: st.expired })
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if let Err(e) = self.end() {
+            tracing::error!(fs.path = %self.path.display(), error = %e, "cannot thaw a frozen filesystem");
+        }
+    }
+}
