@@ -33,6 +33,9 @@ enum Cmd {
         /// Configuration file (TOML).
         file: PathBuf,
     },
+    /// The kubectl plugin (`kubectl drivelet ...` when installed as kubectl-drivelet):
+    /// drives and volumes across the cluster, drive actions.
+    Kubectl(KubectlArgs),
     /// Ask a running agent, over its admin socket.
     Ctl {
         /// Configuration file, to find the admin socket.
@@ -311,6 +314,95 @@ enum CsiCmd {
     StorageHealth,
 }
 
+/// kubectl drivelet: drives and volumes across the cluster, and drive actions.
+///
+/// Reads the Drive objects every node's drivelet publishes with your kubeconfig
+/// ($KUBECONFIG or ~/.kube/config), and asks drive actions by patching a Drive's
+/// spec.action; the node's drivelet carries them out. Install this binary as
+/// `kubectl-drivelet` on your PATH. Exit codes: 0 done, 1 failed or refused, 2 bad
+/// arguments, 3 no such drive, 4 not complete within --wait.
+#[derive(Parser)]
+#[command(name = "kubectl drivelet", bin_name = "kubectl drivelet", version, about, long_about)]
+struct KubectlCli {
+    #[command(flatten)]
+    args: KubectlArgs,
+}
+
+#[derive(clap::Args)]
+struct KubectlArgs {
+    /// The kubeconfig to use (default: $KUBECONFIG, else ~/.kube/config).
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long, global = true)]
+    context: Option<String>,
+    #[command(subcommand)]
+    cmd: KubectlCmd,
+}
+
+#[derive(Subcommand)]
+enum KubectlCmd {
+    /// Every drive of every node: size, media, class, health, usage, free space,
+    /// volumes and why (the columns of `drivelet ctl drives`, node first).
+    Drives {
+        /// Only this node's drives.
+        #[arg(long)]
+        node: Option<String>,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t = Format::Table)]
+        output: Format,
+    },
+    /// Every volume of every node: drive, size, used bytes, state, health and why.
+    Volumes {
+        /// Only this node's volumes.
+        #[arg(long)]
+        node: Option<String>,
+        /// Only the volumes on this drive (its id).
+        #[arg(long)]
+        drive: Option<String>,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t = Format::Table)]
+        output: Format,
+    },
+    /// Ask a drive action of a node's drivelet: `drive cordon NODE/DRIVE`.
+    Drive {
+        #[command(subcommand)]
+        cmd: KubectlDriveCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum KubectlDriveCmd {
+    /// No new volumes on the drive; its volumes stay and are served.
+    Cordon(ActionArgs),
+    /// Lift a cordon: the drive takes new volumes again (a release is not undone).
+    Uncordon(ActionArgs),
+    /// No new volumes on the drive; it is released (may be pulled) once its volumes are
+    /// deleted.
+    Release(ActionArgs),
+}
+
+#[derive(clap::Args)]
+struct ActionArgs {
+    /// The drive: NODE/DRIVE (the node and id `kubectl drivelet drives` lists), or its
+    /// Drive object's name.
+    drive: String,
+    /// Wait this long (e.g. 30s, 5m) for the node to report the action complete;
+    /// exit 4 if it is not.
+    #[arg(long, value_parser = drivelet::config::parse_duration)]
+    wait: Option<std::time::Duration>,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = Format::Table)]
+    output: Format,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Table,
+    Json,
+    Yaml,
+}
+
 #[derive(Subcommand)]
 enum CtlCmd {
     /// List every disk with its classification (managed, system, foreign, excluded)
@@ -333,7 +425,8 @@ enum CtlCmd {
         output: Output,
     },
     /// Drive replacement: `drive release ID` stops new volumes on a drive and marks it
-    /// released once its volumes are deleted.
+    /// released once its volumes are deleted; `drive cordon ID` only stops new volumes
+    /// (`drive uncordon ID` undoes it).
     Drive {
         #[command(subcommand)]
         cmd: DriveCmd,
@@ -365,6 +458,16 @@ enum DriveCmd {
         /// Release now, failing the volumes still on the drive.
         #[arg(long)]
         force: bool,
+    },
+    /// Cordon a drive: no new volumes go on it; its volumes stay and are served.
+    Cordon {
+        /// Drive id, as `drivelet ctl drives` shows it.
+        id: String,
+    },
+    /// Uncordon a cordoned drive: it takes new volumes again (a release is not undone).
+    Uncordon {
+        /// Drive id, as `drivelet ctl drives` shows it.
+        id: String,
     },
 }
 
@@ -426,11 +529,25 @@ fn ctl(config: Option<PathBuf>, socket: Option<PathBuf>, cmd: CtlCmd) -> anyhow:
             let u = rt.block_on(drivelet::cli::ctl::release(&socket, &id, force))?;
             println!("drive {}: {} ({})", u.drive_id, u.state.as_str(), u.reason);
         }
+        CtlCmd::Drive { cmd: cordon @ (DriveCmd::Cordon { .. } | DriveCmd::Uncordon { .. }) } => {
+            let (id, on) = match cordon {
+                DriveCmd::Cordon { id } => (id, true),
+                DriveCmd::Uncordon { id } | DriveCmd::Release { id, .. } => (id, false),
+            };
+            let u = rt.block_on(drivelet::cli::ctl::cordon(&socket, &id, on))?;
+            match u {
+                Some(u) => println!("drive {}: {} ({})", u.drive_id, u.state.as_str(), u.reason),
+                None => println!("drive {id}: active"),
+            }
+        }
         CtlCmd::Volumes { output } => {
             let vols = rt.block_on(drivelet::cli::ctl::volumes(&socket))?;
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&vols).context("encode")?),
-                Output::Table => print!("{}", drivelet::cli::ctl::volumes_table(&vols)),
+                Output::Table => {
+                    let details = rt.block_on(drivelet::cli::ctl::volume_details(&socket))?;
+                    print!("{}", drivelet::cli::ctl::volumes_table(&vols, &details))
+                }
             }
         }
         CtlCmd::Snapshots { output } => {
@@ -546,7 +663,76 @@ fn bench(mode: BenchMode) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn print_as<T: serde::Serialize>(format: Format, value: &T, table: impl FnOnce() -> String) -> anyhow::Result<()> {
+    match format {
+        Format::Table => print!("{}", table()),
+        Format::Json => println!("{}", serde_json::to_string_pretty(value).context("encode")?),
+        Format::Yaml => print!("{}", serde_yaml::to_string(value).context("encode")?),
+    }
+    Ok(())
+}
+
+/// `kubectl drivelet`: its own exit codes (see `KubectlCli`).
+fn kubectl(args: KubectlArgs) -> ExitCode {
+    use drivelet::cli::kubectl as k;
+    let run = async {
+        let client = k::client(args.kubeconfig.as_deref(), args.context).await?;
+        let res = match args.cmd {
+            KubectlCmd::Drives { node, output } => {
+                let rows = k::drives(&client, node.as_deref()).await?;
+                print_as(output, &rows, || k::drives_table(&rows))
+            }
+            KubectlCmd::Volumes { node, drive, output } => {
+                let rows = k::volumes(&client, node.as_deref(), drive.as_deref()).await?;
+                print_as(output, &rows, || k::volumes_table(&rows))
+            }
+            KubectlCmd::Drive { cmd } => {
+                let (action, a) = match cmd {
+                    KubectlDriveCmd::Cordon(a) => (k::Action::Cordon, a),
+                    KubectlDriveCmd::Uncordon(a) => (k::Action::Uncordon, a),
+                    KubectlDriveCmd::Release(a) => (k::Action::Release, a),
+                };
+                let o = k::act(&client, &a.drive, action, a.wait).await?;
+                let done = if o.complete { "done" } else { "asked" };
+                print_as(a.output, &o, || format!("drive {}: {} {done}: {}\n", o.drive, o.action, o.message))
+            }
+        };
+        Ok::<_, k::KubectlError>(res)
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kubectl drivelet: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(run) {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
+            eprintln!("kubectl drivelet: {e:#}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("kubectl drivelet: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Whether the binary runs as the kubectl plugin (`kubectl-drivelet` on the PATH).
+fn is_kubectl_plugin() -> bool {
+    std::env::args_os()
+        .next()
+        .and_then(|a| std::path::Path::new(&a).file_name().map(|f| f.to_string_lossy().starts_with("kubectl-drivelet")))
+        .unwrap_or(false)
+}
+
 fn main() -> ExitCode {
+    if is_kubectl_plugin() {
+        // SAFETY: sets a signal disposition before any thread is started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        return kubectl(KubectlCli::parse().args);
+    }
     let cli = Cli::parse();
     if !matches!(cli.cmd, Cmd::Run { .. } | Cmd::Bench { .. }) {
         // A command that prints for people ends quietly when its reader goes away
@@ -560,6 +746,7 @@ fn main() -> ExitCode {
         Cmd::CheckConfig { file } => Config::load(Some(&file)).map(|c| {
             println!("{}: valid (node {}, driver {})", file.display(), c.driver.node_name, c.driver.name);
         }).map_err(Into::into),
+        Cmd::Kubectl(args) => return kubectl(args),
         Cmd::Ctl { config, socket, cmd } => ctl(config, socket, cmd),
         Cmd::Csi { config, endpoint, output, cmd } => csi(config, endpoint, output, cmd),
         Cmd::Bench { mode } => bench(mode),

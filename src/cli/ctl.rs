@@ -7,6 +7,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
 use crate::actors::volumes::model::VolumeRecord;
+use crate::actors::volumes::VolumeDetail;
 
 use crate::config::human_bytes;
 use crate::grpc::admin::{AdminRequest, AdminResponse, DriveView};
@@ -54,6 +55,16 @@ pub async fn release(socket: &Path, drive_id: &str, force: bool) -> Result<Drive
     }
 }
 
+/// Asks the agent to cordon (`true`) or uncordon a drive; answers its usage from then
+/// on (`None`: active).
+pub async fn cordon(socket: &Path, drive_id: &str, cordon: bool) -> Result<Option<DriveUse>, CtlError> {
+    match request(socket, &AdminRequest::CordonDrive { drive_id: drive_id.to_string(), cordon }).await? {
+        AdminResponse::Cordoned(u) => Ok(u),
+        AdminResponse::Error(e) => Err(CtlError::Agent(e)),
+        other => Err(CtlError::Agent(format!("unexpected answer {other:?}"))),
+    }
+}
+
 /// Asks the agent to adopt a migrated volume (an `AdminRequest::Adopt`).
 pub async fn adopt(socket: &Path, req: &AdminRequest) -> Result<VolumeRecord, CtlError> {
     match request(socket, req).await? {
@@ -76,6 +87,15 @@ pub async fn drives(socket: &Path) -> Result<Vec<DriveView>, CtlError> {
 pub async fn volumes(socket: &Path) -> Result<Vec<VolumeRecord>, CtlError> {
     match request(socket, &AdminRequest::Volumes).await? {
         AdminResponse::Volumes(v) => Ok(v),
+        AdminResponse::Error(e) => Err(CtlError::Agent(e)),
+        other => Err(CtlError::Agent(format!("unexpected answer {other:?}"))),
+    }
+}
+
+/// Fetches the volumes as an admin's listing shows them (used bytes, health).
+pub async fn volume_details(socket: &Path) -> Result<Vec<VolumeDetail>, CtlError> {
+    match request(socket, &AdminRequest::VolumeDetails).await? {
+        AdminResponse::VolumeDetails(v) => Ok(v),
         AdminResponse::Error(e) => Err(CtlError::Agent(e)),
         other => Err(CtlError::Agent(format!("unexpected answer {other:?}"))),
     }
@@ -127,33 +147,76 @@ fn human_age(secs: i64) -> String {
     }
 }
 
-/// Renders volumes as an aligned table.
-pub fn volumes_table(vols: &[VolumeRecord]) -> String {
-    let header = ["ID", "NAME", "DRIVE", "SIZE", "KIND", "STATE", "STAGED AT", "PUBLISHED AT"];
+
+/// The USED column: the bytes a staged filesystem uses, else `-`.
+pub(crate) fn used_words(used: Option<u64>) -> String {
+    used.map(human_bytes).unwrap_or_else(|| "-".into())
+}
+
+/// The HEALTH column: `normal` or `abnormal`.
+pub(crate) fn health_words(abnormal: bool) -> &'static str {
+    if abnormal { "abnormal" } else { "normal" }
+}
+
+/// Renders volumes as an aligned table, with their used bytes and health from
+/// `details` (`ctl volumes`; `kubectl drivelet volumes` shows the same columns from the
+/// Drive objects, with the node first and without the paths).
+pub fn volumes_table(vols: &[VolumeRecord], details: &[VolumeDetail]) -> String {
+    let header = ["ID", "NAME", "DRIVE", "SIZE", "USED", "KIND", "STATE", "HEALTH", "STAGED AT", "PUBLISHED AT", "REASON"];
     let rows: Vec<Vec<String>> = vols
         .iter()
         .map(|v| {
-            let kind = if v.block { "block".to_string() } else if v.fs_type.is_empty() { "fs".to_string() } else { v.fs_type.clone() };
+            let d = details.iter().find(|d| d.id == v.id);
             vec![
                 v.id.clone(),
                 v.name.clone(),
                 v.drive_id.clone(),
                 human_bytes(v.size),
-                kind,
-                if v.lost { "lost".to_string() } else { v.state.as_str().to_string() },
+                used_words(d.and_then(|d| d.used_bytes)),
+                crate::actors::volumes::volume_kind(v),
+                crate::actors::volumes::volume_state(v),
+                d.map_or("-", |d| health_words(d.abnormal)).to_string(),
                 v.staging.as_ref().map(|s| s.path.display().to_string()).unwrap_or_else(|| "-".into()),
                 if v.targets.is_empty() {
                     "-".into()
                 } else {
                     v.targets.keys().map(|t| t.display().to_string()).collect::<Vec<_>>().join(",")
                 },
+                d.and_then(|d| d.reason.clone()).unwrap_or_default(),
             ]
         })
         .collect();
     table(&header, &rows)
 }
 
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+/// The REASON column of a drive, as `ctl drives` and `kubectl drivelet drives` print it:
+/// its class reason and, for a managed drive, its health when checked and not good
+/// (`health_note`), why it is not active, and the space being cleaned.
+pub(crate) fn drive_reason(
+    class_reason: &str,
+    managed: bool,
+    health_note: Option<&str>,
+    usage: &str,
+    usage_reason: &str,
+    cleaning: Option<&str>,
+) -> String {
+    let mut reason = class_reason.to_string();
+    if managed {
+        if let Some(h) = health_note {
+            reason = format!("{reason}; health: {h}");
+        }
+        if !usage_reason.is_empty() {
+            reason = format!("{reason}; {usage}: {usage_reason}");
+        }
+        if let Some(c) = cleaning {
+            reason = format!("{reason}; {c} (zeroed before reuse, not free until then)");
+        }
+    }
+    reason
+}
+
+/// An aligned table of `rows` under `header`, two spaces between columns.
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -185,18 +248,15 @@ pub fn drives_table(drives: &[DriveView]) -> String {
         .iter()
         .map(|v| {
             let d = &v.drive;
-            let mut reason = d.reason.clone();
-            if d.class == crate::words::DriveClass::Managed {
-                if !matches!(d.health.health, crate::words::Health::Good) && d.health.checked_unix != 0 {
-                    reason = format!("{reason}; health: {}", d.health.reason);
-                }
-                if !v.usage_reason.is_empty() {
-                    reason = format!("{reason}; {}: {}", v.usage, v.usage_reason);
-                }
-                if let Some(c) = &v.cleaning {
-                    reason = format!("{reason}; {} (zeroed before reuse, not free until then)", c.words());
-                }
-            }
+            let checked = !matches!(d.health.health, crate::words::Health::Good) && d.health.checked_unix != 0;
+            let reason = drive_reason(
+                &d.reason,
+                d.class == crate::words::DriveClass::Managed,
+                checked.then_some(d.health.reason.as_str()),
+                &v.usage,
+                &v.usage_reason,
+                v.cleaning.as_ref().map(|c| c.words()).as_deref(),
+            );
             vec![
                 d.id.clone(),
                 d.path.display().to_string(),

@@ -1,6 +1,6 @@
 //! The admin socket behind `drivelet ctl`: one JSON request per line, one JSON answer
-//! per line. Root only (mode 0600): queries (drives, volumes), the drive release
-//! command and the adoption of a migrated in-tree `local` volume.
+//! per line. Root only (mode 0600): queries (drives, volumes), the drive release and
+//! cordon commands and the adoption of a migrated in-tree `local` volume.
 //!
 //! Rules: a malformed or unknown request gets `{"error": ...}` and the connection
 //! stays usable; a line longer than 64 KiB closes the connection.
@@ -16,7 +16,10 @@ use crate::actors::messages::ListDrives;
 use crate::actors::volumes::model::VolumeRecord;
 
 use crate::actors::volumes::book::Cleaning;
-use crate::actors::volumes::{AdoptVolume, ListCleaning, ListDriveUses, ListVolumes, ReleaseDrive};
+use crate::actors::volumes::{
+    volume_detail, AdoptVolume, CordonDrive, ListCleaning, ListDriveUses, ListVolumeStatuses, ListVolumes, ReleaseDrive, VolumeDetail,
+    VolumesUsed,
+};
 use crate::words::DriveUse;
 
 /// A request on the admin socket.
@@ -27,6 +30,8 @@ pub enum AdminRequest {
     Drives,
     /// List every volume with its drive, size, state and paths.
     Volumes,
+    /// List every volume as an admin's listing shows it: used bytes and health too.
+    VolumeDetails,
     /// List every snapshot.
     Snapshots,
     /// Release a drive: no new volumes; released once empty (or at once with force,
@@ -36,6 +41,13 @@ pub enum AdminRequest {
         drive_id: String,
         /// Fail the remaining volumes.
         force: bool,
+    },
+    /// Cordon a drive (no new volumes; its volumes stay) or uncordon it.
+    CordonDrive {
+        /// Stable drive id.
+        drive_id: String,
+        /// Cordon (`true`) or uncordon (`false`).
+        cordon: bool,
     },
     /// Adopt the data of a translated in-tree `local` PV as a volume of this node.
     Adopt {
@@ -86,8 +98,12 @@ pub enum AdminResponse {
     Drives(Vec<DriveView>),
     /// A drive's new usage state.
     Released(DriveUse),
+    /// A drive's usage after a cordon or uncordon (`None`: active).
+    Cordoned(Option<DriveUse>),
     /// The volume list.
     Volumes(Vec<VolumeRecord>),
+    /// The volumes as an admin's listing shows them.
+    VolumeDetails(Vec<VolumeDetail>),
     /// The snapshot list.
     Snapshots(Vec<crate::actors::volumes::snapshot::SnapshotRecord>),
     /// The adopted volume.
@@ -125,6 +141,20 @@ async fn answer(front: &Front, line: &str) -> AdminResponse {
         },
         Ok(AdminRequest::ReleaseDrive { drive_id, force }) => match front.volumes.send(ReleaseDrive { drive_id, force }).await {
             Ok(Ok(u)) => AdminResponse::Released(u),
+            Ok(Err(e)) => AdminResponse::Error(e.to_string()),
+            Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
+        },
+        Ok(AdminRequest::VolumeDetails) => {
+            let statuses = front.volumes.send(ListVolumeStatuses { after: None, max: 0, abnormal_only: false }).await;
+            let used = front.volumes.send(VolumesUsed).await.unwrap_or_default();
+            match statuses {
+                Ok(Ok((page, _))) => AdminResponse::VolumeDetails(page.iter().map(|v| volume_detail(v, &used)).collect()),
+                Ok(Err(e)) => AdminResponse::Error(e.to_string()),
+                Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
+            }
+        }
+        Ok(AdminRequest::CordonDrive { drive_id, cordon }) => match front.volumes.send(CordonDrive { drive_id, cordon }).await {
+            Ok(Ok(u)) => AdminResponse::Cordoned(u),
             Ok(Err(e)) => AdminResponse::Error(e.to_string()),
             Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
         },

@@ -8,8 +8,12 @@
 //!   (`DRIVELET_WRITE_CRD=1 cargo test --lib k8s::crd` rewrites it).
 //! - The wire names of class, health and usage are the lowercase names drivelet prints
 //!   elsewhere (`ctl drives`), so the two views read the same.
-//! - Spec holds what identifies the hardware (it never changes for one disk); status holds
-//!   what drivelet concluded about it and may change on every rescan or health probe.
+//! - Spec holds what identifies the hardware (it never changes for one disk), written by
+//!   the node's agent, and `spec.action`, the admin's intent (`none`, `cordon`,
+//!   `release`), written only by the admin (`kubectl drivelet drive ...` or a patch):
+//!   the agent's server-side apply never names it, so it never owns or overwrites it.
+//!   Status holds what drivelet concluded about the disk and how far the action is
+//!   (the `ActionComplete` condition), and may change on every rescan or health probe.
 //! - What an admin needs at a glance is a printed column: whether the node still sees
 //!   the disk (`status.presence`, always set) and its size in binary units
 //!   (`spec.size`, as `ctl drives` prints it; `spec.sizeBytes` stays the exact figure).
@@ -43,6 +47,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "CLASS", type_ = "string", json_path = ".status.class"),
     printcolumn(name = "HEALTH", type_ = "string", json_path = ".status.health"),
     printcolumn(name = "USAGE", type_ = "string", json_path = ".status.usage"),
+    printcolumn(name = "ACTION", type_ = "string", json_path = ".spec.action", description = "What an admin asked of the drive"),
     printcolumn(name = "AGE", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -71,6 +76,89 @@ pub(crate) struct DriveSpec {
     pub size: Option<String>,
     /// Media: `hdd`, `ssd`, `nvme` or `virtual`.
     pub media: String,
+    /// What an admin asks of the drive (the one field of the spec an admin writes; the
+    /// agent acts on it and reports in `status.conditions`): `none` (active, or lift a
+    /// cordon), `cordon` (no new volumes; its volumes stay), `release` (no new volumes;
+    /// released, so it may be pulled, once its volumes are deleted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<DriveAction>,
+}
+
+impl DriveSpec {
+    /// The spec as the node's agent writes it: the hardware alone, without the admin's
+    /// action.
+    pub(crate) fn hardware(&self) -> DriveSpec {
+        DriveSpec { action: None, ..self.clone() }
+    }
+}
+
+/// What an admin asks of a drive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum DriveAction {
+    /// Nothing: the drive is active (a cordon is lifted; a release is not undone).
+    #[default]
+    None,
+    /// Take no new volumes; the volumes on it stay and are served.
+    Cordon,
+    /// Take no new volumes; released (may be pulled) once its volumes are deleted.
+    Release,
+}
+
+impl DriveAction {
+    /// The word an admin writes.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            DriveAction::None => "none",
+            DriveAction::Cordon => "cordon",
+            DriveAction::Release => "release",
+        }
+    }
+}
+
+/// A condition of a Drive, as Kubernetes conditions read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct DriveCondition {
+    /// The condition: `ActionComplete` (the spec's action is carried out).
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// One word: `Cordoned`, `Active`, `Releasing`, `Released`, `Refused`.
+    pub reason: String,
+    /// What it means, in plain words.
+    pub message: String,
+    /// The object generation (spec) the condition is about.
+    #[serde(default)]
+    pub observed_generation: i64,
+    /// When the status last changed (RFC 3339).
+    pub last_transition_time: String,
+}
+
+/// One volume on a drive, as the plugin and `ctl volumes` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct DriveVolume {
+    /// The volume id (the PV's volume handle).
+    pub id: String,
+    /// The name it was created with (the PV's name).
+    pub name: String,
+    /// Its size in bytes.
+    pub size_bytes: u64,
+    /// Bytes its filesystem uses, when it is staged (absent otherwise: block volumes
+    /// and volumes no pod uses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<u64>,
+    /// `block`, or its filesystem.
+    pub kind: String,
+    /// Its state: `available`, `staged`, `published`, ..., or `lost`.
+    pub state: String,
+    /// `normal` or `abnormal`.
+    pub health: String,
+    /// Why it is abnormal, in plain words (absent when normal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_reason: Option<String>,
 }
 
 /// What drivelet concluded about the disk.
@@ -106,6 +194,15 @@ pub(crate) struct DriveStatus {
     /// Ids of the volumes on the disk.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
+    /// The volumes on the disk with their size, used bytes, state and health.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_details: Vec<DriveVolume>,
+    /// Bytes of the disk no volume holds, as `ctl drives` counts them (managed disks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_bytes: Option<u64>,
+    /// How far the action of `spec.action` is (`ActionComplete`), once an admin asked one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<DriveCondition>,
     /// Ids of the snapshots on the disk (CSI snapshot ids: a VolumeSnapshotContent's
     /// snapshotHandle).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -162,6 +259,8 @@ pub(crate) enum DriveHealth {
 pub(crate) enum DriveUsage {
     /// Takes new volumes.
     Active,
+    /// Takes no new volumes because an admin cordoned it; its volumes stay.
+    Cordoned,
     /// Takes no new volumes; its volumes are asked to move.
     Releasing,
     /// Holds no live volume; may be pulled.
@@ -215,7 +314,7 @@ mod tests {
             .flatten()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(columns, ["NODE", "PRESENCE", "MEDIA", "SIZE", "CLASS", "HEALTH", "USAGE", "AGE"]);
+        assert_eq!(columns, ["NODE", "PRESENCE", "MEDIA", "SIZE", "CLASS", "HEALTH", "USAGE", "ACTION", "AGE"]);
     }
 
     #[test]
@@ -248,6 +347,7 @@ mod tests {
                 size_bytes: 2_000_398_934_016,
                 size: Some("1.8 TiB".into()),
                 media: "ssd".into(),
+                action: None,
             },
         );
         drive.status = Some(DriveStatus {
@@ -260,6 +360,9 @@ mod tests {
             presence: DrivePresence::Present,
             missing: false,
             volumes: vec!["vol-1".into()],
+            volume_details: vec![],
+            free_bytes: None,
+            conditions: vec![],
             snapshots: vec![],
             cleaning: Some("512.0 MiB being cleaned (40% done)".into()),
         });

@@ -23,11 +23,14 @@
 //! - [`plan`] writes only what differs, comparing spec, status and our labels (metadata
 //!   the server fills in is ignored): a new object, or one whose spec or labels changed,
 //!   is applied (server-side apply, field manager [`FIELD_MANAGER`], forced) and then its
-//!   status; an object whose status alone changed gets only the status applied.
+//!   status; an object whose status alone changed gets only the status applied. The
+//!   admin's `spec.action` is neither compared nor ever in an apply's body, so the agent
+//!   never owns that field and never overwrites it.
 //! - [`DriveSync`] syncs at start, after the inventory's drive events and the volume
 //!   manager's [`VolumesChanged`] (a volume created, deleted or failed, a drive's usage
 //!   changed; a burst of either within [`DEBOUNCE`] is one sync), and every `resync`
-//!   period as a safety net. So a drive's volume list follows creates and deletes within
+//!   period as a safety net, and every [`USED_REFRESH`] for the bytes its volumes use
+//!   (written only when they changed). So a drive's volume list follows creates and deletes within
 //!   the debounce, and the object of a missing drive goes once its last live volume is
 //!   deleted. One sync runs at a time; a failed one is logged and retried after
 //!   [`backoff`]. Nothing is synced, so nothing is deleted, before the inventory's first
@@ -53,7 +56,13 @@ use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::actors::volumes::book::Cleaning;
-use crate::actors::volumes::{ListCleaning, ListDriveUses, ListHeld, VolumeManager, VolumesReady};
+use crate::actors::volumes::{
+    volume_detail, CordonDrive, ListCleaning, ListDriveUses, ListHeld, ListVolumeStatuses, ReleaseDrive, VolumeManager,
+    VolumeStatus, VolumesReady, VolumesUsed,
+};
+use super::drive_actions::{self, Command};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, Recorder};
 use crate::words::{DriveClass, DriveUse, DriveUseState, Health};
 
 /// The label naming the node a `Drive` object belongs to.
@@ -68,6 +77,10 @@ pub(crate) const DEBOUNCE: Duration = Duration::from_millis(500);
 /// How often a sync waiting for the inventory's first scan (or the volume manager's
 /// start-up) asks again.
 pub(crate) const READY_POLL: Duration = Duration::from_secs(1);
+
+/// How often the bytes staged volumes use are looked at again (a sync that writes only
+/// when a figure changed), so the Drive objects' used bytes are at most this old.
+pub(crate) const USED_REFRESH: Duration = Duration::from_secs(30);
 
 /// Delay after the first failed sync; doubled per consecutive failure.
 pub(crate) const RETRY_BASE: Duration = Duration::from_secs(1);
@@ -170,6 +183,7 @@ pub(crate) fn health_of(health: Health) -> crd::DriveHealth {
 pub(crate) fn usage_of(state: Option<DriveUseState>) -> crd::DriveUsage {
     match state {
         None => crd::DriveUsage::Active,
+        Some(DriveUseState::Cordoned) => crd::DriveUsage::Cordoned,
         Some(DriveUseState::Releasing) => crd::DriveUsage::Releasing,
         Some(DriveUseState::Released) => crd::DriveUsage::Released,
     }
@@ -189,9 +203,11 @@ fn object(node: &str, drive_id: &str, spec: crd::DriveSpec, status: crd::DriveSt
 /// Puts how far the cleaning of each drive's freed space is into its object's status.
 pub(crate) fn show_cleaning(objects: &mut [crd::Drive], cleaning: &[Cleaning]) {
     for o in objects {
-        let words = cleaning.iter().find(|c| c.drive_id == o.spec.drive_id).map(Cleaning::words);
+        let c = cleaning.iter().find(|c| c.drive_id == o.spec.drive_id);
         if let Some(st) = o.status.as_mut() {
-            st.cleaning = words;
+            st.cleaning = c.map(Cleaning::words);
+            // As `ctl drives` counts it: space being cleaned is not free until clean.
+            st.free_bytes = st.free_bytes.map(|f| f.saturating_sub(c.map_or(0, |c| c.left_bytes)));
         }
     }
 }
@@ -221,6 +237,7 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             size_bytes: d.size_bytes,
             size: Some(crate::config::human_bytes(d.size_bytes)),
             media: d.media.as_str().to_string(),
+            action: None,
         };
         let status = crd::DriveStatus {
             class: Some(class_of(d.class)),
@@ -234,6 +251,9 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             volumes: ids_on(&d.id, false),
             snapshots: ids_on(&d.id, true),
             cleaning: None,
+            free_bytes: (d.class == DriveClass::Managed).then_some(d.free_bytes),
+            volume_details: Vec::new(),
+            conditions: Vec::new(),
         };
         let obj = object(node, &d.id, spec, status);
         out.entry(obj.name_any()).or_insert(obj);
@@ -255,6 +275,7 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             size_bytes: 0,
             size: None,
             media: recs.first().map(|r| r.media.as_str()).unwrap_or_default().to_string(),
+            action: None,
         };
         let status = crd::DriveStatus {
             class: Some(crd::DriveClass::Managed),
@@ -272,6 +293,9 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             volumes: ids_on(id, false),
             snapshots: ids_on(id, true),
             cleaning: None,
+            free_bytes: None,
+            volume_details: Vec::new(),
+            conditions: Vec::new(),
         };
         let obj = object(node, id, spec, status);
         out.entry(obj.name_any()).or_insert(obj);
@@ -319,10 +343,11 @@ pub(crate) fn plan(node: &str, desired: &[crd::Drive], existing: &[crd::Drive]) 
         };
         let mut want = want.clone();
         if want.status.as_ref().is_some_and(|s| s.presence == crd::DrivePresence::Missing) {
-            want.spec = have.spec.clone();
+            want.spec = have.spec.hardware();
         }
         let labels_match = want.labels().iter().all(|(k, v)| have.labels().get(k) == Some(v));
-        if have.spec != want.spec || !labels_match {
+        // The admin's action is theirs: only the hardware is compared (and applied).
+        if have.spec.hardware() != want.spec.hardware() || !labels_match {
             actions.push(SyncAction::Apply(Box::new(want)));
         } else if have.status != want.status {
             actions.push(SyncAction::ApplyStatus(Box::new(want)));
@@ -388,12 +413,26 @@ pub(crate) enum DrivesError {
 #[derive(Clone)]
 pub(crate) struct Executor {
     api: Api<crd::Drive>,
+    recorder: Recorder,
 }
 
 impl Executor {
-    /// An executor writing `Drive` objects as [`FIELD_MANAGER`].
-    pub(crate) fn new(client: Client) -> Self {
-        Self { api: Api::all(client) }
+    /// An executor writing `Drive` objects as [`FIELD_MANAGER`] and recording Events on
+    /// them as this node's drivelet.
+    pub(crate) fn new(client: Client, node: &str) -> Self {
+        let reporter = kube::runtime::events::Reporter { controller: super::identity::REPORTER.into(), instance: Some(node.into()) };
+        Self { api: Api::all(client.clone()), recorder: Recorder::new(client, reporter) }
+    }
+
+    /// Records `events` on their Drive objects; one that fails is logged, not retried
+    /// (the condition in the status says the same).
+    pub(crate) async fn tell(&self, events: &[(ObjectReference, Event)]) {
+        for (obj, ev) in events {
+            if let Err(e) = self.recorder.publish(ev, obj).await {
+                warn!(actor = "drive-sync", drive.object = obj.name.as_deref().unwrap_or_default(), error = %e,
+                      "cannot record an Event on the Drive object");
+            }
+        }
     }
 
     /// The objects labelled as `node`'s.
@@ -422,7 +461,8 @@ impl Executor {
 
     async fn apply(&self, obj: &crd::Drive, params: &PatchParams) -> Result<(), DrivesError> {
         let name = obj.name_any();
-        let mut body = crd::Drive::new(&name, obj.spec.clone());
+        // Never the admin's action: an apply that named it would take it over.
+        let mut body = crd::Drive::new(&name, obj.spec.hardware());
         body.metadata = ObjectMeta { name: Some(name.clone()), labels: obj.metadata.labels.clone(), ..Default::default() };
         self.api
             .patch(&name, params, &Patch::Apply(&body))
@@ -466,6 +506,10 @@ pub(crate) struct Sources {
     pub(crate) uses: Recipient<ListDriveUses>,
     pub(crate) volumes: Recipient<ListHeld>,
     pub(crate) cleaning: Recipient<ListCleaning>,
+    pub(crate) statuses: Recipient<ListVolumeStatuses>,
+    pub(crate) used: Recipient<VolumesUsed>,
+    pub(crate) cordon: Recipient<CordonDrive>,
+    pub(crate) release: Recipient<ReleaseDrive>,
 }
 
 impl Sources {
@@ -478,6 +522,10 @@ impl Sources {
             volumes_ready: volumes.clone().recipient(),
             uses: volumes.clone().recipient(),
             cleaning: volumes.clone().recipient(),
+            statuses: volumes.clone().recipient(),
+            used: volumes.clone().recipient(),
+            cordon: volumes.clone().recipient(),
+            release: volumes.clone().recipient(),
             volumes: volumes.recipient(),
         }
     }
@@ -496,7 +544,7 @@ fn ask(actor: &'static str, what: &'static str) -> impl FnOnce(MailboxError) -> 
     move |source| DrivesError::Ask { actor, what, source }
 }
 
-/// One sync: gather, decide, write.
+/// One sync: gather, act on the admins' actions, decide, write, tell.
 async fn sync_once(node: String, sources: Sources, executor: Executor) -> Result<Synced, DrivesError> {
     let status = sources.inventory_status.send(GetInventoryStatus).await.map_err(ask("inventory", "its scan status"))?;
     if !status.scanned {
@@ -506,16 +554,121 @@ async fn sync_once(node: String, sources: Sources, executor: Executor) -> Result
     if !ready {
         return Ok(Synced::NotReady("the volume manager's start-up reconciliation"));
     }
+    let existing = executor.list(&node).await?;
+    let uses = sources.uses.send(ListDriveUses).await.map_err(ask("volume manager", "the drive usage records"))?;
+    let refused = act(&node, &existing, &uses, &sources).await?;
     let drives = sources.drives.send(ListDrives).await.map_err(ask("inventory", "its drives"))?;
     let uses = sources.uses.send(ListDriveUses).await.map_err(ask("volume manager", "the drive usage records"))?;
     let volumes = sources.volumes.send(ListHeld).await.map_err(ask("volume manager", "its volumes"))?;
     let cleaning = sources.cleaning.send(ListCleaning).await.map_err(ask("volume manager", "how far cleaning is"))?;
+    let statuses = sources
+        .statuses
+        .send(ListVolumeStatuses { after: None, max: 0, abnormal_only: false })
+        .await
+        .map_err(ask("volume manager", "its volumes' conditions"))?
+        .map(|(page, _)| page)
+        .unwrap_or_default();
+    let used = sources.used.send(VolumesUsed).await.map_err(ask("volume manager", "the bytes its volumes use"))?;
     let mut want = desired(&node, &drives, &uses, &volumes);
     show_cleaning(&mut want, &cleaning);
-    let existing = executor.list(&node).await?;
+    show_volumes(&mut want, &statuses, &used);
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let events = show_actions(&node, &mut want, &existing, &uses, &refused, &now);
     let actions = plan(&node, &want, &existing);
     executor.execute(&actions).await?;
+    executor.tell(&events).await;
     Ok(Synced::Done(actions))
+}
+
+/// Asks the volume manager for what the `spec.action` of this node's objects asks and
+/// the drive is not yet; answers the refusals by drive id.
+async fn act(node: &str, existing: &[crd::Drive], uses: &[DriveUse], sources: &Sources) -> Result<BTreeMap<String, String>, DrivesError> {
+    let mut refused = BTreeMap::new();
+    for obj in existing.iter().filter(|e| is_ours(e, node)) {
+        let Some(action) = obj.spec.action else { continue };
+        let id = obj.spec.drive_id.clone();
+        let Some(cmd) = drive_actions::command(action, uses.iter().find(|u| u.drive_id == id)) else { continue };
+        let res = match cmd {
+            Command::Cordon(cordon) => sources
+                .cordon
+                .send(CordonDrive { drive_id: id.clone(), cordon })
+                .await
+                .map_err(ask("volume manager", "a drive cordon"))?
+                .map(|_| ()),
+            Command::Release => sources
+                .release
+                .send(ReleaseDrive { drive_id: id.clone(), force: false })
+                .await
+                .map_err(ask("volume manager", "a drive release"))?
+                .map(|_| ()),
+        };
+        match res {
+            Ok(()) => info!(actor = "drive-sync", node.name = %node, drive.id = %id, drive.action = action.as_str(),
+                            "drive action of the Drive object's spec carried out"),
+            Err(e) => {
+                warn!(actor = "drive-sync", node.name = %node, drive.id = %id, drive.action = action.as_str(), error = %e,
+                      "drive action of the Drive object's spec refused");
+                refused.insert(id, e.to_string());
+            }
+        }
+    }
+    Ok(refused)
+}
+
+/// Puts each drive's volumes with their size, used bytes, state and health into its
+/// object's status, as `ctl volumes` shows them ([`volume_detail`]).
+pub(crate) fn show_volumes(objects: &mut [crd::Drive], statuses: &[VolumeStatus], used: &BTreeMap<String, u64>) {
+    for o in objects {
+        let Some(st) = o.status.as_mut() else { continue };
+        st.volume_details = st
+            .volumes
+            .iter()
+            .filter_map(|id| statuses.iter().find(|v| v.record.id == *id))
+            .map(|v| {
+                let d = volume_detail(v, used);
+                crd::DriveVolume {
+                    id: d.id,
+                    name: d.name,
+                    size_bytes: d.size_bytes,
+                    used_bytes: d.used_bytes,
+                    kind: d.kind,
+                    state: d.state,
+                    health: if d.abnormal { "abnormal" } else { "normal" }.into(),
+                    health_reason: d.reason,
+                }
+            })
+            .collect();
+    }
+}
+
+/// Puts the `ActionComplete` condition of each object an admin asked an action of into
+/// its wanted status; answers the Events to record on the objects whose condition's
+/// reason changed.
+pub(crate) fn show_actions(
+    node: &str,
+    want: &mut [crd::Drive],
+    existing: &[crd::Drive],
+    uses: &[DriveUse],
+    refused: &BTreeMap<String, String>,
+    now: &str,
+) -> Vec<(ObjectReference, Event)> {
+    let mut events = Vec::new();
+    for w in want.iter_mut() {
+        let Some(have) = existing.iter().find(|e| is_ours(e, node) && e.name_any() == w.name_any()) else { continue };
+        let Some(action) = have.spec.action else { continue };
+        let id = w.spec.drive_id.clone();
+        let Some(st) = w.status.as_mut() else { continue };
+        let before = have.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == drive_actions::ACTION_COMPLETE));
+        let usage = uses.iter().find(|u| u.drive_id == id);
+        let live: Vec<String> = st.volumes.clone();
+        let outcome = drive_actions::outcome(action, &id, usage, &live, refused.get(&id).map(String::as_str));
+        let c = drive_actions::condition(outcome, have.metadata.generation.unwrap_or(0), before, now);
+        if let Some(ev) = drive_actions::event_of(action, before, &c) {
+            events.push((have.object_ref(&()), ev));
+        }
+        st.conditions = vec![c];
+    }
+    events
 }
 
 /// The actor that keeps this node's `Drive` objects in sync (see the module rules). Start
@@ -535,6 +688,19 @@ pub(crate) struct DriveSync {
     failures: u32,
     /// The next sync, when one is scheduled.
     timer: Option<SpawnHandle>,
+    /// Watch this node's objects through this client, so a changed spec (an admin's
+    /// action) is acted on at once (`None`: only the other triggers).
+    watch: Option<Client>,
+    /// The generation of each object last seen by the watch.
+    generations: BTreeMap<String, i64>,
+}
+
+/// The watch saw this node's object `name` at spec generation `generation`.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+struct SpecSeen {
+    name: String,
+    generation: i64,
 }
 
 impl DriveSync {
@@ -547,13 +713,17 @@ impl DriveSync {
         volumes: Addr<VolumeManager>,
         resync: Duration,
     ) -> Self {
-        Self::with_sources(client, node, Sources::of(inventory, volumes), resync)
+        let mut sync = Self::with_sources(client.clone(), node, Sources::of(inventory, volumes), resync);
+        sync.watch = Some(client);
+        sync
     }
 
     pub(crate) fn with_sources(client: Client, node: String, sources: Sources, resync: Duration) -> Self {
         Self {
+            executor: Executor::new(client, &node),
             node,
-            executor: Executor::new(client),
+            watch: None,
+            generations: BTreeMap::new(),
             sources,
             resync,
             subscribed: false,
@@ -644,7 +814,34 @@ impl Actor for DriveSync {
         if !self.resync.is_zero() {
             ctx.run_interval(self.resync, |act, ctx| act.request(ctx, Duration::ZERO));
         }
+        if let Some(client) = self.watch.clone() {
+            ctx.run_interval(USED_REFRESH, |act, ctx| act.request(ctx, Duration::ZERO));
+            use tokio_stream::StreamExt as _;
+            use kube::runtime::{watcher, WatchStreamExt as _};
+            let config = watcher::Config::default().labels(&format!("{NODE_LABEL}={}", node_label_value(&self.node)));
+            let seen = watcher::watcher(Api::<crd::Drive>::all(client), config)
+                .default_backoff()
+                .applied_objects()
+                .filter_map(Result::ok)
+                .map(|obj| SpecSeen { name: obj.name_any(), generation: obj.metadata.generation.unwrap_or(0) });
+            ctx.add_stream(seen);
+        }
         self.request(ctx, Duration::ZERO);
+    }
+}
+
+impl StreamHandler<SpecSeen> for DriveSync {
+    fn handle(&mut self, m: SpecSeen, ctx: &mut Context<Self>) {
+        // Only a new generation is a new spec: status writes (ours) do not change it.
+        if self.generations.insert(m.name, m.generation) != Some(m.generation) {
+            self.request(ctx, Duration::ZERO);
+        }
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {
+        // The watch retries with backoff and never ends; should it, the periodic
+        // resync still acts on the specs.
+        warn!(actor = "drive-sync", node.name = %self.node, "the watch of the Drive objects ended");
     }
 }
 
@@ -826,6 +1023,9 @@ mod tests {
                 volumes: vols.iter().map(|n| volume(*n, "", VolumeState::Available).id).collect(),
                 snapshots: vec![],
                 cleaning: None,
+                free_bytes: (class == crd::DriveClass::Managed).then_some(0),
+                volume_details: Vec::new(),
+                conditions: Vec::new(),
             }
         };
         let passed = "SMART overall-health passed";
@@ -872,6 +1072,7 @@ mod tests {
                 size_bytes: 1 << 40,
                 size: Some("1.0 TiB".into()),
                 media: "ssd".into(),
+                action: None,
             }
         );
         for obj in &got {
@@ -919,6 +1120,9 @@ mod tests {
                 volumes: vec![live.clone(), failed.id.clone()],
                 snapshots: vec![],
                 cleaning: None,
+                free_bytes: None,
+                volume_details: Vec::new(),
+                conditions: Vec::new(),
             })
         );
     }
@@ -1005,7 +1209,7 @@ mod tests {
             assert_eq!(serde_json::to_value(health_of(health)).ok(), Some(health.as_str().into()));
         }
         assert_eq!(usage_of(None), crd::DriveUsage::Active);
-        for state in [DriveUseState::Releasing, DriveUseState::Released] {
+        for state in [DriveUseState::Cordoned, DriveUseState::Releasing, DriveUseState::Released] {
             assert_eq!(serde_json::to_value(usage_of(Some(state))).ok(), Some(state.as_str().into()));
         }
     }

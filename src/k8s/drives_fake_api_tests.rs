@@ -25,8 +25,11 @@ use crate::actors::inventory::model::{Drive, DriveHealth};
 use crate::actors::messages::{DriveEvent, GetInventoryStatus, InventoryStatus, ListDrives, SubscribeDrives};
 use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
-use crate::actors::volumes::{ListCleaning, ListDriveUses, ListHeld, VolumesReady};
-use crate::words::{DriveClass, Health};
+use crate::actors::volumes::{
+    CordonDrive, ListCleaning, ListDriveUses, ListHeld, ListVolumeStatuses, ReleaseDrive, VolumeError, VolumeStatus, VolumesReady,
+    VolumesUsed,
+};
+use crate::words::{DriveClass, DriveUse, DriveUseState, Health};
 
 const LIST_PATH: &str = "/apis/drivelet.io/v1alpha1/drives?&labelSelector=drivelet.io%2Fnode%3Dnode-a";
 
@@ -100,6 +103,7 @@ fn managed_status_body(health: &str, reason: &str) -> Value {
             "healthReason": reason,
             "usage": "active",
             "presence": "present",
+            "freeBytes": 0,
         },
     })
 }
@@ -109,7 +113,7 @@ const PASSED: &str = "SMART overall-health passed";
 #[tokio::test(start_paused = true)]
 async fn executor_lists_by_node_label_then_applies_a_new_object_and_its_status() {
     let (client, mut handle) = fake_api();
-    let executor = Executor::new(client);
+    let executor = Executor::new(client, NODE);
     let obj = object_of(&managed());
     assert_eq!(obj.name_any(), "node-a-wwn-a-72896ad9");
 
@@ -137,7 +141,7 @@ async fn executor_lists_by_node_label_then_applies_a_new_object_and_its_status()
 #[tokio::test(start_paused = true)]
 async fn executor_applies_only_the_status_when_only_the_status_changed() {
     let (client, mut handle) = fake_api();
-    let executor = Executor::new(client);
+    let executor = Executor::new(client, NODE);
     let mut failing = managed();
     failing.health = DriveHealth { health: Health::Bad, reason: "SMART overall-health failed".into(), checked_unix: 2 };
     let actions = plan(NODE, &[object_of(&failing)], &[served(&object_of(&managed()))]);
@@ -157,7 +161,7 @@ async fn executor_applies_only_the_status_when_only_the_status_changed() {
 #[tokio::test(start_paused = true)]
 async fn executor_deletes_stale_objects_and_one_already_gone_is_no_error() {
     let (client, mut handle) = fake_api();
-    let executor = Executor::new(client);
+    let executor = Executor::new(client, NODE);
     let stale = served(&object_of(&drive("wwn-old", DriveClass::Foreign, "has a filesystem")));
     let gone = served(&object_of(&drive("wwn-gone", DriveClass::Foreign, "has a filesystem")));
     let other = served(&desired("node-b", &[drive("wwn-b", DriveClass::Managed, "blank")], &[], &[]).remove(0));
@@ -183,7 +187,7 @@ async fn executor_deletes_stale_objects_and_one_already_gone_is_no_error() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_apply_stops_before_its_status_and_the_rest() {
     let (client, mut handle) = fake_api();
-    let executor = Executor::new(client);
+    let executor = Executor::new(client, NODE);
     let stale = served(&object_of(&drive("wwn-old", DriveClass::Foreign, "has a filesystem")));
     let actions = plan(NODE, &[object_of(&managed())], std::slice::from_ref(&stale));
     assert_eq!(actions.len(), 2, "{actions:?}");
@@ -209,6 +213,9 @@ struct World {
     volumes: Vec<VolumeRecord>,
     subscriber: Option<Recipient<DriveEvent>>,
     volume_subscriber: Option<Recipient<VolumesChanged>>,
+    uses: Vec<DriveUse>,
+    /// The drive commands the stand-in volume manager was sent, in order.
+    asked: Vec<String>,
 }
 
 type Shared = Arc<Mutex<World>>;
@@ -257,7 +264,45 @@ impl Handler<VolumesReady> for FakeVolumes {
 impl Handler<ListDriveUses> for FakeVolumes {
     type Result = MessageResult<ListDriveUses>;
     fn handle(&mut self, _: ListDriveUses, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(Vec::new())
+        MessageResult(self.0.lock().expect("world lock").uses.clone())
+    }
+}
+
+impl Handler<ListVolumeStatuses> for FakeVolumes {
+    type Result = Result<(Vec<VolumeStatus>, Option<String>), VolumeError>;
+    fn handle(&mut self, _: ListVolumeStatuses, _: &mut Context<Self>) -> Self::Result {
+        Ok((Vec::new(), None))
+    }
+}
+
+impl Handler<VolumesUsed> for FakeVolumes {
+    type Result = MessageResult<VolumesUsed>;
+    fn handle(&mut self, _: VolumesUsed, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(Default::default())
+    }
+}
+
+impl Handler<CordonDrive> for FakeVolumes {
+    type Result = Result<Option<DriveUse>, VolumeError>;
+    fn handle(&mut self, m: CordonDrive, _: &mut Context<Self>) -> Self::Result {
+        let mut world = self.0.lock().expect("world lock");
+        world.asked.push(format!("cordon {} {}", m.drive_id, m.cordon));
+        world.uses.retain(|u| u.drive_id != m.drive_id);
+        if !m.cordon {
+            return Ok(None);
+        }
+        let u = DriveUse { drive_id: m.drive_id, state: DriveUseState::Cordoned, reason: "cordoned by an admin".into(), requested: true };
+        world.uses.push(u.clone());
+        Ok(Some(u))
+    }
+}
+
+impl Handler<ReleaseDrive> for FakeVolumes {
+    type Result = Result<DriveUse, VolumeError>;
+    fn handle(&mut self, m: ReleaseDrive, _: &mut Context<Self>) -> Self::Result {
+        let mut world = self.0.lock().expect("world lock");
+        world.asked.push(format!("release {}", m.drive_id));
+        Err(VolumeError::InvalidArgument { reason: format!("no drive with id {} is known on this node", m.drive_id) })
     }
 }
 
@@ -296,6 +341,10 @@ fn start_sync(client: Client, world: &Shared) -> Addr<DriveSync> {
         volumes_ready: volumes.clone().recipient(),
         uses: volumes.clone().recipient(),
         cleaning: volumes.clone().recipient(),
+        statuses: volumes.clone().recipient(),
+        used: volumes.clone().recipient(),
+        cordon: volumes.clone().recipient(),
+        release: volumes.clone().recipient(),
         volumes: volumes.recipient(),
     };
     DriveSync::with_sources(client, NODE.to_string(), sources, RESYNC).start()
@@ -454,6 +503,91 @@ async fn volume_changes_are_synced_after_the_debounce_and_a_missing_drive_goes_w
 
             tokio::time::sleep(Duration::from_secs(5)).await;
             handle.assert_no_more_requests("one sync per burst");
+        })
+        .await;
+}
+
+/// The status apply of `managed()`'s object with an admin's action: `usage` and the
+/// `ActionComplete` condition.
+fn action_status_body(usage: &str, usage_reason: Option<&str>, done: &str, reason: &str, message: &str, at: &str) -> Value {
+    let mut body = managed_status_body("good", PASSED);
+    let status = body["status"].as_object_mut().expect("status");
+    status.insert("usage".into(), json!(usage));
+    if let Some(r) = usage_reason {
+        status.insert("usageReason".into(), json!(r));
+    }
+    status.insert(
+        "conditions".into(),
+        json!([{
+            "type": "ActionComplete",
+            "status": done,
+            "reason": reason,
+            "message": message,
+            "observedGeneration": 2,
+            "lastTransitionTime": at,
+        }]),
+    );
+    body
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cordon_in_the_spec_is_carried_out_reported_in_the_status_and_told_in_an_event_once() {
+    tokio::task::LocalSet::new()
+        .run_until(async {
+            let (client, mut handle) = fake_api();
+            let world = world(true, vec![managed()]);
+            let _sync = start_sync(client, &world);
+
+            // The admin's object: the agent's hardware spec plus their action.
+            let mut asked = served(&object_of(&managed()));
+            asked.spec.action = Some(crd::DriveAction::Cordon);
+            asked.metadata.generation = Some(2);
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
+            respond(send, &drive_list(&[asked.clone()]));
+            // The spec is not applied again (the admin's action is no difference of
+            // ours), only the status, with the cordon done and its condition.
+            let call = handle.next("the status apply").await;
+            assert_eq!(call.uri, status_path("node-a-wwn-a-72896ad9"));
+            let at = call.body["status"]["conditions"][0]["lastTransitionTime"].as_str().expect("a transition time").to_string();
+            let message = "drive wwn-a takes no new volumes; it holds no volume, served as before";
+            assert_eq!(call.body, action_status_body("cordoned", Some("cordoned by an admin"), "True", "Cordoned", message, &at));
+            let mut now = asked.clone();
+            now.status = serde_json::from_value(call.body["status"].clone()).expect("a status");
+            respond(call.reply, &now);
+            let (event, send) = handle.expect_path(Method::POST, "/apis/events.k8s.io/v1/namespaces/default/events").await;
+            assert_eq!((event["reason"].as_str(), event["type"].as_str()), (Some("Cordoned"), Some("Normal")));
+            assert_eq!(event["note"].as_str(), Some(message));
+            assert_eq!(event["regarding"]["name"].as_str(), Some("node-a-wwn-a-72896ad9"));
+            assert_eq!(event["reportingInstance"].as_str(), Some("node-a"));
+            respond(send, &event);
+            assert_eq!(world.lock().expect("world lock").asked, ["cordon wwn-a true"]);
+
+            // The next sync finds it done: nothing asked, nothing written, no Event.
+            tokio::time::sleep(RESYNC).await;
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
+            respond(send, &drive_list(&[now.clone()]));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            handle.assert_no_more_requests("a done action writes nothing");
+            assert_eq!(world.lock().expect("world lock").asked.len(), 1, "asked once");
+
+            // The admin asks for a release the volume manager refuses: a Warning.
+            let mut release = now.clone();
+            release.spec.action = Some(crd::DriveAction::Release);
+            release.metadata.generation = Some(3);
+            tokio::time::sleep(RESYNC).await;
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
+            respond(send, &drive_list(&[release]));
+            let call = handle.next("the status apply").await;
+            let c = &call.body["status"]["conditions"][0];
+            assert_eq!((c["status"].as_str(), c["reason"].as_str(), c["observedGeneration"].as_i64()), (Some("False"), Some("Refused"), Some(3)));
+            assert_eq!(
+                c["message"].as_str(),
+                Some("drive wwn-a could not be asked to release: no drive with id wwn-a is known on this node")
+            );
+            respond(call.reply, &now);
+            let (event, send) = handle.expect_path(Method::POST, "/apis/events.k8s.io/v1/namespaces/default/events").await;
+            assert_eq!((event["reason"].as_str(), event["type"].as_str(), event["action"].as_str()), (Some("Refused"), Some("Warning"), Some("Release")));
+            respond(send, &event);
         })
         .await;
 }

@@ -45,6 +45,8 @@
 pub(crate) mod attach;
 /// The cluster-scoped `Drive` custom resource and its CRD manifest.
 pub(crate) mod crd;
+/// Drive actions through the API: what a Drive's `spec.action` asks, what its status says.
+pub(crate) mod drive_actions;
 /// Cluster duties: the Lease election of one agent that looks after deleted nodes'
 /// objects, its decisions, executor and controller, and a returning node's clean-up.
 pub(crate) mod duties;

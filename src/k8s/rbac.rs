@@ -118,9 +118,10 @@ pub const PERMISSIONS: &[Permission] = &[
         scope: Scope::Cluster,
         group: "drivelet.io",
         resource: "drives",
-        verbs: &["list", "create", "patch", "delete"],
+        verbs: &["list", "watch", "create", "patch", "delete"],
         used_by: "Drive object sync (kubernetes.drive_objects): list by node label, server-side \
-                  apply (patch, and create when the object is new), delete of stale objects; \
+                  apply (patch, and create when the object is new), delete of stale objects, a watch \
+                  of this node's objects so an admin's spec.action is acted on at once; \
                   k8s::duties::executor::Executor (list; delete of a deleted node's objects)",
     },
     Permission {
@@ -178,6 +179,20 @@ pub const PERMISSIONS: &[Permission] = &[
     },
 ];
 
+/// What an admin who drives drive actions may do, and nothing else: the ClusterRole
+/// `drivelet-drive-admin` in `deploy/rbac-drive-admin.yaml` (checked both ways by
+/// `tests/integration/cluster/deploy.rs`). Read the Drive objects (`kubectl drivelet
+/// drives|volumes`, `kubectl get drives`) and patch their spec (`spec.action`:
+/// `kubectl drivelet drive cordon|uncordon|release`); never their status (the agents'),
+/// never create or delete them.
+pub const DRIVE_ADMIN: &[Permission] = &[Permission {
+    scope: Scope::Cluster,
+    group: "drivelet.io",
+    resource: "drives",
+    verbs: &["get", "list", "watch", "patch"],
+    used_by: "cli::kubectl (kubectl drivelet: lists the Drive objects, merge-patches spec.action)",
+}];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,8 +214,13 @@ mod tests {
     }
 
     #[test]
+    fn the_drive_admin_may_not_touch_a_drives_status() {
+        assert!(DRIVE_ADMIN.iter().all(|p| p.resource == "drives" && !p.verbs.contains(&"create") && !p.verbs.contains(&"delete")));
+    }
+
+    #[test]
     fn a_watched_resource_can_also_be_listed() {
-        for p in PERMISSIONS.iter().filter(|p| p.verbs.contains(&"watch")) {
+        for p in PERMISSIONS.iter().chain(DRIVE_ADMIN).filter(|p| p.verbs.contains(&"watch")) {
             assert!(p.verbs.contains(&"list"), "{}: a watch starts with a list", p.resource);
         }
     }

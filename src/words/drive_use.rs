@@ -1,4 +1,5 @@
-//! A drive's usage other than active (releasing, released) and its persisted record.
+//! A drive's usage other than active (cordoned, releasing, released) and its persisted
+//! record.
 
 use serde::{Deserialize, Serialize};
 
@@ -6,6 +7,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DriveUseState {
+    /// Takes no new volumes because an admin asked (`cordon`); its volumes stay and are
+    /// served as before; `uncordon` makes it active again.
+    Cordoned,
     /// Takes no new volumes; its volumes are asked to move.
     Releasing,
     /// Holds no live volume; may be pulled.
@@ -16,6 +20,7 @@ impl DriveUseState {
     /// Lower-case name for output.
     pub fn as_str(self) -> &'static str {
         match self {
+            DriveUseState::Cordoned => "cordoned",
             DriveUseState::Releasing => "releasing",
             DriveUseState::Released => "released",
         }
@@ -27,7 +32,7 @@ impl DriveUseState {
 pub struct DriveUse {
     /// Stable drive id.
     pub drive_id: String,
-    /// Releasing or released.
+    /// Cordoned, releasing or released.
     pub state: DriveUseState,
     /// Why.
     pub reason: String,

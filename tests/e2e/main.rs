@@ -32,7 +32,8 @@
 //! 7. everything deleted: no volume, PV, VolumeAttachment or mount left.
 //!
 //! Between 5 and 6, claims are cloned from claims (`clone.rs`), then snapshotted and
-//! restored (`snapshots.rs`).
+//! restored (`snapshots.rs`); between 6 and 7, drive actions through the Drive spec and
+//! the `kubectl drivelet` tables (`drive_actions.rs`).
 //!
 //! Across nodes (`nodes.rs`), on their own thread once the deploy journey is done,
 //! beside the real node's journeys (their own namespace; joined before the clean-up):
@@ -59,6 +60,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod clone;
+mod drive_actions;
 mod nodes;
 mod snapshots;
 
@@ -104,6 +106,7 @@ fn main() {
         ("claims cloned from claims: refused while written, then the data copied (ext4, block)", clone::journey_clone),
         ("snapshots: refused in use, frozen, restored (ext4, xfs, block) after source deletion and a restart; space freed", snapshots::journey_snapshots),
         ("a drive failing under a running pod; a drive released", journey_failure),
+        ("kubectl drivelet: tables as ctl's, cordon, uncordon, release through the Drive spec", drive_actions::journey_drive_actions),
         ("clean-up: nothing left behind", journey_cleanup),
     ];
     let mut failed = None;

@@ -90,7 +90,7 @@ pub struct DriveHealth {
 
 impl Default for DriveHealth {
     fn default() -> Self {
-        DriveHealth { health: Health::Unknown, reason: "not checked yet".into(), checked_unix: 0 }
+        DriveHealth { health: Health::Unknown, reason: NOT_CHECKED.into(), checked_unix: 0 }
     }
 }
 
@@ -425,3 +425,6 @@ mod tests {
         assert_eq!(inv.apply_one("sdb", None), None);
     }
 }
+
+/// The health reason of a drive whose health was not checked yet.
+pub const NOT_CHECKED: &str = "not checked yet";

@@ -268,9 +268,11 @@ pub(crate) fn condition(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option
             Health::Good | Health::Unknown => {}
         },
     }
+    // A cordoned drive only takes no new volumes: its volumes are as well as before.
+    let usage = usage.filter(|u| u.state != DriveUseState::Cordoned);
     if let Some(u) = usage.filter(|u| !(u.state == DriveUseState::Releasing && drive.is_some_and(|d| d.health.health == Health::Bad) && !u.requested)) {
         let reason = match u.state {
-            DriveUseState::Releasing => Reason::DriveReleasing,
+            DriveUseState::Releasing | DriveUseState::Cordoned => Reason::DriveReleasing,
             DriveUseState::Released => Reason::DriveReleased,
         };
         found.push((reason, format!(

@@ -232,6 +232,25 @@ pub struct ReleaseDrive {
     pub force: bool,
 }
 
+/// Command: cordon a drive (no new volumes; its volumes stay) or uncordon it
+/// (`drivelet ctl drive cordon|uncordon`, or the Drive object's `spec.action`). Answers
+/// the drive's usage from then on (`None`: active).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<Option<DriveUse>, VolumeError>")]
+pub struct CordonDrive {
+    /// Stable drive id.
+    pub drive_id: String,
+    /// Cordon (`true`) or uncordon (`false`).
+    pub cordon: bool,
+}
+
+/// Query: the bytes each staged filesystem volume uses (statvfs of its staging path),
+/// by volume id; volumes not staged, block volumes and filesystems that do not answer
+/// in time are left out.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "BTreeMap<String, u64>")]
+pub struct VolumesUsed;
+
 /// A volume with its live status.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct VolumeStatus {

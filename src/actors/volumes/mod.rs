@@ -39,6 +39,7 @@ pub(crate) mod cleaner;
 pub(crate) mod clone;
 pub mod error;
 pub(crate) mod conditions;
+pub(crate) mod drive_actions;
 pub(crate) mod messages;
 pub mod model;
 pub mod ops;
@@ -59,6 +60,7 @@ use tracing::{error, info, warn};
 pub use self::book::claim::Guards;
 pub use self::error::VolumeError;
 pub use self::messages::*;
+pub use self::drive_actions::{volume_detail, volume_kind, volume_state, VolumeDetail};
 
 use self::book::{Claim, CreatePlan, VolumeBook};
 

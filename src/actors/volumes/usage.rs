@@ -1,9 +1,13 @@
 //! Drive usage and the release and attach policy, as pure functions over the shared
 //! words ([`DriveUse`], [`DriveUseState`], [`Health`]).
 //!
-//! Drive usage: `active` (no record), `releasing` (no new volumes; its volumes say so),
+//! Drive usage: `active` (no record), `cordoned` (no new volumes; an admin asked; its
+//! volumes are served as before), `releasing` (no new volumes; its volumes say so),
 //! `released` (empty or force-released; may be pulled). Transitions:
-//! - health turns BAD: active -> releasing;
+//! - health turns BAD: active/cordoned -> releasing;
+//! - cordon ([`cordon`]): active -> cordoned; a releasing or released drive stays as it
+//!   is (it takes no new volumes already); uncordon: cordoned -> active, and nothing
+//!   else (a release is not undone by an uncordon);
 //! - `ctl drive release`: active/releasing -> released when it holds no volume,
 //!   otherwise -> releasing (or, with force, released with its volumes failed);
 //! - the last volume of a releasing drive is deleted: -> released when auto-release
@@ -43,7 +47,7 @@ pub(crate) fn attach_refusal(rec: &VolumeRecord, drive: Option<&Drive>, usage: O
     if d.health.health == Health::Bad {
         return Some(VolumeError::DriveFailing { volume_id, drive_id: d.id.clone(), health: d.health.reason.clone() });
     }
-    if let Some(u) = usage {
+    if let Some(u) = usage.filter(|u| u.state != DriveUseState::Cordoned) {
         return Some(VolumeError::DriveReleasing {
             volume_id,
             drive_id: u.drive_id.clone(),
@@ -56,20 +60,21 @@ pub(crate) fn attach_refusal(rec: &VolumeRecord, drive: Option<&Drive>, usage: O
 
 /// What health turning to `h` does to a drive's usage: BAD starts releasing it.
 pub(crate) fn usage_after_health(current: Option<&DriveUse>, drive_id: &str, h: Health, reason: &str) -> Option<DriveUse> {
-    match (current, h) {
-        (None, Health::Bad) => Some(DriveUse {
-            drive_id: drive_id.to_string(),
-            state: DriveUseState::Releasing,
-            reason: format!("health is BAD: {reason}"),
-            requested: false,
-        }),
-        _ => None,
-    }
+    let open = current.is_none_or(|u| u.state == DriveUseState::Cordoned);
+    (h == Health::Bad && open).then(|| DriveUse {
+        drive_id: drive_id.to_string(),
+        state: DriveUseState::Releasing,
+        reason: format!("health is BAD: {reason}"),
+        requested: false,
+    })
 }
 
 /// What a release request does: `Ok(new usage, volumes to fail)` or an error message.
 pub(crate) fn release(current: Option<&DriveUse>, drive_id: &str, live_volumes: &[&VolumeRecord], force: bool) -> (DriveUse, Vec<String>) {
-    let reason = current.map(|u| u.reason.clone()).unwrap_or_else(|| "release requested".into());
+    let reason = current
+        .filter(|u| u.state != DriveUseState::Cordoned)
+        .map(|u| u.reason.clone())
+        .unwrap_or_else(|| "release requested".into());
     if live_volumes.is_empty() {
         return (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Released, reason, requested: true }, vec![]);
     }
@@ -81,6 +86,22 @@ pub(crate) fn release(current: Option<&DriveUse>, drive_id: &str, live_volumes: 
         );
     }
     (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Releasing, reason, requested: true }, vec![])
+}
+
+/// What a cordon (`on`) or uncordon request does to a drive's usage: `Ok(Some(record))`
+/// to store, `Ok(None)` to forget the record (active again), `Err(unchanged)` when it
+/// changes nothing (already so, or a release that an uncordon does not undo).
+pub(crate) fn cordon(current: Option<&DriveUse>, drive_id: &str, on: bool) -> Result<Option<DriveUse>, Option<DriveUse>> {
+    match (current.map(|u| u.state), on) {
+        (None, true) => Ok(Some(DriveUse {
+            drive_id: drive_id.to_string(),
+            state: DriveUseState::Cordoned,
+            reason: "cordoned by an admin".into(),
+            requested: true,
+        })),
+        (Some(DriveUseState::Cordoned), false) => Ok(None),
+        _ => Err(current.cloned()),
+    }
 }
 
 #[cfg(test)]
@@ -106,6 +127,7 @@ mod tests {
     fn attachments_need_a_present_usable_drive_unless_they_are_repeats() {
         let releasing = DriveUse { drive_id: "d1".into(), state: DriveUseState::Releasing, reason: "asked".into(), requested: true };
         let released = DriveUse { state: DriveUseState::Released, ..releasing.clone() };
+        let cordoned = DriveUse { state: DriveUseState::Cordoned, ..releasing.clone() };
         let fresh = rec();
         let mut attached = rec();
         attached.published_node = Some("n1".into());
@@ -123,6 +145,7 @@ mod tests {
             ("released drive", &fresh, Some(drive(Health::Good)), Some(&released), Some("is released")),
             ("force-failed volume", &failed, Some(drive(Health::Good)), None, Some("forced release")),
             ("repeat on a releasing drive", &attached, Some(drive(Health::Good)), Some(&releasing), None),
+            ("cordoned drive", &fresh, Some(drive(Health::Good)), Some(&cordoned), None),
             ("repeat on a failing drive", &attached, Some(drive(Health::Bad)), None, None),
             ("repeat with the drive missing", &attached, None, None, Some("missing")),
         ];
@@ -151,5 +174,37 @@ mod tests {
         assert!(u3.requested);
         let (u4, failed) = release(None, "d1", &[&r], true);
         assert_eq!((u4.state, failed), (DriveUseState::Released, vec!["v1".to_string()]));
+    }
+
+    #[test]
+    fn cordon_closes_an_active_drive_and_uncordon_opens_only_a_cordoned_one() {
+        let of = |state| DriveUse { drive_id: "d1".into(), state, reason: "asked".into(), requested: true };
+        let (cordoned, releasing, released) =
+            (of(DriveUseState::Cordoned), of(DriveUseState::Releasing), of(DriveUseState::Released));
+        // (case, current usage, cordon?, the state after, or None: active; changed?)
+        type Case<'a> = (&'a str, Option<&'a DriveUse>, bool, Option<DriveUseState>, bool);
+        let table: Vec<Case<'_>> = vec![
+            ("cordon an active drive", None, true, Some(DriveUseState::Cordoned), true),
+            ("cordon it again", Some(&cordoned), true, Some(DriveUseState::Cordoned), false),
+            ("cordon a releasing drive", Some(&releasing), true, Some(DriveUseState::Releasing), false),
+            ("cordon a released drive", Some(&released), true, Some(DriveUseState::Released), false),
+            ("uncordon a cordoned drive", Some(&cordoned), false, None, true),
+            ("uncordon an active drive", None, false, None, false),
+            ("uncordon does not undo a release", Some(&releasing), false, Some(DriveUseState::Releasing), false),
+            ("nor a completed one", Some(&released), false, Some(DriveUseState::Released), false),
+        ];
+        for (case, current, on, want, changed) in table {
+            let got = cordon(current, "d1", on);
+            assert_eq!(got.is_ok(), changed, "{case}");
+            let after = match got {
+                Ok(u) | Err(u) => u.map(|u| u.state),
+            };
+            assert_eq!(after, want, "{case}");
+        }
+        // A cordoned drive that turns BAD starts releasing; a release of it says so.
+        let u = usage_after_health(Some(&cordoned), "d1", Health::Bad, "SMART failed").expect("releasing");
+        assert_eq!((u.state, u.reason.as_str()), (DriveUseState::Releasing, "health is BAD: SMART failed"));
+        let (u, _) = release(Some(&cordoned), "d1", &[], false);
+        assert_eq!((u.state, u.reason.as_str()), (DriveUseState::Released, "release requested"));
     }
 }

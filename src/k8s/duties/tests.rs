@@ -118,6 +118,7 @@ pub(crate) fn drive(name: &str, node: &str) -> Drive {
             wwn: None,
             model: None,
             media: "ssd".into(),
+            action: None,
             size_bytes: 1 << 30,
             size: Some("1 GiB".into()),
         },

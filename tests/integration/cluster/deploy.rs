@@ -368,6 +368,21 @@ fn drivelet_cluster_role_grants_exactly_the_permissions_table() {
 }
 
 #[test]
+fn drive_admin_cluster_role_grants_exactly_the_drive_admin_table_and_is_bound_to_no_one() {
+    let role: ClusterRole = object("rbac-drive-admin.yaml", "ClusterRole", "drivelet-drive-admin");
+    let want = drivelet::k8s::rbac::DRIVE_ADMIN
+        .iter()
+        .map(|p| ((p.group.to_string(), p.resource.to_string()), p.verbs.iter().map(|v| v.to_string()).collect()))
+        .collect();
+    assert_grants_exactly("ClusterRole drivelet-drive-admin", role.rules.as_deref().unwrap_or_default(), &want);
+    assert!(!grants(role.rules.as_deref().unwrap_or_default()).contains_key(&("drivelet.io".into(), "drives/status".into())));
+    assert!(
+        documents("rbac-drive-admin.yaml").iter().all(|d| d["kind"].as_str() == Some("ClusterRole")),
+        "binding it is the operators' choice: the file holds the role alone"
+    );
+}
+
+#[test]
 fn drivelet_role_grants_exactly_the_namespaced_permissions_in_its_namespace() {
     let role: Role = object("rbac.yaml", "Role", "drivelet");
     assert_eq!(role.metadata.namespace.as_deref(), Some(NAMESPACE));

@@ -105,3 +105,55 @@ fn releasing_a_drive_moves_new_volumes_away_and_a_pulled_released_drive_is_forgo
         assert!(cond.abnormal && cond.message.contains("volume failed"), "{}", cond.message);
     }
 }
+
+#[test]
+fn a_cordoned_drive_takes_no_new_volumes_serves_its_own_and_is_uncordoned_and_kept_over_a_restart() {
+    require_host();
+    let tmp = short_tempdir();
+    let _a = LoopDrive::new(tmp.path(), "a.img", GIB);
+    let _b = LoopDrive::new(tmp.path(), "b.img", GIB);
+    sh("udevadm", &["settle"]);
+    let mut agent = Agent::start(tmp.path(), AgentOpts::default());
+    let rt = rt();
+    let mut c = rt.block_on(Csi::connect(&agent));
+    let create = |c: &mut Csi, name: &str| {
+        rt.block_on(async {
+            c.ctrl.create_volume(create_req(name, 16 * MIB, block_cap())).await.map(|r| r.into_inner().volume.unwrap().volume_id)
+        })
+    };
+    let v1 = create(&mut c, "pvc-cordon-1").unwrap();
+    let d1 = drive_of_volume(&agent, &v1);
+    let (ok, out) = ctl(&agent, &["drive", "cordon", "no-such-drive"]);
+    assert!(!ok && out.contains("no drive with id"), "{out}");
+
+    let (ok, out) = ctl(&agent, &["drive", "cordon", &d1]);
+    assert!(ok && out.contains("cordoned"), "{out}");
+    assert_eq!(usage_of(&agent, &d1).as_deref(), Some("cordoned"));
+    let (ok, out) = ctl(&agent, &["drive", "cordon", &d1]);
+    assert!(ok && out.contains("cordoned"), "a repeat is no error: {out}");
+    for i in 0..3 {
+        let v = create(&mut c, &format!("pvc-cordon-other-{i}")).unwrap();
+        assert_ne!(drive_of_volume(&agent, &v), d1, "no new volume on a cordoned drive");
+    }
+    // Its own volume stays well and may be attached.
+    let cond = rt.block_on(async {
+        let r = c.ctrl.controller_get_volume(csi::ControllerGetVolumeRequest { volume_id: v1.clone() }).await.unwrap();
+        r.into_inner().status.unwrap().volume_condition.unwrap()
+    });
+    assert!(!cond.abnormal, "a cordoned drive's volume is normal: {}", cond.message);
+
+    // Kept over a restart.
+    drop(c);
+    agent.stop();
+    agent.spawn();
+    assert_eq!(usage_of(&agent, &d1).as_deref(), Some("cordoned"));
+
+    let (ok, out) = ctl(&agent, &["drive", "uncordon", &d1]);
+    assert!(ok && out.contains("active"), "{out}");
+    assert_eq!(usage_of(&agent, &d1).as_deref(), Some("active"));
+    // An uncordon does not undo a release.
+    let (ok, _) = ctl(&agent, &["drive", "release", &d1]);
+    assert!(ok);
+    let (ok, out) = ctl(&agent, &["drive", "uncordon", &d1]);
+    assert!(ok && out.contains("releasing"), "{out}");
+}

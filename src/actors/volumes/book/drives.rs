@@ -1,7 +1,8 @@
 //! The drive side of the volume book: drive events, drive releases and their
 //! completion, drives the GPT writer refused, and the reconciliation of one drive.
 //!
-//! Rules: a drive whose health turns BAD is releasing (no new volume, its volumes asked
+//! Rules: a cordoned drive takes no new volume and serves its volumes as before; a drive
+//! whose health turns BAD is releasing (no new volume, its volumes asked
 //! to move); a release completes once the drive holds no live volume (when asked, or
 //! always with `auto_release`); a forced release fails the volumes still on it; a
 //! released drive that is pulled is forgotten.
@@ -15,7 +16,7 @@ use super::{Claim, VolumeBook};
 use crate::actors::inventory::model::Drive;
 use crate::actors::messages::DriveEvent;
 use crate::actors::volumes::usage;
-use crate::actors::volumes::messages::ReleaseDrive;
+use crate::actors::volumes::messages::{CordonDrive, ReleaseDrive};
 use crate::actors::volumes::model::VolumeRecord;
 use crate::actors::volumes::VolumeError;
 use crate::words::{DriveClass, DriveUse, DriveUseState};
@@ -197,5 +198,30 @@ impl VolumeBook {
         self.drive_use.insert(m.drive_id.clone(), usage.clone());
         self.publish();
         Ok(ReleasePlan { usage, failed })
+    }
+
+    /// Decides and applies a cordon or uncordon: answers the drive's usage record from
+    /// now on (`None`: active) and whether it changed (so must be stored).
+    pub(crate) fn cordon(&mut self, m: &CordonDrive) -> Result<(Option<DriveUse>, bool), VolumeError> {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        let known = self.drives.contains_key(&m.drive_id) || self.records.values().any(|r| r.drive_id == m.drive_id);
+        if !known {
+            return Err(VolumeError::InvalidArgument { reason: format!("no drive with id {} is known on this node", m.drive_id) });
+        }
+        match usage::cordon(self.drive_use.get(&m.drive_id), &m.drive_id, m.cordon) {
+            Err(unchanged) => Ok((unchanged, false)),
+            Ok(u) => {
+                let what = if m.cordon { "drive cordoned: it takes no new volumes" } else { "drive uncordoned: it takes new volumes again" };
+                info!(drive.id = %m.drive_id, "{what}");
+                match &u {
+                    Some(u) => self.drive_use.insert(m.drive_id.clone(), u.clone()),
+                    None => self.drive_use.remove(&m.drive_id),
+                };
+                self.publish();
+                Ok((u, true))
+            }
+        }
     }
 }

@@ -1,0 +1,391 @@
+//! `kubectl drivelet`: the cluster-wide view and the drive actions, a kubectl plugin (the
+//! same binary installed as `kubectl-drivelet`, or `drivelet kubectl ...`). It reads the
+//! `Drive` objects every node's agent publishes, with the user's kubeconfig (no exec into
+//! pods), and starts drive actions by patching a Drive's `spec.action`; the node's agent
+//! carries them out and reports in the object's status.
+//!
+//! Rules:
+//! - The tables say what `ctl drives` and `ctl volumes` say on each node, in the same
+//!   columns and words (the shared [`super::ctl::drive_reason`], [`super::ctl::table`],
+//!   and the volume details the agents publish), with the node first; `ctl`'s local-only
+//!   columns (a drive's path, a volume's staging and target paths) are left out.
+//! - Rows are sorted by node, then drive, then volume id, so two runs compare.
+//! - `-o json|yaml` prints the same rows with exact byte counts, for scripts.
+//! - A drive is named `NODE/DRIVE` (the drive id as `ctl drives` prints it) or by its
+//!   object's name. An action is a JSON merge patch of `spec.action` alone, under field
+//!   manager [`FIELD_MANAGER`]: nothing else of the object is written.
+//! - Exit codes ([`KubectlError::exit_code`]): 0 done; 1 the API or the agent failed or
+//!   refused; 2 bad arguments (from the argument parser); 3 no such node or drive; 4 an
+//!   action waited for (`--wait`) was not complete in time.
+
+use std::time::Duration;
+
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config, ResourceExt};
+use serde::Serialize;
+use serde_json::json;
+
+use super::ctl::{drive_reason, health_words, table, used_words};
+use crate::actors::inventory::model::NOT_CHECKED;
+use crate::config::human_bytes;
+use crate::k8s::crd::{Drive, DriveAction, DriveClass, DriveHealth};
+use crate::k8s::drive_actions::ACTION_COMPLETE;
+use crate::k8s::drives::NODE_LABEL;
+
+/// The field manager of the plugin's patches.
+pub const FIELD_MANAGER: &str = "kubectl-drivelet";
+
+/// How often `--wait` looks at the Drive's status.
+const WAIT_POLL: Duration = Duration::from_millis(500);
+
+/// Errors of the plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum KubectlError {
+    /// No usable kubeconfig.
+    #[error("cannot use the kubeconfig: {0}")]
+    Config(String),
+    /// The API server answered an error or could not be reached.
+    #[error("{what}: {source}")]
+    Api {
+        /// What was asked.
+        what: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// The drive named is not there.
+    #[error("{0}")]
+    NotFound(String),
+    /// The node's agent refused the action.
+    #[error("{0}")]
+    Refused(String),
+    /// The action was not complete within the time waited.
+    #[error("{0}")]
+    TimedOut(String),
+}
+
+impl KubectlError {
+    /// The exit code a script sees (see the module rules).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            KubectlError::Config(_) | KubectlError::Api { .. } | KubectlError::Refused(_) => 1,
+            KubectlError::NotFound(_) => 3,
+            KubectlError::TimedOut(_) => 4,
+        }
+    }
+}
+
+/// A client with the user's kubeconfig: `kubeconfig` or else `$KUBECONFIG` or
+/// `~/.kube/config` (or the pod's service account), with `context` if given.
+pub async fn client(kubeconfig: Option<&std::path::Path>, context: Option<String>) -> Result<Client, KubectlError> {
+    let options = KubeConfigOptions { context, ..Default::default() };
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path).map_err(|e| KubectlError::Config(format!("{}: {e}", path.display())))?;
+            Config::from_custom_kubeconfig(kc, &options).await.map_err(|e| KubectlError::Config(e.to_string()))?
+        }
+        None if options.context.is_some() => {
+            Config::from_kubeconfig(&options).await.map_err(|e| KubectlError::Config(e.to_string()))?
+        }
+        None => Config::infer().await.map_err(|e| KubectlError::Config(e.to_string()))?,
+    };
+    Client::try_from(config).map_err(|e| KubectlError::Config(e.to_string()))
+}
+
+/// The Drive objects, of `node` only when given.
+pub(crate) async fn list(client: &Client, node: Option<&str>) -> Result<Vec<Drive>, KubectlError> {
+    let api: Api<Drive> = Api::all(client.clone());
+    let mut params = ListParams::default();
+    if let Some(n) = node {
+        params = params.labels(&format!("{NODE_LABEL}={}", crate::k8s::drives::node_label_value(n)));
+    }
+    let list = api.list(&params).await.map_err(|source| KubectlError::Api { what: "listing the Drive objects".into(), source })?;
+    let mut items: Vec<Drive> = list.items.into_iter().filter(|d| node.is_none_or(|n| d.spec.node == n)).collect();
+    items.sort_by(|a, b| (&a.spec.node, &a.spec.drive_id).cmp(&(&b.spec.node, &b.spec.drive_id)));
+    Ok(items)
+}
+
+/// One drive as `kubectl drivelet drives` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DriveRow {
+    /// The node.
+    pub node: String,
+    /// The drive id, as `ctl drives` prints it.
+    pub id: String,
+    /// The Drive object's name.
+    pub object: String,
+    /// Size in bytes (0: not known, a drive missing since before its object was made).
+    pub size_bytes: u64,
+    /// `hdd`, `ssd`, `nvme` or `virtual`.
+    pub media: String,
+    /// `managed`, `system`, `foreign` or `excluded`.
+    pub class: String,
+    /// `good`, `unknown`, `suspect` or `bad`.
+    pub health: String,
+    /// `active`, `cordoned`, `releasing` or `released`.
+    pub usage: String,
+    /// Whether the node sees the drive: `present` or `missing`.
+    pub presence: String,
+    /// Bytes free for new volumes (managed drives).
+    pub free_bytes: Option<u64>,
+    /// Volumes on it.
+    pub volumes: usize,
+    /// What an admin asked of it (`spec.action`), if anything.
+    pub action: Option<String>,
+    /// How far that is (the `ActionComplete` condition's message).
+    pub action_status: Option<String>,
+    /// Why it is as it is, in the words of `ctl drives`.
+    pub reason: String,
+}
+
+/// One volume as `kubectl drivelet volumes` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeRow {
+    /// The node.
+    pub node: String,
+    /// The volume id.
+    pub id: String,
+    /// The name it was created with (the PV's name).
+    pub name: String,
+    /// The drive it lives on.
+    pub drive: String,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Bytes its filesystem uses, when staged.
+    pub used_bytes: Option<u64>,
+    /// `block`, or its filesystem.
+    pub kind: String,
+    /// Its state.
+    pub state: String,
+    /// `normal` or `abnormal`.
+    pub health: String,
+    /// Why it is abnormal.
+    pub reason: Option<String>,
+}
+
+fn word<T: Serialize>(v: &T) -> String {
+    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+}
+
+/// The row of one Drive object.
+pub(crate) fn drive_row(d: &Drive) -> DriveRow {
+    let st = d.status.clone().unwrap_or_default();
+    let managed = st.class == Some(DriveClass::Managed);
+    let health_reason = st.health_reason.clone().unwrap_or_default();
+    let checked = !matches!(st.health, Some(DriveHealth::Good)) && !health_reason.is_empty() && health_reason != NOT_CHECKED;
+    let usage = st.usage.as_ref().map(word).unwrap_or_else(|| "active".into());
+    let condition = st.conditions.iter().find(|c| c.type_ == ACTION_COMPLETE);
+    DriveRow {
+        node: d.spec.node.clone(),
+        id: d.spec.drive_id.clone(),
+        object: d.name_any(),
+        size_bytes: d.spec.size_bytes,
+        media: d.spec.media.clone(),
+        class: st.class.as_ref().map(word).unwrap_or_default(),
+        health: st.health.as_ref().map(word).unwrap_or_default(),
+        presence: word(&st.presence),
+        free_bytes: st.free_bytes,
+        volumes: st.volumes.len(),
+        action: d.spec.action.map(|a| a.as_str().to_string()),
+        action_status: condition.map(|c| c.message.clone()),
+        reason: drive_reason(
+            st.class_reason.as_deref().unwrap_or_default(),
+            managed,
+            checked.then_some(health_reason.as_str()),
+            &usage,
+            st.usage_reason.as_deref().unwrap_or_default(),
+            st.cleaning.as_deref(),
+        ),
+        usage,
+    }
+}
+
+/// The rows of the volumes on the Drive objects, by node, drive and id.
+pub(crate) fn volume_rows(drives: &[Drive]) -> Vec<VolumeRow> {
+    let mut rows: Vec<VolumeRow> = drives
+        .iter()
+        .flat_map(|d| {
+            let details = d.status.as_ref().map(|s| s.volume_details.clone()).unwrap_or_default();
+            details.into_iter().map(move |v| VolumeRow {
+                node: d.spec.node.clone(),
+                id: v.id,
+                name: v.name,
+                drive: d.spec.drive_id.clone(),
+                size_bytes: v.size_bytes,
+                used_bytes: v.used_bytes,
+                kind: v.kind,
+                state: v.state,
+                health: v.health,
+                reason: v.health_reason,
+            })
+        })
+        .collect();
+    rows.sort_by(|a, b| (&a.node, &a.drive, &a.id).cmp(&(&b.node, &b.drive, &b.id)));
+    rows
+}
+
+/// The drives of the cluster (of `node` only, when given), as rows.
+pub async fn drives(client: &Client, node: Option<&str>) -> Result<Vec<DriveRow>, KubectlError> {
+    Ok(list(client, node).await?.iter().map(drive_row).collect())
+}
+
+/// The volumes of the cluster (of `node` and `drive` only, when given), as rows.
+pub async fn volumes(client: &Client, node: Option<&str>, drive: Option<&str>) -> Result<Vec<VolumeRow>, KubectlError> {
+    let drives = list(client, node).await?;
+    Ok(volume_rows(&drives).into_iter().filter(|v| drive.is_none_or(|d| v.drive == d)).collect())
+}
+
+/// The drives table: `ctl drives`' columns with the node first and no path.
+pub fn drives_table(rows: &[DriveRow]) -> String {
+    let header = ["NODE", "ID", "SIZE", "MEDIA", "CLASS", "HEALTH", "USAGE", "FREE", "VOLS", "REASON"];
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.node.clone(),
+                r.id.clone(),
+                if r.size_bytes == 0 { "-".into() } else { human_bytes(r.size_bytes) },
+                r.media.clone(),
+                r.class.clone(),
+                r.health.clone(),
+                r.usage.clone(),
+                r.free_bytes.map(human_bytes).unwrap_or_else(|| "-".into()),
+                r.volumes.to_string(),
+                r.reason.clone(),
+            ]
+        })
+        .collect();
+    table(&header, &cells)
+}
+
+/// The volumes table: `ctl volumes`' columns with the node first and no paths.
+pub fn volumes_table(rows: &[VolumeRow]) -> String {
+    let header = ["NODE", "ID", "NAME", "DRIVE", "SIZE", "USED", "KIND", "STATE", "HEALTH", "REASON"];
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.node.clone(),
+                r.id.clone(),
+                r.name.clone(),
+                r.drive.clone(),
+                human_bytes(r.size_bytes),
+                used_words(r.used_bytes),
+                r.kind.clone(),
+                r.state.clone(),
+                health_words(r.health == "abnormal").to_string(),
+                r.reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table(&header, &cells)
+}
+
+/// The Drive object `target` names: `NODE/DRIVE` or an object name.
+pub(crate) fn find<'a>(drives: &'a [Drive], target: &str) -> Result<&'a Drive, KubectlError> {
+    let found = match target.split_once('/') {
+        Some((node, id)) => drives.iter().find(|d| d.spec.node == node && d.spec.drive_id == id),
+        None => drives.iter().find(|d| d.name_any() == target),
+    };
+    found.ok_or_else(|| {
+        KubectlError::NotFound(format!(
+            "no drive {target}: name it NODE/DRIVE as `kubectl drivelet drives` lists it (node, then id), or by its Drive object's name"
+        ))
+    })
+}
+
+/// Where an action stands after it was asked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActionOutcome {
+    /// The drive, `NODE/DRIVE`.
+    pub drive: String,
+    /// The action asked.
+    pub action: String,
+    /// Whether the agent reports it complete.
+    pub complete: bool,
+    /// The agent's words (or that it has not answered yet).
+    pub message: String,
+}
+
+/// A drive action a user asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// No new volumes; the volumes stay.
+    Cordon,
+    /// Lift a cordon (`spec.action: none`).
+    Uncordon,
+    /// No new volumes; released once its volumes are gone.
+    Release,
+}
+
+impl Action {
+    /// The word the user typed.
+    pub fn word(self) -> &'static str {
+        match self {
+            Action::Cordon => "cordon",
+            Action::Uncordon => "uncordon",
+            Action::Release => "release",
+        }
+    }
+
+    fn spec(self) -> DriveAction {
+        match self {
+            Action::Cordon => DriveAction::Cordon,
+            Action::Uncordon => DriveAction::None,
+            Action::Release => DriveAction::Release,
+        }
+    }
+}
+
+/// Asks `action` of the drive `target` (a merge patch of `spec.action`), then, when
+/// `wait` is given, waits that long for the node's agent to report it complete.
+pub async fn act(client: &Client, target: &str, asked: Action, wait: Option<Duration>) -> Result<ActionOutcome, KubectlError> {
+    let action = asked.spec();
+    let drives = list(client, None).await?;
+    let drive = find(&drives, target)?;
+    let (name, shown) = (drive.name_any(), format!("{}/{}", drive.spec.node, drive.spec.drive_id));
+    let api: Api<Drive> = Api::all(client.clone());
+    let patch = json!({ "spec": { "action": action.as_str() } });
+    let patched = api
+        .patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch))
+        .await
+        .map_err(|source| KubectlError::Api { what: format!("asking drive {shown} to {}", asked.word()), source })?;
+    let generation = patched.metadata.generation.unwrap_or(0);
+    let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+    loop {
+        let now = api.get(&name).await.map_err(|source| KubectlError::Api { what: format!("reading drive {shown}"), source })?;
+        let c = now
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == ACTION_COMPLETE && c.observed_generation >= generation))
+            .cloned();
+        let outcome = ActionOutcome {
+            drive: shown.clone(),
+            action: asked.word().into(),
+            complete: c.as_ref().is_some_and(|c| c.status == "True"),
+            message: c.as_ref().map(|c| c.message.clone()).unwrap_or_else(|| format!("asked; node {} has not answered yet", now.spec.node)),
+        };
+        if let Some(c) = c.as_ref().filter(|c| c.reason == "Refused") {
+            return Err(KubectlError::Refused(c.message.clone()));
+        }
+        match deadline {
+            None => return Ok(outcome),
+            Some(_) if outcome.complete => return Ok(outcome),
+            Some(d) if tokio::time::Instant::now() >= d => {
+                return Err(KubectlError::TimedOut(format!(
+                    "drive {shown}: {} not complete after {} s: {}",
+                    asked.word(),
+                    wait.unwrap_or_default().as_secs(),
+                    outcome.message
+                )))
+            }
+            Some(_) => tokio::time::sleep(WAIT_POLL).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,119 @@
+//! The plugin's rows and tables from Drive objects, and its exit codes.
+
+use super::*;
+use crate::k8s::crd::{DriveCondition, DrivePresence, DriveSpec, DriveStatus, DriveUsage, DriveVolume};
+
+fn drive(node: &str, id: &str, status: DriveStatus) -> Drive {
+    let mut d = Drive::new(
+        &crate::k8s::drives::object_name(node, id),
+        DriveSpec {
+            node: node.into(),
+            drive_id: id.into(),
+            serial: None,
+            wwn: None,
+            model: None,
+            size_bytes: 1 << 30,
+            size: Some("1.0 GiB".into()),
+            media: "ssd".into(),
+            action: None,
+        },
+    );
+    d.status = Some(status);
+    d
+}
+
+fn managed(volumes: Vec<DriveVolume>) -> DriveStatus {
+    DriveStatus {
+        class: Some(DriveClass::Managed),
+        class_reason: Some("carries a drivelet GPT".into()),
+        health: Some(DriveHealth::Unknown),
+        health_reason: Some(NOT_CHECKED.into()),
+        usage: Some(DriveUsage::Active),
+        presence: DrivePresence::Present,
+        volumes: volumes.iter().map(|v| v.id.clone()).collect(),
+        volume_details: volumes,
+        free_bytes: Some(512 << 20),
+        ..Default::default()
+    }
+}
+
+fn volume(id: &str, used: Option<u64>, why: Option<&str>) -> DriveVolume {
+    DriveVolume {
+        id: id.into(),
+        name: format!("pvc-{id}"),
+        size_bytes: 64 << 20,
+        used_bytes: used,
+        kind: "ext4".into(),
+        state: "published".into(),
+        health: if why.is_some() { "abnormal" } else { "normal" }.into(),
+        health_reason: why.map(str::to_string),
+    }
+}
+
+#[test]
+fn drives_read_as_ctl_drives_with_the_node_first_sorted_and_unchecked_health_unsaid() {
+    let mut releasing = managed(vec![volume("v3", None, None)]);
+    releasing.health = Some(DriveHealth::Bad);
+    releasing.health_reason = Some("12 reallocated sectors".into());
+    releasing.usage = Some(DriveUsage::Releasing);
+    releasing.usage_reason = Some("health is BAD: 12 reallocated sectors".into());
+    let mut foreign = DriveStatus { class: Some(DriveClass::Foreign), class_reason: Some("has an ext4 filesystem".into()), ..Default::default() };
+    foreign.health = Some(DriveHealth::Good);
+    let mut cordoned = drive("node-a", "d2", managed(vec![]));
+    cordoned.spec.action = Some(DriveAction::Cordon);
+    let st = cordoned.status.as_mut().expect("status");
+    st.usage = Some(DriveUsage::Cordoned);
+    st.usage_reason = Some("cordoned by an admin".into());
+    st.conditions = vec![DriveCondition {
+        type_: ACTION_COMPLETE.into(),
+        status: "True".into(),
+        reason: "Cordoned".into(),
+        message: "drive d2 takes no new volumes".into(),
+        observed_generation: 2,
+        last_transition_time: "2026-11-26T19:00:00Z".into(),
+    }];
+    let drives = [drive("node-b", "d9", releasing), cordoned, drive("node-a", "d1", foreign)];
+    let mut rows: Vec<DriveRow> = drives.iter().map(drive_row).collect();
+    rows.sort_by(|a, b| (&a.node, &a.id).cmp(&(&b.node, &b.id)));
+    let out = drives_table(&rows);
+    let want = "\
+NODE    ID  SIZE     MEDIA  CLASS    HEALTH   USAGE      FREE       VOLS  REASON
+node-a  d1  1.0 GiB  ssd    foreign  good     active     -          0     has an ext4 filesystem
+node-a  d2  1.0 GiB  ssd    managed  unknown  cordoned   512.0 MiB  0     carries a drivelet GPT; cordoned: cordoned by an admin
+node-b  d9  1.0 GiB  ssd    managed  bad      releasing  512.0 MiB  1     carries a drivelet GPT; health: 12 reallocated sectors; releasing: health is BAD: 12 reallocated sectors
+";
+    assert_eq!(out, want, "\n{out}");
+    assert_eq!(rows[1].action.as_deref(), Some("cordon"));
+    assert_eq!(rows[1].action_status.as_deref(), Some("drive d2 takes no new volumes"));
+    let json = serde_json::to_value(&rows[2]).expect("serializes");
+    assert_eq!((json["sizeBytes"].as_u64(), json["freeBytes"].as_u64()), (Some(1 << 30), Some(512 << 20)));
+}
+
+#[test]
+fn volumes_across_drives_and_nodes_show_used_bytes_and_why_a_volume_is_abnormal() {
+    let drives = [
+        drive("node-b", "d1", managed(vec![volume("v2", None, Some("drive d1 is failing"))])),
+        drive("node-a", "d1", managed(vec![volume("v9", Some(3 << 20), None), volume("v1", None, None)])),
+    ];
+    let out = volumes_table(&volume_rows(&drives));
+    let want = "\
+NODE    ID  NAME    DRIVE  SIZE      USED     KIND  STATE      HEALTH    REASON
+node-a  v1  pvc-v1  d1     64.0 MiB  -        ext4  published  normal
+node-a  v9  pvc-v9  d1     64.0 MiB  3.0 MiB  ext4  published  normal
+node-b  v2  pvc-v2  d1     64.0 MiB  -        ext4  published  abnormal  drive d1 is failing
+";
+    assert_eq!(out, want, "\n{out}");
+}
+
+#[test]
+fn a_drive_is_named_node_slash_id_or_by_its_object_and_a_wrong_name_exits_3() {
+    let drives = [drive("node-a", "d1", managed(vec![])), drive("node-b", "d1", managed(vec![]))];
+    assert_eq!(find(&drives, "node-b/d1").map(|d| d.spec.node.as_str()).ok(), Some("node-b"));
+    let name = drives[0].name_any();
+    assert_eq!(find(&drives, &name).map(|d| d.spec.node.as_str()).ok(), Some("node-a"));
+    let e = find(&drives, "node-c/d1").expect_err("no such node");
+    assert_eq!(e.exit_code(), 3);
+    assert!(e.to_string().contains("no drive node-c/d1: name it NODE/DRIVE"), "{e}");
+    assert_eq!(KubectlError::TimedOut("x".into()).exit_code(), 4);
+    assert_eq!(KubectlError::Refused("x".into()).exit_code(), 1);
+}
