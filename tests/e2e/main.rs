@@ -96,7 +96,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 10] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 11] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
         ("claims grown by editing them: xfs in use, ext4 unused, too large then lowered", resize::journey_resize),
         ("a drive vanishing while it holds a volume, and coming back", journey_vanish),
