@@ -136,18 +136,10 @@ pub(super) fn ordered_writes(dev: &Path, disk: &GptDisk<&File>, file: &File, siz
 /// zeros: on the device before the first flush, so before the primary copy, which a
 /// reader trusts, can say an extent is free.
 fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u64)], journal: Option<&clean::Journal>) -> Result<(), DiskError> {
-    let rw = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(dev)
-        .map_err(DiskError::io(format!("open {} for writing", dev.display())))?;
+    let rw = open_for_writing(dev)?;
     let size = len_of(dev, &rw)?;
     let journal = match journal {
-        Some(j) => Some((j.slot(), j.encode().ok_or_else(|| DiskError::Gpt {
-            device: dev.to_path_buf(),
-            reason: format!("more than {} separate extents are waiting to be cleaned", clean::MAX_EXTENTS),
-        })?)),
+        Some(j) => Some((j.slot(), encode_journal(dev, j)?)),
         None => None,
     };
     if !zero.is_empty() || journal.is_some() {
@@ -286,18 +278,28 @@ pub fn mark_clean(dev: &Path, sector: u64, start: u64, len: u64, expect: Option<
     }
 }
 
-/// Writes a journal alone (no table change) and flushes it.
-fn write_journal(dev: &Path, j: &clean::Journal) -> Result<(), DiskError> {
-    let bytes = j.encode().ok_or_else(|| DiskError::Gpt {
-        device: dev.to_path_buf(),
-        reason: format!("more than {} separate extents are waiting to be cleaned", clean::MAX_EXTENTS),
-    })?;
-    let rw = OpenOptions::new()
+/// A device opened read-write for one commit (only to write: closing it makes udev look).
+fn open_for_writing(dev: &Path) -> Result<File, DiskError> {
+    OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(libc::O_CLOEXEC)
         .open(dev)
-        .map_err(DiskError::io(format!("open {} for writing", dev.display())))?;
+        .map_err(DiskError::io(format!("open {} for writing", dev.display())))
+}
+
+/// A journal's bytes; an error when it lists more extents than its slot holds.
+fn encode_journal(dev: &Path, j: &clean::Journal) -> Result<Vec<u8>, DiskError> {
+    j.encode().ok_or_else(|| DiskError::Gpt {
+        device: dev.to_path_buf(),
+        reason: format!("more than {} separate extents are waiting to be cleaned", clean::MAX_EXTENTS),
+    })
+}
+
+/// Writes a journal alone (no table change) and flushes it.
+fn write_journal(dev: &Path, j: &clean::Journal) -> Result<(), DiskError> {
+    let bytes = encode_journal(dev, j)?;
+    let rw = open_for_writing(dev)?;
     let direct = set_direct(&rw, true);
     write_aligned(dev, &rw, j.slot(), &bytes)?;
     if direct {
