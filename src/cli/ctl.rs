@@ -270,7 +270,9 @@ pub fn drives_table(drives: &[DriveView]) -> String {
                 } else {
                     "-".into()
                 },
-                d.volumes.to_string(),
+                // Partitions on a drive drivelet does not manage are not its
+                // volumes (another node's, seen through a shared backing store).
+                if d.class == crate::words::DriveClass::Managed { d.volumes.to_string() } else { "-".into() },
                 reason,
             ]
         })

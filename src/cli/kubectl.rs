@@ -252,7 +252,7 @@ pub fn drives_table(rows: &[DriveRow]) -> String {
                 r.health.clone(),
                 r.usage.clone(),
                 r.free_bytes.map(human_bytes).unwrap_or_else(|| "-".into()),
-                r.volumes.to_string(),
+                if r.class == "managed" { r.volumes.to_string() } else { "-".into() },
                 r.reason.clone(),
             ]
         })

@@ -78,7 +78,7 @@ fn drives_read_as_ctl_drives_with_the_node_first_sorted_and_unchecked_health_uns
     let out = drives_table(&rows);
     let want = "\
 NODE    ID  SIZE     MEDIA  CLASS    HEALTH   USAGE      FREE       VOLS  REASON
-node-a  d1  1.0 GiB  ssd    foreign  good     active     -          0     has an ext4 filesystem
+node-a  d1  1.0 GiB  ssd    foreign  good     active     -          -     has an ext4 filesystem
 node-a  d2  1.0 GiB  ssd    managed  unknown  cordoned   512.0 MiB  0     carries a drivelet GPT; cordoned: cordoned by an admin
 node-b  d9  1.0 GiB  ssd    managed  bad      releasing  512.0 MiB  1     carries a drivelet GPT; health: 12 reallocated sectors; releasing: health is BAD: 12 reallocated sectors
 ";
