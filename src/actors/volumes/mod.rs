@@ -40,6 +40,7 @@ pub(crate) mod clone;
 pub mod error;
 pub(crate) mod conditions;
 pub(crate) mod drive_actions;
+pub mod evacuate;
 pub(crate) mod messages;
 pub mod model;
 pub mod ops;
@@ -60,6 +61,7 @@ use tracing::{error, info, warn};
 pub use self::book::claim::Guards;
 pub use self::error::VolumeError;
 pub use self::messages::*;
+pub use self::evacuate::{EvacuateDrive, Evacuation, ListEvacuations, MovedVolume, PendingMove, PendingState, SubscribeMoves, VolumeMoved};
 pub use self::drive_actions::{volume_detail, volume_kind, volume_state, VolumeDetail};
 
 use self::book::{Claim, CreatePlan, VolumeBook};
