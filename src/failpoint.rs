@@ -48,3 +48,12 @@ pub fn injected_failure(name: &str) -> bool {
     fail::fail_point!(name, |_| true);
     false
 }
+
+/// The value a test armed the fail point `name` with (`return(VALUE)`), e.g. the byte
+/// range a move's reads fail in (`move.unreadable`). Always `None` unless built with
+/// the `failpoints` feature.
+pub fn injected_value(name: &str) -> Option<String> {
+    let _ = name;
+    fail::fail_point!(name, |v: Option<String>| v);
+    None
+}

@@ -424,7 +424,14 @@ enum CtlCmd {
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// Drive replacement: `drive release ID` stops new volumes on a drive and marks it
+    /// Where each drive evacuation stands: the volumes moved, waiting, failed.
+    Evacuations {
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Drive replacement: `drive evacuate ID` moves its volumes to other drives and then
+    /// releases it; `drive release ID` stops new volumes on a drive and marks it
     /// released once its volumes are deleted; `drive cordon ID` only stops new volumes
     /// (`drive uncordon ID` undoes it).
     Drive {
@@ -463,6 +470,16 @@ enum DriveCmd {
     Cordon {
         /// Drive id, as `drivelet ctl drives` shows it.
         id: String,
+    },
+    /// Evacuate a drive: move every volume on it to other drives of this node (same ids;
+    /// a volume in use moves once its pods stop), then release it. Refused, moving
+    /// nothing, when the other drives cannot hold it all.
+    Evacuate {
+        /// Drive id, as `drivelet ctl drives` shows it.
+        id: String,
+        /// Move volumes with unreadable blocks anyway (those blocks read as zeros).
+        #[arg(long)]
+        force: bool,
     },
     /// Uncordon a cordoned drive: it takes new volumes again (a release is not undone).
     Uncordon {
@@ -529,10 +546,21 @@ fn ctl(config: Option<PathBuf>, socket: Option<PathBuf>, cmd: CtlCmd) -> anyhow:
             let u = rt.block_on(drivelet::cli::ctl::release(&socket, &id, force))?;
             println!("drive {}: {} ({})", u.drive_id, u.state.as_str(), u.reason);
         }
+        CtlCmd::Drive { cmd: DriveCmd::Evacuate { id, force } } => {
+            let e = rt.block_on(drivelet::cli::ctl::evacuate(&socket, &id, force))?;
+            print!("{}", drivelet::cli::ctl::evacuations_table(std::slice::from_ref(&e)));
+        }
+        CtlCmd::Evacuations { output } => {
+            let list = rt.block_on(drivelet::cli::ctl::evacuations(&socket))?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&list).context("encode")?),
+                Output::Table => print!("{}", drivelet::cli::ctl::evacuations_table(&list)),
+            }
+        }
         CtlCmd::Drive { cmd: cordon @ (DriveCmd::Cordon { .. } | DriveCmd::Uncordon { .. }) } => {
             let (id, on) = match cordon {
                 DriveCmd::Cordon { id } => (id, true),
-                DriveCmd::Uncordon { id } | DriveCmd::Release { id, .. } => (id, false),
+                DriveCmd::Uncordon { id } | DriveCmd::Release { id, .. } | DriveCmd::Evacuate { id, .. } => (id, false),
             };
             let u = rt.block_on(drivelet::cli::ctl::cordon(&socket, &id, on))?;
             match u {

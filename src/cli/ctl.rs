@@ -65,6 +65,49 @@ pub async fn cordon(socket: &Path, drive_id: &str, cordon: bool) -> Result<Optio
     }
 }
 
+/// Asks the agent to evacuate a drive; answers where the evacuation stands.
+pub async fn evacuate(socket: &Path, drive_id: &str, force: bool) -> Result<crate::actors::volumes::Evacuation, CtlError> {
+    match request(socket, &AdminRequest::EvacuateDrive { drive_id: drive_id.to_string(), force }).await? {
+        AdminResponse::Evacuation(e) => Ok(e),
+        AdminResponse::Error(e) => Err(CtlError::Agent(e)),
+        other => Err(CtlError::Agent(format!("unexpected answer {other:?}"))),
+    }
+}
+
+/// Fetches where every evacuation stands.
+pub async fn evacuations(socket: &Path) -> Result<Vec<crate::actors::volumes::Evacuation>, CtlError> {
+    match request(socket, &AdminRequest::Evacuations).await? {
+        AdminResponse::Evacuations(e) => Ok(e),
+        AdminResponse::Error(e) => Err(CtlError::Agent(e)),
+        other => Err(CtlError::Agent(format!("unexpected answer {other:?}"))),
+    }
+}
+
+/// Renders evacuations: one line per drive in words, then a row per volume moved or
+/// still on it.
+pub fn evacuations_table(list: &[crate::actors::volumes::Evacuation]) -> String {
+    let header = ["DRIVE", "VOLUME", "NAME", "STATE", "WHERE / WHY"];
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut lines = String::new();
+    for e in list {
+        lines += &format!("drive {}: {}\n", e.drive_id, e.words());
+        for m in &e.moved {
+            let mut to = format!("on drive {} ({} copied and verified)", m.to_drive, human_bytes(m.bytes));
+            if !m.unreadable.is_empty() {
+                to += &format!("; unreadable, zeros now: {}", crate::disk::mover::ranges_words(&m.unreadable));
+            }
+            rows.push(vec![e.drive_id.clone(), m.volume_id.clone(), m.name.clone(), "moved".into(), to]);
+        }
+        for p in &e.pending {
+            rows.push(vec![e.drive_id.clone(), p.volume_id.clone(), p.name.clone(), p.state.as_str().into(), p.reason.clone()]);
+        }
+    }
+    if list.is_empty() {
+        return "no evacuation asked for on this node\n".into();
+    }
+    lines + &table(&header, &rows)
+}
+
 /// Asks the agent to adopt a migrated volume (an `AdminRequest::Adopt`).
 pub async fn adopt(socket: &Path, req: &AdminRequest) -> Result<VolumeRecord, CtlError> {
     match request(socket, req).await? {

@@ -13,6 +13,7 @@ pub mod gpt;
 pub mod lock;
 pub(crate) mod loopdev;
 pub mod mount;
+pub mod mover;
 pub mod mounts;
 pub(crate) mod paths;
 pub(crate) mod signature;

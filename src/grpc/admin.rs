@@ -1,6 +1,6 @@
 //! The admin socket behind `drivelet ctl`: one JSON request per line, one JSON answer
-//! per line. Root only (mode 0600): queries (drives, volumes), the drive release and
-//! cordon commands and the adoption of a migrated in-tree `local` volume.
+//! per line. Root only (mode 0600): queries (drives, volumes, evacuations), the drive
+//! release, evacuate and cordon commands and the adoption of a migrated in-tree `local` volume.
 //!
 //! Rules: a malformed or unknown request gets `{"error": ...}` and the connection
 //! stays usable; a line longer than 64 KiB closes the connection.
@@ -42,6 +42,15 @@ pub enum AdminRequest {
         /// Fail the remaining volumes.
         force: bool,
     },
+    /// Evacuate a drive: move its volumes to other drives of the node, then release it.
+    EvacuateDrive {
+        /// Stable drive id.
+        drive_id: String,
+        /// Move volumes with unreadable blocks anyway (zeros there).
+        force: bool,
+    },
+    /// Where every evacuation stands.
+    Evacuations,
     /// Cordon a drive (no new volumes; its volumes stay) or uncordon it.
     CordonDrive {
         /// Stable drive id.
@@ -100,6 +109,10 @@ pub enum AdminResponse {
     Released(DriveUse),
     /// A drive's usage after a cordon or uncordon (`None`: active).
     Cordoned(Option<DriveUse>),
+    /// Where an evacuation stands.
+    Evacuation(crate::actors::volumes::Evacuation),
+    /// Where every evacuation stands.
+    Evacuations(Vec<crate::actors::volumes::Evacuation>),
     /// The volume list.
     Volumes(Vec<VolumeRecord>),
     /// The volumes as an admin's listing shows them.
@@ -142,6 +155,17 @@ async fn answer(front: &Front, line: &str) -> AdminResponse {
         Ok(AdminRequest::ReleaseDrive { drive_id, force }) => match front.volumes.send(ReleaseDrive { drive_id, force }).await {
             Ok(Ok(u)) => AdminResponse::Released(u),
             Ok(Err(e)) => AdminResponse::Error(e.to_string()),
+            Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
+        },
+        Ok(AdminRequest::EvacuateDrive { drive_id, force }) => {
+            match front.volumes.send(crate::actors::volumes::EvacuateDrive { drive_id, force }).await {
+                Ok(Ok(e)) => AdminResponse::Evacuation(e),
+                Ok(Err(e)) => AdminResponse::Error(e.to_string()),
+                Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
+            }
+        }
+        Ok(AdminRequest::Evacuations) => match front.volumes.send(crate::actors::volumes::ListEvacuations).await {
+            Ok(list) => AdminResponse::Evacuations(list),
             Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
         },
         Ok(AdminRequest::VolumeDetails) => {

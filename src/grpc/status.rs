@@ -121,6 +121,8 @@ impl From<VolumeError> for Status {
             | VolumeError::SnapshotSourceInUse { .. }
             | VolumeError::SnapshotUnusable { .. }
             | VolumeError::FreezeExpired { .. }
+            | VolumeError::Unreadable { .. }
+            | VolumeError::CannotEvacuate { .. }
             | VolumeError::SourceChanged { .. } => Code::FailedPrecondition,
             // The drive holds data drivelet did not write: a fact about the drive, not a
             // fault of drivelet's (CreateVolume goes on to another drive instead).

@@ -972,7 +972,7 @@ mod tests {
     }
 
     fn use_of(drive_id: &str, state: DriveUseState, reason: &str) -> DriveUse {
-        DriveUse { drive_id: drive_id.into(), state, reason: reason.into(), requested: false }
+        DriveUse { drive_id: drive_id.into(), state, reason: reason.into(), requested: false, evacuate: None }
     }
 
     #[test]

@@ -291,7 +291,7 @@ impl Handler<CordonDrive> for FakeVolumes {
         if !m.cordon {
             return Ok(None);
         }
-        let u = DriveUse { drive_id: m.drive_id, state: DriveUseState::Cordoned, reason: "cordoned by an admin".into(), requested: true };
+        let u = DriveUse { drive_id: m.drive_id, state: DriveUseState::Cordoned, reason: "cordoned by an admin".into(), requested: true, evacuate: None };
         world.uses.push(u.clone());
         Ok(Some(u))
     }

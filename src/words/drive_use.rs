@@ -38,4 +38,15 @@ pub struct DriveUse {
     pub reason: String,
     /// An admin asked for the release (so it completes when the drive empties).
     pub requested: bool,
+    /// An admin asked for the drive's volumes to be moved off it (an evacuation); the
+    /// drive is releasing until they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evacuate: Option<Evacuate>,
+}
+
+/// An evacuation asked for, as the drive's usage record keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evacuate {
+    /// Switch volumes with unreadable blocks anyway (they read as zeros there).
+    pub force: bool,
 }

@@ -23,7 +23,7 @@ pub mod on_node_deleted;
 pub use drive_class::DriveClass;
 pub use drive_health::Health;
 pub use drive_loc::DriveLoc;
-pub use drive_use::{DriveUse, DriveUseState};
+pub use drive_use::{DriveUse, DriveUseState, Evacuate};
 pub use layout::LayoutKind;
 pub use media::Media;
 pub use on_node_deleted::OnNodeDeleted;

@@ -25,6 +25,7 @@ pub(crate) mod claim;
 mod cleaning;
 mod clone;
 mod drives;
+mod evacuate;
 mod snapshot;
 #[cfg(test)]
 mod tests;
@@ -439,6 +440,10 @@ impl VolumeBook {
         let mut by_drive: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
         for r in self.records.values().filter(|r| r.adopted.is_none()) {
             by_drive.entry(r.drive_id.as_str()).or_default().push((r.start, r.size));
+            // A move's other extent (its copy, or the partition it leaves) is taken too.
+            if let Some(m) = &r.moving {
+                by_drive.entry(m.drive_id.as_str()).or_default().push((m.start, m.size));
+            }
         }
         self.drives
             .values()
@@ -633,6 +638,7 @@ impl VolumeBook {
         let region_end = gpt::usable_region(d.size_bytes, d.logical_block_size).map_or(0, |(_, e)| e);
         let mut others: Vec<(u64, u64)> =
             self.records.values().filter(|r| r.drive_id == rec.drive_id && r.id != rec.id).map(|r| (r.start, r.size)).collect();
+        others.extend(self.records.values().filter_map(|r| r.moving.as_ref()).filter(|m| m.drive_id == rec.drive_id).map(|m| (m.start, m.size)));
         others.extend(d.extents.iter().copied());
         let room = model::grow_room(rec.start, rec.size, &others, region_end);
         // Past the end of the drive it can never grow, whatever follows it now.

@@ -399,7 +399,7 @@ mod tests {
             (Some(drive(Health::Suspect)), None, vec![], false, "suspect"),
             (
                 Some(drive(Health::Good)),
-                Some(DriveUse { drive_id: "d1".into(), state: DriveUseState::Releasing, reason: "r".into(), requested: true }),
+                Some(DriveUse { drive_id: "d1".into(), state: DriveUseState::Releasing, reason: "r".into(), requested: true, evacuate: None }),
                 vec![],
                 false,
                 "drive d1 is releasing",
@@ -452,7 +452,7 @@ mod tests {
         let r = rec();
         let healthy = condition(&r, Some(&drive(Health::Good)), None, &[]);
         assert!(healthy.entries.is_empty(), "a healthy volume has no entry");
-        let releasing = DriveUse { drive_id: "d1".into(), state: DriveUseState::Releasing, reason: "r".into(), requested: true };
+        let releasing = DriveUse { drive_id: "d1".into(), state: DriveUseState::Releasing, reason: "r".into(), requested: true, evacuate: None };
         // (drive, usage, findings, failed, lost, the reasons expected in order)
         type Case = (Option<Drive>, Option<DriveUse>, Vec<Finding>, bool, bool, Vec<Reason>);
         let table: Vec<Case> = vec![

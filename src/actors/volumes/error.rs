@@ -446,6 +446,29 @@ pub enum VolumeError {
         /// The limit, milliseconds.
         limit_millis: u64,
     },
+    /// Blocks of a volume on an evacuated drive could not be read: it is not moved
+    /// (unless the evacuation is forced) and stays where it is.
+    #[error(
+        "volume {volume_id} is not moved off drive {drive_id}: {} of it cannot be read ({}); it stays on that drive; evacuate with force to move it with zeros in those ranges, or restore it from a backup",
+        crate::config::human_bytes(ranges.iter().map(|r| r.1).sum::<u64>()),
+        crate::disk::mover::ranges_words(ranges)
+    )]
+    Unreadable {
+        /// The volume.
+        volume_id: String,
+        /// The drive it is on.
+        drive_id: String,
+        /// Byte ranges `(start, length)` of the volume that could not be read.
+        ranges: Vec<(u64, u64)>,
+    },
+    /// An evacuation cannot be done on this drive.
+    #[error("drive {drive_id} cannot be evacuated: {reason}")]
+    CannotEvacuate {
+        /// The drive.
+        drive_id: String,
+        /// Why, in plain words, and what would work.
+        reason: String,
+    },
 }
 
 impl VolumeError {

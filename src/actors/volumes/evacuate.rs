@@ -167,3 +167,133 @@ pub struct VolumeMoved {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct SubscribeMoves(pub Recipient<VolumeMoved>);
+
+/// How often the volume manager looks for the next move of an evacuation (a staged
+/// volume moves within this of its unstage).
+pub(crate) const EVACUATION_TICK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What the volume manager keeps of evacuations besides the book.
+#[derive(Default)]
+pub(crate) struct Evacuations {
+    /// The record being moved now (one at a time).
+    pub moving: Option<String>,
+    /// Moves done by this process, by the drive they left.
+    pub moved: std::collections::HashMap<String, Vec<MovedVolume>>,
+    /// Why a record's move failed; retried when the evacuation is asked again.
+    pub failed: std::collections::HashMap<String, String>,
+    /// Who hears of each move.
+    pub subscribers: Vec<Recipient<VolumeMoved>>,
+}
+
+use super::{reply, Reply, VolumeManager};
+
+impl VolumeManager {
+    /// Starts the next move of an evacuation, if none runs and one can start.
+    pub(crate) fn evacuate_next(&mut self, ctx: &mut Context<Self>) {
+        if self.evacuations.moving.is_some() || self.store.is_none() {
+            return;
+        }
+        let Some((plan, force)) = self.book.next_move(&mut self.evacuations.failed) else { return };
+        let Ok(store) = self.store() else { return };
+        let id = plan.rec.id.clone();
+        let Ok(claim) = self.book.claim(&id) else { return };
+        let to = plan.rec.moving.clone().expect("a move plan names where the copy goes");
+        tracing::info!(volume.id = %id, volume.name = %plan.rec.name, drive.from = %plan.rec.drive_id, drive.to = %to.drive_id, volume.size = plan.rec.size, "moving volume off an evacuated drive");
+        self.evacuations.moving = Some(id.clone());
+        let name = plan.rec.name.clone();
+        let from_drive = plan.rec.drive_id.clone();
+        self.book.reserve_move(plan.rec.clone());
+        let guards = self.book.guards();
+        let job = move || super::moves::move_volume(&store, &guards, &plan.src, &plan.dst, plan.dst_media, plan.rec, force);
+        let fut = self.run_with(claim, id.clone(), true, job).map(move |res, act, ctx| {
+            act.evacuations.moving = None;
+            match res {
+                Ok(done) => {
+                    // The old extent is dirty (the same GPT commit said so on the disk).
+                    let loc = act.book.drives().find(|d| d.id == done.from_drive).map(|d| crate::words::DriveLoc { path: d.path.clone(), sector: d.logical_block_size });
+                    if let Some(loc) = loc {
+                        act.book.add_dirty(&done.from_drive, done.from_extent);
+                        act.cleaner.add(&done.from_drive, loc, done.from_extent);
+                    }
+                    act.evacuations.moved.entry(done.from_drive.clone()).or_default().push(MovedVolume {
+                        volume_id: id.clone(),
+                        name: name.clone(),
+                        to_drive: done.to_drive.clone(),
+                        bytes: done.bytes,
+                        millis: done.millis,
+                        unreadable: done.unreadable.clone(),
+                    });
+                    let event = VolumeMoved { volume_id: id.clone(), name, from_drive: done.from_drive.clone(), to_drive: done.to_drive.clone(), bytes: done.bytes, unreadable: done.unreadable };
+                    act.evacuations.subscribers.retain(|s| s.try_send(event.clone()).is_ok() || s.connected());
+                    act.announce(&done.to_drive);
+                    act.announce(&done.from_drive);
+                    if let Some(w) = act.settle_drive(&done.from_drive) {
+                        drop(w);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(volume.id = %id, drive.id = %from_drive, error = %e, "the volume's move failed; it stays where it is");
+                    // The copy's extent held the tenant's bytes: dirty until cleaned.
+                    let rolled_back = act.book.records().find(|r| r.id == id).is_some_and(|r| r.moving.is_none());
+                    if rolled_back {
+                        let d = act.book.drives().find(|d| d.id == to.drive_id).cloned();
+                        if let Some(d) = d {
+                            let extent = (to.start, to.size);
+                            act.book.add_dirty(&d.id, extent);
+                            act.cleaner.add(&d.id, crate::words::DriveLoc { path: d.path.clone(), sector: d.logical_block_size }, extent);
+                        }
+                    }
+                    act.evacuations.failed.insert(id.clone(), e.to_string());
+                    act.announce(&from_drive);
+                }
+            }
+            act.evacuate_next(ctx);
+        });
+        ctx.spawn(fut.map(|_, _, _| ()));
+    }
+}
+
+impl Handler<EvacuateDrive> for VolumeManager {
+    type Result = Reply<Evacuation>;
+    fn handle(&mut self, m: EvacuateDrive, _: &mut Context<Self>) -> Self::Result {
+        let usage = match self.book.evacuate(&m, &mut self.evacuations.failed) {
+            Ok(u) => u,
+            Err(e) => return reply(Err(e)),
+        };
+        let store = match self.store() {
+            Ok(s) => s,
+            Err(e) => return reply(Err(e)),
+        };
+        let job = self.uses.job(store, &m.drive_id, Some(usage));
+        let drive_id = m.drive_id.clone();
+        Box::pin(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |res, act, ctx| {
+            act.announce(&drive_id);
+            act.refresh(|r| r.drive_id == drive_id);
+            match res {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(VolumeError::Store(e)),
+                Err(e) => {
+                    let what = format!("write of the evacuation of drive {drive_id}");
+                    return Err(VolumeError::Store(crate::store::StoreError::Txn { what, reason: e.to_string() }));
+                }
+            }
+            act.evacuate_next(ctx);
+            let list = act.book.evacuations(&act.evacuations.moved, &act.evacuations.failed, act.evacuations.moving.as_deref());
+            list.into_iter().find(|e| e.drive_id == drive_id).ok_or_else(|| VolumeError::CannotEvacuate { drive_id, reason: "its evacuation record is gone".into() })
+        }))
+    }
+}
+
+impl Handler<ListEvacuations> for VolumeManager {
+    type Result = MessageResult<ListEvacuations>;
+    fn handle(&mut self, _: ListEvacuations, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.book.evacuations(&self.evacuations.moved, &self.evacuations.failed, self.evacuations.moving.as_deref()))
+    }
+}
+
+impl Handler<SubscribeMoves> for VolumeManager {
+    type Result = ();
+    fn handle(&mut self, m: SubscribeMoves, _: &mut Context<Self>) {
+        self.evacuations.subscribers.push(m.0);
+    }
+}

@@ -43,6 +43,7 @@ pub(crate) mod drive_actions;
 pub mod evacuate;
 pub(crate) mod messages;
 pub mod model;
+pub(crate) mod moves;
 pub mod ops;
 pub(crate) mod placement;
 pub(crate) mod usage;
@@ -141,6 +142,8 @@ pub struct VolumeManager {
     cleaning_wait: std::time::Duration,
     /// The longest a snapshot holds a frozen filesystem.
     freeze_limit: std::time::Duration,
+    /// Evacuations: the move running, the moves done and failed, who hears of them.
+    evacuations: evacuate::Evacuations,
 }
 
 impl VolumeManager {
@@ -152,6 +155,7 @@ impl VolumeManager {
             clean_blank_drives: cfg.clean_blank_drives,
             cleaning_wait: cfg.cleaning_wait,
             freeze_limit: cfg.freeze_limit,
+            evacuations: evacuate::Evacuations::default(),
             state_dir,
             store: None,
             inventory,
@@ -396,6 +400,7 @@ impl Actor for VolumeManager {
         self.inventory.do_send(SubscribeDrives(ctx.address().recipient()));
         self.cleaner.start(ctx.address().recipient(), ctx.address().recipient());
         self.wait_for_inventory(ctx);
+        ctx.run_interval(evacuate::EVACUATION_TICK, |act, ctx| act.evacuate_next(ctx));
     }
 }
 
@@ -404,6 +409,7 @@ impl Supervised for VolumeManager {
         warn!(actor = "volumes", "restarting: rebuilding volumes from the store, the drives and the mounts");
         self.store = None;
         self.reconciling = false;
+        self.evacuations.moving = None;
         self.book.reset();
     }
 }

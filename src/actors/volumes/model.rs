@@ -221,6 +221,28 @@ pub struct VolumeRecord {
     /// its partition's: the data and one more MiB for its note.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotOf>,
+    /// Being moved to another drive of the node (evacuation): see [`Move`]. Its extent
+    /// is reserved for placement as long as this is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving: Option<Move>,
+}
+
+/// A move of a volume (or snapshot) to another drive, as its record keeps it, so a
+/// restart finishes or rolls back what a kill cut short.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Move {
+    /// Before the switch: where the copy goes. After it (`switched`): where the volume
+    /// was, whose partition is still to be removed.
+    pub drive_id: String,
+    /// Start of that extent on its drive, bytes.
+    pub start: u64,
+    /// Its size, bytes.
+    pub size: u64,
+    /// The record already points at the copy (the switch is stored).
+    pub switched: bool,
+    /// Byte ranges of the volume that could not be read (zeros on the copy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<(u64, u64)>,
 }
 
 /// What a snapshot record knows of its snapshot.
@@ -367,6 +389,7 @@ impl VolumeRecord {
             clone_of: None,
             restored_from: None,
             snapshot: None,
+            moving: None,
         }
     }
 

@@ -16,7 +16,13 @@
 //!   condition says the data is gone; only DeleteVolume is served), and reported; the
 //!   mark goes if the partition is found again;
 //! - an unfinished stage or publish intent is confirmed if something is mounted at its
-//!   path, and dropped otherwise.
+//!   path, and dropped otherwise;
+//! - a move cut short before its switch is rolled back (the record drops its `Move`);
+//!   one cut short after it is finished ([`Plan::finish_moves`]); a partition carrying
+//!   the move mark is never a volume unless a record on its drive names it (a switched
+//!   move whose mark was not cleared yet): every other one is a copy cut short, removed
+//!   ([`Plan::stray_copies`]), with or without the store; `spare` names the copies of
+//!   moves running now (a drive read again while a volume is copied onto it).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -39,6 +45,10 @@ pub(crate) struct Plan {
     pub finish_delete: Vec<VolumeRecord>,
     /// Records to drop from the store without touching any drive.
     pub drop: Vec<String>,
+    /// Ids of kept records whose switched move must be finished.
+    pub finish_moves: Vec<String>,
+    /// Copies cut short to remove: drive id, partition GUID, start.
+    pub stray_copies: Vec<(String, uuid::Uuid, u64)>,
     /// One line per finding, for the log.
     pub reports: Vec<String>,
 }
@@ -47,7 +57,7 @@ pub(crate) struct Plan {
 pub(crate) type Tables = BTreeMap<String, Vec<GptPartition>>;
 
 /// Builds the plan. `drives` are the drives present now; `mounted` every mount point.
-pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mounted: &BTreeSet<PathBuf>, now: u64) -> Plan {
+pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mounted: &BTreeSet<PathBuf>, now: u64, spare: &[(String, uuid::Uuid)]) -> Plan {
     let mut p = Plan::default();
     let present: BTreeMap<&str, &Drive> = drives.iter().map(|d| (d.id.as_str(), d)).collect();
     let mut claimed: BTreeSet<uuid::Uuid> = BTreeSet::new();
@@ -80,6 +90,18 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
             _ => {}
         }
         let mut changed = false;
+        match rec.moving.as_ref().map(|m| m.switched) {
+            Some(false) => {
+                p.reports.push(format!("volume {} was being copied to drive {} when drivelet stopped; the copy is rolled back and the volume stays on drive {}", rec.id, rec.moving.as_ref().map_or("", |m| m.drive_id.as_str()), rec.drive_id));
+                rec.moving = None;
+                changed = true;
+            }
+            Some(true) => {
+                p.reports.push(format!("volume {} was moved to drive {} when drivelet stopped; finishing the move", rec.id, rec.drive_id));
+                p.finish_moves.push(rec.id.clone());
+            }
+            None => {}
+        }
         match (drive_present, on_disk) {
             // An adopted volume has no partition; its directory is checked by the health poller.
             _ if rec.adopted.is_some() => {}
@@ -145,8 +167,18 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
         p.keep.push(rec);
     }
     for (drive_id, parts) in tables {
+        for q in parts.iter().filter(|q| q.is_move_copy()) {
+            let serves = p.keep.iter().any(|r| r.drive_id == *drive_id && r.part_guid == q.guid);
+            let running = spare.iter().any(|(d, g)| d == drive_id && *g == q.guid);
+            if !serves && !running {
+                p.reports.push(format!("partition {} on drive {} is the copy of a move cut short; removing it", q.guid, drive_id));
+                p.stray_copies.push((drive_id.clone(), q.guid, q.start));
+            }
+        }
+    }
+    for (drive_id, parts) in tables {
         let Some(d) = present.get(drive_id.as_str()) else { continue };
-        for q in parts.iter().filter(|q| !claimed.contains(&q.guid)) {
+        for q in parts.iter().filter(|q| !claimed.contains(&q.guid) && !q.is_move_copy()) {
             let name = q.name.strip_prefix(crate::disk::gpt::LABEL_PREFIX).unwrap_or(&q.name).to_string();
             let whole = crate::disk::gpt::usable_region(d.size_bytes, d.logical_block_size)
                 .is_some_and(|(s, e)| q.start == s && q.size == e - s);
@@ -177,6 +209,17 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
             p.keep.push(rec);
         }
     }
+    // Without the store, a volume whose move was cut short between the clearing of its
+    // copy's mark and the removal of its old partition is on two drives, with the same
+    // data: the first is kept, the other left alone (reported).
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    p.keep.retain(|r| {
+        if seen.insert(r.id.clone()) {
+            return true;
+        }
+        p.reports.push(format!("partition {} is also on drive {}: a copy from a move; left alone, the volume is served from its first copy", r.part_guid, r.drive_id));
+        false
+    });
     p
 }
 
@@ -207,7 +250,7 @@ mod tests {
         let c = rec(1, VolumeState::Creating);
         let d = rec(2, VolumeState::Deleting);
         let tables = Tables::from([("d1".to_string(), vec![part(&c), part(&d)])]);
-        let p = plan(vec![c.clone(), d.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0);
+        let p = plan(vec![c.clone(), d.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0, &[]);
         assert_eq!(p.rollback, vec![c]);
         assert_eq!(p.finish_delete, vec![d]);
         assert!(p.keep.is_empty());
@@ -217,7 +260,7 @@ mod tests {
     fn records_of_absent_drives_are_kept_and_reported() {
         let a = rec(1, VolumeState::Available);
         let c = rec(2, VolumeState::Creating);
-        let p = plan(vec![a.clone(), c.clone()], &[], &Tables::new(), &BTreeSet::new(), 0);
+        let p = plan(vec![a.clone(), c.clone()], &[], &Tables::new(), &BTreeSet::new(), 0, &[]);
         assert_eq!(p.keep, vec![a, c]);
         assert!(p.rollback.is_empty());
         assert_eq!(p.reports.len(), 2);
@@ -228,7 +271,7 @@ mod tests {
         let a = rec(1, VolumeState::Available);
         let orphan = rec(3, VolumeState::Available);
         let tables = Tables::from([("d1".to_string(), vec![part(&a), part(&orphan)])]);
-        let p = plan(vec![a.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 7);
+        let p = plan(vec![a.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 7, &[]);
         assert_eq!(p.keep.len(), 2);
         let adopted = &p.keep[1];
         assert_eq!(adopted.part_guid, orphan.part_guid);
@@ -248,7 +291,7 @@ mod tests {
         b.staging = Some(Staging { path: "/k/s2".into(), block: false, flags: vec![], readonly: false, done: false });
         let tables = Tables::from([("d1".to_string(), vec![part(&a), part(&b)])]);
         let mounted: BTreeSet<PathBuf> = ["/k/s1", "/k/t1"].iter().map(PathBuf::from).collect();
-        let p = plan(vec![a, b], &[drive("d1")], &tables, &mounted, 0);
+        let p = plan(vec![a, b], &[drive("d1")], &tables, &mounted, 0, &[]);
         let a = &p.keep[0];
         assert_eq!(a.state, VolumeState::Published);
         assert_eq!(a.targets.keys().collect::<Vec<_>>(), vec![&PathBuf::from("/k/t1")]);
@@ -264,7 +307,7 @@ mod tests {
         let mut q = part(&a);
         q.start += MIB;
         let tables = Tables::from([("d1".to_string(), vec![q])]);
-        let p = plan(vec![a], &[drive("d1")], &tables, &BTreeSet::new(), 0);
+        let p = plan(vec![a], &[drive("d1")], &tables, &BTreeSet::new(), 0, &[]);
         assert_eq!(p.keep[0].start, 2 * MIB);
         assert_eq!(p.changed.len(), 1);
     }
@@ -275,24 +318,24 @@ mod tests {
         let b = rec(2, VolumeState::Available);
         // d1 is present but its table lacks a's partition (wiped and re-used by b, say).
         let tables = Tables::from([("d1".to_string(), vec![part(&b)])]);
-        let p = plan(vec![a.clone(), b.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0);
+        let p = plan(vec![a.clone(), b.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0, &[]);
         assert!(p.keep[0].lost, "a is lost");
         assert!(!p.keep[1].lost, "b is fine");
         assert_eq!(p.changed, BTreeSet::from([a.id.clone()]), "the mark is written to the store");
         assert!(p.reports[0].contains("the data is gone"), "{:?}", p.reports);
         assert!(p.rollback.is_empty() && p.finish_delete.is_empty() && p.drop.is_empty(), "nothing deleted");
         // Seen again: still lost, nothing more to write. A blank drive (no table) too.
-        let again = plan(p.keep.clone(), &[drive("d1")], &tables, &BTreeSet::new(), 0);
+        let again = plan(p.keep.clone(), &[drive("d1")], &tables, &BTreeSet::new(), 0, &[]);
         assert!(again.keep[0].lost && again.changed.is_empty());
-        let blank = plan(vec![b.clone()], &[drive("d1")], &Tables::new(), &BTreeSet::new(), 0);
+        let blank = plan(vec![b.clone()], &[drive("d1")], &Tables::new(), &BTreeSet::new(), 0, &[]);
         assert!(blank.keep[0].lost);
         // The partition is back (the original drive returned): the mark goes.
         let back = Tables::from([("d1".to_string(), vec![part(&a), part(&b)])]);
-        let p = plan(p.keep, &[drive("d1")], &back, &BTreeSet::new(), 0);
+        let p = plan(p.keep, &[drive("d1")], &back, &BTreeSet::new(), 0, &[]);
         assert!(!p.keep[0].lost);
         assert_eq!(p.changed, BTreeSet::from([a.id]));
         // An absent drive is not a lost partition: the drive may come back.
-        let absent = plan(vec![b], &[], &Tables::new(), &BTreeSet::new(), 0);
+        let absent = plan(vec![b], &[], &Tables::new(), &BTreeSet::new(), 0, &[]);
         assert!(!absent.keep[0].lost);
     }
 }

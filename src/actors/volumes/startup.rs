@@ -116,7 +116,13 @@ impl VolumeManager {
         let drive_id = drive.id.clone();
         let clean_blank = self.clean_blank_drives;
         let guards = self.book.guards();
-        let job = move || settle(&store, &guards, records, std::slice::from_ref(&drive), clean_blank);
+        // Copies of moves running now onto this drive are not cut short.
+        let spare: Vec<(String, uuid::Uuid)> = self
+            .book
+            .records()
+            .filter_map(|r| r.moving.as_ref().filter(|m| !m.switched).map(|m| (m.drive_id.clone(), r.part_guid)))
+            .collect();
+        let job = move || settle(&store, &guards, records, std::slice::from_ref(&drive), clean_blank, &spare);
         ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |res, act, _| {
             // Claims go before the conditions are judged again: a volume shown normal
             // is free to stage.
@@ -168,7 +174,7 @@ fn startup(dir: &std::path::Path, drives: &[Drive], guards: &Arc<Guards>, clean_
     for b in bad {
         error!(actor = "volumes", volume.id = %b.id, error = %b.reason, "unreadable volume record kept aside");
     }
-    let (keep, dirty) = settle(&store, guards, records, drives, clean_blank)?;
+    let (keep, dirty) = settle(&store, guards, records, drives, clean_blank, &[])?;
     let uses = match store.load_in::<DriveUse>(Kind::Drive) {
         Ok((uses, bad)) => {
             for b in bad {
@@ -194,6 +200,7 @@ fn settle(
     records: Vec<VolumeRecord>,
     drives: &[Drive],
     clean_blank: bool,
+    spare: &[(String, uuid::Uuid)],
 ) -> Result<(Vec<VolumeRecord>, Vec<DriveDirty>), VolumeError> {
     let mut tables = reconcile::Tables::new();
     // Only managed drives are read for drivelet partitions (and so only they are ever
@@ -210,7 +217,7 @@ fn settle(
     }
     let mounted: BTreeSet<PathBuf> =
         crate::disk::mounts::read_mountinfo().unwrap_or_default().into_iter().map(|m| m.mount_point).collect();
-    let plan = reconcile::plan(records, drives, &tables, &mounted, now_unix());
+    let plan = reconcile::plan(records, drives, &tables, &mounted, now_unix(), spare);
     for line in &plan.reports {
         warn!(actor = "volumes", "{line}");
     }
@@ -236,6 +243,21 @@ fn settle(
     }
     for id in plan.drop {
         store.remove(&id).map_err(VolumeError::Store)?;
+    }
+    for (drive_id, guid, start) in &plan.stray_copies {
+        if let Some(d) = loc(drive_id) {
+            if let Err(e) = super::moves::remove_copy(&d, *guid, *start) {
+                error!(actor = "volumes", drive.id = %drive_id, partition = %guid, error = %e, "cannot remove the copy of a move cut short");
+            }
+        }
+    }
+    for rec in keep.iter_mut().filter(|r| plan.finish_moves.contains(&r.id)) {
+        let Some(dst) = loc(&rec.drive_id) else { continue };
+        let src = rec.moving.as_ref().and_then(|m| loc(&m.drive_id));
+        match super::moves::finish_move(store, src.as_ref(), &dst, rec) {
+            Ok(()) => info!(actor = "volumes", volume.id = %rec.id, drive.id = %rec.drive_id, "move finished"),
+            Err(e) => error!(actor = "volumes", volume.id = %rec.id, error = %e, "cannot finish an interrupted move; the volume serves from its new drive"),
+        }
     }
     // A snapshot taken back from its drive is named by its note; one without a whole
     // note was cut short and is rolled back (it holds a copy, never anyone's data).
@@ -304,8 +326,10 @@ fn settle(
 fn dirty_on(d: &Drive, keep: &[VolumeRecord], clean_blank: bool) -> DriveDirty {
     let held: Vec<(u64, u64)> = keep
         .iter()
-        .filter(|r| r.drive_id == d.id && r.adopted.is_none())
-        .map(|r| (r.start, r.size))
+        .filter(|r| r.adopted.is_none())
+        .flat_map(|r| std::iter::once((r.drive_id.as_str(), (r.start, r.size))).chain(r.moving.as_ref().map(|m| (m.drive_id.as_str(), (m.start, m.size)))))
+        .filter(|(drive, _)| *drive == d.id)
+        .map(|(_, e)| e)
         .chain(d.extents.iter().copied())
         .collect();
     let region: Vec<(u64, u64)> = gpt::usable_region(d.size_bytes, d.logical_block_size).map(|(s, e)| (s, e - s)).into_iter().collect();

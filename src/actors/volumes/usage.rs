@@ -66,6 +66,7 @@ pub(crate) fn usage_after_health(current: Option<&DriveUse>, drive_id: &str, h: 
         state: DriveUseState::Releasing,
         reason: format!("health is BAD: {reason}"),
         requested: false,
+        evacuate: None,
     })
 }
 
@@ -76,16 +77,16 @@ pub(crate) fn release(current: Option<&DriveUse>, drive_id: &str, live_volumes: 
         .map(|u| u.reason.clone())
         .unwrap_or_else(|| "release requested".into());
     if live_volumes.is_empty() {
-        return (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Released, reason, requested: true }, vec![]);
+        return (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Released, reason, requested: true, evacuate: None }, vec![]);
     }
     if force {
         let failed = live_volumes.iter().map(|v| v.id.clone()).collect();
         return (
-            DriveUse { drive_id: drive_id.into(), state: DriveUseState::Released, reason: format!("{reason}; forced"), requested: true },
+            DriveUse { drive_id: drive_id.into(), state: DriveUseState::Released, reason: format!("{reason}; forced"), requested: true, evacuate: None },
             failed,
         );
     }
-    (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Releasing, reason, requested: true }, vec![])
+    (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Releasing, reason, requested: true, evacuate: None }, vec![])
 }
 
 /// What a cordon (`on`) or uncordon request does to a drive's usage: `Ok(Some(record))`
@@ -98,6 +99,7 @@ pub(crate) fn cordon(current: Option<&DriveUse>, drive_id: &str, on: bool) -> Re
             state: DriveUseState::Cordoned,
             reason: "cordoned by an admin".into(),
             requested: true,
+            evacuate: None,
         })),
         (Some(DriveUseState::Cordoned), false) => Ok(None),
         _ => Err(current.cloned()),
@@ -125,7 +127,7 @@ mod tests {
 
     #[test]
     fn attachments_need_a_present_usable_drive_unless_they_are_repeats() {
-        let releasing = DriveUse { drive_id: "d1".into(), state: DriveUseState::Releasing, reason: "asked".into(), requested: true };
+        let releasing = DriveUse { drive_id: "d1".into(), state: DriveUseState::Releasing, reason: "asked".into(), requested: true, evacuate: None };
         let released = DriveUse { state: DriveUseState::Released, ..releasing.clone() };
         let cordoned = DriveUse { state: DriveUseState::Cordoned, ..releasing.clone() };
         let fresh = rec();
@@ -178,7 +180,7 @@ mod tests {
 
     #[test]
     fn cordon_closes_an_active_drive_and_uncordon_opens_only_a_cordoned_one() {
-        let of = |state| DriveUse { drive_id: "d1".into(), state, reason: "asked".into(), requested: true };
+        let of = |state| DriveUse { drive_id: "d1".into(), state, reason: "asked".into(), requested: true, evacuate: None };
         let (cordoned, releasing, released) =
             (of(DriveUseState::Cordoned), of(DriveUseState::Releasing), of(DriveUseState::Released));
         // (case, current usage, cordon?, the state after, or None: active; changed?)

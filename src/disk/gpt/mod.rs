@@ -54,7 +54,7 @@ mod examine;
 mod write;
 
 pub use self::examine::{examine, Contents};
-pub use self::write::{add_partition, add_partition_wiped, mark_clean, read_dirty, remove_partition, resize_partition, Added, DirtyState};
+pub use self::write::{add_partition, add_partition_wiped, mark_clean, read_dirty, remove_partition, resize_partition, set_partition_attrs, Added, DirtyState};
 
 /// Alignment of every partition start and size.
 pub const ALIGN: u64 = 1 << 20;
@@ -122,6 +122,12 @@ pub const SNAPSHOT_GUID_NAMESPACE: Uuid = uuid::uuid!("9f0b6a51-3c2e-4d57-9a8e-6
 /// table, so no tenant can make a volume look like one.
 pub const SNAPSHOT_ATTR: u64 = 1 << 48;
 
+/// Attribute bit marking a drivelet partition that is the copy of a volume being moved
+/// to this drive (evacuation) and not yet switched to: never the volume itself. A
+/// partition found with it at start-up is a copy cut short (rolled back) unless the
+/// volume's record already points at it (then the mark is cleared).
+pub const MOVE_ATTR: u64 = 1 << 49;
+
 /// Partition GUID of a CSI snapshot name: deterministic, distinct per name.
 pub fn snapshot_partition_guid(name: &str) -> Uuid {
     Uuid::new_v5(&SNAPSHOT_GUID_NAMESPACE, name.as_bytes())
@@ -157,6 +163,11 @@ impl GptPartition {
     /// Whether this drivelet partition holds a snapshot, not a volume.
     pub fn is_snapshot(&self) -> bool {
         self.attrs & SNAPSHOT_ATTR != 0
+    }
+
+    /// Whether this drivelet partition is a moving volume's copy not yet switched to.
+    pub fn is_move_copy(&self) -> bool {
+        self.attrs & MOVE_ATTR != 0
     }
 
     /// Whether this entry is a drivelet volume (type and name).

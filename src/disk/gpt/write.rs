@@ -476,6 +476,30 @@ pub fn remove_partition(dev: &Path, sector: u64, guid: Uuid) -> Result<bool, Dis
     Ok(true)
 }
 
+/// Sets the attribute bits of the drivelet partition with `guid` (a moved volume's copy
+/// loses [`super::MOVE_ATTR`] at its switch); the same bits are success, no write.
+/// `NotFound` when there is no such partition.
+pub fn set_partition_attrs(dev: &Path, sector: u64, guid: Uuid, attrs: u64) -> Result<(), DiskError> {
+    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
+    let (file, dev_size) = open_to_inspect(dev, sector)?;
+    let file: &File = &file;
+    let not_found = || DiskError::NotFound { device: dev.to_path_buf(), what: format!("partition {guid}") };
+    let disk = open_gpt(dev, file, dev_size, sector)?.ok_or_else(not_found)?;
+    let mut disk = judge_gpt(dev, disk)?.map_err(|found| refuse(dev, found))?;
+    let (key, p) = find_by_guid(&disk, guid).ok_or_else(not_found)?;
+    ensure_ours(dev, &p)?;
+    if p.flags == attrs {
+        return Ok(());
+    }
+    let mut parts = disk.partitions().clone();
+    parts.retain(|_, p| p.is_used());
+    if let Some(entry) = parts.get_mut(&key) {
+        entry.flags = attrs;
+    }
+    set_entries(dev, &mut disk, parts)?;
+    commit(dev, &disk, None, &[], None)
+}
+
 /// Grows the drivelet partition with `guid` in place to `new_size` bytes; the space
 /// after it must be free and inside the GPT's usable area. The same size is success;
 /// shrinking is refused.

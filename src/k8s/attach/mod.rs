@@ -117,6 +117,8 @@ pub(crate) fn kind_of(e: &VolumeError) -> RefusalKind {
         // Refusals of node calls and of other controller calls: an attach never gets
         // them; should one come, retrying with backoff is the safe reading.
         VolumeError::InvalidArgument { .. }
+        | VolumeError::Unreadable { .. }
+        | VolumeError::CannotEvacuate { .. }
         | VolumeError::SnapshotSourceInUse { .. }
         | VolumeError::SnapshotNameTaken { .. }
         | VolumeError::SnapshotNotFound { .. }

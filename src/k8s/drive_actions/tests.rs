@@ -3,7 +3,7 @@
 use super::*;
 
 fn of(state: DriveUseState, requested: bool) -> DriveUse {
-    DriveUse { drive_id: "d1".into(), state, reason: "asked".into(), requested }
+    DriveUse { drive_id: "d1".into(), state, reason: "asked".into(), requested, evacuate: None }
 }
 
 #[test]

@@ -1,0 +1,204 @@
+//! The book's decisions about evacuations ([`crate::actors::volumes::evacuate`]'s rules):
+//! whether a drive may be evacuated and whether the rest of the node holds what is on
+//! it, which volume moves next and where, and where each evacuation stands.
+//!
+//! Rules:
+//! - the drive must be a managed drive present on this node (INVALID_ARGUMENT for an
+//!   unknown id, FAILED_PRECONDITION for one that is absent: nothing on it can be read);
+//! - room: every record still to move is placed, largest first, on the other open
+//!   managed drives (of the volume's media when its class asked for one; a whole-drive
+//!   volume on an empty drive), each placement counting for the next; one that does
+//!   not fit refuses the whole evacuation (RESOURCE_EXHAUSTED saying what is missing),
+//!   and nothing is decided;
+//! - what moves: volumes and snapshots of the drive that are not lost, not failed by a
+//!   forced release and not staged (a staged one waits for its unstage); one at a time,
+//!   smallest first (the most volumes freed soonest);
+//! - asking again changes `force` as asked and retries the volumes whose move failed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tracing::info;
+
+use super::{VolumeBook, VolumeError};
+use crate::actors::volumes::evacuate::{EvacuateDrive, Evacuation, MovedVolume, PendingMove, PendingState};
+use crate::actors::volumes::model::{Move, VolumeRecord, VolumeState};
+use crate::actors::volumes::placement::{self, Candidate, NoRoom};
+use crate::config::human_bytes;
+use crate::words::{DriveClass, DriveLoc, DriveUse, DriveUseState, Evacuate, LayoutKind, Media};
+
+/// A move to start: the record (its `moving` set to where the copy goes), both drives.
+#[derive(Debug, Clone)]
+pub(crate) struct MovePlan {
+    /// The record as it goes into the move.
+    pub rec: VolumeRecord,
+    /// Its drive now.
+    pub src: DriveLoc,
+    /// The drive of the copy.
+    pub dst: DriveLoc,
+    /// That drive's media.
+    pub dst_media: Media,
+}
+
+/// The media a record must stay on: its class's, when the class asked for one.
+fn media_of(r: &VolumeRecord) -> Option<Media> {
+    r.parameters.get("media").and_then(|m| serde_json::from_value(serde_json::Value::String(m.clone())).ok())
+}
+
+/// Whether a record on an evacuated drive is one the evacuation moves (now or later).
+fn to_move(r: &VolumeRecord) -> bool {
+    r.adopted.is_none() && !r.lost && !r.failed
+}
+
+impl VolumeBook {
+    /// The records on `drive_id` an evacuation moves, smallest first.
+    fn movable_on(&self, drive_id: &str) -> Vec<&VolumeRecord> {
+        let mut v: Vec<&VolumeRecord> = self.records.values().filter(|r| r.drive_id == drive_id && to_move(r)).map(|r| &**r).collect();
+        v.sort_by_key(|r| (r.size, r.id.clone()));
+        v
+    }
+
+    /// Where `r` (on an evacuated drive) could go now, given `cands` (the book's, with
+    /// what earlier placements of the same plan took).
+    fn place_move(cands: &[Candidate<'_>], r: &VolumeRecord) -> Result<placement::Placement, NoRoom> {
+        let others: Vec<Candidate<'_>> = cands.iter().filter(|c| c.drive.id != r.drive_id).cloned().collect();
+        let layout = if r.layout == LayoutKind::Drive { LayoutKind::Drive } else { LayoutKind::Partition };
+        placement::place(&others, media_of(r), layout, r.size)
+    }
+
+    /// Decides an EvacuateDrive: the drive's usage record from now on (to store), or
+    /// why it cannot be evacuated. Closes the drive to new volumes.
+    pub(crate) fn evacuate(&mut self, m: &EvacuateDrive, failed: &mut HashMap<String, String>) -> Result<DriveUse, VolumeError> {
+        if !self.ready {
+            return Err(VolumeError::NotReady);
+        }
+        let cannot = |reason: String| VolumeError::CannotEvacuate { drive_id: m.drive_id.clone(), reason };
+        let Some(d) = self.drives.get(&m.drive_id) else {
+            if self.records.values().any(|r| r.drive_id == m.drive_id) {
+                return Err(cannot("it is absent from this node, so nothing on it can be read; put it back first".into()));
+            }
+            return Err(VolumeError::InvalidArgument { reason: format!("no drive with id {} is known on this node", m.drive_id) });
+        };
+        if d.class != DriveClass::Managed {
+            return Err(cannot(format!("drivelet does not manage it (it is {}), so it holds no drivelet volume", d.class.as_str())));
+        }
+        let current = self.drive_use.get(&m.drive_id).cloned();
+        if current.as_ref().is_some_and(|u| u.state == DriveUseState::Released) && self.movable_on(&m.drive_id).is_empty() {
+            return Ok(current.expect("checked"));
+        }
+        // Room for everything still to move, each placement counting for the next.
+        let mut cands = self.candidates();
+        let mut todo = self.movable_on(&m.drive_id);
+        todo.sort_by_key(|r| std::cmp::Reverse(r.size));
+        let mut missing = Vec::new();
+        for r in &todo {
+            match Self::place_move(&cands, r) {
+                Ok(p) => {
+                    if let Some(c) = cands.iter_mut().find(|c| c.drive.id == p.drive_id) {
+                        c.used.to_mut().push((p.start, p.size));
+                    }
+                }
+                Err(_) => missing.push(*r),
+            }
+        }
+        if !missing.is_empty() {
+            let need: u64 = missing.iter().map(|r| r.size).sum();
+            let names: Vec<String> = missing.iter().take(5).map(|r| format!("{} ({})", r.name, human_bytes(r.size))).collect();
+            return Err(VolumeError::ResourceExhausted {
+                reason: format!(
+                    "drive {} holds {} volumes and snapshots; the other open managed drives of this node have no room for {} of them ({} more: {}); nothing was moved: add or free a drive and ask again",
+                    m.drive_id,
+                    todo.len(),
+                    missing.len(),
+                    human_bytes(need),
+                    names.join(", ")
+                ),
+            });
+        }
+        for r in &todo {
+            failed.remove(&r.id);
+        }
+        let usage = DriveUse {
+            drive_id: m.drive_id.clone(),
+            state: if todo.is_empty() { DriveUseState::Released } else { DriveUseState::Releasing },
+            reason: "evacuation requested: its volumes move to other drives of this node".into(),
+            requested: true,
+            evacuate: Some(Evacuate { force: m.force }),
+        };
+        info!(drive.id = %m.drive_id, volumes = todo.len(), evacuate.force = m.force, "drive evacuation requested");
+        self.drive_use.insert(m.drive_id.clone(), usage.clone());
+        self.publish();
+        Ok(usage)
+    }
+
+    /// The next move of an evacuation to start, if any: a record no call holds, not
+    /// staged, not in `failed`, with a place to go. A record that has nowhere to go
+    /// now is put in `failed` with why.
+    pub(crate) fn next_move(&self, failed: &mut HashMap<String, String>) -> Option<(MovePlan, bool)> {
+        if !self.ready {
+            return None;
+        }
+        let cands = self.candidates();
+        for (drive_id, u) in &self.drive_use {
+            let Some(ev) = u.evacuate else { continue };
+            let Some(src) = self.drives.get(drive_id).map(|d| DriveLoc { path: d.path.clone(), sector: d.logical_block_size }) else { continue };
+            for r in self.movable_on(drive_id) {
+                let stable = matches!(r.state, VolumeState::Available) || (r.snapshot.is_some() && r.state != VolumeState::Creating && r.state != VolumeState::Deleting);
+                if !stable || r.staging.is_some() || r.moving.is_some() || failed.contains_key(&r.id) || self.guards.is_claimed(&r.id) {
+                    continue;
+                }
+                let p = match Self::place_move(&cands, r) {
+                    Ok(p) => p,
+                    Err(NoRoom::TooBig(why) | NoRoom::Full(why)) => {
+                        failed.insert(r.id.clone(), format!("no room on the other drives of this node: {why}"));
+                        continue;
+                    }
+                };
+                let Some(d) = self.drives.get(&p.drive_id) else { continue };
+                let dst = DriveLoc { path: d.path.clone(), sector: d.logical_block_size };
+                let mut rec = VolumeRecord::clone(r);
+                rec.moving = Some(Move { drive_id: p.drive_id.clone(), start: p.start, size: p.size, switched: false, unreadable: Vec::new() });
+                return Some((MovePlan { rec, src, dst, dst_media: d.media }, ev.force));
+            }
+        }
+        None
+    }
+
+    /// Reserves the copy's extent of a move about to start (the record with its `Move`).
+    pub(crate) fn reserve_move(&mut self, rec: VolumeRecord) {
+        self.records.insert(rec.id.clone(), Arc::new(rec));
+        self.publish();
+    }
+
+    /// Where every evacuation asked for stands: `moved` (this process's moves, by the
+    /// drive they left), `failed` (why a record's move failed), `moving` (the record
+    /// being copied now).
+    pub(crate) fn evacuations(&self, moved: &HashMap<String, Vec<MovedVolume>>, failed: &HashMap<String, String>, moving: Option<&str>) -> Vec<Evacuation> {
+        let mut out = Vec::new();
+        for (drive_id, u) in &self.drive_use {
+            let Some(ev) = u.evacuate else { continue };
+            let mut pending = Vec::new();
+            let mut on: Vec<&VolumeRecord> = self.records.values().filter(|r| r.drive_id == *drive_id && r.adopted.is_none()).map(|r| &**r).collect();
+            on.sort_by_key(|r| (r.size, r.id.clone()));
+            for r in on {
+                let (state, reason) = if moving == Some(r.id.as_str()) {
+                    (PendingState::Moving, "being copied to another drive".to_string())
+                } else if r.lost {
+                    (PendingState::Failed, "its partition is gone from the drive: nothing to move; delete it".to_string())
+                } else if r.failed {
+                    (PendingState::Failed, "failed by a forced release: nothing to move; delete it".to_string())
+                } else if let Some(why) = failed.get(&r.id) {
+                    (PendingState::Failed, why.clone())
+                } else if let Some(st) = &r.staging {
+                    (PendingState::Waiting, format!("staged at {}: moves once the pods using it stop", st.path.display()))
+                } else {
+                    (PendingState::Queued, "moves when its turn comes".to_string())
+                };
+                pending.push(PendingMove { volume_id: r.id.clone(), name: r.name.clone(), state, reason });
+            }
+            let done = pending.is_empty();
+            out.push(Evacuation { drive_id: drive_id.clone(), force: ev.force, moved: moved.get(drive_id).cloned().unwrap_or_default(), pending, done });
+        }
+        out
+    }
+}

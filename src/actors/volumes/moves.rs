@@ -1,0 +1,231 @@
+//! The disk steps of moving a volume (or snapshot) to another drive of the node, run
+//! off the actor thread, in an order that survives `kill -9` anywhere: either the old
+//! or the new copy serves, never both, never neither.
+//!
+//! Steps ([`move_volume`]), with the crash points between them:
+//! 1. the record gets its [`Move`] (where the copy goes) and is stored
+//!    (`move.intent_saved`);
+//! 2. the copy's GPT entry is written on the new drive with the volume's partition GUID
+//!    and the move mark [`gpt::MOVE_ATTR`], its signature areas zeroed
+//!    (`move.gpt_written`);
+//! 3. every byte is copied and verified ([`crate::disk::mover`]; `move.copied`); a
+//!    volume with unreadable blocks stops here unless forced;
+//! 4. the switch: the record now points at the copy, and its `Move` names the old
+//!    partition, in one store write (`move.switched`);
+//! 5. the copy's move mark is cleared (`move.marked`);
+//! 6. the old partition is removed from its drive, its space dirty in the same GPT
+//!    commit (`move.source_removed`);
+//! 7. the record drops its `Move` and is stored.
+//!
+//! Until step 4 the old partition serves, and a restart (or a failure here) rolls the
+//! copy back ([`remove_copy`]: only a partition carrying the move mark is removed).
+//! From step 4 on the copy serves, and a restart finishes 5 to 7 ([`finish_move`]).
+//! Without the store, a partition carrying the move mark is never taken for a volume
+//! (reconciliation rolls it back); the mark is cleared only after the switch is stored.
+//!
+//! The source must not be mounted anywhere (a filesystem cannot change device under
+//! its mount): the caller moves only volumes that are not staged, and this checks the
+//! host's mounts again under the volume's claim.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use super::book::Guards;
+use super::model::{Move, VolumeRecord};
+use super::ops::Outcome;
+use super::VolumeError;
+use crate::disk::lock::DiskLock;
+use crate::disk::{blkpg, gpt, mover, DiskError};
+use crate::failpoint::crash_point;
+use crate::store::Store;
+use crate::words::{DriveLoc, Media};
+
+/// What a finished move did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MoveDone {
+    /// The drive the volume left.
+    pub from_drive: String,
+    /// Its extent there `(start, size)`: dirty now, to be cleaned.
+    pub from_extent: (u64, u64),
+    /// The drive it is on now.
+    pub to_drive: String,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// How long the move took, milliseconds.
+    pub millis: u64,
+    /// Byte ranges that could not be read (a forced move only).
+    pub unreadable: Vec<(u64, u64)>,
+}
+
+fn disk(id: &str, op: &'static str) -> impl FnOnce(DiskError) -> VolumeError {
+    let volume_id = id.to_string();
+    move |source| VolumeError::Disk { volume_id, op, source }
+}
+
+fn save(store: &Store, rec: &VolumeRecord) -> Result<(), VolumeError> {
+    store.put(&rec.id, rec).map_err(VolumeError::Store)
+}
+
+/// The attribute bits of the record's partition when it serves.
+fn serving_attrs(rec: &VolumeRecord) -> u64 {
+    if rec.snapshot.is_some() { gpt::SNAPSHOT_ATTR } else { 0 }
+}
+
+/// Moves `rec` (whose `moving` names where its copy goes, on `dst`, of media
+/// `dst_media`) off `src`; see the module's steps. `force`: switch even when blocks
+/// could not be read. The record handed back is the volume as it now is (moved or not).
+pub(crate) fn move_volume(
+    store: &Store,
+    guards: &Arc<Guards>,
+    src: &DriveLoc,
+    dst: &DriveLoc,
+    dst_media: Media,
+    mut rec: VolumeRecord,
+    force: bool,
+) -> Outcome<MoveDone> {
+    let began = Instant::now();
+    let Some(to) = rec.moving.clone().filter(|m| !m.switched) else {
+        let e = VolumeError::InvalidArgument { reason: format!("volume {} has no move planned", rec.id) };
+        return Outcome { record: Some(rec), result: Err(e) };
+    };
+    // A health check's read-only fsck holds the partition: the copy waits for it.
+    let _unchecked = guards.step(&rec.id);
+    if let Err(e) = save(store, &rec) {
+        rec.moving = None;
+        return Outcome { record: Some(rec), result: Err(e) };
+    }
+    crash_point!("move.intent_saved");
+    let copied = match copy_steps(src, dst, &rec, &to, force) {
+        Ok(c) => c,
+        Err(e) => return Outcome { record: Some(abandon(store, dst, rec, &to)), result: Err(e) },
+    };
+    // The switch: one store write.
+    let from = Move { drive_id: rec.drive_id.clone(), start: rec.start, size: rec.size, switched: true, unreadable: copied.unreadable.clone() };
+    let before = rec.clone();
+    rec.drive_id = to.drive_id.clone();
+    rec.start = to.start;
+    rec.size = to.size;
+    rec.media = dst_media;
+    rec.moving = Some(from.clone());
+    if let Err(e) = save(store, &rec) {
+        return Outcome { record: Some(abandon(store, dst, before, &to)), result: Err(e) };
+    }
+    crash_point!("move.switched");
+    info!(volume.id = %rec.id, drive.from = %from.drive_id, drive.to = %rec.drive_id, move.bytes = copied.bytes, "volume switched to its copy");
+    let done = MoveDone {
+        from_drive: from.drive_id.clone(),
+        from_extent: (from.start, from.size),
+        to_drive: rec.drive_id.clone(),
+        bytes: copied.bytes,
+        millis: began.elapsed().as_millis() as u64,
+        unreadable: copied.unreadable,
+    };
+    match finish_move(store, Some(src), dst, &mut rec) {
+        Ok(()) => Outcome { record: Some(rec), result: Ok(done) },
+        Err(e) => {
+            warn!(volume.id = %rec.id, error = %e, "the volume serves from its new drive; its old partition is removed at the next start");
+            Outcome { record: Some(rec), result: Ok(done) }
+        }
+    }
+}
+
+/// Steps 2 and 3: the copy's entry, then the verified copy.
+fn copy_steps(src: &DriveLoc, dst: &DriveLoc, rec: &VolumeRecord, to: &Move, force: bool) -> Result<mover::Copied, VolumeError> {
+    let id = rec.id.as_str();
+    let skp = blkpg::ensure_kernel_partition(&src.path, rec.start, rec.size).map_err(disk(id, "find the volume's partition"))?;
+    let mounts = crate::disk::mounts::read_mountinfo()
+        .map_err(|e| disk(id, "read mounts")(DiskError::Io { what: "/proc/self/mountinfo".into(), source: e }))?;
+    if mounts.iter().any(|m| m.devnum == skp.devnum) {
+        return Err(VolumeError::PartitionMounted { volume_id: id.to_string(), device: skp.devnode });
+    }
+    let dkp = {
+        let _udev = DiskLock::exclusive(&dst.path).map_err(disk(id, "lock the new drive"))?;
+        gpt::add_partition_wiped(&dst.path, dst.sector, rec.part_guid, &gpt::partition_label(&rec.name), to.start, to.size, serving_attrs(rec) | gpt::MOVE_ATTR)
+            .map_err(disk(id, "write the copy's partition entry"))?;
+        crash_point!("move.gpt_written");
+        blkpg::ensure_kernel_partition(&dst.path, to.start, to.size).map_err(disk(id, "add the copy's kernel partition"))?
+    };
+    info!(volume.id = %id, drive.to = %to.drive_id, volume.size = rec.size, "copying the volume to its new drive, every byte, verified");
+    let copied = mover::copy_and_verify(&skp.devnode, &dkp.devnode, rec.size).map_err(disk(id, "copy the volume"))?;
+    crash_point!("move.copied");
+    if !copied.unreadable.is_empty() {
+        let e = VolumeError::Unreadable { volume_id: id.to_string(), drive_id: rec.drive_id.clone(), ranges: copied.unreadable.clone() };
+        if !force {
+            return Err(e);
+        }
+        warn!(volume.id = %id, error = %e, "forced: switching to the copy with zeros where the old drive could not be read");
+    }
+    Ok(copied)
+}
+
+/// Rolls a move back before its switch: the copy goes, the record drops its `Move`.
+/// When the copy cannot be removed the record keeps it (a restart removes it).
+fn abandon(store: &Store, dst: &DriveLoc, mut rec: VolumeRecord, to: &Move) -> VolumeRecord {
+    match remove_copy(dst, rec.part_guid, to.start) {
+        Ok(()) => {
+            rec.moving = None;
+            if let Err(e) = save(store, &rec) {
+                warn!(volume.id = %rec.id, error = %e, "cannot store the end of a move rolled back; a restart does");
+            }
+        }
+        Err(e) => warn!(volume.id = %rec.id, error = %e, "cannot remove the copy of a move rolled back; a restart does"),
+    }
+    rec
+}
+
+/// Removes a copy cut short from `drive`: the partition with `guid` at `start`, only
+/// when it carries the move mark (never a volume); nothing there is success.
+pub(crate) fn remove_copy(drive: &DriveLoc, guid: uuid::Uuid, start: u64) -> Result<(), DiskError> {
+    let _udev = DiskLock::exclusive(&drive.path)?;
+    let Some(t) = gpt::read_table(&drive.path, drive.sector)? else { return Ok(()) };
+    let Some(q) = t.partitions.iter().find(|q| q.guid == guid) else { return Ok(()) };
+    if !q.is_move_copy() || q.start != start {
+        return Err(DiskError::invalid(format!(
+            "{}: partition {guid} at byte {} is not the move's copy at byte {start}; left alone",
+            drive.path.display(),
+            q.start
+        )));
+    }
+    blkpg::remove_kernel_partition(&drive.path, start)?;
+    gpt::remove_partition(&drive.path, drive.sector, guid)?;
+    Ok(())
+}
+
+/// Steps 5 to 7 of a switched move: the copy (on `dst`, the record's drive) loses its
+/// mark, the old partition goes from `src` (when present), the record drops its `Move`.
+/// Idempotent: a restart runs it again.
+pub(crate) fn finish_move(store: &Store, src: Option<&DriveLoc>, dst: &DriveLoc, rec: &mut VolumeRecord) -> Result<(), VolumeError> {
+    let Some(from) = rec.moving.clone().filter(|m| m.switched) else { return Ok(()) };
+    let id = rec.id.clone();
+    {
+        let _udev = DiskLock::exclusive(&dst.path).map_err(disk(&id, "lock the new drive"))?;
+        gpt::set_partition_attrs(&dst.path, dst.sector, rec.part_guid, serving_attrs(rec)).map_err(disk(&id, "clear the copy's move mark"))?;
+    }
+    crash_point!("move.marked");
+    let Some(src) = src else {
+        warn!(volume.id = %id, drive.id = %from.drive_id, "the old drive is absent: its partition of the volume stays until it is wiped");
+        return Ok(());
+    };
+    {
+        let _udev = DiskLock::exclusive(&src.path).map_err(disk(&id, "lock the old drive"))?;
+        let there = gpt::read_table(&src.path, src.sector)
+            .map_err(disk(&id, "read the old drive's partition table"))?
+            .and_then(|t| t.partitions.into_iter().find(|q| q.guid == rec.part_guid));
+        if let Some(q) = there {
+            if q.start != from.start {
+                return Err(VolumeError::Disk {
+                    volume_id: id,
+                    op: "remove the old partition",
+                    source: DiskError::invalid(format!("partition {} on {} is at byte {}, not {}; left alone", q.guid, src.path.display(), q.start, from.start)),
+                });
+            }
+            blkpg::remove_kernel_partition(&src.path, from.start).map_err(disk(&id, "remove the old kernel partition"))?;
+            gpt::remove_partition(&src.path, src.sector, rec.part_guid).map_err(disk(&id, "remove the old partition"))?;
+        }
+    }
+    crash_point!("move.source_removed");
+    rec.moving = None;
+    save(store, rec)
+}
