@@ -47,6 +47,7 @@ fn volume(id: &str, used: Option<u64>, why: Option<&str>) -> DriveVolume {
         state: "published".into(),
         health: if why.is_some() { "abnormal" } else { "normal" }.into(),
         health_reason: why.map(str::to_string),
+        pods: vec![],
     }
 }
 
