@@ -61,6 +61,7 @@ use serde_json::Value;
 
 mod clone;
 mod drive_actions;
+mod evacuate;
 mod nodes;
 mod snapshots;
 
@@ -96,7 +97,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 11] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 12] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
         ("claims grown by editing them: xfs in use, ext4 unused, too large then lowered", resize::journey_resize),
         ("a drive vanishing while it holds a volume, and coming back", journey_vanish),
@@ -107,6 +108,7 @@ fn main() {
         ("snapshots: refused in use, frozen, restored (ext4, xfs, block) after source deletion and a restart; space freed", snapshots::journey_snapshots),
         ("a drive failing under a running pod; a drive released", journey_failure),
         ("kubectl drivelet: tables as ctl's, cordon, uncordon, release through the Drive spec", drive_actions::journey_drive_actions),
+        ("evacuate: three volumes moved off a drive, one after its pod, kill -9 mid-move", evacuate::journey_evacuate),
         ("clean-up: nothing left behind", journey_cleanup),
     ];
     let mut failed = None;
@@ -118,6 +120,10 @@ fn main() {
     let only = std::env::var("E2E_JOURNEYS").ok();
     let only_nodes = only.as_deref() == Some("nodes");
     let only_snapshots = only.as_deref() == Some("snapshots");
+    // E2E_JOURNEYS=evacuate: deploy, the evacuation journey (it needs the real node's
+    // three drives empty and active, and leaves one released) and the clean-up; the full
+    // run does not take it (the journeys before leave no room for it).
+    let only_evacuate = only.as_deref() == Some("evacuate");
     for (i, (name, run)) in journeys.iter().enumerate() {
         if i == last {
             // The clean-up asserts an empty cluster: the journeys across nodes finish first.
@@ -130,7 +136,12 @@ fn main() {
         }
         let t = Instant::now();
         println!("e2e: [{}/{}] {name}", i + 1, journeys.len());
-        let picked = !(only_nodes || only_snapshots) || i == 0 || i == last || (only_snapshots && name.starts_with("snapshots:"));
+        let evacuation = name.starts_with("evacuate:");
+        let picked = if only_evacuate {
+            i == 0 || i == last || evacuation
+        } else {
+            (!(only_nodes || only_snapshots) && !evacuation) || i == 0 || i == last || (only_snapshots && name.starts_with("snapshots:"))
+        };
         if !picked {
             println!("e2e: [{}/{}] NOT RUN (E2E_JOURNEYS={})", i + 1, journeys.len(), only.as_deref().unwrap_or_default());
             continue;
@@ -143,7 +154,7 @@ fn main() {
                 break;
             }
         }
-        if i == 0 && !only_snapshots {
+        if i == 0 && !only_snapshots && !only_evacuate {
             // Deployed (CSIDriver, classes): the journeys across nodes start beside the rest.
             across = Some(std::thread::spawn(nodes::run));
         }
