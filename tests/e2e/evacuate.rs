@@ -216,5 +216,12 @@ pub(super) fn journey_evacuate(ctx: &mut Ctx) -> Check {
     for (claim_name, _) in CLAIMS {
         kubectl(&["delete", "pvc", "-n", NS, claim_name, "--wait=true", "--timeout=120s"])?;
     }
+    // Detached and deleted (the attach-detach controller takes a moment after the pods).
+    let pvs: Vec<String> = before.values().map(|b| b.1.clone()).collect();
+    wait_for("the journey's VolumeAttachments and PVs gone", Duration::from_secs(120), || {
+        let vas = get_json(&["get", "volumeattachments"])?;
+        let attached = vas["items"].as_array().into_iter().flatten().any(|v| pvs.iter().any(|pv| v["spec"]["source"]["persistentVolumeName"] == pv.as_str()));
+        Ok((!attached && pvs.iter().all(|pv| kubectl(&["get", "pv", pv]).is_err())).then_some(()))
+    })?;
     Ok(())
 }
