@@ -1,9 +1,9 @@
 //! Drive evacuation through the Kubernetes API (issue 26): a drive holding three volumes,
 //! one used by a running pod, evacuated with `kubectl drivelet drive evacuate`.
 //!
-//! Run after the deploy journey on the real node's three empty drives
-//! (`E2E_JOURNEYS=evacuate`: deploy, this journey, the clean-up; it leaves a released
-//! drive behind, which the later journeys of the full run do not expect). It:
+//! Runs right after the deploy journey, on the real node's three empty drives (alone:
+//! `E2E_JOURNEYS=evacuate`, with the deploy and the clean-up), and ends with the drive
+//! replaced, so the journeys after it find three empty active drives again. It:
 //! - puts three claims on one drive (the other two cordoned meanwhile): `ev-small` and
 //!   `ev-big` (1.4 GiB) written and their pods deleted, `ev-used` written by a pod that
 //!   keeps running; checksums of what each holds;
@@ -17,7 +17,9 @@
 //!   the Drive object), an `Evacuated` Event is on it;
 //! - every claim and PV is unchanged (uid, volume handle), each claim has a
 //!   `VolumeMoved` Event naming the drive its data went to, and new pods on the node
-//!   read back the same checksums.
+//!   read back the same checksums;
+//! - the drive is pulled (its loop device detached): its Drive object goes; a blank
+//!   drive is put in (a new image file): managed and active on sight.
 
 use std::process::Command;
 
@@ -94,6 +96,7 @@ pub(super) fn journey_evacuate(ctx: &mut Ctx) -> Check {
     ensure(managed.len() >= 3, || format!("three active managed drives wanted, {} found", managed.len()))?;
     let src = managed[0]["id"].as_str().unwrap_or_default().to_string();
     let dev = managed[0]["path"].as_str().unwrap_or_default().to_string();
+    let file = managed[0]["backing_file"].as_str().unwrap_or_default().to_string();
     let others: Vec<String> = managed[1..].iter().filter_map(|d| d["id"].as_str().map(str::to_string)).collect();
     let target = format!("{node}/{src}");
 
@@ -223,5 +226,25 @@ pub(super) fn journey_evacuate(ctx: &mut Ctx) -> Check {
         let attached = vas["items"].as_array().into_iter().flatten().any(|v| pvs.iter().any(|pv| v["spec"]["source"]["persistentVolumeName"] == pv.as_str()));
         Ok((!attached && pvs.iter().all(|pv| kubectl(&["get", "pv", pv]).is_err())).then_some(()))
     })?;
+
+    // Pull the drive, put a blank one in its place.
+    let out = Command::new("losetup").args(["-d", &dev]).output().map_err(|e| e.to_string())?;
+    ensure(out.status.success(), || format!("losetup -d {dev}: {}", String::from_utf8_lossy(&out.stderr)))?;
+    wait_for("the pulled drive forgotten: no Drive object, not listed", Duration::from_secs(30), || {
+        let listed = ctl_drives()?.iter().any(|d| d["id"] == src.as_str());
+        Ok((!listed && drive_object(&src)?.is_none()).then_some(()))
+    })?;
+    let new = Path::new(&file).with_file_name("drive-0-replacement.img");
+    let out = Command::new("truncate").args(["-s", "2G"]).arg(&new).output().map_err(|e| e.to_string())?;
+    ensure(out.status.success(), || format!("truncate {}: {}", new.display(), String::from_utf8_lossy(&out.stderr)))?;
+    let out = Command::new("losetup").args(["--find", "--show"]).arg(&new).output().map_err(|e| e.to_string())?;
+    ensure(out.status.success(), || format!("losetup {}: {}", new.display(), String::from_utf8_lossy(&out.stderr)))?;
+    let fresh = wait_for("the new blank drive managed and active", Duration::from_secs(30), || {
+        Ok(ctl_drives()?.into_iter().find(|d| d["backing_file"] == new.display().to_string().as_str() && d["class"] == "managed" && d["usage"] == "active"))
+    })?;
+    let fresh_id = fresh["id"].as_str().unwrap_or_default().to_string();
+    wait_for("the new drive's Drive object", Duration::from_secs(30), || Ok(drive_object(&fresh_id)?.filter(|o| o["status"]["usage"] == "active").map(|_| ())))?;
+    // The space the moved volumes left is clean again before the next journeys count it.
+    wait_for("the freed space cleaned", Duration::from_secs(180), || Ok(ctl_drives()?.iter().all(|d| d["cleaning"].is_null()).then_some(())))?;
     Ok(())
 }
