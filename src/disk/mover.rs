@@ -93,7 +93,7 @@ fn add_range(r: &mut Vec<(u64, u64)>, start: u64, len: u64) {
 /// Copies the first `len` bytes of `src` onto `dst` and verifies the copy (see the
 /// module's rules). `len` is a whole number of 4 KiB blocks.
 pub fn copy_and_verify(src: &Path, dst: &Path, len: u64) -> Result<Copied, DiskError> {
-    if len % BLOCK as u64 != 0 {
+    if !len.is_multiple_of(BLOCK as u64) {
         return Err(DiskError::invalid(format!("a move copies whole 4 KiB blocks; {len} bytes is not")));
     }
     let room = super::fs::device_size(dst)?;

@@ -338,4 +338,44 @@ mod tests {
         let absent = plan(vec![b], &[], &Tables::new(), &BTreeSet::new(), 0, &[]);
         assert!(!absent.keep[0].lost);
     }
+
+    #[test]
+    fn a_move_cut_short_before_its_switch_rolls_back_and_one_after_it_is_finished_and_a_marked_copy_is_never_a_volume() {
+        use crate::actors::volumes::model::Move;
+        use crate::disk::gpt::MOVE_ATTR;
+        let copy_of = |r: &VolumeRecord, start: u64| GptPartition { attrs: MOVE_ATTR, start, ..part(r) };
+        // Before the switch: the record is on d1, its copy (marked) on d2.
+        let mut a = rec(1, VolumeState::Available);
+        a.moving = Some(Move { drive_id: "d2".into(), start: 64 * MIB, size: a.size, switched: false, unreadable: vec![] });
+        let tables = Tables::from([("d1".to_string(), vec![part(&a)]), ("d2".to_string(), vec![copy_of(&a, 64 * MIB)])]);
+        let p = plan(vec![a.clone()], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &[]);
+        assert_eq!(p.keep[0].moving, None, "the record stays on d1 without its move");
+        assert_eq!(p.keep[0].drive_id, "d1");
+        assert_eq!(p.stray_copies, vec![("d2".to_string(), a.part_guid, 64 * MIB)], "the copy goes");
+        assert!(p.changed.contains(&a.id) && p.finish_moves.is_empty());
+        // The same copy while its move runs (a drive read again meanwhile) stays.
+        let p = plan(vec![], &[drive("d2")], &Tables::from([("d2".to_string(), vec![copy_of(&a, 64 * MIB)])]), &BTreeSet::new(), 0, &[("d2".to_string(), a.part_guid)]);
+        assert!(p.stray_copies.is_empty() && p.keep.is_empty(), "a running move's copy is neither removed nor adopted");
+        // After the switch: the record is on d2 (its copy still marked), the old one on d1.
+        let mut b = rec(2, VolumeState::Available);
+        b.drive_id = "d2".into();
+        b.moving = Some(Move { drive_id: "d1".into(), start: b.start, size: b.size, switched: true, unreadable: vec![] });
+        let tables = Tables::from([("d1".to_string(), vec![part(&b)]), ("d2".to_string(), vec![copy_of(&b, b.start)])]);
+        let p = plan(vec![b.clone()], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &[]);
+        assert_eq!(p.finish_moves, vec![b.id.clone()]);
+        assert!(p.stray_copies.is_empty(), "the marked copy is the volume now");
+        assert_eq!(p.keep.len(), 1, "the old partition is not adopted as another volume");
+        // Without the store: a marked copy is never adopted; the same volume on two
+        // drives (unmarked: cut short between the mark's clearing and the old one's
+        // removal) is served from one of them.
+        let tables = Tables::from([("d1".to_string(), vec![part(&b)]), ("d2".to_string(), vec![copy_of(&b, b.start)])]);
+        let p = plan(vec![], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &[]);
+        assert_eq!(p.keep.len(), 1, "{:?}", p.keep);
+        assert_eq!(p.keep[0].drive_id, "d1", "the unmarked partition is the volume");
+        assert_eq!(p.stray_copies, vec![("d2".to_string(), b.part_guid, b.start)]);
+        let tables = Tables::from([("d1".to_string(), vec![part(&b)]), ("d2".to_string(), vec![part(&b)])]);
+        let p = plan(vec![], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &[]);
+        assert_eq!(p.keep.len(), 1, "one volume of one id: {:?}", p.keep);
+        assert!(p.reports.iter().any(|r| r.contains("also on drive")), "{:?}", p.reports);
+    }
 }
