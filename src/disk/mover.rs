@@ -96,7 +96,10 @@ pub fn copy_and_verify(src: &Path, dst: &Path, len: u64) -> Result<Copied, DiskE
     if !len.is_multiple_of(BLOCK as u64) {
         return Err(DiskError::invalid(format!("a move copies whole 4 KiB blocks; {len} bytes is not")));
     }
-    let room = super::fs::device_size(dst)?;
+    let room = match std::fs::metadata(dst) {
+        Ok(m) if m.is_file() => m.len(),
+        _ => super::fs::device_size(dst)?,
+    };
     if room < len {
         return Err(DiskError::invalid(format!("{} holds {room} bytes, less than the {len} to copy", dst.display())));
     }
