@@ -260,3 +260,29 @@ fn a_volume_whose_blocks_cannot_be_read_stays_unless_forced_and_then_says_which_
     assert_eq!(first_nonzero(&dev, 1048576, 1056768), None, "zeros where the old drive failed");
     assert!(first_nonzero(&dev, 0, 1048576).is_some() && first_nonzero(&dev, 1056768, 8 * MIB).is_some(), "the rest was copied");
 }
+
+#[test]
+fn a_snapshot_on_an_evacuated_drive_moves_too_and_still_restores_its_data() {
+    let bed = Bed::new(&[GIB, GIB]);
+    let v = bed.create("pvc-evac-snapsrc", 8 * MIB, block_cap());
+    write_pattern(&bed.dev(&v), (8 * MIB) as usize, 11);
+    let want = digest_of(&bed.dev(&v), 8 * MIB);
+    let snap = bed.call(async |c| {
+        c.ctrl.create_snapshot(snapshot_req("snap-evac", &v, &[])).await.expect("snapshot").into_inner().snapshot.unwrap().snapshot_id
+    });
+    let snaps = |bed: &Bed| -> serde_json::Value {
+        let (ok, out) = ctl(&bed.agent, &["snapshots", "-o", "json"]);
+        assert!(ok, "{out}");
+        serde_json::from_str(&out).unwrap()
+    };
+    let on = snaps(&bed)[0]["drive_id"].as_str().unwrap().to_string();
+    assert_ne!(on, placed(&bed.agent, &v).0, "a snapshot goes on another drive than its source's");
+    let (ok, out) = ctl(&bed.agent, &["drive", "evacuate", &on]);
+    assert!(ok, "{out}");
+    wait_for(&bed.agent, "the snapshot to move", 30, || snaps(&bed)[0]["drive_id"] != on.as_str());
+    wait_for(&bed.agent, "the drive to be released", 10, || ctl_drive(&bed.agent, &on)["usage"] == "released");
+    assert_eq!(snaps(&bed)[0]["id"], snap.as_str(), "same id");
+    assert_eq!(snaps(&bed)[0]["state"], "ready");
+    let r = bed.call(async |c| c.ctrl.create_volume(restore_req("pvc-evac-restored", 8 * MIB, 0, block_cap(), &snap)).await.expect("restore").into_inner().volume.unwrap().volume_id);
+    assert_eq!(digest_of(&bed.dev(&r), 8 * MIB), want, "the restore holds the snapshot's data");
+}
