@@ -207,6 +207,7 @@ impl VolumeManager {
         let job = move || super::moves::move_volume(&store, &guards, &plan.src, &plan.dst, plan.dst_media, plan.rec, force);
         let fut = self.run_with(claim, id.clone(), true, job).map(move |res, act, ctx| {
             act.evacuations.moving = None;
+            crate::metrics::metrics().record_move(res.as_ref().ok().map(|d| d.bytes));
             match res {
                 Ok(done) => {
                     // The old extent is dirty (the same GPT commit said so on the disk).
