@@ -83,8 +83,10 @@ pub(crate) fn release(current: Option<&DriveUse>, drive_id: &str, live_volumes: 
         .filter(|u| u.state != DriveUseState::Cordoned)
         .map(|u| u.reason.clone())
         .unwrap_or_else(|| "release requested".into());
+    // An evacuation asked before goes on (a release does not cancel it).
+    let evacuate = current.and_then(|u| u.evacuate);
     if live_volumes.is_empty() {
-        return (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Released, reason, requested: true, evacuate: None }, vec![]);
+        return (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Released, reason, requested: true, evacuate }, vec![]);
     }
     if force {
         let failed = live_volumes.iter().map(|v| v.id.clone()).collect();
@@ -93,7 +95,7 @@ pub(crate) fn release(current: Option<&DriveUse>, drive_id: &str, live_volumes: 
             failed,
         );
     }
-    (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Releasing, reason, requested: true, evacuate: None }, vec![])
+    (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Releasing, reason, requested: true, evacuate }, vec![])
 }
 
 /// What a cordon (`on`) or uncordon request does to a drive's usage: `Ok(Some(record))`
