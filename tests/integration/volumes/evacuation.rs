@@ -122,7 +122,8 @@ impl Bed {
     }
 
     fn drive(&self, id: &str) -> &LoopDrive {
-        self.drives.iter().find(|d| drive_id_of(&self.agent, d) == id).unwrap_or_else(|| panic!("no drive {id}"))
+        let listed = self.agent.ctl_drives();
+        self.drives.iter().find(|d| drive_by_path(&listed, &d.dev).is_some_and(|v| v["id"] == id)).unwrap_or_else(|| panic!("no drive {id}"))
     }
 
     fn dev(&self, volume: &str) -> PathBuf {
@@ -285,4 +286,35 @@ fn a_snapshot_on_an_evacuated_drive_moves_too_and_still_restores_its_data() {
     assert_eq!(snaps(&bed)[0]["state"], "ready");
     let r = bed.call(async |c| c.ctrl.create_volume(restore_req("pvc-evac-restored", 8 * MIB, 0, block_cap(), &snap)).await.expect("restore").into_inner().volume.unwrap().volume_id);
     assert_eq!(digest_of(&bed.dev(&r), 8 * MIB), want, "the restore holds the snapshot's data");
+}
+
+#[test]
+fn a_drive_pulled_right_after_a_switch_gets_its_old_partition_removed_when_it_is_back_and_never_shows_the_volume_twice() {
+    let mut bed = Bed::new(&[GIB, GIB]);
+    let v = bed.create("pvc-evac-pulled", 8 * MIB, block_cap());
+    write_pattern(&bed.dev(&v), (8 * MIB) as usize, 5);
+    let want = digest_of(&bed.dev(&v), 8 * MIB);
+    let (src, _) = placed(&bed.agent, &v);
+    // Killed right after the switch is stored.
+    arm(&bed.agent, "move.switched", "return");
+    let _ = ctl(&bed.agent, &["drive", "evacuate", &src]);
+    assert!(bed.agent.wait_exit(Duration::from_secs(30)).is_some(), "killed at move.switched");
+    // The old drive is pulled before drivelet comes back.
+    let i = bed.drives.iter().position(|d| gpt_entries(&d.dev).iter().any(|e| e.uuid.eq_ignore_ascii_case(&v) && e.start > 0) && {
+        let t = drivelet::disk::gpt::read_table(&d.dev, 512).unwrap().unwrap();
+        t.partitions.iter().any(|q| q.guid.to_string() == v && !q.is_move_copy())
+    }).expect("the old partition");
+    let file = bed.drives[i].file.clone();
+    bed.drives[i].detach();
+    bed.agent.spawn();
+    bed.agent.wait_ready();
+    assert_ne!(placed(&bed.agent, &v).0, src, "the volume serves from its new drive");
+    assert_eq!(digest_of(&bed.dev(&v), 8 * MIB), want);
+    // Back: its old partition is removed, never adopted as a second volume of the id.
+    bed.drives[i].dev = sh("losetup", &["--find", "--show", "--partscan", file.to_str().unwrap()]).into();
+    wait_for(&bed.agent, "the old partition to be removed", 20, || gpt_entries(&bed.drives[i].dev).is_empty());
+    let vols = bed.agent.ctl_volumes();
+    assert_eq!(vols.as_array().unwrap().len(), 1, "one volume: {vols}");
+    assert_ne!(placed(&bed.agent, &v).0, src);
+    assert_eq!(digest_of(&bed.dev(&v), 8 * MIB), want);
 }
