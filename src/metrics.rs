@@ -49,6 +49,9 @@ pub(crate) struct Metrics {
     rpcs: Mutex<BTreeMap<String, MethodStats>>,
     health_polls: AtomicU64,
     zeroed_bytes: AtomicU64,
+    moves_done: AtomicU64,
+    moves_failed: AtomicU64,
+    moved_bytes: AtomicU64,
     health_poll_micros: AtomicU64,
     last_scan_unix: AtomicU64,
     csi_serving: AtomicBool,
@@ -95,6 +98,20 @@ impl Metrics {
         self.zeroed_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// A volume's move to another drive (an evacuation) ended: done with `bytes`
+    /// copied, or failed.
+    pub(crate) fn record_move(&self, done: Option<u64>) {
+        match done {
+            Some(bytes) => {
+                self.moves_done.fetch_add(1, Ordering::Relaxed);
+                self.moved_bytes.fetch_add(bytes, Ordering::Relaxed);
+            }
+            None => {
+                self.moves_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// A drive scan (full or of changed disks) was applied now.
     pub(crate) fn record_scan(&self) {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -119,6 +136,8 @@ impl Metrics {
             latency: stats.iter().map(|(m, s)| (m.clone(), s.latency.clone())).collect(),
             health_polls: self.health_polls.load(Ordering::Relaxed),
             zeroed_bytes: self.zeroed_bytes.load(Ordering::Relaxed),
+            moves: (self.moves_done.load(Ordering::Relaxed), self.moves_failed.load(Ordering::Relaxed)),
+            moved_bytes: self.moved_bytes.load(Ordering::Relaxed),
             health_poll_seconds: self.health_poll_micros.load(Ordering::Relaxed) as f64 / 1e6,
             last_scan_unix: self.last_scan_unix.load(Ordering::Relaxed),
         }
@@ -136,6 +155,10 @@ pub(crate) struct Counters {
     pub health_polls: u64,
     /// Bytes of freed space the cleaner zeroed.
     pub zeroed_bytes: u64,
+    /// Volume moves (evacuations): (done, failed).
+    pub moves: (u64, u64),
+    /// Bytes copied by the moves done.
+    pub moved_bytes: u64,
     /// Duration of the last SMART poll.
     pub health_poll_seconds: f64,
     /// When the last drive scan was applied (0: never).
@@ -244,6 +267,11 @@ pub(crate) fn render(c: &Counters, g: &Gauges) -> String {
     let _ = writeln!(out, "drivelet_health_polls_total {}", c.health_polls);
     header(&mut out, "drivelet_zeroed_bytes_total", "counter", "Bytes of freed drive space zeroed before reuse.");
     let _ = writeln!(out, "drivelet_zeroed_bytes_total {}", c.zeroed_bytes);
+    header(&mut out, "drivelet_volume_moves_total", "counter", "Moves of a volume to another drive of the node (evacuations), by result.");
+    let _ = writeln!(out, "drivelet_volume_moves_total{{result=\"done\"}} {}", c.moves.0);
+    let _ = writeln!(out, "drivelet_volume_moves_total{{result=\"failed\"}} {}", c.moves.1);
+    header(&mut out, "drivelet_moved_bytes_total", "counter", "Bytes copied and verified by the volume moves done.");
+    let _ = writeln!(out, "drivelet_moved_bytes_total {}", c.moved_bytes);
     header(&mut out, "drivelet_health_poll_duration_seconds", "gauge", "How long the last SMART poll of all managed drives took.");
     let _ = writeln!(out, "drivelet_health_poll_duration_seconds {}", c.health_poll_seconds);
     header(&mut out, "drivelet_inventory_last_scan_timestamp_seconds", "gauge", "Unix time of the last drive scan applied.");
@@ -266,6 +294,8 @@ mod tests {
         c.rpcs.insert(("Probe".into(), "OK"), 4);
         c.rpcs.insert(("Probe".into(), code_name(5)), 1);
         c.zeroed_bytes = 3 << 20;
+        c.moves = (2, 1);
+        c.moved_bytes = 5 << 20;
         let text = render(&c, &Gauges::default());
         for line in [
             "drivelet_csi_request_duration_seconds_bucket{method=\"Probe\",le=\"0.0001\"} 1",
@@ -277,6 +307,9 @@ mod tests {
             "drivelet_csi_requests_total{method=\"Probe\",code=\"OK\"} 4",
             "drivelet_csi_requests_total{method=\"Probe\",code=\"NOT_FOUND\"} 1",
             "drivelet_zeroed_bytes_total 3145728",
+            "drivelet_volume_moves_total{result=\"done\"} 2",
+            "drivelet_volume_moves_total{result=\"failed\"} 1",
+            "drivelet_moved_bytes_total 5242880",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
         }

@@ -8,7 +8,9 @@
 //! - the source is read exactly once, in order, 1 MiB at a time (a failing drive is
 //!   spared re-reads); a chunk that does not read is read again 4 KiB at a time, only
 //!   to tell which blocks fail, and those blocks are written as zeros; the failed byte
-//!   ranges (relative to the partition, merged) are answered, never hidden;
+//!   ranges (relative to the partition, merged) are answered, never hidden; only a
+//!   medium error (EIO and its kin) is read around: any other error (the device is
+//!   gone) fails the copy;
 //! - the copy is verified chunk by chunk against the CRC-32 of what was read (zeros
 //!   where the source failed); a mismatch or a read error of the copy is an error;
 //! - the copy is what its caller makes of it: this only reads `src` and writes `dst`.
@@ -93,10 +95,13 @@ fn add_range(r: &mut Vec<(u64, u64)>, start: u64, len: u64) {
 /// Copies the first `len` bytes of `src` onto `dst` and verifies the copy (see the
 /// module's rules). `len` is a whole number of 4 KiB blocks.
 pub fn copy_and_verify(src: &Path, dst: &Path, len: u64) -> Result<Copied, DiskError> {
-    if len % BLOCK as u64 != 0 {
+    if !len.is_multiple_of(BLOCK as u64) {
         return Err(DiskError::invalid(format!("a move copies whole 4 KiB blocks; {len} bytes is not")));
     }
-    let room = super::fs::device_size(dst)?;
+    let room = match std::fs::metadata(dst) {
+        Ok(m) if m.is_file() => m.len(),
+        _ => super::fs::device_size(dst)?,
+    };
     if room < len {
         return Err(DiskError::invalid(format!("{} holds {room} bytes, less than the {len} to copy", dst.display())));
     }
@@ -110,7 +115,12 @@ pub fn copy_and_verify(src: &Path, dst: &Path, len: u64) -> Result<Copied, DiskE
     while at < len {
         let n = ((len - at) as usize).min(CHUNK);
         let b = &mut buf.bytes()[..n];
-        if read_at(&from, b, at, bad).is_err() {
+        if let Err(e) = read_at(&from, b, at, bad) {
+            // A device that is gone (or any error but a medium error) fails the copy:
+            // reading it again block by block would only fail the same way, slowly.
+            if !matches!(e.raw_os_error(), Some(libc::EIO | libc::ENODATA | libc::EILSEQ | libc::EBADMSG)) {
+                return Err(DiskError::Io { what: format!("read {} at byte {at}", src.display()), source: e });
+            }
             // Which blocks fail: read the chunk again a block at a time.
             for (i, block) in b.chunks_mut(BLOCK).enumerate() {
                 let off = at + (i * BLOCK) as u64;

@@ -127,7 +127,7 @@ impl From<VolumeError> for Status {
             // The drive holds data drivelet did not write: a fact about the drive, not a
             // fault of drivelet's (CreateVolume goes on to another drive instead).
             VolumeError::ForeignData { .. } => Code::FailedPrecondition,
-            VolumeError::Busy { .. } => Code::Aborted,
+            VolumeError::Busy { .. } | VolumeError::Evacuating { .. } => Code::Aborted,
             VolumeError::NotReady => Code::Unavailable,
             VolumeError::Disk { .. } | VolumeError::Store(_) | VolumeError::Panicked { .. } => Code::Internal,
         };

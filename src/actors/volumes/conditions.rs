@@ -260,7 +260,7 @@ pub(crate) fn condition(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option
         ))),
         Some(d) => match d.health.health {
             Health::Bad => found.push((Reason::DriveFailed, format!(
-                "drive {} is failing ({}): move the data to another volume and delete this one",
+                "drive {} is failing ({}): have it evacuated (the volume moves to another drive with its data), or move the data to another volume and delete this one",
                 d.id, d.health.reason
             ))),
             Health::Suspect => found
@@ -275,12 +275,15 @@ pub(crate) fn condition(rec: &VolumeRecord, drive: Option<&Drive>, usage: Option
             DriveUseState::Releasing | DriveUseState::Cordoned => Reason::DriveReleasing,
             DriveUseState::Released => Reason::DriveReleased,
         };
-        found.push((reason, format!(
-            "drive {} is {} ({}): move the data to another volume and delete this one",
-            u.drive_id,
-            u.state.as_str(),
-            u.reason
-        )));
+        let message = if u.evacuate.is_some() && u.state == DriveUseState::Releasing {
+            format!(
+                "drive {} is being evacuated: this volume moves to another drive of this node with its data and id, once no pod uses it",
+                u.drive_id
+            )
+        } else {
+            format!("drive {} is {} ({}): move the data to another volume and delete this one", u.drive_id, u.state.as_str(), u.reason)
+        };
+        found.push((reason, message));
     }
     found.extend(findings.iter().map(|f| (f.reason(), f.message())));
     Condition::of(found)

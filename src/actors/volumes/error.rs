@@ -446,6 +446,16 @@ pub enum VolumeError {
         /// The limit, milliseconds.
         limit_millis: u64,
     },
+    /// A new attachment of a volume whose drive is being evacuated: it moves first.
+    #[error(
+        "volume {volume_id} lives on drive {drive_id}, which is being evacuated: the volume moves to another drive of this node once no pod uses it (seconds per GiB), and is attached from there; retrying"
+    )]
+    Evacuating {
+        /// The volume.
+        volume_id: String,
+        /// Its drive.
+        drive_id: String,
+    },
     /// Blocks of a volume on an evacuated drive could not be read: it is not moved
     /// (unless the evacuation is forced) and stays where it is.
     #[error(

@@ -207,6 +207,7 @@ impl VolumeManager {
         let job = move || super::moves::move_volume(&store, &guards, &plan.src, &plan.dst, plan.dst_media, plan.rec, force);
         let fut = self.run_with(claim, id.clone(), true, job).map(move |res, act, ctx| {
             act.evacuations.moving = None;
+            crate::metrics::metrics().record_move(res.as_ref().ok().map(|d| d.bytes));
             match res {
                 Ok(done) => {
                     // The old extent is dirty (the same GPT commit said so on the disk).
@@ -250,6 +251,42 @@ impl VolumeManager {
             act.evacuate_next(ctx);
         });
         ctx.spawn(fut.map(|_, _, _| ()));
+    }
+}
+
+impl VolumeManager {
+    /// Finishes the moves whose old partition is on `drive_id`, which just came back (it
+    /// was absent when they switched): the old partitions go, their space is dirty.
+    pub(crate) fn finish_moves_from(&mut self, drive_id: &str, ctx: &mut Context<Self>) {
+        let Some(src) = self.book.drives().find(|d| d.id == drive_id).map(|d| crate::words::DriveLoc { path: d.path.clone(), sector: d.logical_block_size }) else {
+            return;
+        };
+        let pending: Vec<super::model::VolumeRecord> =
+            self.book.records().filter(|r| r.moving.as_ref().is_some_and(|m| m.switched && m.drive_id == drive_id)).cloned().collect();
+        for rec in pending {
+            let (Ok(store), Some(dst)) = (self.store(), self.book.loc_of(&rec)) else { continue };
+            let Ok(claim) = self.book.claim(&rec.id) else { continue };
+            let Some(old) = rec.moving.clone() else { continue };
+            let src = src.clone();
+            let id = rec.id.clone();
+            let fut = self.run(claim, id.clone(), move || {
+                let mut rec = rec;
+                let result = super::moves::finish_move(&store, Some(&src), &dst, &mut rec);
+                super::ops::Outcome { record: Some(rec), result }
+            });
+            ctx.spawn(fut.map(move |res, act, _| match res {
+                Ok(()) => {
+                    tracing::info!(volume.id = %id, drive.id = %old.drive_id, "the old partition of a moved volume is removed from its drive, back now");
+                    let loc = act.book.drives().find(|d| d.id == old.drive_id).map(|d| crate::words::DriveLoc { path: d.path.clone(), sector: d.logical_block_size });
+                    if let Some(loc) = loc {
+                        act.book.add_dirty(&old.drive_id, (old.start, old.size));
+                        act.cleaner.add(&old.drive_id, loc, (old.start, old.size));
+                    }
+                    act.announce(&old.drive_id);
+                }
+                Err(e) => tracing::warn!(volume.id = %id, error = %e, "cannot remove the old partition of a moved volume; retried when the drive is read again"),
+            }));
+        }
     }
 }
 

@@ -21,8 +21,9 @@
 //!   one cut short after it is finished ([`Plan::finish_moves`]); a partition carrying
 //!   the move mark is never a volume unless a record on its drive names it (a switched
 //!   move whose mark was not cleared yet): every other one is a copy cut short, removed
-//!   ([`Plan::stray_copies`]), with or without the store; `spare` names the copies of
-//!   moves running now (a drive read again while a volume is copied onto it).
+//!   ([`Plan::stray_copies`]), with or without the store; [`Others`] names the
+//!   copies of moves running now (a drive read again while a volume is copied onto it)
+//!   and the volumes whose records live on other drives (never adopted here).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -53,14 +54,26 @@ pub(crate) struct Plan {
     pub reports: Vec<String>,
 }
 
+/// What the book knows beyond the records being reconciled (one drive read again while
+/// running): nothing at start-up.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Others {
+    /// Partition GUIDs of records on other drives: a partition of one of them here (the
+    /// old copy of a moved volume) is never adopted as a volume of its own.
+    pub held: BTreeSet<uuid::Uuid>,
+    /// Copies of moves running now: drive id, partition GUID.
+    pub running: Vec<(String, uuid::Uuid)>,
+}
+
 /// The drivelet partitions read from each present managed drive's GPT, by drive id.
 pub(crate) type Tables = BTreeMap<String, Vec<GptPartition>>;
 
 /// Builds the plan. `drives` are the drives present now; `mounted` every mount point.
-pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mounted: &BTreeSet<PathBuf>, now: u64, spare: &[(String, uuid::Uuid)]) -> Plan {
+pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mounted: &BTreeSet<PathBuf>, now: u64, others: &Others) -> Plan {
     let mut p = Plan::default();
     let present: BTreeMap<&str, &Drive> = drives.iter().map(|d| (d.id.as_str(), d)).collect();
-    let mut claimed: BTreeSet<uuid::Uuid> = BTreeSet::new();
+    // Partitions of volumes whose records live elsewhere are never adopted.
+    let mut claimed: BTreeSet<uuid::Uuid> = others.held.clone();
     for mut rec in records {
         claimed.insert(rec.part_guid);
         let table = tables.get(&rec.drive_id);
@@ -169,7 +182,7 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
     for (drive_id, parts) in tables {
         for q in parts.iter().filter(|q| q.is_move_copy()) {
             let serves = p.keep.iter().any(|r| r.drive_id == *drive_id && r.part_guid == q.guid);
-            let running = spare.iter().any(|(d, g)| d == drive_id && *g == q.guid);
+            let running = others.running.iter().any(|(d, g)| d == drive_id && *g == q.guid);
             if !serves && !running {
                 p.reports.push(format!("partition {} on drive {} is the copy of a move cut short; removing it", q.guid, drive_id));
                 p.stray_copies.push((drive_id.clone(), q.guid, q.start));
@@ -250,7 +263,7 @@ mod tests {
         let c = rec(1, VolumeState::Creating);
         let d = rec(2, VolumeState::Deleting);
         let tables = Tables::from([("d1".to_string(), vec![part(&c), part(&d)])]);
-        let p = plan(vec![c.clone(), d.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0, &[]);
+        let p = plan(vec![c.clone(), d.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0, &Others::default());
         assert_eq!(p.rollback, vec![c]);
         assert_eq!(p.finish_delete, vec![d]);
         assert!(p.keep.is_empty());
@@ -260,7 +273,7 @@ mod tests {
     fn records_of_absent_drives_are_kept_and_reported() {
         let a = rec(1, VolumeState::Available);
         let c = rec(2, VolumeState::Creating);
-        let p = plan(vec![a.clone(), c.clone()], &[], &Tables::new(), &BTreeSet::new(), 0, &[]);
+        let p = plan(vec![a.clone(), c.clone()], &[], &Tables::new(), &BTreeSet::new(), 0, &Others::default());
         assert_eq!(p.keep, vec![a, c]);
         assert!(p.rollback.is_empty());
         assert_eq!(p.reports.len(), 2);
@@ -271,7 +284,7 @@ mod tests {
         let a = rec(1, VolumeState::Available);
         let orphan = rec(3, VolumeState::Available);
         let tables = Tables::from([("d1".to_string(), vec![part(&a), part(&orphan)])]);
-        let p = plan(vec![a.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 7, &[]);
+        let p = plan(vec![a.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 7, &Others::default());
         assert_eq!(p.keep.len(), 2);
         let adopted = &p.keep[1];
         assert_eq!(adopted.part_guid, orphan.part_guid);
@@ -291,7 +304,7 @@ mod tests {
         b.staging = Some(Staging { path: "/k/s2".into(), block: false, flags: vec![], readonly: false, done: false });
         let tables = Tables::from([("d1".to_string(), vec![part(&a), part(&b)])]);
         let mounted: BTreeSet<PathBuf> = ["/k/s1", "/k/t1"].iter().map(PathBuf::from).collect();
-        let p = plan(vec![a, b], &[drive("d1")], &tables, &mounted, 0, &[]);
+        let p = plan(vec![a, b], &[drive("d1")], &tables, &mounted, 0, &Others::default());
         let a = &p.keep[0];
         assert_eq!(a.state, VolumeState::Published);
         assert_eq!(a.targets.keys().collect::<Vec<_>>(), vec![&PathBuf::from("/k/t1")]);
@@ -307,7 +320,7 @@ mod tests {
         let mut q = part(&a);
         q.start += MIB;
         let tables = Tables::from([("d1".to_string(), vec![q])]);
-        let p = plan(vec![a], &[drive("d1")], &tables, &BTreeSet::new(), 0, &[]);
+        let p = plan(vec![a], &[drive("d1")], &tables, &BTreeSet::new(), 0, &Others::default());
         assert_eq!(p.keep[0].start, 2 * MIB);
         assert_eq!(p.changed.len(), 1);
     }
@@ -318,24 +331,70 @@ mod tests {
         let b = rec(2, VolumeState::Available);
         // d1 is present but its table lacks a's partition (wiped and re-used by b, say).
         let tables = Tables::from([("d1".to_string(), vec![part(&b)])]);
-        let p = plan(vec![a.clone(), b.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0, &[]);
+        let p = plan(vec![a.clone(), b.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0, &Others::default());
         assert!(p.keep[0].lost, "a is lost");
         assert!(!p.keep[1].lost, "b is fine");
         assert_eq!(p.changed, BTreeSet::from([a.id.clone()]), "the mark is written to the store");
         assert!(p.reports[0].contains("the data is gone"), "{:?}", p.reports);
         assert!(p.rollback.is_empty() && p.finish_delete.is_empty() && p.drop.is_empty(), "nothing deleted");
         // Seen again: still lost, nothing more to write. A blank drive (no table) too.
-        let again = plan(p.keep.clone(), &[drive("d1")], &tables, &BTreeSet::new(), 0, &[]);
+        let again = plan(p.keep.clone(), &[drive("d1")], &tables, &BTreeSet::new(), 0, &Others::default());
         assert!(again.keep[0].lost && again.changed.is_empty());
-        let blank = plan(vec![b.clone()], &[drive("d1")], &Tables::new(), &BTreeSet::new(), 0, &[]);
+        let blank = plan(vec![b.clone()], &[drive("d1")], &Tables::new(), &BTreeSet::new(), 0, &Others::default());
         assert!(blank.keep[0].lost);
         // The partition is back (the original drive returned): the mark goes.
         let back = Tables::from([("d1".to_string(), vec![part(&a), part(&b)])]);
-        let p = plan(p.keep, &[drive("d1")], &back, &BTreeSet::new(), 0, &[]);
+        let p = plan(p.keep, &[drive("d1")], &back, &BTreeSet::new(), 0, &Others::default());
         assert!(!p.keep[0].lost);
         assert_eq!(p.changed, BTreeSet::from([a.id]));
         // An absent drive is not a lost partition: the drive may come back.
-        let absent = plan(vec![b], &[], &Tables::new(), &BTreeSet::new(), 0, &[]);
+        let absent = plan(vec![b], &[], &Tables::new(), &BTreeSet::new(), 0, &Others::default());
         assert!(!absent.keep[0].lost);
+    }
+
+    #[test]
+    fn a_move_cut_short_before_its_switch_rolls_back_and_one_after_it_is_finished_and_a_marked_copy_is_never_a_volume() {
+        use crate::actors::volumes::model::Move;
+        use crate::disk::gpt::MOVE_ATTR;
+        let copy_of = |r: &VolumeRecord, start: u64| GptPartition { attrs: MOVE_ATTR, start, ..part(r) };
+        // Before the switch: the record is on d1, its copy (marked) on d2.
+        let mut a = rec(1, VolumeState::Available);
+        a.moving = Some(Move { drive_id: "d2".into(), start: 64 * MIB, size: a.size, switched: false, unreadable: vec![] });
+        let tables = Tables::from([("d1".to_string(), vec![part(&a)]), ("d2".to_string(), vec![copy_of(&a, 64 * MIB)])]);
+        let p = plan(vec![a.clone()], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Others::default());
+        assert_eq!(p.keep[0].moving, None, "the record stays on d1 without its move");
+        assert_eq!(p.keep[0].drive_id, "d1");
+        assert_eq!(p.stray_copies, vec![("d2".to_string(), a.part_guid, 64 * MIB)], "the copy goes");
+        assert!(p.changed.contains(&a.id) && p.finish_moves.is_empty());
+        // The same copy while its move runs (a drive read again meanwhile) stays.
+        let p = plan(vec![], &[drive("d2")], &Tables::from([("d2".to_string(), vec![copy_of(&a, 64 * MIB)])]), &BTreeSet::new(), 0, &Others { running: vec![("d2".to_string(), a.part_guid)], ..Default::default() });
+        assert!(p.stray_copies.is_empty() && p.keep.is_empty(), "a running move's copy is neither removed nor adopted");
+        // After the switch: the record is on d2 (its copy still marked), the old one on d1.
+        let mut b = rec(2, VolumeState::Available);
+        b.drive_id = "d2".into();
+        b.moving = Some(Move { drive_id: "d1".into(), start: b.start, size: b.size, switched: true, unreadable: vec![] });
+        let tables = Tables::from([("d1".to_string(), vec![part(&b)]), ("d2".to_string(), vec![copy_of(&b, b.start)])]);
+        let p = plan(vec![b.clone()], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Others::default());
+        assert_eq!(p.finish_moves, vec![b.id.clone()]);
+        assert!(p.stray_copies.is_empty(), "the marked copy is the volume now");
+        assert_eq!(p.keep.len(), 1, "the old partition is not adopted as another volume");
+        // Without the store: a marked copy is never adopted; the same volume on two
+        // drives (unmarked: cut short between the mark's clearing and the old one's
+        // removal) is served from one of them.
+        let tables = Tables::from([("d1".to_string(), vec![part(&b)]), ("d2".to_string(), vec![copy_of(&b, b.start)])]);
+        let p = plan(vec![], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Others::default());
+        assert_eq!(p.keep.len(), 1, "{:?}", p.keep);
+        assert_eq!(p.keep[0].drive_id, "d1", "the unmarked partition is the volume");
+        assert_eq!(p.stray_copies, vec![("d2".to_string(), b.part_guid, b.start)]);
+        let tables = Tables::from([("d1".to_string(), vec![part(&b)]), ("d2".to_string(), vec![part(&b)])]);
+        let p = plan(vec![], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Others::default());
+        assert_eq!(p.keep.len(), 1, "one volume of one id: {:?}", p.keep);
+        assert!(p.reports.iter().any(|r| r.contains("also on drive")), "{:?}", p.reports);
+        // A drive read again while running, holding the old partition of a volume that
+        // moved off it: not adopted (its record lives on the other drive).
+        let tables = Tables::from([("d1".to_string(), vec![part(&b)])]);
+        let held = Others { held: BTreeSet::from([b.part_guid]), ..Default::default() };
+        let p = plan(vec![], &[drive("d1")], &tables, &BTreeSet::new(), 0, &held);
+        assert!(p.keep.is_empty(), "{:?}", p.keep);
     }
 }

@@ -116,14 +116,14 @@ impl VolumeManager {
         let drive_id = drive.id.clone();
         let clean_blank = self.clean_blank_drives;
         let guards = self.book.guards();
-        // Copies of moves running now onto this drive are not cut short.
-        let spare: Vec<(String, uuid::Uuid)> = self
-            .book
-            .records()
-            .filter_map(|r| r.moving.as_ref().filter(|m| !m.switched).map(|m| (m.drive_id.clone(), r.part_guid)))
-            .collect();
-        let job = move || settle(&store, &guards, records, std::slice::from_ref(&drive), clean_blank, &spare);
-        ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |res, act, _| {
+        // Copies of moves running now onto this drive are not cut short; volumes whose
+        // records live on other drives are not adopted from this one.
+        let others = reconcile::Others {
+            running: self.book.records().filter_map(|r| r.moving.as_ref().filter(|m| !m.switched).map(|m| (m.drive_id.clone(), r.part_guid))).collect(),
+            held: self.book.records().filter(|r| r.drive_id != drive.id).map(|r| r.part_guid).collect(),
+        };
+        let job = move || settle(&store, &guards, records, std::slice::from_ref(&drive), clean_blank, &others);
+        ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |res, act, ctx| {
             // Claims go before the conditions are judged again: a volume shown normal
             // is free to stage.
             drop(claims);
@@ -133,6 +133,7 @@ impl VolumeManager {
                     act.book.settled(&drive_id, &ids, keep);
                     act.take_dirty(dirty, true);
                     act.announce(&drive_id);
+                    act.finish_moves_from(&drive_id, ctx);
                 }
                 Ok(Err(e)) => error!(actor = "volumes", drive.id = %drive_id, error = %e, "cannot reconcile the drive's volumes"),
                 Err(e) => error!(actor = "volumes", drive.id = %drive_id, error = %e, "reconciling the drive's volumes panicked"),
@@ -174,7 +175,7 @@ fn startup(dir: &std::path::Path, drives: &[Drive], guards: &Arc<Guards>, clean_
     for b in bad {
         error!(actor = "volumes", volume.id = %b.id, error = %b.reason, "unreadable volume record kept aside");
     }
-    let (keep, dirty) = settle(&store, guards, records, drives, clean_blank, &[])?;
+    let (keep, dirty) = settle(&store, guards, records, drives, clean_blank, &reconcile::Others::default())?;
     let uses = match store.load_in::<DriveUse>(Kind::Drive) {
         Ok((uses, bad)) => {
             for b in bad {
@@ -200,7 +201,7 @@ fn settle(
     records: Vec<VolumeRecord>,
     drives: &[Drive],
     clean_blank: bool,
-    spare: &[(String, uuid::Uuid)],
+    others: &reconcile::Others,
 ) -> Result<(Vec<VolumeRecord>, Vec<DriveDirty>), VolumeError> {
     let mut tables = reconcile::Tables::new();
     // Only managed drives are read for drivelet partitions (and so only they are ever
@@ -217,7 +218,7 @@ fn settle(
     }
     let mounted: BTreeSet<PathBuf> =
         crate::disk::mounts::read_mountinfo().unwrap_or_default().into_iter().map(|m| m.mount_point).collect();
-    let plan = reconcile::plan(records, drives, &tables, &mounted, now_unix(), spare);
+    let plan = reconcile::plan(records, drives, &tables, &mounted, now_unix(), others);
     for line in &plan.reports {
         warn!(actor = "volumes", "{line}");
     }
@@ -255,7 +256,8 @@ fn settle(
         let Some(dst) = loc(&rec.drive_id) else { continue };
         let src = rec.moving.as_ref().and_then(|m| loc(&m.drive_id));
         match super::moves::finish_move(store, src.as_ref(), &dst, rec) {
-            Ok(()) => info!(actor = "volumes", volume.id = %rec.id, drive.id = %rec.drive_id, "move finished"),
+            Ok(()) if rec.moving.is_none() => info!(actor = "volumes", volume.id = %rec.id, drive.id = %rec.drive_id, "move finished"),
+            Ok(()) => warn!(actor = "volumes", volume.id = %rec.id, drive.id = %rec.drive_id, "move finished but for the old partition, on a drive that is absent: it is removed when the drive is back"),
             Err(e) => error!(actor = "volumes", volume.id = %rec.id, error = %e, "cannot finish an interrupted move; the volume serves from its new drive"),
         }
     }

@@ -16,7 +16,9 @@
 //!
 //! Attaching (ControllerPublishVolume, [`attach_refusal`]): a volume is attached only
 //! while its drive is present and it was not failed by a forced release; a new
-//! attachment also needs a drive that is not BAD and not releasing or released. Repeating
+//! attachment also needs a drive that is not BAD and not releasing or released; on a
+//! drive being evacuated it waits (a refusal the attacher retries soon) until the
+//! volume has moved off it. Repeating
 //! the attachment a node already holds succeeds on a drive that is merely closed to new
 //! work, so a retrying attacher never detaches a running workload.
 
@@ -43,6 +45,11 @@ pub(crate) fn attach_refusal(rec: &VolumeRecord, drive: Option<&Drive>, usage: O
     };
     if rec.published_node.as_deref() == Some(node) {
         return None;
+    }
+    // Its drive is being evacuated: the volume moves to a healthy drive once no pod
+    // uses it, and is attached from there (a retry soon passes).
+    if let Some(u) = usage.filter(|u| u.evacuate.is_some() && u.state == DriveUseState::Releasing) {
+        return Some(VolumeError::Evacuating { volume_id, drive_id: u.drive_id.clone() });
     }
     if d.health.health == Health::Bad {
         return Some(VolumeError::DriveFailing { volume_id, drive_id: d.id.clone(), health: d.health.reason.clone() });
@@ -76,8 +83,10 @@ pub(crate) fn release(current: Option<&DriveUse>, drive_id: &str, live_volumes: 
         .filter(|u| u.state != DriveUseState::Cordoned)
         .map(|u| u.reason.clone())
         .unwrap_or_else(|| "release requested".into());
+    // An evacuation asked before goes on (a release does not cancel it).
+    let evacuate = current.and_then(|u| u.evacuate);
     if live_volumes.is_empty() {
-        return (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Released, reason, requested: true, evacuate: None }, vec![]);
+        return (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Released, reason, requested: true, evacuate }, vec![]);
     }
     if force {
         let failed = live_volumes.iter().map(|v| v.id.clone()).collect();
@@ -86,7 +95,7 @@ pub(crate) fn release(current: Option<&DriveUse>, drive_id: &str, live_volumes: 
             failed,
         );
     }
-    (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Releasing, reason, requested: true, evacuate: None }, vec![])
+    (DriveUse { drive_id: drive_id.into(), state: DriveUseState::Releasing, reason, requested: true, evacuate }, vec![])
 }
 
 /// What a cordon (`on`) or uncordon request does to a drive's usage: `Ok(Some(record))`
@@ -130,6 +139,7 @@ mod tests {
         let releasing = DriveUse { drive_id: "d1".into(), state: DriveUseState::Releasing, reason: "asked".into(), requested: true, evacuate: None };
         let released = DriveUse { state: DriveUseState::Released, ..releasing.clone() };
         let cordoned = DriveUse { state: DriveUseState::Cordoned, ..releasing.clone() };
+        let evacuating = DriveUse { evacuate: Some(crate::words::Evacuate { force: false }), ..releasing.clone() };
         let fresh = rec();
         let mut attached = rec();
         attached.published_node = Some("n1".into());
@@ -147,6 +157,9 @@ mod tests {
             ("released drive", &fresh, Some(drive(Health::Good)), Some(&released), Some("is released")),
             ("force-failed volume", &failed, Some(drive(Health::Good)), None, Some("forced release")),
             ("repeat on a releasing drive", &attached, Some(drive(Health::Good)), Some(&releasing), None),
+            ("evacuated drive: waits for the move", &fresh, Some(drive(Health::Good)), Some(&evacuating), Some("being evacuated")),
+            ("evacuated failing drive: waits too", &fresh, Some(drive(Health::Bad)), Some(&evacuating), Some("moves to another drive")),
+            ("repeat on an evacuated drive", &attached, Some(drive(Health::Good)), Some(&evacuating), None),
             ("cordoned drive", &fresh, Some(drive(Health::Good)), Some(&cordoned), None),
             ("repeat on a failing drive", &attached, Some(drive(Health::Bad)), None, None),
             ("repeat with the drive missing", &attached, None, None, Some("missing")),
@@ -160,6 +173,8 @@ mod tests {
             }
         }
         assert!(attach_refusal(&attached, Some(&drive(Health::Bad)), None, "n2").is_some(), "another node is no repeat");
+        let e = attach_refusal(&fresh, Some(&drive(Health::Good)), Some(&evacuating), "n1").expect("refused");
+        assert_eq!(crate::k8s::attach::kind_of(&e), crate::k8s::attach::RefusalKind::Transient, "retried soon, not after the terminal backoff");
     }
 
     #[test]

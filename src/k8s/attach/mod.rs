@@ -106,6 +106,7 @@ pub(crate) fn kind_of(e: &VolumeError) -> RefusalKind {
         | VolumeError::AdoptedUnreadable { .. }
         | VolumeError::AdoptedNotDirectory { .. } => Unusable,
         VolumeError::Busy { .. }
+        | VolumeError::Evacuating { .. }
         | VolumeError::FreezeExpired { .. }
         | VolumeError::NotReady
         | VolumeError::DeleteUnfinished { .. }

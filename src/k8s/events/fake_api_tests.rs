@@ -101,7 +101,7 @@ async fn expect_pod_list(handle: &mut FakeApi, pods: Vec<Pod>) {
     respond(send, &pod_list(pods));
 }
 
-const FAILING: &str = "drive d1 is failing (12 reallocated sectors): move the data to another volume and delete this one";
+const FAILING: &str = "drive d1 is failing (12 reallocated sectors): have it evacuated (the volume moves to another drive with its data), or move the data to another volume and delete this one";
 
 #[tokio::test(start_paused = true)]
 async fn abnormal_volume_is_reported_on_its_claim_then_on_the_pods_using_it_here() {

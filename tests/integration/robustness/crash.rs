@@ -60,6 +60,8 @@ const CLONE_POINTS: &[&str] = &["clone.copied", "clone.finished"];
 const SNAPSHOT_POINTS: &[&str] = &["snapshot.noted"];
 /// The points of the cleaner, which zeroes freed space after a delete.
 const CLEAN_POINTS: &[&str] = &["clean.zeroed"];
+/// The points of a volume's move to another drive (an evacuation), in their order.
+const MOVE_POINTS: &[&str] = &["move.intent_saved", "move.gpt_written", "move.copied", "move.switched", "move.marked", "move.source_removed"];
 
 /// Fails when the agent binary has no crash points compiled in.
 fn require_failpoints() {
@@ -397,7 +399,7 @@ fn family(points: &[&'static str]) {
 fn every_crash_point_in_the_source_has_a_crash_case() {
     assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     let covered: BTreeSet<&str> =
-        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS, CLONE_POINTS, SNAPSHOT_POINTS, CLEAN_POINTS]
+        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS, CLONE_POINTS, SNAPSHOT_POINTS, CLEAN_POINTS, MOVE_POINTS]
         .concat()
         .into_iter()
         .collect();
@@ -837,4 +839,100 @@ fn cleaning_killed_mid_zeroing_resumes_after_restart_and_new_volumes_read_zeros(
     wait_clean(&agent, &drive);
     assert_eq!(first_nonzero(&drive.dev, lo, hi), None, "all of the free space is zero once cleaned");
     assert_eq!(agent.stop(), 0, "clean exit; log:\n{}", agent.log_tail(40));
+}
+
+/// Partitions of `dev` with `guid`: (start, carries the move mark).
+fn copies_of(dev: &std::path::Path, guid: &str) -> Vec<(u64, bool)> {
+    let t = drivelet::disk::gpt::read_table(dev, 512).expect("read the GPT");
+    t.map(|t| t.partitions.into_iter().filter(|q| q.guid.to_string() == guid).map(|q| (q.start, q.is_move_copy())).collect()).unwrap_or_default()
+}
+
+/// A volume holding data on one drive, its evacuation killed at `point`: after the
+/// restart exactly one copy serves (the old one before the switch, the new one after),
+/// nothing of the other is left, and the evacuation goes on to its end by itself; the
+/// data is there, read from the new drive. `block`: a block volume (else ext4).
+fn move_crash(point: &'static str, block: bool) {
+    let tmp = short_tempdir();
+    let drives = [LoopDrive::new(tmp.path(), "a.img", DRIVE), LoopDrive::new(tmp.path(), "b.img", DRIVE)];
+    sh("udevadm", &["settle"]);
+    let staging = tmp.path().join("kubelet").join("plugins/stage");
+    let mut agent = Agent::start(tmp.path(), AgentOpts::default());
+    let _unmount = Unmounter(tmp.path().to_path_buf());
+    let cap = if block { block_cap() } else { mount_cap("ext4") };
+    let size = if block { 16 * MIB } else { 64 * MIB };
+    let v = rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.ctrl.create_volume(create_req("pvc-crash-move", size, cap.clone())).await.expect("create").into_inner().volume.unwrap().volume_id
+    });
+    let (from, to) = if copies_of(&drives[0].dev, &v).is_empty() { (&drives[1], &drives[0]) } else { (&drives[0], &drives[1]) };
+    let start = copies_of(&from.dev, &v)[0].0;
+    if block {
+        let dev = drivelet::disk::blkpg::ensure_kernel_partition(&from.dev, start, size).unwrap().devnode;
+        let mut f = std::fs::OpenOptions::new().write(true).open(&dev).unwrap_or_else(|e| panic!("open {}: {e}", dev.display()));
+        std::io::Write::write_all(&mut f, &vec![0x5au8; (2 * MIB) as usize]).unwrap();
+        f.sync_all().unwrap();
+    } else {
+        rt().block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            c.node.node_stage_volume(stage_req(&v, &staging, cap.clone())).await.expect("stage");
+        });
+        std::fs::write(staging.join("data.txt"), format!("written before the move killed at {point}")).unwrap();
+        rt().block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            c.node.node_unstage_volume(unstage_req(&v, &staging)).await.expect("unstage");
+        });
+    }
+    sh("sync", &[]);
+    let before = bytes_at(&from.dev, start, size);
+    let from_id = drive_id_of(&agent, from);
+    arm(&agent, point);
+    // The answer may or may not make it out before the kill.
+    let _ = std::process::Command::new(bin()).args(["ctl", "--socket", agent.admin_socket.to_str().unwrap(), "drive", "evacuate", &from_id]).output();
+    let status = agent.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.and_then(|s| s.signal()), Some(nix::sys::signal::Signal::SIGKILL as i32), "{point}: killed; log:\n{}", agent.log_tail(40));
+    // At the kill: the old copy is whole, or the switch was stored (then the new one is).
+    let switched = ["move.switched", "move.marked", "move.source_removed"].contains(&point);
+    if !switched {
+        assert_eq!(bytes_at(&from.dev, start, size), before, "{point}: the old copy is untouched");
+    }
+    agent.spawn();
+    let log = |a: &Agent| a.log_tail(40);
+    // The evacuation was stored: it goes on by itself to the end.
+    let t0 = std::time::Instant::now();
+    loop {
+        let (on_from, on_to) = (copies_of(&from.dev, &v), copies_of(&to.dev, &v));
+        if on_from.is_empty() && on_to.len() == 1 && !on_to[0].1 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{point}: the move finished after the restart: old {on_from:?}, new {on_to:?}; log:\n{}", log(&agent));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let vols = agent.ctl_volumes();
+    let rec = vols.as_array().unwrap().iter().find(|r| r["id"] == v.as_str()).unwrap_or_else(|| panic!("{point}: the volume is listed: {vols}"));
+    let new_start = copies_of(&to.dev, &v)[0].0;
+    assert_eq!((rec["drive_id"].as_str(), rec["start"].as_u64()), (Some(drive_id_of(&agent, to).as_str()), Some(new_start)), "{point}: the record names the copy that serves");
+    assert!(rec.get("lost").is_none_or(|l| l == false) && rec.get("moving").is_none(), "{point}: {rec}");
+    assert_eq!(agent.ctl_volume_ids().map(|ids| ids.len()), Some(1), "{point}: one volume, no half record");
+    if block {
+        assert!(bytes_at(&to.dev, new_start, 2 * MIB).iter().all(|b| *b == 0x5a), "{point}: the moved block volume holds its bytes");
+    } else {
+        rt().block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            c.node.node_stage_volume(stage_req(&v, &staging, cap.clone())).await.expect("stage the moved volume");
+        });
+        assert_eq!(std::fs::read_to_string(staging.join("data.txt")).unwrap(), format!("written before the move killed at {point}"), "{point}: the moved volume's data");
+        rt().block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            c.node.node_unstage_volume(unstage_req(&v, &staging)).await.expect("unstage");
+        });
+    }
+    assert!(gpt_entries(&from.dev).is_empty(), "{point}: the evacuated drive holds no partition");
+    assert_eq!(agent.stop(), 0, "{point}: the agent stops cleanly");
+}
+
+#[test]
+fn a_move_killed_at_any_point_leaves_one_copy_serving_and_the_evacuation_finishes_with_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    each_point(MOVE_POINTS, |p| move_crash(p, true));
+    each_point(&["move.copied", "move.switched", "move.source_removed"], |p| move_crash(p, false));
 }

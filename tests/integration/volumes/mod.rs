@@ -10,6 +10,8 @@ mod clone;
 mod expansion;
 /// Drive release with `drivelet ctl drive release`.
 mod release;
+/// Drive evacuation with `drivelet ctl drive evacuate`: volumes move keeping id and data.
+pub(crate) mod evacuation;
 /// Volume conditions from drives dying, detaching and failing SMART.
 mod health;
 /// Migration of an in-tree `local` volume.
