@@ -48,9 +48,16 @@ fn plugin_ok(args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// The real node's Drive object of `drive_id`, if any (the fake nodes, host processes,
+/// see the real node's loop drives too, as excluded ones: never theirs).
+fn real_object(drive_id: &str) -> Result<Option<Value>, String> {
+    let objs = get_json(&["get", "drives"])?;
+    Ok(objs["items"].as_array().into_iter().flatten().find(|o| o["spec"]["driveId"] == drive_id && o["spec"]["node"] == real_node()).cloned())
+}
+
 /// The real node's Drive object of `drive_id`.
 fn object_of(drive_id: &str) -> Result<Value, String> {
-    drive_object(drive_id)?.ok_or(format!("no Drive object of {drive_id} on {}", real_node()))
+    real_object(drive_id)?.ok_or(format!("no Drive object of {drive_id} on {}", real_node()))
 }
 
 fn condition(obj: &Value) -> Value {
@@ -232,7 +239,7 @@ pub(super) fn journey_evacuate(ctx: &mut Ctx) -> Check {
     ensure(out.status.success(), || format!("losetup -d {dev}: {}", String::from_utf8_lossy(&out.stderr)))?;
     wait_for("the pulled drive forgotten: no Drive object, not listed", Duration::from_secs(30), || {
         let listed = ctl_drives()?.iter().any(|d| d["id"] == src.as_str());
-        Ok((!listed && drive_object(&src)?.is_none()).then_some(()))
+        Ok((!listed && real_object(&src)?.is_none()).then_some(()))
     })?;
     let new = Path::new(&file).with_file_name("drive-0-replacement.img");
     let out = Command::new("truncate").args(["-s", "2G"]).arg(&new).output().map_err(|e| e.to_string())?;
@@ -243,7 +250,7 @@ pub(super) fn journey_evacuate(ctx: &mut Ctx) -> Check {
         Ok(ctl_drives()?.into_iter().find(|d| d["backing_file"] == new.display().to_string().as_str() && d["class"] == "managed" && d["usage"] == "active"))
     })?;
     let fresh_id = fresh["id"].as_str().unwrap_or_default().to_string();
-    wait_for("the new drive's Drive object", Duration::from_secs(30), || Ok(drive_object(&fresh_id)?.filter(|o| o["status"]["usage"] == "active").map(|_| ())))?;
+    wait_for("the new drive's Drive object", Duration::from_secs(30), || Ok(real_object(&fresh_id)?.filter(|o| o["status"]["usage"] == "active").map(|_| ())))?;
     // The space the moved volumes left is clean again before the next journeys count it.
     wait_for("the freed space cleaned", Duration::from_secs(180), || Ok(ctl_drives()?.iter().all(|d| d["cleaning"].is_null()).then_some(())))?;
     Ok(())
