@@ -1380,6 +1380,58 @@ mod tests {
     }
 
     #[test]
+    fn a_spec_is_fresh_until_its_condition_answers_its_generation() {
+        let mut obj = object_of(&drive("wwn-a", DriveClass::Managed, "blank"));
+        obj.metadata.generation = Some(3);
+        assert!(fresh(&obj), "no condition yet");
+        let c = |generation: i64| crd::DriveCondition {
+            type_: drive_actions::ACTION_COMPLETE.into(),
+            status: "False".into(),
+            reason: "Evacuating".into(),
+            message: "m".into(),
+            observed_generation: generation,
+            last_transition_time: "2026-11-26T23:00:00Z".into(),
+        };
+        obj.status.get_or_insert_default().conditions = vec![c(2)];
+        assert!(fresh(&obj), "answered an older generation: the admin asked again");
+        obj.status.get_or_insert_default().conditions = vec![c(3)];
+        assert!(!fresh(&obj), "answered");
+    }
+
+    #[test]
+    fn the_pods_of_a_node_are_grouped_by_the_claims_they_use() {
+        let pod = |ns: &str, name: &str, node: &str, phase: &str, claims: &[&str]| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": name, "namespace": ns },
+                "spec": {
+                    "nodeName": node,
+                    "containers": [],
+                    "volumes": claims.iter().map(|c| serde_json::json!({ "name": c, "persistentVolumeClaim": { "claimName": c } })).collect::<Vec<_>>(),
+                },
+                "status": { "phase": phase },
+            }))
+            .expect("a pod")
+        };
+        let pods = [
+            pod("apps", "web-1", NODE, "Running", &["data", "logs"]),
+            pod("apps", "web-0", NODE, "Pending", &["data"]),
+            pod("apps", "done", NODE, "Succeeded", &["data"]),
+            pod("apps", "elsewhere", "node-b", "Running", &["data"]),
+            pod("other", "x", NODE, "Running", &["data"]),
+        ];
+        let claims = claims_used(&pods, NODE);
+        let key = |ns: &str, c: &str| (ns.to_string(), c.to_string());
+        assert_eq!(claims.get(&key("apps", "data")), Some(&vec!["apps/web-0".to_string(), "apps/web-1".to_string()]));
+        assert_eq!(claims.get(&key("apps", "logs")), Some(&vec!["apps/web-1".to_string()]));
+        assert_eq!(claims.get(&key("other", "data")), Some(&vec!["other/x".to_string()]), "a claim is of its namespace");
+        assert_eq!(claims.len(), 3);
+        let handles = BTreeMap::from([(key("apps", "data"), "vol-1".to_string()), (key("other", "data"), "vol-1".to_string())]);
+        let by_volume = pods_by_volume(&claims, &handles);
+        assert_eq!(by_volume.get("vol-1"), Some(&vec!["apps/web-0".to_string(), "apps/web-1".to_string(), "other/x".to_string()]));
+        assert_eq!(by_volume.len(), 1, "a claim without a known PV names no volume");
+    }
+
+    #[test]
     fn domain_states_map_to_the_crd_states_of_the_same_name() {
         for class in [DriveClass::Managed, DriveClass::System, DriveClass::Foreign, DriveClass::Excluded] {
             assert_eq!(serde_json::to_value(class_of(class)).ok(), Some(class.as_str().into()));
