@@ -63,10 +63,22 @@ fn cut_rows(table: &str, from: &str, to: Option<&str>) -> Vec<String> {
 /// The plugin's table of the real node against `ctl`'s: `Ok(None)` while they differ
 /// (the Drive objects follow the node within a sync), the difference in the error.
 fn tables_match(ctl_args: &[&str], plugin_args: &[&str], ctl_cut: (&str, Option<&str>)) -> Result<Option<()>, String> {
-    let node = real_node();
-    let mut a = vec!["ctl", "-c", CONFIG];
-    a.extend(ctl_args);
-    let ctl = drivelet(&a)?;
+    tables_match_on(real_node(), ctl_args, plugin_args, ctl_cut)
+}
+
+/// [`tables_match`] on `node`: the real node's `ctl` runs in its pod, a fake node's on the
+/// host with that node's config (its agent is a host process, `scripts/e2e-node.sh`).
+fn tables_match_on(node: &str, ctl_args: &[&str], plugin_args: &[&str], ctl_cut: (&str, Option<&str>)) -> Result<Option<()>, String> {
+    let ctl = if node == real_node() {
+        let mut a = vec!["ctl", "-c", CONFIG];
+        a.extend(ctl_args);
+        drivelet(&a)?
+    } else {
+        let config = format!("{E2E_DIR}/{node}/drivelet.toml");
+        let mut a = vec!["ctl", "-c", config.as_str()];
+        a.extend(ctl_args);
+        super::nodes::run_cmd(&format!("{E2E_DIR}/bin/drivelet"), &a).map_err(|e| format!("{node}'s agent: {e}"))?
+    };
     let mut p = plugin_args.to_vec();
     p.extend(["--node", node]);
     let mine = plugin_ok(&p)?;
@@ -112,6 +124,17 @@ pub(super) fn journey_drive_actions(ctx: &mut Ctx) -> Check {
     wait_for("kubectl drivelet volumes = ctl volumes", Duration::from_secs(45), || {
         tables_match(&["volumes"], &["volumes"], ("STAGED AT", Some("REASON")))
     })?;
+    // And on the fake node node-3 (an agent of its own, as a host process), when the kit
+    // runs it. node-2 is left out: the journeys across nodes delete it and bring it back
+    // meanwhile, so neither side of the comparison holds still there.
+    if super::nodes::get_opt(&["get", "node", "node-3"])?.is_some() {
+        wait_for("kubectl drivelet drives = ctl drives on node-3", Duration::from_secs(90), || {
+            tables_match_on("node-3", &["drives"], &["drives"], ("PATH", Some("SIZE")))
+        })?;
+        wait_for("kubectl drivelet volumes = ctl volumes on node-3", Duration::from_secs(90), || {
+            tables_match_on("node-3", &["volumes"], &["volumes"], ("STAGED AT", Some("REASON")))
+        })?;
+    }
     // Across the cluster: every node with Drive objects is listed (the journeys across
     // nodes may delete a node's objects meanwhile: compared until they agree).
     let nodes_of = |v: &Value, key: &str| -> std::collections::BTreeSet<String> {

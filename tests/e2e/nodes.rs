@@ -102,7 +102,7 @@ fn kit() -> PathBuf {
     std::env::var_os("KIT").map(PathBuf::from).unwrap_or_else(|| root().join("../shared/k8s"))
 }
 
-fn run_cmd(prog: &str, args: &[&str]) -> Result<String, String> {
+pub(super) fn run_cmd(prog: &str, args: &[&str]) -> Result<String, String> {
     let out = Command::new(prog).args(args).output().map_err(|e| format!("{prog} cannot run: {e}"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -243,7 +243,7 @@ spec:
     )
 }
 
-fn get_opt(args: &[&str]) -> Result<Option<Value>, String> {
+pub(super) fn get_opt(args: &[&str]) -> Result<Option<Value>, String> {
     match get_json(args) {
         Ok(v) => Ok(Some(v)),
         Err(e) if e.contains("NotFound") || e.contains("not found") => Ok(None),

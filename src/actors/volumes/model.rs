@@ -222,9 +222,10 @@ pub struct VolumeRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotOf>,
     /// Being moved to another drive of the node (evacuation): see [`Move`]. Its extent
-    /// is reserved for placement as long as this is set.
+    /// is reserved for placement as long as this is set. Boxed: a rare state, so a
+    /// record pays one pointer for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub moving: Option<Move>,
+    pub moving: Option<Box<Move>>,
 }
 
 /// A move of a volume (or snapshot) to another drive, as its record keeps it, so a

@@ -108,7 +108,7 @@ pub(crate) fn move_volume(
     rec.start = to.start;
     rec.size = to.size;
     rec.media = dst_media;
-    rec.moving = Some(from.clone());
+    rec.moving = Some(Box::new(from.clone()));
     if let Err(e) = save(store, &rec) {
         return Outcome { record: Some(abandon(store, dst, before, &to)), result: Err(e) };
     }

@@ -359,7 +359,7 @@ mod tests {
         let copy_of = |r: &VolumeRecord, start: u64| GptPartition { attrs: MOVE_ATTR, start, ..part(r) };
         // Before the switch: the record is on d1, its copy (marked) on d2.
         let mut a = rec(1, VolumeState::Available);
-        a.moving = Some(Move { drive_id: "d2".into(), start: 64 * MIB, size: a.size, switched: false, unreadable: vec![] });
+        a.moving = Some(Box::new(Move { drive_id: "d2".into(), start: 64 * MIB, size: a.size, switched: false, unreadable: vec![] }));
         let tables = Tables::from([("d1".to_string(), vec![part(&a)]), ("d2".to_string(), vec![copy_of(&a, 64 * MIB)])]);
         let p = plan(vec![a.clone()], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Others::default());
         assert_eq!(p.keep[0].moving, None, "the record stays on d1 without its move");
@@ -372,7 +372,7 @@ mod tests {
         // After the switch: the record is on d2 (its copy still marked), the old one on d1.
         let mut b = rec(2, VolumeState::Available);
         b.drive_id = "d2".into();
-        b.moving = Some(Move { drive_id: "d1".into(), start: b.start, size: b.size, switched: true, unreadable: vec![] });
+        b.moving = Some(Box::new(Move { drive_id: "d1".into(), start: b.start, size: b.size, switched: true, unreadable: vec![] }));
         let tables = Tables::from([("d1".to_string(), vec![part(&b)]), ("d2".to_string(), vec![copy_of(&b, b.start)])]);
         let p = plan(vec![b.clone()], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Others::default());
         assert_eq!(p.finish_moves, vec![b.id.clone()]);

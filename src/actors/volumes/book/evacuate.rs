@@ -157,7 +157,7 @@ impl VolumeBook {
                 let Some(d) = self.drives.get(&p.drive_id) else { continue };
                 let dst = DriveLoc { path: d.path.clone(), sector: d.logical_block_size };
                 let mut rec = VolumeRecord::clone(r);
-                rec.moving = Some(Move { drive_id: p.drive_id.clone(), start: p.start, size: p.size, switched: false, unreadable: Vec::new() });
+                rec.moving = Some(Box::new(Move { drive_id: p.drive_id.clone(), start: p.start, size: p.size, switched: false, unreadable: Vec::new() }));
                 return Some((MovePlan { rec, src, dst, dst_media: d.media }, ev.force));
             }
         }
