@@ -528,10 +528,12 @@ impl Executor {
         let list = pods.list(&ListParams::default().fields(&format!("spec.nodeName={node}"))).await?;
         let claims = claims_used(&list.items, node);
         let mut handles: BTreeMap<(String, String), String> = BTreeMap::new();
+        let mut seen: BTreeSet<String> = BTreeSet::new();
         for (ns, claim) in claims.keys() {
             let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
             let Some(pvc) = pvcs.get_opt(claim).await? else { continue };
             let Some(pv_name) = pvc.spec.and_then(|s| s.volume_name).filter(|n| !n.is_empty()) else { continue };
+            seen.insert(pv_name.clone());
             let known = self.pods.lock().ok().and_then(|c| c.handles.get(&pv_name).cloned());
             let handle = match known {
                 Some(h) => h,
@@ -551,9 +553,8 @@ impl Executor {
             }
         }
         // Forget the PVs no pod of the node uses any more: the cache stays this node's size.
-        let used: BTreeSet<&String> = handles.values().collect();
         if let Ok(mut c) = self.pods.lock() {
-            c.handles.retain(|_, h| h.as_ref().is_some_and(|h| used.contains(h)));
+            c.handles.retain(|pv, _| seen.contains(pv));
         }
         Ok(pods_by_volume(&claims, &handles))
     }
