@@ -380,6 +380,12 @@ enum KubectlDriveCmd {
     /// No new volumes on the drive; it is released (may be pulled) once its volumes are
     /// deleted.
     Release(ActionArgs),
+    /// Move the drive's volumes to other drives of its node (same ids: claims and pods
+    /// need no change); a volume a pod uses moves once the pod is deleted. Released (may
+    /// be pulled) once it holds none. With --wait, prints each step; exit 1 if a move
+    /// failed (asking again retries it). Refused, moving nothing, when the node has no
+    /// room for all of it.
+    Evacuate(ActionArgs),
 }
 
 #[derive(clap::Args)]
@@ -389,16 +395,18 @@ struct ActionArgs {
     drive: String,
     /// Wait this long (e.g. 30s, 5m) for the node to report the action complete;
     /// exit 4 if it is not.
-    #[arg(long, value_parser = drivelet::config::parse_duration)]
+    #[arg(long, visible_alias = "timeout", value_parser = drivelet::config::parse_duration)]
     wait: Option<std::time::Duration>,
     /// Output format.
     #[arg(long, short, value_enum, default_value_t = Format::Table)]
     output: Format,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
     Table,
+    /// A table with more columns (the pods using each volume).
+    Wide,
     Json,
     Yaml,
 }
@@ -693,7 +701,7 @@ fn bench(mode: BenchMode) -> anyhow::Result<()> {
 
 fn print_as<T: serde::Serialize>(format: Format, value: &T, table: impl FnOnce() -> String) -> anyhow::Result<()> {
     match format {
-        Format::Table => print!("{}", table()),
+        Format::Table | Format::Wide => print!("{}", table()),
         Format::Json => println!("{}", serde_json::to_string_pretty(value).context("encode")?),
         Format::Yaml => print!("{}", serde_yaml::to_string(value).context("encode")?),
     }
@@ -712,15 +720,22 @@ fn kubectl(args: KubectlArgs) -> ExitCode {
             }
             KubectlCmd::Volumes { node, drive, output } => {
                 let rows = k::volumes(&client, node.as_deref(), drive.as_deref()).await?;
-                print_as(output, &rows, || k::volumes_table(&rows))
+                print_as(output, &rows, || k::volumes_table(&rows, output == Format::Wide))
             }
             KubectlCmd::Drive { cmd } => {
                 let (action, a) = match cmd {
                     KubectlDriveCmd::Cordon(a) => (k::Action::Cordon, a),
                     KubectlDriveCmd::Uncordon(a) => (k::Action::Uncordon, a),
                     KubectlDriveCmd::Release(a) => (k::Action::Release, a),
+                    KubectlDriveCmd::Evacuate(a) => (k::Action::Evacuate, a),
                 };
-                let o = k::act(&client, &a.drive, action, a.wait).await?;
+                let (table, drive) = (matches!(a.output, Format::Table | Format::Wide), a.drive.clone());
+                let mut progress = |m: &str| {
+                    if table {
+                        println!("drive {drive}: {m}");
+                    }
+                };
+                let o = k::act(&client, &a.drive, action, a.wait, &mut progress).await?;
                 let done = if o.complete { "done" } else { "asked" };
                 print_as(a.output, &o, || format!("drive {}: {} {done}: {}\n", o.drive, o.action, o.message))
             }

@@ -31,7 +31,7 @@ use tracing::info;
 
 use crate::actors::health_poller::HealthPoller;
 use crate::actors::inventory::DriveInventory;
-use crate::actors::volumes::SubscribeConditions;
+use crate::actors::volumes::{SubscribeConditions, SubscribeMoves};
 use crate::actors::volumes::VolumeManager;
 use crate::config::Config;
 use crate::grpc::registration::{Registrar, RegistrationService, RegistrationState};
@@ -40,6 +40,7 @@ use crate::k8s::attach::{AttachQueue, ManagerBackend, QueueConfig};
 use crate::k8s::attach::RetryPolicy;
 use crate::k8s::drives::DriveSync;
 use crate::k8s::duties;
+use crate::k8s::events::moved::MoveEvents;
 use crate::k8s::events::{ConditionEvents, ConditionReporter};
 use crate::k8s::identity::Identity;
 use crate::k8s::resize::{self, ResizeQueue};
@@ -173,11 +174,15 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Kube
         let interval = k.event_interval;
         let events = Supervisor::start(move |_| ConditionEvents::new(reporter, interval));
         actors.volumes.do_send(SubscribeConditions(events.recipient()));
+        let (c, id) = (client.clone(), identity.clone());
+        let moves = Supervisor::start(move |_| MoveEvents::new(c, id));
+        actors.volumes.do_send(SubscribeMoves(moves.recipient()));
     }
     if k.drive_objects {
         let (c, node, inv, vols, resync) =
             (client.clone(), cfg.driver.node_name.clone(), actors.inventory.clone(), actors.volumes.clone(), k.drive_resync_interval);
-        Supervisor::start(move |_| DriveSync::new(c, node, inv, vols, resync));
+        let driver = cfg.driver.name.clone();
+        Supervisor::start(move |_| DriveSync::new(c, node, &driver, inv, vols, resync));
     }
     if k.label_node {
         let labels = cfg.topology_segments();

@@ -14,6 +14,13 @@
 //! - A drive is named `NODE/DRIVE` (the drive id as `ctl drives` prints it) or by its
 //!   object's name. An action is a JSON merge patch of `spec.action` alone, under field
 //!   manager [`FIELD_MANAGER`]: nothing else of the object is written.
+//! - `drive evacuate` asks `spec.action: evacuate`; when the drive's evacuation already
+//!   stands with failed moves, it asks again (a patch to `none`, then to `evacuate`: a
+//!   new generation, which the agent answers by retrying them; `none` undoes nothing of
+//!   an evacuation). With `--wait`, each new word of the condition is a progress line,
+//!   until it is evacuated (0), a move failed (1) or the time is up (4).
+//! - `volumes -o wide` adds the PODS column (the pods of the node using each volume);
+//!   the default table keeps `ctl volumes`' columns.
 //! - Exit codes ([`KubectlError::exit_code`]): 0 done; 1 the API or the agent failed or
 //!   refused; 2 bad arguments (from the argument parser); 3 no such node or drive; 4 an
 //!   action waited for (`--wait`) was not complete in time.
@@ -30,7 +37,7 @@ use super::ctl::{drive_reason, health_words, table, used_words};
 use crate::actors::inventory::model::NOT_CHECKED;
 use crate::config::human_bytes;
 use crate::k8s::crd::{Drive, DriveAction, DriveClass, DriveHealth};
-use crate::k8s::drive_actions::ACTION_COMPLETE;
+use crate::k8s::drive_actions::{ACTION_COMPLETE, EVACUATION_FAILED, REFUSED};
 use crate::k8s::drives::NODE_LABEL;
 
 /// The field manager of the plugin's patches.
@@ -163,6 +170,8 @@ pub struct VolumeRow {
     pub health: String,
     /// Why it is abnormal.
     pub reason: Option<String>,
+    /// The pods of its node using it, `namespace/name`.
+    pub pods: Vec<String>,
 }
 
 fn word<T: Serialize>(v: &T) -> String {
@@ -219,6 +228,7 @@ pub(crate) fn volume_rows(drives: &[Drive]) -> Vec<VolumeRow> {
                 state: v.state,
                 health: v.health,
                 reason: v.health_reason,
+                pods: v.pods,
             })
         })
         .collect();
@@ -260,13 +270,17 @@ pub fn drives_table(rows: &[DriveRow]) -> String {
     table(&header, &cells)
 }
 
-/// The volumes table: `ctl volumes`' columns with the node first and no paths.
-pub fn volumes_table(rows: &[VolumeRow]) -> String {
-    let header = ["NODE", "ID", "NAME", "DRIVE", "SIZE", "USED", "KIND", "STATE", "HEALTH", "REASON"];
+/// The volumes table: `ctl volumes`' columns with the node first and no paths; `wide`
+/// adds the pods using each volume (before REASON, which is last as in `ctl`).
+pub fn volumes_table(rows: &[VolumeRow], wide: bool) -> String {
+    let mut header = vec!["NODE", "ID", "NAME", "DRIVE", "SIZE", "USED", "KIND", "STATE", "HEALTH", "REASON"];
+    if wide {
+        header.insert(9, "PODS");
+    }
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            vec![
+            let mut row = vec![
                 r.node.clone(),
                 r.id.clone(),
                 r.name.clone(),
@@ -277,7 +291,11 @@ pub fn volumes_table(rows: &[VolumeRow]) -> String {
                 r.state.clone(),
                 health_words(r.health == "abnormal").to_string(),
                 r.reason.clone().unwrap_or_default(),
-            ]
+            ];
+            if wide {
+                row.insert(9, if r.pods.is_empty() { "-".into() } else { r.pods.join(",") });
+            }
+            row
         })
         .collect();
     table(&header, &cells)
@@ -319,6 +337,9 @@ pub enum Action {
     Uncordon,
     /// No new volumes; released once its volumes are gone.
     Release,
+    /// No new volumes; its volumes move to other drives of the node; released once
+    /// they have.
+    Evacuate,
 }
 
 impl Action {
@@ -328,6 +349,7 @@ impl Action {
             Action::Cordon => "cordon",
             Action::Uncordon => "uncordon",
             Action::Release => "release",
+            Action::Evacuate => "evacuate",
         }
     }
 
@@ -336,24 +358,51 @@ impl Action {
             Action::Cordon => DriveAction::Cordon,
             Action::Uncordon => DriveAction::None,
             Action::Release => DriveAction::Release,
+            Action::Evacuate => DriveAction::Evacuate,
         }
     }
 }
 
+/// Whether asking `asked` of `drive` must first make a new generation of its spec: an
+/// evacuation asked already whose moves failed is asked again (see the module rules).
+pub(crate) fn ask_again(drive: &Drive, asked: Action) -> bool {
+    let failed = drive
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == ACTION_COMPLETE))
+        .is_some_and(|c| c.reason == EVACUATION_FAILED || c.reason == REFUSED);
+    asked == Action::Evacuate && drive.spec.action == Some(DriveAction::Evacuate) && failed
+}
+
 /// Asks `action` of the drive `target` (a merge patch of `spec.action`), then, when
-/// `wait` is given, waits that long for the node's agent to report it complete.
-pub async fn act(client: &Client, target: &str, asked: Action, wait: Option<Duration>) -> Result<ActionOutcome, KubectlError> {
+/// `wait` is given, waits that long for the node's agent to report it complete, telling
+/// `progress` each new message of its condition.
+pub async fn act(
+    client: &Client,
+    target: &str,
+    asked: Action,
+    wait: Option<Duration>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ActionOutcome, KubectlError> {
     let action = asked.spec();
     let drives = list(client, None).await?;
     let drive = find(&drives, target)?;
     let (name, shown) = (drive.name_any(), format!("{}/{}", drive.spec.node, drive.spec.drive_id));
     let api: Api<Drive> = Api::all(client.clone());
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    if ask_again(drive, asked) {
+        let none = json!({ "spec": { "action": DriveAction::None.as_str() } });
+        api.patch(&name, &params, &Patch::Merge(&none))
+            .await
+            .map_err(|source| KubectlError::Api { what: format!("asking drive {shown} to {} again", asked.word()), source })?;
+    }
     let patch = json!({ "spec": { "action": action.as_str() } });
     let patched = api
-        .patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch))
+        .patch(&name, &params, &Patch::Merge(&patch))
         .await
         .map_err(|source| KubectlError::Api { what: format!("asking drive {shown} to {}", asked.word()), source })?;
     let generation = patched.metadata.generation.unwrap_or(0);
+    let mut told = String::new();
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
     loop {
         let now = api.get(&name).await.map_err(|source| KubectlError::Api { what: format!("reading drive {shown}"), source })?;
@@ -368,7 +417,14 @@ pub async fn act(client: &Client, target: &str, asked: Action, wait: Option<Dura
             complete: c.as_ref().is_some_and(|c| c.status == "True"),
             message: c.as_ref().map(|c| c.message.clone()).unwrap_or_else(|| format!("asked; node {} has not answered yet", now.spec.node)),
         };
-        if let Some(c) = c.as_ref().filter(|c| c.reason == "Refused") {
+        if let Some(c) = c.as_ref().filter(|c| c.reason == REFUSED) {
+            return Err(KubectlError::Refused(c.message.clone()));
+        }
+        if wait.is_some() && outcome.message != told {
+            told = outcome.message.clone();
+            progress(&told);
+        }
+        if let Some(c) = c.as_ref().filter(|c| c.reason == EVACUATION_FAILED && wait.is_some()) {
             return Err(KubectlError::Refused(c.message.clone()));
         }
         match deadline {

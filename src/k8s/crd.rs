@@ -10,7 +10,7 @@
 //!   elsewhere (`ctl drives`), so the two views read the same.
 //! - Spec holds what identifies the hardware (it never changes for one disk), written by
 //!   the node's agent, and `spec.action`, the admin's intent (`none`, `cordon`,
-//!   `release`), written only by the admin (`kubectl drivelet drive ...` or a patch):
+//!   `release`, `evacuate`), written only by the admin (`kubectl drivelet drive ...` or a patch):
 //!   the agent's server-side apply never names it, so it never owns or overwrites it.
 //!   Status holds what drivelet concluded about the disk and how far the action is
 //!   (the `ActionComplete` condition), and may change on every rescan or health probe.
@@ -79,7 +79,9 @@ pub(crate) struct DriveSpec {
     /// What an admin asks of the drive (the one field of the spec an admin writes; the
     /// agent acts on it and reports in `status.conditions`): `none` (active, or lift a
     /// cordon), `cordon` (no new volumes; its volumes stay), `release` (no new volumes;
-    /// released, so it may be pulled, once its volumes are deleted).
+    /// released, so it may be pulled, once its volumes are deleted), `evacuate` (no new
+    /// volumes; its volumes move to other drives of the node, keeping their ids, and it
+    /// is released once they have: `status.evacuation` says where each stands).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<DriveAction>,
 }
@@ -103,6 +105,9 @@ pub(crate) enum DriveAction {
     Cordon,
     /// Take no new volumes; released (may be pulled) once its volumes are deleted.
     Release,
+    /// Take no new volumes; move its volumes to other drives of the node (same ids, so
+    /// claims and pods need no change); released once it holds none.
+    Evacuate,
 }
 
 impl DriveAction {
@@ -112,6 +117,7 @@ impl DriveAction {
             DriveAction::None => "none",
             DriveAction::Cordon => "cordon",
             DriveAction::Release => "release",
+            DriveAction::Evacuate => "evacuate",
         }
     }
 }
@@ -125,7 +131,8 @@ pub(crate) struct DriveCondition {
     pub type_: String,
     /// `True`, `False` or `Unknown`.
     pub status: String,
-    /// One word: `Cordoned`, `Active`, `Releasing`, `Released`, `Refused`.
+    /// One word: `Cordoned`, `Active`, `Releasing`, `Released`, `Refused`, `Evacuating`,
+    /// `Evacuated`, `EvacuationFailed`.
     pub reason: String,
     /// What it means, in plain words.
     pub message: String,
@@ -159,6 +166,25 @@ pub(crate) struct DriveVolume {
     /// Why it is abnormal, in plain words (absent when normal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_reason: Option<String>,
+    /// The pods of this node that use it, `namespace/name` (pods not finished whose
+    /// claim is bound to the volume's PV), sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<String>,
+}
+
+/// Where one volume of a drive being evacuated stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct EvacuationVolume {
+    /// The volume (or snapshot) id, unchanged by the move.
+    pub volume: String,
+    /// Its name (the PV's).
+    pub name: String,
+    /// `moved`, `moving`, `queued`, `waiting` (a pod uses it: it moves once unstaged) or
+    /// `failed` (asking for the evacuation again retries it).
+    pub state: String,
+    /// Where it went, or why it waits or failed, in plain words.
+    pub reason: String,
 }
 
 /// What drivelet concluded about the disk.
@@ -200,6 +226,11 @@ pub(crate) struct DriveStatus {
     /// Bytes of the disk no volume holds, as `ctl drives` counts them (managed disks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub free_bytes: Option<u64>,
+    /// Where each volume stands while the drive is evacuated (`spec.action: evacuate`):
+    /// those still on it, and those moved off it since the node's agent last started.
+    /// Absent when no evacuation was asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evacuation: Vec<EvacuationVolume>,
     /// How far the action of `spec.action` is (`ActionComplete`), once an admin asked one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<DriveCondition>,
@@ -363,6 +394,7 @@ mod tests {
             volume_details: vec![],
             free_bytes: None,
             conditions: vec![],
+            evacuation: vec![],
             snapshots: vec![],
             cleaning: Some("512.0 MiB being cleaned (40% done)".into()),
         });

@@ -35,6 +35,14 @@
 //!   deleted. One sync runs at a time; a failed one is logged and retried after
 //!   [`backoff`]. Nothing is synced, so nothing is deleted, before the inventory's first
 //!   scan and the volume manager's start-up reconciliation are done.
+//! - While a drive of this node is being evacuated, a sync also runs every
+//!   [`EVACUATION_REFRESH`] (besides the `VolumesChanged` of each move), so its
+//!   `status.evacuation` and condition follow the moves.
+//! - Each volume's pods (`status.volumeDetails[].pods`) are looked up only when a volume
+//!   of the node is staged or published: the pods of this node (a field selector on
+//!   `spec.nodeName`, never a cluster-wide list), the claims they name (one get each),
+//!   and the claim's PV (one get each, its volume handle kept: it never changes). A
+//!   failed lookup keeps the last answer and is logged; it never fails the sync.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -57,9 +65,11 @@ use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::actors::volumes::book::Cleaning;
 use crate::actors::volumes::{
-    volume_detail, CordonDrive, ListCleaning, ListDriveUses, ListHeld, ListVolumeStatuses, ReleaseDrive, VolumeManager,
-    VolumeStatus, VolumesReady, VolumesUsed,
+    volume_detail, CordonDrive, EvacuateDrive, Evacuation, ListCleaning, ListDriveUses, ListEvacuations, ListHeld,
+    ListVolumeStatuses, ReleaseDrive, VolumeManager, VolumeStatus, VolumesReady, VolumesUsed,
 };
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use std::sync::{Arc, Mutex};
 use super::drive_actions::{self, Command};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, Recorder};
@@ -81,6 +91,9 @@ pub(crate) const READY_POLL: Duration = Duration::from_secs(1);
 /// How often the bytes staged volumes use are looked at again (a sync that writes only
 /// when a figure changed), so the Drive objects' used bytes are at most this old.
 pub(crate) const USED_REFRESH: Duration = Duration::from_secs(30);
+
+/// How often a sync runs while a drive of this node is being evacuated.
+pub(crate) const EVACUATION_REFRESH: Duration = Duration::from_secs(5);
 
 /// Delay after the first failed sync; doubled per consecutive failure.
 pub(crate) const RETRY_BASE: Duration = Duration::from_secs(1);
@@ -189,6 +202,49 @@ pub(crate) fn usage_of(state: Option<DriveUseState>) -> crd::DriveUsage {
     }
 }
 
+/// The claims the pods of `node` that have not finished use, each with those pods
+/// (`namespace/name`, sorted), by (namespace, claim).
+pub(crate) fn claims_used(pods: &[Pod], node: &str) -> BTreeMap<(String, String), Vec<String>> {
+    let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for pod in pods {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let Some(spec) = pod.spec.as_ref() else { continue };
+        if matches!(phase, Some("Succeeded" | "Failed")) || spec.node_name.as_deref() != Some(node) {
+            continue;
+        }
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        for v in spec.volumes.iter().flatten() {
+            if let Some(c) = &v.persistent_volume_claim {
+                let pods = out.entry((ns.clone(), c.claim_name.clone())).or_default();
+                let name = format!("{ns}/{}", pod.name_any());
+                if !pods.contains(&name) {
+                    pods.push(name);
+                }
+            }
+        }
+    }
+    out.values_mut().for_each(|v| v.sort());
+    out
+}
+
+/// The pods using each volume, by volume id: `claims` (the pods of each claim) through
+/// `handles` (the volume id of each claim's PV).
+pub(crate) fn pods_by_volume(
+    claims: &BTreeMap<(String, String), Vec<String>>,
+    handles: &BTreeMap<(String, String), String>,
+) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (claim, pods) in claims {
+        if let Some(id) = handles.get(claim) {
+            let v = out.entry(id.clone()).or_default();
+            v.extend(pods.iter().cloned());
+            v.sort();
+            v.dedup();
+        }
+    }
+    out
+}
+
 fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
@@ -254,6 +310,7 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             free_bytes: (d.class == DriveClass::Managed).then_some(d.free_bytes),
             volume_details: Vec::new(),
             conditions: Vec::new(),
+            evacuation: Vec::new(),
         };
         let obj = object(node, &d.id, spec, status);
         out.entry(obj.name_any()).or_insert(obj);
@@ -296,6 +353,7 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             free_bytes: None,
             volume_details: Vec::new(),
             conditions: Vec::new(),
+            evacuation: Vec::new(),
         };
         let obj = object(node, id, spec, status);
         out.entry(obj.name_any()).or_insert(obj);
@@ -414,6 +472,19 @@ pub(crate) enum DrivesError {
 pub(crate) struct Executor {
     api: Api<crd::Drive>,
     recorder: Recorder,
+    client: Client,
+    /// Our CSI driver (a PV of another driver is no volume of ours; empty: any).
+    driver: String,
+    /// What the pods lookup keeps between syncs: each PV's volume handle (never changes)
+    /// and the last answer (kept when a lookup fails).
+    pods: Arc<Mutex<PodsCache>>,
+}
+
+/// See [`Executor::pods`].
+#[derive(Default)]
+struct PodsCache {
+    handles: BTreeMap<String, Option<String>>,
+    last: BTreeMap<String, Vec<String>>,
 }
 
 impl Executor {
@@ -421,7 +492,71 @@ impl Executor {
     /// them as this node's drivelet.
     pub(crate) fn new(client: Client, node: &str) -> Self {
         let reporter = kube::runtime::events::Reporter { controller: super::identity::REPORTER.into(), instance: Some(node.into()) };
-        Self { api: Api::all(client.clone()), recorder: Recorder::new(client, reporter) }
+        Self {
+            api: Api::all(client.clone()),
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            driver: String::new(),
+            pods: Arc::default(),
+        }
+    }
+
+    /// Volumes of PVs of `driver` only, in the pods lookup.
+    pub(crate) fn with_driver(mut self, driver: &str) -> Self {
+        self.driver = driver.to_string();
+        self
+    }
+
+    /// The pods of `node` (not finished) using each volume, by volume id, as
+    /// `namespace/name`, sorted (see the module rules). A failed lookup answers the last
+    /// one, and is logged.
+    pub(crate) async fn pods(&self, node: &str) -> BTreeMap<String, Vec<String>> {
+        match self.lookup_pods(node).await {
+            Ok(map) => {
+                self.pods.lock().map(|mut c| c.last = map.clone()).ok();
+                map
+            }
+            Err(e) => {
+                warn!(actor = "drive-sync", node.name = %node, error = %e, "cannot look up which pods use the volumes; the last answer stays");
+                self.pods.lock().map(|c| c.last.clone()).unwrap_or_default()
+            }
+        }
+    }
+
+    async fn lookup_pods(&self, node: &str) -> Result<BTreeMap<String, Vec<String>>, kube::Error> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let list = pods.list(&ListParams::default().fields(&format!("spec.nodeName={node}"))).await?;
+        let claims = claims_used(&list.items, node);
+        let mut handles: BTreeMap<(String, String), String> = BTreeMap::new();
+        let mut seen: BTreeSet<String> = BTreeSet::new();
+        for (ns, claim) in claims.keys() {
+            let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
+            let Some(pvc) = pvcs.get_opt(claim).await? else { continue };
+            let Some(pv_name) = pvc.spec.and_then(|s| s.volume_name).filter(|n| !n.is_empty()) else { continue };
+            seen.insert(pv_name.clone());
+            let known = self.pods.lock().ok().and_then(|c| c.handles.get(&pv_name).cloned());
+            let handle = match known {
+                Some(h) => h,
+                None => {
+                    let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+                    let Some(pv) = pvs.get_opt(&pv_name).await? else { continue };
+                    let csi = pv.spec.and_then(|s| s.csi).filter(|c| self.driver.is_empty() || c.driver == self.driver);
+                    let h = csi.map(|c| c.volume_handle);
+                    if let Ok(mut c) = self.pods.lock() {
+                        c.handles.insert(pv_name.clone(), h.clone());
+                    }
+                    h
+                }
+            };
+            if let Some(h) = handle {
+                handles.insert((ns.clone(), claim.clone()), h);
+            }
+        }
+        // Forget the PVs no pod of the node uses any more: the cache stays this node's size.
+        if let Ok(mut c) = self.pods.lock() {
+            c.handles.retain(|pv, _| seen.contains(pv));
+        }
+        Ok(pods_by_volume(&claims, &handles))
     }
 
     /// Records `events` on their Drive objects; one that fails is logged, not retried
@@ -510,6 +645,8 @@ pub(crate) struct Sources {
     pub(crate) used: Recipient<VolumesUsed>,
     pub(crate) cordon: Recipient<CordonDrive>,
     pub(crate) release: Recipient<ReleaseDrive>,
+    pub(crate) evacuate: Recipient<EvacuateDrive>,
+    pub(crate) evacuations: Recipient<ListEvacuations>,
 }
 
 impl Sources {
@@ -526,6 +663,8 @@ impl Sources {
             used: volumes.clone().recipient(),
             cordon: volumes.clone().recipient(),
             release: volumes.clone().recipient(),
+            evacuate: volumes.clone().recipient(),
+            evacuations: volumes.clone().recipient(),
             volumes: volumes.recipient(),
         }
     }
@@ -536,8 +675,9 @@ impl Sources {
 enum Synced {
     /// Not started: waiting for this to be done.
     NotReady(&'static str),
-    /// Done: these writes were made.
-    Done(Vec<SyncAction>),
+    /// Done: these writes were made; `evacuating`: a drive of the node is being
+    /// evacuated (sync again within [`EVACUATION_REFRESH`]).
+    Done { actions: Vec<SyncAction>, evacuating: bool },
 }
 
 fn ask(actor: &'static str, what: &'static str) -> impl FnOnce(MailboxError) -> DrivesError {
@@ -569,15 +709,29 @@ async fn sync_once(node: String, sources: Sources, executor: Executor) -> Result
         .map(|(page, _)| page)
         .unwrap_or_default();
     let used = sources.used.send(VolumesUsed).await.map_err(ask("volume manager", "the bytes its volumes use"))?;
+    let evacuations = sources.evacuations.send(ListEvacuations).await.map_err(ask("volume manager", "where the evacuations stand"))?;
+    let in_use = volumes.iter().any(|r| r.staging.is_some() || matches!(r.state, VolumeState::Staged | VolumeState::Published));
+    let pods = if in_use { executor.pods(&node).await } else { BTreeMap::new() };
     let mut want = desired(&node, &drives, &uses, &volumes);
     show_cleaning(&mut want, &cleaning);
-    show_volumes(&mut want, &statuses, &used);
+    show_volumes(&mut want, &statuses, &used, &pods);
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let events = show_actions(&node, &mut want, &existing, &uses, &refused, &now);
+    let events = show_actions(&node, &mut want, &existing, &uses, &refused, &evacuations, &pods, &now);
     let actions = plan(&node, &want, &existing);
     executor.execute(&actions).await?;
     executor.tell(&events).await;
-    Ok(Synced::Done(actions))
+    Ok(Synced::Done { actions, evacuating: evacuations.iter().any(|e| !e.done) })
+}
+
+/// Whether the admin's spec of `obj` is of a generation its `ActionComplete` condition
+/// has not answered yet.
+fn fresh(obj: &crd::Drive) -> bool {
+    let observed = obj
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == drive_actions::ACTION_COMPLETE))
+        .map(|c| c.observed_generation);
+    observed.is_none_or(|o| o < obj.metadata.generation.unwrap_or(0))
 }
 
 /// Asks the volume manager for what the `spec.action` of this node's objects asks and
@@ -587,7 +741,7 @@ async fn act(node: &str, existing: &[crd::Drive], uses: &[DriveUse], sources: &S
     for obj in existing.iter().filter(|e| is_ours(e, node)) {
         let Some(action) = obj.spec.action else { continue };
         let id = obj.spec.drive_id.clone();
-        let Some(cmd) = drive_actions::command(action, uses.iter().find(|u| u.drive_id == id)) else { continue };
+        let Some(cmd) = drive_actions::command(action, uses.iter().find(|u| u.drive_id == id), fresh(obj)) else { continue };
         let res = match cmd {
             Command::Cordon(cordon) => sources
                 .cordon
@@ -600,6 +754,12 @@ async fn act(node: &str, existing: &[crd::Drive], uses: &[DriveUse], sources: &S
                 .send(ReleaseDrive { drive_id: id.clone(), force: false })
                 .await
                 .map_err(ask("volume manager", "a drive release"))?
+                .map(|_| ()),
+            Command::Evacuate => sources
+                .evacuate
+                .send(EvacuateDrive { drive_id: id.clone(), force: false })
+                .await
+                .map_err(ask("volume manager", "a drive evacuation"))?
                 .map(|_| ()),
         };
         match res {
@@ -616,8 +776,14 @@ async fn act(node: &str, existing: &[crd::Drive], uses: &[DriveUse], sources: &S
 }
 
 /// Puts each drive's volumes with their size, used bytes, state and health into its
-/// object's status, as `ctl volumes` shows them ([`volume_detail`]).
-pub(crate) fn show_volumes(objects: &mut [crd::Drive], statuses: &[VolumeStatus], used: &BTreeMap<String, u64>) {
+/// object's status, as `ctl volumes` shows them ([`volume_detail`]), with the pods of
+/// this node using each (`pods`, by volume id).
+pub(crate) fn show_volumes(
+    objects: &mut [crd::Drive],
+    statuses: &[VolumeStatus],
+    used: &BTreeMap<String, u64>,
+    pods: &BTreeMap<String, Vec<String>>,
+) {
     for o in objects {
         let Some(st) = o.status.as_mut() else { continue };
         st.volume_details = st
@@ -627,6 +793,7 @@ pub(crate) fn show_volumes(objects: &mut [crd::Drive], statuses: &[VolumeStatus]
             .map(|v| {
                 let d = volume_detail(v, used);
                 crd::DriveVolume {
+                    pods: pods.get(&d.id).cloned().unwrap_or_default(),
                     id: d.id,
                     name: d.name,
                     size_bytes: d.size_bytes,
@@ -642,18 +809,25 @@ pub(crate) fn show_volumes(objects: &mut [crd::Drive], statuses: &[VolumeStatus]
 }
 
 /// Puts the `ActionComplete` condition of each object an admin asked an action of into
-/// its wanted status; answers the Events to record on the objects whose condition's
-/// reason changed.
+/// its wanted status, and where each volume of an evacuated drive stands; answers the
+/// Events to record on the objects whose condition's reason changed.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn show_actions(
     node: &str,
     want: &mut [crd::Drive],
     existing: &[crd::Drive],
     uses: &[DriveUse],
     refused: &BTreeMap<String, String>,
+    evacuations: &[Evacuation],
+    pods: &BTreeMap<String, Vec<String>>,
     now: &str,
 ) -> Vec<(ObjectReference, Event)> {
     let mut events = Vec::new();
     for w in want.iter_mut() {
+        let evacuation = evacuations.iter().find(|e| e.drive_id == w.spec.drive_id);
+        if let (Some(e), Some(st)) = (evacuation, w.status.as_mut()) {
+            st.evacuation = drive_actions::evacuation_list(e, pods);
+        }
         let Some(have) = existing.iter().find(|e| is_ours(e, node) && e.name_any() == w.name_any()) else { continue };
         let Some(action) = have.spec.action else { continue };
         let id = w.spec.drive_id.clone();
@@ -661,7 +835,7 @@ pub(crate) fn show_actions(
         let before = have.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == drive_actions::ACTION_COMPLETE));
         let usage = uses.iter().find(|u| u.drive_id == id);
         let live: Vec<String> = st.volumes.clone();
-        let outcome = drive_actions::outcome(action, &id, usage, &live, refused.get(&id).map(String::as_str));
+        let outcome = drive_actions::outcome(action, &id, usage, &live, refused.get(&id).map(String::as_str), evacuation, pods);
         let c = drive_actions::condition(outcome, have.metadata.generation.unwrap_or(0), before, now);
         if let Some(ev) = drive_actions::event_of(action, before, &c) {
             events.push((have.object_ref(&()), ev));
@@ -709,11 +883,13 @@ impl DriveSync {
     pub(crate) fn new(
         client: Client,
         node: String,
+        driver: &str,
         inventory: Addr<DriveInventory>,
         volumes: Addr<VolumeManager>,
         resync: Duration,
     ) -> Self {
         let mut sync = Self::with_sources(client.clone(), node, Sources::of(inventory, volumes), resync);
+        sync.executor = sync.executor.with_driver(driver);
         sync.watch = Some(client);
         sync
     }
@@ -770,7 +946,7 @@ impl DriveSync {
                 self.dirty = true;
                 self.schedule(ctx, READY_POLL);
             }
-            Ok(Synced::Done(actions)) => {
+            Ok(Synced::Done { actions, evacuating }) => {
                 self.failures = 0;
                 for action in &actions {
                     let (node, object) = (&self.node, action.name());
@@ -788,6 +964,8 @@ impl DriveSync {
                 }
                 if self.dirty {
                     self.schedule(ctx, DEBOUNCE);
+                } else if evacuating {
+                    self.request(ctx, EVACUATION_REFRESH);
                 }
             }
             Err(e) => {
@@ -1026,6 +1204,7 @@ mod tests {
                 free_bytes: (class == crd::DriveClass::Managed).then_some(0),
                 volume_details: Vec::new(),
                 conditions: Vec::new(),
+                evacuation: Vec::new(),
             }
         };
         let passed = "SMART overall-health passed";
@@ -1123,6 +1302,7 @@ mod tests {
                 free_bytes: None,
                 volume_details: Vec::new(),
                 conditions: Vec::new(),
+                evacuation: Vec::new(),
             })
         );
     }
@@ -1198,6 +1378,58 @@ mod tests {
         for (case, desired, existing, want) in table {
             assert_eq!(plan(NODE, &desired, &existing), want, "{case}");
         }
+    }
+
+    #[test]
+    fn a_spec_is_fresh_until_its_condition_answers_its_generation() {
+        let mut obj = object_of(&drive("wwn-a", DriveClass::Managed, "blank"));
+        obj.metadata.generation = Some(3);
+        assert!(fresh(&obj), "no condition yet");
+        let c = |generation: i64| crd::DriveCondition {
+            type_: drive_actions::ACTION_COMPLETE.into(),
+            status: "False".into(),
+            reason: "Evacuating".into(),
+            message: "m".into(),
+            observed_generation: generation,
+            last_transition_time: "2026-11-26T23:00:00Z".into(),
+        };
+        obj.status.get_or_insert_default().conditions = vec![c(2)];
+        assert!(fresh(&obj), "answered an older generation: the admin asked again");
+        obj.status.get_or_insert_default().conditions = vec![c(3)];
+        assert!(!fresh(&obj), "answered");
+    }
+
+    #[test]
+    fn the_pods_of_a_node_are_grouped_by_the_claims_they_use() {
+        let pod = |ns: &str, name: &str, node: &str, phase: &str, claims: &[&str]| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": name, "namespace": ns },
+                "spec": {
+                    "nodeName": node,
+                    "containers": [],
+                    "volumes": claims.iter().map(|c| serde_json::json!({ "name": c, "persistentVolumeClaim": { "claimName": c } })).collect::<Vec<_>>(),
+                },
+                "status": { "phase": phase },
+            }))
+            .expect("a pod")
+        };
+        let pods = [
+            pod("apps", "web-1", NODE, "Running", &["data", "logs"]),
+            pod("apps", "web-0", NODE, "Pending", &["data"]),
+            pod("apps", "done", NODE, "Succeeded", &["data"]),
+            pod("apps", "elsewhere", "node-b", "Running", &["data"]),
+            pod("other", "x", NODE, "Running", &["data"]),
+        ];
+        let claims = claims_used(&pods, NODE);
+        let key = |ns: &str, c: &str| (ns.to_string(), c.to_string());
+        assert_eq!(claims.get(&key("apps", "data")), Some(&vec!["apps/web-0".to_string(), "apps/web-1".to_string()]));
+        assert_eq!(claims.get(&key("apps", "logs")), Some(&vec!["apps/web-1".to_string()]));
+        assert_eq!(claims.get(&key("other", "data")), Some(&vec!["other/x".to_string()]), "a claim is of its namespace");
+        assert_eq!(claims.len(), 3);
+        let handles = BTreeMap::from([(key("apps", "data"), "vol-1".to_string()), (key("other", "data"), "vol-1".to_string())]);
+        let by_volume = pods_by_volume(&claims, &handles);
+        assert_eq!(by_volume.get("vol-1"), Some(&vec!["apps/web-0".to_string(), "apps/web-1".to_string(), "other/x".to_string()]));
+        assert_eq!(by_volume.len(), 1, "a claim without a known PV names no volume");
     }
 
     #[test]

@@ -26,10 +26,10 @@ use crate::actors::messages::{DriveEvent, GetInventoryStatus, InventoryStatus, L
 use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::actors::volumes::{
-    CordonDrive, ListCleaning, ListDriveUses, ListHeld, ListVolumeStatuses, ReleaseDrive, VolumeError, VolumeStatus, VolumesReady,
-    VolumesUsed,
+    CordonDrive, EvacuateDrive, Evacuation, ListCleaning, ListDriveUses, ListEvacuations, ListHeld, ListVolumeStatuses, PendingMove,
+    PendingState, ReleaseDrive, VolumeError, VolumeStatus, VolumesReady, VolumesUsed,
 };
-use crate::words::{DriveClass, DriveUse, DriveUseState, Health};
+use crate::words::{DriveClass, DriveUse, DriveUseState, Evacuate, Health};
 
 const LIST_PATH: &str = "/apis/drivelet.io/v1alpha1/drives?&labelSelector=drivelet.io%2Fnode%3Dnode-a";
 
@@ -216,6 +216,10 @@ struct World {
     uses: Vec<DriveUse>,
     /// The drive commands the stand-in volume manager was sent, in order.
     asked: Vec<String>,
+    /// Where the evacuations stand.
+    evacuations: Vec<Evacuation>,
+    /// The refusal of an evacuation, when there is one.
+    evacuation_refusal: Option<String>,
 }
 
 type Shared = Arc<Mutex<World>>;
@@ -306,6 +310,42 @@ impl Handler<ReleaseDrive> for FakeVolumes {
     }
 }
 
+impl Handler<EvacuateDrive> for FakeVolumes {
+    type Result = Result<Evacuation, VolumeError>;
+    fn handle(&mut self, m: EvacuateDrive, _: &mut Context<Self>) -> Self::Result {
+        let mut world = self.0.lock().expect("world lock");
+        world.asked.push(format!("evacuate {} {}", m.drive_id, m.force));
+        if let Some(why) = world.evacuation_refusal.clone() {
+            return Err(VolumeError::ResourceExhausted { reason: why });
+        }
+        world.uses.retain(|u| u.drive_id != m.drive_id);
+        world.uses.push(DriveUse {
+            drive_id: m.drive_id.clone(),
+            state: DriveUseState::Releasing,
+            reason: "evacuation requested: its volumes move to other drives of this node".into(),
+            requested: true,
+            evacuate: Some(Evacuate { force: m.force }),
+        });
+        let pending = world
+            .volumes
+            .iter()
+            .filter(|r| r.drive_id == m.drive_id)
+            .map(|r| PendingMove { volume_id: r.id.clone(), name: r.name.clone(), state: PendingState::Queued, reason: "moves when its turn comes".into() })
+            .collect();
+        let e = Evacuation { drive_id: m.drive_id, force: m.force, moved: vec![], pending, done: false };
+        world.evacuations.retain(|x| x.drive_id != e.drive_id);
+        world.evacuations.push(e.clone());
+        Ok(e)
+    }
+}
+
+impl Handler<ListEvacuations> for FakeVolumes {
+    type Result = MessageResult<ListEvacuations>;
+    fn handle(&mut self, _: ListEvacuations, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.0.lock().expect("world lock").evacuations.clone())
+    }
+}
+
 impl Handler<ListCleaning> for FakeVolumes {
     type Result = MessageResult<ListCleaning>;
     fn handle(&mut self, _: ListCleaning, _: &mut Context<Self>) -> Self::Result {
@@ -345,6 +385,8 @@ fn start_sync(client: Client, world: &Shared) -> Addr<DriveSync> {
         used: volumes.clone().recipient(),
         cordon: volumes.clone().recipient(),
         release: volumes.clone().recipient(),
+        evacuate: volumes.clone().recipient(),
+        evacuations: volumes.clone().recipient(),
         volumes: volumes.recipient(),
     };
     DriveSync::with_sources(client, NODE.to_string(), sources, RESYNC).start()
@@ -470,6 +512,9 @@ async fn volume_changes_are_synced_after_the_debounce_and_a_missing_drive_goes_w
             let _sync = start_sync(client, &world);
             let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
             respond(send, &drive_list(&in_step(&[one.clone(), two.clone()])));
+            // A published volume: the pods of the node are looked up.
+            let (_, send) = handle.expect(Method::GET, PODS_PATH).await;
+            respond(send, &list_of("Pod", "v1", "7", vec![]));
             tokio::time::sleep(Duration::from_secs(5)).await;
             handle.assert_no_more_requests("objects in step are not written");
 
@@ -590,4 +635,182 @@ async fn a_cordon_in_the_spec_is_carried_out_reported_in_the_status_and_told_in_
             respond(send, &event);
         })
         .await;
+}
+
+const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+#[tokio::test(start_paused = true)]
+async fn an_evacuation_in_the_spec_is_asked_once_followed_while_it_runs_and_reported_done() {
+    tokio::task::LocalSet::new()
+        .run_until(async {
+            let (client, mut handle) = fake_api();
+            let world = world(true, vec![managed()]);
+            let vol = volume(1, "wwn-a", VolumeState::Available);
+            world.lock().expect("world lock").volumes = vec![vol.clone()];
+            let _sync = start_sync(client, &world);
+
+            let mut asked = served(&desired(NODE, &[managed()], &[], std::slice::from_ref(&vol)).remove(0));
+            asked.spec.action = Some(crd::DriveAction::Evacuate);
+            asked.metadata.generation = Some(2);
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
+            respond(send, &drive_list(&[asked.clone()]));
+            let call = handle.next("the status apply").await;
+            assert_eq!(call.uri, status_path("node-a-wwn-a-72896ad9"));
+            let st = &call.body["status"];
+            assert_eq!(st["usage"], "releasing");
+            let c = &st["conditions"][0];
+            assert_eq!((c["status"].as_str(), c["reason"].as_str(), c["observedGeneration"].as_i64()), (Some("False"), Some("Evacuating"), Some(2)));
+            assert_eq!(c["message"].as_str(), Some("drive wwn-a evacuating: 0 moved, 1 queued"));
+            assert_eq!(
+                st["evacuation"],
+                json!([{ "volume": vol.id, "name": vol.name, "state": "queued", "reason": "moves when its turn comes" }])
+            );
+            let mut now = asked.clone();
+            now.status = serde_json::from_value(st.clone()).expect("a status");
+            respond(call.reply, &now);
+            let (event, send) = handle.expect_path(Method::POST, EVENTS_PATH).await;
+            assert_eq!((event["reason"].as_str(), event["type"].as_str(), event["action"].as_str()), (Some("Evacuating"), Some("Normal"), Some("Evacuate")));
+            respond(send, &event);
+            assert_eq!(world.lock().expect("world lock").asked, ["evacuate wwn-a false"]);
+
+            // While it runs, synced every EVACUATION_REFRESH; not asked again (the
+            // condition answered this generation), nothing written while in step.
+            let synced = Instant::now();
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
+            assert_eq!(synced.elapsed(), EVACUATION_REFRESH);
+            respond(send, &drive_list(&[now.clone()]));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            handle.assert_no_more_requests("in step: nothing written");
+            assert_eq!(world.lock().expect("world lock").asked.len(), 1, "asked once");
+
+            // The volume moved: the drive is released, the condition True, one Event.
+            let subscriber = {
+                let mut w = world.lock().expect("world lock");
+                w.volumes.clear();
+                w.uses = vec![DriveUse {
+                    drive_id: "wwn-a".into(),
+                    state: DriveUseState::Released,
+                    reason: "evacuated".into(),
+                    requested: true,
+                    evacuate: Some(Evacuate { force: false }),
+                }];
+                w.evacuations = vec![Evacuation {
+                    drive_id: "wwn-a".into(),
+                    force: false,
+                    moved: vec![crate::actors::volumes::MovedVolume {
+                        volume_id: vol.id.clone(),
+                        name: vol.name.clone(),
+                        to_drive: "wwn-b".into(),
+                        bytes: 1 << 30,
+                        millis: 900,
+                        unreadable: vec![],
+                    }],
+                    pending: vec![],
+                    done: true,
+                }];
+                w.volume_subscriber.clone().expect("subscribed")
+            };
+            subscriber.do_send(VolumesChanged { drive_id: "wwn-a".into() });
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
+            respond(send, &drive_list(&[now.clone()]));
+            let call = handle.next("the status apply").await;
+            let st = &call.body["status"];
+            assert_eq!(st["usage"], "released");
+            let c = &st["conditions"][0];
+            assert_eq!((c["status"].as_str(), c["reason"].as_str()), (Some("True"), Some("Evacuated")));
+            assert_eq!(c["message"].as_str(), Some("drive wwn-a evacuated: 1 moved; the drive holds no volume and may be pulled"));
+            assert_eq!(st["evacuation"][0]["state"], "moved");
+            assert_eq!(st["evacuation"][0]["reason"], "on drive wwn-b (1.0 GiB copied and verified)");
+            respond(call.reply, &now);
+            let (event, send) = handle.expect_path(Method::POST, EVENTS_PATH).await;
+            assert_eq!((event["reason"].as_str(), event["type"].as_str()), (Some("Evacuated"), Some("Normal")));
+            respond(send, &event);
+            tokio::time::sleep(EVACUATION_REFRESH * 3).await;
+            handle.assert_no_more_requests("done: no more refreshes");
+        })
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_evacuation_without_room_is_refused_in_plain_words_with_a_warning_and_asked_again_later() {
+    tokio::task::LocalSet::new()
+        .run_until(async {
+            let (client, mut handle) = fake_api();
+            let world = world(true, vec![managed()]);
+            let why = "drive wwn-a holds 1 volumes and snapshots; the other open managed drives of this node have no room for 1 of them";
+            world.lock().expect("world lock").evacuation_refusal = Some(why.into());
+            let _sync = start_sync(client, &world);
+            let mut asked = served(&object_of(&managed()));
+            asked.spec.action = Some(crd::DriveAction::Evacuate);
+            asked.metadata.generation = Some(2);
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
+            respond(send, &drive_list(&[asked.clone()]));
+            let call = handle.next("the status apply").await;
+            let c = &call.body["status"]["conditions"][0];
+            assert_eq!((c["status"].as_str(), c["reason"].as_str()), (Some("False"), Some("Refused")));
+            assert_eq!(c["message"].as_str(), Some(format!("drive wwn-a could not be asked to evacuate: cannot place the volume: {why}").as_str()));
+            assert_eq!(call.body["status"]["usage"], "active", "nothing changed");
+            let mut now = asked.clone();
+            now.status = serde_json::from_value(call.body["status"].clone()).expect("a status");
+            respond(call.reply, &now);
+            let (event, send) = handle.expect_path(Method::POST, EVENTS_PATH).await;
+            assert_eq!((event["reason"].as_str(), event["type"].as_str()), (Some("Refused"), Some("Warning")));
+            respond(send, &event);
+
+            // A drive added: the next sync asks again, and it starts.
+            world.lock().expect("world lock").evacuation_refusal = None;
+            tokio::time::sleep(RESYNC).await;
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
+            respond(send, &drive_list(&[now.clone()]));
+            let call = handle.next("the status apply").await;
+            assert_eq!(call.body["status"]["conditions"][0]["reason"], "Evacuating");
+            respond(call.reply, &now);
+            let (event, send) = handle.expect_path(Method::POST, EVENTS_PATH).await;
+            respond(send, &event);
+            assert_eq!(world.lock().expect("world lock").asked, ["evacuate wwn-a false", "evacuate wwn-a false"]);
+        })
+        .await;
+}
+
+const PODS_PATH: &str = "/api/v1/pods?&fieldSelector=spec.nodeName%3Dnode-a";
+
+#[tokio::test(start_paused = true)]
+async fn the_pods_of_each_volume_are_found_through_claim_and_pv_and_a_failed_lookup_keeps_the_last_answer() {
+    let (client, mut handle) = fake_api();
+    let executor = Executor::new(client, NODE).with_driver("csi.drivelet.io");
+    let pod = |name: &str, claim: &str, phase: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name, "namespace": "apps" },
+            "spec": { "nodeName": NODE, "containers": [], "volumes": [{ "name": "d", "persistentVolumeClaim": { "claimName": claim } }] },
+            "status": { "phase": phase },
+        })
+    };
+    let pvc = json!({ "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": { "name": "data", "namespace": "apps" }, "spec": { "volumeName": "pv-1" } });
+    let pv = json!({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": { "name": "pv-1" },
+        "spec": { "csi": { "driver": "csi.drivelet.io", "volumeHandle": "vol-1" } },
+    });
+    let server = tokio::spawn(async move {
+        let (_, send) = handle.expect(Method::GET, PODS_PATH).await;
+        respond(send, &list_of("Pod", "v1", "7", vec![pod("web-1", "data", "Running"), pod("web-0", "data", "Running"), pod("old", "data", "Succeeded")]));
+        let (_, send) = handle.expect(Method::GET, "/api/v1/namespaces/apps/persistentvolumeclaims/data").await;
+        respond(send, &pvc);
+        let (_, send) = handle.expect(Method::GET, "/api/v1/persistentvolumes/pv-1").await;
+        respond(send, &pv);
+        // Again: the PV's handle is known, only the claim is read.
+        let (_, send) = handle.expect(Method::GET, PODS_PATH).await;
+        respond(send, &list_of("Pod", "v1", "8", vec![pod("web-0", "data", "Running")]));
+        let (_, send) = handle.expect(Method::GET, "/api/v1/namespaces/apps/persistentvolumeclaims/data").await;
+        respond(send, &pvc);
+        // A failed lookup.
+        let (_, send) = handle.expect(Method::GET, PODS_PATH).await;
+        respond_error(send, 403, "pods is forbidden");
+        handle
+    });
+    let want = |pods: &[&str]| std::collections::BTreeMap::from([("vol-1".to_string(), pods.iter().map(|p| p.to_string()).collect::<Vec<_>>())]);
+    assert_eq!(executor.pods(NODE).await, want(&["apps/web-0", "apps/web-1"]), "sorted, finished pods left out");
+    assert_eq!(executor.pods(NODE).await, want(&["apps/web-0"]));
+    assert_eq!(executor.pods(NODE).await, want(&["apps/web-0"]), "the last answer stays");
+    server.await.expect("server").assert_no_more_requests("one list, one get per claim, one per new PV");
 }

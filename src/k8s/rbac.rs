@@ -64,10 +64,12 @@ pub const PERMISSIONS: &[Permission] = &[
         scope: Scope::Cluster,
         group: "",
         resource: "persistentvolumes",
-        verbs: &["list", "watch", "patch", "delete"],
+        verbs: &["get", "list", "watch", "patch", "delete"],
         used_by: "k8s::shell (the AttachQueue's and the ResizeQueue's watchers), \
                   k8s::attach::executor::Executor (PV finalizer patches), k8s::resize::executor::Executor (spec.capacity \
-                  merge patch after growing), k8s::events::reporter::ConditionReporter (lists PVs to find a volume's claim), \
+                  merge patch after growing), k8s::events::reporter::ConditionReporter and k8s::events::moved::MoveEvents \
+                  (list PVs to find a volume's claim), k8s::drives::Executor (gets the PV of a claim a pod of this node \
+                  uses, for the pods of each volume in the Drive status), \
                   k8s::duties::executor::Executor (lists them; finalizer patches and delete of a deleted node's \
                   Released PVs)",
     },
@@ -75,8 +77,9 @@ pub const PERMISSIONS: &[Permission] = &[
         scope: Scope::Cluster,
         group: "",
         resource: "persistentvolumeclaims",
-        verbs: &["list", "watch", "patch", "delete"],
+        verbs: &["get", "list", "watch", "patch", "delete"],
         used_by: "k8s::shell (the ResizeQueue's watcher: claims asking for more than they have), \
+                  k8s::drives::Executor (gets each claim a pod of this node uses, for the pods of each volume), \
                   k8s::duties::executor::Executor (lists the claims of a deleted node's PVs; deletes one whose \
                   StorageClass has drivelet.io/on-node-deleted: release-claims; annotates a kept one once it is \
                   warned, so the NodeDeleted Warning is recorded once per claim)",
@@ -95,6 +98,7 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "pods",
         verbs: &["list"],
         used_by: "k8s::events::reporter::ConditionReporter (this node's pods in the claim's namespace, by field selector), \
+                  k8s::drives::Executor (this node's pods in every namespace, by field selector: who uses each volume), \
                   k8s::duties::executor::Executor (pods of a claim that may be released)",
     },
     Permission {

@@ -16,6 +16,10 @@
 //!    `kubectl get drives` shows each drive; each CSIStorageCapacity equals GetCapacity for
 //!    its class (and a claim of an fstype vfat class gets a ProvisioningFailed Event
 //!    naming "vfat" and "ext4 or xfs", and no volume); then claims grown by editing them, on the empty drives (`resize.rs`);
+//! 1b. evacuation (`evacuate.rs`): three volumes moved off a drive with `kubectl drivelet
+//!    drive evacuate`, one once its pod is deleted, the agent killed with SIGKILL mid-move;
+//!    claims, PVs and data unchanged; the drive released, pulled and replaced by a blank
+//!    one, so the journeys after find three empty drives again;
 //! 2. a drive vanishing while it holds a volume: the Drive object shows it missing and
 //!    lists the volume, the volume is abnormal; the claim deleted: the object goes; the
 //!    drive back: the volume's partition is listed again and can be deleted by hand;
@@ -61,6 +65,7 @@ use serde_json::Value;
 
 mod clone;
 mod drive_actions;
+mod evacuate;
 mod nodes;
 mod snapshots;
 
@@ -96,8 +101,9 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 11] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 12] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
+        ("evacuate: three volumes moved off a drive, one after its pod, kill -9 mid-move; the drive replaced", evacuate::journey_evacuate),
         ("claims grown by editing them: xfs in use, ext4 unused, too large then lowered", resize::journey_resize),
         ("a drive vanishing while it holds a volume, and coming back", journey_vanish),
         ("claims used by pods: ext4, xfs with fsGroup, block, ReadWriteOncePod, a second pod", journey_claims),
@@ -118,6 +124,8 @@ fn main() {
     let only = std::env::var("E2E_JOURNEYS").ok();
     let only_nodes = only.as_deref() == Some("nodes");
     let only_snapshots = only.as_deref() == Some("snapshots");
+    // E2E_JOURNEYS=evacuate: deploy, the evacuation journey and the clean-up.
+    let only_evacuate = only.as_deref() == Some("evacuate");
     for (i, (name, run)) in journeys.iter().enumerate() {
         if i == last {
             // The clean-up asserts an empty cluster: the journeys across nodes finish first.
@@ -130,7 +138,12 @@ fn main() {
         }
         let t = Instant::now();
         println!("e2e: [{}/{}] {name}", i + 1, journeys.len());
-        let picked = !(only_nodes || only_snapshots) || i == 0 || i == last || (only_snapshots && name.starts_with("snapshots:"));
+        let evacuation = name.starts_with("evacuate:");
+        let picked = if only_evacuate {
+            i == 0 || i == last || evacuation
+        } else {
+            !(only_nodes || only_snapshots) || i == 0 || i == last || (only_snapshots && name.starts_with("snapshots:"))
+        };
         if !picked {
             println!("e2e: [{}/{}] NOT RUN (E2E_JOURNEYS={})", i + 1, journeys.len(), only.as_deref().unwrap_or_default());
             continue;
@@ -143,7 +156,7 @@ fn main() {
                 break;
             }
         }
-        if i == 0 && !only_snapshots {
+        if i == 0 && !only_snapshots && !only_evacuate {
             // Deployed (CSIDriver, classes): the journeys across nodes start beside the rest.
             across = Some(std::thread::spawn(nodes::run));
         }

@@ -47,6 +47,7 @@ fn volume(id: &str, used: Option<u64>, why: Option<&str>) -> DriveVolume {
         state: "published".into(),
         health: if why.is_some() { "abnormal" } else { "normal" }.into(),
         health_reason: why.map(str::to_string),
+        pods: vec![],
     }
 }
 
@@ -95,7 +96,7 @@ fn volumes_across_drives_and_nodes_show_used_bytes_and_why_a_volume_is_abnormal(
         drive("node-b", "d1", managed(vec![volume("v2", None, Some("drive d1 is failing"))])),
         drive("node-a", "d1", managed(vec![volume("v9", Some(3 << 20), None), volume("v1", None, None)])),
     ];
-    let out = volumes_table(&volume_rows(&drives));
+    let out = volumes_table(&volume_rows(&drives), false);
     let want = "\
 NODE    ID  NAME    DRIVE  SIZE      USED     KIND  STATE      HEALTH    REASON
 node-a  v1  pvc-v1  d1     64.0 MiB  -        ext4  published  normal
@@ -103,6 +104,55 @@ node-a  v9  pvc-v9  d1     64.0 MiB  3.0 MiB  ext4  published  normal
 node-b  v2  pvc-v2  d1     64.0 MiB  -        ext4  published  abnormal  drive d1 is failing
 ";
     assert_eq!(out, want, "\n{out}");
+}
+
+#[test]
+fn the_wide_volumes_table_names_the_pods_using_each_volume_and_json_always_does() {
+    let mut used = volume("v1", Some(3 << 20), None);
+    used.pods = vec!["apps/web-0".into(), "apps/web-1".into()];
+    let drives = [drive("node-a", "d1", managed(vec![used, volume("v2", None, None)]))];
+    let rows = volume_rows(&drives);
+    let want = "\
+NODE    ID  NAME    DRIVE  SIZE      USED     KIND  STATE      HEALTH  PODS                   REASON
+node-a  v1  pvc-v1  d1     64.0 MiB  3.0 MiB  ext4  published  normal  apps/web-0,apps/web-1
+node-a  v2  pvc-v2  d1     64.0 MiB  -        ext4  published  normal  -
+";
+    let out = volumes_table(&rows, true);
+    assert_eq!(out, want, "\n{out}");
+    assert!(!volumes_table(&rows, false).contains("PODS"), "the default table is ctl's");
+    let json = serde_json::to_value(&rows).expect("serializes");
+    assert_eq!(json[0]["pods"], serde_json::json!(["apps/web-0", "apps/web-1"]));
+}
+
+#[test]
+fn an_evacuation_is_asked_again_only_when_it_stands_with_a_failed_move_or_a_refusal() {
+    let with = |action: Option<DriveAction>, reason: &str| {
+        let mut d = drive("node-a", "d1", managed(vec![]));
+        d.spec.action = action;
+        if !reason.is_empty() {
+            d.status.get_or_insert_default().conditions = vec![DriveCondition {
+                type_: ACTION_COMPLETE.into(),
+                status: "False".into(),
+                reason: reason.into(),
+                message: "m".into(),
+                observed_generation: 1,
+                last_transition_time: "2026-11-26T23:00:00Z".into(),
+            }];
+        }
+        d
+    };
+    // (case, drive, action asked, ask again)
+    let table = [
+        ("first ask", with(None, ""), Action::Evacuate, false),
+        ("under way", with(Some(DriveAction::Evacuate), "Evacuating"), Action::Evacuate, false),
+        ("a move failed", with(Some(DriveAction::Evacuate), "EvacuationFailed"), Action::Evacuate, true),
+        ("refused: no room", with(Some(DriveAction::Evacuate), "Refused"), Action::Evacuate, true),
+        ("a release is another action", with(Some(DriveAction::Release), "EvacuationFailed"), Action::Evacuate, false),
+        ("only an evacuation", with(Some(DriveAction::Evacuate), "EvacuationFailed"), Action::Release, false),
+    ];
+    for (case, d, asked, want) in table {
+        assert_eq!(ask_again(&d, asked), want, "{case}");
+    }
 }
 
 #[test]

@@ -1,9 +1,28 @@
 //! Table tests of the drive action decisions.
 
 use super::*;
+use crate::actors::volumes::{MovedVolume, PendingMove};
+use crate::words::Evacuate;
 
 fn of(state: DriveUseState, requested: bool) -> DriveUse {
     DriveUse { drive_id: "d1".into(), state, reason: "asked".into(), requested, evacuate: None }
+}
+
+fn evacuating(state: DriveUseState) -> DriveUse {
+    DriveUse { evacuate: Some(Evacuate { force: false }), ..of(state, true) }
+}
+
+fn pending(id: &str, state: PendingState, reason: &str) -> PendingMove {
+    PendingMove { volume_id: id.into(), name: format!("pvc-{id}"), state, reason: reason.into() }
+}
+
+fn moved(id: &str, to: &str) -> MovedVolume {
+    MovedVolume { volume_id: id.into(), name: format!("pvc-{id}"), to_drive: to.into(), bytes: 64 << 20, millis: 120, unreadable: vec![] }
+}
+
+fn evac(moved: Vec<MovedVolume>, pending: Vec<PendingMove>) -> Evacuation {
+    let done = pending.is_empty();
+    Evacuation { drive_id: "d1".into(), force: false, moved, pending, done }
 }
 
 #[test]
@@ -27,8 +46,129 @@ fn each_action_asks_only_for_what_is_not_done_yet() {
         ("a released drive is done", DriveAction::Release, Some(&released), None),
     ];
     for (case, action, usage, want) in table {
-        assert_eq!(command(action, usage), want, "{case}");
+        assert_eq!(command(action, usage, false), want, "{case}");
+        assert_eq!(command(action, usage, true), want, "{case}: a new generation asks the same");
     }
+}
+
+#[test]
+fn an_evacuation_is_asked_until_one_stands_and_again_only_for_a_new_generation() {
+    use DriveUseState::*;
+    let (cordoned, releasing, bad) = (of(Cordoned, true), of(Releasing, true), of(Releasing, false));
+    let (under_way, released, released_by_evacuation) = (evacuating(Releasing), of(Released, true), evacuating(Released));
+    // (case, usage now, fresh generation, what is asked)
+    type Case<'a> = (&'a str, Option<&'a DriveUse>, bool, Option<Command>);
+    let table: Vec<Case<'_>> = vec![
+        ("an active drive", None, true, Some(Command::Evacuate)),
+        ("a cordoned drive", Some(&cordoned), true, Some(Command::Evacuate)),
+        ("a release turns into an evacuation", Some(&releasing), false, Some(Command::Evacuate)),
+        ("a BAD drive releasing on its own", Some(&bad), false, Some(Command::Evacuate)),
+        ("refused before (no record): asked again at every sync", None, false, Some(Command::Evacuate)),
+        ("under way: not asked again behind the admin's back", Some(&under_way), false, None),
+        ("under way, asked again by the admin: retries the failed moves", Some(&under_way), true, Some(Command::Evacuate)),
+        ("released by a release: nothing left to move", Some(&released), true, None),
+        ("evacuated", Some(&released_by_evacuation), true, None),
+    ];
+    for (case, usage, fresh, want) in table {
+        assert_eq!(command(DriveAction::Evacuate, usage, fresh), want, "{case}");
+    }
+    // The other actions of an evacuating drive: a release is under way, a cordon holds.
+    assert_eq!(command(DriveAction::Release, Some(&under_way), true), None);
+    assert_eq!(command(DriveAction::Cordon, Some(&under_way), true), None);
+    assert_eq!(command(DriveAction::None, Some(&under_way), true), None, "an evacuation is not undone");
+}
+
+#[test]
+fn the_evacuation_condition_says_what_moved_what_waits_for_which_pod_and_what_failed() {
+    use DriveUseState::*;
+    let pods = BTreeMap::from([("v2".to_string(), vec!["apps/web-0".to_string()]), ("v4".to_string(), vec!["a/x".to_string(), "b/y".to_string()])]);
+    let staged = "staged at /var/lib/kubelet/x: moves once the pods using it stop";
+    let running = evac(
+        vec![moved("v1", "d2")],
+        vec![pending("v3", PendingState::Moving, "being copied"), pending("v2", PendingState::Waiting, staged), pending("v5", PendingState::Waiting, staged)],
+    );
+    let failed = evac(vec![], vec![pending("v4", PendingState::Waiting, staged), pending("v6", PendingState::Failed, "drive d1: 2 ranges could not be read")]);
+    let done = evac(vec![moved("v1", "d2"), moved("v2", "d3")], vec![]);
+    let u = evacuating(Releasing);
+    let r = evacuating(Released);
+    let v5 = format!("pvc-v5 {staged}");
+    // (case, usage, evacuation, refusal, done, reason, words in the message)
+    type Case<'a> = (&'a str, Option<&'a DriveUse>, Option<&'a Evacuation>, Option<&'a str>, bool, &'a str, Vec<&'a str>);
+    let table: Vec<Case<'_>> = vec![
+        ("asked, not started yet", None, None, None, false, EVACUATING, vec!["drive d1: evacuation asked"]),
+        (
+            "moving, one waiting for its pod, one for pods unknown",
+            Some(&u),
+            Some(&running),
+            None,
+            false,
+            EVACUATING,
+            vec![
+                "drive d1 evacuating: 1 moved, 1 moving, 2 waiting for their pods to let go",
+                "pvc-v2 used by pod apps/web-0: moves once it is deleted or moved off the node",
+                &v5,
+            ],
+        ),
+        (
+            "a failed move",
+            Some(&u),
+            Some(&failed),
+            None,
+            false,
+            EVACUATION_FAILED,
+            vec!["1 failed", "pvc-v4 used by pods a/x, b/y", "failed: pvc-v6: drive d1: 2 ranges could not be read", "ask for the evacuation again to retry"],
+        ),
+        ("done", Some(&r), Some(&done), None, true, EVACUATED, vec!["drive d1 evacuated: 2 moved; the drive holds no volume and may be pulled"]),
+        ("released, no list (restarted)", Some(&r), None, None, true, EVACUATED, vec!["may be pulled"]),
+        (
+            "no room",
+            None,
+            None,
+            Some("cannot place the volume: the other open managed drives of this node have no room for 1 of them"),
+            false,
+            REFUSED,
+            vec!["drive d1 could not be asked to evacuate: cannot place the volume: the other open managed drives"],
+        ),
+    ];
+    for (case, usage, e, refused, want_done, want_reason, words) in table {
+        let (d, r, m) = outcome(DriveAction::Evacuate, "d1", usage, &[], refused, e, &pods);
+        assert_eq!((d, r), (want_done, want_reason), "{case}: {m}");
+        for w in words {
+            assert!(m.contains(w), "{case}: {m:?} should say {w:?}");
+        }
+    }
+}
+
+#[test]
+fn the_status_lists_each_volume_of_an_evacuation_moved_first_with_where_it_went() {
+    let pods = BTreeMap::from([("v2".to_string(), vec!["apps/web-0".to_string()])]);
+    let mut m = moved("v1", "d2");
+    m.unreadable = vec![(0, 4096)];
+    let e = evac(vec![m], vec![pending("v2", PendingState::Waiting, "staged"), pending("v3", PendingState::Queued, "moves when its turn comes")]);
+    let list = evacuation_list(&e, &pods);
+    let rows: Vec<(&str, &str, &str, &str)> = list.iter().map(|v| (v.volume.as_str(), v.name.as_str(), v.state.as_str(), v.reason.as_str())).collect();
+    assert_eq!(
+        rows,
+        vec![
+            ("v1", "pvc-v1", "moved", "on drive d2 (64.0 MiB copied and verified); unreadable on the old drive, zeros now: 4.0 KiB at byte 0"),
+            ("v2", "pvc-v2", "waiting", "used by pod apps/web-0: moves once it is deleted or moved off the node"),
+            ("v3", "pvc-v3", "queued", "moves when its turn comes"),
+        ]
+    );
+}
+
+#[test]
+fn evacuation_events_are_warnings_when_a_move_failed() {
+    let t = "2026-11-26T23:00:00Z";
+    let going = condition((false, EVACUATING, "1 moved".into()), 4, None, t);
+    let ev = event_of(DriveAction::Evacuate, None, &going).expect("the first condition is told");
+    assert_eq!((ev.reason.as_str(), ev.action.as_str()), (EVACUATING, "Evacuate"));
+    assert!(matches!(ev.type_, EventType::Normal));
+    let failed = condition((false, EVACUATION_FAILED, "failed".into()), 4, Some(&going), t);
+    assert!(matches!(event_of(DriveAction::Evacuate, Some(&going), &failed).map(|e| e.type_), Some(EventType::Warning)));
+    let long = condition((true, EVACUATED, "é".repeat(2000)), 4, Some(&failed), t);
+    let note = event_of(DriveAction::Evacuate, Some(&failed), &long).and_then(|e| e.note).unwrap_or_default();
+    assert!(note.len() <= 1024, "cut to the Events API's limit: {}", note.len());
 }
 
 #[test]
@@ -47,7 +187,7 @@ fn the_condition_is_true_once_the_drive_is_as_asked_and_says_what_holds_it_back(
         ("refused", DriveAction::Cordon, None, &[], Some("no drive with id d1 is known on this node"), false, "Refused", "could not be asked to cordon: no drive"),
     ];
     for (case, action, usage, vols, refused, done, reason, words) in table {
-        let (d, r, m) = outcome(action, "d1", usage.as_ref(), vols, refused);
+        let (d, r, m) = outcome(action, "d1", usage.as_ref(), vols, refused, None, &BTreeMap::new());
         assert_eq!((d, r), (done, reason), "{case}: {m}");
         assert!(m.contains(words), "{case}: {m:?} should say {words:?}");
     }

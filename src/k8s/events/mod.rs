@@ -31,6 +31,7 @@
 //!   server.
 //!
 //! This file holds the actor, [`ConditionEvents`]; each concern it runs has its file.
+//! The Events of a volume moved off an evacuated drive are [`moved`]'s.
 
 use std::time::Duration;
 
@@ -42,6 +43,8 @@ use tracing::{debug, warn};
 pub(crate) mod condition_event;
 /// The per-volume rate limiter.
 pub(crate) mod gate;
+/// Events on a moved volume's claim and PV, saying where its data went.
+pub(crate) mod moved;
 /// Reports waiting to run.
 pub(crate) mod report_queue;
 /// Records the Events against the API server.

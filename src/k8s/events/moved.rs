@@ -1,0 +1,234 @@
+//! Events about a volume moved off an evacuated drive: the volume manager's
+//! [`VolumeMoved`] becomes an Event on the volume's claim and on its PV, so
+//! `kubectl describe pvc` says where its data went.
+//!
+//! Rules:
+//! - Who hears: the PV whose `spec.csi.driver` is our driver and whose
+//!   `spec.csi.volumeHandle` is the volume id, and its claim when it is bound to one
+//!   ([`super::targets::claim_of`], as the condition Events find it). No PV of ours: no
+//!   one to tell (a volume made outside Kubernetes).
+//! - What is said ([`moved_events`]): a Normal `VolumeMoved`, action `Evacuate`, "volume
+//!   pvc-… moved from drive X to drive Y (1.0 GiB copied and verified); its data, id and
+//!   claim are unchanged"; and when blocks of it could not be read (a forced evacuation
+//!   only), a Warning `VolumeDataUnreadable` naming the byte ranges that read as zeros
+//!   now. Notes are cut to the Events API's 1 KiB.
+//! - Best effort, like the condition Events: the lookup is retried once after
+//!   [`super::reporter::RETRY_AFTER`], so is each Event that failed; then the failure is
+//!   logged and dropped. The PVs are listed with `resourceVersion=0` (served from the API
+//!   server's cache); moves are rare (one per volume of an evacuated drive).
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume};
+use kube::api::{Api, ListParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource};
+use tracing::{debug, info, warn};
+
+use super::condition_event::truncate_note;
+use super::reporter::RETRY_AFTER;
+use super::targets::{claim_of, is_volume, ClaimLookup};
+use crate::actors::volumes::VolumeMoved;
+use crate::config::human_bytes;
+use crate::k8s::identity::Identity;
+
+/// Reason of the Event saying where a volume's data went.
+pub(crate) const REASON_MOVED: &str = "VolumeMoved";
+/// Reason of the Warning naming the ranges of a moved volume that could not be read.
+pub(crate) const REASON_UNREADABLE: &str = "VolumeDataUnreadable";
+/// Action of both.
+pub(crate) const ACTION: &str = "Evacuate";
+
+/// What is said of `m` (see the module rules).
+pub(crate) fn moved_events(m: &VolumeMoved) -> Vec<Event> {
+    let note = format!(
+        "volume {} moved from drive {} to drive {} ({} copied and verified); its data, id and claim are unchanged",
+        m.name,
+        m.from_drive,
+        m.to_drive,
+        human_bytes(m.bytes)
+    );
+    let mut out = vec![Event { type_: EventType::Normal, reason: REASON_MOVED.into(), note: Some(truncate_note(&note).to_string()), action: ACTION.into(), secondary: None }];
+    if !m.unreadable.is_empty() {
+        let total: u64 = m.unreadable.iter().map(|(_, l)| l).sum();
+        let note = format!(
+            "volume {} was moved by a forced evacuation although {} of it could not be read on drive {}: these ranges read as zeros now: {}; restore them from a backup",
+            m.name,
+            human_bytes(total),
+            m.from_drive,
+            crate::disk::mover::ranges_words(&m.unreadable)
+        );
+        out.push(Event { type_: EventType::Warning, reason: REASON_UNREADABLE.into(), note: Some(truncate_note(&note).to_string()), action: ACTION.into(), secondary: None });
+    }
+    out
+}
+
+/// The objects to tell about a move of `volume_id` among `pvs`: its claim (when bound)
+/// and its PV.
+pub(crate) fn move_targets(pvs: &[PersistentVolume], driver: &str, volume_id: &str) -> Vec<ObjectReference> {
+    let Some(pv) = pvs.iter().find(|pv| is_volume(pv, driver, volume_id)) else { return Vec::new() };
+    let mut out = Vec::new();
+    if let ClaimLookup::Claimed { claim, .. } = claim_of(pv) {
+        out.push(claim);
+    }
+    out.push(pv.object_ref(&()));
+    out
+}
+
+/// The actor recording the Events of each [`VolumeMoved`] (subscribe it with
+/// `SubscribeMoves`).
+pub(crate) struct MoveEvents {
+    client: Client,
+    identity: Identity,
+    retry_after: Duration,
+}
+
+impl MoveEvents {
+    /// Records Events for our driver on this node (`identity`).
+    pub(crate) fn new(client: Client, identity: Identity) -> Self {
+        Self { client, identity, retry_after: RETRY_AFTER }
+    }
+}
+
+impl Actor for MoveEvents {
+    type Context = Context<Self>;
+}
+
+impl Supervised for MoveEvents {}
+
+async fn targets(client: &Client, driver: &str, volume_id: &str) -> Result<Vec<ObjectReference>, kube::Error> {
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let list = pvs.list(&ListParams::default().match_any()).await?;
+    Ok(move_targets(&list.items, driver, volume_id))
+}
+
+/// Records the Events of `m`; answers what failed, after one retry.
+async fn report(client: Client, identity: Identity, retry_after: Duration, m: VolumeMoved) -> Vec<String> {
+    let found = match targets(&client, &identity.driver, &m.volume_id).await {
+        Ok(t) => Ok(t),
+        Err(first) => {
+            debug!(volume.id = %m.volume_id, error = %first, "looking up the claim of a moved volume failed; retrying once");
+            tokio::time::sleep(retry_after).await;
+            targets(&client, &identity.driver, &m.volume_id).await
+        }
+    };
+    let objs = match found {
+        Ok(t) => t,
+        Err(e) => return vec![format!("listing PersistentVolumes to find the claim of volume {}: {e}", m.volume_id)],
+    };
+    let recorder = Recorder::new(client, identity.reporter());
+    let mut errors = Vec::new();
+    for obj in &objs {
+        for ev in moved_events(&m) {
+            let mut res = recorder.publish(&ev, obj).await;
+            if res.is_err() {
+                tokio::time::sleep(retry_after).await;
+                res = recorder.publish(&ev, obj).await;
+            }
+            if let Err(e) = res {
+                errors.push(format!(
+                    "recording the {} Event of volume {} on {} {}: {e}",
+                    ev.reason,
+                    m.volume_id,
+                    obj.kind.as_deref().unwrap_or_default(),
+                    obj.name.as_deref().unwrap_or_default()
+                ));
+            }
+        }
+    }
+    if objs.is_empty() {
+        debug!(volume.id = %m.volume_id, "no PV of ours names the moved volume: no Event");
+    } else {
+        info!(volume.id = %m.volume_id, drive.from = %m.from_drive, drive.to = %m.to_drive, objects = objs.len(), "volume move told on its claim and PV");
+    }
+    errors
+}
+
+impl Handler<VolumeMoved> for MoveEvents {
+    type Result = ();
+    fn handle(&mut self, m: VolumeMoved, ctx: &mut Context<Self>) {
+        let volume_id = m.volume_id.clone();
+        let work = report(self.client.clone(), self.identity.clone(), self.retry_after, m);
+        ctx.spawn(work.into_actor(self).map(move |errors, _, _| {
+            for e in errors {
+                warn!(actor = "move-events", volume.id = %volume_id, error = %e, "could not record a volume move Event");
+            }
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolumeSpec, PersistentVolumeStatus};
+
+    fn moved(unreadable: Vec<(u64, u64)>) -> VolumeMoved {
+        VolumeMoved {
+            volume_id: "vol-1".into(),
+            name: "pvc-123".into(),
+            from_drive: "wwn-old".into(),
+            to_drive: "wwn-new".into(),
+            bytes: 1 << 30,
+            unreadable,
+        }
+    }
+
+    #[test]
+    fn a_move_says_where_the_data_went_and_that_nothing_else_changed() {
+        let evs = moved_events(&moved(vec![]));
+        assert_eq!(evs.len(), 1);
+        let e = &evs[0];
+        assert!(matches!(e.type_, EventType::Normal));
+        assert_eq!((e.reason.as_str(), e.action.as_str()), (REASON_MOVED, ACTION));
+        assert_eq!(
+            e.note.as_deref(),
+            Some("volume pvc-123 moved from drive wwn-old to drive wwn-new (1.0 GiB copied and verified); its data, id and claim are unchanged")
+        );
+    }
+
+    #[test]
+    fn a_forced_move_with_unreadable_blocks_adds_a_warning_naming_the_ranges() {
+        let evs = moved_events(&moved(vec![(4096, 8192), (1 << 20, 4096)]));
+        assert_eq!(evs.len(), 2);
+        assert!(matches!(evs[1].type_, EventType::Warning));
+        assert_eq!(evs[1].reason, REASON_UNREADABLE);
+        let note = evs[1].note.clone().unwrap_or_default();
+        assert!(note.contains("12.0 KiB of it could not be read on drive wwn-old"), "{note}");
+        assert!(note.contains("8.0 KiB at byte 4096, 4.0 KiB at byte 1048576"), "{note}");
+        let many = moved_events(&moved((0..500).map(|i| (i * 8192, 4096)).collect()));
+        assert!(many[1].note.as_ref().is_some_and(|n| n.len() <= 1024), "cut to the Events API's limit");
+    }
+
+    fn pv(name: &str, driver: &str, handle: &str, claim: Option<(&str, &str)>, phase: &str) -> PersistentVolume {
+        let mut pv = PersistentVolume::default();
+        pv.metadata.name = Some(name.into());
+        pv.metadata.uid = Some(format!("uid-{name}"));
+        pv.spec = Some(PersistentVolumeSpec {
+            csi: Some(CSIPersistentVolumeSource { driver: driver.into(), volume_handle: handle.into(), ..Default::default() }),
+            claim_ref: claim.map(|(ns, n)| ObjectReference { namespace: Some(ns.into()), name: Some(n.into()), uid: Some("c-uid".into()), ..Default::default() }),
+            ..Default::default()
+        });
+        pv.status = Some(PersistentVolumeStatus { phase: Some(phase.into()), ..Default::default() });
+        pv
+    }
+
+    #[test]
+    fn the_claim_and_the_pv_of_our_driver_hear_of_a_move() {
+        let pvs = vec![
+            pv("pv-other", "other.csi", "vol-1", Some(("x", "y")), "Bound"),
+            pv("pv-1", "csi.drivelet.io", "vol-1", Some(("apps", "data")), "Bound"),
+            pv("pv-2", "csi.drivelet.io", "vol-2", None, "Available"),
+        ];
+        let names = |v: Vec<ObjectReference>| v.into_iter().map(|o| (o.kind.unwrap_or_default(), o.namespace, o.name.unwrap_or_default())).collect::<Vec<_>>();
+        assert_eq!(
+            names(move_targets(&pvs, "csi.drivelet.io", "vol-1")),
+            vec![
+                ("PersistentVolumeClaim".to_string(), Some("apps".to_string()), "data".to_string()),
+                ("PersistentVolume".to_string(), None, "pv-1".to_string())
+            ]
+        );
+        assert_eq!(names(move_targets(&pvs, "csi.drivelet.io", "vol-2")), vec![("PersistentVolume".to_string(), None, "pv-2".to_string())], "unbound: the PV alone");
+        assert!(move_targets(&pvs, "csi.drivelet.io", "vol-9").is_empty(), "no PV: no one to tell");
+    }
+}
