@@ -336,6 +336,9 @@ fn log_outcome(va: &VolumeAttachment, actions: &[Action], outcome: &Result<Optio
         Ok(Some(after)) => {
             warn!(va.name = %name, pv.name = %pv, failures = failures + 1, retry.after_ms = after.as_millis() as u64, "attach or detach failed; see the VolumeAttachment's status and Events")
         }
+        // A conflict is optimistic concurrency doing its job (the object changed since it
+        // was read, by another writer or an event not seen yet): the retry reads it again.
+        Err(e) if e.is_conflict() => debug!(va.name = %name, pv.name = %pv, error = %e, "object changed meanwhile; retrying"),
         Err(e) => warn!(va.name = %name, pv.name = %pv, error = %e, failures = failures + 1, "cannot update the API server; retrying"),
     }
 }
