@@ -23,7 +23,7 @@ use std::process::Command;
 use super::*;
 
 /// Runs `kubectl drivelet ARGS` with the plugin on the PATH: (exit code, stdout, stderr).
-fn plugin(args: &[&str]) -> Result<(i32, String, String), String> {
+pub(super) fn plugin(args: &[&str]) -> Result<(i32, String, String), String> {
     let dir = Path::new(E2E_DIR).join("plugin");
     let link = dir.join("kubectl-drivelet");
     if !link.exists() {
@@ -35,7 +35,7 @@ fn plugin(args: &[&str]) -> Result<(i32, String, String), String> {
     Ok((out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned()))
 }
 
-fn plugin_ok(args: &[&str]) -> Result<String, String> {
+pub(super) fn plugin_ok(args: &[&str]) -> Result<String, String> {
     match plugin(args)? {
         (0, out, _) => Ok(out),
         (code, out, err) => Err(format!("kubectl drivelet {}: exit {code}: {out}{err}", args.join(" "))),

@@ -28,25 +28,7 @@ use super::*;
 const CLAIMS: [(&str, u64); 3] = [("ev-small", 64), ("ev-used", 64), ("ev-big", 1400)];
 const SUM: &str = "md5sum /data/blob | cut -d' ' -f1";
 
-/// Runs `kubectl drivelet ARGS` with the plugin on the PATH (as drive_actions does).
-fn plugin(args: &[&str]) -> Result<(i32, String, String), String> {
-    let dir = Path::new(E2E_DIR).join("plugin");
-    let link = dir.join("kubectl-drivelet");
-    if !link.exists() {
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        std::os::unix::fs::symlink(Path::new(E2E_DIR).join("bin/drivelet"), &link).map_err(|e| format!("{}: {e}", link.display()))?;
-    }
-    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
-    let out = Command::new("kubectl").arg("drivelet").args(args).env("PATH", path).output().map_err(|e| e.to_string())?;
-    Ok((out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned()))
-}
-
-fn plugin_ok(args: &[&str]) -> Result<String, String> {
-    match plugin(args)? {
-        (0, out, _) => Ok(out),
-        (code, out, err) => Err(format!("kubectl drivelet {}: exit {code}: {out}{err}", args.join(" "))),
-    }
-}
+use super::drive_actions::plugin_ok;
 
 /// The real node's Drive object of `drive_id`, if any (the fake nodes, host processes,
 /// see the real node's loop drives too, as excluded ones: never theirs).

@@ -480,6 +480,30 @@ pub fn remove_partition(dev: &Path, sector: u64, guid: Uuid) -> Result<bool, Dis
 /// loses [`super::MOVE_ATTR`] at its switch); the same bits are success, no write.
 /// `NotFound` when there is no such partition.
 pub fn set_partition_attrs(dev: &Path, sector: u64, guid: Uuid, attrs: u64) -> Result<(), DiskError> {
+    change_ours(dev, sector, guid, |disk, key, p, _| {
+        if p.flags == attrs {
+            return Ok(());
+        }
+        let mut parts = disk.partitions().clone();
+        parts.retain(|_, p| p.is_used());
+        if let Some(entry) = parts.get_mut(&key) {
+            entry.flags = attrs;
+        }
+        set_entries(dev, disk, parts)?;
+        commit(dev, disk, None, &[], None)
+    })
+}
+
+/// Runs `change` on drivelet's own partition with `guid` of drivelet's own table on
+/// `dev` (`NotFound` when there is none), with the table parsed and judged, under the
+/// writers' lock: `change` gets the table, the entry's key and the entry, and the
+/// device's size.
+fn change_ours(
+    dev: &Path,
+    sector: u64,
+    guid: Uuid,
+    change: impl FnOnce(&mut GptDisk<&File>, u32, Partition, u64) -> Result<(), DiskError>,
+) -> Result<(), DiskError> {
     let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
     let (file, dev_size) = open_to_inspect(dev, sector)?;
     let file: &File = &file;
@@ -488,55 +512,40 @@ pub fn set_partition_attrs(dev: &Path, sector: u64, guid: Uuid, attrs: u64) -> R
     let mut disk = judge_gpt(dev, disk)?.map_err(|found| refuse(dev, found))?;
     let (key, p) = find_by_guid(&disk, guid).ok_or_else(not_found)?;
     ensure_ours(dev, &p)?;
-    if p.flags == attrs {
-        return Ok(());
-    }
-    let mut parts = disk.partitions().clone();
-    parts.retain(|_, p| p.is_used());
-    if let Some(entry) = parts.get_mut(&key) {
-        entry.flags = attrs;
-    }
-    set_entries(dev, &mut disk, parts)?;
-    commit(dev, &disk, None, &[], None)
+    change(&mut disk, key, p, dev_size)
 }
 
 /// Grows the drivelet partition with `guid` in place to `new_size` bytes; the space
 /// after it must be free and inside the GPT's usable area. The same size is success;
 /// shrinking is refused.
 pub fn resize_partition(dev: &Path, sector: u64, guid: Uuid, new_size: u64) -> Result<(), DiskError> {
-    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
-    let (file, dev_size) = open_to_inspect(dev, sector)?;
-    let file: &File = &file;
-    let not_found = || DiskError::NotFound { device: dev.to_path_buf(), what: format!("partition {guid}") };
-    let disk = open_gpt(dev, file, dev_size, sector)?.ok_or_else(not_found)?;
-    let mut disk = judge_gpt(dev, disk)?.map_err(|found| refuse(dev, found))?;
-    let (key, p) = find_by_guid(&disk, guid).ok_or_else(not_found)?;
-    ensure_ours(dev, &p)?;
-    let start = p.first_lba * sector;
-    check_extent(dev, start, new_size)?;
-    let old_size = (p.last_lba + 1 - p.first_lba) * sector;
-    let conflict = |reason: String| DiskError::Conflict { device: dev.to_path_buf(), start, size: new_size, reason };
-    if new_size == old_size {
-        return Ok(());
-    }
-    if new_size < old_size {
-        return Err(conflict(format!("partition {guid} is {old_size} bytes; shrinking is not supported")));
-    }
-    let last = (start + new_size) / sector - 1;
-    let mut parts = disk.partitions().clone();
-    parts.retain(|_, p| p.is_used());
-    if let Some(other) = parts.iter().find(|(k, o)| **k != key && overlaps(o, p.first_lba, last)).map(|(_, o)| o) {
-        return Err(conflict(format!(
-            "the space after it is taken by partition {} at [{}, +{})",
-            other.part_guid,
-            other.first_lba * sector,
-            (other.last_lba + 1 - other.first_lba) * sector
-        )));
-    }
-    if let Some(entry) = parts.get_mut(&key) {
-        entry.last_lba = last;
-    }
-    set_entries(dev, &mut disk, parts)?;
-    check_usable(dev, &disk, p.first_lba, last, dev_size, sector)?;
-    commit(dev, &disk, None, &[], None)
+    change_ours(dev, sector, guid, |disk, key, p, dev_size| {
+        let start = p.first_lba * sector;
+        check_extent(dev, start, new_size)?;
+        let old_size = (p.last_lba + 1 - p.first_lba) * sector;
+        let conflict = |reason: String| DiskError::Conflict { device: dev.to_path_buf(), start, size: new_size, reason };
+        if new_size == old_size {
+            return Ok(());
+        }
+        if new_size < old_size {
+            return Err(conflict(format!("partition {guid} is {old_size} bytes; shrinking is not supported")));
+        }
+        let last = (start + new_size) / sector - 1;
+        let mut parts = disk.partitions().clone();
+        parts.retain(|_, p| p.is_used());
+        if let Some(other) = parts.iter().find(|(k, o)| **k != key && overlaps(o, p.first_lba, last)).map(|(_, o)| o) {
+            return Err(conflict(format!(
+                "the space after it is taken by partition {} at [{}, +{})",
+                other.part_guid,
+                other.first_lba * sector,
+                (other.last_lba + 1 - other.first_lba) * sector
+            )));
+        }
+        if let Some(entry) = parts.get_mut(&key) {
+            entry.last_lba = last;
+        }
+        set_entries(dev, disk, parts)?;
+        check_usable(dev, disk, p.first_lba, last, dev_size, sector)?;
+        commit(dev, disk, None, &[], None)
+    })
 }
