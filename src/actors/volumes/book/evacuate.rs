@@ -82,10 +82,6 @@ impl VolumeBook {
         if d.class != DriveClass::Managed {
             return Err(cannot(format!("drivelet does not manage it (it is {}), so it holds no drivelet volume", d.class.as_str())));
         }
-        let current = self.drive_use.get(&m.drive_id).cloned();
-        if current.as_ref().is_some_and(|u| u.state == DriveUseState::Released) && self.movable_on(&m.drive_id).is_empty() {
-            return Ok(current.expect("checked"));
-        }
         // Room for everything still to move, each placement counting for the next.
         let mut cands = self.candidates();
         let mut todo = self.movable_on(&m.drive_id);

@@ -484,4 +484,9 @@ fn an_evacuation_is_refused_whole_without_room_and_once_asked_moves_unstaged_vol
     assert_eq!(again.rec.id, plan.rec.id);
     b.evacuate(&ask(true), &mut failed).expect("asked again");
     assert!(failed.is_empty(), "asking again retries the failed ones");
+    // An empty drive is evacuated at once: released, and listed as done.
+    let mut empty = book_with(vec![]);
+    let u = empty.evacuate(&ask(false), &mut failed).expect("nothing to move");
+    assert_eq!((u.state, u.evacuate.is_some()), (DriveUseState::Released, true));
+    assert!(empty.evacuations(&HashMap::new(), &failed, None)[0].done);
 }
