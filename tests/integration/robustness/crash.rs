@@ -525,6 +525,28 @@ fn bytes_at(dev: &std::path::Path, start: u64, len: u64) -> Vec<u8> {
     raw
 }
 
+/// Puts data on volume `id`: a block volume's first 2 MiB set to `byte` through its
+/// device node `dev`; else `text` in `data.txt` of its ext4 filesystem, staged at
+/// `staging` for the write and unstaged again.
+fn put_data(agent: &Agent, id: &str, dev: Option<&std::path::Path>, staging: &std::path::Path, byte: u8, text: &str) {
+    if let Some(dev) = dev {
+        // Opened, never created: a missing node must not become a regular file in /dev.
+        let mut f = std::fs::OpenOptions::new().write(true).open(dev).unwrap_or_else(|e| panic!("open {}: {e}", dev.display()));
+        std::io::Write::write_all(&mut f, &vec![byte; (2 * MIB) as usize]).unwrap();
+        f.sync_all().unwrap();
+        return;
+    }
+    rt().block_on(async {
+        let mut c = Csi::connect(agent).await;
+        c.node.node_stage_volume(stage_req(id, staging, mount_cap("ext4"))).await.expect("stage");
+    });
+    std::fs::write(staging.join("data.txt"), text).unwrap();
+    rt().block_on(async {
+        let mut c = Csi::connect(agent).await;
+        c.node.node_unstage_volume(unstage_req(id, staging)).await.expect("unstage");
+    });
+}
+
 /// A clone of a volume holding data, killed at `point`: the restart leaves the source
 /// alone and no clone (or, past the point of no return, the complete clone); the
 /// retried clone carries the data. `block`: a block source.
@@ -548,24 +570,8 @@ fn clone_crash(point: &'static str, block: bool) {
     let src_entry = gpt_entries(&drive.dev);
     assert_eq!(src_entry.len(), 1, "{point}: the source's GPT entry");
     let src_start = src_entry[0].start;
-    if block {
-        let dev = drivelet::disk::blkpg::kernel_partitions(&drive.dev).unwrap().remove(0).devnode;
-        // Opened, never created: a missing node must not become a regular file in /dev.
-        let mut f = std::fs::OpenOptions::new().write(true).open(&dev).unwrap_or_else(|e| panic!("open {}: {e}", dev.display()));
-        std::io::Write::write_all(&mut f, &vec![0xa5u8; (2 * MIB) as usize]).unwrap();
-        f.sync_all().unwrap();
-    } else {
-        rt().block_on(async {
-            let mut c = Csi::connect(&agent).await;
-            c.node.node_stage_volume(stage_req(&src, &staging, cap.clone())).await.expect("stage the source");
-        });
-        std::fs::write(staging.join("data.txt"), format!("written before the crash at {point}")).unwrap();
-        rt().block_on(async {
-            let mut c = Csi::connect(&agent).await;
-            let q = csi::NodeUnstageVolumeRequest { volume_id: src.clone(), staging_target_path: staging.display().to_string() };
-            c.node.node_unstage_volume(q).await.expect("unstage the source");
-        });
-    }
+    let dev = block.then(|| drivelet::disk::blkpg::kernel_partitions(&drive.dev).unwrap().remove(0).devnode);
+    put_data(&agent, &src, dev.as_deref(), &staging, 0xa5, &format!("written before the crash at {point}"));
     sh("sync", &[]);
     let before = bytes_at(&drive.dev, src_start, size);
     let mut q = create_req("pvc-crash-clone", 2 * size, cap.clone());
@@ -866,22 +872,8 @@ fn move_crash(point: &'static str, block: bool) {
     });
     let (from, to) = if copies_of(&drives[0].dev, &v).is_empty() { (&drives[1], &drives[0]) } else { (&drives[0], &drives[1]) };
     let start = copies_of(&from.dev, &v)[0].0;
-    if block {
-        let dev = drivelet::disk::blkpg::ensure_kernel_partition(&from.dev, start, size).unwrap().devnode;
-        let mut f = std::fs::OpenOptions::new().write(true).open(&dev).unwrap_or_else(|e| panic!("open {}: {e}", dev.display()));
-        std::io::Write::write_all(&mut f, &vec![0x5au8; (2 * MIB) as usize]).unwrap();
-        f.sync_all().unwrap();
-    } else {
-        rt().block_on(async {
-            let mut c = Csi::connect(&agent).await;
-            c.node.node_stage_volume(stage_req(&v, &staging, cap.clone())).await.expect("stage");
-        });
-        std::fs::write(staging.join("data.txt"), format!("written before the move killed at {point}")).unwrap();
-        rt().block_on(async {
-            let mut c = Csi::connect(&agent).await;
-            c.node.node_unstage_volume(unstage_req(&v, &staging)).await.expect("unstage");
-        });
-    }
+    let dev = block.then(|| drivelet::disk::blkpg::ensure_kernel_partition(&from.dev, start, size).unwrap().devnode);
+    put_data(&agent, &v, dev.as_deref(), &staging, 0x5a, &format!("written before the move killed at {point}"));
     sh("sync", &[]);
     let before = bytes_at(&from.dev, start, size);
     let from_id = drive_id_of(&agent, from);
