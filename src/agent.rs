@@ -72,6 +72,14 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         None
     };
 
+    // Whose this node's drives are: known before any drive is judged or written.
+    let cluster = crate::k8s::cluster_id::resolve(&cfg.driver.cluster_id, kube.as_ref(), &cfg.paths.state_dir).await;
+    let me = crate::words::Owner { cluster, node: cfg.driver.node_name.clone() };
+    info!(cluster.id = %me.cluster, node.name = %me.node, "drives this node owns name cluster {} and node {}", me.cluster, me.node);
+    if let Err(set) = crate::disk::note::set_identity(me) {
+        tracing::warn!(cluster.id = %set.cluster, "this process already runs as node {} of cluster {}", set.node, set.cluster);
+    }
+
     let mut demo = if cfg.demo.enabled {
         let dc = cfg.demo.clone();
         let state = cfg.paths.state_dir.clone();

@@ -494,6 +494,14 @@ enum DriveCmd {
         /// Drive id, as `drivelet ctl drives` shows it.
         id: String,
     },
+    /// Adopt a drivelet disk owned elsewhere (class owned-elsewhere: another node's,
+    /// another cluster's, or one whose owner cannot be read): this node owns it from
+    /// now on and serves its volumes, as its note describes them. Nothing else on the
+    /// disk is written.
+    Adopt {
+        /// Drive id, as `drivelet ctl drives` shows it.
+        id: String,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -554,6 +562,10 @@ fn ctl(config: Option<PathBuf>, socket: Option<PathBuf>, cmd: CtlCmd) -> anyhow:
             let u = rt.block_on(drivelet::cli::ctl::release(&socket, &id, force))?;
             println!("drive {}: {} ({})", u.drive_id, u.state.as_str(), u.reason);
         }
+        CtlCmd::Drive { cmd: DriveCmd::Adopt { id } } => {
+            let a = rt.block_on(drivelet::cli::ctl::adopt_drive(&socket, &id))?;
+            print!("{}", drivelet::cli::ctl::adopted_words(&a));
+        }
         CtlCmd::Drive { cmd: DriveCmd::Evacuate { id, force } } => {
             let e = rt.block_on(drivelet::cli::ctl::evacuate(&socket, &id, force))?;
             print!("{}", drivelet::cli::ctl::evacuations_table(std::slice::from_ref(&e)));
@@ -568,7 +580,7 @@ fn ctl(config: Option<PathBuf>, socket: Option<PathBuf>, cmd: CtlCmd) -> anyhow:
         CtlCmd::Drive { cmd: cordon @ (DriveCmd::Cordon { .. } | DriveCmd::Uncordon { .. }) } => {
             let (id, on) = match cordon {
                 DriveCmd::Cordon { id } => (id, true),
-                DriveCmd::Uncordon { id } | DriveCmd::Release { id, .. } | DriveCmd::Evacuate { id, .. } => (id, false),
+                DriveCmd::Uncordon { id } | DriveCmd::Release { id, .. } | DriveCmd::Evacuate { id, .. } | DriveCmd::Adopt { id } => (id, false),
             };
             let u = rt.block_on(drivelet::cli::ctl::cordon(&socket, &id, on))?;
             match u {

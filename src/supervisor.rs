@@ -93,12 +93,19 @@ pub(crate) struct Running {
 /// actors, the gRPC front on `sockets`, and the Kubernetes front when `kube` is a client.
 pub(crate) fn start(cfg: &Arc<Config>, sockets: Sockets, kube: Option<kube::Client>) -> Running {
     let drives = cfg.drives.clone();
-    let inventory = DriveInventory::new(drives);
+    let own = crate::actors::inventory::classify::Ownership {
+        me: crate::disk::note::identity().cloned(),
+        known: crate::actors::volumes::startup::known_drives(&cfg.paths.state_dir),
+    };
+    let inventory = DriveInventory::new(drives, own);
     let scanned = inventory.scan_reader();
     let inventory = Supervisor::start(move |_| inventory);
     let volumes = VolumeManager::new(cfg.volumes.clone(), cfg.paths.state_dir.clone(), inventory.clone(), cfg.health.auto_release);
     let guards = volumes.guards();
     let views = Views { scanned, volumes: volumes.view_reader() };
+    if let Some(me) = crate::disk::note::identity() {
+        tokio::spawn(crate::actors::volumes::notes::keep_notes(volumes.view_reader(), me.clone()));
+    }
     let volumes = Supervisor::start(move |_| volumes);
     let (hcfg, inv, vols) = (cfg.health.clone(), inventory.clone(), volumes.clone());
     let health = Supervisor::start(move |_| HealthPoller::new(hcfg, inv, vols, guards.clone()));

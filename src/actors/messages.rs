@@ -80,6 +80,30 @@ pub struct DriveRefused {
     pub found: String,
 }
 
+/// Command: an admin adopts a drivelet disk owned elsewhere (another node, another
+/// cluster, or nobody can tell): its note names this node from now on, keeping whose
+/// it was and what its volumes are, and it is read again, so it turns managed and its
+/// volumes are served here. Nothing else on the disk is written.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<Adopted, String>")]
+pub struct AdoptDrive {
+    /// Stable drive id.
+    pub drive_id: String,
+}
+
+/// What [`AdoptDrive`] did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Adopted {
+    /// The drive.
+    pub drive_id: String,
+    /// Whose it was, in words ("node node-2 of this cluster").
+    pub from: String,
+    /// The volumes its note listed.
+    pub volumes: Vec<crate::words::HeldVolume>,
+    /// It was this node's already: nothing was written.
+    pub already: bool,
+}
+
 /// Command: send every future [`DriveEvent`] to this recipient.
 #[derive(Message)]
 #[rtype(result = "()")]

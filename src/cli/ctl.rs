@@ -65,6 +65,28 @@ pub async fn cordon(socket: &Path, drive_id: &str, cordon: bool) -> Result<Optio
     }
 }
 
+/// Asks the agent to adopt a drive owned elsewhere.
+pub async fn adopt_drive(socket: &Path, drive_id: &str) -> Result<crate::actors::messages::Adopted, CtlError> {
+    match request(socket, &AdminRequest::AdoptDrive { drive_id: drive_id.to_string() }).await? {
+        AdminResponse::DriveAdopted(a) => Ok(a),
+        AdminResponse::Error(e) => Err(CtlError::Agent(e)),
+        other => Err(CtlError::Agent(format!("unexpected answer {other:?}"))),
+    }
+}
+
+/// What an adoption did, in a line or a few.
+pub fn adopted_words(a: &crate::actors::messages::Adopted) -> String {
+    if a.already {
+        return format!("drive {}: this node's already; nothing written\n", a.drive_id);
+    }
+    let mut out = format!("drive {}: adopted from {}; this node owns it now and serves its volumes\n", a.drive_id, a.from);
+    for v in &a.volumes {
+        let claim = v.claim.as_deref().map(|c| format!(" of claim {c}")).unwrap_or_default();
+        out.push_str(&format!("  volume {} ({}){claim}\n", v.id, crate::config::human_bytes(v.size_bytes)));
+    }
+    out
+}
+
 /// Asks the agent to evacuate a drive; answers where the evacuation stands.
 pub async fn evacuate(socket: &Path, drive_id: &str, force: bool) -> Result<crate::actors::volumes::Evacuation, CtlError> {
     match request(socket, &AdminRequest::EvacuateDrive { drive_id: drive_id.to_string(), force }).await? {

@@ -101,6 +101,10 @@ pub struct DriverConfig {
     pub name: String,
     /// Node name; empty means `NODE_NAME`, then the host name.
     pub node_name: String,
+    /// The cluster this node belongs to, as written on every drive it owns. Empty: with
+    /// `[kubernetes]`, the uid of the cluster's `kube-system` namespace; without,
+    /// `standalone`.
+    pub cluster_id: String,
     /// `NodeGetInfo.max_volumes_per_node`; 0 means no limit.
     pub max_volumes_per_node: i64,
     /// Extra topology segments reported with `topology.drivelet.io/node`.
@@ -118,6 +122,7 @@ impl Default for DriverConfig {
         Self {
             name: "csi.drivelet.io".into(),
             node_name: String::new(),
+            cluster_id: String::new(),
             max_volumes_per_node: 0,
             topology: BTreeMap::new(),
             advertise_volume_health: false,

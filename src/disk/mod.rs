@@ -15,6 +15,7 @@ pub(crate) mod loopdev;
 pub mod mount;
 pub mod mover;
 pub mod mounts;
+pub mod note;
 pub(crate) mod paths;
 pub(crate) mod signature;
 pub(crate) mod smart;

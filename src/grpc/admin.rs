@@ -51,6 +51,12 @@ pub enum AdminRequest {
     },
     /// Where every evacuation stands.
     Evacuations,
+    /// Adopt a drivelet disk owned elsewhere: this node owns it from now on and serves
+    /// its volumes.
+    AdoptDrive {
+        /// Stable drive id.
+        drive_id: String,
+    },
     /// Cordon a drive (no new volumes; its volumes stay) or uncordon it.
     CordonDrive {
         /// Stable drive id.
@@ -121,6 +127,8 @@ pub enum AdminResponse {
     Snapshots(Vec<crate::actors::volumes::snapshot::SnapshotRecord>),
     /// The adopted volume.
     Adopted(Box<VolumeRecord>),
+    /// A drive adopted (or this node's already).
+    DriveAdopted(crate::actors::messages::Adopted),
     /// The fail point that was armed.
     Armed(String),
     /// The request failed.
@@ -177,6 +185,11 @@ async fn answer(front: &Front, line: &str) -> AdminResponse {
                 Err(e) => AdminResponse::Error(format!("volume manager is not answering: {e}")),
             }
         }
+        Ok(AdminRequest::AdoptDrive { drive_id }) => match front.inventory.send(crate::actors::messages::AdoptDrive { drive_id }).await {
+            Ok(Ok(a)) => AdminResponse::DriveAdopted(a),
+            Ok(Err(e)) => AdminResponse::Error(e),
+            Err(e) => AdminResponse::Error(format!("drive inventory is not answering: {e}")),
+        },
         Ok(AdminRequest::CordonDrive { drive_id, cordon }) => match front.volumes.send(CordonDrive { drive_id, cordon }).await {
             Ok(Ok(u)) => AdminResponse::Cordoned(u),
             Ok(Err(e)) => AdminResponse::Error(e.to_string()),

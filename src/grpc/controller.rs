@@ -318,6 +318,7 @@ impl Controller for ControllerService {
                 parameters,
                 source,
                 from_snapshot,
+                binding: binding_of(&req.parameters),
             })
             .await
             .map_err(FrontError::mailbox("volume manager"))??;
@@ -658,4 +659,16 @@ fn page_of<'a>(items: impl Iterator<Item = &'a SnapshotRecord>, max: usize) -> (
         out.push(s);
     }
     (out, None)
+}
+
+/// The PV and claim a CreateVolume is made for, from the provisioner's
+/// `--extra-create-metadata` parameters (empty where it does not say).
+fn binding_of(parameters: &std::collections::HashMap<String, String>) -> crate::words::Binding {
+    let get = |k: &str| parameters.get(k).cloned().unwrap_or_default();
+    crate::words::Binding {
+        pv: get("csi.storage.k8s.io/pv/name"),
+        claim_namespace: get("csi.storage.k8s.io/pvc/namespace"),
+        claim_name: get("csi.storage.k8s.io/pvc/name"),
+        ..Default::default()
+    }
 }

@@ -268,6 +268,10 @@ pub(crate) enum DriveClass {
     Foreign,
     /// Ruled out by configuration.
     Excluded,
+    /// A drivelet disk of another node or cluster, or whose owner cannot be read:
+    /// never written, placed on, cleaned or served until an admin adopts it.
+    #[serde(rename = "owned-elsewhere")]
+    OwnedElsewhere,
 }
 
 /// A disk's health, from SMART.

@@ -179,6 +179,7 @@ pub(crate) fn class_of(class: DriveClass) -> crd::DriveClass {
         DriveClass::System => crd::DriveClass::System,
         DriveClass::Foreign => crd::DriveClass::Foreign,
         DriveClass::Excluded => crd::DriveClass::Excluded,
+        DriveClass::OwnedElsewhere => crd::DriveClass::OwnedElsewhere,
     }
 }
 

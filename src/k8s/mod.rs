@@ -43,6 +43,8 @@
 /// The external-attacher: reconcile decisions (mod.rs), the controller the shell runs
 /// (the AttachQueue), the executor of the actions and the volume side.
 pub(crate) mod attach;
+/// Which cluster this node belongs to (the uid of `kube-system`), as its drives say.
+pub mod cluster_id;
 /// The cluster-scoped `Drive` custom resource and its CRD manifest.
 pub(crate) mod crd;
 /// Drive actions through the API: what a Drive's `spec.action` asks, what its status says.

@@ -120,6 +120,13 @@ pub const PERMISSIONS: &[Permission] = &[
     },
     Permission {
         scope: Scope::Cluster,
+        group: "",
+        resource: "namespaces",
+        verbs: &["get"],
+        used_by: "k8s::cluster_id::resolve (the uid of kube-system: the cluster id every drive this node owns names)",
+    },
+    Permission {
+        scope: Scope::Cluster,
         group: "drivelet.io",
         resource: "drives",
         verbs: &["list", "watch", "create", "patch", "delete"],

@@ -1,11 +1,12 @@
-//! What drivelet may do with a drive (managed, system, foreign, excluded): the
+//! What drivelet may do with a drive (managed, system, foreign, excluded,
+//! owned-elsewhere): the
 //! inventory decides it, everything else reads it.
 
 use serde::{Deserialize, Serialize};
 
 /// What drivelet may do with a drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum DriveClass {
     /// Blank or carrying a drivelet GPT: drivelet may write to it.
     Managed,
@@ -15,6 +16,10 @@ pub enum DriveClass {
     Foreign,
     /// Ruled out by a configured filter.
     Excluded,
+    /// A drivelet disk whose note names another node or cluster as its owner, or whose
+    /// owner cannot be read: shown with what it holds, never written, placed on,
+    /// cleaned or served until an admin adopts it.
+    OwnedElsewhere,
 }
 
 impl DriveClass {
@@ -25,6 +30,7 @@ impl DriveClass {
             DriveClass::System => "system",
             DriveClass::Foreign => "foreign",
             DriveClass::Excluded => "excluded",
+            DriveClass::OwnedElsewhere => "owned-elsewhere",
         }
     }
 }

@@ -19,6 +19,8 @@ pub mod layout;
 pub mod media;
 /// What happens to a claim once its node is deleted (a StorageClass parameter).
 pub mod on_node_deleted;
+/// Who a drive belongs to (a node of a cluster), from the drive's own note.
+pub mod owner;
 
 pub use drive_class::DriveClass;
 pub use drive_health::Health;
@@ -27,3 +29,4 @@ pub use drive_use::{DriveUse, DriveUseState, Evacuate};
 pub use layout::LayoutKind;
 pub use media::Media;
 pub use on_node_deleted::OnNodeDeleted;
+pub use owner::{Binding, DriveOwner, HeldVolume, Owner};

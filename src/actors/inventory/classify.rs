@@ -25,12 +25,21 @@
 //!    plain words ("holds an LVM physical volume"), and a partition table with the
 //!    partitions the table itself lists, not the kernel's list (this kernel may not
 //!    read partition tables at all). A disk that could not be read is foreign too.
-//! 4. `managed`: blank, or carrying a drivelet GPT, by that same rule. Only these are
-//!    ever written to.
+//! 4. `owned-elsewhere`: a drivelet GPT whose note ([`crate::disk::note`]) names
+//!    another node or another cluster as its owner, or cannot be read, or a drivelet
+//!    GPT with no note holding volumes this node's store does not know (a disk of a
+//!    drivelet from before notes, or one made to look like drivelet's): the reason says
+//!    whose it is and what it holds, and [`note::verdict`] is the same rule the writer
+//!    refuses by.
+//! 5. `managed`: blank, or carrying a drivelet GPT of this node, by that same rule.
+//!    Only these are ever written to.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use crate::config::DriveFilters;
+use crate::disk::note;
+use crate::words::{DriveOwner, Owner};
 use crate::disk::gpt::{self, Contents};
 use crate::disk::mounts::{HostUsage, Mounted};
 use crate::disk::signature;
@@ -287,12 +296,65 @@ fn managed_reason(p: &DiskProbe) -> String {
     }
 }
 
+/// Who this node is, and the drives its store knows (its own disks from before disks
+/// carried a note).
+#[derive(Debug, Clone, Default)]
+pub struct Ownership {
+    /// This node of this cluster; `None` only in tests of other rules (every drivelet
+    /// disk is then this node's).
+    pub me: Option<Owner>,
+    /// Stable ids of the drives this node's store has records of.
+    pub known: BTreeSet<String>,
+}
+
+/// Whose a drive with a drivelet GPT is ([`note::verdict`]); `DriveOwner::Unknown` for
+/// any other disk.
+pub fn owner_of(p: &DiskProbe, own: &Ownership) -> DriveOwner {
+    let Some(Ok(Contents::Drivelet(t))) = &p.examined else { return DriveOwner::Unknown };
+    let Some(me) = &own.me else { return DriveOwner::Ours };
+    let volumes = t.partitions.iter().filter(|q| q.is_drivelet()).count();
+    match note::verdict(&t.note, me, volumes, own.known.contains(&stable_id(p))) {
+        // A disk with no note this node may take is its own from its next write on.
+        note::Verdict::Ours | note::Verdict::Claim => DriveOwner::Ours,
+        note::Verdict::Elsewhere(o) => o,
+    }
+}
+
+/// The reason of a drive owned elsewhere: whose it is, what it holds, what to do.
+fn elsewhere_reason(o: &DriveOwner, me: &Owner, p: &DiskProbe) -> String {
+    let held = match o {
+        DriveOwner::Elsewhere { volumes, .. } if !volumes.is_empty() => {
+            let shown: Vec<String> = volumes
+                .iter()
+                .take(5)
+                .map(|v| match &v.claim {
+                    Some(c) => format!("claim {c} ({})", crate::config::human_bytes(v.size_bytes)),
+                    None => format!("volume {} ({})", v.id, crate::config::human_bytes(v.size_bytes)),
+                })
+                .collect();
+            let more = volumes.len().saturating_sub(shown.len());
+            let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+            format!("; holds {}: {}{more}", signature::count(volumes.len(), "volume"), shown.join(", "))
+        }
+        DriveOwner::Elsewhere { .. } => "; holds no volume".into(),
+        _ => {
+            let n = match &p.examined {
+                Some(Ok(Contents::Drivelet(t))) => t.partitions.iter().filter(|q| q.is_drivelet()).count(),
+                _ => 0,
+            };
+            format!("; holds {}", signature::count(n, "drivelet partition"))
+        }
+    };
+    format!("{}{held}; nothing is written to it until an admin adopts it (drivelet ctl drive adopt, or kubectl drivelet drive adopt)", note::whose(o, me))
+}
+
 /// Classifies a drive; `None` when the device is not a drive at all.
 pub fn classify(
     p: &DiskProbe,
     usage: &HostUsage,
     filters: &DriveFilters,
     allow_loop: bool,
+    own: &Ownership,
 ) -> Option<(DriveClass, String)> {
     if !is_drive(p, allow_loop) {
         return None;
@@ -305,6 +367,12 @@ pub fn classify(
     }
     if let Some(r) = foreign_reason(p) {
         return Some((DriveClass::Foreign, r));
+    }
+    if let Some(me) = &own.me {
+        let o = owner_of(p, own);
+        if matches!(o, DriveOwner::Elsewhere { .. } | DriveOwner::Unreadable { .. } | DriveOwner::NoNote) {
+            return Some((DriveClass::OwnedElsewhere, elsewhere_reason(&o, me, p)));
+        }
     }
     Some((DriveClass::Managed, managed_reason(p)))
 }
@@ -360,7 +428,72 @@ mod tests {
                 size: 1 << 30,
                 attrs: 0,
             }],
+            note: crate::disk::note::NoteState::Absent,
         })
+    }
+
+    /// A drivelet GPT with one volume partition and the note `note`.
+    fn drivelet_gpt_noted(note: crate::disk::note::NoteState) -> Contents {
+        match drivelet_gpt() {
+            Contents::Drivelet(t) => Contents::Drivelet(gpt::GptTable { note, ..t }),
+            other => other,
+        }
+    }
+
+    fn owned_by(cluster: &str, node: &str) -> crate::disk::note::NoteState {
+        crate::disk::note::NoteState::Note(crate::disk::note::DiskNote {
+            owner: Owner { cluster: cluster.into(), node: node.into() },
+            adopted_from: None,
+            volumes: vec![crate::disk::note::VolumeNote {
+                id: gpt::volume_partition_guid("pvc-1"),
+                name: "pvc-1".into(),
+                size: 1 << 30,
+                block: false,
+                fs_type: "ext4".into(),
+                formatted: true,
+                created_unix: 0,
+                parameters: Default::default(),
+                snapshot: false,
+                binding: crate::words::Binding { pv: "pvc-1".into(), claim_namespace: "db".into(), claim_name: "data-0".into(), ..Default::default() },
+            }],
+        })
+    }
+
+    /// Whose a drivelet disk is decides its class: this node's is managed; another
+    /// node's, another cluster's, one whose note cannot be read and one with volumes and
+    /// no note that this node does not know are owned elsewhere, with whose and what.
+    #[test]
+    fn whose_a_drivelet_disk_is_decides_managed_or_owned_elsewhere() {
+        use crate::disk::note::NoteState;
+        let me = Owner { cluster: "c1".into(), node: "node-1".into() };
+        let p = fixture("sata-hdd-blank.env");
+        let id = stable_id(&p);
+        let cases: Vec<(&str, NoteState, bool, DriveClass, &str)> = vec![
+            ("this node's", owned_by("c1", "node-1"), false, DriveClass::Managed, "drivelet GPT with 1 volume partition"),
+            ("another node's", owned_by("c1", "node-2"), false, DriveClass::OwnedElsewhere, "belongs to node node-2 of this cluster; holds 1 volume: claim db/data-0 (1.0 GiB)"),
+            ("another cluster's", owned_by("c2", "node-1"), true, DriveClass::OwnedElsewhere, "belongs to node node-1 of another cluster (c2)"),
+            ("a torn note", NoteState::Unreadable("a note whose checksum does not match (torn or corrupt)".into()), true, DriveClass::OwnedElsewhere, "cannot be read: a note whose checksum does not match"),
+            ("no note, known to this node", NoteState::Absent, true, DriveClass::Managed, "drivelet GPT"),
+            ("no note, unknown volumes", NoteState::Absent, false, DriveClass::OwnedElsewhere, "no note of whose they are"),
+        ];
+        for (what, note, known, want, words) in cases {
+            let mut p = p.clone();
+            p.examined = Some(Ok(drivelet_gpt_noted(note)));
+            let own = Ownership { me: Some(me.clone()), known: if known { [id.clone()].into() } else { Default::default() } };
+            let (c, r) = classify(&p, &HostUsage::default(), &DriveFilters::default(), true, &own).expect("a drive");
+            assert_eq!(c, want, "{what}: {r}");
+            assert!(r.contains(words), "{what}: {r}");
+            if c == DriveClass::OwnedElsewhere {
+                assert!(r.contains("nothing is written to it until an admin adopts it"), "{what}: {r}");
+            }
+        }
+        // A name on the disk is data: shown as it is, never followed.
+        let mut p = p.clone();
+        p.examined = Some(Ok(drivelet_gpt_noted(owned_by("c1", "../../../../etc/passwd"))));
+        let own = Ownership { me: Some(me), known: Default::default() };
+        let (c, r) = classify(&p, &HostUsage::default(), &DriveFilters::default(), true, &own).expect("a drive");
+        assert_eq!(c, DriveClass::OwnedElsewhere);
+        assert!(r.contains("node ../../../../etc/passwd of this cluster"), "{r}");
     }
 
     fn blank_loop() -> DiskProbe {
@@ -376,7 +509,7 @@ mod tests {
     }
 
     fn class(p: &DiskProbe, u: &HostUsage, f: &DriveFilters) -> (DriveClass, String) {
-        classify(p, u, f, true).expect("is a drive")
+        classify(p, u, f, true, &Ownership::default()).expect("is a drive")
     }
 
     #[test]
@@ -591,9 +724,9 @@ mod tests {
     #[test]
     fn non_drives_are_skipped() {
         let mut p = blank_loop();
-        assert!(classify(&p, &HostUsage::default(), &DriveFilters::default(), false).is_none(), "loop not allowed");
+        assert!(classify(&p, &HostUsage::default(), &DriveFilters::default(), false, &Ownership::default()).is_none(), "loop not allowed");
         p.loop_backing_file = None;
-        assert!(classify(&p, &HostUsage::default(), &DriveFilters::default(), true).is_none(), "unattached loop");
+        assert!(classify(&p, &HostUsage::default(), &DriveFilters::default(), true, &Ownership::default()).is_none(), "unattached loop");
         for name in ["zram0", "ram0", "dm-0", "md127", "sr0", "nbd0"] {
             let mut q = fixture("sata-hdd-blank.env");
             q.name = name.into();
@@ -612,7 +745,7 @@ mod tests {
             Some(PathBuf::from("/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/pvc-1/dev/0b7a1c3e-1111"));
         p.loop_over_block_device = true;
         assert!(!is_drive(&p, true), "another name for a device the node has");
-        assert!(classify(&p, &HostUsage::default(), &DriveFilters::default(), true).is_none());
+        assert!(classify(&p, &HostUsage::default(), &DriveFilters::default(), true, &Ownership::default()).is_none());
         // A backing file that could not be stat-ed (or a regular file) is judged as today.
         p.loop_over_block_device = false;
         assert!(is_drive(&p, true));

@@ -50,6 +50,8 @@ enum ProbeResult {
 /// The drive inventory actor.
 pub struct DriveInventory {
     cfg: DrivesConfig,
+    /// Who this node is, for whose each drivelet disk is.
+    own: classify::Ownership,
     inv: Inventory,
     subscribers: Vec<Recipient<DriveEvent>>,
     monitor_stop: Option<Arc<AtomicBool>>,
@@ -98,9 +100,10 @@ impl ScanReader {
 
 impl DriveInventory {
     /// A new inventory for the given drive policy.
-    pub fn new(cfg: DrivesConfig) -> Self {
+    pub fn new(cfg: DrivesConfig, own: classify::Ownership) -> Self {
         Self {
             cfg,
+            own,
             inv: Inventory::default(),
             subscribers: Vec::new(),
             monitor_stop: None,
@@ -200,7 +203,7 @@ impl DriveInventory {
     }
 
     fn drive_of(&self, p: &DiskProbe, usage: &HostUsage) -> Option<Drive> {
-        let mut d = Drive::from_probe(p, usage, &self.cfg.filters, self.cfg.allow_loop)?;
+        let mut d = Drive::from_probe(p, usage, &self.cfg.filters, self.cfg.allow_loop, &self.own)?;
         if let Some(h) = self.health.get(&d.id) {
             d.health = h.clone();
         }
@@ -374,6 +377,63 @@ impl Handler<DriveRefused> for DriveInventory {
         if let Some(change) = self.inv.mark_foreign(&m.drive_id, classify::holds(&m.found)) {
             self.publish(change);
         }
+    }
+}
+
+impl Handler<AdoptDrive> for DriveInventory {
+    type Result = ResponseActFuture<Self, Result<Adopted, String>>;
+    fn handle(&mut self, m: AdoptDrive, _: &mut Context<Self>) -> Self::Result {
+        let found = self.inv.list().into_iter().find(|d| d.id == m.drive_id);
+        let decided = match (&self.own.me, found) {
+            (None, _) => Err("this node does not know which cluster it belongs to, so it adopts no drive".to_string()),
+            (_, None) => Err(format!("there is no drive {} on this node", m.drive_id)),
+            (Some(_), Some(d)) if d.class == crate::words::DriveClass::Managed => {
+                Ok(Err(Adopted { drive_id: d.id, from: "this node".into(), volumes: Vec::new(), already: true }))
+            }
+            (Some(_), Some(d)) if d.class != crate::words::DriveClass::OwnedElsewhere => Err(format!(
+                "drive {} is {}: {}; only a drivelet disk owned elsewhere is adopted",
+                d.id,
+                d.class.as_str(),
+                d.reason
+            )),
+            (Some(me), Some(d)) => Ok(Ok((me.clone(), d))),
+        };
+        let (me, d) = match decided {
+            Err(e) => return Box::pin(fut::ready(Err(e))),
+            Ok(Err(done)) => return Box::pin(fut::ready(Ok(done))),
+            Ok(Ok(x)) => x,
+        };
+        let name = d.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let from = match &d.owner {
+            crate::words::DriveOwner::Elsewhere { owner, .. } => owner.words(&me),
+            crate::words::DriveOwner::Unreadable { reason } => format!("nobody drivelet can tell ({reason})"),
+            _ => "nobody drivelet can tell (no note)".into(),
+        };
+        let volumes = match &d.owner {
+            crate::words::DriveOwner::Elsewhere { volumes, .. } => volumes.clone(),
+            _ => Vec::new(),
+        };
+        let (id, path, sector) = (d.id.clone(), d.path.clone(), d.logical_block_size);
+        let work = async move {
+            tokio::task::spawn_blocking(move || {
+                let _lock = crate::disk::lock::DiskLock::exclusive(&path).map_err(|e| e.to_string())?;
+                crate::disk::gpt::write_note(&path, sector, true, |cur| crate::disk::note::DiskNote {
+                    owner: me.clone(),
+                    adopted_from: cur.map(|c| c.owner.clone()).filter(|o| *o != me),
+                    volumes: cur.map(|c| c.volumes.clone()).unwrap_or_default(),
+                })
+                .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|e| format!("the adoption's task failed: {e}"))?
+        };
+        Box::pin(work.into_actor(self).map(move |res, act, ctx| {
+            res?;
+            info!(actor = "inventory", drive.id = %id, drive.owner_was = %from, volumes = volumes.len(), "drive adopted by this node: its note names this node now; its volumes are served here once it is read again");
+            act.dirty.insert(name);
+            act.kick(ctx);
+            Ok(Adopted { drive_id: id, from, volumes, already: false })
+        }))
     }
 }
 

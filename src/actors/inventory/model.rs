@@ -75,6 +75,9 @@ pub struct Drive {
     /// Last health verdict (SMART), kept across rescans.
     #[serde(default)]
     pub health: DriveHealth,
+    /// Whose it is, from its note (drivelet disks; `Unknown` for others).
+    #[serde(default)]
+    pub owner: crate::words::DriveOwner,
 }
 
 /// A drive's health as the health poller last found it.
@@ -125,8 +128,8 @@ impl DriveHealth {
 
 impl Drive {
     /// Builds the drive view of a probe; `None` when the device is not a drive.
-    pub fn from_probe(p: &DiskProbe, usage: &HostUsage, filters: &DriveFilters, allow_loop: bool) -> Option<Drive> {
-        let (class, reason) = classify::classify(p, usage, filters, allow_loop)?;
+    pub fn from_probe(p: &DiskProbe, usage: &HostUsage, filters: &DriveFilters, allow_loop: bool, own: &classify::Ownership) -> Option<Drive> {
+        let (class, reason) = classify::classify(p, usage, filters, allow_loop, own)?;
         // Snapshots are drivelet partitions too, but no volumes: the table read from
         // the disk (when there is one) tells them apart by their attribute bit.
         let snapshots = match &p.examined {
@@ -180,6 +183,7 @@ impl Drive {
                 .map(|q| (q.start, q.size))
                 .collect(),
             health: DriveHealth::default(),
+            owner: classify::owner_of(p, own),
         })
     }
 }
@@ -194,6 +198,7 @@ impl Drive {
             != (old.logical_block_size, old.rotational, &old.transport, old.media);
         [
             (self.class != old.class, "class"),
+            (self.owner != old.owner, "owner"),
             (self.reason != old.reason, "reason"),
             (self.path != old.path, "path"),
             (self.size_bytes != old.size_bytes, "size"),
@@ -238,6 +243,7 @@ impl Drive {
             blank: true,
             extents: vec![],
             health: DriveHealth::default(),
+            owner: Default::default(),
         }
     }
 }

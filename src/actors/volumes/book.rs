@@ -542,6 +542,7 @@ impl VolumeBook {
             block: m.block,
             fs_type,
             parameters: m.parameters.clone().into(),
+            binding: m.binding.clone(),
             clone_of: m.source.clone().filter(|_| !m.from_snapshot),
             restored_from: m.source.clone().filter(|_| m.from_snapshot),
             ..VolumeRecord::new(id, m.name.clone(), VolumeState::Creating, now_unix())

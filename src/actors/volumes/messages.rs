@@ -34,6 +34,9 @@ pub struct CreateVolume {
     pub source: Option<String>,
     /// `source` names a snapshot (a restore), not a volume.
     pub from_snapshot: bool,
+    /// The PV and claim it is made for, as far as the request says (the provisioner's
+    /// `csi.storage.k8s.io/pv/name`, `pvc/name` and `pvc/namespace`).
+    pub binding: crate::words::Binding,
 }
 
 /// Command: copy a volume's data into a snapshot of this name (or return the snapshot

@@ -42,6 +42,7 @@ pub(crate) mod conditions;
 pub(crate) mod drive_actions;
 pub mod evacuate;
 pub(crate) mod messages;
+pub(crate) mod notes;
 pub mod model;
 pub(crate) mod moves;
 pub mod ops;

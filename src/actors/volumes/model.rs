@@ -179,6 +179,10 @@ pub struct VolumeRecord {
     pub fs_type: String,
     /// StorageClass parameters it was created with.
     pub parameters: Parameters,
+    /// The PV and claim it serves, as far as known: from CreateVolume's metadata, then
+    /// from the cluster; kept in its drive's note too.
+    #[serde(default, skip_serializing_if = "crate::words::Binding::is_empty")]
+    pub binding: crate::words::Binding,
     /// Lifecycle state.
     pub state: VolumeState,
     /// drivelet made the filesystem (mkfs completed), so an existing one is data.
@@ -377,6 +381,7 @@ impl VolumeRecord {
             block: false,
             fs_type: String::new(),
             parameters: Parameters::default(),
+            binding: Default::default(),
             state,
             formatted: false,
             staging: None,

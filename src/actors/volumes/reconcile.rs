@@ -5,8 +5,11 @@
 //! - a `Creating` record was never handed out: its partition (if written) is rolled
 //!   back and the record dropped, so a retried CreateVolume starts clean;
 //! - a `Deleting` record was asked to go: the deletion is finished;
-//! - a drivelet partition with no record (the store was lost) is adopted as a volume,
-//!   named from its GPT label; one marked as a snapshot is taken back as a snapshot,
+//! - a drivelet partition with no record (the store was lost) is adopted as a volume:
+//!   what it is (its whole name, block or filesystem, the filesystem drivelet made, its
+//!   parameters, its PV and claim) comes from its entry in the drive's note
+//!   ([`crate::disk::note`]); without one, it is named from its GPT label. A name read
+//!   from a disk is data, never a path; one marked as a snapshot is taken back as a snapshot,
 //!   whose note (read by the caller) names it, or rolled back when it has no whole note
 //!   (a snapshot cut short: a copy, never anyone's data);
 //! - a record whose partition sits elsewhere on its drive follows the GPT (the GPT is
@@ -31,6 +34,7 @@ use std::path::PathBuf;
 use super::model::{VolumeRecord, VolumeState};
 use crate::actors::inventory::model::Drive;
 use crate::disk::gpt::GptPartition;
+use crate::disk::note::VolumeNote;
 use crate::words::LayoutKind;
 
 /// What to do at start-up.
@@ -68,8 +72,11 @@ pub(crate) struct Others {
 /// The drivelet partitions read from each present managed drive's GPT, by drive id.
 pub(crate) type Tables = BTreeMap<String, Vec<GptPartition>>;
 
+/// The volume entries of each present managed drive's note, by drive id.
+pub(crate) type Notes = BTreeMap<String, Vec<VolumeNote>>;
+
 /// Builds the plan. `drives` are the drives present now; `mounted` every mount point.
-pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mounted: &BTreeSet<PathBuf>, now: u64, others: &Others) -> Plan {
+pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables, mounted: &BTreeSet<PathBuf>, now: u64, notes: &Notes, others: &Others) -> Plan {
     let mut p = Plan::default();
     let present: BTreeMap<&str, &Drive> = drives.iter().map(|d| (d.id.as_str(), d)).collect();
     // Partitions of volumes whose records live elsewhere are never adopted.
@@ -192,11 +199,19 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
     for (drive_id, parts) in tables {
         let Some(d) = present.get(drive_id.as_str()) else { continue };
         for q in parts.iter().filter(|q| !claimed.contains(&q.guid) && !q.is_move_copy()) {
-            let name = q.name.strip_prefix(crate::disk::gpt::LABEL_PREFIX).unwrap_or(&q.name).to_string();
+            let entry = notes.get(drive_id).and_then(|n| n.iter().find(|v| v.id == q.guid && v.snapshot == q.is_snapshot()));
+            let name = match entry {
+                Some(v) => v.name.clone(),
+                None => q.name.strip_prefix(crate::disk::gpt::LABEL_PREFIX).unwrap_or(&q.name).to_string(),
+            };
             let whole = crate::disk::gpt::usable_region(d.size_bytes, d.logical_block_size)
                 .is_some_and(|(s, e)| q.start == s && q.size == e - s);
             if q.is_snapshot() {
                 p.reports.push(format!("snapshot partition {} on drive {} has no record; taken back from its note", q.guid, drive_id));
+            } else if let Some(claim) = entry.and_then(|v| v.binding.claim()) {
+                p.reports.push(format!("partition {} on drive {} has no record; served again as volume {} of claim {claim}, as the drive's note says", q.guid, drive_id, q.guid));
+            } else if entry.is_some() {
+                p.reports.push(format!("partition {} on drive {} has no record; served again as volume {}, as the drive's note says", q.guid, drive_id, q.guid));
             } else {
                 p.reports.push(format!("partition {} on drive {} has no record; adopted as volume {}", q.guid, drive_id, q.guid));
             }
@@ -207,7 +222,7 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
                 freeze_millis: None,
                 freeze: false,
             });
-            let rec = VolumeRecord {
+            let mut rec = VolumeRecord {
                 snapshot,
                 drive_id: drive_id.clone(),
                 part_guid: q.guid,
@@ -218,6 +233,15 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
                 rebuilt: true,
                 ..VolumeRecord::new(q.guid.to_string(), name, VolumeState::Available, now)
             };
+            if let Some(v) = entry.filter(|_| !q.is_snapshot()) {
+                rec.block = v.block;
+                rec.fs_type = v.fs_type.clone();
+                rec.formatted = v.formatted;
+                rec.created_unix = v.created_unix;
+                rec.parameters = v.parameters.clone().into();
+                rec.binding = v.binding.clone();
+                rec.rebuilt = false;
+            }
             p.changed.insert(rec.id.clone());
             p.keep.push(rec);
         }
@@ -263,7 +287,7 @@ mod tests {
         let c = rec(1, VolumeState::Creating);
         let d = rec(2, VolumeState::Deleting);
         let tables = Tables::from([("d1".to_string(), vec![part(&c), part(&d)])]);
-        let p = plan(vec![c.clone(), d.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0, &Others::default());
+        let p = plan(vec![c.clone(), d.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert_eq!(p.rollback, vec![c]);
         assert_eq!(p.finish_delete, vec![d]);
         assert!(p.keep.is_empty());
@@ -273,7 +297,7 @@ mod tests {
     fn records_of_absent_drives_are_kept_and_reported() {
         let a = rec(1, VolumeState::Available);
         let c = rec(2, VolumeState::Creating);
-        let p = plan(vec![a.clone(), c.clone()], &[], &Tables::new(), &BTreeSet::new(), 0, &Others::default());
+        let p = plan(vec![a.clone(), c.clone()], &[], &Tables::new(), &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert_eq!(p.keep, vec![a, c]);
         assert!(p.rollback.is_empty());
         assert_eq!(p.reports.len(), 2);
@@ -284,7 +308,7 @@ mod tests {
         let a = rec(1, VolumeState::Available);
         let orphan = rec(3, VolumeState::Available);
         let tables = Tables::from([("d1".to_string(), vec![part(&a), part(&orphan)])]);
-        let p = plan(vec![a.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 7, &Others::default());
+        let p = plan(vec![a.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 7, &Notes::new(), &Others::default());
         assert_eq!(p.keep.len(), 2);
         let adopted = &p.keep[1];
         assert_eq!(adopted.part_guid, orphan.part_guid);
@@ -304,7 +328,7 @@ mod tests {
         b.staging = Some(Staging { path: "/k/s2".into(), block: false, flags: vec![], readonly: false, done: false });
         let tables = Tables::from([("d1".to_string(), vec![part(&a), part(&b)])]);
         let mounted: BTreeSet<PathBuf> = ["/k/s1", "/k/t1"].iter().map(PathBuf::from).collect();
-        let p = plan(vec![a, b], &[drive("d1")], &tables, &mounted, 0, &Others::default());
+        let p = plan(vec![a, b], &[drive("d1")], &tables, &mounted, 0, &Notes::new(), &Others::default());
         let a = &p.keep[0];
         assert_eq!(a.state, VolumeState::Published);
         assert_eq!(a.targets.keys().collect::<Vec<_>>(), vec![&PathBuf::from("/k/t1")]);
@@ -320,7 +344,7 @@ mod tests {
         let mut q = part(&a);
         q.start += MIB;
         let tables = Tables::from([("d1".to_string(), vec![q])]);
-        let p = plan(vec![a], &[drive("d1")], &tables, &BTreeSet::new(), 0, &Others::default());
+        let p = plan(vec![a], &[drive("d1")], &tables, &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert_eq!(p.keep[0].start, 2 * MIB);
         assert_eq!(p.changed.len(), 1);
     }
@@ -331,24 +355,24 @@ mod tests {
         let b = rec(2, VolumeState::Available);
         // d1 is present but its table lacks a's partition (wiped and re-used by b, say).
         let tables = Tables::from([("d1".to_string(), vec![part(&b)])]);
-        let p = plan(vec![a.clone(), b.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0, &Others::default());
+        let p = plan(vec![a.clone(), b.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert!(p.keep[0].lost, "a is lost");
         assert!(!p.keep[1].lost, "b is fine");
         assert_eq!(p.changed, BTreeSet::from([a.id.clone()]), "the mark is written to the store");
         assert!(p.reports[0].contains("the data is gone"), "{:?}", p.reports);
         assert!(p.rollback.is_empty() && p.finish_delete.is_empty() && p.drop.is_empty(), "nothing deleted");
         // Seen again: still lost, nothing more to write. A blank drive (no table) too.
-        let again = plan(p.keep.clone(), &[drive("d1")], &tables, &BTreeSet::new(), 0, &Others::default());
+        let again = plan(p.keep.clone(), &[drive("d1")], &tables, &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert!(again.keep[0].lost && again.changed.is_empty());
-        let blank = plan(vec![b.clone()], &[drive("d1")], &Tables::new(), &BTreeSet::new(), 0, &Others::default());
+        let blank = plan(vec![b.clone()], &[drive("d1")], &Tables::new(), &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert!(blank.keep[0].lost);
         // The partition is back (the original drive returned): the mark goes.
         let back = Tables::from([("d1".to_string(), vec![part(&a), part(&b)])]);
-        let p = plan(p.keep, &[drive("d1")], &back, &BTreeSet::new(), 0, &Others::default());
+        let p = plan(p.keep, &[drive("d1")], &back, &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert!(!p.keep[0].lost);
         assert_eq!(p.changed, BTreeSet::from([a.id]));
         // An absent drive is not a lost partition: the drive may come back.
-        let absent = plan(vec![b], &[], &Tables::new(), &BTreeSet::new(), 0, &Others::default());
+        let absent = plan(vec![b], &[], &Tables::new(), &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert!(!absent.keep[0].lost);
     }
 
@@ -361,20 +385,20 @@ mod tests {
         let mut a = rec(1, VolumeState::Available);
         a.moving = Some(Box::new(Move { drive_id: "d2".into(), start: 64 * MIB, size: a.size, switched: false, unreadable: vec![] }));
         let tables = Tables::from([("d1".to_string(), vec![part(&a)]), ("d2".to_string(), vec![copy_of(&a, 64 * MIB)])]);
-        let p = plan(vec![a.clone()], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Others::default());
+        let p = plan(vec![a.clone()], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert_eq!(p.keep[0].moving, None, "the record stays on d1 without its move");
         assert_eq!(p.keep[0].drive_id, "d1");
         assert_eq!(p.stray_copies, vec![("d2".to_string(), a.part_guid, 64 * MIB)], "the copy goes");
         assert!(p.changed.contains(&a.id) && p.finish_moves.is_empty());
         // The same copy while its move runs (a drive read again meanwhile) stays.
-        let p = plan(vec![], &[drive("d2")], &Tables::from([("d2".to_string(), vec![copy_of(&a, 64 * MIB)])]), &BTreeSet::new(), 0, &Others { running: vec![("d2".to_string(), a.part_guid)], ..Default::default() });
+        let p = plan(vec![], &[drive("d2")], &Tables::from([("d2".to_string(), vec![copy_of(&a, 64 * MIB)])]), &BTreeSet::new(), 0, &Notes::new(), &Others { running: vec![("d2".to_string(), a.part_guid)], ..Default::default() });
         assert!(p.stray_copies.is_empty() && p.keep.is_empty(), "a running move's copy is neither removed nor adopted");
         // After the switch: the record is on d2 (its copy still marked), the old one on d1.
         let mut b = rec(2, VolumeState::Available);
         b.drive_id = "d2".into();
         b.moving = Some(Box::new(Move { drive_id: "d1".into(), start: b.start, size: b.size, switched: true, unreadable: vec![] }));
         let tables = Tables::from([("d1".to_string(), vec![part(&b)]), ("d2".to_string(), vec![copy_of(&b, b.start)])]);
-        let p = plan(vec![b.clone()], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Others::default());
+        let p = plan(vec![b.clone()], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert_eq!(p.finish_moves, vec![b.id.clone()]);
         assert!(p.stray_copies.is_empty(), "the marked copy is the volume now");
         assert_eq!(p.keep.len(), 1, "the old partition is not adopted as another volume");
@@ -382,19 +406,19 @@ mod tests {
         // drives (unmarked: cut short between the mark's clearing and the old one's
         // removal) is served from one of them.
         let tables = Tables::from([("d1".to_string(), vec![part(&b)]), ("d2".to_string(), vec![copy_of(&b, b.start)])]);
-        let p = plan(vec![], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Others::default());
+        let p = plan(vec![], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert_eq!(p.keep.len(), 1, "{:?}", p.keep);
         assert_eq!(p.keep[0].drive_id, "d1", "the unmarked partition is the volume");
         assert_eq!(p.stray_copies, vec![("d2".to_string(), b.part_guid, b.start)]);
         let tables = Tables::from([("d1".to_string(), vec![part(&b)]), ("d2".to_string(), vec![part(&b)])]);
-        let p = plan(vec![], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Others::default());
+        let p = plan(vec![], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert_eq!(p.keep.len(), 1, "one volume of one id: {:?}", p.keep);
         assert!(p.reports.iter().any(|r| r.contains("also on drive")), "{:?}", p.reports);
         // A drive read again while running, holding the old partition of a volume that
         // moved off it: not adopted (its record lives on the other drive).
         let tables = Tables::from([("d1".to_string(), vec![part(&b)])]);
         let held = Others { held: BTreeSet::from([b.part_guid]), ..Default::default() };
-        let p = plan(vec![], &[drive("d1")], &tables, &BTreeSet::new(), 0, &held);
+        let p = plan(vec![], &[drive("d1")], &tables, &BTreeSet::new(), 0, &Notes::new(), &held);
         assert!(p.keep.is_empty(), "{:?}", p.keep);
     }
 }

@@ -168,6 +168,27 @@ pub(crate) struct DriveDirty {
     pub expect: Option<cleaner::Expect>,
 }
 
+/// The drives this node's store has records of (volumes, snapshots, usage): a drivelet
+/// disk of these without a note is this node's own from before disks carried one. Read
+/// once before the volume manager opens the store; empty when there is none yet.
+pub(crate) fn known_drives(dir: &std::path::Path) -> BTreeSet<String> {
+    if !Store::path_in(dir).exists() {
+        return BTreeSet::new();
+    }
+    let store = match Store::open(dir) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(actor = "volumes", error = %e, "cannot read the store to tell this node's drives from others'");
+            return BTreeSet::new();
+        }
+    };
+    let mut known: BTreeSet<String> = store.load::<VolumeRecord>().map(|(r, _)| r.into_iter().map(|r| r.drive_id).collect()).unwrap_or_default();
+    if let Ok((uses, _)) = store.load_in::<DriveUse>(Kind::Drive) {
+        known.extend(uses.into_iter().map(|u| u.drive_id));
+    }
+    known
+}
+
 /// Opens the store and carries out the start-up plan.
 fn startup(dir: &std::path::Path, drives: &[Drive], guards: &Arc<Guards>, clean_blank: bool) -> Result<Started, VolumeError> {
     let store = Store::open(dir).map_err(VolumeError::Store)?;
@@ -204,12 +225,16 @@ fn settle(
     others: &reconcile::Others,
 ) -> Result<(Vec<VolumeRecord>, Vec<DriveDirty>), VolumeError> {
     let mut tables = reconcile::Tables::new();
+    let mut notes = reconcile::Notes::new();
     // Only managed drives are read for drivelet partitions (and so only they are ever
     // written to or adopted from); a drive carrying a drivelet GPT is classified
     // managed from the table on the disk itself, even before udev has caught up.
     for d in drives.iter().filter(|d| d.class == DriveClass::Managed) {
         match gpt::read_table(&d.path, d.logical_block_size) {
             Ok(Some(t)) if t.is_drivelet() => {
+                if let crate::disk::note::NoteState::Note(n) = t.note {
+                    notes.insert(d.id.clone(), n.volumes);
+                }
                 tables.insert(d.id.clone(), t.partitions.into_iter().filter(|q| q.is_drivelet()).collect());
             }
             Ok(_) => {}
@@ -218,7 +243,7 @@ fn settle(
     }
     let mounted: BTreeSet<PathBuf> =
         crate::disk::mounts::read_mountinfo().unwrap_or_default().into_iter().map(|m| m.mount_point).collect();
-    let plan = reconcile::plan(records, drives, &tables, &mounted, now_unix(), others);
+    let plan = reconcile::plan(records, drives, &tables, &mounted, now_unix(), &notes, others);
     for line in &plan.reports {
         warn!(actor = "volumes", "{line}");
     }

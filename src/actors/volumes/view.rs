@@ -76,6 +76,16 @@ impl VolumesView {
         self.ready
     }
 
+    /// Shown volumes, in id order.
+    pub fn volumes(&self) -> &[Listed] {
+        &self.volumes
+    }
+
+    /// Managed drives with their room.
+    pub fn drives(&self) -> &[DriveRoom] {
+        &self.drives
+    }
+
     /// A page of shown volumes after `after` (by id), at most `max` (0: all), and the id
     /// to go on after when more follow.
     pub fn page(&self, after: Option<&str>, max: usize) -> Result<(&[Listed], Option<String>), VolumeError> {
@@ -134,6 +144,19 @@ impl ViewReader {
     pub fn get(&self) -> Option<Arc<VolumesView>> {
         self.0.has_changed().ok()?;
         Some(self.0.borrow().clone())
+    }
+
+    /// The latest view, marked seen for [`Self::changed`]; `None` when the volume
+    /// manager is gone for good.
+    pub fn latest(&mut self) -> Option<Arc<VolumesView>> {
+        self.0.has_changed().ok()?;
+        Some(self.0.borrow_and_update().clone())
+    }
+
+    /// Waits for a view newer than the last one [`Self::latest`] returned; an error once
+    /// the volume manager is gone for good.
+    pub async fn changed(&mut self) -> Result<(), watch::error::RecvError> {
+        self.0.changed().await
     }
 }
 

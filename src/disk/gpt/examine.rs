@@ -125,7 +125,7 @@ pub fn examine(dev: &Path, sector: u64) -> Result<Contents, DiskError> {
     Ok(match judge(dev, &file, size, sector)? {
         Judged::Blank => Contents::Blank,
         Judged::Foreign(found) => Contents::Foreign(found),
-        Judged::Drivelet(disk) => Contents::Drivelet(to_table(dev, &disk, sector)?),
+        Judged::Drivelet(disk) => Contents::Drivelet(to_table(dev, &file, &disk, sector)?),
     })
 }
 

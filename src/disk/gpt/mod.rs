@@ -54,7 +54,7 @@ mod examine;
 mod write;
 
 pub use self::examine::{examine, Contents};
-pub use self::write::{add_partition, add_partition_wiped, mark_clean, read_dirty, remove_partition, resize_partition, set_partition_attrs, Added, DirtyState};
+pub use self::write::{add_partition, add_partition_wiped, write_note, mark_clean, read_dirty, remove_partition, resize_partition, set_partition_attrs, Added, DirtyState};
 
 /// Alignment of every partition start and size.
 pub const ALIGN: u64 = 1 << 20;
@@ -183,6 +183,8 @@ pub struct GptTable {
     pub disk_guid: Uuid,
     /// Used entries, in on-disk order.
     pub partitions: Vec<GptPartition>,
+    /// The disk's note of itself: its owner and volumes ([`crate::disk::note`]).
+    pub note: crate::disk::note::NoteState,
 }
 
 impl GptTable {
@@ -313,7 +315,7 @@ fn sniff_header(dev: &Path, file: &File, size: u64, sector: u64) -> Result<bool,
     Ok(found)
 }
 
-fn to_table(dev: &Path, disk: &GptDisk<&File>, sector: u64) -> Result<GptTable, DiskError> {
+fn to_table(dev: &Path, file: &File, disk: &GptDisk<&File>, sector: u64) -> Result<GptTable, DiskError> {
     let mut partitions = Vec::new();
     for p in disk.partitions().values().filter(|p| p.is_used()) {
         let len = p.sectors_len().map_err(|e| DiskError::Gpt {
@@ -329,7 +331,8 @@ fn to_table(dev: &Path, disk: &GptDisk<&File>, sector: u64) -> Result<GptTable, 
             attrs: p.flags,
         });
     }
-    Ok(GptTable { disk_guid: *disk.guid(), partitions })
+    let note = crate::disk::note::state_of(&crate::disk::note::read_slots(file), *disk.guid());
+    Ok(GptTable { disk_guid: *disk.guid(), partitions, note })
 }
 
 /// Opens the GPT on an already open device; `Ok(None)` when it has none.
@@ -392,7 +395,7 @@ pub fn read_table(dev: &Path, sector: u64) -> Result<Option<GptTable>, DiskError
     check_sector(dev, &file, sector)?;
     let size = len_of(dev, &file)?;
     match open_gpt(dev, &file, size, sector)? {
-        Some(disk) => to_table(dev, &disk, sector).map(Some),
+        Some(disk) => to_table(dev, &file, &disk, sector).map(Some),
         None => Ok(None),
     }
 }

@@ -4,7 +4,30 @@
 
 use super::examine::{judge, judge_gpt, open_to_inspect, refuse, Judged};
 use super::*;
-use crate::disk::clean;
+use crate::disk::{clean, note};
+
+/// [`judge`] for a write: a drivelet table whose note names another owner, or cannot
+/// be read, is refused ([`check_owner`]).
+fn judge_to_write<'f>(dev: &Path, file: &'f File, size: u64, sector: u64) -> Result<Judged<'f>, DiskError> {
+    let judged = judge(dev, file, size, sector)?;
+    if let Judged::Drivelet(disk) = &judged {
+        check_owner(dev, file, disk)?;
+    }
+    Ok(judged)
+}
+
+/// Refuses a write to the drivelet table `disk` on `file` unless this node owns it or
+/// may claim it ([`note::verdict`]: a disk with no note is the inventory's to judge,
+/// which calls one with volumes this node does not know owned elsewhere, so it never
+/// reaches a writer). Without an identity (unit tests of this layer) nothing is checked.
+fn check_owner(dev: &Path, file: &File, disk: &GptDisk<&File>) -> Result<(), DiskError> {
+    let Some(me) = note::identity() else { return Ok(()) };
+    let state = note::state_of(&note::read_slots(file), *disk.guid());
+    match note::verdict(&state, me, 0, true) {
+        note::Verdict::Elsewhere(o) => Err(refuse(dev, format!("a drivelet disk that {}", note::whose(&o, me)))),
+        note::Verdict::Ours | note::Verdict::Claim => Ok(()),
+    }
+}
 
 /// Serialises GPT changes within this process; the callers' [`crate::disk::lock::DiskLock`]
 /// keeps udev and other processes out.
@@ -142,14 +165,23 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u
         Some(j) => Some((j.slot(), encode_journal(dev, j)?)),
         None => None,
     };
-    if !zero.is_empty() || journal.is_some() {
+    // A fresh table names its owner in the same commit: a drivelet disk is never
+    // without a note of whose it is.
+    let note = match (fresh, note::identity()) {
+        (Some(_), Some(me)) => {
+            let first = note::DiskNote { owner: me.clone(), adopted_from: None, volumes: Vec::new() };
+            Some(note::prepare(&note::read_slots(&rw), *disk.guid(), &first).map_err(|reason| DiskError::Gpt { device: dev.to_path_buf(), reason })?)
+        }
+        _ => None,
+    };
+    if !zero.is_empty() || journal.is_some() || note.is_some() {
         let _t = crate::disk::timing::step("gpt.zero");
         // Straight to the device: zeros left in the whole disk's page cache would go
         // stale once the partition writes the same blocks through its own cache (the
         // kernel keeps the two apart), and a later read through the disk would see them.
         let direct = set_direct(&rw, true);
         crate::disk::fs::zero_ranges(dev, &rw, zero)?;
-        if let Some((at, bytes)) = &journal {
+        for (at, bytes) in journal.iter().chain(note.iter()) {
             write_aligned(dev, &rw, *at, bytes)?;
         }
         if direct {
@@ -177,6 +209,18 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u
     }
     let _t = crate::disk::timing::step("gpt.flush");
     rw.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
+}
+
+/// Writes `bytes` (whole 4 KiB blocks) at `at` through `file` (open for writing),
+/// straight to the device where it allows: drivelet's own records in its reserved first
+/// MiB (the note of [`crate::disk::note`]).
+pub(crate) fn write_direct(dev: &Path, file: &File, at: u64, bytes: &[u8]) -> Result<(), DiskError> {
+    let direct = set_direct(file, true);
+    let res = write_aligned(dev, file, at, bytes);
+    if direct {
+        set_direct(file, false);
+    }
+    res
 }
 
 /// Writes `bytes` (whole 4 KiB blocks) at `at` from a 4 KiB-aligned buffer, so `file`
@@ -224,7 +268,7 @@ pub enum DirtyState {
 pub fn read_dirty(dev: &Path, sector: u64) -> Result<DirtyState, DiskError> {
     let (file, size) = open_to_inspect(dev, sector)?;
     let file: &File = &file;
-    match judge(dev, file, size, sector)? {
+    match judge_to_write(dev, file, size, sector)? {
         Judged::Blank => Ok(DirtyState::Blank),
         Judged::Foreign(found) => Err(refuse(dev, found)),
         Judged::Drivelet(disk) => {
@@ -247,7 +291,7 @@ pub fn mark_clean(dev: &Path, sector: u64, start: u64, len: u64, expect: Option<
     let (file, size) = open_to_inspect(dev, sector)?;
     let file: &File = &file;
     let changed = |found: String| DiskError::Foreign { device: dev.to_path_buf(), found };
-    match (judge(dev, file, size, sector)?, expect) {
+    match (judge_to_write(dev, file, size, sector)?, expect) {
         (Judged::Foreign(found), _) => Err(refuse(dev, found)),
         (Judged::Blank, None) => {
             let mut disk = GptConfig::new()
@@ -367,7 +411,7 @@ fn add(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, 
     let file: &File = &file;
     let conflict = |reason: String| DiskError::Conflict { device: dev.to_path_buf(), start, size, reason };
 
-    let (mut disk, fresh) = match judge(dev, file, dev_size, sector)? {
+    let (mut disk, fresh) = match judge_to_write(dev, file, dev_size, sector)? {
         Judged::Drivelet(disk) => (*disk, None),
         Judged::Foreign(found) => return Err(refuse(dev, found)),
         Judged::Blank => {
@@ -462,6 +506,7 @@ pub fn remove_partition(dev: &Path, sector: u64, guid: Uuid) -> Result<bool, Dis
     };
     let Some(disk) = parsed else { return Ok(false) };
     let mut disk = judge_gpt(dev, disk)?.map_err(|found| refuse(dev, found))?;
+    check_owner(dev, file, &disk)?;
     let Some((key, p)) = find_by_guid(&disk, guid) else { return Ok(false) };
     ensure_ours(dev, &p)?;
     // The freed extent is dirty from the same commit on: it holds the tenant's bytes
@@ -510,6 +555,7 @@ fn change_ours(
     let not_found = || DiskError::NotFound { device: dev.to_path_buf(), what: format!("partition {guid}") };
     let disk = open_gpt(dev, file, dev_size, sector)?.ok_or_else(not_found)?;
     let mut disk = judge_gpt(dev, disk)?.map_err(|found| refuse(dev, found))?;
+    check_owner(dev, file, &disk)?;
     let (key, p) = find_by_guid(&disk, guid).ok_or_else(not_found)?;
     ensure_ours(dev, &p)?;
     change(&mut disk, key, p, dev_size)
@@ -548,4 +594,39 @@ pub fn resize_partition(dev: &Path, sector: u64, guid: Uuid, new_size: u64) -> R
         check_usable(dev, disk, p.first_lba, last, dev_size, sector)?;
         commit(dev, disk, None, &[], None)
     })
+}
+
+/// Writes drivelet's note of itself on `dev` ([`note`]): `make` gets the current note
+/// (`None`: none, or unreadable) and answers the one to write; nothing is written when
+/// they are the same. Only a drivelet table is written to; one whose note names another
+/// owner (or cannot be read) only when `adopt` (an admin's adoption, or one the config
+/// allows). Answers whether a note was written. Callers hold a
+/// [`crate::disk::lock::DiskLock`].
+pub fn write_note(dev: &Path, sector: u64, adopt: bool, make: impl FnOnce(Option<&note::DiskNote>) -> note::DiskNote) -> Result<bool, DiskError> {
+    let _t = crate::disk::timing::step("gpt.write_note");
+    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
+    let (file, size) = open_to_inspect(dev, sector)?;
+    let file: &File = &file;
+    let disk = match judge(dev, file, size, sector)? {
+        Judged::Drivelet(disk) => disk,
+        Judged::Blank => return Err(DiskError::NotFound { device: dev.to_path_buf(), what: "a drivelet partition table".into() }),
+        Judged::Foreign(found) => return Err(refuse(dev, found)),
+    };
+    if !adopt {
+        check_owner(dev, file, &disk)?;
+    }
+    let slots = note::read_slots(file);
+    let current = match note::state_of(&slots, *disk.guid()) {
+        note::NoteState::Note(n) => Some(n),
+        _ => None,
+    };
+    let new = make(current.as_ref());
+    if current.as_ref() == Some(&new) {
+        return Ok(false);
+    }
+    let (at, bytes) = note::prepare(&slots, *disk.guid(), &new).map_err(|reason| DiskError::Gpt { device: dev.to_path_buf(), reason })?;
+    let rw = open_for_writing(dev)?;
+    write_direct(dev, &rw, at, &bytes)?;
+    rw.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))?;
+    Ok(true)
 }

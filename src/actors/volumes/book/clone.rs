@@ -212,6 +212,7 @@ mod tests {
             parameters: Default::default(),
             source: source.map(str::to_string),
             from_snapshot: false,
+            binding: Default::default(),
         };
         assert!(source_mismatch(&rec, &m(None)).is_none());
         let e = source_mismatch(&rec, &m(Some("s1"))).expect("a clone asked of an empty volume");

@@ -32,6 +32,7 @@ fn create(name: &str, required: u64) -> CreateVolume {
         parameters: BTreeMap::new(),
         source: None,
         from_snapshot: false,
+        binding: Default::default(),
     }
 }
 
