@@ -31,8 +31,8 @@ const PODS: &str = "/api/v1/namespaces/apps/pods";
 const DRIVES: &str = "/apis/drivelet.io/v1alpha1/drives";
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/drivelet-system/leases";
 const CONFIGMAPS: &str = "/api/v1/namespaces/drivelet-system/configmaps";
-const PLURALS: [&str; 9] =
-    ["volumeattachments", "persistentvolumes", "persistentvolumeclaims", "drives", "nodes", "pods", "events", "leases", "configmaps"];
+const PLURALS: [&str; 10] =
+    ["volumeattachments", "persistentvolumes", "persistentvolumeclaims", "drives", "nodes", "pods", "events", "leases", "configmaps", "namespaces"];
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -185,7 +185,10 @@ impl FakeApi {
             });
         });
         let addr = rx.recv_timeout(Duration::from_secs(10)).expect("API server listening");
-        FakeApi { addr, state }
+        let api = FakeApi { addr, state };
+        // Every cluster has it; its uid is the cluster id drivelet writes on its drives.
+        api.create("/api/v1/namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}}));
+        api
     }
 
     /// A kubeconfig pointing at this server.
