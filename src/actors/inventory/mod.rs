@@ -417,17 +417,22 @@ impl Handler<AdoptDrive> for DriveInventory {
         let work = async move {
             tokio::task::spawn_blocking(move || {
                 let _lock = crate::disk::lock::DiskLock::exclusive(&path).map_err(|e| e.to_string())?;
-                crate::disk::gpt::write_note(&path, sector, true, |cur| crate::disk::note::DiskNote {
+                crate::failpoint::crash_point!("adopt.before_note");
+                let wrote = crate::disk::gpt::write_note(&path, sector, true, |cur| crate::disk::note::DiskNote {
                     owner: me.clone(),
                     adopted_from: cur.map(|c| c.owner.clone()).filter(|o| *o != me),
                     volumes: cur.map(|c| c.volumes.clone()).unwrap_or_default(),
                 })
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+                // The note is on the disk (flushed): a restart finds the drive this
+                // node's and serves its volumes; the adoption is done.
+                crate::failpoint::crash_point!("adopt.note_written");
+                Ok(wrote)
             })
             .await
             .map_err(|e| format!("the adoption's task failed: {e}"))?
         };
-        Box::pin(work.into_actor(self).map(move |res, act, ctx| {
+        Box::pin(work.into_actor(self).map(move |res: Result<bool, String>, act, ctx| {
             res?;
             info!(actor = "inventory", drive.id = %id, drive.owner_was = %from, volumes = volumes.len(), "drive adopted by this node: its note names this node now; its volumes are served here once it is read again");
             act.dirty.insert(name);

@@ -8,3 +8,6 @@ mod inventory;
 mod foreign_data;
 /// A volume's partition going missing from a present drive.
 mod lost_partitions;
+/// Whose a disk is: another node's disk never written, adopted on purpose; volumes
+/// served again from their disk's note.
+pub(crate) mod ownership;
