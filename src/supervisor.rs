@@ -195,6 +195,11 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Kube
         let labels = cfg.topology_segments();
         tokio::spawn(crate::k8s::node::label_node(client.clone(), cfg.driver.node_name.clone(), labels, k.attach_backoff_base, k.attach_backoff_cap));
     }
+    if cfg.drives.adopt_from_deleted_nodes {
+        if let Some(me) = crate::disk::note::identity() {
+            tokio::spawn(crate::k8s::auto_adopt::run(client.clone(), actors.inventory.clone(), me.clone()));
+        }
+    }
     let duties = k.cluster_duties.then(|| duties::controller::start(client.clone(), identity.clone(), k.namespace.clone()));
     let backend = duties::returned::ManagerBackend::new(actors.volumes.clone());
     tokio::spawn(duties::returned::run(client, k.namespace.clone(), cfg.driver.node_name.clone(), backend));

@@ -163,6 +163,10 @@ pub struct DrivesConfig {
     pub rescan_interval: Duration,
     /// Filters; a disk that fails one is `excluded` with the filter named.
     pub filters: DriveFilters,
+    /// Adopt without a command a drivelet disk of this cluster whose owner node's Node
+    /// object is deleted (a node reinstalled under a new name, a disk moved out of a
+    /// retired node). Needs `[kubernetes]`. Off: such a disk waits for an admin's adopt.
+    pub adopt_from_deleted_nodes: bool,
 }
 
 impl Default for DrivesConfig {
@@ -171,6 +175,7 @@ impl Default for DrivesConfig {
             allow_loop: false,
             rescan_interval: Duration::from_secs(300),
             filters: DriveFilters::default(),
+            adopt_from_deleted_nodes: false,
         }
     }
 }

@@ -43,6 +43,8 @@
 /// The external-attacher: reconcile decisions (mod.rs), the controller the shell runs
 /// (the AttachQueue), the executor of the actions and the volume side.
 pub(crate) mod attach;
+/// Adoption without a command: a disk of this cluster whose owner node was deleted.
+pub mod auto_adopt;
 /// Which cluster this node belongs to (the uid of `kube-system`), as its drives say.
 pub mod cluster_id;
 /// The cluster-scoped `Drive` custom resource and its CRD manifest.
