@@ -142,7 +142,8 @@ fn copy_steps(src: &DriveLoc, dst: &DriveLoc, rec: &VolumeRecord, to: &Move, for
     }
     let dkp = {
         let _udev = DiskLock::exclusive(&dst.path).map_err(disk(id, "lock the new drive"))?;
-        gpt::add_partition_wiped(&dst.path, dst.sector, rec.part_guid, &gpt::partition_label(&rec.name), to.start, to.size, serving_attrs(rec) | gpt::MOVE_ATTR)
+        let note = rec.snapshot.is_none().then(|| super::notes::note_of(rec));
+        gpt::add_partition_wiped(&dst.path, dst.sector, rec.part_guid, &gpt::partition_label(&rec.name), to.start, to.size, serving_attrs(rec) | gpt::MOVE_ATTR, note)
             .map_err(disk(id, "write the copy's partition entry"))?;
         crash_point!("move.gpt_written");
         blkpg::ensure_kernel_partition(&dst.path, to.start, to.size).map_err(disk(id, "add the copy's kernel partition"))?

@@ -5,11 +5,16 @@
 //! the state dir is lost, on another node, in a rebuilt cluster.
 //!
 //! Rules:
-//! - the keeper follows the published view ([`super::view`]): after each change it works
-//!   out each managed drive's note ([`desired`], a pure function) and writes those that
-//!   differ from what it last wrote, one drive at a time, off the actor threads, under
-//!   the drive's lock; a burst of changes is one write per drive (the view is read
-//!   again after each write, newest wins);
+//! - a change of the partition table changes the note in the same commit (the GPT
+//!   writer's [`gpt::NoteEdit`]: a volume made is in the note from the flush that makes
+//!   it exist; removed, grown, moved the same), so most changes need nothing more;
+//! - the keeper writes what the table's commits do not carry (the filesystem made at
+//!   first stage, the claim's uid and class learnt from the cluster, a disk from before
+//!   notes): it follows the published view ([`super::view`]), a second after the last
+//!   change works out each managed drive's note ([`desired`], a pure function), reads
+//!   the note on the disk without a lock and writes, one drive at a time, off the actor
+//!   threads, under the drive's lock, only where they differ; a loop device being
+//!   detached is left alone (a descriptor open on it would hold its removal up);
 //! - a write goes through [`gpt::write_note`], which never writes a disk owned elsewhere
 //!   and keeps who owned a disk before it was adopted;
 //! - a note written late is no loss: the store holds the same and the GPT says which
@@ -21,11 +26,28 @@
 use std::collections::BTreeMap;
 use tracing::{debug, warn};
 
+use super::model::VolumeRecord;
 use super::view::{ViewReader, VolumesView};
 use crate::disk::gpt;
 use crate::disk::lock::DiskLock;
 use crate::disk::note::{DiskNote, VolumeNote};
 use crate::words::{DriveLoc, Owner};
+
+/// A volume's entry in its drive's note, from its record.
+pub(crate) fn note_of(r: &VolumeRecord) -> VolumeNote {
+    VolumeNote {
+        id: r.part_guid,
+        name: r.name.clone(),
+        size: r.size,
+        block: r.block,
+        fs_type: r.fs_type.clone(),
+        formatted: r.formatted,
+        created_unix: r.created_unix,
+        parameters: (*r.parameters).clone(),
+        snapshot: false,
+        binding: r.binding.clone(),
+    }
+}
 
 /// What each managed drive's note should list, by drive id, with where the drive is.
 pub(crate) fn desired(view: &VolumesView) -> BTreeMap<String, (DriveLoc, Vec<VolumeNote>)> {
@@ -41,18 +63,7 @@ pub(crate) fn desired(view: &VolumesView) -> BTreeMap<String, (DriveLoc, Vec<Vol
             continue;
         }
         if let Some((_, notes)) = out.get_mut(&r.drive_id) {
-            notes.push(VolumeNote {
-                id: r.part_guid,
-                name: r.name.clone(),
-                size: r.size,
-                block: r.block,
-                fs_type: r.fs_type.clone(),
-                formatted: r.formatted,
-                created_unix: r.created_unix,
-                parameters: (*r.parameters).clone(),
-                snapshot: false,
-                binding: r.binding.clone(),
-            });
+            notes.push(note_of(r));
         }
     }
     for (_, notes) in out.values_mut() {
@@ -67,20 +78,40 @@ pub(crate) fn next_note(current: Option<&DiskNote>, me: &Owner, volumes: Vec<Vol
     DiskNote { owner: me.clone(), adopted_from: current.and_then(|c| c.adopted_from.clone()), volumes }
 }
 
+/// A fingerprint of a drive's volume entries: what the keeper remembers of a note it
+/// wrote (not the entries themselves, which would double the records' memory).
+fn fingerprint(volumes: &[VolumeNote]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_vec(volumes).unwrap_or_default().hash(&mut h);
+    h.finish()
+}
+
 /// Runs the keeper until the volume manager is gone for good.
 pub(crate) async fn keep_notes(mut reader: ViewReader, me: Owner) {
-    let mut written: BTreeMap<String, Vec<VolumeNote>> = BTreeMap::new();
+    let mut written: BTreeMap<String, u64> = BTreeMap::new();
     let mut failed: BTreeMap<String, String> = BTreeMap::new();
     loop {
         let Some(view) = reader.latest() else { return };
         if view.is_ready() {
             for (id, (loc, volumes)) in desired(&view) {
-                if written.get(&id) == Some(&volumes) {
+                let print = fingerprint(&volumes);
+                if written.get(&id) == Some(&print) {
                     continue;
                 }
-                let (me2, vols) = (me.clone(), volumes.clone());
+                let count = volumes.len();
+                let (me2, vols) = (me.clone(), volumes);
                 let path = loc.path.clone();
                 let res = tokio::task::spawn_blocking(move || {
+                    if detaching(&loc.path) {
+                        return Ok(false);
+                    }
+                    // Most changes are in the note already (the table's commits carry
+                    // them): no lock, no write.
+                    let cur = gpt::read_note(&loc.path);
+                    if cur.as_ref().is_some_and(|c| *c == next_note(Some(c), &me2, vols.clone())) {
+                        return Ok(false);
+                    }
                     let _lock = DiskLock::exclusive(&loc.path)?;
                     gpt::write_note(&loc.path, loc.sector, false, |cur| next_note(cur, &me2, vols))
                 })
@@ -88,10 +119,10 @@ pub(crate) async fn keep_notes(mut reader: ViewReader, me: Owner) {
                 match res {
                     Ok(Ok(wrote)) => {
                         if wrote {
-                            debug!(actor = "volumes", drive.id = %id, volumes = volumes.len(), "drive note written");
+                            debug!(actor = "volumes", drive.id = %id, volumes = count, "drive note written");
                         }
                         failed.remove(&id);
-                        written.insert(id, volumes);
+                        written.insert(id, print);
                     }
                     Ok(Err(e)) => {
                         let msg = e.to_string();
@@ -110,7 +141,22 @@ pub(crate) async fn keep_notes(mut reader: ViewReader, me: Owner) {
         if reader.changed().await.is_err() {
             return;
         }
+        // A burst of changes (a create, then its stage) is one look at the disks.
+        tokio::time::sleep(SETTLE).await;
     }
+}
+
+/// How long the keeper lets changes settle before it looks at the disks.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether `dev` is a loop device someone asked to detach (`losetup -d` while open
+/// sets its autoclear flag): opening it now would hold its removal up.
+fn detaching(dev: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(md) = std::fs::metadata(dev) else { return true };
+    let rdev = md.rdev();
+    let flag = format!("/sys/dev/block/{}:{}/loop/autoclear", libc::major(rdev), libc::minor(rdev));
+    std::fs::read_to_string(flag).is_ok_and(|v| v.trim() == "1")
 }
 
 #[cfg(test)]

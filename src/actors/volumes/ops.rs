@@ -168,7 +168,8 @@ fn create_steps(store: &Store, drive: &DriveLoc, mut rec: VolumeRecord, from: Op
         let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
         // The new partition's signature areas are zeroed in the table's own commit.
         let attrs = if rec.snapshot.is_some() { gpt::SNAPSHOT_ATTR } else { 0 };
-        let added = gpt::add_partition_wiped(&drive.path, drive.sector, rec.part_guid, &gpt::partition_label(&rec.name), rec.start, rec.size, attrs)
+        let note = rec.snapshot.is_none().then(|| super::notes::note_of(&rec));
+        let added = gpt::add_partition_wiped(&drive.path, drive.sector, rec.part_guid, &gpt::partition_label(&rec.name), rec.start, rec.size, attrs, note)
             .map_err(disk(&rec.id, "write the partition table"))?;
         crash_point!("create.gpt_written");
         let (kp, new) = blkpg::ensure_kernel_partition_added(&drive.path, rec.start, rec.size)

@@ -54,7 +54,7 @@ mod examine;
 mod write;
 
 pub use self::examine::{examine, Contents};
-pub use self::write::{add_partition, add_partition_wiped, write_note, mark_clean, read_dirty, remove_partition, resize_partition, set_partition_attrs, Added, DirtyState};
+pub use self::write::{add_partition, add_partition_wiped, read_note, write_note, NoteEdit, mark_clean, read_dirty, remove_partition, resize_partition, set_partition_attrs, Added, DirtyState};
 
 /// Alignment of every partition start and size.
 pub const ALIGN: u64 = 1 << 20;

@@ -158,22 +158,17 @@ pub(super) fn ordered_writes(dev: &Path, disk: &GptDisk<&File>, file: &File, siz
 /// The journal of dirty extents ([`crate::disk::clean`]), when given, goes with the
 /// zeros: on the device before the first flush, so before the primary copy, which a
 /// reader trusts, can say an extent is free.
-fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u64)], journal: Option<&clean::Journal>) -> Result<(), DiskError> {
+fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u64)], journal: Option<&clean::Journal>, edit: &NoteEdit) -> Result<(), DiskError> {
     let rw = open_for_writing(dev)?;
     let size = len_of(dev, &rw)?;
     let journal = match journal {
         Some(j) => Some((j.slot(), encode_journal(dev, j)?)),
         None => None,
     };
-    // A fresh table names its owner in the same commit: a drivelet disk is never
-    // without a note of whose it is.
-    let note = match (fresh, note::identity()) {
-        (Some(_), Some(me)) => {
-            let first = note::DiskNote { owner: me.clone(), adopted_from: None, volumes: Vec::new() };
-            Some(note::prepare(&note::read_slots(&rw), *disk.guid(), &first).map_err(|reason| DiskError::Gpt { device: dev.to_path_buf(), reason })?)
-        }
-        _ => None,
-    };
+    // The note changes in the same commit as the table: a fresh table names its owner,
+    // a new volume is in the note from the flush that makes it exist, a removed one
+    // leaves it then.
+    let note = edited_note(&rw, *disk.guid(), fresh.is_some(), edit).map_err(|reason| DiskError::Gpt { device: dev.to_path_buf(), reason })?;
     if !zero.is_empty() || journal.is_some() || note.is_some() {
         let _t = crate::disk::timing::step("gpt.zero");
         // Straight to the device: zeros left in the whole disk's page cache would go
@@ -209,6 +204,50 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u
     }
     let _t = crate::disk::timing::step("gpt.flush");
     rw.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
+}
+
+/// How a change of the table changes the disk's note ([`note`]), written in the same
+/// commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoteEdit {
+    /// The volume entries stay as they are.
+    Keep,
+    /// This volume's entry is added, or replaces the one with its id.
+    Upsert(Box<note::VolumeNote>),
+    /// The entry with this id goes.
+    Remove(Uuid),
+    /// The entry with this id has a new size.
+    Resize(Uuid, u64),
+}
+
+/// The offset and bytes of the note after `edit`, for the table with `disk_guid` read
+/// through `file`; `None` when nothing changes, or without an identity (unit tests of
+/// this layer), or when the current note cannot be read (the writer refused such a
+/// disk before it got here). A disk with no note gets one naming this node.
+fn edited_note(file: &File, disk_guid: Uuid, fresh: bool, edit: &NoteEdit) -> Result<Option<(u64, Vec<u8>)>, String> {
+    let Some(me) = note::identity() else { return Ok(None) };
+    let slots = note::read_slots(file);
+    let current = match (fresh, note::state_of(&slots, disk_guid)) {
+        (true, _) | (false, note::NoteState::Absent) => None,
+        (false, note::NoteState::Note(n)) => Some(n),
+        (false, note::NoteState::Unreadable(_)) => return Ok(None),
+    };
+    let mut n = current.clone().unwrap_or_else(|| note::DiskNote { owner: me.clone(), adopted_from: None, volumes: Vec::new() });
+    n.owner = me.clone();
+    match edit {
+        NoteEdit::Keep => {}
+        NoteEdit::Upsert(v) => {
+            n.volumes.retain(|x| x.id != v.id);
+            n.volumes.push(v.as_ref().clone());
+            n.volumes.sort_by_key(|x| x.id);
+        }
+        NoteEdit::Remove(id) => n.volumes.retain(|x| x.id != *id),
+        NoteEdit::Resize(id, size) => n.volumes.iter_mut().filter(|x| x.id == *id).for_each(|x| x.size = *size),
+    }
+    if current.as_ref() == Some(&n) {
+        return Ok(None);
+    }
+    note::prepare(&slots, disk_guid, &n).map(Some)
 }
 
 /// Writes `bytes` (whole 4 KiB blocks) at `at` through `file` (open for writing),
@@ -302,7 +341,7 @@ pub fn mark_clean(dev: &Path, sector: u64, start: u64, len: u64, expect: Option<
             let free = free_extents(size, sector, &[]);
             let dirty = clean::subtract(&free, &[(start, len)]);
             let j = clean::next_journal(&[], *disk.guid(), dirty.clone());
-            commit(dev, &disk, Some(size), &[], Some(&j))?;
+            commit(dev, &disk, Some(size), &[], Some(&j), &NoteEdit::Keep)?;
             Ok((*disk.guid(), dirty))
         }
         (Judged::Blank, Some(g)) => Err(changed(format!("no partition table any more (drivelet's, disk GUID {g}, was there)"))),
@@ -372,7 +411,7 @@ fn set_direct(file: &File, on: bool) -> bool {
 /// partition with the same GUID, start and size already there is success; the same GUID
 /// elsewhere, or an overlap with another partition, is a [`DiskError::Conflict`].
 pub fn add_partition(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64) -> Result<(), DiskError> {
-    add(dev, sector, guid, label, start, size, 0, false).map(drop)
+    add(dev, sector, guid, label, start, size, 0, false, &NoteEdit::Keep).map(drop)
 }
 
 /// What [`add_partition_wiped`] did.
@@ -391,12 +430,16 @@ pub enum Added {
 /// space was free in drivelet's own table until this write; nothing outside the new
 /// partition is zeroed.
 /// `attrs`: the entry's attribute bits ([`super::SNAPSHOT_ATTR`] for a snapshot, else 0).
-pub fn add_partition_wiped(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, attrs: u64) -> Result<Added, DiskError> {
-    add(dev, sector, guid, label, start, size, attrs, true)
+/// `volume`: the volume's entry in the disk's note, written in the same commit (`None`
+/// for a snapshot, which carries a note of its own).
+#[allow(clippy::too_many_arguments)]
+pub fn add_partition_wiped(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, attrs: u64, volume: Option<note::VolumeNote>) -> Result<Added, DiskError> {
+    let edit = volume.map_or(NoteEdit::Keep, |v| NoteEdit::Upsert(Box::new(v)));
+    add(dev, sector, guid, label, start, size, attrs, true, &edit)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn add(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, attrs: u64, wipe: bool) -> Result<Added, DiskError> {
+fn add(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, attrs: u64, wipe: bool, edit: &NoteEdit) -> Result<Added, DiskError> {
     let _t = crate::disk::timing::step("gpt.add");
     check_extent(dev, start, size)?;
     if label.encode_utf16().count() > MAX_LABEL_UNITS || label.contains('\0') {
@@ -473,7 +516,7 @@ fn add(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, 
     // A fresh table on a blank device: placement only puts a volume there once the
     // device counts as clean (cleaned, or trusted by policy), so nothing is dirty.
     let journal = fresh.map(|_| clean::next_journal(&[], *disk.guid(), Vec::new()));
-    commit(dev, &disk, fresh, &zero, journal.as_ref())?;
+    commit(dev, &disk, fresh, &zero, journal.as_ref(), edit)?;
     Ok(Added::Wiped)
 }
 
@@ -517,7 +560,7 @@ pub fn remove_partition(dev: &Path, sector: u64, guid: Uuid) -> Result<bool, Dis
     let mut parts = disk.partitions().clone();
     parts.retain(|k, p| p.is_used() && *k != key);
     set_entries(dev, &mut disk, parts)?;
-    commit(dev, &disk, None, &[], Some(&journal))?;
+    commit(dev, &disk, None, &[], Some(&journal), &NoteEdit::Remove(guid))?;
     Ok(true)
 }
 
@@ -535,7 +578,7 @@ pub fn set_partition_attrs(dev: &Path, sector: u64, guid: Uuid, attrs: u64) -> R
             entry.flags = attrs;
         }
         set_entries(dev, disk, parts)?;
-        commit(dev, disk, None, &[], None)
+        commit(dev, disk, None, &[], None, &NoteEdit::Keep)
     })
 }
 
@@ -592,7 +635,7 @@ pub fn resize_partition(dev: &Path, sector: u64, guid: Uuid, new_size: u64) -> R
         }
         set_entries(dev, disk, parts)?;
         check_usable(dev, disk, p.first_lba, last, dev_size, sector)?;
-        commit(dev, disk, None, &[], None)
+        commit(dev, disk, None, &[], None, &NoteEdit::Resize(guid, new_size))
     })
 }
 
@@ -629,4 +672,16 @@ pub fn write_note(dev: &Path, sector: u64, adopt: bool, make: impl FnOnce(Option
     write_direct(dev, &rw, at, &bytes)?;
     rw.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))?;
     Ok(true)
+}
+
+/// The newest note on `dev`, read without a lock and without judging the disk (the
+/// keeper's check whether a write is needed at all; [`write_note`] judges before it
+/// writes). `None` when there is none or it cannot be read.
+pub fn read_note(dev: &Path) -> Option<note::DiskNote> {
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(dev).ok()?;
+    note::read_slots(&file)
+        .into_iter()
+        .filter_map(|s| if let note::Slot::Valid { seq, note, .. } = s { Some((seq, note)) } else { None })
+        .max_by_key(|(seq, _)| *seq)
+        .map(|(_, n)| n)
 }

@@ -394,7 +394,7 @@ fn a_partition_added_wiped_has_its_first_and_last_mib_zeroed_and_nothing_else_ch
     let (_d, img) = image(size, 0xa5);
     let (start, len) = (4 * MIB, 16 * MIB);
     let g = gpt::volume_partition_guid("wiped");
-    assert_eq!(gpt::add_partition_wiped(&img, 512, g, "drivelet:wiped", start, len, 0).unwrap(), gpt::Added::Wiped);
+    assert_eq!(gpt::add_partition_wiped(&img, 512, g, "drivelet:wiped", start, len, 0, None).unwrap(), gpt::Added::Wiped);
     let raw = std::fs::read(&img).unwrap();
     let (s, e, m) = (start as usize, (start + len) as usize, MIB as usize);
     assert!(raw[s..s + m].iter().all(|&b| b == 0), "the partition's first MiB is zero");
@@ -411,7 +411,7 @@ fn a_partition_added_wiped_has_its_first_and_last_mib_zeroed_and_nothing_else_ch
     std::os::unix::fs::FileExt::write_all_at(&f, &[0x5a; 512], start).unwrap();
     drop(f);
     let before = sha256(&img);
-    assert_eq!(gpt::add_partition_wiped(&img, 512, g, "drivelet:wiped", start, len, 0).unwrap(), gpt::Added::AlreadyThere);
+    assert_eq!(gpt::add_partition_wiped(&img, 512, g, "drivelet:wiped", start, len, 0, None).unwrap(), gpt::Added::AlreadyThere);
     assert_eq!(sha256(&img), before, "an entry already there is left as it is");
 }
 
