@@ -67,6 +67,7 @@ mod clone;
 mod drive_actions;
 mod evacuate;
 mod nodes;
+mod ownership;
 mod snapshots;
 
 const NS: &str = "drivelet-e2e";
@@ -101,8 +102,9 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 12] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 13] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
+        ("the state dir wiped: every volume served again from its disk, same claims, same data", ownership::journey_state_wiped),
         ("evacuate: three volumes moved off a drive, one after its pod, kill -9 mid-move; the drive replaced", evacuate::journey_evacuate),
         ("claims grown by editing them: xfs in use, ext4 unused, too large then lowered", resize::journey_resize),
         ("a drive vanishing while it holds a volume, and coming back", journey_vanish),
