@@ -72,12 +72,10 @@ pub struct VolumeNote {
     /// Block access (else a filesystem).
     #[serde(default)]
     pub block: bool,
-    /// The filesystem drivelet made or will make (empty for block).
+    /// The filesystem drivelet made or will make (empty for block). Whether it was made
+    /// yet is the disk's to say: a volume rebuilt from its note is probed for it.
     #[serde(default)]
     pub fs_type: String,
-    /// drivelet made the filesystem.
-    #[serde(default)]
-    pub formatted: bool,
     /// Unix time of creation.
     #[serde(default)]
     pub created_unix: u64,
@@ -330,7 +328,6 @@ mod tests {
                     size: 32 << 20,
                     block: i % 2 == 0,
                     fs_type: if i % 2 == 0 { String::new() } else { "ext4".into() },
-                    formatted: i % 2 == 1,
                     created_unix: 1_700_000_000,
                     parameters: BTreeMap::new(),
                     snapshot: false,

@@ -450,7 +450,6 @@ mod tests {
                 size: 1 << 30,
                 block: false,
                 fs_type: "ext4".into(),
-                formatted: true,
                 created_unix: 0,
                 parameters: Default::default(),
                 snapshot: false,

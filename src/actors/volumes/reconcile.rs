@@ -236,11 +236,13 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
             if let Some(v) = entry.filter(|_| !q.is_snapshot()) {
                 rec.block = v.block;
                 rec.fs_type = v.fs_type.clone();
-                rec.formatted = v.formatted;
                 rec.created_unix = v.created_unix;
                 rec.parameters = v.parameters.clone().into();
                 rec.binding = v.binding.clone();
-                rec.rebuilt = false;
+                // Whether its filesystem was made is the disk's to say: a filesystem
+                // volume is probed at start-up, as one rebuilt from its label is, and a
+                // filesystem found there is data, never formatted again.
+                rec.rebuilt = !v.block;
             }
             p.changed.insert(rec.id.clone());
             p.keep.push(rec);

@@ -324,7 +324,10 @@ fn settle(
         }
     }
     for rec in keep.iter_mut() {
-        if rec.rebuilt && rec.is_volume() && rec.fs_type.is_empty() && rec.state == VolumeState::Available {
+        // A rebuilt volume that may hold a filesystem nobody recorded (rebuilt from its
+        // label, or from a note written before its first stage): a filesystem found is
+        // data, never formatted again.
+        if rec.rebuilt && rec.is_volume() && !rec.block && !rec.formatted && rec.state == VolumeState::Available {
             if let Some(d) = loc(&rec.drive_id) {
                 if let Ok(kp) = crate::disk::blkpg::ensure_kernel_partition(&d.path, rec.start, rec.size) {
                     match crate::disk::fs::probe_fs(&kp.devnode) {
@@ -332,7 +335,7 @@ fn settle(
                             rec.fs_type = fs;
                             rec.formatted = true;
                         }
-                        Ok(None) => rec.fs_type = String::new(),
+                        Ok(None) => {}
                         Err(e) => warn!(actor = "volumes", volume.id = %rec.id, error = %e, "cannot probe the filesystem"),
                     }
                 }

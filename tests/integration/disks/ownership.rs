@@ -237,6 +237,36 @@ fn with_the_state_dir_wiped_every_volume_is_served_again_from_its_disk() {
     assert!(log.contains("served again as volume") && log.contains("of claim apps/data-fs, as the drive's note says"), "{}", agent.log_tail(40));
 }
 
+/// The note keeper held: the note says only what the table's commits wrote (the volumes
+/// as created; whether a filesystem was made is never noted). With the state dir wiped,
+/// the filesystem found on the volume is data: served, never formatted again.
+#[test]
+fn a_filesystem_the_note_does_not_know_of_is_found_and_never_formatted_again() {
+    require_host();
+    let tmp = short_tempdir();
+    let drive = LoopDrive::new(tmp.path(), "d0.img", 256 * MIB);
+    let mut agent = Agent::start_env(tmp.path(), AgentOpts::default(), &[("FAILPOINTS", "notes.keeper=return")]);
+    let fs_id = rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        create(&mut c, "pvc-own-fs", "data-fs", mount_cap("ext4")).await.expect("ext4 volume")
+    });
+    wait_note(&drive.file, "data-fs");
+    write_file(&agent, &fs_id, "hello", b"made after the note");
+    assert_eq!(volume(&agent, &fs_id).unwrap()["formatted"], true);
+    agent.kill();
+    std::fs::remove_dir_all(tmp.path().join("state")).unwrap();
+    agent.spawn();
+    let start = Instant::now();
+    while volume(&agent, &fs_id).is_none() {
+        assert!(start.elapsed() < Duration::from_secs(15), "not served: {}\n{}", agent.ctl_volumes(), agent.log_tail(30));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let v = volume(&agent, &fs_id).unwrap();
+    assert_eq!((v["fs_type"].as_str(), v["formatted"].as_bool()), (Some("ext4"), Some(true)), "found on the disk: {v}");
+    assert_eq!(read_file(&agent, &fs_id, "hello").as_deref(), Some(&b"made after the note"[..]), "the file is there: not formatted again");
+    assert_eq!(agent.logs().matches("\"filesystem made\"").count(), 1, "formatted once, at the first stage only");
+}
+
 #[test]
 fn a_disk_made_to_look_like_drivelets_is_owned_elsewhere_and_never_written() {
     require_host();
