@@ -245,6 +245,19 @@ impl Handler<ListDrives> for FakeInventory {
     }
 }
 
+impl Handler<crate::actors::messages::AdoptDrive> for FakeInventory {
+    type Result = Result<crate::actors::messages::Adopted, String>;
+    fn handle(&mut self, m: crate::actors::messages::AdoptDrive, _: &mut Context<Self>) -> Self::Result {
+        let mut world = self.0.lock().expect("world lock");
+        world.asked.push(format!("adopt {}", m.drive_id));
+        let d = world.drives.iter_mut().find(|d| d.id == m.drive_id).ok_or_else(|| format!("there is no drive {} on this node", m.drive_id))?;
+        d.class = crate::words::DriveClass::Managed;
+        d.reason = "carries a drivelet GPT".into();
+        d.owner = crate::words::DriveOwner::Ours;
+        Ok(crate::actors::messages::Adopted { drive_id: m.drive_id, from: "node node-2 of this cluster".into(), volumes: vec![], already: false })
+    }
+}
+
 impl Handler<SubscribeDrives> for FakeInventory {
     type Result = ();
     fn handle(&mut self, m: SubscribeDrives, _: &mut Context<Self>) {
@@ -376,6 +389,7 @@ fn start_sync(client: Client, world: &Shared) -> Addr<DriveSync> {
     let sources = Sources {
         inventory_status: inventory.clone().recipient(),
         drives: inventory.clone().recipient(),
+        adopt: inventory.clone().recipient(),
         subscribe: inventory.recipient(),
         subscribe_volumes: volumes.clone().recipient(),
         volumes_ready: volumes.clone().recipient(),

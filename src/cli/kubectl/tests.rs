@@ -16,6 +16,7 @@ fn drive(node: &str, id: &str, status: DriveStatus) -> Drive {
             size: Some("1.0 GiB".into()),
             media: "ssd".into(),
             action: None,
+            restore_claims: None,
         },
     );
     d.status = Some(status);
@@ -26,6 +27,7 @@ fn managed(volumes: Vec<DriveVolume>) -> DriveStatus {
     DriveStatus {
         class: Some(DriveClass::Managed),
         class_reason: Some("carries a drivelet GPT".into()),
+        owner: None,
         health: Some(DriveHealth::Unknown),
         health_reason: Some(NOT_CHECKED.into()),
         usage: Some(DriveUsage::Active),
