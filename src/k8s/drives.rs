@@ -1216,6 +1216,43 @@ mod tests {
     }
 
     #[test]
+    fn a_drive_owned_elsewhere_shows_whose_it_is_and_what_it_holds_and_no_other_drive_does() {
+        use crate::words::HeldVolume;
+        let me = Owner { cluster: "c1".into(), node: NODE.into() };
+        let held = vec![
+            HeldVolume { id: "v1".into(), size_bytes: 64 << 20, claim: Some("apps/data-0".into()), pv: Some("pv-1".into()) },
+            HeldVolume { id: "v2".into(), size_bytes: 32 << 20, claim: None, pv: None },
+        ];
+        let mut ours = drive("d1", DriveClass::Managed, "carries a drivelet GPT");
+        ours.owner = DriveOwner::Ours;
+        let mut peer = drive("d2", DriveClass::OwnedElsewhere, "belongs to node node-2 of this cluster");
+        peer.owner = DriveOwner::Elsewhere { owner: Owner { cluster: "c1".into(), node: "node-2".into() }, volumes: held.clone() };
+        let mut old = drive("d3", DriveClass::OwnedElsewhere, "belongs to node n9 of another cluster (c0)");
+        old.owner = DriveOwner::Elsewhere { owner: Owner { cluster: "c0".into(), node: "n9".into() }, volumes: vec![] };
+        let mut torn = drive("d4", DriveClass::OwnedElsewhere, "carries a note of its owner that cannot be read");
+        torn.owner = DriveOwner::Unreadable { reason: "both copies fail their checksum".into() };
+        let drives = vec![ours, peer, old, torn];
+        let mut objects = desired(NODE, &drives, &[], &[]);
+        show_owners(&mut objects, &drives, Some(&me));
+        let owner = |id: &str| objects.iter().find(|o| o.spec.drive_id == id).and_then(|o| o.status.as_ref()?.owner.clone());
+        assert_eq!(owner("d1"), None, "this node's drive");
+        let peer = owner("d2").expect("owned elsewhere");
+        assert_eq!(peer.words, "node node-2 of this cluster");
+        assert_eq!((peer.cluster.as_deref(), peer.node.as_deref(), peer.this_cluster), (Some("c1"), Some("node-2"), true));
+        assert_eq!(peer.volumes[0], crd::HeldVolumeStatus { id: "v1".into(), size_bytes: 64 << 20, claim: Some("apps/data-0".into()), pv: Some("pv-1".into()) });
+        assert_eq!(peer.volumes.len(), 2);
+        let old = owner("d3").expect("another cluster's");
+        assert_eq!((old.words.as_str(), old.this_cluster), ("node n9 of another cluster (c0)", false));
+        let torn = owner("d4").expect("unreadable");
+        assert_eq!((torn.cluster, torn.node, torn.this_cluster), (None, None, false));
+        assert!(torn.words.contains("cannot be read (both copies fail their checksum)"), "{}", torn.words);
+        let value = serde_json::to_value(objects.iter().find(|o| o.spec.drive_id == "d2").unwrap()).unwrap();
+        assert_eq!(value["status"]["class"], "owned-elsewhere");
+        assert_eq!(value["status"]["owner"]["thisCluster"], true);
+        assert_eq!(value["status"]["owner"]["volumes"][0]["claim"], "apps/data-0");
+    }
+
+    #[test]
     fn a_drive_being_cleaned_says_so_in_its_status_and_the_others_do_not() {
         let mut objs = desired(NODE, &[drive("wwn-a", DriveClass::Managed, "blank"), drive("wwn-b", DriveClass::Managed, "blank")], &[], &[]);
         let c = Cleaning { drive_id: "wwn-a".into(), left_bytes: 384 << 20, round_bytes: 512 << 20 };
