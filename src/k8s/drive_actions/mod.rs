@@ -124,14 +124,13 @@ pub(crate) fn adopt_outcome(
         Some(DriveClass::Managed) => {
             let held = match volumes.len() {
                 0 => "it holds no volume".to_string(),
-                1 => format!("its volume {} is served here", volumes[0]),
-                n => format!("its {n} volumes ({}) are served here", volumes.join(", ")),
+                1 => format!("its volume {} is served here; its claim's PV is pinned to this node (the claim's Events say so)", volumes[0]),
+                n => format!(
+                    "its {n} volumes ({}) are served here; their claims' PVs are pinned to this node (each claim's Events say so)",
+                    volumes.join(", ")
+                ),
             };
-            (
-                true,
-                ADOPTED,
-                format!("drive {drive_id} belongs to this node: {held}; the PVs of their claims are pinned to this node (each claim's Events say so)"),
-            )
+            (true, ADOPTED, format!("drive {drive_id} belongs to this node: {held}"))
         }
         Some(DriveClass::OwnedElsewhere) => (false, ADOPTING, format!("drive {drive_id} {class_reason}; the agent is adopting it")),
         Some(other) => {
