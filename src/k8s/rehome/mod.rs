@@ -29,9 +29,11 @@
 //!    annotated [`RESTORED_FOR`] with the volume id) and then the PV bound to it
 //!    (`ClaimRestored` on the claim). Without, the volume is kept and listed: its Drive
 //!    object shows it.
-//! 4. The PV is pinned here already: nothing, but the record's binding is filled from the
-//!    claim bound to it (uid, StorageClass) when it differs, so the drive's note says it.
-//!    A PV of another driver or volume, and a volume whose note names no PV, are left.
+//! 4. The PV is pinned here already (its node affinity names this node): nothing, but the
+//!    record's binding is filled from the claim bound to it (uid, StorageClass) when it
+//!    differs, so the drive's note says it. A PV of another driver or volume, one that
+//!    names no node under `topology.drivelet.io/node` (nothing says it is elsewhere), and
+//!    a volume whose note names no PV, are left.
 //!
 //! Every pass decides from what it reads, so a pass killed between any two steps is
 //! finished by the next: a PV found with `Retain` and [`POLICY_BEFORE`] still pinned
@@ -334,12 +336,17 @@ fn decide_existing(node: &str, driver: &str, seen: &Seen<'_>, pv: &PersistentVol
         return Plan::nothing(format!("volume {id}: PV {pv_name} serves volume {}, not this one; it is left as it is", csi.volume_handle));
     }
     let pinned = pinned_nodes(pv);
-    if pinned == [node] {
+    if pinned.iter().any(|n| n == node) {
         let mut plan = Plan::nothing(format!("volume {id}: PV {pv_name} is pinned to this node"));
         plan.steps.extend(binding_update(rec, seen.claim).map(Step::SetBinding));
         return plan;
     }
-    let elsewhere = if pinned.is_empty() { "no node".to_string() } else { format!("node {}", pinned.join(", ")) };
+    if pinned.is_empty() {
+        return Plan::nothing(format!(
+            "volume {id}: PV {pv_name} names no node under {TOPOLOGY_NODE_KEY}; it is left as it is (nothing says it is pinned elsewhere)"
+        ));
+    }
+    let elsewhere = format!("node {}", pinned.join(", "));
     let cref = spec.and_then(|s| s.claim_ref.as_ref());
     let mut tell = None;
     if let Some(r) = cref {

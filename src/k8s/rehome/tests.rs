@@ -122,6 +122,11 @@ fn each_case_of_a_volume_and_its_pv_and_claim_is_decided_as_the_rules_say() {
         p
     };
     let there_unbound = pv(DRIVER, "vol-a", "node-2", "Delete", &[], None);
+    let nowhere = {
+        let mut p = pv(DRIVER, "vol-a", "node-2", "Delete", &[PVF], Some("uid-0"));
+        p.spec.as_mut().unwrap().node_affinity = None;
+        p
+    };
     let other_driver = pv("other.csi.io", "vol-a", "node-2", "Delete", &[PVF], Some("uid-0"));
     let other_volume = pv(DRIVER, "vol-b", "node-2", "Delete", &[PVF], Some("uid-0"));
     let bound = claim("uid-0", "pv-a");
@@ -134,6 +139,7 @@ fn each_case_of_a_volume_and_its_pv_and_claim_is_decided_as_the_rules_say() {
     let table: Vec<Case<'_>> = vec![
         ("PV already pinned here: nothing", &rec, Some(&here), Some(&bound), false, vec![], "pinned to this node"),
         ("pinned here, the claim's uid is new (restored claim): the binding follows", &rec, Some(&here), Some(&new_uid), false, vec!["set-binding"], "pinned to this node"),
+        ("PV without drivelet's node affinity: nothing", &rec, Some(&nowhere), Some(&bound), false, vec![], "names no node under topology.drivelet.io/node"),
         ("PV of another driver: nothing", &rec, Some(&other_driver), Some(&bound), false, vec![], "of driver other.csi.io"),
         ("PV of another volume: nothing", &rec, Some(&other_volume), Some(&bound), false, vec![], "serves volume vol-b"),
         ("no PV known: nothing", &no_pv_name, None, None, true, vec![], "no PV is known"),
