@@ -12,7 +12,11 @@
 //!   `spec.node`, and writes only names made from its own node name, so objects of other
 //!   nodes are never touched.
 //! - The domain states map to the CRD's in one place ([`class_of`], [`health_of`],
-//!   [`usage_of`]).
+//!   [`usage_of`]). A drive owned elsewhere also shows whose it is and what its note
+//!   lists in `status.owner` ([`owner_status`]); no other drive has one.
+//! - An admin's `adopt` is asked of the inventory ([`AdoptDrive`]) while the inventory
+//!   holds the drive as owned elsewhere ([`drive_actions::adopts`]); every other action
+//!   of the volume manager.
 //! - Every object says whether the node sees its disk: `status.presence` `present` or
 //!   `missing` (a printed column). A disk the inventory no longer sees keeps its object
 //!   while the volume manager holds a live volume on it (neither failed nor still being
