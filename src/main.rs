@@ -386,6 +386,19 @@ enum KubectlDriveCmd {
     /// failed (asking again retries it). Refused, moving nothing, when the node has no
     /// room for all of it.
     Evacuate(ActionArgs),
+    /// Make a drive owned elsewhere (another node's, another cluster's, or nobody's
+    /// drivelet can tell) its node's: its volumes are served there and the PVs of their
+    /// claims are pinned to that node, bound to the same claims. Data is never touched.
+    /// Refused for a drive of any other class.
+    Adopt {
+        #[command(flatten)]
+        args: ActionArgs,
+        /// Also give back the claims that are gone (a rebuilt cluster): each volume
+        /// whose PV and claim are both gone gets its claim (namespace, name, size and
+        /// class from the disk's note) and a PV bound to it.
+        #[arg(long)]
+        restore_claims: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -740,6 +753,7 @@ fn kubectl(args: KubectlArgs) -> ExitCode {
                     KubectlDriveCmd::Uncordon(a) => (k::Action::Uncordon, a),
                     KubectlDriveCmd::Release(a) => (k::Action::Release, a),
                     KubectlDriveCmd::Evacuate(a) => (k::Action::Evacuate, a),
+                    KubectlDriveCmd::Adopt { args, restore_claims } => (k::Action::Adopt { restore_claims }, args),
                 };
                 let (table, drive) = (matches!(a.output, Format::Table | Format::Wide), a.drive.clone());
                 let mut progress = |m: &str| {

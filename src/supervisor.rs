@@ -144,7 +144,8 @@ type KubernetesParts = (Option<Addr<AttachQueue<ManagerBackend>>>, Option<duties
 /// The Kubernetes front, part of [`start`]: what `[kubernetes]` turns on, the attach
 /// queue (its address is returned), the resize and snapshot queues, condition Events, Drive objects, node labels, the
 /// cluster duties (their controller is returned), and, always, the clean-up of volumes
-/// removed while this node was gone.
+/// removed while this node was gone and the re-homing of the claims of the volumes this
+/// node serves.
 fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> KubernetesParts {
     let k = &cfg.kubernetes;
     let identity = Identity { driver: cfg.driver.name.clone(), node: cfg.driver.node_name.clone() };
@@ -202,7 +203,10 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Kube
     }
     let duties = k.cluster_duties.then(|| duties::controller::start(client.clone(), identity.clone(), k.namespace.clone()));
     let backend = duties::returned::ManagerBackend::new(actors.volumes.clone());
-    tokio::spawn(duties::returned::run(client, k.namespace.clone(), cfg.driver.node_name.clone(), backend));
+    tokio::spawn(duties::returned::run(client.clone(), k.namespace.clone(), cfg.driver.node_name.clone(), backend));
+    // The claims of the volumes this node serves follow them here (an adopted drive's).
+    let backend = crate::k8s::rehome::executor::ManagerBackend::new(actors.volumes.clone());
+    tokio::spawn(crate::k8s::rehome::executor::run(client, identity.clone(), backend));
     info!(attach = k.attach, resize = k.resize, snapshots = k.snapshots, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node,
         cluster_duties = k.cluster_duties, "kubernetes integration started");
     (attach, duties)

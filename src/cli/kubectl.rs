@@ -19,6 +19,9 @@
 //!   new generation, which the agent answers by retrying them; `none` undoes nothing of
 //!   an evacuation). With `--wait`, each new word of the condition is a progress line,
 //!   until it is evacuated (0), a move failed (1) or the time is up (4).
+//! - `drive adopt` asks `spec.action: adopt` and sets `spec.restoreClaims` to what
+//!   `--restore-claims` says (removed without it), so the adoption restores claims only
+//!   when this ask says so. A refusal (the drive is not owned elsewhere) exits 1.
 //! - `volumes -o wide` adds the PODS column (the pods of the node using each volume);
 //!   the default table keeps `ctl volumes`' columns.
 //! - Exit codes ([`KubectlError::exit_code`]): 0 done; 1 the API or the agent failed or
@@ -126,8 +129,11 @@ pub struct DriveRow {
     pub size_bytes: u64,
     /// `hdd`, `ssd`, `nvme` or `virtual`.
     pub media: String,
-    /// `managed`, `system`, `foreign` or `excluded`.
+    /// `managed`, `system`, `foreign`, `excluded` or `owned-elsewhere`.
     pub class: String,
+    /// Whose a drive owned elsewhere is, in words ("node node-2 of this cluster").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     /// `good`, `unknown`, `suspect` or `bad`.
     pub health: String,
     /// `active`, `cordoned`, `releasing` or `released`.
@@ -193,6 +199,7 @@ pub(crate) fn drive_row(d: &Drive) -> DriveRow {
         size_bytes: d.spec.size_bytes,
         media: d.spec.media.clone(),
         class: st.class.as_ref().map(word).unwrap_or_default(),
+        owner: st.owner.as_ref().map(|o| o.words.clone()),
         health: st.health.as_ref().map(word).unwrap_or_default(),
         presence: word(&st.presence),
         free_bytes: st.free_bytes,
@@ -340,6 +347,12 @@ pub enum Action {
     /// No new volumes; its volumes move to other drives of the node; released once
     /// they have.
     Evacuate,
+    /// A drive owned elsewhere becomes its node's; `restore_claims`: a volume whose PV
+    /// and claim are gone gets them back.
+    Adopt {
+        /// Recreate the claims that are gone.
+        restore_claims: bool,
+    },
 }
 
 impl Action {
@@ -350,6 +363,7 @@ impl Action {
             Action::Uncordon => "uncordon",
             Action::Release => "release",
             Action::Evacuate => "evacuate",
+            Action::Adopt { .. } => "adopt",
         }
     }
 
@@ -359,6 +373,7 @@ impl Action {
             Action::Uncordon => DriveAction::None,
             Action::Release => DriveAction::Release,
             Action::Evacuate => DriveAction::Evacuate,
+            Action::Adopt { .. } => DriveAction::Adopt,
         }
     }
 }
@@ -396,7 +411,12 @@ pub async fn act(
             .await
             .map_err(|source| KubectlError::Api { what: format!("asking drive {shown} to {} again", asked.word()), source })?;
     }
-    let patch = json!({ "spec": { "action": action.as_str() } });
+    let patch = match asked {
+        Action::Adopt { restore_claims } => {
+            json!({ "spec": { "action": action.as_str(), "restoreClaims": if restore_claims { json!(true) } else { json!(null) } } })
+        }
+        _ => json!({ "spec": { "action": action.as_str() } }),
+    };
     let patched = api
         .patch(&name, &params, &Patch::Merge(&patch))
         .await

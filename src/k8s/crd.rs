@@ -10,8 +10,9 @@
 //!   elsewhere (`ctl drives`), so the two views read the same.
 //! - Spec holds what identifies the hardware (it never changes for one disk), written by
 //!   the node's agent, and `spec.action`, the admin's intent (`none`, `cordon`,
-//!   `release`, `evacuate`), written only by the admin (`kubectl drivelet drive ...` or a patch):
-//!   the agent's server-side apply never names it, so it never owns or overwrites it.
+//!   `release`, `evacuate`, `adopt`, with `spec.restoreClaims` for an adoption), written
+//!   only by the admin (`kubectl drivelet drive ...` or a patch): the agent's server-side
+//!   apply never names them, so it never owns or overwrites them.
 //!   Status holds what drivelet concluded about the disk and how far the action is
 //!   (the `ActionComplete` condition), and may change on every rescan or health probe.
 //! - What an admin needs at a glance is a printed column: whether the node still sees
@@ -81,16 +82,24 @@ pub(crate) struct DriveSpec {
     /// cordon), `cordon` (no new volumes; its volumes stay), `release` (no new volumes;
     /// released, so it may be pulled, once its volumes are deleted), `evacuate` (no new
     /// volumes; its volumes move to other drives of the node, keeping their ids, and it
-    /// is released once they have: `status.evacuation` says where each stands).
+    /// is released once they have: `status.evacuation` says where each stands), `adopt`
+    /// (a drive owned elsewhere becomes this node's: its note names this node, its
+    /// volumes are served here and their PVs are pinned to this node, bound to the same
+    /// claims).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<DriveAction>,
+    /// With `action: adopt`: a volume whose PV and claim are both gone (a rebuilt
+    /// cluster) gets its claim back (namespace, name, size and class from the disk's
+    /// note) and a PV bound to it. Without it such a volume is kept and listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_claims: Option<bool>,
 }
 
 impl DriveSpec {
     /// The spec as the node's agent writes it: the hardware alone, without the admin's
-    /// action.
+    /// action (nor its `restoreClaims`).
     pub(crate) fn hardware(&self) -> DriveSpec {
-        DriveSpec { action: None, ..self.clone() }
+        DriveSpec { action: None, restore_claims: None, ..self.clone() }
     }
 }
 
@@ -108,6 +117,9 @@ pub(crate) enum DriveAction {
     /// Take no new volumes; move its volumes to other drives of the node (same ids, so
     /// claims and pods need no change); released once it holds none.
     Evacuate,
+    /// Make a drive owned elsewhere this node's: its volumes are served here and their
+    /// claims re-homed to this node.
+    Adopt,
 }
 
 impl DriveAction {
@@ -118,6 +130,7 @@ impl DriveAction {
             DriveAction::Cordon => "cordon",
             DriveAction::Release => "release",
             DriveAction::Evacuate => "evacuate",
+            DriveAction::Adopt => "adopt",
         }
     }
 }
@@ -132,7 +145,7 @@ pub(crate) struct DriveCondition {
     /// `True`, `False` or `Unknown`.
     pub status: String,
     /// One word: `Cordoned`, `Active`, `Releasing`, `Released`, `Refused`, `Evacuating`,
-    /// `Evacuated`, `EvacuationFailed`.
+    /// `Evacuated`, `EvacuationFailed`, `Adopting`, `Adopted`.
     pub reason: String,
     /// What it means, in plain words.
     pub message: String,
@@ -187,6 +200,42 @@ pub(crate) struct EvacuationVolume {
     pub reason: String,
 }
 
+/// Whose a drive owned elsewhere is, and what it holds, as its note says.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct DriveOwnerStatus {
+    /// The owner in plain words: "node node-2 of this cluster", "node node-2 of another
+    /// cluster (ID)", or why nobody can be told.
+    pub words: String,
+    /// The id of the cluster its note names (absent when the note cannot be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// The node its note names (absent when the note cannot be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Whether that cluster is this one.
+    pub this_cluster: bool,
+    /// The volumes its note lists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<HeldVolumeStatus>,
+}
+
+/// A volume of a drive owned elsewhere, as its note tells.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct HeldVolumeStatus {
+    /// The volume id (the PV's volume handle).
+    pub id: String,
+    /// Its size in bytes.
+    pub size_bytes: u64,
+    /// The claim it serves, `namespace/name`, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+    /// The PV's name, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pv: Option<String>,
+}
+
 /// What drivelet concluded about the disk.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -197,6 +246,10 @@ pub(crate) struct DriveStatus {
     /// Why it has that class, in plain words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class_reason: Option<String>,
+    /// Whose the disk is and what it holds, for a disk owned elsewhere (absent for any
+    /// other class).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<DriveOwnerStatus>,
     /// The disk's health.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<DriveHealth>,
@@ -383,11 +436,13 @@ mod tests {
                 size: Some("1.8 TiB".into()),
                 media: "ssd".into(),
                 action: None,
+                restore_claims: None,
             },
         );
         drive.status = Some(DriveStatus {
             class: Some(DriveClass::Managed),
             class_reason: Some("carries a drivelet GPT".into()),
+            owner: None,
             health: Some(DriveHealth::Suspect),
             health_reason: Some("12 reallocated sectors".into()),
             usage: Some(DriveUsage::Releasing),

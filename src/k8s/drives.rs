@@ -12,7 +12,11 @@
 //!   `spec.node`, and writes only names made from its own node name, so objects of other
 //!   nodes are never touched.
 //! - The domain states map to the CRD's in one place ([`class_of`], [`health_of`],
-//!   [`usage_of`]).
+//!   [`usage_of`]). A drive owned elsewhere also shows whose it is and what its note
+//!   lists in `status.owner` ([`owner_status`]); no other drive has one.
+//! - An admin's `adopt` is asked of the inventory ([`AdoptDrive`]) while the inventory
+//!   holds the drive as owned elsewhere ([`drive_actions::adopts`]); every other action
+//!   of the volume manager.
 //! - Every object says whether the node sees its disk: `status.presence` `present` or
 //!   `missing` (a printed column). A disk the inventory no longer sees keeps its object
 //!   while the volume manager holds a live volume on it (neither failed nor still being
@@ -59,7 +63,7 @@ use super::crd;
 
 use crate::actors::inventory::model::Drive;
 use crate::actors::inventory::DriveInventory;
-use crate::actors::messages::{DriveEvent, GetInventoryStatus, ListDrives, SubscribeDrives};
+use crate::actors::messages::{AdoptDrive, DriveEvent, GetInventoryStatus, ListDrives, SubscribeDrives};
 use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
@@ -73,7 +77,7 @@ use std::sync::{Arc, Mutex};
 use super::drive_actions::{self, Command};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, Recorder};
-use crate::words::{DriveClass, DriveUse, DriveUseState, Health};
+use crate::words::{DriveClass, DriveOwner, DriveUse, DriveUseState, Health, Owner};
 
 /// The label naming the node a `Drive` object belongs to.
 pub(crate) const NODE_LABEL: &str = "drivelet.io/node";
@@ -257,6 +261,38 @@ fn object(node: &str, drive_id: &str, spec: crd::DriveSpec, status: crd::DriveSt
     obj
 }
 
+/// What a Drive object shows of whose a drive is: set for a drive owned elsewhere
+/// (another node or cluster, a note that cannot be read, or none), `None` for any other;
+/// `me` is this node of this cluster, when known.
+pub(crate) fn owner_status(owner: &DriveOwner, me: Option<&Owner>) -> Option<crd::DriveOwnerStatus> {
+    let unknown = |words: String| crd::DriveOwnerStatus { words, ..Default::default() };
+    match owner {
+        DriveOwner::Elsewhere { owner, volumes } => Some(crd::DriveOwnerStatus {
+            words: me.map(|m| owner.words(m)).unwrap_or_else(|| format!("node {} of cluster {}", owner.node, owner.cluster)),
+            cluster: Some(owner.cluster.clone()),
+            node: Some(owner.node.clone()),
+            this_cluster: me.is_some_and(|m| m.cluster == owner.cluster),
+            volumes: volumes
+                .iter()
+                .map(|v| crd::HeldVolumeStatus { id: v.id.clone(), size_bytes: v.size_bytes, claim: v.claim.clone(), pv: v.pv.clone() })
+                .collect(),
+        }),
+        DriveOwner::Unreadable { reason } => Some(unknown(format!("nobody drivelet can tell: its note cannot be read ({reason})"))),
+        DriveOwner::NoNote => Some(unknown("nobody drivelet can tell: it carries drivelet volumes but no note of whose they are".into())),
+        DriveOwner::Ours | DriveOwner::Unknown => None,
+    }
+}
+
+/// Puts whose each drive owned elsewhere is into its object's status ([`owner_status`]).
+pub(crate) fn show_owners(objects: &mut [crd::Drive], drives: &[Drive], me: Option<&Owner>) {
+    for o in objects {
+        let d = drives.iter().find(|d| d.id == o.spec.drive_id && d.class == DriveClass::OwnedElsewhere);
+        if let Some(st) = o.status.as_mut() {
+            st.owner = d.and_then(|d| owner_status(&d.owner, me));
+        }
+    }
+}
+
 /// Puts how far the cleaning of each drive's freed space is into its object's status.
 pub(crate) fn show_cleaning(objects: &mut [crd::Drive], cleaning: &[Cleaning]) {
     for o in objects {
@@ -295,10 +331,12 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             size: Some(crate::config::human_bytes(d.size_bytes)),
             media: d.media.as_str().to_string(),
             action: None,
+            restore_claims: None,
         };
         let status = crd::DriveStatus {
             class: Some(class_of(d.class)),
             class_reason: non_empty(&d.reason),
+            owner: None,
             health: Some(health_of(d.health.health)),
             health_reason: non_empty(&d.health.reason),
             usage: Some(usage_of(usage.map(|u| u.state))),
@@ -334,10 +372,12 @@ pub(crate) fn desired(node: &str, drives: &[Drive], uses: &[DriveUse], volumes: 
             size: None,
             media: recs.first().map(|r| r.media.as_str()).unwrap_or_default().to_string(),
             action: None,
+            restore_claims: None,
         };
         let status = crd::DriveStatus {
             class: Some(crd::DriveClass::Managed),
             class_reason: Some("carries drivelet volumes".to_string()),
+            owner: None,
             health: Some(crd::DriveHealth::Unknown),
             health_reason: Some(format!(
                 "drive {id} is missing from node {node} while volumes live on it ({}): the data is unreachable; \
@@ -648,6 +688,7 @@ pub(crate) struct Sources {
     pub(crate) release: Recipient<ReleaseDrive>,
     pub(crate) evacuate: Recipient<EvacuateDrive>,
     pub(crate) evacuations: Recipient<ListEvacuations>,
+    pub(crate) adopt: Recipient<AdoptDrive>,
 }
 
 impl Sources {
@@ -655,6 +696,7 @@ impl Sources {
         Self {
             inventory_status: inventory.clone().recipient(),
             drives: inventory.clone().recipient(),
+            adopt: inventory.clone().recipient(),
             subscribe: inventory.recipient(),
             subscribe_volumes: volumes.clone().recipient(),
             volumes_ready: volumes.clone().recipient(),
@@ -715,6 +757,7 @@ async fn sync_once(node: String, sources: Sources, executor: Executor) -> Result
     let pods = if in_use { executor.pods(&node).await } else { BTreeMap::new() };
     let mut want = desired(&node, &drives, &uses, &volumes);
     show_cleaning(&mut want, &cleaning);
+    show_owners(&mut want, &drives, crate::disk::note::identity());
     show_volumes(&mut want, &statuses, &used, &pods);
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let events = show_actions(&node, &mut want, &existing, &uses, &refused, &evacuations, &pods, &now);
@@ -742,6 +785,23 @@ async fn act(node: &str, existing: &[crd::Drive], uses: &[DriveUse], sources: &S
     for obj in existing.iter().filter(|e| is_ours(e, node)) {
         let Some(action) = obj.spec.action else { continue };
         let id = obj.spec.drive_id.clone();
+        if action == crd::DriveAction::Adopt {
+            // Judged by the class the inventory holds now (the object's may be older).
+            let drives = sources.drives.send(ListDrives).await.map_err(ask("inventory", "its drives"))?;
+            let class = drives.iter().find(|d| d.id == id).map(|d| class_of(d.class));
+            if !drive_actions::adopts(action, class) {
+                continue;
+            }
+            match sources.adopt.send(AdoptDrive { drive_id: id.clone() }).await.map_err(ask("inventory", "a drive adoption"))? {
+                Ok(a) => info!(actor = "drive-sync", node.name = %node, drive.id = %id, drive.owner_was = %a.from, volumes = a.volumes.len(),
+                               "drive adopted as the Drive object's spec asked"),
+                Err(e) => {
+                    warn!(actor = "drive-sync", node.name = %node, drive.id = %id, error = %e, "adoption of the Drive object's spec refused");
+                    refused.insert(id, e);
+                }
+            }
+            continue;
+        }
         let Some(cmd) = drive_actions::command(action, uses.iter().find(|u| u.drive_id == id), fresh(obj)) else { continue };
         let res = match cmd {
             Command::Cordon(cordon) => sources
@@ -836,7 +896,12 @@ pub(crate) fn show_actions(
         let before = have.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == drive_actions::ACTION_COMPLETE));
         let usage = uses.iter().find(|u| u.drive_id == id);
         let live: Vec<String> = st.volumes.clone();
-        let outcome = drive_actions::outcome(action, &id, usage, &live, refused.get(&id).map(String::as_str), evacuation, pods);
+        let outcome = if action == crd::DriveAction::Adopt {
+            let reason = st.class_reason.clone().unwrap_or_default();
+            drive_actions::adopt_outcome(&id, st.class, &reason, &live, refused.get(&id).map(String::as_str))
+        } else {
+            drive_actions::outcome(action, &id, usage, &live, refused.get(&id).map(String::as_str), evacuation, pods)
+        };
         let c = drive_actions::condition(outcome, have.metadata.generation.unwrap_or(0), before, now);
         if let Some(ev) = drive_actions::event_of(action, before, &c) {
             events.push((have.object_ref(&()), ev));
@@ -1155,6 +1220,43 @@ mod tests {
     }
 
     #[test]
+    fn a_drive_owned_elsewhere_shows_whose_it_is_and_what_it_holds_and_no_other_drive_does() {
+        use crate::words::HeldVolume;
+        let me = Owner { cluster: "c1".into(), node: NODE.into() };
+        let held = vec![
+            HeldVolume { id: "v1".into(), size_bytes: 64 << 20, claim: Some("apps/data-0".into()), pv: Some("pv-1".into()) },
+            HeldVolume { id: "v2".into(), size_bytes: 32 << 20, claim: None, pv: None },
+        ];
+        let mut ours = drive("d1", DriveClass::Managed, "carries a drivelet GPT");
+        ours.owner = DriveOwner::Ours;
+        let mut peer = drive("d2", DriveClass::OwnedElsewhere, "belongs to node node-2 of this cluster");
+        peer.owner = DriveOwner::Elsewhere { owner: Owner { cluster: "c1".into(), node: "node-2".into() }, volumes: held.clone() };
+        let mut old = drive("d3", DriveClass::OwnedElsewhere, "belongs to node n9 of another cluster (c0)");
+        old.owner = DriveOwner::Elsewhere { owner: Owner { cluster: "c0".into(), node: "n9".into() }, volumes: vec![] };
+        let mut torn = drive("d4", DriveClass::OwnedElsewhere, "carries a note of its owner that cannot be read");
+        torn.owner = DriveOwner::Unreadable { reason: "both copies fail their checksum".into() };
+        let drives = vec![ours, peer, old, torn];
+        let mut objects = desired(NODE, &drives, &[], &[]);
+        show_owners(&mut objects, &drives, Some(&me));
+        let owner = |id: &str| objects.iter().find(|o| o.spec.drive_id == id).and_then(|o| o.status.as_ref()?.owner.clone());
+        assert_eq!(owner("d1"), None, "this node's drive");
+        let peer = owner("d2").expect("owned elsewhere");
+        assert_eq!(peer.words, "node node-2 of this cluster");
+        assert_eq!((peer.cluster.as_deref(), peer.node.as_deref(), peer.this_cluster), (Some("c1"), Some("node-2"), true));
+        assert_eq!(peer.volumes[0], crd::HeldVolumeStatus { id: "v1".into(), size_bytes: 64 << 20, claim: Some("apps/data-0".into()), pv: Some("pv-1".into()) });
+        assert_eq!(peer.volumes.len(), 2);
+        let old = owner("d3").expect("another cluster's");
+        assert_eq!((old.words.as_str(), old.this_cluster), ("node n9 of another cluster (c0)", false));
+        let torn = owner("d4").expect("unreadable");
+        assert_eq!((torn.cluster, torn.node, torn.this_cluster), (None, None, false));
+        assert!(torn.words.contains("cannot be read (both copies fail their checksum)"), "{}", torn.words);
+        let value = serde_json::to_value(objects.iter().find(|o| o.spec.drive_id == "d2").unwrap()).unwrap();
+        assert_eq!(value["status"]["class"], "owned-elsewhere");
+        assert_eq!(value["status"]["owner"]["thisCluster"], true);
+        assert_eq!(value["status"]["owner"]["volumes"][0]["claim"], "apps/data-0");
+    }
+
+    #[test]
     fn a_drive_being_cleaned_says_so_in_its_status_and_the_others_do_not() {
         let mut objs = desired(NODE, &[drive("wwn-a", DriveClass::Managed, "blank"), drive("wwn-b", DriveClass::Managed, "blank")], &[], &[]);
         let c = Cleaning { drive_id: "wwn-a".into(), left_bytes: 384 << 20, round_bytes: 512 << 20 };
@@ -1193,6 +1295,7 @@ mod tests {
             crd::DriveStatus {
                 class: Some(class),
                 class_reason: Some(class_reason.into()),
+                owner: None,
                 health: Some(health),
                 health_reason: Some(health_reason.into()),
                 usage: Some(usage),
@@ -1253,6 +1356,7 @@ mod tests {
                 size: Some("1.0 TiB".into()),
                 media: "ssd".into(),
                 action: None,
+                restore_claims: None,
             }
         );
         for obj in &got {
@@ -1288,6 +1392,7 @@ mod tests {
             Some(crd::DriveStatus {
                 class: Some(crd::DriveClass::Managed),
                 class_reason: Some("carries drivelet volumes".into()),
+                owner: None,
                 health: Some(crd::DriveHealth::Unknown),
                 health_reason: Some(format!(
                     "drive wwn-gone is missing from node node-a while volumes live on it ({live}): the data is \

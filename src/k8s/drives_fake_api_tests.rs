@@ -245,6 +245,19 @@ impl Handler<ListDrives> for FakeInventory {
     }
 }
 
+impl Handler<crate::actors::messages::AdoptDrive> for FakeInventory {
+    type Result = Result<crate::actors::messages::Adopted, String>;
+    fn handle(&mut self, m: crate::actors::messages::AdoptDrive, _: &mut Context<Self>) -> Self::Result {
+        let mut world = self.0.lock().expect("world lock");
+        world.asked.push(format!("adopt {}", m.drive_id));
+        let d = world.drives.iter_mut().find(|d| d.id == m.drive_id).ok_or_else(|| format!("there is no drive {} on this node", m.drive_id))?;
+        d.class = crate::words::DriveClass::Managed;
+        d.reason = "carries a drivelet GPT".into();
+        d.owner = crate::words::DriveOwner::Ours;
+        Ok(crate::actors::messages::Adopted { drive_id: m.drive_id, from: "node node-2 of this cluster".into(), volumes: vec![], already: false })
+    }
+}
+
 impl Handler<SubscribeDrives> for FakeInventory {
     type Result = ();
     fn handle(&mut self, m: SubscribeDrives, _: &mut Context<Self>) {
@@ -376,6 +389,7 @@ fn start_sync(client: Client, world: &Shared) -> Addr<DriveSync> {
     let sources = Sources {
         inventory_status: inventory.clone().recipient(),
         drives: inventory.clone().recipient(),
+        adopt: inventory.clone().recipient(),
         subscribe: inventory.recipient(),
         subscribe_volumes: volumes.clone().recipient(),
         volumes_ready: volumes.clone().recipient(),
@@ -813,4 +827,51 @@ async fn the_pods_of_each_volume_are_found_through_claim_and_pv_and_a_failed_loo
     assert_eq!(executor.pods(NODE).await, want(&["apps/web-0"]));
     assert_eq!(executor.pods(NODE).await, want(&["apps/web-0"]), "the last answer stays");
     server.await.expect("server").assert_no_more_requests("one list, one get per claim, one per new PV");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adoption_in_the_spec_is_asked_of_the_inventory_once_and_reported_adopted() {
+    tokio::task::LocalSet::new()
+        .run_until(async {
+            let (client, mut handle) = fake_api();
+            let mut elsewhere = drive("wwn-e", DriveClass::OwnedElsewhere, "belongs to node node-2 of this cluster; holds no volume");
+            elsewhere.owner = crate::words::DriveOwner::Elsewhere {
+                owner: crate::words::Owner { cluster: "c1".into(), node: "node-2".into() },
+                volumes: vec![],
+            };
+            let world = world(true, vec![elsewhere.clone()]);
+            let _sync = start_sync(client, &world);
+
+            let mut asked = served(&object_of(&elsewhere));
+            asked.spec.action = Some(crd::DriveAction::Adopt);
+            asked.spec.restore_claims = Some(true);
+            asked.metadata.generation = Some(2);
+            let name = asked.name_any();
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
+            respond(send, &drive_list(&[asked.clone()]));
+            // The drive is managed now: only the status is written, the action is done.
+            let call = handle.next("the status apply").await;
+            assert_eq!(call.uri, status_path(&name));
+            assert_eq!(call.body["status"]["class"], "managed");
+            assert!(call.body["status"].get("owner").is_none(), "this node's drive has no other owner");
+            let c = &call.body["status"]["conditions"][0];
+            assert_eq!((c["status"].as_str(), c["reason"].as_str(), c["observedGeneration"].as_i64()), (Some("True"), Some("Adopted"), Some(2)));
+            assert_eq!(c["message"].as_str(), Some("drive wwn-e belongs to this node: it holds no volume"));
+            let mut now = asked.clone();
+            now.status = serde_json::from_value(call.body["status"].clone()).expect("a status");
+            respond(call.reply, &now);
+            let (event, send) = handle.expect_path(Method::POST, EVENTS_PATH).await;
+            assert_eq!((event["reason"].as_str(), event["type"].as_str(), event["action"].as_str()), (Some("Adopted"), Some("Normal"), Some("Adopt")));
+            respond(send, &event);
+            assert_eq!(world.lock().expect("world lock").asked, ["adopt wwn-e"]);
+
+            // The next sync finds it this node's: nothing asked, nothing written.
+            tokio::time::sleep(RESYNC).await;
+            let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
+            respond(send, &drive_list(&[now]));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            handle.assert_no_more_requests("an adopted drive writes nothing");
+            assert_eq!(world.lock().expect("world lock").asked.len(), 1, "asked once");
+        })
+        .await;
 }

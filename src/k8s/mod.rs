@@ -69,6 +69,9 @@ pub(crate) mod identity;
 pub(crate) mod node;
 /// The API permissions drivelet needs, the table the deployment's RBAC is checked against.
 pub mod rbac;
+/// Re-homing claims: the PVs of the volumes this node serves (an adopted drive's) pinned
+/// to this node, bound to the same claims; decisions (mod.rs), the executor and its loop.
+pub(crate) mod rehome;
 /// The external-resizer: decisions about a claim asking for more and the status it
 /// writes (mod.rs), the controller the shell runs (the ResizeQueue), the executor and
 /// the volume side.

@@ -64,25 +64,29 @@ pub const PERMISSIONS: &[Permission] = &[
         scope: Scope::Cluster,
         group: "",
         resource: "persistentvolumes",
-        verbs: &["get", "list", "watch", "patch", "delete"],
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
         used_by: "k8s::shell (the AttachQueue's and the ResizeQueue's watchers), \
                   k8s::attach::executor::Executor (PV finalizer patches), k8s::resize::executor::Executor (spec.capacity \
                   merge patch after growing), k8s::events::reporter::ConditionReporter and k8s::events::moved::MoveEvents \
                   (list PVs to find a volume's claim), k8s::drives::Executor (gets the PV of a claim a pod of this node \
                   uses, for the pods of each volume in the Drive status), \
                   k8s::duties::executor::Executor (lists them; finalizer patches and delete of a deleted node's \
-                  Released PVs)",
+                  Released PVs), k8s::rehome::executor::Executor (gets the PV of each volume this node serves; \
+                  replaces one pinned to another node: Retain patch, finalizer patch, delete, create pinned here; \
+                  creates one that is gone)",
     },
     Permission {
         scope: Scope::Cluster,
         group: "",
         resource: "persistentvolumeclaims",
-        verbs: &["get", "list", "watch", "patch", "delete"],
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
         used_by: "k8s::shell (the ResizeQueue's watcher: claims asking for more than they have), \
                   k8s::drives::Executor (gets each claim a pod of this node uses, for the pods of each volume), \
                   k8s::duties::executor::Executor (lists the claims of a deleted node's PVs; deletes one whose \
                   StorageClass has drivelet.io/on-node-deleted: release-claims; annotates a kept one once it is \
-                  warned, so the NodeDeleted Warning is recorded once per claim)",
+                  warned, so the NodeDeleted Warning is recorded once per claim); \
+                  k8s::rehome::executor::Executor (gets the claim of each volume this node serves; creates one that is \
+                  gone when its drive's adoption asks to restore claims)",
     },
     Permission {
         scope: Scope::Cluster,
@@ -107,8 +111,8 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "events",
         verbs: &["create", "patch"],
         used_by: "kube::runtime::events::Recorder in k8s::attach, k8s::events, k8s::resize, k8s::snapshot (on \
-                  VolumeSnapshots and VolumeSnapshotContents) and k8s::duties (create; patch when a repeated Event \
-                  becomes a series)",
+                  VolumeSnapshots and VolumeSnapshotContents), k8s::duties and k8s::rehome (on claims) (create; patch \
+                  when a repeated Event becomes a series)",
     },
     Permission {
         scope: Scope::Cluster,
@@ -133,7 +137,8 @@ pub const PERMISSIONS: &[Permission] = &[
         used_by: "Drive object sync (kubernetes.drive_objects): list by node label, server-side \
                   apply (patch, and create when the object is new), delete of stale objects, a watch \
                   of this node's objects so an admin's spec.action is acted on at once; \
-                  k8s::duties::executor::Executor (list; delete of a deleted node's objects)",
+                  k8s::duties::executor::Executor (list; delete of a deleted node's objects); \
+                  k8s::rehome::executor::Executor (lists this node's objects: which adoptions restore claims)",
     },
     Permission {
         scope: Scope::Cluster,

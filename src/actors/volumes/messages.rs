@@ -416,3 +416,14 @@ pub struct VolumesChanged {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct SubscribeVolumes(pub Recipient<VolumesChanged>);
+
+/// Command: record what a volume serves in Kubernetes (its PV and claim, read from the
+/// API), so its drive's note says it too. Idempotent: the same binding writes nothing.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), VolumeError>")]
+pub struct SetBinding {
+    /// Volume id.
+    pub volume_id: String,
+    /// The binding from now on.
+    pub binding: crate::words::Binding,
+}

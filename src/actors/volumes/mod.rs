@@ -34,6 +34,7 @@
 //! handlers forward to it and run the disk steps it asks for ([`ops`]) off the actor
 //! thread; [`messages`] are what it answers, [`startup`] how it starts.
 
+pub(crate) mod binding;
 pub(crate) mod book;
 pub(crate) mod cleaner;
 pub(crate) mod clone;

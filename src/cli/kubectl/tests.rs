@@ -16,6 +16,7 @@ fn drive(node: &str, id: &str, status: DriveStatus) -> Drive {
             size: Some("1.0 GiB".into()),
             media: "ssd".into(),
             action: None,
+            restore_claims: None,
         },
     );
     d.status = Some(status);
@@ -26,6 +27,7 @@ fn managed(volumes: Vec<DriveVolume>) -> DriveStatus {
     DriveStatus {
         class: Some(DriveClass::Managed),
         class_reason: Some("carries a drivelet GPT".into()),
+        owner: None,
         health: Some(DriveHealth::Unknown),
         health_reason: Some(NOT_CHECKED.into()),
         usage: Some(DriveUsage::Active),
@@ -166,4 +168,77 @@ fn a_drive_is_named_node_slash_id_or_by_its_object_and_a_wrong_name_exits_3() {
     assert!(e.to_string().contains("no drive node-c/d1: name it NODE/DRIVE"), "{e}");
     assert_eq!(KubectlError::TimedOut("x".into()).exit_code(), 4);
     assert_eq!(KubectlError::Refused("x".into()).exit_code(), 1);
+}
+
+#[test]
+fn a_drive_owned_elsewhere_reads_as_ctl_drives_says_it_with_whose_it_is() {
+    use crate::k8s::crd::{DriveOwnerStatus, HeldVolumeStatus};
+    let why = "belongs to node node-2 of this cluster; holds 1 volume: claim apps/data-0 (64.0 MiB); nothing is written to it until an admin adopts it";
+    let st = DriveStatus {
+        class: Some(DriveClass::OwnedElsewhere),
+        class_reason: Some(why.into()),
+        owner: Some(DriveOwnerStatus {
+            words: "node node-2 of this cluster".into(),
+            cluster: Some("c1".into()),
+            node: Some("node-2".into()),
+            this_cluster: true,
+            volumes: vec![HeldVolumeStatus { id: "v1".into(), size_bytes: 64 << 20, claim: Some("apps/data-0".into()), pv: Some("pv-1".into()) }],
+        }),
+        health: Some(DriveHealth::Good),
+        ..Default::default()
+    };
+    let row = drive_row(&drive("node-1", "d7", st));
+    assert_eq!(row.class, "owned-elsewhere");
+    assert_eq!(row.owner.as_deref(), Some("node node-2 of this cluster"));
+    assert!(row.reason.starts_with("belongs to node node-2 of this cluster; holds 1 volume: claim apps/data-0"), "{}", row.reason);
+    let table = drives_table(std::slice::from_ref(&row));
+    assert!(table.contains("owned-elsewhere") && table.contains("node node-2 of this cluster"), "{table}");
+    let json = serde_json::to_value(&row).expect("row");
+    assert_eq!(json["owner"], "node node-2 of this cluster");
+    let managed_row = drive_row(&drive("node-1", "d1", managed(vec![])));
+    assert!(serde_json::to_value(&managed_row).expect("row").get("owner").is_none(), "no owner for a managed drive");
+}
+
+#[tokio::test]
+async fn adopt_patches_the_action_and_restore_claims_and_a_refusal_exits_1() {
+    use crate::k8s::fake_api::{fake_api, list_of, respond};
+    use http::Method;
+    let mut d = drive("node-1", "d7", DriveStatus { class: Some(DriveClass::OwnedElsewhere), ..Default::default() });
+    d.metadata.generation = Some(1);
+    let name = d.name_any();
+    let (client, mut api) = fake_api();
+    let server = {
+        let (d, name) = (d.clone(), name.clone());
+        tokio::spawn(async move {
+            for (restore, refuse) in [(true, false), (false, true)] {
+                let (_, reply) = api.expect_path(Method::GET, "/apis/drivelet.io/v1alpha1/drives").await;
+                respond(reply, &list_of("Drive", "drivelet.io/v1alpha1", "1", vec![serde_json::to_value(&d).unwrap()]));
+                let (body, reply) = api.expect_path(Method::PATCH, &format!("/apis/drivelet.io/v1alpha1/drives/{name}")).await;
+                let want = if restore { serde_json::json!(true) } else { serde_json::Value::Null };
+                assert_eq!(body, serde_json::json!({"spec": {"action": "adopt", "restoreClaims": want}}));
+                let mut patched = d.clone();
+                patched.spec.action = Some(DriveAction::Adopt);
+                patched.metadata.generation = Some(2);
+                respond(reply, &patched);
+                let (_, reply) = api.expect_path(Method::GET, &format!("/apis/drivelet.io/v1alpha1/drives/{name}")).await;
+                let mut now = patched.clone();
+                let (status, reason) = if refuse { ("False", REFUSED) } else { ("True", "Adopted") };
+                now.status.as_mut().unwrap().conditions = vec![DriveCondition {
+                    type_: ACTION_COMPLETE.into(),
+                    status: status.into(),
+                    reason: reason.into(),
+                    message: format!("drive d7: {reason}"),
+                    observed_generation: 2,
+                    last_transition_time: "2026-11-28T05:00:00Z".into(),
+                }];
+                respond(reply, &now);
+            }
+            api
+        })
+    };
+    let o = act(&client, "node-1/d7", Action::Adopt { restore_claims: true }, None, &mut |_| {}).await.expect("adopted");
+    assert!(o.complete && o.action == "adopt", "{o:?}");
+    let e = act(&client, "node-1/d7", Action::Adopt { restore_claims: false }, None, &mut |_| {}).await.expect_err("refused");
+    assert_eq!(e.exit_code(), 1);
+    server.await.unwrap().assert_no_more_requests("after both asks");
 }

@@ -30,6 +30,12 @@
 //!   time changes only with its status ([`condition`]).
 //! - An Event is recorded on the Drive each time the condition's reason changes
 //!   ([`event_of`]): Normal, or Warning for a refusal or a failed move.
+//! - `adopt` asks the inventory to adopt the drive ([`adopts`]) while the drive is owned
+//!   elsewhere, and at no other time: once it is managed it is this node's (done), and a
+//!   drive of any other class is refused in words without asking. [`adopt_outcome`] is
+//!   `Adopted` (True) once the drive is managed, `Adopting` (False) until then, `Refused`
+//!   when the inventory refused or the class rules it out. The volumes' claims are
+//!   re-homed by [`crate::k8s::rehome`], which reads `spec.restoreClaims` of the object.
 //! - An object without `spec.action` gets no condition: nothing was asked.
 
 use std::collections::BTreeMap;
@@ -49,6 +55,11 @@ pub(crate) const EVACUATED: &str = "Evacuated";
 pub(crate) const EVACUATION_FAILED: &str = "EvacuationFailed";
 /// Reason of the condition when the volume manager refused the action.
 pub(crate) const REFUSED: &str = "Refused";
+
+/// Reason of the condition while a drive is being adopted.
+pub(crate) const ADOPTING: &str = "Adopting";
+/// Reason of the condition once an adopted drive is this node's.
+pub(crate) const ADOPTED: &str = "Adopted";
 
 /// The one condition type a Drive's action reports in.
 pub(crate) const ACTION_COMPLETE: &str = "ActionComplete";
@@ -83,6 +94,50 @@ pub(crate) fn command(action: DriveAction, usage: Option<&DriveUse>, fresh: bool
         // admin asked; ask, so it does.
         (DriveAction::Release, Some(DriveUseState::Releasing)) if usage.is_some_and(|u| !u.requested) => Some(Command::Release),
         (DriveAction::Release, Some(_)) => None,
+        // Adopting is asked of the inventory, by the drive's class: see [`adopts`].
+        (DriveAction::Adopt, _) => None,
+    }
+}
+
+/// Whether `adopt` is to be asked of the inventory for a drive of class `class` now:
+/// only while it is owned elsewhere (a managed drive is this node's already; any other
+/// class is refused by [`adopt_outcome`] without asking).
+pub(crate) fn adopts(action: DriveAction, class: Option<crate::k8s::crd::DriveClass>) -> bool {
+    action == DriveAction::Adopt && class == Some(crate::k8s::crd::DriveClass::OwnedElsewhere)
+}
+
+/// The condition's status, reason and message for `adopt` of drive `drive_id`, whose
+/// class is now `class` (why: `class_reason`), holding `volumes`; `refused` is the
+/// inventory's answer when it refused.
+pub(crate) fn adopt_outcome(
+    drive_id: &str,
+    class: Option<crate::k8s::crd::DriveClass>,
+    class_reason: &str,
+    volumes: &[String],
+    refused: Option<&str>,
+) -> (bool, &'static str, String) {
+    use crate::k8s::crd::DriveClass;
+    if let Some(why) = refused {
+        return (false, REFUSED, format!("drive {drive_id} could not be adopted: {why}"));
+    }
+    match class {
+        Some(DriveClass::Managed) => {
+            let held = match volumes.len() {
+                0 => "it holds no volume".to_string(),
+                1 => format!("its volume {} is served here; its claim's PV is pinned to this node (the claim's Events say so)", volumes[0]),
+                n => format!(
+                    "its {n} volumes ({}) are served here; their claims' PVs are pinned to this node (each claim's Events say so)",
+                    volumes.join(", ")
+                ),
+            };
+            (true, ADOPTED, format!("drive {drive_id} belongs to this node: {held}"))
+        }
+        Some(DriveClass::OwnedElsewhere) => (false, ADOPTING, format!("drive {drive_id} {class_reason}; the agent is adopting it")),
+        Some(other) => {
+            let word = serde_json::to_value(other).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+            (false, REFUSED, format!("drive {drive_id} is {word} ({class_reason}): only a drivelet disk owned elsewhere is adopted"))
+        }
+        None => (false, ADOPTING, format!("drive {drive_id}: adoption asked; the agent has not classified the drive yet")),
     }
 }
 
@@ -141,6 +196,8 @@ pub(crate) fn outcome(
         ),
         (DriveAction::Release, _) => (false, "Active", format!("drive {drive_id} takes new volumes; the agent is releasing it")),
         (DriveAction::Evacuate, _) => evacuation_outcome(drive_id, usage, evacuation, pods),
+        // Judged by the drive's class: the sync asks [`adopt_outcome`].
+        (DriveAction::Adopt, _) => adopt_outcome(drive_id, None, "", volumes, None),
     }
 }
 
@@ -239,6 +296,7 @@ pub(crate) fn event_of(action: DriveAction, before: Option<&DriveCondition>, aft
         DriveAction::Cordon => "Cordon",
         DriveAction::Release => "Release",
         DriveAction::Evacuate => "Evacuate",
+        DriveAction::Adopt => "Adopt",
     };
     let warning = after.reason == REFUSED || after.reason == EVACUATION_FAILED;
     Some(Event {

@@ -212,3 +212,52 @@ fn the_transition_time_moves_with_the_status_and_events_with_the_reason() {
     assert!(matches!(event_of(DriveAction::Cordon, Some(&done), &refused).map(|e| e.type_), Some(EventType::Warning)));
     assert!(event_of(DriveAction::Cordon, None, &done).is_some(), "the first condition is told");
 }
+
+#[test]
+fn adopt_is_asked_only_of_a_drive_owned_elsewhere_and_is_done_once_the_drive_is_managed() {
+    use crate::k8s::crd::DriveClass::*;
+    // (case, class, asked of the inventory)
+    let table = [
+        ("owned elsewhere: asked", Some(OwnedElsewhere), true),
+        ("managed: this node's already", Some(Managed), false),
+        ("foreign: refused without asking", Some(Foreign), false),
+        ("system: refused without asking", Some(System), false),
+        ("excluded: refused without asking", Some(Excluded), false),
+        ("not classified yet", None, false),
+    ];
+    for (case, class, want) in table {
+        assert_eq!(adopts(DriveAction::Adopt, class), want, "{case}");
+    }
+    for other in [DriveAction::None, DriveAction::Cordon, DriveAction::Release, DriveAction::Evacuate] {
+        assert!(!adopts(other, Some(OwnedElsewhere)), "{other:?} adopts nothing");
+    }
+    assert_eq!(command(DriveAction::Adopt, None, true), None, "the volume manager is asked nothing");
+}
+
+#[test]
+fn the_adoption_condition_says_whose_the_drive_was_what_it_serves_and_why_it_is_refused() {
+    use crate::k8s::crd::DriveClass::*;
+    let vols = vec!["v1".to_string(), "v2".to_string()];
+    let whose = "belongs to node node-2 of this cluster; holds 2 volumes: claim apps/data-0 (64.0 MiB), claim apps/data-1 (64.0 MiB)";
+    // (case, class, reason, volumes, refusal, done, reason, words in the message)
+    type Case<'a> = (&'a str, Option<crate::k8s::crd::DriveClass>, &'a str, &'a [String], Option<&'a str>, bool, &'a str, &'a str);
+    let table: Vec<Case<'_>> = vec![
+        ("owned elsewhere, asked", Some(OwnedElsewhere), whose, &[], None, false, ADOPTING, "belongs to node node-2 of this cluster"),
+        ("adopted", Some(Managed), "carries a drivelet GPT", &vols, None, true, ADOPTED, "its 2 volumes (v1, v2) are served here"),
+        ("adopted, empty", Some(Managed), "carries a drivelet GPT", &[], None, true, ADOPTED, "it holds no volume"),
+        ("foreign", Some(Foreign), "has an ext4 filesystem", &[], None, false, REFUSED, "drive d1 is foreign (has an ext4 filesystem): only a drivelet disk owned elsewhere"),
+        ("system", Some(System), "holds /", &[], None, false, REFUSED, "drive d1 is system"),
+        ("the inventory refused", Some(OwnedElsewhere), whose, &[], Some("the write failed: EIO"), false, REFUSED, "could not be adopted: the write failed: EIO"),
+        ("not classified yet", None, "", &[], None, false, ADOPTING, "not classified"),
+    ];
+    for (case, class, why, vols, refused, done, reason, words) in table {
+        let (d, r, m) = adopt_outcome("d1", class, why, vols, refused);
+        assert_eq!((d, r), (done, reason), "{case}: {m}");
+        assert!(m.contains(words), "{case}: {m:?} should say {words:?}");
+        assert!(!m.contains("Some(") && !m.contains("OwnedElsewhere"), "{case}: plain words: {m}");
+    }
+    let c = condition(adopt_outcome("d1", Some(Managed), "", &vols, None), 2, None, "2026-11-28T05:00:00Z");
+    let ev = event_of(DriveAction::Adopt, None, &c).expect("an Event");
+    assert_eq!((ev.reason.as_str(), ev.action.as_str()), (ADOPTED, "Adopt"));
+    assert!(matches!(ev.type_, EventType::Normal));
+}

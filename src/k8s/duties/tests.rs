@@ -119,6 +119,7 @@ pub(crate) fn drive(name: &str, node: &str) -> Drive {
             model: None,
             media: "ssd".into(),
             action: None,
+            restore_claims: None,
             size_bytes: 1 << 30,
             size: Some("1 GiB".into()),
         },

@@ -684,3 +684,67 @@ fn the_agent_leads_the_cluster_duties_hands_them_over_on_sigterm_and_back_delete
     assert!(logs.lines().any(|l| l.contains("volume deleted") && l.contains(&removed)), "the deletion is logged");
     assert_requests_are_permitted(&api);
 }
+
+#[test]
+fn a_volume_whose_pv_is_pinned_to_another_node_gets_its_pv_pinned_here_bound_to_the_same_claim_retain_first() {
+    require_host();
+    let tmp = short_tempdir();
+    let dir = tmp.path();
+    let _drive = LoopDrive::new(dir, "k7.img", 1 << 30);
+    let api = FakeApi::start();
+    api.create(NODES, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}}));
+    let agent = Agent::start(dir, kube_opts(&api, dir));
+    let rt = rt();
+    // A volume made for PV pv-r and claim apps/data-r, as the provisioner asks with
+    // --extra-create-metadata; its PV is pinned to node-2 (its drive came from there).
+    let params = [("csi.storage.k8s.io/pv/name", "pv-r"), ("csi.storage.k8s.io/pvc/name", "data-r"), ("csi.storage.k8s.io/pvc/namespace", "apps")];
+    let id = rt.block_on(async {
+        let mut csi = Csi::connect(&agent).await;
+        let r = csi.ctrl.create_volume(vol_req("pv-r", 64 << 20, 0, vec![mount_cap("ext4")], &params)).await.expect("create");
+        r.into_inner().volume.expect("volume").volume_id
+    });
+    api.create(
+        "/api/v1/namespaces/apps/persistentvolumeclaims",
+        json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "data-r", "namespace": "apps"},
+            "spec": {"volumeName": "pv-r", "storageClassName": "fast", "accessModes": ["ReadWriteOnce"]},
+            "status": {"phase": "Bound"}
+        }),
+    );
+    let mut old = pv("pv-r", &id, "data-r");
+    old["metadata"]["finalizers"] = json!(["kubernetes.io/pv-protection", "external-provisioner.volume.kubernetes.io/finalizer"]);
+    old["spec"]["claimRef"]["name"] = json!("data-r");
+    // The fake API server names each object's uid after it.
+    old["spec"]["claimRef"]["uid"] = json!("uid-data-r");
+    old["spec"]["persistentVolumeReclaimPolicy"] = json!("Delete");
+    old["spec"]["storageClassName"] = json!("fast");
+    old["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "topology.drivelet.io/node", "operator": "In", "values": ["node-2"]}]}]}});
+    api.create(PVS, old);
+
+    let new = api.wait_for(Duration::from_secs(20), "pv-r pinned to this node", &agent, |api| {
+        api.get(PVS, "pv-r").filter(|p| p["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == json!([NODE]))
+    });
+    assert_eq!(new["spec"]["persistentVolumeReclaimPolicy"], "Delete", "the policy it had: {new}");
+    assert_eq!(new["spec"]["claimRef"]["uid"], "uid-data-r", "bound to the same claim");
+    assert_eq!(new["spec"]["csi"]["volumeHandle"], json!(id));
+    assert_eq!(new["metadata"]["annotations"]["pv.kubernetes.io/provisioned-by"], DRIVER);
+    assert!(new["metadata"]["annotations"].get("drivelet.io/reclaim-policy-before-rehome").is_none(), "{new}");
+    assert_eq!(new["metadata"]["finalizers"], json!(["external-provisioner.volume.kubernetes.io/finalizer"]));
+    // Retain came first: no moment existed in which a Delete policy could reach the volume.
+    let log = api.log();
+    let at = |what: &str| log.iter().position(|l| l.starts_with(what)).unwrap_or_else(|| panic!("{what} in {log:?}"));
+    let (retain, delete, create) = (at("PATCH /api/v1/persistentvolumes/pv-r"), at("DELETE /api/v1/persistentvolumes/pv-r"), at("POST /api/v1/persistentvolumes"));
+    assert!(retain < delete && delete < create, "Retain, then delete, then create: {log:?}");
+    api.wait_for(Duration::from_secs(10), "a VolumeAdopted Event on the claim", &agent, |api| {
+        let events = api.list("/events");
+        let e = events_about(&events, "PersistentVolumeClaim", "data-r", "VolumeAdopted").first().map(|e| (*e).clone());
+        e.filter(|e| e["note"].as_str().is_some_and(|n| n.contains(NODE) && n.contains("node-2")))
+    });
+    // The next pass finds it here and records the claim's uid and class for the note.
+    api.wait_for(Duration::from_secs(20), "the volume's binding recorded", &agent, |_| {
+        agent.logs().lines().any(|l| l.contains("binding recorded") && l.contains(&id)).then_some(())
+    });
+    assert_requests_are_permitted(&api);
+}
