@@ -193,6 +193,8 @@ fn make_drives(dir: &Path, volumes: usize, drives: usize) -> (Vec<PathBuf>, Vec<
                 clone_of: None,
                 restored_from: None,
                 snapshot: None,
+                moving: None,
+                binding: Default::default(),
             });
         }
     }
