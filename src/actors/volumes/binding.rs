@@ -14,6 +14,15 @@ use super::model::VolumeRecord;
 use super::ops::Outcome;
 use super::{reply, Reply, SetBinding, VolumeError, VolumeManager};
 
+impl Handler<super::ListServedVolumes> for VolumeManager {
+    type Result = MessageResult<super::ListServedVolumes>;
+    fn handle(&mut self, _: super::ListServedVolumes, _: &mut Context<Self>) -> Self::Result {
+        let here: std::collections::BTreeSet<&str> =
+            self.book.drives().filter(|d| d.class == crate::words::DriveClass::Managed).map(|d| d.id.as_str()).collect();
+        MessageResult(self.book.records().filter(|r| r.is_volume() && !r.lost && here.contains(r.drive_id.as_str())).cloned().collect())
+    }
+}
+
 impl Handler<SetBinding> for VolumeManager {
     type Result = Reply<()>;
     fn handle(&mut self, m: SetBinding, _: &mut Context<Self>) -> Self::Result {

@@ -210,6 +210,14 @@ pub struct GetVolume {
 #[rtype(result = "Vec<VolumeRecord>")]
 pub struct ListVolumes;
 
+/// Query: the volumes this node serves now: on a drive that is here and this node's
+/// (managed), their partition there. A record of a volume whose drive is gone (pulled,
+/// or moved to another node and adopted there) is not one: its claim is not this
+/// node's to re-home.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Vec<VolumeRecord>")]
+pub struct ListServedVolumes;
+
 /// Query: whether start-up reconciliation is done.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "bool")]

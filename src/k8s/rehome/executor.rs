@@ -28,7 +28,7 @@ use tracing::{info, warn};
 
 use super::{claim_to_read, decide, Seen, Step, POLICY_BEFORE};
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
-use crate::actors::volumes::{ListVolumes, SetBinding};
+use crate::actors::volumes::{ListServedVolumes, SetBinding};
 use crate::k8s::crd::{Drive, DriveAction};
 use crate::k8s::drives::{node_label_value, NODE_LABEL};
 use crate::k8s::identity::Identity;
@@ -73,7 +73,8 @@ fn is_code(e: &kube::Error, code: u16) -> bool {
 
 /// The volume side: this node's volumes, and recording a volume's binding.
 pub(crate) trait RehomeBackend: Ready + Send + Sync + 'static {
-    /// The volumes this node holds.
+    /// The volumes this node serves now (never a record whose drive is gone: a disk
+    /// moved to another node and adopted there is that node's to re-home).
     fn volumes(&self) -> impl Future<Output = Result<Vec<VolumeRecord>, KubeError>> + Send;
     /// Records `binding` as `volume_id`'s.
     fn set_binding(&self, volume_id: &str, binding: Binding) -> impl Future<Output = Result<(), KubeError>> + Send;
@@ -81,7 +82,7 @@ pub(crate) trait RehomeBackend: Ready + Send + Sync + 'static {
 
 impl RehomeBackend for ManagerBackend {
     async fn volumes(&self) -> Result<Vec<VolumeRecord>, KubeError> {
-        self.volumes().send(ListVolumes).await.map_err(KubeError::unanswered(""))
+        self.volumes().send(ListServedVolumes).await.map_err(KubeError::unanswered(""))
     }
 
     async fn set_binding(&self, volume_id: &str, binding: Binding) -> Result<(), KubeError> {
