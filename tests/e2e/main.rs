@@ -63,6 +63,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod adopt;
 mod clone;
 mod drive_actions;
 mod evacuate;
@@ -102,7 +103,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 13] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 14] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
         ("the state dir wiped: every volume served again from its disk, same claims, same data", ownership::journey_state_wiped),
         ("evacuate: three volumes moved off a drive, one after its pod, kill -9 mid-move; the drive replaced", evacuate::journey_evacuate),
@@ -115,6 +116,7 @@ fn main() {
         ("snapshots: refused in use, frozen, restored (ext4, xfs, block) after source deletion and a restart; space freed", snapshots::journey_snapshots),
         ("a drive failing under a running pod; a drive released", journey_failure),
         ("kubectl drivelet: tables as ctl's, cordon, uncordon, release through the Drive spec", drive_actions::journey_drive_actions),
+        ("a disk moved from a dead node: owned elsewhere, untouched, adopted; its claims' PVs pinned here, their data read by pods here", adopt::journey_moved_disk),
         ("clean-up: nothing left behind", journey_cleanup),
     ];
     let mut failed = None;

@@ -1,0 +1,244 @@
+//! A disk moved from a dead node to the real node (issue 30): its volumes serve their
+//! claims there after one `kubectl drivelet drive adopt`, with their data.
+//!
+//! The dead node is `node-gone`, which never had a Node object: a drivelet agent run on
+//! the host under that name (with this cluster's id) makes two block volumes on a loop
+//! drive of its own and writes 1 MiB of random bytes to each; their PVs (pinned to
+//! `node-gone`, as the provisioner would have made them) and claims are created and
+//! bound. The agent is stopped, and the drive is moved: its image file attached again
+//! under the real node's drive filter. Then:
+//! - the real node shows the drive `owned-elsewhere`, whose it is and its claims, and
+//!   writes nothing to it (the image file's checksum holds while it is listed);
+//! - `kubectl drivelet drive adopt NODE/DRIVE --wait` ends with the drive managed;
+//! - each claim's PV is pinned to the real node (same name, same claim uid), each claim
+//!   has a `VolumeAdopted` Event, and a pod of each claim runs on the real node and reads
+//!   the same checksum;
+//! - everything is deleted again and the drive detached, so the journeys after find the
+//!   real node as before.
+
+use std::process::{Command, Stdio};
+
+use super::drive_actions::plugin_ok;
+use super::*;
+
+const GONE: &str = "node-gone";
+const CLAIMS: [&str; 2] = ["moved-a", "moved-b"];
+
+fn gone_dir() -> PathBuf {
+    Path::new(E2E_DIR).join(GONE)
+}
+
+fn moved_file() -> PathBuf {
+    Path::new(E2E_DIR).join("drives/moved.img")
+}
+
+fn sh(cmd: &str, args: &[&str]) -> Result<String, String> {
+    super::nodes::run_cmd(cmd, args).map(|s| s.trim().to_string())
+}
+
+/// The host agent of `node-gone`, as JSON of `drivelet csi|ctl ...`.
+fn gone(args: &[&str]) -> Result<Value, String> {
+    let bin = Path::new(E2E_DIR).join("bin/drivelet");
+    let out = sh(&bin.display().to_string(), args)?;
+    serde_json::from_str(&out).map_err(|e| format!("drivelet {}: {e}: {out}", args.join(" ")))
+}
+
+fn pv_yaml(pv: &str, claim: &str, handle: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: {pv}
+  annotations:
+    pv.kubernetes.io/provisioned-by: {DRIVER}
+spec:
+  capacity:
+    storage: 32Mi
+  volumeMode: Block
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Delete
+  storageClassName: drivelet-e2e-ext4
+  claimRef:
+    namespace: {NS}
+    name: {claim}
+  csi:
+    driver: {DRIVER}
+    volumeHandle: {handle}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions:
+            - key: {TOPOLOGY_KEY}
+              operator: In
+              values: [{GONE}]
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: {claim}
+  namespace: {NS}
+spec:
+  storageClassName: drivelet-e2e-ext4
+  volumeMode: Block
+  accessModes: [ReadWriteOnce]
+  volumeName: {pv}
+  resources:
+    requests:
+      storage: 32Mi
+---
+"
+    )
+}
+
+/// The node a PV is pinned to.
+fn pinned_to(pv: &str) -> Result<String, String> {
+    let v = get_json(&["get", "pv", pv])?;
+    Ok(v["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0].as_str().unwrap_or_default().to_string())
+}
+
+fn md5_of(dev: &str, offset_mib: u64) -> Result<String, String> {
+    let out = Command::new("sh")
+        .args(["-c", &format!("dd if={dev} bs=1M skip={offset_mib} count=1 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1")])
+        .output()
+        .map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+pub(crate) fn journey_moved_disk(ctx: &mut Ctx) -> Check {
+    kubectl(&["create", "namespace", NS]).or_else(|e| if e.contains("AlreadyExists") { Ok(String::new()) } else { Err(e) })?;
+    let dir = gone_dir();
+    std::fs::create_dir_all(dir.join("drives")).map_err(|e| e.to_string())?;
+    let img = dir.join("drives/gone.img");
+    sh("truncate", &["-s", "512M", &img.display().to_string()])?;
+    let dev = sh("losetup", &["--find", "--show", &img.display().to_string()])?;
+    sh("udevadm", &["settle"])?;
+
+    // node-gone's agent: this cluster's id, its own drive only.
+    let cluster = get_json(&["get", "namespace", "kube-system"])?["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+    let config = dir.join("drivelet.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[driver]\nnode_name = \"{GONE}\"\ncluster_id = \"{cluster}\"\n[paths]\ncsi_socket = \"{d}/csi.sock\"\nadmin_socket = \"{d}/admin.sock\"\nstate_dir = \"{d}/state\"\n\
+             [kubelet]\nregistration = false\n[http]\naddress = \"\"\n[drives]\nallow_loop = true\n[drives.filters]\ninclude_paths = [\"{d}/drives/*.img\"]\n\
+             [volumes]\nclean_blank_drives = false\n[log]\nformat = \"compact\"\n",
+            d = dir.display()
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let bin = Path::new(E2E_DIR).join("bin/drivelet");
+    let log = std::fs::File::create(dir.join("agent.log")).map_err(|e| e.to_string())?;
+    let mut agent = Command::new(&bin).args(["run", "--config", &config.display().to_string()]).stdout(Stdio::null()).stderr(log).spawn().map_err(|e| e.to_string())?;
+    let sock = dir.join("csi.sock").display().to_string();
+    let made = (|| -> Result<Vec<(String, String, String, u64)>, String> {
+        wait_for("node-gone's agent managing its drive", Duration::from_secs(60), || {
+            let d = gone(&["ctl", "--socket", &dir.join("admin.sock").display().to_string(), "drives", "-o", "json"]).ok();
+            Ok(d.filter(|d| d.as_array().into_iter().flatten().any(|x| x["path"] == dev.as_str() && x["class"] == "managed" && x.get("cleaning").is_none())).map(|_| ()))
+        })?;
+        let mut made = Vec::new();
+        for c in CLAIMS {
+            let pv = format!("pv-{c}");
+            let v = gone(&[
+                "csi", "--endpoint", &sock, "create", &pv, "--size", "32Mi", "--block", "-o", "json",
+                "--param", "media=virtual", "--param", "layout=partition",
+                "--param", &format!("csi.storage.k8s.io/pv/name={pv}"),
+                "--param", &format!("csi.storage.k8s.io/pvc/name={c}"),
+                "--param", &format!("csi.storage.k8s.io/pvc/namespace={NS}"),
+            ])?;
+            let id = v["volume_id"].as_str().or(v["id"].as_str()).ok_or(format!("created {v}"))?.to_string();
+            let rec = gone(&["ctl", "--socket", &dir.join("admin.sock").display().to_string(), "volumes", "-o", "json"])?;
+            let start = rec.as_array().into_iter().flatten().find(|r| r["id"] == id.as_str()).and_then(|r| r["start"].as_u64()).ok_or(format!("no record of {id}: {rec}"))?;
+            // 1 MiB of random bytes at the volume's start, through the whole disk.
+            sh("sh", &["-c", &format!("head -c 1048576 /dev/urandom | dd of={dev} bs=1M seek={} oflag=direct conv=notrunc 2>/dev/null", start / MIB)])?;
+            let sum = md5_of(&dev, start / MIB)?;
+            made.push((c.to_string(), pv, id, start));
+            let _ = sum;
+        }
+        Ok(made)
+    })();
+    let _ = nix_term(&mut agent);
+    let made = made?;
+    let sums: Vec<String> = made.iter().map(|(_, _, _, start)| md5_of(&dev, start / MIB)).collect::<Result<_, _>>()?;
+    let mut objects = String::new();
+    for (c, pv, id, _) in &made {
+        objects += &pv_yaml(pv, c, id);
+    }
+    apply(&objects)?;
+    for (c, _, _, _) in &made {
+        wait_for(&format!("claim {c} Bound"), Duration::from_secs(60), || {
+            Ok((get_json(&["get", "pvc", "-n", NS, c])?["status"]["phase"] == "Bound").then_some(()))
+        })?;
+    }
+    let uids: Vec<String> = made.iter().map(|(c, _, _, _)| get_json(&["get", "pvc", "-n", NS, c]).map(|v| v["metadata"]["uid"].as_str().unwrap_or_default().to_string())).collect::<Result<_, _>>()?;
+
+    // The disk moved to the real node: under its drive filter.
+    sh("losetup", &["-d", &dev])?;
+    std::fs::rename(&img, moved_file()).map_err(|e| e.to_string())?;
+    let dev = sh("losetup", &["--find", "--show", &moved_file().display().to_string()])?;
+    sh("udevadm", &["settle"])?;
+    let drive = wait_for("the moved drive owned elsewhere on the real node", Duration::from_secs(60), || {
+        Ok(ctl_drives()?.into_iter().find(|d| d["path"] == dev.as_str() && d["class"] == "owned-elsewhere"))
+    })?;
+    let reason = drive["reason"].as_str().unwrap_or_default().to_string();
+    for words in [format!("belongs to node {GONE} of this cluster"), format!("claim {NS}/moved-a (32.0 MiB)"), "until an admin adopts it".into()] {
+        ensure(reason.contains(&words), || format!("the moved drive's reason lacks {words:?}: {reason}"))?;
+    }
+    let drive_id = drive["id"].as_str().unwrap_or_default().to_string();
+    let before = sh("md5sum", &[&moved_file().display().to_string()])?;
+    std::thread::sleep(Duration::from_secs(3));
+    ensure(sh("md5sum", &[&moved_file().display().to_string()])? == before, || "the real node wrote to a disk that is not its own".into())?;
+
+    let t = Instant::now();
+    let said = plugin_ok(&["drive", "adopt", &format!("{}/{drive_id}", real_node()), "--wait", "1m"])?;
+    ensure(said.to_lowercase().contains("adopt"), || format!("kubectl drivelet drive adopt said: {said}"))?;
+    for ((c, pv, _, _), uid) in made.iter().zip(&uids) {
+        wait_for(&format!("PV {pv} pinned to {}", real_node()), Duration::from_secs(90), || Ok((pinned_to(pv).ok().as_deref() == Some(real_node())).then_some(())))?;
+        wait_for(&format!("claim {c} Bound again"), Duration::from_secs(60), || {
+            let v = get_json(&["get", "pvc", "-n", NS, c])?;
+            Ok((v["status"]["phase"] == "Bound" && v["metadata"]["uid"] == uid.as_str() && v["spec"]["volumeName"] == pv.as_str()).then_some(()))
+        })?;
+        ensure(!events_in(NS, "PersistentVolumeClaim", c, "VolumeAdopted")?.is_empty(), || format!("claim {c} has no VolumeAdopted Event"))?;
+    }
+    ctx.measured.insert("moved disk adopted -> PVs pinned here".into(), format!("{:.1}s", t.elapsed().as_secs_f64()));
+    let mut objects = String::new();
+    for (c, _, _, _) in &made {
+        objects += &pod(&format!("{c}-pod"), c, true, "", "true");
+    }
+    apply(&objects)?;
+    for ((c, _, _, _), sum) in made.iter().zip(&sums) {
+        wait_pod_running(&format!("{c}-pod"), Duration::from_secs(120))?;
+        let got = in_pod(&format!("{c}-pod"), "dd if=/dev/e2e-block bs=1M count=1 2>/dev/null | md5sum | cut -d' ' -f1")?;
+        ensure(got == *sum, || format!("claim {c} reads {got} on the real node, {sum} was written on {GONE}"))?;
+    }
+
+    // Gone again: pods, claims (Delete: the volumes too), the drive.
+    let pods: Vec<String> = made.iter().map(|(c, _, _, _)| format!("{c}-pod")).collect();
+    let mut args = vec!["delete", "pod", "-n", NS, "--wait=true", "--timeout=60s"];
+    args.extend(pods.iter().map(String::as_str));
+    kubectl(&args)?;
+    for (c, pv, _, _) in &made {
+        kubectl(&["delete", "pvc", "-n", NS, c, "--wait=true", "--timeout=60s"])?;
+        wait_for(&format!("PV {pv} gone"), Duration::from_secs(90), || Ok(kubectl(&["get", "pv", pv]).is_err().then_some(())))?;
+    }
+    sh("losetup", &["-d", &dev])?;
+    wait_for("the moved drive gone from the real node", Duration::from_secs(60), || {
+        Ok((!ctl_drives()?.iter().any(|d| d["id"] == drive_id.as_str())).then_some(()))
+    })?;
+    let _ = std::fs::remove_file(moved_file());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// SIGTERM, then waits for the agent to exit.
+fn nix_term(child: &mut std::process::Child) -> Check {
+    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    for _ in 0..200 {
+        if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Ok(())
+}
