@@ -14,12 +14,41 @@ use super::model::VolumeRecord;
 use super::ops::Outcome;
 use super::{reply, Reply, SetBinding, VolumeError, VolumeManager};
 
+/// The volumes of `records` this node serves now: volumes (not snapshots) on a drive of
+/// `drives` that is here and this node's (managed), their partition there (not lost).
+pub(crate) fn served<'a>(records: impl Iterator<Item = &'a VolumeRecord>, drives: impl Iterator<Item = &'a crate::actors::inventory::model::Drive>) -> Vec<VolumeRecord> {
+    let here: std::collections::BTreeSet<&str> = drives.filter(|d| d.class == crate::words::DriveClass::Managed).map(|d| d.id.as_str()).collect();
+    records.filter(|r| r.is_volume() && !r.lost && here.contains(r.drive_id.as_str())).cloned().collect()
+}
+
 impl Handler<super::ListServedVolumes> for VolumeManager {
     type Result = MessageResult<super::ListServedVolumes>;
     fn handle(&mut self, _: super::ListServedVolumes, _: &mut Context<Self>) -> Self::Result {
-        let here: std::collections::BTreeSet<&str> =
-            self.book.drives().filter(|d| d.class == crate::words::DriveClass::Managed).map(|d| d.id.as_str()).collect();
-        MessageResult(self.book.records().filter(|r| r.is_volume() && !r.lost && here.contains(r.drive_id.as_str())).cloned().collect())
+        MessageResult(served(self.book.records(), self.book.drives()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actors::inventory::model::Drive;
+    use crate::actors::volumes::model::VolumeState;
+    use crate::words::{DriveClass, Media};
+
+    /// Only a volume on a drive here and this node's is served: one whose drive was moved
+    /// away (and adopted elsewhere), one on a drive owned elsewhere, a lost one and a
+    /// snapshot are not, so re-homing never pulls their claims back here.
+    #[test]
+    fn only_volumes_on_this_nodes_drives_here_are_served() {
+        let rec = |n: u8, drive: &str| VolumeRecord { drive_id: drive.into(), ..VolumeRecord::for_test(n, VolumeState::Available) };
+        let mine = Drive::for_test("mine", Media::Virtual, 1 << 30);
+        let elsewhere = Drive { class: DriveClass::OwnedElsewhere, ..Drive::for_test("theirs", Media::Virtual, 1 << 30) };
+        let lost = VolumeRecord { lost: true, ..rec(3, "mine") };
+        let of = crate::actors::volumes::model::SnapshotOf { source_volume_id: "x".into(), restore_size: 1, created_unix_nanos: 0, freeze_millis: None, freeze: false };
+        let snap = VolumeRecord { snapshot: Some(of), ..rec(4, "mine") };
+        let records = [rec(1, "mine"), rec(2, "gone"), lost, snap, rec(5, "theirs")];
+        let got: Vec<String> = served(records.iter(), [&mine, &elsewhere].into_iter()).into_iter().map(|r| r.id).collect();
+        assert_eq!(got, vec![records[0].id.clone()]);
     }
 }
 
