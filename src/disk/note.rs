@@ -177,7 +177,24 @@ pub fn decode(bytes: &[u8]) -> Slot {
     if note.volumes.len() > MAX_VOLUMES {
         return Slot::Bad(format!("a note listing {} volumes, more than {MAX_VOLUMES}", note.volumes.len()));
     }
+    if !plain(&note) {
+        return Slot::Bad("a note whose names hold control characters".into());
+    }
     Slot::Valid { seq, disk_guid: Uuid::from_bytes(guid), note }
+}
+
+/// Whether every name in `n` is free of control characters: names read from a disk are
+/// shown to admins in tables and reasons, where a newline or an escape would forge
+/// lines. drivelet never writes such a name (CSI names and Kubernetes names have none).
+fn plain(n: &DiskNote) -> bool {
+    let ok = |s: &str| !s.chars().any(char::is_control);
+    let mut owners = std::iter::once(&n.owner).chain(n.adopted_from.iter());
+    owners.all(|o| ok(&o.cluster) && ok(&o.node))
+        && n.volumes.iter().all(|v| {
+            let b = &v.binding;
+            [v.name.as_str(), &v.fs_type, &b.pv, &b.claim_namespace, &b.claim_name, &b.claim_uid, &b.storage_class].into_iter().all(ok)
+                && v.parameters.iter().all(|(k, val)| ok(k) && ok(val))
+        })
 }
 
 /// Reads both slots through `file`: the header first, then only as much as it
@@ -415,9 +432,12 @@ mod tests {
         // volume id must be a UUID.
         let g = Uuid::from_u128(1);
         let mut n = note("../../../../etc", 1);
-        n.volumes[0].name = "../../../../etc/passwd\n".into();
+        n.volumes[0].name = "../../../../etc/passwd".into();
         let b = encode(&n, 1, g).unwrap();
         assert!(matches!(decode(&b), Slot::Valid { note, .. } if note.volumes[0].name.contains("passwd")));
+        // A name that would forge a line in a table or a reason: no note to trust.
+        n.volumes[0].binding.claim_name = "data\nnode-1  managed".into();
+        assert!(matches!(decode(&encode(&n, 1, g).unwrap()), Slot::Bad(w) if w.contains("control characters")));
         let body = br#"{"owner":{"cluster":"c","node":"n"},"volumes":[{"id":"../etc","name":"x","size":1}]}"#;
         let mut b = vec![0u8; BLOCK];
         b[..8].copy_from_slice(MAGIC);
