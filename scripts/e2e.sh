@@ -25,7 +25,8 @@
 # E2E_JOURNEYS=nodes runs only the deploy journey, the journeys across nodes
 # (tests/e2e/nodes.rs) and the clean-up (the output says which were not run);
 # E2E_JOURNEYS=snapshots only the deploy, snapshot (tests/e2e/snapshots.rs) and clean-up
-# journeys.
+# journeys; E2E_JOURNEYS=ownership the deploy, the state dir wiped, the moved disk
+# (tests/e2e/ownership.rs, tests/e2e/adopt.rs) and the clean-up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

@@ -130,6 +130,8 @@ fn main() {
     let only_snapshots = only.as_deref() == Some("snapshots");
     // E2E_JOURNEYS=evacuate: deploy, the evacuation journey and the clean-up.
     let only_evacuate = only.as_deref() == Some("evacuate");
+    // E2E_JOURNEYS=ownership: deploy, the state dir wiped, the moved disk and the clean-up.
+    let only_ownership = only.as_deref() == Some("ownership");
     for (i, (name, run)) in journeys.iter().enumerate() {
         if i == last {
             // The clean-up asserts an empty cluster: the journeys across nodes finish first.
@@ -143,8 +145,11 @@ fn main() {
         let t = Instant::now();
         println!("e2e: [{}/{}] {name}", i + 1, journeys.len());
         let evacuation = name.starts_with("evacuate:");
+        let ownership = name.starts_with("the state dir wiped") || name.starts_with("a disk moved");
         let picked = if only_evacuate {
             i == 0 || i == last || evacuation
+        } else if only_ownership {
+            i == 0 || i == last || ownership
         } else {
             !(only_nodes || only_snapshots) || i == 0 || i == last || (only_snapshots && name.starts_with("snapshots:"))
         };
@@ -160,7 +165,7 @@ fn main() {
                 break;
             }
         }
-        if i == 0 && !only_snapshots && !only_evacuate {
+        if i == 0 && !only_snapshots && !only_evacuate && !only_ownership {
             // Deployed (CSIDriver, classes): the journeys across nodes start beside the rest.
             across = Some(std::thread::spawn(nodes::run));
         }
