@@ -131,6 +131,14 @@ fn main() {
     let rounds: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(50);
     let size_mib: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
     require_host();
+    // As an agent runs: every table change carries the drive's note (who owns it, its
+    // volumes). NO_NOTE=1 leaves the identity unset, so commits write no note: the two
+    // runs side by side are what the note costs.
+    if std::env::var_os("NO_NOTE").is_none() {
+        let me = drivelet::words::Owner { cluster: "bench".into(), node: "bench-node".into() };
+        drivelet::disk::note::set_identity(me).expect("identity");
+    }
+    println!("drive notes: {}", if std::env::var_os("NO_NOTE").is_none() { "written with each table change" } else { "off (NO_NOTE)" });
     let tmp = short_tempdir();
     let drive = LoopDrive::new(tmp.path(), "a.img", 1024 * MIB);
     let loc = DriveLoc { path: drive.dev.clone(), sector: 512 };
