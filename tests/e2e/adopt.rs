@@ -8,7 +8,9 @@
 //! bound. The agent is stopped, and the drive is moved: its image file attached again
 //! under the real node's drive filter. Then:
 //! - the real node shows the drive `owned-elsewhere`, whose it is and its claims, and
-//!   writes nothing to it (the image file's checksum holds while it is listed);
+//!   writes nothing to it (the image file's checksum holds while it is listed); nor to a
+//!   disk beside it made to look like drivelet's (drivelet's disk GUID prefix, a
+//!   partition of its type named `drivelet:../../../../etc/passwd`, no note);
 //! - `kubectl drivelet drive adopt NODE/DRIVE --wait` ends with the drive managed;
 //! - each claim's PV is pinned to the real node (same name, same claim uid), each claim
 //!   has a `VolumeAdopted` Event, and a pod of each claim runs on the real node and reads
@@ -184,9 +186,30 @@ pub(crate) fn journey_moved_disk(ctx: &mut Ctx) -> Check {
         ensure(reason.contains(&words), || format!("the moved drive's reason lacks {words:?}: {reason}"))?;
     }
     let drive_id = drive["id"].as_str().unwrap_or_default().to_string();
+    // Beside it, a disk made to look like drivelet's: its disk GUID prefix, a partition
+    // of its type named like a path, no note.
+    let crafted = Path::new(E2E_DIR).join("drives/crafted.img");
+    sh("truncate", &["-s", "64M", &crafted.display().to_string()])?;
+    let script = format!(
+        "label: gpt\nlabel-id: 6472766C-1111-4222-8333-444455556666\nstart=2048, size=32768, type=DF8E4BD2-B4F6-46AF-B301-8BCBFF739F75, name=\"drivelet:../../../../etc/passwd\"\n"
+    );
+    let mut sf = Command::new("sfdisk").args(["--no-reread", "--no-tell-kernel", &crafted.display().to_string()]).stdin(Stdio::piped()).stdout(Stdio::null()).spawn().map_err(|e| e.to_string())?;
+    std::io::Write::write_all(sf.stdin.as_mut().ok_or("sfdisk stdin")?, script.as_bytes()).map_err(|e| e.to_string())?;
+    ensure(sf.wait().map_err(|e| e.to_string())?.success(), || "sfdisk failed to craft the disk".into())?;
+    let crafted_dev = sh("losetup", &["--find", "--show", &crafted.display().to_string()])?;
+    sh("udevadm", &["settle"])?;
+    let c = wait_for("the crafted drive owned elsewhere on the real node", Duration::from_secs(60), || {
+        Ok(ctl_drives()?.into_iter().find(|d| d["path"] == crafted_dev.as_str() && d["class"] == "owned-elsewhere"))
+    })?;
+    ensure(c["reason"].as_str().unwrap_or_default().contains("no note of whose they are"), || format!("the crafted drive: {c}"))?;
     let before = sh("md5sum", &[&moved_file().display().to_string()])?;
+    let crafted_before = sh("md5sum", &[&crafted.display().to_string()])?;
     std::thread::sleep(Duration::from_secs(3));
     ensure(sh("md5sum", &[&moved_file().display().to_string()])? == before, || "the real node wrote to a disk that is not its own".into())?;
+    ensure(sh("md5sum", &[&crafted.display().to_string()])? == crafted_before, || "the real node wrote to the crafted disk".into())?;
+    ensure(!ctl_volumes()?.iter().any(|v| v["drive_id"] == c["id"]), || "a volume was taken from the crafted disk".into())?;
+    sh("losetup", &["-d", &crafted_dev])?;
+    let _ = std::fs::remove_file(&crafted);
 
     let t = Instant::now();
     let said = plugin_ok(&["drive", "adopt", &format!("{}/{drive_id}", real_node()), "--wait", "1m"])?;
