@@ -46,6 +46,10 @@ fn gone(args: &[&str]) -> Result<Value, String> {
 }
 
 fn pv_yaml(pv: &str, claim: &str, handle: &str) -> String {
+    pv_yaml_on(pv, claim, handle, GONE, "Delete")
+}
+
+fn pv_yaml_on(pv: &str, claim: &str, handle: &str, node: &str, policy: &str) -> String {
     format!(
         "apiVersion: v1
 kind: PersistentVolume
@@ -58,7 +62,7 @@ spec:
     storage: 32Mi
   volumeMode: Block
   accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Delete
+  persistentVolumeReclaimPolicy: {policy}
   storageClassName: drivelet-e2e-ext4
   claimRef:
     namespace: {NS}
@@ -72,7 +76,7 @@ spec:
         - matchExpressions:
             - key: {TOPOLOGY_KEY}
               operator: In
-              values: [{GONE}]
+              values: [{node}]
 ---
 apiVersion: v1
 kind: PersistentVolumeClaim
@@ -263,5 +267,130 @@ fn nix_term(child: &mut std::process::Child) -> Check {
     }
     let _ = child.kill();
     let _ = child.wait();
+    Ok(())
+}
+
+/// The old cluster's id in the rebuilt-cluster journey.
+const OLD_CLUSTER: &str = "0ld00000-0000-4000-8000-0000000000c1";
+const OLD_NODE: &str = "node-old";
+
+/// Whether the note region of `file` (its first MiB) holds `needle`.
+fn note_says(file: &Path, needle: &str) -> bool {
+    std::fs::read(file).map(|b| b[64 << 10..512 << 10].windows(needle.len()).any(|w| w == needle.as_bytes())).unwrap_or(false)
+}
+
+/// A cluster rebuilt (its etcd lost): a disk of the old cluster shows as another
+/// cluster's and, adopted with `--restore-claims`, gets its claim back from its note, so
+/// a pod of a claim of the same name finds its data.
+///
+/// The old cluster is `node-old`, a drivelet agent run on the host with another cluster
+/// id and the kit's API (so its re-homing records the claim's uid and StorageClass in
+/// the disk's note, as it would in its own cluster); its PV and claim are then deleted,
+/// as a rebuilt cluster has none of them.
+pub(crate) fn journey_rebuilt_cluster(_ctx: &mut Ctx) -> Check {
+    kubectl(&["create", "namespace", NS]).or_else(|e| if e.contains("AlreadyExists") { Ok(String::new()) } else { Err(e) })?;
+    let dir = Path::new(E2E_DIR).join(OLD_NODE);
+    std::fs::create_dir_all(dir.join("drives")).map_err(|e| e.to_string())?;
+    let img = dir.join("drives/old.img");
+    sh("truncate", &["-s", "256M", &img.display().to_string()])?;
+    let dev = sh("losetup", &["--find", "--show", &img.display().to_string()])?;
+    sh("udevadm", &["settle"])?;
+    let kubeconfig = std::env::var("KUBECONFIG").unwrap_or_else(|_| "/var/tmp/k8s-kit/admin.kubeconfig".into());
+    let config = dir.join("drivelet.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[driver]\nnode_name = \"{OLD_NODE}\"\ncluster_id = \"{OLD_CLUSTER}\"\n[paths]\ncsi_socket = \"{d}/csi.sock\"\nadmin_socket = \"{d}/admin.sock\"\nstate_dir = \"{d}/state\"\n\
+             [kubelet]\nregistration = false\n[http]\naddress = \"\"\n[drives]\nallow_loop = true\n[drives.filters]\ninclude_paths = [\"{d}/drives/*.img\"]\n\
+             [volumes]\nclean_blank_drives = false\n[kubernetes]\nenabled = true\nkubeconfig = \"{kubeconfig}\"\nattach = false\nresize = false\nsnapshots = false\n\
+             events = false\ndrive_objects = false\nlabel_node = false\ncluster_duties = false\n[log]\nformat = \"compact\"\n",
+            d = dir.display()
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let bin = Path::new(E2E_DIR).join("bin/drivelet");
+    let log = std::fs::File::create(dir.join("agent.log")).map_err(|e| e.to_string())?;
+    let mut agent = Command::new(&bin).args(["run", "--config", &config.display().to_string()]).stdout(Stdio::null()).stderr(log).spawn().map_err(|e| e.to_string())?;
+    let admin = dir.join("admin.sock").display().to_string();
+    let sock = dir.join("csi.sock").display().to_string();
+    let (claim, pv) = ("restored-a", "pv-restored-a");
+    let made = (|| -> Result<(String, u64), String> {
+        wait_for("node-old's agent managing its drive", Duration::from_secs(60), || {
+            let d = gone(&["ctl", "--socket", &admin, "drives", "-o", "json"]).ok();
+            Ok(d.filter(|d| d.as_array().into_iter().flatten().any(|x| x["path"] == dev.as_str() && x["class"] == "managed" && x.get("cleaning").is_none())).map(|_| ()))
+        })?;
+        let v = gone(&[
+            "csi", "--endpoint", &sock, "create", pv, "--size", "32Mi", "--block", "-o", "json",
+            "--param", "media=virtual", "--param", "layout=partition",
+            "--param", &format!("csi.storage.k8s.io/pv/name={pv}"),
+            "--param", &format!("csi.storage.k8s.io/pvc/name={claim}"),
+            "--param", &format!("csi.storage.k8s.io/pvc/namespace={NS}"),
+        ])?;
+        let id = v["volume_id"].as_str().ok_or(format!("created {v}"))?.to_string();
+        let rec = gone(&["ctl", "--socket", &admin, "volumes", "-o", "json"])?;
+        let start = rec.as_array().into_iter().flatten().find(|r| r["id"] == id.as_str()).and_then(|r| r["start"].as_u64()).ok_or(format!("no record of {id}: {rec}"))?;
+        sh("sh", &["-c", &format!("head -c 1048576 /dev/urandom | dd of={dev} bs=1M seek={} oflag=direct conv=notrunc 2>/dev/null", start / MIB)])?;
+        apply(&pv_yaml_on(pv, claim, &id, OLD_NODE, "Retain"))?;
+        wait_for(&format!("claim {claim} Bound"), Duration::from_secs(60), || Ok((get_json(&["get", "pvc", "-n", NS, claim])?["status"]["phase"] == "Bound").then_some(())))?;
+        let uid = get_json(&["get", "pvc", "-n", NS, claim])?["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+        // The old cluster's drivelet learns the claim's uid and class; its note says so.
+        wait_for("the old disk's note naming the claim's uid and class", Duration::from_secs(60), || {
+            Ok((note_says(&img, &uid) && note_says(&img, "drivelet-e2e-ext4")).then_some(()))
+        })?;
+        Ok((id, start))
+    })();
+    let _ = nix_term(&mut agent);
+    let (id, start) = made?;
+    let sum = md5_of(&dev, start / MIB)?;
+    // The cluster rebuilt: none of its objects are left.
+    kubectl(&["delete", "pvc", "-n", NS, claim, "--wait=true", "--timeout=60s"])?;
+    kubectl(&["delete", "pv", pv, "--wait=true", "--timeout=60s"])?;
+
+    // Its disk seen by this cluster: another cluster's, untouched, then adopted with its claims.
+    sh("losetup", &["-d", &dev])?;
+    let moved = Path::new(E2E_DIR).join("drives/old.img");
+    std::fs::rename(&img, &moved).map_err(|e| e.to_string())?;
+    let dev = sh("losetup", &["--find", "--show", &moved.display().to_string()])?;
+    sh("udevadm", &["settle"])?;
+    let drive = wait_for("the old cluster's drive owned elsewhere on the real node", Duration::from_secs(60), || {
+        Ok(ctl_drives()?.into_iter().find(|d| d["path"] == dev.as_str() && d["class"] == "owned-elsewhere"))
+    })?;
+    let reason = drive["reason"].as_str().unwrap_or_default().to_string();
+    ensure(reason.contains(&format!("belongs to node {OLD_NODE} of another cluster ({OLD_CLUSTER})")) && reason.contains(&format!("claim {NS}/{claim}")), || {
+        format!("the old cluster's drive: {reason}")
+    })?;
+    let drive_id = drive["id"].as_str().unwrap_or_default().to_string();
+    let target = format!("{}/{drive_id}", real_node());
+    plugin_ok(&["drive", "adopt", &target, "--restore-claims", "--wait", "1m"])?;
+    wait_for(&format!("claim {claim} restored and Bound to {pv}"), Duration::from_secs(90), || {
+        let v = get_json(&["get", "pvc", "-n", NS, claim]).ok();
+        Ok(v.filter(|v| v["status"]["phase"] == "Bound" && v["spec"]["volumeName"] == pv && v["spec"]["storageClassName"] == "drivelet-e2e-ext4").map(|_| ()))
+    })?;
+    ensure(pinned_to(pv)? == real_node(), || format!("the restored PV {pv} is pinned to {}", pinned_to(pv).unwrap_or_default()))?;
+    ensure(!events_in(NS, "PersistentVolumeClaim", claim, "ClaimRestored")?.is_empty(), || format!("claim {claim} has no ClaimRestored Event"))?;
+    // A pod of a claim of that name finds its data (a StatefulSet applied again would).
+    apply(&pod("restored-pod", claim, true, "", "true"))?;
+    wait_pod_running("restored-pod", Duration::from_secs(120))?;
+    let got = in_pod("restored-pod", "dd if=/dev/e2e-block bs=1M count=1 2>/dev/null | md5sum | cut -d' ' -f1")?;
+    ensure(got == sum, || format!("the restored claim reads {got}; {sum} was written in the old cluster"))?;
+
+    // Done: the action set back (no more restoring), then everything deleted: the
+    // restored PV keeps its volume (Retain), deleted through CSI.
+    plugin_ok(&["drive", "uncordon", &target])?;
+    kubectl(&["delete", "pod", "-n", NS, "restored-pod", "--wait=true", "--timeout=60s"])?;
+    kubectl(&["delete", "pvc", "-n", NS, claim, "--wait=true", "--timeout=60s"])?;
+    wait_for(&format!("PV {pv} Released"), Duration::from_secs(60), || Ok((get_json(&["get", "pv", pv])?["status"]["phase"] == "Released").then_some(())))?;
+    kubectl(&["delete", "pv", pv, "--wait=true", "--timeout=60s"])?;
+    wait_for(&format!("the VolumeAttachments of {pv} gone"), Duration::from_secs(90), || {
+        let vas = get_json(&["get", "volumeattachments"])?;
+        Ok((!vas["items"].as_array().into_iter().flatten().any(|v| v["spec"]["source"]["persistentVolumeName"] == pv)).then_some(()))
+    })?;
+    drivelet(&["csi", "--endpoint", CSI_SOCKET, "delete", &id])?;
+    sh("losetup", &["-d", &dev])?;
+    wait_for("the old cluster's drive gone from the real node", Duration::from_secs(60), || {
+        Ok((!ctl_drives()?.iter().any(|d| d["id"] == drive_id.as_str())).then_some(()))
+    })?;
+    let _ = std::fs::remove_file(&moved);
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -103,7 +103,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 14] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 15] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
         ("the state dir wiped: every volume served again from its disk, same claims, same data", ownership::journey_state_wiped),
         ("evacuate: three volumes moved off a drive, one after its pod, kill -9 mid-move; the drive replaced", evacuate::journey_evacuate),
@@ -117,6 +117,7 @@ fn main() {
         ("a drive failing under a running pod; a drive released", journey_failure),
         ("kubectl drivelet: tables as ctl's, cordon, uncordon, release through the Drive spec", drive_actions::journey_drive_actions),
         ("a disk moved from a dead node: owned elsewhere, untouched, adopted; its claims' PVs pinned here, their data read by pods here", adopt::journey_moved_disk),
+        ("a disk of a rebuilt cluster: another cluster's, adopted with --restore-claims; its claim back with its data", adopt::journey_rebuilt_cluster),
         ("clean-up: nothing left behind", journey_cleanup),
     ];
     let mut failed = None;
@@ -145,7 +146,7 @@ fn main() {
         let t = Instant::now();
         println!("e2e: [{}/{}] {name}", i + 1, journeys.len());
         let evacuation = name.starts_with("evacuate:");
-        let ownership = name.starts_with("the state dir wiped") || name.starts_with("a disk moved");
+        let ownership = name.starts_with("the state dir wiped") || name.starts_with("a disk moved") || name.starts_with("a disk of a rebuilt cluster");
         let picked = if only_evacuate {
             i == 0 || i == last || evacuation
         } else if only_ownership {
