@@ -102,6 +102,18 @@ fn pinned_to(pv: &str) -> Result<String, String> {
     Ok(v["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0].as_str().unwrap_or_default().to_string())
 }
 
+/// Waits until the real node's Drive object of `drive_id` shows it owned elsewhere (the
+/// Drive sync follows the inventory by a moment): what `kubectl drivelet` names.
+fn wait_drive_object(drive_id: &str) -> Check {
+    wait_for(&format!("the Drive object of {drive_id} owned elsewhere"), Duration::from_secs(60), || {
+        let objs = get_json(&["get", "drives"])?;
+        let found = objs["items"].as_array().into_iter().flatten().any(|o| {
+            o["spec"]["driveId"] == drive_id && o["spec"]["node"] == real_node() && o["status"]["class"] == "owned-elsewhere"
+        });
+        Ok(found.then_some(()))
+    })
+}
+
 fn md5_of(dev: &str, offset_mib: u64) -> Result<String, String> {
     let out = Command::new("sh")
         .args(["-c", &format!("dd if={dev} bs=1M skip={offset_mib} count=1 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1")])
@@ -215,6 +227,7 @@ pub(crate) fn journey_moved_disk(ctx: &mut Ctx) -> Check {
     sh("losetup", &["-d", &crafted_dev])?;
     let _ = std::fs::remove_file(&crafted);
 
+    wait_drive_object(&drive_id)?;
     let t = Instant::now();
     let said = plugin_ok(&["drive", "adopt", &format!("{}/{drive_id}", real_node()), "--wait", "1m"])?;
     ensure(said.to_lowercase().contains("adopt"), || format!("kubectl drivelet drive adopt said: {said}"))?;
@@ -361,6 +374,7 @@ pub(crate) fn journey_rebuilt_cluster(_ctx: &mut Ctx) -> Check {
     })?;
     let drive_id = drive["id"].as_str().unwrap_or_default().to_string();
     let target = format!("{}/{drive_id}", real_node());
+    wait_drive_object(&drive_id)?;
     plugin_ok(&["drive", "adopt", &target, "--restore-claims", "--wait", "1m"])?;
     wait_for(&format!("claim {claim} restored and Bound to {pv}"), Duration::from_secs(90), || {
         let v = get_json(&["get", "pvc", "-n", NS, claim]).ok();
