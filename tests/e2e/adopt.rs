@@ -175,7 +175,7 @@ pub(crate) fn journey_moved_disk(ctx: &mut Ctx) -> Check {
         Ok(made)
     })();
     let _ = nix_term(&mut agent);
-    let made = made?;
+    let made = made.map_err(|e| with_agent_log(e, &dir, &dev))?;
     let sums: Vec<String> = made.iter().map(|(_, _, _, start)| md5_of(&dev, start / MIB)).collect::<Result<_, _>>()?;
     let mut objects = String::new();
     for (c, pv, id, _) in &made {
@@ -269,6 +269,14 @@ pub(crate) fn journey_moved_disk(ctx: &mut Ctx) -> Check {
     Ok(())
 }
 
+/// `e` with what the host agent said and what udev knows of its drive.
+fn with_agent_log(e: String, dir: &Path, dev: &str) -> String {
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(25).collect::<Vec<_>>().into_iter().rev().collect();
+    let udev = Command::new("udevadm").args(["info", "--query=property", dev]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    format!("{e}\nthe host agent's log:\n{}\nudev of {dev}:\n{udev}", tail.join("\n"))
+}
+
 /// SIGTERM, then waits for the agent to exit.
 fn nix_term(child: &mut std::process::Child) -> Check {
     let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
@@ -353,7 +361,7 @@ pub(crate) fn journey_rebuilt_cluster(_ctx: &mut Ctx) -> Check {
         Ok((id, start))
     })();
     let _ = nix_term(&mut agent);
-    let (id, start) = made?;
+    let (id, start) = made.map_err(|e| with_agent_log(e, &dir, &dev))?;
     let sum = md5_of(&dev, start / MIB)?;
     // The cluster rebuilt: none of its objects are left.
     kubectl(&["delete", "pvc", "-n", NS, claim, "--wait=true", "--timeout=60s"])?;
