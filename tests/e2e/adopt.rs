@@ -149,7 +149,15 @@ pub(crate) fn journey_moved_disk(ctx: &mut Ctx) -> Check {
     let mut agent = Command::new(&bin).args(["run", "--config", &config.display().to_string()]).stdout(Stdio::null()).stderr(log).spawn().map_err(|e| e.to_string())?;
     let sock = dir.join("csi.sock").display().to_string();
     let made = (|| -> Result<Vec<(String, String, String, u64)>, String> {
-        wait_for("node-gone's agent managing its drive", Duration::from_secs(60), || {
+        let t0 = Instant::now();
+        let mut triggered = false;
+        wait_for("node-gone's agent managing its drive", Duration::from_secs(90), || {
+            // A loop device number used before may keep udev's record of what it held
+            // until udev probes it again: the drive's reason then says to trigger it.
+            if !triggered && t0.elapsed() > Duration::from_secs(15) {
+                triggered = true;
+                let _ = sh("udevadm", &["trigger", "--action=change", &dev]);
+            }
             let d = gone(&["ctl", "--socket", &dir.join("admin.sock").display().to_string(), "drives", "-o", "json"]).ok();
             Ok(d.filter(|d| d.as_array().into_iter().flatten().any(|x| x["path"] == dev.as_str() && x["class"] == "managed" && x.get("cleaning").is_none())).map(|_| ()))
         })?;
@@ -336,7 +344,15 @@ pub(crate) fn journey_rebuilt_cluster(_ctx: &mut Ctx) -> Check {
     let sock = dir.join("csi.sock").display().to_string();
     let (claim, pv) = ("restored-a", "pv-restored-a");
     let made = (|| -> Result<(String, u64), String> {
-        wait_for("node-old's agent managing its drive", Duration::from_secs(60), || {
+        let t0 = Instant::now();
+        let mut triggered = false;
+        wait_for("node-old's agent managing its drive", Duration::from_secs(90), || {
+            // A loop device number used before may keep udev's record of what it held
+            // until udev probes it again: the drive's reason then says to trigger it.
+            if !triggered && t0.elapsed() > Duration::from_secs(15) {
+                triggered = true;
+                let _ = sh("udevadm", &["trigger", "--action=change", &dev]);
+            }
             let d = gone(&["ctl", "--socket", &admin, "drives", "-o", "json"]).ok();
             Ok(d.filter(|d| d.as_array().into_iter().flatten().any(|x| x["path"] == dev.as_str() && x["class"] == "managed" && x.get("cleaning").is_none())).map(|_| ()))
         })?;
