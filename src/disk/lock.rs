@@ -127,9 +127,22 @@ const DETACH_POLL: Duration = Duration::from_millis(50);
 
 /// A loop device's `autoclear` flag file (`None`: not a loop device).
 fn autoclear_flag(file: &File) -> Option<PathBuf> {
-    let rdev = file.metadata().ok()?.rdev();
-    let p = PathBuf::from(format!("/sys/dev/block/{}:{}/loop/autoclear", libc::major(rdev), libc::minor(rdev)));
+    let p = autoclear_path(file.metadata().ok()?.rdev());
     p.exists().then_some(p)
+}
+
+/// The `autoclear` flag file of the block device `rdev` (present for loop devices only).
+fn autoclear_path(rdev: u64) -> PathBuf {
+    PathBuf::from(format!("/sys/dev/block/{}:{}/loop/autoclear", libc::major(rdev), libc::minor(rdev)))
+}
+
+/// Whether `dev` is a loop device someone asked to detach, or is gone: a descriptor
+/// opened on it now would hold its removal up (the note keeper leaves it alone).
+pub(crate) fn detach_pending(dev: &Path) -> bool {
+    match std::fs::metadata(dev) {
+        Ok(md) => detach_asked(&autoclear_path(md.rdev())),
+        Err(_) => true,
+    }
 }
 
 /// Whether a loop device is to be detached at its last close (`losetup -d` of an open

@@ -109,7 +109,7 @@ pub(crate) async fn keep_notes(mut reader: ViewReader, me: Owner) {
                 let (me2, vols) = (me.clone(), volumes);
                 let path = loc.path.clone();
                 let res = tokio::task::spawn_blocking(move || {
-                    if detaching(&loc.path) {
+                    if crate::disk::lock::detach_pending(&loc.path) {
                         return Ok(false);
                     }
                     // Most changes are in the note already (the table's commits carry
@@ -154,16 +154,6 @@ pub(crate) async fn keep_notes(mut reader: ViewReader, me: Owner) {
 
 /// How long the keeper lets changes settle before it looks at the disks.
 const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Whether `dev` is a loop device someone asked to detach (`losetup -d` while open
-/// sets its autoclear flag): opening it now would hold its removal up.
-fn detaching(dev: &std::path::Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(md) = std::fs::metadata(dev) else { return true };
-    let rdev = md.rdev();
-    let flag = format!("/sys/dev/block/{}:{}/loop/autoclear", libc::major(rdev), libc::minor(rdev));
-    std::fs::read_to_string(flag).is_ok_and(|v| v.trim() == "1")
-}
 
 #[cfg(test)]
 mod tests {
