@@ -26,10 +26,6 @@ use super::*;
 const GONE: &str = "node-gone";
 const CLAIMS: [&str; 2] = ["moved-a", "moved-b"];
 
-fn gone_dir() -> PathBuf {
-    Path::new(E2E_DIR).join(GONE)
-}
-
 fn moved_file() -> PathBuf {
     Path::new(E2E_DIR).join("drives/moved.img")
 }
@@ -122,66 +118,111 @@ fn md5_of(dev: &str, offset_mib: u64) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-pub(crate) fn journey_moved_disk(ctx: &mut Ctx) -> Check {
-    kubectl(&["create", "namespace", NS]).or_else(|e| if e.contains("AlreadyExists") { Ok(String::new()) } else { Err(e) })?;
-    let dir = gone_dir();
-    std::fs::create_dir_all(dir.join("drives")).map_err(|e| e.to_string())?;
-    let img = dir.join("drives/gone.img");
-    sh("truncate", &["-s", "512M", &img.display().to_string()])?;
-    let dev = sh("losetup", &["--find", "--show", &img.display().to_string()])?;
-    sh("udevadm", &["settle"])?;
+/// A drivelet agent run on the host under another node's name, on a loop drive of its
+/// own under `E2E_DIR/NODE/drives`: the node a disk comes from.
+struct HostAgent {
+    child: std::process::Child,
+    dir: PathBuf,
+    img: PathBuf,
+    dev: String,
+    admin: String,
+    sock: String,
+}
 
-    // node-gone's agent: this cluster's id, its own drive only.
-    let cluster = get_json(&["get", "namespace", "kube-system"])?["metadata"]["uid"].as_str().unwrap_or_default().to_string();
-    let config = dir.join("drivelet.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[driver]\nnode_name = \"{GONE}\"\ncluster_id = \"{cluster}\"\n[paths]\ncsi_socket = \"{d}/csi.sock\"\nadmin_socket = \"{d}/admin.sock\"\nstate_dir = \"{d}/state\"\n\
-             [kubelet]\nregistration = false\n[http]\naddress = \"\"\n[drives]\nallow_loop = true\n[drives.filters]\ninclude_paths = [\"{d}/drives/*.img\"]\n\
-             [volumes]\nclean_blank_drives = false\n[log]\nformat = \"compact\"\n",
-            d = dir.display()
-        ),
-    )
-    .map_err(|e| e.to_string())?;
-    let bin = Path::new(E2E_DIR).join("bin/drivelet");
-    let log = std::fs::File::create(dir.join("agent.log")).map_err(|e| e.to_string())?;
-    let mut agent = Command::new(&bin).args(["run", "--config", &config.display().to_string()]).stdout(Stdio::null()).stderr(log).spawn().map_err(|e| e.to_string())?;
-    let sock = dir.join("csi.sock").display().to_string();
-    let made = (|| -> Result<Vec<(String, String, String, u64)>, String> {
+impl HostAgent {
+    /// Makes the drive (`size`, e.g. `256M`), writes the config (`extra` appended) and
+    /// starts the agent as `node` of cluster `cluster`; waits until its drive is managed.
+    fn start(node: &str, cluster: &str, size: &str, extra: &str) -> Result<HostAgent, String> {
+        let dir = Path::new(E2E_DIR).join(node);
+        std::fs::create_dir_all(dir.join("drives")).map_err(|e| e.to_string())?;
+        let img = dir.join("drives/disk.img");
+        sh("truncate", &["-s", size, &img.display().to_string()])?;
+        let dev = sh("losetup", &["--find", "--show", &img.display().to_string()])?;
+        sh("udevadm", &["settle"])?;
+        let config = dir.join("drivelet.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[driver]\nnode_name = \"{node}\"\ncluster_id = \"{cluster}\"\n[paths]\ncsi_socket = \"{d}/csi.sock\"\nadmin_socket = \"{d}/admin.sock\"\nstate_dir = \"{d}/state\"\n\
+                 [kubelet]\nregistration = false\n[http]\naddress = \"\"\n[drives]\nallow_loop = true\n[drives.filters]\ninclude_paths = [\"{d}/drives/*.img\"]\n\
+                 [volumes]\nclean_blank_drives = false\n{extra}[log]\nformat = \"compact\"\n",
+                d = dir.display()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let bin = Path::new(E2E_DIR).join("bin/drivelet");
+        let log = std::fs::File::create(dir.join("agent.log")).map_err(|e| e.to_string())?;
+        let child = Command::new(&bin).args(["run", "--config", &config.display().to_string()]).stdout(Stdio::null()).stderr(log).spawn().map_err(|e| e.to_string())?;
+        let admin = dir.join("admin.sock").display().to_string();
+        let sock = dir.join("csi.sock").display().to_string();
+        let mut a = HostAgent { child, dir, img, dev, admin, sock };
+        if let Err(e) = a.wait_managed(node) {
+            a.stop();
+            return Err(a.explain(e));
+        }
+        Ok(a)
+    }
+
+    fn wait_managed(&self, node: &str) -> Check {
         let t0 = Instant::now();
         let mut triggered = false;
-        wait_for("node-gone's agent managing its drive", Duration::from_secs(90), || {
+        wait_for(&format!("{node}'s agent managing its drive"), Duration::from_secs(90), || {
             // A loop device number used before may keep udev's record of what it held
             // until udev probes it again: the drive's reason then says to trigger it.
             if !triggered && t0.elapsed() > Duration::from_secs(15) {
                 triggered = true;
-                let _ = sh("udevadm", &["trigger", "--action=change", &dev]);
+                let _ = sh("udevadm", &["trigger", "--action=change", &self.dev]);
             }
-            let d = gone(&["ctl", "--socket", &dir.join("admin.sock").display().to_string(), "drives", "-o", "json"]).ok();
-            Ok(d.filter(|d| d.as_array().into_iter().flatten().any(|x| x["path"] == dev.as_str() && x["class"] == "managed" && x.get("cleaning").is_none())).map(|_| ()))
-        })?;
+            let d = gone(&["ctl", "--socket", &self.admin, "drives", "-o", "json"]).ok();
+            Ok(d.filter(|d| d.as_array().into_iter().flatten().any(|x| x["path"] == self.dev.as_str() && x["class"] == "managed" && x.get("cleaning").is_none())).map(|_| ()))
+        })
+    }
+
+    /// A 32 MiB block volume named `pv` for claim `NS/claim` (the provisioner's
+    /// metadata), with 1 MiB of random bytes at its start: its id and start.
+    fn block_volume(&self, pv: &str, claim: &str) -> Result<(String, u64), String> {
+        let v = gone(&[
+            "csi", "--endpoint", &self.sock, "create", pv, "--size", "32Mi", "--block", "-o", "json",
+            "--param", "media=virtual", "--param", "layout=partition",
+            "--param", &format!("csi.storage.k8s.io/pv/name={pv}"),
+            "--param", &format!("csi.storage.k8s.io/pvc/name={claim}"),
+            "--param", &format!("csi.storage.k8s.io/pvc/namespace={NS}"),
+        ])?;
+        let id = v["volume_id"].as_str().ok_or(format!("created {v}"))?.to_string();
+        let rec = gone(&["ctl", "--socket", &self.admin, "volumes", "-o", "json"])?;
+        let start = rec.as_array().into_iter().flatten().find(|r| r["id"] == id.as_str()).and_then(|r| r["start"].as_u64()).ok_or(format!("no record of {id}: {rec}"))?;
+        sh("sh", &["-c", &format!("head -c 1048576 /dev/urandom | dd of={} bs=1M seek={} oflag=direct conv=notrunc 2>/dev/null", self.dev, start / MIB)])?;
+        Ok((id, start))
+    }
+
+    /// SIGTERM, then waits for the agent to exit.
+    fn stop(&mut self) {
+        let _ = nix_term(&mut self.child);
+    }
+
+    /// `e` with what the agent said and what udev knows of its drive.
+    fn explain(&self, e: String) -> String {
+        with_agent_log(e, &self.dir, &self.dev)
+    }
+}
+
+pub(crate) fn journey_moved_disk(ctx: &mut Ctx) -> Check {
+    kubectl(&["create", "namespace", NS]).or_else(|e| if e.contains("AlreadyExists") { Ok(String::new()) } else { Err(e) })?;
+    // node-gone's agent: this cluster's id, its own drive only.
+    let cluster = get_json(&["get", "namespace", "kube-system"])?["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+    let mut agent = HostAgent::start(GONE, &cluster, "512M", "")?;
+    let (dev, img, dir) = (agent.dev.clone(), agent.img.clone(), agent.dir.clone());
+    let made = (|| -> Result<Vec<(String, String, String, u64)>, String> {
         let mut made = Vec::new();
         for c in CLAIMS {
             let pv = format!("pv-{c}");
-            let v = gone(&[
-                "csi", "--endpoint", &sock, "create", &pv, "--size", "32Mi", "--block", "-o", "json",
-                "--param", "media=virtual", "--param", "layout=partition",
-                "--param", &format!("csi.storage.k8s.io/pv/name={pv}"),
-                "--param", &format!("csi.storage.k8s.io/pvc/name={c}"),
-                "--param", &format!("csi.storage.k8s.io/pvc/namespace={NS}"),
-            ])?;
-            let id = v["volume_id"].as_str().or(v["id"].as_str()).ok_or(format!("created {v}"))?.to_string();
-            let rec = gone(&["ctl", "--socket", &dir.join("admin.sock").display().to_string(), "volumes", "-o", "json"])?;
-            let start = rec.as_array().into_iter().flatten().find(|r| r["id"] == id.as_str()).and_then(|r| r["start"].as_u64()).ok_or(format!("no record of {id}: {rec}"))?;
-            // 1 MiB of random bytes at the volume's start, through the whole disk.
-            sh("sh", &["-c", &format!("head -c 1048576 /dev/urandom | dd of={dev} bs=1M seek={} oflag=direct conv=notrunc 2>/dev/null", start / MIB)])?;
+            let (id, start) = agent.block_volume(&pv, c)?;
             made.push((c.to_string(), pv, id, start));
         }
         Ok(made)
     })();
-    let _ = nix_term(&mut agent);
-    let made = made.map_err(|e| with_agent_log(e, &dir, &dev))?;
+    agent.stop();
+    let made = made.map_err(|e| agent.explain(e))?;
     let sums: Vec<String> = made.iter().map(|(_, _, _, start)| md5_of(&dev, start / MIB)).collect::<Result<_, _>>()?;
     let mut objects = String::new();
     for (c, pv, id, _) in &made {
@@ -316,55 +357,16 @@ fn note_says(file: &Path, needle: &str) -> bool {
 /// as a rebuilt cluster has none of them.
 pub(crate) fn journey_rebuilt_cluster(_ctx: &mut Ctx) -> Check {
     kubectl(&["create", "namespace", NS]).or_else(|e| if e.contains("AlreadyExists") { Ok(String::new()) } else { Err(e) })?;
-    let dir = Path::new(E2E_DIR).join(OLD_NODE);
-    std::fs::create_dir_all(dir.join("drives")).map_err(|e| e.to_string())?;
-    let img = dir.join("drives/old.img");
-    sh("truncate", &["-s", "256M", &img.display().to_string()])?;
-    let dev = sh("losetup", &["--find", "--show", &img.display().to_string()])?;
-    sh("udevadm", &["settle"])?;
     let kubeconfig = std::env::var("KUBECONFIG").unwrap_or_else(|_| "/var/tmp/k8s-kit/admin.kubeconfig".into());
-    let config = dir.join("drivelet.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[driver]\nnode_name = \"{OLD_NODE}\"\ncluster_id = \"{OLD_CLUSTER}\"\n[paths]\ncsi_socket = \"{d}/csi.sock\"\nadmin_socket = \"{d}/admin.sock\"\nstate_dir = \"{d}/state\"\n\
-             [kubelet]\nregistration = false\n[http]\naddress = \"\"\n[drives]\nallow_loop = true\n[drives.filters]\ninclude_paths = [\"{d}/drives/*.img\"]\n\
-             [volumes]\nclean_blank_drives = false\n[kubernetes]\nenabled = true\nkubeconfig = \"{kubeconfig}\"\nattach = false\nresize = false\nsnapshots = false\n\
-             events = false\ndrive_objects = false\nlabel_node = false\ncluster_duties = false\n[log]\nformat = \"compact\"\n",
-            d = dir.display()
-        ),
-    )
-    .map_err(|e| e.to_string())?;
-    let bin = Path::new(E2E_DIR).join("bin/drivelet");
-    let log = std::fs::File::create(dir.join("agent.log")).map_err(|e| e.to_string())?;
-    let mut agent = Command::new(&bin).args(["run", "--config", &config.display().to_string()]).stdout(Stdio::null()).stderr(log).spawn().map_err(|e| e.to_string())?;
-    let admin = dir.join("admin.sock").display().to_string();
-    let sock = dir.join("csi.sock").display().to_string();
+    let kube = format!(
+        "[kubernetes]\nenabled = true\nkubeconfig = \"{kubeconfig}\"\nattach = false\nresize = false\nsnapshots = false\n\
+         events = false\ndrive_objects = false\nlabel_node = false\ncluster_duties = false\n"
+    );
+    let mut agent = HostAgent::start(OLD_NODE, OLD_CLUSTER, "256M", &kube)?;
+    let (dev, img, dir) = (agent.dev.clone(), agent.img.clone(), agent.dir.clone());
     let (claim, pv) = ("restored-a", "pv-restored-a");
     let made = (|| -> Result<(String, u64), String> {
-        let t0 = Instant::now();
-        let mut triggered = false;
-        wait_for("node-old's agent managing its drive", Duration::from_secs(90), || {
-            // A loop device number used before may keep udev's record of what it held
-            // until udev probes it again: the drive's reason then says to trigger it.
-            if !triggered && t0.elapsed() > Duration::from_secs(15) {
-                triggered = true;
-                let _ = sh("udevadm", &["trigger", "--action=change", &dev]);
-            }
-            let d = gone(&["ctl", "--socket", &admin, "drives", "-o", "json"]).ok();
-            Ok(d.filter(|d| d.as_array().into_iter().flatten().any(|x| x["path"] == dev.as_str() && x["class"] == "managed" && x.get("cleaning").is_none())).map(|_| ()))
-        })?;
-        let v = gone(&[
-            "csi", "--endpoint", &sock, "create", pv, "--size", "32Mi", "--block", "-o", "json",
-            "--param", "media=virtual", "--param", "layout=partition",
-            "--param", &format!("csi.storage.k8s.io/pv/name={pv}"),
-            "--param", &format!("csi.storage.k8s.io/pvc/name={claim}"),
-            "--param", &format!("csi.storage.k8s.io/pvc/namespace={NS}"),
-        ])?;
-        let id = v["volume_id"].as_str().ok_or(format!("created {v}"))?.to_string();
-        let rec = gone(&["ctl", "--socket", &admin, "volumes", "-o", "json"])?;
-        let start = rec.as_array().into_iter().flatten().find(|r| r["id"] == id.as_str()).and_then(|r| r["start"].as_u64()).ok_or(format!("no record of {id}: {rec}"))?;
-        sh("sh", &["-c", &format!("head -c 1048576 /dev/urandom | dd of={dev} bs=1M seek={} oflag=direct conv=notrunc 2>/dev/null", start / MIB)])?;
+        let (id, start) = agent.block_volume(pv, claim)?;
         apply(&pv_yaml_on(pv, claim, &id, OLD_NODE, "Retain"))?;
         wait_for(&format!("claim {claim} Bound"), Duration::from_secs(60), || Ok((get_json(&["get", "pvc", "-n", NS, claim])?["status"]["phase"] == "Bound").then_some(())))?;
         let uid = get_json(&["get", "pvc", "-n", NS, claim])?["metadata"]["uid"].as_str().unwrap_or_default().to_string();
@@ -374,8 +376,8 @@ pub(crate) fn journey_rebuilt_cluster(_ctx: &mut Ctx) -> Check {
         })?;
         Ok((id, start))
     })();
-    let _ = nix_term(&mut agent);
-    let (id, start) = made.map_err(|e| with_agent_log(e, &dir, &dev))?;
+    agent.stop();
+    let (id, start) = made.map_err(|e| agent.explain(e))?;
     let sum = md5_of(&dev, start / MIB)?;
     // The cluster rebuilt: none of its objects are left.
     kubectl(&["delete", "pvc", "-n", NS, claim, "--wait=true", "--timeout=60s"])?;
