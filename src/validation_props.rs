@@ -30,7 +30,7 @@ use proptest::prelude::*;
 use crate::actors::volumes::model::{size_for, CapacityRange};
 use crate::config::{Config, ConfigError};
 use crate::disk::mount::parse_mount_flags;
-use crate::disk::paths::check_under_roots;
+use crate::disk::beneath;
 use crate::grpc::controller::{check_id, range_of};
 use crate::grpc::params::{capability_supported, VolumeParams};
 use crate::words::on_node_deleted::ON_NODE_DELETED;
@@ -253,14 +253,29 @@ proptest! {
         let prefix = [t.root.display().to_string(), t.base.display().to_string(), "/".to_string(), "relative".to_string()][start].clone();
         let text = std::iter::once(prefix.as_str()).chain(segments.iter().copied()).collect::<Vec<_>>().join("/");
         let p = PathBuf::from(std::ffi::OsStr::from_bytes(text.as_bytes()));
-        if let Ok(back) = check_under_roots(&p, std::slice::from_ref(&t.root)) {
-            prop_assert_eq!(&back, &p);
+        let roots = std::slice::from_ref(&t.root);
+        let opened = beneath::open(&p, roots);
+        if let Ok(found) = &opened {
             prop_assert!(p.is_absolute() && !text.contains('\0'), "{:?}", text);
             prop_assert!(!text.split('/').any(|s| s == "." || s == ".."), "{:?}", text);
-            prop_assert!(!std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()), "{:?} is a symlink", text);
+            // Not one component beneath the root is a symlink.
+            let rel = p.strip_prefix(&t.root).map_err(|_| TestCaseError::fail(format!("{text:?} is not under the root")))?;
+            let mut at = t.root.clone();
+            for c in rel.components() {
+                at.push(c);
+                prop_assert!(!std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()), "{:?} passes the symlink {:?}", text, at);
+            }
+            prop_assert_eq!(found.is_some(), std::fs::symlink_metadata(&p).is_ok(), "{:?}", text);
             let lands = landing(&p);
             prop_assert!(lands.as_ref().is_some_and(|l| l.starts_with(&t.root) && *l != t.root), "{:?} lands at {:?}", text, lands);
         }
+        // Making it as a directory makes nothing outside the root, and only what `open`
+        // accepted.
+        let outside_before = std::fs::read_dir(t.base.join("outside")).map(|d| d.count()).unwrap_or(0);
+        let made = beneath::make_dir(&p, roots);
+        prop_assert!(made.is_err() || opened.is_ok(), "{:?} made but refused by open", text);
+        prop_assert_eq!(std::fs::read_dir(t.base.join("outside")).map(|d| d.count()).unwrap_or(0), outside_before, "{:?} made something outside", text);
+        prop_assert!(!t.base.join("nowhere").exists(), "{:?} followed the dangling link", text);
     }
 }
 

@@ -13,7 +13,7 @@
 
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -58,9 +58,11 @@ fn thaw_fd(dir: &File) -> Result<(), nix::Error> {
 }
 
 impl Frozen {
-    /// Freezes the filesystem mounted at `path` for at most `limit`.
-    pub fn freeze(path: &Path, limit: Duration) -> Result<Frozen, DiskError> {
-        let dir = File::open(path).map_err(DiskError::io(format!("open {}", path.display())))?;
+    /// Freezes the filesystem shown at `at` (a mount's root, opened beneath the allowed
+    /// roots) for at most `limit`.
+    pub fn freeze(at: &super::beneath::Node, limit: Duration) -> Result<Frozen, DiskError> {
+        let path = at.shown();
+        let dir = at.reopen_dir()?;
         let mut arg: libc::c_int = 0;
         // SAFETY: the fd is open for the call; FIFREEZE ignores its argument, which
         // lives on this frame.

@@ -50,17 +50,24 @@ impl Usage {
 pub fn usage(path: &Path) -> Result<Usage, DiskError> {
     let st = nix::sys::statvfs::statvfs(path)
         .map_err(|e| DiskError::Io { what: format!("statvfs {}", path.display()), source: e.into() })?;
-    let frsize = st.fragment_size() as u64;
-    let total_bytes = st.blocks() as u64 * frsize;
-    let free_bytes = st.blocks_free() as u64 * frsize;
-    Ok(Usage {
-        total_bytes,
-        available_bytes: st.blocks_available() as u64 * frsize,
-        used_bytes: total_bytes.saturating_sub(free_bytes),
-        total_inodes: st.files() as u64,
-        free_inodes: st.files_free() as u64,
-        used_inodes: (st.files() as u64).saturating_sub(st.files_free() as u64),
-    })
+    Ok(Usage::of(&st))
+}
+
+impl Usage {
+    /// The usage a `statvfs` answered.
+    pub fn of(st: &nix::sys::statvfs::Statvfs) -> Usage {
+        let frsize = st.fragment_size() as u64;
+        let total_bytes = st.blocks() as u64 * frsize;
+        let free_bytes = st.blocks_free() as u64 * frsize;
+        Usage {
+            total_bytes,
+            available_bytes: st.blocks_available() as u64 * frsize,
+            used_bytes: total_bytes.saturating_sub(free_bytes),
+            total_inodes: st.files() as u64,
+            free_inodes: st.files_free() as u64,
+            used_inodes: (st.files() as u64).saturating_sub(st.files_free() as u64),
+        }
+    }
 }
 
 /// Verdict of one read-only filesystem check.
@@ -232,22 +239,88 @@ pub fn mkfs(dev: &Path, fs: &str) -> Result<(), DiskError> {
 /// Grows the mounted filesystem on `dev` to fill the device: `resize2fs` (ext4, online
 /// through the device) or `xfs_growfs` (xfs, through its mount point `mounted_at`).
 /// Growing a filesystem that already fills its device changes nothing.
-pub fn grow(dev: &Path, mounted_at: &Path, fs: &str) -> Result<(), DiskError> {
-    let (tool, target): (&str, &Path) = match fs {
-        "ext4" => ("resize2fs", dev),
-        "xfs" => ("xfs_growfs", mounted_at),
-        other => {
-            return Err(DiskError::invalid(format!(
-                "cannot grow a {other:?} filesystem on {}: supported are {}",
-                dev.display(),
-                SUPPORTED_FS.join(", ")
-            )))
+pub fn grow(dev: &Path, mounted_at: &super::beneath::Node, fs: &str) -> Result<(), DiskError> {
+    match fs {
+        "ext4" => {
+            let out = run("resize2fs", Command::new("resize2fs").arg(dev))?;
+            if !out.status.success() {
+                return Err(tool_error("resize2fs", dev, &out));
+            }
+            Ok(())
         }
-    };
-    let out = run(tool, Command::new(tool).arg(target))?;
-    if !out.status.success() {
-        return Err(tool_error(tool, target, &out));
+        "xfs" => grow_xfs(dev, mounted_at),
+        other => Err(DiskError::invalid(format!(
+            "cannot grow a {other:?} filesystem on {}: supported are {}",
+            dev.display(),
+            SUPPORTED_FS.join(", ")
+        ))),
     }
+}
+
+mod xfs {
+    /// `struct xfs_fsop_geom_v1` (xfs_fs.h): what the grow needs of the geometry.
+    #[repr(C)]
+    #[derive(Default)]
+    pub(super) struct GeomV1 {
+        pub blocksize: u32,
+        pub rtextsize: u32,
+        pub agblocks: u32,
+        pub agcount: u32,
+        pub logblocks: u32,
+        pub sectsize: u32,
+        pub inodesize: u32,
+        pub imaxpct: u32,
+        pub datablocks: u64,
+        pub rtblocks: u64,
+        pub rtextents: u64,
+        pub logstart: u64,
+        pub uuid: [u8; 16],
+        pub sunit: u32,
+        pub swidth: u32,
+        pub version: i32,
+        pub flags: u32,
+        pub logsectsize: u32,
+        pub rtsectsize: u32,
+        pub dirblocksize: u32,
+    }
+    /// `struct xfs_growfs_data`.
+    #[repr(C)]
+    pub(super) struct GrowData {
+        pub newblocks: u64,
+        pub imaxpct: u32,
+    }
+    // XFS_IOC_FSGEOMETRY_V1 = _IOR('X', 100, struct xfs_fsop_geom_v1);
+    // XFS_IOC_FSGROWFSDATA = _IOW('X', 110, struct xfs_growfs_data).
+    nix::ioctl_read!(geometry_v1, b'X', 100, GeomV1);
+    nix::ioctl_write_ptr!(grow_data, b'X', 110, GrowData);
+}
+
+/// Grows the xfs filesystem shown at `at` (its mount's root) to the size of `dev`, as
+/// `xfs_growfs -d` does, through ioctls on a descriptor of that very directory (the tool
+/// would look the mount point up again by name).
+fn grow_xfs(dev: &Path, at: &super::beneath::Node) -> Result<(), DiskError> {
+    let dir = at.reopen_dir()?;
+    let size = {
+        let f = std::fs::File::open(dev).map_err(DiskError::io(format!("open {}", dev.display())))?;
+        let mut f = &f;
+        std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)).map_err(DiskError::io(format!("size of {}", dev.display())))?
+    };
+    let mut geo = xfs::GeomV1::default();
+    // SAFETY: the descriptor is open for the call; the kernel writes one GeomV1 into
+    // `geo`, which lives on this frame.
+    unsafe { xfs::geometry_v1(std::os::fd::AsRawFd::as_raw_fd(&dir), &mut geo) }
+        .map_err(DiskError::errno(format!("read the xfs geometry at {}", at.shown().display())))?;
+    if geo.blocksize == 0 {
+        return Err(DiskError::invalid(format!("the xfs filesystem at {} reports a block size of 0", at.shown().display())));
+    }
+    let newblocks = size / u64::from(geo.blocksize);
+    if newblocks <= geo.datablocks {
+        return Ok(());
+    }
+    let arg = xfs::GrowData { newblocks, imaxpct: geo.imaxpct };
+    // SAFETY: the descriptor is open for the call; `arg` lives on this frame.
+    unsafe { xfs::grow_data(std::os::fd::AsRawFd::as_raw_fd(&dir), &arg) }
+        .map_err(DiskError::errno(format!("grow the xfs filesystem at {} to {newblocks} blocks", at.shown().display())))?;
     Ok(())
 }
 

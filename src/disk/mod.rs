@@ -3,6 +3,7 @@
 //! Nothing here knows about actors or CSI, and nothing here holds state; the functions
 //! are synchronous, meant to run off the async runtime (`spawn_blocking`).
 
+pub mod beneath;
 pub mod blkpg;
 pub mod clean;
 pub(crate) mod copy;
@@ -16,7 +17,6 @@ pub mod mount;
 pub mod mover;
 pub mod mounts;
 pub mod note;
-pub(crate) mod paths;
 pub(crate) mod signature;
 pub(crate) mod smart;
 pub mod timing;

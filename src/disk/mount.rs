@@ -1,30 +1,22 @@
-//! Mounting and unmounting (`mount(2)`, `umount2(2)`), CSI mount flags, and checks of
-//! what is mounted where against `/proc/self/mountinfo`.
+//! CSI mount flags, and what `/proc/self/mountinfo` lists at a path (for reports and
+//! tests: every mount, bind and unmount goes through [`super::beneath`], on
+//! descriptors).
 //!
 //! Rules:
 //! - CSI mount flags pass an allow-list ([`parse_mount_flags`]): generic flags become
 //!   `MsFlags`, a few filesystem options become mount data, everything else is refused
 //!   with the offending flag named; no flag can smuggle a second option (`,`), spaces,
 //!   NUL, or a value outside its list;
-//! - a read-only bind mount is a bind followed by a read-only remount that keeps the
-//!   mount's nosuid/nodev/noexec/atime flags; if the remount fails the bind is undone,
-//!   so a read-only request never leaves a writable mount behind;
-//! - unmounting peels every layer mounted at the exact path (at most
-//!   [`MAX_LAYERS`]), never follows a symlink, and reports a busy mount as
-//!   [`DiskError::Busy`];
 //! - mount points are compared as given (absolute, not canonicalised) with mountinfo's
 //!   unescaped mount points; the topmost entry at a path is the one that is visible.
 
 use std::path::Path;
 
-use nix::errno::Errno;
-use nix::mount::{MntFlags, MsFlags};
+use nix::mount::MsFlags;
 
 use super::mounts::{read_mountinfo, MountEntry};
 use super::DiskError;
 
-/// Most mounts stacked on one path that [`unmount_all`] removes.
-pub const MAX_LAYERS: usize = 16;
 
 /// Longest accepted single mount flag.
 const MAX_FLAG_LEN: usize = 64;
@@ -118,147 +110,15 @@ pub fn parse_mount_flags(flags: &[String]) -> Result<MountOptions, String> {
     Ok(opts)
 }
 
-fn check_dir(target: &Path) -> Result<(), DiskError> {
-    match std::fs::symlink_metadata(target) {
-        Ok(md) if md.is_dir() => Ok(()),
-        Ok(_) => Err(DiskError::invalid(format!("mount target {} is not a directory", target.display()))),
-        Err(e) => Err(DiskError::Io { what: format!("mount target {}", target.display()), source: e }),
-    }
-}
-
-fn mount_error(what: String, target: &Path) -> impl FnOnce(Errno) -> DiskError + '_ {
-    move |e| match e {
-        Errno::EBUSY => DiskError::Busy { path: target.to_path_buf(), reason: format!("{what}: {e}") },
-        _ => DiskError::Io { what, source: e.into() },
-    }
-}
-
-/// Mounts the filesystem `fs` on `dev` at the existing directory `target`.
-pub fn mount_fs(dev: &Path, target: &Path, fs: &str, opts: &MountOptions) -> Result<(), DiskError> {
-    check_dir(target)?;
-    let mut flags = opts.flags;
-    if opts.readonly {
-        flags |= MsFlags::MS_RDONLY;
-    }
-    let data = (!opts.data.is_empty()).then_some(opts.data.as_str());
-    nix::mount::mount(Some(dev), target, Some(fs), flags, data).map_err(mount_error(
-        format!("mount {} ({fs}, options {:?}) at {}", dev.display(), opts.data, target.display()),
-        target,
-    ))
-}
-
-/// The per-mount flags of an entry that a remount must keep.
-fn kept_flags(entry: &MountEntry) -> MsFlags {
-    entry
-        .options
-        .split(',')
-        .filter_map(|o| match o {
-            "nosuid" => Some(MsFlags::MS_NOSUID),
-            "nodev" => Some(MsFlags::MS_NODEV),
-            "noexec" => Some(MsFlags::MS_NOEXEC),
-            "noatime" => Some(MsFlags::MS_NOATIME),
-            "nodiratime" => Some(MsFlags::MS_NODIRATIME),
-            "relatime" => Some(MsFlags::MS_RELATIME),
-            _ => None,
-        })
-        .fold(MsFlags::empty(), |a, f| a | f)
-}
-
-/// Bind-mounts `source` (a directory, or a file such as a device node) onto `target`
-/// (of the same kind, existing). With `readonly`, remounts the bind read-only, keeping
-/// its nosuid/nodev/noexec/atime flags; if that fails the bind is undone.
-pub fn bind_mount(source: &Path, target: &Path, readonly: bool) -> Result<(), DiskError> {
-    nix::mount::mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-        .map_err(mount_error(format!("bind-mount {} at {}", source.display(), target.display()), target))?;
-    if !readonly {
-        return Ok(());
-    }
-    let kept = top_mount(target)?.map(|m| kept_flags(&m)).unwrap_or_else(MsFlags::empty);
-    let remount = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | kept;
-    if let Err(e) = nix::mount::mount(None::<&str>, target, None::<&str>, remount, None::<&str>) {
-        let undo = nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW);
-        return Err(DiskError::Io {
-            what: format!(
-                "remount the bind of {} at {} read-only (bind undone: {})",
-                source.display(),
-                target.display(),
-                undo.map_or_else(|u| format!("no, {u}"), |_| "yes".into())
-            ),
-            source: e.into(),
-        });
-    }
-    Ok(())
-}
-
 /// Mount entries whose mount point is exactly `target`, bottom first.
 pub fn mounts_at(target: &Path) -> Result<Vec<MountEntry>, DiskError> {
     let all = read_mountinfo().map_err(DiskError::io("read /proc/self/mountinfo"))?;
     Ok(all.into_iter().filter(|m| m.mount_point == target).collect())
 }
 
-/// The visible (topmost) mount at `target`, if any.
-fn top_mount(target: &Path) -> Result<Option<MountEntry>, DiskError> {
-    Ok(mounts_at(target)?.pop())
-}
-
-/// Unmounts every mount stacked at `target`; success when nothing is mounted there. A
-/// mount in use is a [`DiskError::Busy`].
-pub fn unmount_all(target: &Path) -> Result<(), DiskError> {
-    for _ in 0..MAX_LAYERS {
-        if mounts_at(target)?.is_empty() {
-            return Ok(());
-        }
-        match nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW) {
-            // EINVAL: no longer a mount point (raced with another unmount); look again.
-            Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => {}
-            Err(Errno::EBUSY) => {
-                return Err(DiskError::Busy {
-                    path: target.to_path_buf(),
-                    reason: "the mount is in use (open files or a process working there); not unmounted".into(),
-                })
-            }
-            Err(e) => return Err(DiskError::Io { what: format!("unmount {}", target.display()), source: e.into() }),
-        }
-    }
-    if mounts_at(target)?.is_empty() {
-        return Ok(());
-    }
-    Err(DiskError::Busy {
-        path: target.to_path_buf(),
-        reason: format!("still mounted after removing {MAX_LAYERS} layers"),
-    })
-}
-
 /// Whether a mount entry is read-only (`ro` in its per-mount options).
 pub fn is_readonly(entry: &MountEntry) -> bool {
     entry.options.split(',').any(|o| o == "ro")
-}
-
-/// Whether the visible mount at `target` is of the device `devnum` (major, minor): a
-/// filesystem on it, or a bind mount of one. See [`is_readonly`] for the mode.
-pub fn is_mounted_from(target: &Path, devnum: (u32, u32)) -> Result<bool, DiskError> {
-    Ok(top_mount(target)?.is_some_and(|m| m.devnum == devnum))
-}
-
-/// Whether the visible mount at `target` is a bind mount of the block device node
-/// `devnode` (a block volume published onto a file). Mountinfo shows such a mount as
-/// a devtmpfs entry whose root is the node's path inside /dev (`/loop0p1`); when both
-/// `target` and `devnode` can be stat'ed they must also be the same device.
-pub fn is_block_bind(target: &Path, devnode: &Path) -> Result<bool, DiskError> {
-    let Some(top) = top_mount(target)? else { return Ok(false) };
-    if top.root.file_name().is_none() || top.root.file_name() != devnode.file_name() {
-        return Ok(false);
-    }
-    Ok(match (block_rdev(target), block_rdev(devnode)) {
-        (Some(a), Some(b)) => a == b,
-        _ => top.fs_type == "devtmpfs",
-    })
-}
-
-fn block_rdev(path: &Path) -> Option<u64> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let md = std::fs::metadata(path).ok()?;
-    md.file_type().is_block_device().then(|| md.rdev())
 }
 
 #[cfg(test)]
@@ -336,6 +196,5 @@ mod tests {
         };
         assert!(is_readonly(&e("ro,relatime")));
         assert!(!is_readonly(&e("rw,errors=remount-ro")));
-        assert_eq!(kept_flags(&e("ro,nosuid,nodev,noatime")), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME);
     }
 }

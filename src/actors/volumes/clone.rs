@@ -43,6 +43,8 @@ pub struct CloneFrom {
     /// Freeze the source's filesystem, mounted at this path, for at most this long
     /// while it is copied.
     pub freeze: Option<(std::path::PathBuf, std::time::Duration)>,
+    /// The allowed roots the freeze path is opened beneath.
+    pub roots: Vec<std::path::PathBuf>,
 }
 
 fn disk(id: &str, op: &'static str) -> impl FnOnce(DiskError) -> VolumeError {
@@ -66,7 +68,14 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
     let frozen = match &from.freeze {
         Some((path, limit)) => {
             info!(volume.id = %src.id, fs.path = %path.display(), freeze.limit_millis = limit.as_millis() as u64, "freezing the filesystem for the copy");
-            Some((freeze::Frozen::freeze(path, *limit).map_err(disk(&id, "freeze the source's filesystem"))?, *limit))
+            let at = crate::disk::beneath::open(path, &from.roots).map_err(|e| disk(&id, "open the source's mount")(match e {
+                crate::disk::beneath::PathError::Refused(reason) => DiskError::invalid(reason),
+                crate::disk::beneath::PathError::Disk(e) => e,
+            }))?;
+            let Some(at) = at else {
+                return Err(disk(&id, "open the source's mount")(DiskError::NotFound { device: path.clone(), what: "the source's staging path".into() }));
+            };
+            Some((freeze::Frozen::freeze(&at, *limit).map_err(disk(&id, "freeze the source's filesystem"))?, *limit))
         }
         None => None,
     };

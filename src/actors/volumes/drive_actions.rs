@@ -117,9 +117,11 @@ impl Handler<super::VolumesUsed> for VolumeManager {
             .filter(|r| !r.block && !r.lost && !r.failed)
             .filter_map(|r| r.staging.as_ref().filter(|s| !s.block).map(|s| (r.id.clone(), s.path.clone())))
             .collect();
+        let roots = self.book.allowed_roots().to_vec();
         Box::pin(async move {
             let probe = tokio::task::spawn_blocking(move || {
-                staged.into_iter().filter_map(|(id, path)| crate::disk::fs::usage(&path).ok().map(|u| (id, u.used_bytes))).collect()
+                let used = |path: &std::path::Path| crate::disk::beneath::open(path, &roots).ok().flatten().and_then(|n| n.usage().ok());
+                staged.into_iter().filter_map(|(id, path)| used(&path).map(|u| (id, u.used_bytes))).collect()
             });
             match tokio::time::timeout(USED_TIMEOUT, probe).await {
                 Ok(Ok(used)) => used,

@@ -360,7 +360,7 @@ impl VolumeManager {
         };
         let from = match rec.clone_of.as_ref().or(rec.restored_from.as_ref()) {
             Some(src) => match self.book.clone_start(src, &m, &mut held) {
-                Ok((source, loc)) => Some(clone::CloneFrom { source, loc, freeze: None }),
+                Ok((source, loc)) => Some(clone::CloneFrom { source, loc, freeze: None, roots: Vec::new() }),
                 Err(e) => return reply(Err(e)),
             },
             None => None,
@@ -575,7 +575,14 @@ impl Handler<VolumeStats> for VolumeManager {
             return reply(Ok((status, None)));
         }
         let path = m.path;
-        Box::pin(async move { tokio::task::spawn_blocking(move || crate::disk::fs::usage(&path)).await }.into_actor(self).map(
+        let roots = self.book.allowed_roots().to_vec();
+        let usage = move || match crate::disk::beneath::open(&path, &roots) {
+            Ok(Some(node)) => node.usage(),
+            Ok(None) => Err(crate::disk::DiskError::NotFound { device: path.clone(), what: "the volume's path".into() }),
+            Err(crate::disk::beneath::PathError::Refused(reason)) => Err(crate::disk::DiskError::invalid(reason)),
+            Err(crate::disk::beneath::PathError::Disk(e)) => Err(e),
+        };
+        Box::pin(async move { tokio::task::spawn_blocking(usage).await }.into_actor(self).map(
             move |res, _, _| match res {
                 Ok(Ok(u)) => Ok((status, Some(u))),
                 Ok(Err(e)) => {
@@ -701,7 +708,8 @@ impl Handler<UnstageVolume> for VolumeManager {
         match self.node_call(&m.volume_id, false) {
             Ok((claim, store, rec, loc)) => {
                 let guards = self.book.guards();
-                self.run(claim, m.volume_id, move || ops::unstage(&store, &guards, loc.as_ref(), rec, &m.path))
+                let roots = self.book.allowed_roots().to_vec();
+                self.run(claim, m.volume_id, move || ops::unstage(&store, &guards, loc.as_ref(), &roots, rec, &m.path))
             }
             Err(e) => reply(Err(e)),
         }
@@ -724,7 +732,10 @@ impl Handler<UnpublishVolume> for VolumeManager {
     type Result = Reply<()>;
     fn handle(&mut self, m: UnpublishVolume, _: &mut Context<Self>) -> Self::Result {
         match self.node_call(&m.volume_id, false) {
-            Ok((claim, store, rec, loc)) => self.run(claim, m.volume_id, move || ops::unpublish(&store, loc.as_ref(), rec, &m.target)),
+            Ok((claim, store, rec, loc)) => {
+                let roots = self.book.allowed_roots().to_vec();
+                self.run(claim, m.volume_id, move || ops::unpublish(&store, loc.as_ref(), &roots, rec, &m.target))
+            }
             Err(e) => reply(Err(e)),
         }
     }
@@ -844,7 +855,10 @@ impl Handler<NodeExpandVolume> for VolumeManager {
             Ok((claim, rec, loc))
         });
         match checked {
-            Ok((claim, rec, loc)) => self.run(claim, m.volume_id, move || ops::node_expand(&loc, rec)),
+            Ok((claim, rec, loc)) => {
+                let roots = self.book.allowed_roots().to_vec();
+                self.run(claim, m.volume_id, move || ops::node_expand(&loc, &roots, rec))
+            }
             Err(e) => reply(Err(e)),
         }
     }

@@ -28,11 +28,12 @@ use super::model::{next, Op, Staging, Target, VolumeRecord};
 use super::messages::{PublishArgs, StageArgs};
 use super::book::Guards;
 use super::VolumeError;
-use nix::mount::MsFlags;
 
 use crate::disk::lock::DiskLock;
 use crate::failpoint::crash_point;
-use crate::disk::{blkpg, fs, gpt, mount, paths, snapshot_note, DiskError};
+use crate::disk::beneath::{self, Node, PathError};
+use crate::disk::{blkpg, fs, gpt, mount, snapshot_note, DiskError};
+use nix::mount::MsFlags;
 use crate::store::Store;
 use crate::words::DriveLoc;
 
@@ -51,6 +52,26 @@ fn disk(id: &str, op: &'static str) -> impl FnOnce(DiskError) -> VolumeError {
         DiskError::Foreign { device, found } => VolumeError::ForeignData { volume_id, op, device, found },
         source => VolumeError::Disk { volume_id, op, source },
     }
+}
+
+/// A path refused is the caller's mistake (`InvalidArgument`); anything else failed.
+fn path_err(id: &str, op: &'static str) -> impl FnOnce(PathError) -> VolumeError {
+    let id = id.to_string();
+    move |e| match e {
+        PathError::Refused(reason) => VolumeError::InvalidArgument { reason: format!("volume {id}: {reason}") },
+        PathError::Disk(d) => disk(&id, op)(d),
+    }
+}
+
+/// Whether a mount of the device `dev` shows at `node`: a filesystem on it (or a bind
+/// of one), or a bind of its device node.
+fn shows(node: Option<&Node>, dev: (u32, u32)) -> bool {
+    node.and_then(|n| n.stat().ok()).is_some_and(|s| s.mount_root && (s.dev == dev || s.rdev == Some(dev)))
+}
+
+/// What shows at `path` beneath the roots (`None`: nothing there).
+fn look(id: &str, path: &Path, roots: &[PathBuf]) -> Result<Option<Node>, VolumeError> {
+    beneath::open(path, roots).map_err(path_err(id, "open the path"))
 }
 
 fn save(store: &Store, rec: &VolumeRecord) -> Result<(), VolumeError> {
@@ -125,10 +146,10 @@ fn backing(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<Backing, Volu
 /// at its own bind of the published device, `.../volumeDevices/<pv>/dev/<pod uid>`.
 /// Read-only: the kernel's partitions are looked up, never added.
 pub(crate) fn is_device_of(path: &Path, roots: &[PathBuf], drive: &DriveLoc, rec: &VolumeRecord) -> bool {
-    if !rec.block || paths::check_under_roots(path, roots).is_err() {
+    if !rec.block {
         return false;
     }
-    let Some(devnum) = crate::disk::block_devnum(path) else { return false };
+    let Some(devnum) = beneath::open(path, roots).ok().flatten().and_then(|n| n.stat().ok()).and_then(|s| s.rdev) else { return false };
     let Ok(parts) = blkpg::kernel_partitions(&drive.path) else { return false };
     is_partition_at(devnum, &parts, rec.start)
 }
@@ -340,7 +361,7 @@ pub(crate) fn expand(store: &Store, drive: &DriveLoc, mut rec: VolumeRecord, new
 
 /// Grows a staged volume's filesystem to its partition (NodeExpandVolume), online;
 /// block volumes have nothing to grow. The partition must already have its new size.
-pub(crate) fn node_expand(drive: &DriveLoc, rec: VolumeRecord) -> Outcome<u64> {
+pub(crate) fn node_expand(drive: &DriveLoc, roots: &[PathBuf], rec: VolumeRecord) -> Outcome<u64> {
     let res = (|| {
         if rec.block {
             return Ok(rec.size);
@@ -360,17 +381,18 @@ pub(crate) fn node_expand(drive: &DriveLoc, rec: VolumeRecord) -> Outcome<u64> {
             }
             return Err(VolumeError::CannotGrowExt4 { volume_id: rec.id.clone() });
         }
-        fs::grow(&kp.devnode, &staging, &rec.fs_type).map_err(disk(&rec.id, "grow the filesystem"))?;
+        let at = look(&rec.id, &staging, roots)?.filter(|n| shows(Some(n), kp.devnum));
+        let Some(at) = at else { return Err(VolumeError::NotStaged { volume_id: rec.id.clone() }) };
+        fs::grow(&kp.devnode, &at, &rec.fs_type).map_err(disk(&rec.id, "grow the filesystem"))?;
         crash_point!("node_expand.grown");
         Ok(rec.size)
     })();
     Outcome { record: Some(rec), result: res }
 }
 
+/// Refuses a path that cannot be used beneath the roots before anything is changed.
 fn check_path(id: &str, p: &Path, roots: &[PathBuf]) -> Result<(), VolumeError> {
-    paths::check_under_roots(p, roots)
-        .map(|_| ())
-        .map_err(|reason| VolumeError::InvalidArgument { reason: format!("volume {id}: {reason}") })
+    look(id, p, roots).map(drop)
 }
 
 /// Stages a volume: intent, mkfs (only on a volume drivelet wiped and never
@@ -385,7 +407,7 @@ pub(crate) fn stage(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveLoc
             let mut back = now.unwrap_or_else(|| prev.clone());
             // An intent this call recorded is withdrawn (nothing stays mounted).
             if back.staging.as_ref().is_some_and(|s| !s.done && s.path == a.path) {
-                let _ = mount::unmount_all(&a.path);
+                let _ = beneath::unmount_all(&a.path, roots);
                 back.staging = prev.staging.clone();
                 back.state = prev.state;
                 back.formatted |= prev.formatted;
@@ -452,7 +474,7 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
             ));
         }
     }
-    if rec.staging.as_ref().is_some_and(|s| s.done) && (a.block || mount::is_mounted_from(&a.path, b.devnum()).unwrap_or(false)) {
+    if rec.staging.as_ref().is_some_and(|s| s.done) && (a.block || shows(look(&id, &a.path, roots).map_err(|e| (e, None))?.as_ref(), b.devnum())) {
         return Ok(rec);
     }
     rec.staging = Some(Staging { path: a.path.clone(), block: a.block, flags: a.flags.clone(), readonly: a.readonly, done: false });
@@ -469,21 +491,23 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
                 save(store, &r2)?;
                 info!(volume.id = %id, volume.fs = %fs_type, "filesystem made");
             }
-            std::fs::create_dir_all(&a.path).map_err(|e| disk(&id, "create the staging directory")(DiskError::Io { what: a.path.display().to_string(), source: e }))?;
-            if !mount::is_mounted_from(&a.path, kp.devnum).map_err(disk(&id, "read mounts"))? {
+            let dir = beneath::make_dir(&a.path, roots).map_err(path_err(&id, "create the staging directory"))?;
+            if !shows(Some(&dir), kp.devnum) {
                 // A volume grown while unstaged: ext4 grows offline here (online growth
                 // needs CAP_SYS_RESOURCE); xfs grows online through NodeExpandVolume.
                 if fs_type == "ext4" && fs::grow_ext4_offline(&kp.devnode).map_err(disk(&id, "grow the filesystem offline"))? {
                     info!(volume.id = %id, volume.size = r2.size, "filesystem grown offline to its partition");
                 }
-                mount::mount_fs(&kp.devnode, &a.path, &fs_type, &opts).map_err(disk(&id, "mount the filesystem"))?;
+                beneath::mount_fs(&kp.devnode, &dir, &fs_type, &opts).map_err(disk(&id, "mount the filesystem"))?;
             }
             crash_point!("stage.mounted");
         }
         if let Backing::Dir { path, devnum } = &b {
-            std::fs::create_dir_all(&a.path).map_err(|e| disk(&id, "create the staging directory")(DiskError::Io { what: a.path.display().to_string(), source: e }))?;
-            if !mount::is_mounted_from(&a.path, *devnum).map_err(disk(&id, "read mounts"))? {
-                mount::bind_mount(path, &a.path, a.readonly).map_err(disk(&id, "bind the adopted directory to the staging path"))?;
+            let dir = beneath::make_dir(&a.path, roots).map_err(path_err(&id, "create the staging directory"))?;
+            if !shows(Some(&dir), *devnum) {
+                let source = beneath::open_source(path).map_err(disk(&id, "open the adopted directory"))?;
+                beneath::bind(&source, path, &dir, beneath::attrs_of(MsFlags::empty(), a.readonly))
+                    .map_err(disk(&id, "bind the adopted directory to the staging path"))?;
             }
         }
         if let Some(st) = r2.staging.as_mut() {
@@ -500,7 +524,7 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
 }
 
 /// Unstages: unmount the staging path, then forget it.
-pub(crate) fn unstage(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveLoc>, rec: VolumeRecord, path: &Path) -> Outcome<()> {
+pub(crate) fn unstage(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: VolumeRecord, path: &Path) -> Outcome<()> {
     let id = rec.id.clone();
     // A health check's read of the staging directory holds the mount: the unmount waits.
     let _unchecked = guards.step(&id);
@@ -511,14 +535,15 @@ pub(crate) fn unstage(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveL
             _ => {
                 // Not the recorded path: only a mount of this volume there is undone.
                 match drive.and_then(|d| blkpg::ensure_kernel_partition(&d.path, r.start, r.size).ok()) {
-                    Some(kp) if mount::is_mounted_from(path, kp.devnum).unwrap_or(false) => true,
+                    // A path drivelet refuses holds nothing it mounted.
+                    Some(kp) if shows(beneath::open(path, roots).ok().flatten().as_ref(), kp.devnum) => true,
                     _ => return Ok(()),
                 }
             }
         };
         r.state = next(r.state, Op::Unstage).map_err(|x| VolumeError::refused(&r, x))?;
         if ours {
-            mount::unmount_all(path).map_err(disk(&id, "unmount the staging path"))?;
+            beneath::unmount_all(path, roots).map_err(path_err(&id, "unmount the staging path"))?;
         }
         crash_point!("unstage.unmounted");
         if r.staging.as_ref().is_some_and(|s| s.path == path) {
@@ -575,10 +600,7 @@ pub(crate) fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf]
             return Err(VolumeError::SingleWriterInUse { volume_id: id.clone() });
         }
         let state = next(r.state, Op::Publish).map_err(|x| VolumeError::refused(&r, x))?;
-        let mounted = match (&b, a.block) {
-            (Backing::Partition(kp), true) => mount::is_block_bind(&a.target, &kp.devnode).unwrap_or(false),
-            _ => mount::is_mounted_from(&a.target, b.devnum()).unwrap_or(false),
-        };
+        let mounted = shows(look(&id, &a.target, roots)?.as_ref(), b.devnum());
         if mounted && r.targets.get(&a.target).is_some_and(|t| t.done) {
             return Ok(());
         }
@@ -586,28 +608,29 @@ pub(crate) fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf]
         save(store, &r)?;
         crash_point!("publish.intent_saved");
         if !mounted {
-            let io = |what: &str| {
-                let what = format!("{what} {}", a.target.display());
-                let id = id.clone();
-                move |e| disk(&id, "prepare the target")(DiskError::Io { what, source: e })
-            };
+            let attrs = beneath::attrs_of(opts.flags, a.readonly || opts.readonly);
             if let (true, Backing::Partition(kp)) = (a.block, &b) {
-                if !a.target.exists() {
-                    std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&a.target).map_err(io("create file"))?;
+                let file = beneath::make_file(&a.target, roots).map_err(path_err(&id, "create the target file"))?;
+                let st = file.stat().map_err(disk(&id, "look at the target"))?;
+                if !st.file && st.rdev.is_none() {
+                    return Err(VolumeError::InvalidArgument {
+                        reason: format!("volume {id}: target {} is neither a regular file nor a device node", a.target.display()),
+                    });
                 }
                 if a.readonly {
                     blkpg::set_read_only(&kp.devnode, true).map_err(disk(&id, "mark the partition read-only"))?;
                 }
-                mount::bind_mount(&kp.devnode, &a.target, a.readonly).map_err(disk(&id, "bind the device to the target"))?;
+                let dev = beneath::open_source(&kp.devnode).map_err(disk(&id, "open the device"))?;
+                beneath::bind(&dev, &kp.devnode, &file, attrs).map_err(disk(&id, "bind the device to the target"))?;
             } else {
-                std::fs::create_dir_all(&a.target).map_err(io("create directory"))?;
-                mount::bind_mount(&st.path, &a.target, a.readonly).map_err(disk(&id, "bind the staging path to the target"))?;
-            }
-            let extra = opts.flags & (MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC | MsFlags::MS_NOATIME | MsFlags::MS_NODIRATIME | MsFlags::MS_RELATIME);
-            if !extra.is_empty() {
-                let ro = if a.readonly || opts.readonly { MsFlags::MS_RDONLY } else { MsFlags::empty() };
-                nix::mount::mount(None::<&str>, &a.target, None::<&str>, MsFlags::MS_REMOUNT | MsFlags::MS_BIND | extra | ro, None::<&str>)
-                    .map_err(|e| disk(&id, "apply the mount flags to the target")(DiskError::Io { what: a.target.display().to_string(), source: e.into() }))?;
+                let staged = look(&id, &st.path, roots)?.filter(|n| shows(Some(n), b.devnum()));
+                let Some(staged) = staged else {
+                    return Err(VolumeError::InvalidArgument {
+                        reason: format!("volume {id}: nothing of the volume is mounted at its staging path {}; stage it again", st.path.display()),
+                    });
+                };
+                let dir = beneath::make_dir(&a.target, roots).map_err(path_err(&id, "create the target directory"))?;
+                beneath::bind_node(&staged, &dir, attrs).map_err(disk(&id, "bind the staging path to the target"))?;
             }
         }
         crash_point!("publish.mounted");
@@ -622,7 +645,7 @@ pub(crate) fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf]
         Err(e) => {
             // Withdraw an intent this call recorded.
             if !prev.targets.contains_key(&a.target) && r.targets.get(&a.target).is_some_and(|t| !t.done) {
-                let _ = mount::unmount_all(&a.target);
+                let _ = beneath::unmount_all(&a.target, roots);
                 if let Err(se) = save(store, &prev) {
                     warn!(volume.id = %id, error = %se, "cannot withdraw a publish intent; a restart does");
                     return Outcome { record: Some(r), result: Err(e) };
@@ -634,7 +657,7 @@ pub(crate) fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf]
 }
 
 /// Unpublishes: unmount the target, remove it, forget it.
-pub(crate) fn unpublish(store: &Store, drive: Option<&DriveLoc>, rec: VolumeRecord, target: &Path) -> Outcome<()> {
+pub(crate) fn unpublish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], rec: VolumeRecord, target: &Path) -> Outcome<()> {
     let id = rec.id.clone();
     let mut r = rec.clone();
     let res = (|| {
@@ -642,27 +665,28 @@ pub(crate) fn unpublish(store: &Store, drive: Option<&DriveLoc>, rec: VolumeReco
         let kp = drive.and_then(|d| blkpg::ensure_kernel_partition(&d.path, r.start, r.size).ok());
         // The volume's own staging path is no target: the mount there is the stage's.
         let staging_path = r.staging.as_ref().is_some_and(|s| s.path == target);
+        // A path drivelet refuses holds nothing it mounted, unless it was recorded (then
+        // it changed since: refused, never unmounted by name).
+        let here = match recorded {
+            Some(_) => look(&id, target, roots)?,
+            None => beneath::open(target, roots).ok().flatten(),
+        };
         let ours_mounted = match (&recorded, &kp) {
-            (Some(_), _) => !mount::mounts_at(target).map_err(disk(&id, "read mounts"))?.is_empty(),
+            (Some(_), _) => here.as_ref().and_then(|n| n.stat().ok()).is_some_and(|s| s.mount_root),
             (None, _) if staging_path => false,
-            (None, Some(kp)) => mount::is_mounted_from(target, kp.devnum).unwrap_or(false) || mount::is_block_bind(target, &kp.devnode).unwrap_or(false),
+            (None, Some(kp)) => shows(here.as_ref(), kp.devnum),
             (None, None) => false,
         };
+        drop(here);
         if recorded.is_none() && !ours_mounted {
             return Ok(());
         }
         if ours_mounted {
-            mount::unmount_all(target).map_err(disk(&id, "unmount the target"))?;
+            beneath::unmount_all(target, roots).map_err(path_err(&id, "unmount the target"))?;
         }
         crash_point!("unpublish.unmounted");
-        match std::fs::symlink_metadata(target) {
-            Ok(m) if m.is_dir() => {
-                let _ = std::fs::remove_dir(target);
-            }
-            Ok(_) => {
-                let _ = std::fs::remove_file(target);
-            }
-            Err(_) => {}
+        if let Err(e) = beneath::remove(target, roots) {
+            warn!(volume.id = %id, error = %e, "cannot remove the target; kubelet removes it");
         }
         r.targets.remove(target);
         if recorded.as_ref().is_some_and(|t| t.block && t.readonly) && !r.targets.values().any(|t| t.block && t.readonly) {

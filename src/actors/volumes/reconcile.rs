@@ -15,6 +15,9 @@
 //! - a record whose partition sits elsewhere on its drive follows the GPT (the GPT is
 //!   the truth for location) and the disagreement is reported;
 //! - a record whose drive is absent is kept and reported; the drive may come back;
+//! - a record whose drive is present but was not read ([`Others::unread`]: it cannot be
+//!   read now, or it is no longer managed) is kept as it is: nothing is known of its
+//!   partition, so it is neither lost nor rolled back nor dropped;
 //! - a record whose partition is gone from a present drive is kept, marked lost (its
 //!   condition says the data is gone; only DeleteVolume is served), and reported; the
 //!   mark goes if the partition is found again;
@@ -67,6 +70,10 @@ pub(crate) struct Others {
     pub held: BTreeSet<uuid::Uuid>,
     /// Copies of moves running now: drive id, partition GUID.
     pub running: Vec<(String, uuid::Uuid)>,
+    /// Present drives whose volumes cannot be judged now, with why in words (the drive
+    /// cannot be read, or it is not managed now yet carries a drivelet table): a record
+    /// on one is kept as it is, never marked lost, rolled back or dropped.
+    pub unread: BTreeMap<String, String>,
 }
 
 /// The drivelet partitions read from each present managed drive's GPT, by drive id.
@@ -86,6 +93,11 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
         let table = tables.get(&rec.drive_id);
         let on_disk = table.and_then(|t| t.iter().find(|q| q.guid == rec.part_guid));
         let drive_present = present.contains_key(rec.drive_id.as_str());
+        if let Some(why) = others.unread.get(&rec.drive_id).filter(|_| drive_present && on_disk.is_none()) {
+            p.reports.push(format!("volume {}: drive {} {why}; the volume is judged again when the drive is read", rec.id, rec.drive_id));
+            p.keep.push(rec);
+            continue;
+        }
         match rec.state {
             VolumeState::Creating => {
                 if !drive_present {
@@ -338,6 +350,24 @@ mod tests {
         assert_eq!(b.state, VolumeState::Available);
         assert!(b.staging.is_none());
         assert_eq!(p.changed.len(), 2);
+    }
+
+    #[test]
+    fn a_present_drive_that_could_not_be_read_loses_rolls_back_and_drops_nothing() {
+        // Its media went away while it was read, or it is not managed now: nothing is
+        // known of its partitions, so every record on it is kept as it was.
+        let a = rec(1, VolumeState::Available);
+        let creating = rec(2, VolumeState::Creating);
+        let deleting = rec(3, VolumeState::Deleting);
+        let others = Others { unread: BTreeMap::from([("d1".to_string(), "cannot be read now (EIO)".to_string())]), ..Others::default() };
+        let records = vec![a.clone(), creating.clone(), deleting.clone()];
+        let p = plan(records.clone(), &[drive("d1")], &Tables::new(), &BTreeSet::new(), 0, &Notes::new(), &others);
+        assert_eq!(p.keep, records, "kept exactly as they were");
+        assert!(p.changed.is_empty() && p.rollback.is_empty() && p.finish_delete.is_empty() && p.drop.is_empty(), "{p:?}");
+        assert!(p.reports.iter().all(|r| r.contains("cannot be read now") && r.contains("judged again")), "{:?}", p.reports);
+        // Read and blank (wiped) is another matter: the partition is gone.
+        let p = plan(vec![a], &[drive("d1")], &Tables::new(), &BTreeSet::new(), 0, &Notes::new(), &Others::default());
+        assert!(p.keep[0].lost);
     }
 
     #[test]

@@ -121,6 +121,7 @@ impl VolumeManager {
         let others = reconcile::Others {
             running: self.book.records().filter_map(|r| r.moving.as_ref().filter(|m| !m.switched).map(|m| (m.drive_id.clone(), r.part_guid))).collect(),
             held: self.book.records().filter(|r| r.drive_id != drive.id).map(|r| r.part_guid).collect(),
+            unread: Default::default(),
         };
         let job = move || settle(&store, &guards, records, std::slice::from_ref(&drive), clean_blank, &others);
         ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |res, act, ctx| {
@@ -226,24 +227,35 @@ fn settle(
 ) -> Result<(Vec<VolumeRecord>, Vec<DriveDirty>), VolumeError> {
     let mut tables = reconcile::Tables::new();
     let mut notes = reconcile::Notes::new();
+    let mut others = others.clone();
     // Only managed drives are read for drivelet partitions (and so only they are ever
     // written to or adopted from); a drive carrying a drivelet GPT is classified
-    // managed from the table on the disk itself, even before udev has caught up.
-    for d in drives.iter().filter(|d| d.class == DriveClass::Managed) {
+    // managed from the table on the disk itself, even before udev has caught up. A
+    // drive records point at that is not managed now is only looked at: without a
+    // drivelet table there (wiped, or made something else), its volumes are lost.
+    let held: BTreeSet<&str> = records.iter().map(|r| r.drive_id.as_str()).collect();
+    for d in drives.iter().filter(|d| d.class == DriveClass::Managed || held.contains(d.id.as_str())) {
+        let managed = d.class == DriveClass::Managed;
         match gpt::read_table(&d.path, d.logical_block_size) {
-            Ok(Some(t)) if t.is_drivelet() => {
+            Ok(Some(t)) if t.is_drivelet() && managed => {
                 if let crate::disk::note::NoteState::Note(n) = t.note {
                     notes.insert(d.id.clone(), n.volumes);
                 }
                 tables.insert(d.id.clone(), t.partitions.into_iter().filter(|q| q.is_drivelet()).collect());
             }
+            Ok(Some(t)) if t.is_drivelet() => {
+                others.unread.insert(d.id.clone(), format!("is {} now ({}) though it carries a drivelet table", d.class.as_str(), d.reason));
+            }
             Ok(_) => {}
-            Err(e) => warn!(actor = "volumes", drive.id = %d.id, error = %e, "cannot read the partition table"),
+            Err(e) => {
+                warn!(actor = "volumes", drive.id = %d.id, error = %e, "cannot read the partition table");
+                others.unread.insert(d.id.clone(), format!("cannot be read now ({e})"));
+            }
         }
     }
     let mounted: BTreeSet<PathBuf> =
         crate::disk::mounts::read_mountinfo().unwrap_or_default().into_iter().map(|m| m.mount_point).collect();
-    let plan = reconcile::plan(records, drives, &tables, &mounted, now_unix(), &notes, others);
+    let plan = reconcile::plan(records, drives, &tables, &mounted, now_unix(), &notes, &others);
     for line in &plan.reports {
         warn!(actor = "volumes", "{line}");
     }

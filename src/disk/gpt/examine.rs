@@ -122,11 +122,13 @@ pub(super) fn judge_no_gpt<'f>(dev: &Path, file: &File, size: u64) -> Result<Jud
 /// logical block size (512 or 4096). An error means the device could not be read.
 pub fn examine(dev: &Path, sector: u64) -> Result<Contents, DiskError> {
     let (file, size) = open_to_inspect(dev, sector)?;
-    Ok(match judge(dev, &file, size, sector)? {
+    let contents = match judge(dev, &file, size, sector)? {
         Judged::Blank => Contents::Blank,
         Judged::Foreign(found) => Contents::Foreign(found),
         Judged::Drivelet(disk) => Contents::Drivelet(to_table(dev, &file, &disk, sector)?),
-    })
+    };
+    unchanged(dev, &file, size)?;
+    Ok(contents)
 }
 
 /// The writer's refusal of what [`judge`] found foreign.

@@ -394,10 +394,29 @@ pub fn read_table(dev: &Path, sector: u64) -> Result<Option<GptTable>, DiskError
     let file = File::open(dev).map_err(DiskError::io(format!("open {}", dev.display())))?;
     check_sector(dev, &file, sector)?;
     let size = len_of(dev, &file)?;
-    match open_gpt(dev, &file, size, sector)? {
-        Some(disk) => to_table(dev, &file, &disk, sector).map(Some),
-        None => Ok(None),
+    let table = match open_gpt(dev, &file, size, sector)? {
+        Some(disk) => to_table(dev, &file, &disk, sector).map(Some)?,
+        None => None,
+    };
+    unchanged(dev, &file, size)?;
+    Ok(table)
+}
+
+/// Checks that the device open as `file` still has the `size` it had when reading began:
+/// a device whose media goes away while it is read (a loop device being detached, a disk
+/// pulled) reads as zeros or as nothing before it is gone, and what was read then says
+/// nothing about the disk.
+fn unchanged(dev: &Path, file: &File, size: u64) -> Result<(), DiskError> {
+    let now = len_of(dev, file)?;
+    if now == size {
+        return Ok(());
     }
+    Err(DiskError::Io {
+        what: format!("read {}", dev.display()),
+        source: std::io::Error::other(format!(
+            "its size changed from {size} to {now} bytes while it was read: its media went away or was replaced"
+        )),
+    })
 }
 
 #[cfg(test)]
@@ -405,6 +424,20 @@ mod tests {
     use super::write::{ordered_writes, set_entries};
     use super::*;
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_device_whose_size_changed_while_read_is_an_error_not_a_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk.img");
+        let f = File::create(&path).unwrap();
+        f.set_len(8 * MIB).unwrap();
+        let file = File::open(&path).unwrap();
+        assert!(unchanged(&path, &file, 8 * MIB).is_ok());
+        // The media goes away (a loop device being detached reads as size 0).
+        f.set_len(0).unwrap();
+        let e = unchanged(&path, &file, 8 * MIB).unwrap_err().to_string();
+        assert!(e.contains("changed from 8388608 to 0 bytes while it was read"), "{e}");
+    }
 
     #[test]
     fn blank_disk_is_one_extent_between_the_two_tables() {

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use drivelet::disk::blkpg::{self, KernelPartition};
 use drivelet::disk::gpt::{self, GptTable};
 use drivelet::disk::lock::DiskLock;
+use drivelet::disk::beneath;
 use drivelet::disk::mount::{self, parse_mount_flags};
 use drivelet::disk::{fs, DiskError};
 use uuid::Uuid;
@@ -572,20 +573,28 @@ fn two_volumes_go_through_partitions_mkfs_mounts_binds_unmount_wipe_and_removal(
     let stage_a = s.mount_point("stage-a", false);
     let stage_b = s.mount_point("stage-b", false);
     let pub_a = s.mount_point("publish-a", false);
+    // Every path is opened beneath the scene's directory, and used by descriptor.
+    let roots = vec![s.dir.path().to_path_buf()];
+    let node = |p: &Path| beneath::open(p, &roots).unwrap().unwrap_or_else(|| panic!("{} is there", p.display()));
+    // What shows at a path: (a mount's root, its filesystem's device, the device node's).
+    let shows = |p: &Path| {
+        let st = node(p).stat().unwrap();
+        (st.mount_root, st.dev, st.rdev)
+    };
     let opts = parse_mount_flags(&["noatime".into(), "discard".into(), "commit=30".into()]).unwrap();
-    mount::mount_fs(&pa.devnode, &stage_a, "ext4", &opts).unwrap();
-    mount::mount_fs(&pb.devnode, &stage_b, "xfs", &parse_mount_flags(&["nouuid".into()]).unwrap()).unwrap();
-    assert!(mount::is_mounted_from(&stage_a, devnum(&pa)).unwrap());
-    assert!(!mount::is_mounted_from(&stage_a, devnum(&pb)).unwrap());
+    beneath::mount_fs(&pa.devnode, &node(&stage_a), "ext4", &opts).unwrap();
+    beneath::mount_fs(&pb.devnode, &node(&stage_b), "xfs", &parse_mount_flags(&["nouuid".into()]).unwrap()).unwrap();
+    assert_eq!(shows(&stage_a), (true, devnum(&pa), None));
+    assert_eq!(shows(&stage_b), (true, devnum(&pb), None));
     assert!(mount::mounts_at(&stage_a).unwrap()[0].options.contains("noatime"));
     std::fs::write(stage_a.join("hello"), b"world").unwrap();
 
     // Read-only bind: reads work, writes fail with EROFS, the staging mount stays writable.
-    mount::bind_mount(&stage_a, &pub_a, true).unwrap();
-    assert!(mount::is_mounted_from(&pub_a, devnum(&pa)).unwrap());
+    beneath::bind_node(&node(&stage_a), &node(&pub_a), beneath::attrs_of(nix::mount::MsFlags::empty(), true)).unwrap();
+    assert_eq!(shows(&pub_a), (true, devnum(&pa), None));
     let top = mount::mounts_at(&pub_a).unwrap().pop().unwrap();
     assert!(mount::is_readonly(&top), "{top:?}");
-    assert!(top.options.contains("noatime"), "remount kept the atime flag: {top:?}");
+    assert!(top.options.contains("noatime"), "the copy kept the atime flag: {top:?}");
     assert_eq!(std::fs::read(pub_a.join("hello")).unwrap(), b"world");
     let e = std::fs::write(pub_a.join("nope"), b"x").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
@@ -596,12 +605,11 @@ fn two_volumes_go_through_partitions_mkfs_mounts_binds_unmount_wipe_and_removal(
     let pc = create(&dev, "vol-c", 600 * MIB, 16 * MIB);
     assert!(pc.devnode.exists());
     let block_target = s.mount_point("block-c", true);
-    mount::bind_mount(&pc.devnode, &block_target, false).unwrap();
+    beneath::bind(&beneath::open_source(&pc.devnode).unwrap(), &pc.devnode, &node(&block_target), (0, 0)).unwrap();
     let entry = mount::mounts_at(&block_target).unwrap().pop().unwrap();
     eprintln!("block bind mount entry: {entry:?}");
-    assert!(mount::is_block_bind(&block_target, &pc.devnode).unwrap(), "{entry:?}");
-    assert!(!mount::is_block_bind(&block_target, &pa.devnode).unwrap());
-    assert!(!mount::is_block_bind(&stage_a, &pa.devnode).unwrap());
+    let (root, _, rdev) = shows(&block_target);
+    assert!(root && rdev == Some(devnum(&pc)), "{entry:?}");
 
     // A mounted partition cannot be deleted or wiped; the error names it.
     let e = blkpg::remove_kernel_partition(&dev, sa).unwrap_err();
@@ -613,11 +621,11 @@ fn two_volumes_go_through_partitions_mkfs_mounts_binds_unmount_wipe_and_removal(
     nix::mount::mount(Some("tmpfs"), &stage_b, Some("tmpfs"), nix::mount::MsFlags::empty(), None::<&str>).unwrap();
     assert_eq!(mount::mounts_at(&stage_b).unwrap().len(), 2);
     for m in [&pub_a, &stage_a, &stage_b, &block_target] {
-        mount::unmount_all(m).unwrap();
+        beneath::unmount_all(m, &roots).unwrap();
         assert!(mount::mounts_at(m).unwrap().is_empty());
-        mount::unmount_all(m).unwrap();
+        beneath::unmount_all(m, &roots).unwrap();
     }
-    assert!(!mount::is_mounted_from(&stage_a, devnum(&pa)).unwrap());
+    assert!(!shows(&stage_a).0);
 
     // Wipe: no signature survives.
     fs::wipe_signatures(&pa.devnode).unwrap();
@@ -719,7 +727,8 @@ fn a_partition_grows_in_the_gpt_and_then_in_the_kernel() {
     create(&s.dev, "grow-b", 64 * MIB, 16 * MIB);
     fs::mkfs(&pa.devnode, "ext4").unwrap();
     let stage = tempfile::tempdir().unwrap();
-    mount::mount_fs(&pa.devnode, stage.path(), "ext4", &Default::default()).unwrap();
+    let roots = vec![stage.path().parent().unwrap().to_path_buf()];
+    beneath::mount_fs(&pa.devnode, &beneath::open(stage.path(), &roots).unwrap().unwrap(), "ext4", &Default::default()).unwrap();
     struct Unmount<'a>(&'a Path);
     impl Drop for Unmount<'_> {
         fn drop(&mut self) {
@@ -742,7 +751,7 @@ fn a_partition_grows_in_the_gpt_and_then_in_the_kernel() {
     assert!(matches!(gpt::resize_partition(&s.dev, 512, a, 64 * MIB), Err(DiskError::Conflict { .. })));
     assert!(matches!(blkpg::resize_kernel_partition(&s.dev, MIB, 64 * MIB), Err(DiskError::Conflict { .. })));
     assert!(matches!(blkpg::resize_kernel_partition(&s.dev, 2 * MIB, 4 * MIB), Err(DiskError::NotFound { .. })));
-    mount::unmount_all(stage.path()).unwrap();
+    beneath::unmount_all(stage.path(), &roots).unwrap();
     assert_eq!(table(&s.dev).partitions[0].size, 48 * MIB);
 }
 

@@ -890,10 +890,14 @@ fn move_crash(point: &'static str, block: bool) {
     agent.spawn();
     let log = |a: &Agent| a.log_tail(40);
     // The evacuation was stored: it goes on by itself to the end.
+    // The disks show the end a moment before the agent has taken in the move's result
+    // (its last store write): both are waited for.
     let t0 = std::time::Instant::now();
+    let to_id = drive_id_of(&agent, to);
     loop {
         let (on_from, on_to) = (copies_of(&from.dev, &v), copies_of(&to.dev, &v));
-        if on_from.is_empty() && on_to.len() == 1 && !on_to[0].1 {
+        let served_from = agent.ctl_volumes().as_array().and_then(|a| a.iter().find(|r| r["id"] == v.as_str()).map(|r| r["drive_id"].clone()));
+        if on_from.is_empty() && on_to.len() == 1 && !on_to[0].1 && served_from.is_some_and(|d| d == to_id.as_str()) {
             break;
         }
         assert!(t0.elapsed() < Duration::from_secs(30), "{point}: the move finished after the restart: old {on_from:?}, new {on_to:?}; log:\n{}", log(&agent));
@@ -902,7 +906,7 @@ fn move_crash(point: &'static str, block: bool) {
     let vols = agent.ctl_volumes();
     let rec = vols.as_array().unwrap().iter().find(|r| r["id"] == v.as_str()).unwrap_or_else(|| panic!("{point}: the volume is listed: {vols}"));
     let new_start = copies_of(&to.dev, &v)[0].0;
-    assert_eq!((rec["drive_id"].as_str(), rec["start"].as_u64()), (Some(drive_id_of(&agent, to).as_str()), Some(new_start)), "{point}: the record names the copy that serves");
+    assert_eq!((rec["drive_id"].as_str(), rec["start"].as_u64()), (Some(drive_id_of(&agent, to).as_str()), Some(new_start)), "{point}: the record names the copy that serves; log:\n{}", log(&agent));
     assert!(rec.get("lost").is_none_or(|l| l == false) && rec.get("moving").is_none(), "{point}: {rec}");
     assert_eq!(agent.ctl_volume_ids().map(|ids| ids.len()), Some(1), "{point}: one volume, no half record");
     if block {
