@@ -16,3 +16,5 @@ mod registration;
 mod cheap_rpcs;
 /// The metrics and health HTTP endpoints.
 mod http;
+/// Secrets in requests never reach the log.
+mod secrets;

@@ -8,3 +8,5 @@ mod crash_campaign;
 mod actor_failure;
 /// Hostile input to every RPC changes nothing.
 mod abuse;
+/// Symlink swaps raced against every call that takes a path.
+mod race;
