@@ -135,7 +135,7 @@ pub(super) fn tool_error(tool: &str, dev: &Path, out: &Output) -> DiskError {
 
 /// The signature `blkid -p -o export` reports: `TYPE` (filesystem, swap, RAID or LVM
 /// member, ...), or else a partition table as `partition-table:<PTTYPE>`.
-fn signature_of(export: &str) -> Option<String> {
+pub(crate) fn signature_of(export: &str) -> Option<String> {
     let get = |key| export_value(export, key);
     get("TYPE").map(str::to_string).or_else(|| get("PTTYPE").map(|t| format!("partition-table:{t}")))
 }
@@ -177,14 +177,30 @@ impl Probed {
 }
 
 /// Parses `blkid -p -o export` output.
-fn probed_of(export: &str) -> Probed {
+pub(crate) fn probed_of(export: &str) -> Probed {
     let get = |key| export_value(export, key).map(str::to_string);
     Probed { fs_type: get("TYPE"), usage: get("USAGE"), version: get("VERSION"), pt_type: get("PTTYPE"), ambivalent: false }
+}
+
+thread_local! {
+    /// What [`probe`] answers on this thread instead of running blkid: set only by the
+    /// fuzz targets ([`crate::fuzz`]), which judge thousands of images a second.
+    static PROBE_STAND_IN: std::cell::RefCell<Option<Option<Probed>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Makes [`probe`] answer `answer` on this thread without running blkid (`None`: run
+/// blkid again). For the fuzz targets only.
+#[doc(hidden)]
+pub fn set_probe_stand_in(answer: Option<Option<Probed>>) {
+    PROBE_STAND_IN.with(|s| *s.borrow_mut() = answer);
 }
 
 /// Everything a low-level `blkid -p` probe (every superblock and partition-table
 /// prober, no cache) finds on a device; `Ok(None)` when it finds nothing.
 pub fn probe(dev: &Path) -> Result<Option<Probed>, DiskError> {
+    if let Some(answer) = PROBE_STAND_IN.with(|s| s.borrow().clone()) {
+        return Ok(answer);
+    }
     let _t = super::timing::step("blkid.probe");
     let out = run("blkid", Command::new("blkid").arg("-p").arg("-o").arg("export").arg(dev))?;
     match out.status.code() {
@@ -276,7 +292,7 @@ pub struct Ext4Geometry {
 }
 
 /// Parses `dumpe2fs -h` output.
-fn ext4_geometry_of(text: &str) -> Option<Ext4Geometry> {
+pub(crate) fn ext4_geometry_of(text: &str) -> Option<Ext4Geometry> {
     let field = |name: &str| {
         text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(':'))).map(str::trim)
     };
