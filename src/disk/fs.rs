@@ -298,14 +298,17 @@ pub(crate) fn ext4_geometry_of(text: &str) -> Option<Ext4Geometry> {
     };
     let num = |name: &str| field(name).and_then(|v| v.parse::<u64>().ok());
     let features = field("Filesystem features").unwrap_or("");
+    // ext4's limits: blocks of 1 to 64 KiB, descriptors of 32 bytes to a block's size;
+    // anything else is no ext4 geometry (and would divide by zero below).
+    let block_size = num("Block size").filter(|b| b.is_power_of_two() && (1024..=65536).contains(b))?;
     Some(Ext4Geometry {
-        block_size: num("Block size")?,
+        block_size,
         block_count: num("Block count")?,
         first_block: num("First block").unwrap_or(0),
         blocks_per_group: num("Blocks per group").filter(|b| *b > 0)?,
         inode_blocks_per_group: num("Inode blocks per group")?,
         reserved_gdt_blocks: num("Reserved GDT blocks").unwrap_or(0),
-        desc_size: num("Group descriptor size").unwrap_or(32),
+        desc_size: num("Group descriptor size").unwrap_or(32).clamp(32, block_size),
         sparse_super: features.split_whitespace().any(|f| f == "sparse_super"),
         clean: field("Filesystem state") == Some("clean"),
     })
@@ -343,12 +346,12 @@ pub fn ext4_grow_target(g: &Ext4Geometry, dev_bytes: u64) -> u64 {
         let desc_blocks = groups.div_ceil(g.block_size / g.desc_size.max(1));
         let last = groups - 1;
         let has_super = !g.sparse_super || last <= 1 || power_of(last, 3) || power_of(last, 5) || power_of(last, 7);
-        let mut overhead = 2 + g.inode_blocks_per_group;
+        let mut overhead = g.inode_blocks_per_group.saturating_add(2);
         if has_super {
-            overhead += 1 + desc_blocks + g.reserved_gdt_blocks;
+            overhead = overhead.saturating_add(desc_blocks).saturating_add(g.reserved_gdt_blocks).saturating_add(1);
         }
         let rem = data % g.blocks_per_group;
-        if rem == 0 || rem >= overhead + 50 {
+        if rem == 0 || rem >= overhead.saturating_add(50) {
             return blocks;
         }
         blocks -= rem;
@@ -535,6 +538,14 @@ mod tests {
             }
         );
         assert_eq!(ext4_geometry_of("Block size: 4096\n"), None, "a header without the counts");
+        for size in ["0", "512", "3000", "131072"] {
+            let text = DUMPE2FS.replace("Block size:               4096", &format!("Block size: {size}"));
+            assert_ne!(text, DUMPE2FS, "the sample names its block size");
+            assert_eq!(ext4_geometry_of(&text), None, "a block size of {size} is no ext4's");
+        }
+        let huge_desc = ext4_geometry_of(&format!("{DUMPE2FS}Group descriptor size: 1000000\n")).expect("geometry");
+        assert!(huge_desc.desc_size <= huge_desc.block_size);
+        let _ = ext4_grow_target(&huge_desc, u64::MAX);
     }
 
     #[test]

@@ -456,7 +456,11 @@ fn fuzz(target: &str) {
                     };
                     *shared.current.lock().expect("not poisoned") = (input.clone(), from.clone());
                     shared.started.store(t0.elapsed().as_nanos().max(1) as u64, Ordering::SeqCst);
+                    let one = Instant::now();
                     let failed = run_one(f, &input, &save_to);
+                    if replay || i < seeds.len() && settings.secs == 0.0 {
+                        eprintln!("  {from}: {:.1?}", one.elapsed());
+                    }
                     shared.started.store(0, Ordering::SeqCst);
                     shared.runs.fetch_add(1, Ordering::Relaxed);
                     if let Some(why) = failed {
