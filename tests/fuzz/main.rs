@@ -16,7 +16,7 @@
 //!   is saved to a file whose path is printed, and `DRIVELET_FUZZ_REPLAY=FILE` runs it
 //!   alone;
 //! - `DRIVELET_FUZZ_SECS` (default 2) is each target's time; `scripts/fuzz.sh` runs
-//!   longer.
+//!   longer; `DRIVELET_FUZZ_SECS=0` runs the seeds alone and prints each one's time.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
