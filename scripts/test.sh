@@ -3,10 +3,11 @@
 # (scripts/setup-host.sh: packages, udev, loop devices).
 #
 #   scripts/test.sh               all tiers: unit, integration, then end to end
-#   scripts/test.sh unit          unit tests of the library (cargo test --lib) and the
-#                                 allocator test, built as root and run as the
-#                                 unprivileged user drivelet-test (created if missing):
-#                                 what a plain `cargo test` runs, seconds once built
+#   scripts/test.sh unit          unit tests of the library (cargo test --lib), the
+#                                 allocator test and the fuzz targets (tests/fuzz, 2 s
+#                                 each), built as root and run as the unprivileged user
+#                                 drivelet-test (created if missing): what a plain
+#                                 `cargo test` runs, seconds once built
 #   scripts/test.sh integration   the one integration binary (tests/integration, a module
 #                                 per area): the real binary against loop devices, udev,
 #                                 mkfs and mount, the deploy/ checks, the gRPC interop
@@ -44,17 +45,17 @@ unit() {
   runner=CARGO_TARGET_$(echo "$triple" | tr 'a-z-' 'A-Z_')_RUNNER
   if nextest; then
     # Build first (as root), so a target dir the user cannot read is named before any run.
-    cargo nextest run --features failpoints --lib --test allocator --no-run
+    cargo nextest run --features failpoints --lib --test allocator --test fuzz --no-run
     target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
     if ! setpriv --reuid="$test_user" --regid="$test_user" --init-groups test -x "$target/debug/deps"; then
       echo "the unit tier runs as $test_user, who cannot reach $target/debug/deps: make the target dir readable" >&2
       exit 1
     fi
     env "$runner=$PWD/scripts/unprivileged.sh" DRIVELET_TEST_USER="$test_user" \
-      cargo nextest run --no-fail-fast --features failpoints --lib --test allocator "$@"
+      cargo nextest run --no-fail-fast --features failpoints --lib --test allocator --test fuzz "$@"
   else
     env "$runner=$PWD/scripts/unprivileged.sh" DRIVELET_TEST_USER="$test_user" \
-      cargo test --no-fail-fast --features failpoints --lib --test allocator "$@"
+      cargo test --no-fail-fast --features failpoints --lib --test allocator --test fuzz "$@"
   fi
 }
 

@@ -22,6 +22,9 @@ pub mod demo;
 pub mod disk;
 /// Fault injection for tests: actor fail points and crash points (`failpoints` feature).
 pub mod failpoint;
+/// Fuzz targets, one per parser of bytes drivelet did not write; run by `tests/fuzz`.
+#[doc(hidden)]
+pub mod fuzz;
 /// The gRPC front: CSI services and the admin socket.
 pub mod grpc;
 /// The Kubernetes front: the in-process external-attacher (its AttachQueue actor and

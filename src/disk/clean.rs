@@ -52,9 +52,10 @@ pub const MAX_EXTENTS: usize = (SLOT_LEN as usize - HEADER) / ENTRY;
 /// An extent `(start, len)` in bytes.
 pub type Extent = (u64, u64);
 
-/// The extents sorted, empty ones dropped, overlapping and adjacent ones merged.
+/// The extents sorted, empty ones dropped, overlapping and adjacent ones merged; an
+/// extent reaching past the last byte a u64 counts (read from a disk) ends there.
 pub fn normalize(extents: &[Extent]) -> Vec<Extent> {
-    let mut v: Vec<Extent> = extents.iter().copied().filter(|e| e.1 > 0).collect();
+    let mut v: Vec<Extent> = extents.iter().map(|&(s, l)| (s, l.min(u64::MAX - s))).filter(|e| e.1 > 0).collect();
     v.sort_unstable();
     let mut out: Vec<Extent> = Vec::with_capacity(v.len());
     for (s, l) in v {
@@ -355,6 +356,14 @@ mod tests {
         for (i, (input, want)) in cases.into_iter().enumerate() {
             assert_eq!(normalize(&input), want, "case {i}");
         }
+    }
+
+    #[test]
+    fn an_extent_read_past_the_last_u64_byte_ends_there() {
+        let end = u64::MAX;
+        assert_eq!(normalize(&[(end - 10, 100), (end - 20, 5)]), vec![(end - 20, 5), (end - 10, 10)]);
+        assert_eq!(subtract(&[(end - 10, u64::MAX)], &[(end - 5, 1)]), vec![(end - 10, 5), (end - 4, 4)]);
+        assert_eq!(total(&[(end, 7)]), 0);
     }
 
     #[test]

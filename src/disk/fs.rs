@@ -142,7 +142,7 @@ pub(super) fn tool_error(tool: &str, dev: &Path, out: &Output) -> DiskError {
 
 /// The signature `blkid -p -o export` reports: `TYPE` (filesystem, swap, RAID or LVM
 /// member, ...), or else a partition table as `partition-table:<PTTYPE>`.
-fn signature_of(export: &str) -> Option<String> {
+pub(crate) fn signature_of(export: &str) -> Option<String> {
     let get = |key| export_value(export, key);
     get("TYPE").map(str::to_string).or_else(|| get("PTTYPE").map(|t| format!("partition-table:{t}")))
 }
@@ -184,14 +184,30 @@ impl Probed {
 }
 
 /// Parses `blkid -p -o export` output.
-fn probed_of(export: &str) -> Probed {
+pub(crate) fn probed_of(export: &str) -> Probed {
     let get = |key| export_value(export, key).map(str::to_string);
     Probed { fs_type: get("TYPE"), usage: get("USAGE"), version: get("VERSION"), pt_type: get("PTTYPE"), ambivalent: false }
+}
+
+thread_local! {
+    /// What [`probe`] answers on this thread instead of running blkid: set only by the
+    /// fuzz targets ([`crate::fuzz`]), which judge thousands of images a second.
+    static PROBE_STAND_IN: std::cell::RefCell<Option<Option<Probed>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Makes [`probe`] answer `answer` on this thread without running blkid (`None`: run
+/// blkid again). For the fuzz targets only.
+#[doc(hidden)]
+pub fn set_probe_stand_in(answer: Option<Option<Probed>>) {
+    PROBE_STAND_IN.with(|s| *s.borrow_mut() = answer);
 }
 
 /// Everything a low-level `blkid -p` probe (every superblock and partition-table
 /// prober, no cache) finds on a device; `Ok(None)` when it finds nothing.
 pub fn probe(dev: &Path) -> Result<Option<Probed>, DiskError> {
+    if let Some(answer) = PROBE_STAND_IN.with(|s| s.borrow().clone()) {
+        return Ok(answer);
+    }
     let _t = super::timing::step("blkid.probe");
     let out = run("blkid", Command::new("blkid").arg("-p").arg("-o").arg("export").arg(dev))?;
     match out.status.code() {
@@ -349,20 +365,23 @@ pub struct Ext4Geometry {
 }
 
 /// Parses `dumpe2fs -h` output.
-fn ext4_geometry_of(text: &str) -> Option<Ext4Geometry> {
+pub(crate) fn ext4_geometry_of(text: &str) -> Option<Ext4Geometry> {
     let field = |name: &str| {
         text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(':'))).map(str::trim)
     };
     let num = |name: &str| field(name).and_then(|v| v.parse::<u64>().ok());
     let features = field("Filesystem features").unwrap_or("");
+    // ext4's limits: blocks of 1 to 64 KiB, descriptors of 32 bytes to a block's size;
+    // anything else is no ext4 geometry (and would divide by zero below).
+    let block_size = num("Block size").filter(|b| b.is_power_of_two() && (1024..=65536).contains(b))?;
     Some(Ext4Geometry {
-        block_size: num("Block size")?,
+        block_size,
         block_count: num("Block count")?,
         first_block: num("First block").unwrap_or(0),
         blocks_per_group: num("Blocks per group").filter(|b| *b > 0)?,
         inode_blocks_per_group: num("Inode blocks per group")?,
         reserved_gdt_blocks: num("Reserved GDT blocks").unwrap_or(0),
-        desc_size: num("Group descriptor size").unwrap_or(32),
+        desc_size: num("Group descriptor size").unwrap_or(32).clamp(32, block_size),
         sparse_super: features.split_whitespace().any(|f| f == "sparse_super"),
         clean: field("Filesystem state") == Some("clean"),
     })
@@ -400,12 +419,12 @@ pub fn ext4_grow_target(g: &Ext4Geometry, dev_bytes: u64) -> u64 {
         let desc_blocks = groups.div_ceil(g.block_size / g.desc_size.max(1));
         let last = groups - 1;
         let has_super = !g.sparse_super || last <= 1 || power_of(last, 3) || power_of(last, 5) || power_of(last, 7);
-        let mut overhead = 2 + g.inode_blocks_per_group;
+        let mut overhead = g.inode_blocks_per_group.saturating_add(2);
         if has_super {
-            overhead += 1 + desc_blocks + g.reserved_gdt_blocks;
+            overhead = overhead.saturating_add(desc_blocks).saturating_add(g.reserved_gdt_blocks).saturating_add(1);
         }
         let rem = data % g.blocks_per_group;
-        if rem == 0 || rem >= overhead + 50 {
+        if rem == 0 || rem >= overhead.saturating_add(50) {
             return blocks;
         }
         blocks -= rem;
@@ -592,6 +611,14 @@ mod tests {
             }
         );
         assert_eq!(ext4_geometry_of("Block size: 4096\n"), None, "a header without the counts");
+        for size in ["0", "512", "3000", "131072"] {
+            let text = DUMPE2FS.replace("Block size:               4096", &format!("Block size: {size}"));
+            assert_ne!(text, DUMPE2FS, "the sample names its block size");
+            assert_eq!(ext4_geometry_of(&text), None, "a block size of {size} is no ext4's");
+        }
+        let huge_desc = ext4_geometry_of(&format!("{DUMPE2FS}Group descriptor size: 1000000\n")).expect("geometry");
+        assert!(huge_desc.desc_size <= huge_desc.block_size);
+        let _ = ext4_grow_target(&huge_desc, u64::MAX);
     }
 
     #[test]

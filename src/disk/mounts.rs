@@ -71,13 +71,15 @@ impl MountEntry {
     }
 }
 
-/// Undoes the octal escapes the kernel writes for space, tab, newline and backslash.
+/// Undoes the octal escapes the kernel writes for space, tab, newline and backslash;
+/// an escape above `\377` (no byte) stays as written.
 fn unescape(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        let octal = |c: &u8| (b'0'..=b'3').contains(c);
+        if b[i] == b'\\' && i + 3 < b.len() && octal(&b[i + 1]) && b[i + 2..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -231,6 +233,13 @@ mod tests {
         assert_eq!(m[2].mount_point, PathBuf::from("/var/lib/kubelet/pods/x/volumes/my vol"));
         assert_eq!(m[2].fs_type, "xfs");
         assert_eq!(m[3].root, PathBuf::from("/@home"));
+    }
+
+    #[test]
+    fn an_escape_above_377_is_no_byte_and_stays_as_written() {
+        let m = parse_mountinfo("1 2 0:1 / /a\\777b\\040c rw - tmpfs \\400x rw\n");
+        assert_eq!(m[0].mount_point, PathBuf::from("/a\\777b c"));
+        assert_eq!(m[0].source, "\\400x");
     }
 
     #[test]

@@ -354,19 +354,53 @@ fn open_gpt<'f>(
         return Ok(None);
     }
     match GptConfig::new().logical_block_size(lb.clone()).open_from_device(file) {
-        Ok(disk) => Ok(Some(disk)),
+        Ok(disk) => check_entries(dev, &disk, size, sector).map(|()| Some(disk)),
         Err(e) => match from_backup(file, size, sector, lb) {
             // drivelet writes the backup copy whole before the primary: a process killed
             // in the primary's writes leaves its entry array failing the checksum, and the
             // backup holds the table. (The library reads the primary's entries only.) The
             // next write rewrites both.
             Some(disk) => {
+                check_entries(dev, &disk, size, sector)?;
                 tracing::warn!(disk.path = %dev.display(), error = %e, "the primary partition table is damaged; reading the backup copy");
                 Ok(Some(disk))
             }
             None => Err(gpt_error(dev, "cannot read the partition table")(e)),
         },
     }
+}
+
+/// Refuses a table whose used entries cannot be reasoned about, before any arithmetic
+/// on them: an entry that ends before it starts, lies outside the usable region its
+/// header names or reaches the device's last sector (the backup header), or overlaps
+/// another. Every LBA of a table that passes times the sector size fits the device.
+fn check_entries(dev: &Path, disk: &GptDisk<&File>, size: u64, sector: u64) -> Result<(), DiskError> {
+    let bad = |reason: String| DiskError::Gpt { device: dev.to_path_buf(), reason };
+    let (lo, hi) = match disk.primary_header().or_else(|_| disk.backup_header()) {
+        Ok(h) => (h.first_usable, h.last_usable),
+        Err(_) => (0, u64::MAX),
+    };
+    let end = (size / sector).saturating_sub(1);
+    let mut used: Vec<(u64, u64, u32)> = Vec::new();
+    for (n, p) in disk.partitions().iter().filter(|(_, p)| p.is_used()) {
+        if p.first_lba > p.last_lba {
+            return Err(bad(format!("partition {n} ends (LBA {}) before it starts (LBA {})", p.last_lba, p.first_lba)));
+        }
+        if p.first_lba < lo || p.last_lba > hi || p.last_lba >= end {
+            return Err(bad(format!(
+                "partition {n} (LBA {} to {}) lies outside the usable region (LBA {lo} to {})",
+                p.first_lba,
+                p.last_lba,
+                hi.min(end.saturating_sub(1))
+            )));
+        }
+        used.push((p.first_lba, p.last_lba, *n));
+    }
+    used.sort_unstable();
+    if let Some(w) = used.windows(2).find(|w| w[1].0 <= w[0].1) {
+        return Err(bad(format!("partitions {} and {} overlap", w[0].2, w[1].2)));
+    }
+    Ok(())
 }
 
 /// The table held by the backup copy at the end of a device of `size` bytes, as a disk
@@ -552,6 +586,46 @@ mod tests {
         }
         let used = array.chunks(size).filter(|e| e[..16] != [0u8; 16]);
         Some(used.map(|e| Uuid::from_bytes_le(e[16..32].try_into().unwrap())).collect())
+    }
+
+    #[test]
+    fn a_drivelet_table_with_a_reversed_or_overlapping_entry_is_refused_before_its_lbas_are_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk.img");
+        let size = 64 * MIB;
+        std::fs::File::create(&img).unwrap().set_len(size).unwrap();
+        add_partition(&img, 512, volume_partition_guid("a"), "drivelet:a", MIB, 4 * MIB).unwrap();
+        add_partition(&img, 512, volume_partition_guid("b"), "drivelet:b", 8 * MIB, 4 * MIB).unwrap();
+        let base = std::fs::read(&img).unwrap();
+        // Edits entry 0 or 1 of both copies' arrays (LBA 2, and the 32 sectors before the
+        // backup header), then makes every checksum right again.
+        let edited = |entry: usize, edit: &dyn Fn(&mut [u8])| {
+            let mut b = base.clone();
+            for array in [1024, (size - 33 * 512) as usize] {
+                edit(&mut b[array + 128 * entry..array + 128 * (entry + 1)]);
+            }
+            std::fs::write(&img, &b).unwrap();
+            let f = std::fs::File::options().read(true).write(true).open(&img).unwrap();
+            crate::fuzz::repair_checksums(&f, size).unwrap();
+            examine(&img, 512).unwrap()
+        };
+        let swap = |e: &mut [u8]| {
+            let (first, last) = (e[32..40].to_vec(), e[40..48].to_vec());
+            e[32..40].copy_from_slice(&last);
+            e[40..48].copy_from_slice(&first);
+        };
+        let past_the_end = |e: &mut [u8]| e[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
+        let over_a = |e: &mut [u8]| e[32..40].copy_from_slice(&(2 * MIB / 512).to_le_bytes());
+        for (what, entry, edit, words) in [
+            ("reversed", 0, &swap as &dyn Fn(&mut [u8]), "before it starts"),
+            ("past the end", 0, &past_the_end, "outside the usable region"),
+            ("overlapping", 1, &over_a, "overlap"),
+        ] {
+            match edited(entry, edit) {
+                Contents::Foreign(found) => assert!(found.contains("cannot use") && found.contains(words), "{what}: {found}"),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
     }
 
     #[test]
