@@ -39,6 +39,8 @@ pub mod logging;
 pub(crate) mod metrics;
 /// CSI migration: in-tree `kubernetes.io/local-volume` PVs to drivelet CSI PVs and back.
 pub(crate) mod migration;
+/// The agent's own seccomp filter (`[security] seccomp`).
+pub mod seccomp;
 /// The embedded store of volume records.
 pub mod store;
 /// The shared words every layer speaks: media, drive health and class, layout, drive

@@ -541,6 +541,11 @@ fn run(config: PathBuf) -> anyhow::Result<()> {
     drivelet::agent::tune_allocator();
     let cfg = Config::load(Some(&config))?;
     drivelet::logging::init(&cfg.log);
+    // Before the runtime's threads and any child: they all inherit it.
+    drivelet::seccomp::install(cfg.security.seccomp)?;
+    if cfg.security.seccomp != drivelet::seccomp::SeccompMode::Off {
+        tracing::info!(seccomp = ?cfg.security.seccomp, syscalls = drivelet::seccomp::allowed_numbers().len(), "seccomp filter installed");
+    }
     // Crash and fail points for tests (`FAILPOINTS`); compiled out unless built with
     // the `failpoints` feature.
     let _crash_points = drivelet::failpoint::from_env();

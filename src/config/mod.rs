@@ -74,6 +74,25 @@ pub struct Config {
     pub http: HttpConfig,
     /// CSI migration of in-tree volume plugins' PVs, one switch per plugin.
     pub migration: MigrationConfig,
+    /// What the agent keeps itself from doing: its seccomp filter.
+    pub security: SecurityConfig,
+}
+
+/// `[security]`: the agent's own confinement, on top of what its container gives it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecurityConfig {
+    /// `enforce`: `drivelet run` installs a seccomp filter that allows only the system
+    /// calls it and its tools make (`crate::seccomp::ALLOWED`); any other fails with
+    /// EPERM and is logged by the kernel. `log`: others are allowed and logged. `off`:
+    /// no filter (a privileged container gets none from its runtime).
+    pub seccomp: crate::seccomp::SeccompMode,
+}
+
+impl Default for SecurityConfig {
+    fn default() -> Self {
+        Self { seccomp: crate::seccomp::SeccompMode::Off }
+    }
 }
 
 /// `[migration]`: which Kubernetes in-tree volume plugins have their PVs translated to

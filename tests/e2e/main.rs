@@ -524,6 +524,7 @@ fn journey_deploy(ctx: &mut Ctx) -> Check {
     kubectl(&["rollout", "status", "-n", SYSTEM_NS, "ds/drivelet", "--timeout=120s"])?;
     let ds = get_json(&["get", "ds", "-n", SYSTEM_NS, "drivelet"])?;
     ensure(ds["status"]["numberReady"] == 1, || format!("DaemonSet not Ready: {}", ds["status"]))?;
+    check_confinement(ctx)?;
 
     // Registration: kubelet lists the driver with its topology key in CSINode.
     let node = ctx.node.clone();
@@ -604,6 +605,48 @@ fn journey_deploy(ctx: &mut Ctx) -> Check {
     std::thread::sleep(Duration::from_secs(15));
     record_memory(ctx, "idle after deploy");
     ctx.measured.insert("capacity before claims (bytes)".into(), get_capacity()?.0.to_string());
+    Ok(())
+}
+
+/// The first process on this host whose command line starts with `prefix` and holds
+/// `marker` (NUL-separated, as /proc/PID/cmdline has it), as its /proc directory.
+fn process_with(prefix: &[u8], marker: &[u8]) -> Option<std::path::PathBuf> {
+    std::fs::read_dir("/proc").into_iter().flatten().flatten().map(|e| e.path()).find(|p| {
+        std::fs::read(p.join("cmdline")).is_ok_and(|c| c.starts_with(prefix) && c.windows(marker.len()).any(|w| w == marker))
+    })
+}
+
+/// The fields of /proc/PID/status named in `keys`, as `key value` words.
+fn status_fields(proc_dir: &Path, keys: &[&str]) -> Result<String, String> {
+    let status = std::fs::read_to_string(proc_dir.join("status")).map_err(|e| format!("{}: {e}", proc_dir.display()))?;
+    Ok(keys
+        .iter()
+        .map(|k| {
+            let v = status.lines().find_map(|l| l.strip_prefix(&format!("{k}:"))).map(str::trim).unwrap_or("?");
+            format!("{k} {v}")
+        })
+        .collect::<Vec<_>>()
+        .join(", "))
+}
+
+/// The pod runs confined as deploy/ says: drivelet under its own seccomp filter (its
+/// privileged container gets none from the runtime) and a read-only root filesystem,
+/// the provisioner under the runtime's default profile with no capability.
+fn check_confinement(ctx: &mut Ctx) -> Check {
+    let agent = wait_for("the pod's drivelet process", Duration::from_secs(30), || {
+        Ok(process_with(b"/usr/local/bin/drivelet\0run", b"/etc/drivelet/drivelet.toml"))
+    })?;
+    let fields = status_fields(&agent, &["Seccomp", "Seccomp_filters", "NoNewPrivs"])?;
+    ensure(fields.starts_with("Seccomp 2,") && fields.ends_with("NoNewPrivs 1"), || format!("drivelet is not under its seccomp filter: {fields}"))?;
+    ctx.measured.insert("drivelet process (privileged container)".into(), fields);
+    // The fake nodes' provisioners run on this host too, with a kubeconfig; the pod's
+    // dials the socket at /csi.
+    let provisioner = process_with(b"", b"--csi-address=/csi/csi.sock").ok_or("no csi-provisioner process of the pod")?;
+    let fields = status_fields(&provisioner, &["Seccomp", "CapEff", "NoNewPrivs"])?;
+    ensure(fields == "Seccomp 2, CapEff 0000000000000000, NoNewPrivs 1", || format!("the provisioner is not confined: {fields}"))?;
+    ctx.measured.insert("csi-provisioner process".into(), fields);
+    let wrote = kubectl(&["exec", "-n", SYSTEM_NS, "ds/drivelet", "-c", "drivelet", "--", "sh", "-c", "touch /drivelet-e2e 2>&1; echo $?"])?;
+    ensure(wrote.contains("Read-only file system"), || format!("drivelet's root filesystem is writable: {wrote}"))?;
     Ok(())
 }
 

@@ -198,6 +198,62 @@ fn drivelet_container_is_privileged_with_the_host_mounts_it_needs() {
 }
 
 #[test]
+fn the_pod_is_confined_to_what_each_container_needs() {
+    let pod = pod_spec(&daemonset());
+    let (cfg, _) = deploy_config();
+
+    // Seccomp: nothing runs Unconfined. The runtime's default profile for the pod (it
+    // reaches the provisioner; a privileged container gets none from its runtime), and
+    // drivelet's own filter in the privileged one.
+    let profile = |sc: Option<&k8s_openapi::api::core::v1::SeccompProfile>| sc.map(|p| p.type_.clone());
+    assert_eq!(
+        profile(pod.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref())).as_deref(),
+        Some("RuntimeDefault")
+    );
+    for c in &pod.containers {
+        let own = profile(c.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()));
+        assert_ne!(own.as_deref(), Some("Unconfined"), "{} runs Unconfined", c.name);
+    }
+    assert_eq!(cfg.security.seccomp, drivelet::seccomp::SeccompMode::Enforce, "drivelet's own filter is on");
+
+    // A read-only root for both; every path drivelet writes is on a writable volume.
+    let drivelet = container(&pod, "drivelet");
+    let sc = drivelet.security_context.clone().expect("drivelet has a security context");
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.run_as_user, Some(0), "root owns the device nodes and kubelet's directories");
+    for path in [
+        cfg.paths.state_dir.clone(),
+        cfg.paths.admin_socket.clone(),
+        cfg.paths.csi_socket.clone(),
+        cfg.registration_socket(),
+        PathBuf::from("/tmp/drivelet-xfs_copy.log"),
+    ] {
+        let m = mount_holding(&drivelet, &path);
+        assert!(!m.read_only.unwrap_or(false), "{} is on the read-only mount {}", path.display(), m.mount_path);
+    }
+    for (name, at) in [("run", "/run/drivelet"), ("tmp", "/tmp")] {
+        assert_eq!(mount(&drivelet, name).mount_path, at);
+        assert!(volume(&pod, name).empty_dir.is_some(), "{name} is the pod's own (emptyDir)");
+    }
+
+    // The provisioner: uid 0 for the root-owned socket, nothing else.
+    let provisioner = container(&pod, "csi-provisioner");
+    let sc = provisioner.security_context.clone().expect("the provisioner has a security context");
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    let caps = sc.capabilities.clone().expect("capabilities");
+    assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+    assert_eq!(caps.add, None);
+    assert_eq!(sc.privileged, None);
+
+    // Both containers call the API server, so both get the token; the pod shares no
+    // host namespace but the network (udev's events).
+    assert_eq!(pod.automount_service_account_token, Some(true));
+    assert_ne!(pod.host_pid, Some(true));
+    assert_ne!(pod.host_ipc, Some(true));
+}
+
+#[test]
 fn node_name_comes_from_the_downward_api_in_both_containers() {
     let pod = pod_spec(&daemonset());
     for name in ["drivelet", "csi-provisioner"] {
