@@ -181,13 +181,21 @@ impl HostAgent {
     /// A 32 MiB block volume named `pv` for claim `NS/claim` (the provisioner's
     /// metadata), with 1 MiB of random bytes at its start: its id and start.
     fn block_volume(&self, pv: &str, claim: &str) -> Result<(String, u64), String> {
-        let v = gone(&[
-            "csi", "--endpoint", &self.sock, "create", pv, "--size", "32Mi", "--block", "-o", "json",
-            "--param", "media=virtual", "--param", "layout=partition",
-            "--param", &format!("csi.storage.k8s.io/pv/name={pv}"),
-            "--param", &format!("csi.storage.k8s.io/pvc/name={claim}"),
-            "--param", &format!("csi.storage.k8s.io/pvc/namespace={NS}"),
-        ])?;
+        // The volume manager may still be reconciling a moment after the drive shows
+        // managed: its "still starting; retry shortly" is retried, as the provisioner does.
+        let v = wait_for(&format!("CreateVolume {pv} on a started agent"), Duration::from_secs(30), || {
+            match gone(&[
+                "csi", "--endpoint", &self.sock, "create", pv, "--size", "32Mi", "--block", "-o", "json",
+                "--param", "media=virtual", "--param", "layout=partition",
+                "--param", &format!("csi.storage.k8s.io/pv/name={pv}"),
+                "--param", &format!("csi.storage.k8s.io/pvc/name={claim}"),
+                "--param", &format!("csi.storage.k8s.io/pvc/namespace={NS}"),
+            ]) {
+                Ok(v) => Ok(Some(v)),
+                Err(e) if e.contains("still starting") => Ok(None),
+                Err(e) => Err(e),
+            }
+        })?;
         let id = v["volume_id"].as_str().ok_or(format!("created {v}"))?.to_string();
         let rec = gone(&["ctl", "--socket", &self.admin, "volumes", "-o", "json"])?;
         let start = rec.as_array().into_iter().flatten().find(|r| r["id"] == id.as_str()).and_then(|r| r["start"].as_u64()).ok_or(format!("no record of {id}: {rec}"))?;
