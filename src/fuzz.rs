@@ -300,7 +300,13 @@ fn drivelet_table(path: &Path, sector: u64, img: &Image, t: &gpt::GptTable) {
     if gpt::add_partition(path, sector, guid, "drivelet:fuzz", start, gpt::ALIGN).is_ok() {
         match gpt::examine(path, sector) {
             Ok(gpt::Contents::Drivelet(after)) => {
-                assert!(after.partitions.iter().any(|p| p.guid == guid && p.start == start), "the partition just added is not in the table read back")
+                assert!(
+                    after.partitions.iter().any(|p| p.guid == guid && p.start == start),
+                    "the partition just added at {start} is not in the table read back: before {:?}, after {:?}, entries {}",
+                    t.partitions.iter().map(|p| (p.guid, p.start, p.size)).collect::<Vec<_>>(),
+                    after.partitions.iter().map(|p| (p.guid, p.start, p.size)).collect::<Vec<_>>(),
+                    t.partitions.len()
+                )
             }
             other => panic!("a drivelet table the writer changed reads back as {other:?}"),
         }
