@@ -381,6 +381,34 @@ fn check_entries(dev: &Path, disk: &GptDisk<&File>, size: u64, sector: u64) -> R
         Err(_) => (0, u64::MAX),
     };
     let end = (size / sector).saturating_sub(1);
+    // The headers say where the library writes the next table (each header at its own
+    // LBA, each entry array at its start): a header that names any other place than
+    // the one the specification gives it would have the writer put a header or an
+    // entry array into the reserved area or over partitions.
+    // A device that grew keeps its backup where its end was: the backup may lie before
+    // the end, never inside the usable region (the next write moves it to the end).
+    for (which, h) in [("primary", disk.primary_header()), ("backup", disk.backup_header())] {
+        let Ok(h) = h else { continue };
+        let entry_lbs = (u64::from(h.num_parts) * u64::from(h.part_size)).div_ceil(sector);
+        let (at, copy) = if which == "primary" { (h.current_lba, h.backup_lba) } else { (h.backup_lba, h.current_lba) };
+        if at != 1 || copy <= h.last_usable || copy > end {
+            return Err(bad(format!(
+                "its {which} header says it lies at LBA {} with its copy at LBA {}: the primary belongs at LBA 1 and the backup after the usable region, by LBA {end}",
+                h.current_lba, h.backup_lba
+            )));
+        }
+        let array_fits = if which == "primary" {
+            h.part_start >= 2 && h.part_start.checked_add(entry_lbs).is_some_and(|e| e <= h.first_usable)
+        } else {
+            h.part_start > h.last_usable && h.part_start.checked_add(entry_lbs).is_some_and(|e| e <= h.current_lba)
+        };
+        if !array_fits || h.first_usable > h.last_usable || h.last_usable >= end {
+            return Err(bad(format!(
+                "its {which} header puts its entry array (LBA {}, {entry_lbs} sectors) or its usable region (LBA {} to {}) where the table cannot be",
+                h.part_start, h.first_usable, h.last_usable
+            )));
+        }
+    }
     let mut used: Vec<(u64, u64, u32)> = Vec::new();
     for (n, p) in disk.partitions().iter().filter(|(_, p)| p.is_used()) {
         if p.first_lba > p.last_lba {
@@ -625,6 +653,40 @@ mod tests {
                 Contents::Foreign(found) => assert!(found.contains("cannot use") && found.contains(words), "{what}: {found}"),
                 other => panic!("{what}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_drivelet_table_whose_headers_name_other_places_is_refused_and_never_written() {
+        // Found by the fuzzer: a primary header at LBA 1 saying it lies at LBA 16 had the
+        // writer put the "primary" there (drivelet's note slot) while the reader kept
+        // reading LBA 1; an entry array placed elsewhere would be written over data.
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk.img");
+        let size = 64 * MIB;
+        std::fs::File::create(&img).unwrap().set_len(size).unwrap();
+        add_partition(&img, 512, volume_partition_guid("a"), "drivelet:a", MIB, 4 * MIB).unwrap();
+        let base = std::fs::read(&img).unwrap();
+        let backup = (size - 512) as usize;
+        let put = |b: &mut Vec<u8>, at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        for (what, edit) in [
+            ("primary says LBA 16", &(|b: &mut Vec<u8>| put(b, 512 + 24, 16)) as &dyn Fn(&mut Vec<u8>)),
+            ("primary's copy inside the usable region", &|b: &mut Vec<u8>| put(b, 512 + 32, 4096)),
+            ("primary's entry array over a partition", &|b: &mut Vec<u8>| put(b, 512 + 72, 2048)),
+            ("backup's entry array over a partition", &|b: &mut Vec<u8>| put(b, backup + 72, 2048)),
+        ] {
+            let mut b = base.clone();
+            edit(&mut b);
+            std::fs::write(&img, &b).unwrap();
+            let f = std::fs::File::options().read(true).write(true).open(&img).unwrap();
+            crate::fuzz::repair_checksums(&f, size).unwrap();
+            let before = std::fs::read(&img).unwrap();
+            match examine(&img, 512).unwrap() {
+                Contents::Foreign(found) => assert!(found.contains("cannot use") && found.contains("header"), "{what}: {found}"),
+                other => panic!("{what}: {other:?}"),
+            }
+            assert!(add_partition(&img, 512, volume_partition_guid("b"), "drivelet:b", 8 * MIB, MIB).is_err(), "{what}: written");
+            assert!(std::fs::read(&img).unwrap() == before, "{what}: not a byte changed");
         }
     }
 
