@@ -132,13 +132,25 @@ fn symlink_swaps_raced_against_every_path_call_never_reach_outside_the_root() {
             // One entry is raced at a time (the round picks it); the others are put
             // back in place. A pause of 0 to 255 µs between flips lets calls find the
             // entry either way.
+            // A real entry moved away between drivelet's open and its mount got the mount
+            // under its other name (still inside the root: the directory drivelet
+            // checked). A mount point cannot be renamed back, so such a mount is taken
+            // off and counted, and the rounds go on with the entry in place.
+            let mut landed_elsewhere = 0;
+            let is_mount = |p: &Path| mounts_under(p).iter().any(|m| m == p);
             let mut pause = 0x9e37_79b9u32;
             while !stop.load(Ordering::Relaxed) {
                 let now = active.load(Ordering::Relaxed) % pairs.len();
                 for (i, (at, spare, to, dir)) in pairs.iter().enumerate() {
                     mend(at, spare, to, *dir);
-                    if (i == now || is_link(at) == Some(true)) && exchange(at, spare) {
+                    if i != now && is_link(at) != Some(true) {
+                        continue;
+                    }
+                    if exchange(at, spare) {
                         flips.fetch_add(1, Ordering::Relaxed);
+                    } else if is_link(at) == Some(true) && is_mount(spare) {
+                        landed_elsewhere += 1;
+                        let _ = nix::mount::umount2(spare.as_path(), nix::mount::MntFlags::MNT_DETACH);
                     }
                 }
                 pause ^= pause << 13;
@@ -146,11 +158,7 @@ fn symlink_swaps_raced_against_every_path_call_never_reach_outside_the_root() {
                 pause ^= pause << 5;
                 std::thread::sleep(std::time::Duration::from_micros(u64::from(pause & 0xff)));
             }
-            // Put the real entries back in place. A real entry moved away between
-            // drivelet's open and its mount got the mount under its other name (still
-            // inside the root: the directory drivelet checked); such a mount point
-            // cannot be renamed back, so it is taken off first and counted.
-            let mut landed_elsewhere = 0;
+            // Put the real entries back in place.
             for (at, spare, to, dir) in &pairs {
                 mend(at, spare, to, *dir);
                 if is_link(at) == Some(true) {
