@@ -544,8 +544,11 @@ fn run(config: PathBuf) -> anyhow::Result<()> {
     // Before the runtime's threads and any child: they all inherit it.
     drivelet::seccomp::install(cfg.security.seccomp)?;
     if cfg.security.seccomp != drivelet::seccomp::SeccompMode::Off {
-        tracing::info!(seccomp = ?cfg.security.seccomp, syscalls = drivelet::seccomp::allowed_numbers().len(), "seccomp filter installed");
+        tracing::info!(seccomp = cfg.security.seccomp.as_str(), syscalls = drivelet::seccomp::allowed_numbers().len(), "seccomp filter installed");
     }
+    // Staging and target paths are opened and mounted by descriptor: a kernel without
+    // the calls for it is refused here, in words.
+    drivelet::disk::beneath::check_kernel().map_err(anyhow::Error::msg)?;
     // Crash and fail points for tests (`FAILPOINTS`); compiled out unless built with
     // the `failpoints` feature.
     let _crash_points = drivelet::failpoint::from_env();

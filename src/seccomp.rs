@@ -43,6 +43,17 @@ pub enum SeccompMode {
     Off,
 }
 
+impl SeccompMode {
+    /// Its name in the configuration file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SeccompMode::Enforce => "enforce",
+            SeccompMode::Log => "log",
+            SeccompMode::Off => "off",
+        }
+    }
+}
+
 /// Installing the filter failed.
 #[derive(Debug, Error)]
 pub enum SeccompError {

@@ -354,6 +354,33 @@ pub fn remove(path: &Path, roots: &[PathBuf]) -> Result<(), PathError> {
     Ok(())
 }
 
+/// Checks that the kernel has what this module stands on, so that a kernel without it
+/// stops the agent at start in words, never later as a mount that cannot be found or
+/// undone: `openat2` (Linux 5.6), statx's mount-root attribute (5.8), `open_tree` and
+/// `move_mount` (5.2) and `mount_setattr` (5.12).
+pub fn check_kernel() -> Result<(), String> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|r| r.trim().to_string()).unwrap_or_default();
+    let missing = |what: &str| Err(format!("this kernel ({release}) lacks {what}: drivelet needs Linux 5.12 or later"));
+    let root = find_root(Path::new("/")).ok().flatten().ok_or_else(|| "cannot open /".to_string())?;
+    if matches!(openat2(root.as_raw_fd(), Path::new("proc"), libc::O_PATH, 0), Err(Errno::ENOSYS)) {
+        return missing("openat2");
+    }
+    let node = Node { fd: root, shown: PathBuf::from("/") };
+    if !node.stat().map_err(|e| e.to_string())?.mount_root {
+        return missing("statx's mount-root attribute");
+    }
+    let empty = c"";
+    for (name, call) in [("open_tree", libc::SYS_open_tree), ("move_mount", libc::SYS_move_mount), ("mount_setattr", libc::SYS_mount_setattr)] {
+        // SAFETY: an invalid descriptor and null pointers: the kernel answers EBADF or
+        // EINVAL when it has the call, ENOSYS when it has not; nothing is touched.
+        let rc = unsafe { libc::syscall(call, -1, empty.as_ptr(), 0, std::ptr::null::<u8>(), 0) };
+        if rc < 0 && Errno::last() == Errno::ENOSYS {
+            return missing(name);
+        }
+    }
+    Ok(())
+}
+
 /// Mount flags a bind can carry (`mount_setattr`), from `MsFlags`.
 pub fn attrs_of(flags: nix::mount::MsFlags, readonly: bool) -> (u64, u64) {
     use nix::mount::MsFlags as F;
@@ -603,6 +630,11 @@ mod tests {
         let n = make_file(&root.join("fifo"), &[root.clone()]).unwrap();
         let st = n.stat().unwrap();
         assert!(!st.file && !st.dir, "answered as what it is; the caller refuses it");
+    }
+
+    #[test]
+    fn this_kernel_has_what_paths_need() {
+        check_kernel().unwrap();
     }
 
     #[test]
