@@ -325,21 +325,26 @@ pub fn make_file(path: &Path, roots: &[PathBuf]) -> Result<Node, PathError> {
     Err(PathError::Refused(format!("path {} keeps changing while it is created", path.display())))
 }
 
+/// The directory holding `path`'s last component, opened beneath its root, with that
+/// name and the root; `None` when the root or that directory does not exist.
+fn existing_parent<'a>(path: &'a Path, roots: &[PathBuf]) -> Result<Option<(OwnedFd, &'a Path, PathBuf)>, PathError> {
+    let s = split(path, roots)?;
+    let (parent, name) = last(&s, path)?;
+    let Some(root) = find_root(&s.root)? else { return Ok(None) };
+    if parent.as_os_str().is_empty() {
+        return Ok(Some((root, name, s.root)));
+    }
+    match openat2(root.as_raw_fd(), parent, libc::O_PATH | libc::O_DIRECTORY, 0) {
+        Ok(fd) => Ok(Some((fd, name, s.root))),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(refusal(e, path, &s.root).unwrap_or_else(|| io(format!("open {}", path.display()), e))),
+    }
+}
+
 /// Removes the file or empty directory at `path` (never following a symlink there);
 /// nothing there is fine. A mount point is not removed (the kernel refuses: busy).
 pub fn remove(path: &Path, roots: &[PathBuf]) -> Result<(), PathError> {
-    let s = split(path, roots)?;
-    let (parent, name) = last(&s, path)?;
-    let Some(root) = find_root(&s.root)? else { return Ok(()) };
-    let dir = if parent.as_os_str().is_empty() {
-        root
-    } else {
-        match openat2(root.as_raw_fd(), parent, libc::O_PATH | libc::O_DIRECTORY, 0) {
-            Ok(fd) => fd,
-            Err(Errno::ENOENT) => return Ok(()),
-            Err(e) => return Err(refusal(e, path, &s.root).unwrap_or_else(|| io(format!("open {}", path.display()), e))),
-        }
-    };
+    let Some((dir, name, _)) = existing_parent(path, roots)? else { return Ok(()) };
     let c = cstr(name)?;
     for flags in [0, libc::AT_REMOVEDIR] {
         // SAFETY: `dir` is an open descriptor and `c` a valid string for the call.
@@ -512,24 +517,13 @@ pub fn mount_fs(dev: &Path, target: &Node, fs: &str, opts: &super::mount::MountO
 /// `NAME` not followed: a descriptor of the mount itself would hold it busy. So only a
 /// mount at that name in that very directory is ever unmounted.
 pub fn unmount_all(path: &Path, roots: &[PathBuf]) -> Result<(), PathError> {
-    let s = split(path, roots)?;
-    let (parent, name) = last(&s, path)?;
-    let Some(root) = find_root(&s.root)? else { return Ok(()) };
-    let dir = if parent.as_os_str().is_empty() {
-        root
-    } else {
-        match openat2(root.as_raw_fd(), parent, libc::O_PATH | libc::O_DIRECTORY, 0) {
-            Ok(fd) => fd,
-            Err(Errno::ENOENT) => return Ok(()),
-            Err(e) => return Err(refusal(e, path, &s.root).unwrap_or_else(|| io(format!("open {}", path.display()), e))),
-        }
-    };
+    let Some((dir, name, root)) = existing_parent(path, roots)? else { return Ok(()) };
     let at = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
     for _ in 0..=MAX_LAYERS {
         let node = match openat2(dir.as_raw_fd(), name, libc::O_PATH, 0) {
             Ok(fd) => Node { fd, shown: path.to_path_buf() },
             Err(Errno::ENOENT) => return Ok(()),
-            Err(e) => return Err(refusal(e, path, &s.root).unwrap_or_else(|| io(format!("open {}", path.display()), e))),
+            Err(e) => return Err(refusal(e, path, &root).unwrap_or_else(|| io(format!("open {}", path.display()), e))),
         };
         let mounted = node.stat()?.mount_root;
         drop(node);
