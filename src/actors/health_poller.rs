@@ -166,16 +166,43 @@ async fn poll_drive(cfg: &HealthConfig, d: &Drive) -> DriveHealth {
         .kill_on_drop(true)
         .output();
     let (health, reason) = match tokio::time::timeout(cfg.command_timeout, run).await {
-        Err(_) => (Health::Unknown, format!("smartctl did not answer within {:?}", cfg.command_timeout)),
-        Ok(Err(e)) => (Health::Unknown, format!("cannot run {}: {e}", cfg.smartctl.display())),
+        Err(_) => (
+            Health::Unknown,
+            format!(
+                "no health data: smartctl did not answer within {} (health.command_timeout)",
+                crate::config::human_duration(cfg.command_timeout)
+            ),
+        ),
+        Ok(Err(e)) => {
+            debug!(actor = "health", drive.id = %d.id, program = %cfg.smartctl.display(), error = %e, "smartctl could not be run");
+            (Health::Unknown, cannot_run_words(&cfg.smartctl, &e))
+        }
         Ok(Ok(out)) => {
             let json = String::from_utf8_lossy(&out.stdout);
-            let r = smart::assess(&json, out.status.code().unwrap_or(-1), &cfg.smart);
+            let r = smart::assess_for(&json, out.status.code().unwrap_or(-1), &d.transport, &cfg.smart);
+            if !r.tool_messages.is_empty() {
+                debug!(actor = "health", drive.id = %d.id, drive.path = %d.path.display(), smartctl.messages = ?r.tool_messages, "what smartctl said");
+            }
             (r.health, r.reason())
         }
     };
     debug!(actor = "health", drive.id = %d.id, drive.health = health.as_str(), drive.health_reason = %reason, "SMART polled");
     DriveHealth { health, reason, checked_unix: now }
+}
+
+/// Why smartctl could not be started, in words (the OS error goes to the debug log).
+pub(crate) fn cannot_run_words(program: &Path, e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => format!(
+            "no health data: smartctl is not installed ({} not found): install smartmontools or set health.smartctl",
+            program.display()
+        ),
+        std::io::ErrorKind::PermissionDenied => format!(
+            "no health data: {} may not be run by the agent (permission denied): check the file's mode or set health.smartctl",
+            program.display()
+        ),
+        _ => format!("no health data: {} could not be started: set health.smartctl to smartmontools' smartctl", program.display()),
+    }
 }
 
 /// The kernel partition of a volume on its drive: device node and number.

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use self::units::{de_duration, de_size};
-pub use self::units::{human_bytes, parse_duration, parse_size};
+pub use self::units::{human_bytes, human_duration, parse_duration, parse_size};
 use crate::words::Media;
 
 /// Sizes and durations: parsing and showing.

@@ -22,6 +22,21 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
+/// A duration as the config writes it, e.g. `30s`, `1.5s`, `250ms`, `5m`: how
+/// durations are shown to people (never Rust's `Debug` form).
+pub fn human_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms % 60_000 == 0 {
+        format!("{}m", ms / 60_000)
+    } else if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
 /// Parses a size: a whole number with an optional unit. `K`, `M`, `G`, `T` (and `KB`...)
 /// are powers of 1000; `Ki`, `Mi`, `Gi`, `Ti` (and `KiB`...) are powers of 1024.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -86,4 +101,16 @@ pub(super) fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> 
 pub(super) fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_shown_as_the_config_writes_them() {
+        for (ms, words) in [(250, "250ms"), (30_000, "30s"), (1_500, "1.5s"), (300_000, "5m"), (90_000, "90s")] {
+            assert_eq!(human_duration(Duration::from_millis(ms)), words);
+        }
+    }
 }

@@ -6,8 +6,10 @@
 //!
 //! 1. **Unknown without looking further** when bit 0 (command line) or bit 1 (device open
 //!    failed, also the `--nocheck=standby` skip) is set or the status is not an exit code
-//!    (0..=255); the reason is smartctl's messages (`smartctl.messages[].string`), else a
-//!    cause named from the bits. Output that is not a JSON object is Unknown too, unless
+//!    (0..=255); the reason is drivelet's sentence for what smartctl's messages
+//!    (`smartctl.messages[].string`) say (a loop or virtual disk, a USB bridge, a RAID
+//!    controller, permission denied, a device gone, standby), else a cause named from the
+//!    bits. Output that is not a JSON object is Unknown too, unless
 //!    the process code says worse: bits 3/4 still make it Bad, bits 5/7 Suspect.
 //! 2. **Findings**, each a health level and a sentence an admin can act on:
 //!    - Bad: `smart_status.passed == false` or bit 3 (the overall self-assessment failed).
@@ -44,6 +46,9 @@
 //!
 //! A count threshold of 0 turns that check off. Reasons come worst first. Missing or
 //! ill-typed fields are skipped, never fatal: any input gives a report.
+//!
+//! Every reason is a sentence drivelet wrote: smartctl's own messages never become a
+//! reason. They are kept in [`SmartReport::tool_messages`] for the poller's debug log.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -136,6 +141,10 @@ pub(crate) struct SmartReport {
     pub temperature_c: Option<i64>,
     /// Power-on hours, when SMART data was read.
     pub power_on_hours: Option<u64>,
+    /// What smartctl itself printed as messages (and why its output could not be read),
+    /// raw: for the debug log only, never a reason.
+    #[serde(skip)]
+    pub tool_messages: Vec<String>,
 }
 
 impl SmartReport {
@@ -148,6 +157,7 @@ impl SmartReport {
             serial: None,
             temperature_c: None,
             power_on_hours: None,
+            tool_messages: Vec::new(),
         }
     }
 
@@ -164,26 +174,41 @@ impl SmartReport {
     }
 }
 
-/// Assesses one `smartctl --json` run. `exit_status` is smartctl's process exit code;
-/// `smartctl.exit_status` in the JSON takes precedence when present. Never fails: output
-/// that cannot be understood gives Unknown with the cause.
+/// Assesses one `smartctl --json` run of a device whose transport is unknown: see
+/// [`assess_for`].
 pub(crate) fn assess(json: &str, exit_status: i32, t: &SmartThresholds) -> SmartReport {
+    assess_for(json, exit_status, "", t)
+}
+
+/// Assesses one `smartctl --json` run. `exit_status` is smartctl's process exit code;
+/// `smartctl.exit_status` in the JSON takes precedence when present. `transport` is the
+/// device's bus as the inventory names it (`loop`, `virtio`, `usb`, `sata`, ...; empty
+/// when unknown): it picks the words when smartctl cannot tell what the device is. Never
+/// fails: output that cannot be understood gives Unknown with the cause.
+pub(crate) fn assess_for(json: &str, exit_status: i32, transport: &str, t: &SmartThresholds) -> SmartReport {
     if json.trim().is_empty() {
         return without_json(
             exit_status,
-            "smartctl printed nothing (smartctl 7.0 or newer is needed for --json)",
+            "no health data: smartctl printed nothing (smartctl 7.0 or newer is needed for --json)",
+            None,
         );
     }
     match serde_json::from_str::<Value>(json) {
-        Ok(root) if root.is_object() => assess_value(&root, exit_status, t),
-        Ok(_) => without_json(exit_status, "smartctl output is JSON but not an object"),
-        Err(e) => without_json(exit_status, &format!("smartctl output is not valid JSON ({e})")),
+        Ok(root) if root.is_object() => assess_value(&root, exit_status, transport, t),
+        Ok(_) => without_json(exit_status, "no health data: smartctl printed JSON drivelet cannot read", None),
+        Err(e) => without_json(
+            exit_status,
+            "no health data: smartctl printed something that is not JSON",
+            Some(format!("smartctl output is not JSON: {e}")),
+        ),
     }
 }
 
-/// The verdict when the output says nothing: only the exit status speaks.
-fn without_json(status: i32, cause: &str) -> SmartReport {
+/// The verdict when the output says nothing: only the exit status speaks. `detail` is
+/// the parser's complaint, for the debug log.
+fn without_json(status: i32, cause: &str, detail: Option<String>) -> SmartReport {
     let mut report = SmartReport::empty();
+    report.tool_messages.extend(detail);
     if let Some(unknown) = unusable_status(status) {
         report.health = Health::Unknown;
         report.reasons = vec![unknown, cause.to_string()];
@@ -197,20 +222,27 @@ fn without_json(status: i32, cause: &str) -> SmartReport {
 }
 
 /// The verdict on parsed output (a JSON object).
-fn assess_value(root: &Value, given: i32, t: &SmartThresholds) -> SmartReport {
+fn assess_value(root: &Value, given: i32, transport: &str, t: &SmartThresholds) -> SmartReport {
     let status = root
         .pointer("/smartctl/exit_status")
         .and_then(Value::as_i64)
         .and_then(|s| i32::try_from(s).ok())
         .unwrap_or(given);
     let messages = messages(root);
+    let mut words: Vec<String> = Vec::new();
+    for m in &messages {
+        if let Some(w) = message_words(m, transport).filter(|w| !words.contains(w)) {
+            words.push(w);
+        }
+    }
     let mut report = SmartReport::empty();
     report.model = model(root);
     report.serial = text(root, "/serial_number");
+    report.tool_messages = messages;
 
     if let Some(cause) = unusable_status(status) {
         report.health = Health::Unknown;
-        report.reasons = if messages.is_empty() { vec![cause] } else { messages };
+        report.reasons = if words.is_empty() { vec![cause] } else { words };
         return report;
     }
 
@@ -255,7 +287,7 @@ fn assess_value(root: &Value, given: i32, t: &SmartThresholds) -> SmartReport {
     let cause = if read {
         None
     } else {
-        Some(no_data_cause(root, status, &messages, report.model.as_deref()))
+        Some(no_data_cause(root, status, &words, report.model.as_deref()))
     };
     findings.finish(&mut report, cause);
     report
@@ -288,14 +320,16 @@ impl Findings {
 /// Why the exit status alone makes the output unusable, if it does.
 fn unusable_status(status: i32) -> Option<String> {
     if !(0..=255).contains(&status) {
-        return Some(format!("smartctl did not exit normally (status {status})"));
+        return Some(format!("no health data: smartctl did not exit normally (status {status})"));
     }
     if status & BIT_COMMAND_LINE != 0 {
-        return Some(format!("smartctl rejected its command line (exit status {status})"));
+        return Some(format!(
+            "no health data: smartctl did not know how to read this device (exit status {status})"
+        ));
     }
     if status & BIT_OPEN_FAILED != 0 {
         return Some(format!(
-            "smartctl could not open the device or skipped it in standby (exit status {status})"
+            "no health data: smartctl could not open the device, or it was asleep (standby) and not woken (exit status {status})"
         ));
     }
     None
@@ -351,25 +385,62 @@ fn health_data_read(root: &Value) -> bool {
         || root.get("scsi_error_counter_log").is_some_and(Value::is_object)
 }
 
-/// Why there is no health data, for the Unknown reason.
-fn no_data_cause(root: &Value, status: i32, messages: &[String], model: Option<&str>) -> String {
+/// Why there is no health data, for the Unknown reason. `words` are drivelet's
+/// sentences for what smartctl's messages said.
+fn no_data_cause(root: &Value, status: i32, words: &[String], model: Option<&str>) -> String {
     let what = model.map_or_else(|| "this device".to_string(), |m| format!("\"{m}\""));
-    let mut cause = if root.pointer("/smart_support/available").and_then(Value::as_bool) == Some(false) {
+    let cause = if root.pointer("/smart_support/available").and_then(Value::as_bool) == Some(false) {
         format!(
-            "{what} does not support SMART: RAID virtual disks, virtual and loop devices have none; \
+            "no health data: {what} does not support SMART: RAID virtual disks, virtual and loop devices have none; \
              check the physical drives behind it"
         )
     } else if root.pointer("/smart_support/enabled").and_then(Value::as_bool) == Some(false) {
-        format!("SMART is disabled on {what}: enable it with `smartctl --smart=on`")
+        format!("no health data: SMART is disabled on {what}: enable it with `smartctl --smart=on`")
     } else if status & BIT_COMMAND_FAILED != 0 {
-        format!("smartctl read no SMART health data from {what}: a SMART command failed (exit status bit 2)")
+        format!("no health data: smartctl read no SMART health data from {what}: a SMART command failed (exit status bit 2)")
     } else {
-        format!("smartctl read no SMART health data from {what}")
+        format!("no health data: smartctl read no SMART health data from {what}")
     };
-    if !messages.is_empty() {
-        cause = format!("{}; {cause}", messages.join("; "));
+    if words.is_empty() {
+        cause
+    } else {
+        format!("{}; {cause}", words.join("; "))
     }
-    cause
+}
+
+/// drivelet's sentence for one of smartctl's messages, where drivelet knows what it
+/// means; `None` for a message it does not know (kept for the debug log only).
+/// `transport` names the device's bus as the inventory does.
+pub(crate) fn message_words(message: &str, transport: &str) -> Option<String> {
+    let m = message.to_ascii_lowercase();
+    let has = |s: &str| m.contains(s);
+    let sentence = if has("unable to detect device type") || has("please specify device type") {
+        match transport {
+            "loop" => "no health data: a loop device reports no SMART",
+            "virtio" | "xen" | "vmbus" | "virtual" => {
+                "no health data: a virtual disk reports no SMART; the drives behind it are watched where they are attached"
+            }
+            "usb" => "no health data: smartctl cannot read SMART through this USB bridge",
+            _ => "no health data: smartctl does not recognise this kind of device, so it reports no SMART",
+        }
+    } else if has("unknown usb bridge") || has("unsupported usb bridge") {
+        "no health data: smartctl cannot read SMART through this USB bridge"
+    } else if has("megaraid") {
+        "no health data: this is a RAID controller's virtual disk (MegaRAID or PERC); its physical drives are read \
+         only through the controller (smartctl -d megaraid,N)"
+    } else if has("permission denied") || has("operation not permitted") {
+        "no health data: the device refused SMART commands (permission denied): the agent needs to run as root with \
+         CAP_SYS_RAWIO and CAP_SYS_ADMIN"
+    } else if has("standby") || has("sleep mode") {
+        "no health data: the drive is asleep (standby) and was not woken to be read; it is read again when it is awake"
+    } else if has("no such device") || has("no such file") {
+        "no health data: the device is gone (smartctl could not open it)"
+    } else if has("open device") && has("failed") {
+        "no health data: smartctl could not open the device"
+    } else {
+        return None;
+    };
+    Some(sentence.to_string())
 }
 
 /// A non-negative count; large or fractional numbers saturate, anything else is absent.
@@ -482,7 +553,12 @@ mod tests {
         (
             "error-open-failed-megaraid.json",
             Health::Unknown,
-            "please try adding '-d megaraid,N'",
+            "no health data: this is a RAID controller's virtual disk (MegaRAID or PERC)",
+        ),
+        (
+            "loop-unable-to-detect-device-type.json",
+            Health::Unknown,
+            "no health data: smartctl does not recognise this kind of device",
         ),
         (
             "nvme-critical-warning.json",
@@ -544,13 +620,11 @@ mod tests {
     }
 
     #[test]
-    fn megaraid_device_that_fails_to_open_is_unknown_with_smartctls_message() {
+    fn megaraid_device_that_fails_to_open_is_unknown_in_drivelets_words_with_smartctls_message_kept_for_the_log() {
         let r = assess_fixture("error-open-failed-megaraid.json");
-        expect(
-            &r,
-            Health::Unknown,
-            "Smartctl open device: /dev/sda failed: DELL or MegaRaid controller",
-        );
+        expect(&r, Health::Unknown, "its physical drives are read only through the controller");
+        assert!(!r.reason().contains("Smartctl open device"), "{}", r.reason());
+        assert!(r.tool_messages.iter().any(|m| m.contains("DELL or MegaRaid controller")), "{:?}", r.tool_messages);
         assert_eq!(r.reasons.len(), 1);
         assert_eq!((r.model, r.serial, r.temperature_c), (None, None, None));
     }
@@ -951,7 +1025,7 @@ mod tests {
         expect(&assess(&nvme(64), 0, &t), Health::Good, "healthy");
         expect(&assess(&ata(128), 0, &t), Health::Suspect, "failed self-tests");
         expect(&assess(&nvme(128), 0, &t), Health::Suspect, "failed self-tests");
-        expect(&assess(&ata(1), 0, &t), Health::Unknown, "rejected its command line");
+        expect(&assess(&ata(1), 0, &t), Health::Unknown, "did not know how to read this device");
         expect(&assess(&ata(2), 0, &t), Health::Unknown, "could not open the device");
         expect(
             &assess(&ata(256), 0, &t),
@@ -981,7 +1055,68 @@ mod tests {
     }
 
     #[test]
-    fn a_standby_skip_is_unknown_with_smartctls_message() {
+    fn a_loop_device_has_no_health_data_in_drivelets_words_and_smartctls_message_only_for_the_log() {
+        let text = fixture("loop-unable-to-detect-device-type.json");
+        let r = assess_for(&text, 1, "loop", &SmartThresholds::default());
+        assert_eq!(r.health, Health::Unknown);
+        assert_eq!(r.reason(), "no health data: a loop device reports no SMART");
+        assert_eq!(r.tool_messages, vec!["/dev/loop0: Unable to detect device type".to_string()]);
+        let virtio = assess_for(&text, 1, "virtio", &SmartThresholds::default());
+        assert!(virtio.reason().starts_with("no health data: a virtual disk reports no SMART"), "{}", virtio.reason());
+        let usb = assess_for(&text, 1, "usb", &SmartThresholds::default());
+        assert_eq!(usb.reason(), "no health data: smartctl cannot read SMART through this USB bridge");
+    }
+
+    #[test]
+    fn no_reason_of_any_fixture_repeats_what_smartctl_printed() {
+        for (file, _, _) in VERDICTS {
+            for transport in ["", "loop", "virtio", "usb", "sata", "nvme"] {
+                let code: Value = serde_json::from_str(&fixture(file)).expect("json");
+                let code = code.pointer("/smartctl/exit_status").and_then(Value::as_i64).unwrap_or(0) as i32;
+                let r = assess_for(&fixture(file), code, transport, &SmartThresholds::default());
+                for m in &r.tool_messages {
+                    assert!(!r.reason().contains(m.as_str()), "{file} ({transport}): {:?} in {:?}", m, r.reason());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn smartctls_messages_become_drivelets_sentences() {
+        let cases: &[(&str, &str, Option<&str>)] = &[
+            ("/dev/loop3: Unable to detect device type", "loop", Some("no health data: a loop device reports no SMART")),
+            ("/dev/vdb: Unable to detect device type", "virtio", Some("no health data: a virtual disk reports no SMART")),
+            ("/dev/sdc: Unknown USB bridge [0x152d:0x0578 (0x214)]", "usb", Some("through this USB bridge")),
+            ("Please specify device type with the -d option.", "", Some("does not recognise this kind of device")),
+            ("Smartctl open device: /dev/sda failed: Permission denied", "sata", Some("permission denied")),
+            ("Smartctl open device: /dev/sdz failed: No such device", "sata", Some("the device is gone")),
+            ("Smartctl open device: /dev/sdb failed: Input/output error", "sata", Some("smartctl could not open the device")),
+            ("Device is in STANDBY mode, exit(2)", "sata", Some("asleep (standby)")),
+            ("Device is in SLEEP mode, exit(2)", "sata", Some("asleep (standby)")),
+            ("Warning: This result is based on an Attribute check.", "sata", None),
+        ];
+        for (message, transport, want) in cases {
+            let got = message_words(message, transport);
+            match want {
+                Some(part) => {
+                    let got = got.unwrap_or_else(|| panic!("no words for {message:?}"));
+                    assert!(got.contains(part), "{message:?}: {got:?}");
+                    assert!(got.starts_with("no health data: "), "{got:?}");
+                }
+                None => assert_eq!(got, None, "{message:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn output_that_is_not_json_says_so_in_words_and_keeps_the_parsers_complaint_for_the_log() {
+        let r = assess("not json at all", 0, &SmartThresholds::default());
+        assert_eq!(r.reason(), "no health data: smartctl printed something that is not JSON");
+        assert!(r.tool_messages.iter().any(|m| m.contains("line 1")), "{:?}", r.tool_messages);
+    }
+
+    #[test]
+    fn a_standby_skip_is_unknown_saying_the_drive_is_asleep() {
         let doc = json!({
             "smartctl": {
                 "exit_status": 2,
@@ -992,7 +1127,7 @@ mod tests {
         expect(
             &assess(&doc.to_string(), 2, &SmartThresholds::default()),
             Health::Unknown,
-            "Device is in STANDBY mode",
+            "no health data: the drive is asleep (standby) and was not woken to be read",
         );
     }
 
@@ -1035,14 +1170,14 @@ mod tests {
             assert!(!r.reasons.is_empty(), "{garbage:?}");
         }
         expect(&assess("", 0, &t), Health::Unknown, "smartctl printed nothing");
-        expect(&assess("[1]", 0, &t), Health::Unknown, "not an object");
-        expect(&assess("{oops", 0, &t), Health::Unknown, "not valid JSON");
+        expect(&assess("[1]", 0, &t), Health::Unknown, "JSON drivelet cannot read");
+        expect(&assess("{oops", 0, &t), Health::Unknown, "is not JSON");
         expect(&assess("{oops", 8, &t), Health::Bad, SELF_ASSESSMENT_FAILED);
-        expect(&assess("{oops", 8, &t), Health::Bad, "not valid JSON");
-        expect(&assess("{oops", 64, &t), Health::Unknown, "not valid JSON");
+        expect(&assess("{oops", 8, &t), Health::Bad, "is not JSON");
+        expect(&assess("{oops", 64, &t), Health::Unknown, "is not JSON");
         expect(&assess("{oops", 2, &t), Health::Unknown, "could not open the device");
         let deep = "[".repeat(100_000);
-        expect(&assess(&deep, 0, &t), Health::Unknown, "not valid JSON");
+        expect(&assess(&deep, 0, &t), Health::Unknown, "is not JSON");
     }
 
     #[test]
@@ -1134,7 +1269,7 @@ mod tests {
                 for replacement in &replacements {
                     let slot = doc.pointer_mut(path).expect("path exists");
                     let original = std::mem::replace(slot, replacement.clone());
-                    let r = assess_value(&doc, 0, &t);
+                    let r = assess_value(&doc, 0, "", &t);
                     assert!(
                         r.health == Health::Good || !r.reasons.is_empty(),
                         "{file} {path}: no reason for {r:?}"
