@@ -105,6 +105,16 @@ pub(crate) fn check_id(field: &str, v: &str) -> Result<(), Status> {
     Ok(())
 }
 
+/// Why CreateVolume would refuse these capabilities and parameters before it looks at a
+/// drive, in its own words (`None`: it would not). The cluster duties warn a waiting
+/// claim with it; it is the same checks `create_volume` runs, in the same order.
+pub(crate) fn refusal(caps: &[csi::VolumeCapability], parameters: &HashMap<String, String>) -> Option<String> {
+    if let Err(s) = access_of(caps) {
+        return Some(s.message().to_string());
+    }
+    VolumeParams::parse(parameters).err().map(|e| e.to_string())
+}
+
 /// What a set of capabilities asks for: block access, and the filesystem for mount
 /// access. Every capability must be servable and all must agree.
 pub(crate) fn access_of(caps: &[csi::VolumeCapability]) -> Result<(bool, String), Status> {

@@ -86,7 +86,9 @@ pub const PERMISSIONS: &[Permission] = &[
                   StorageClass has drivelet.io/on-node-deleted: release-claims; annotates a kept one once it is \
                   warned, so the NodeDeleted Warning is recorded once per claim); \
                   k8s::rehome::executor::Executor (gets the claim of each volume this node serves; creates one that is \
-                  gone when its drive's adoption asks to restore claims)",
+                  gone when its drive's adoption asks to restore claims); \
+                  k8s::duties::claim_executor::ClaimExecutor (lists claims; patches a waiting one's selected-node and \
+                  drivelet.io/waiting-reason annotations)",
     },
     Permission {
         scope: Scope::Cluster,
@@ -120,7 +122,8 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "nodes",
         verbs: &["get", "list", "patch"],
         used_by: "k8s::node::label_once (get, patch; only with kubernetes.label_node = true), \
-                  k8s::duties::executor::Executor (list of Node names; get to confirm a node is deleted)",
+                  k8s::duties::executor::Executor (list of Node names; get to confirm a node is deleted), \
+                  k8s::duties::claim_executor::ClaimExecutor (list: labels and readiness, to place an Immediate claim)",
     },
     Permission {
         scope: Scope::Cluster,
@@ -151,8 +154,10 @@ pub const PERMISSIONS: &[Permission] = &[
         scope: Scope::Cluster,
         group: "storage.k8s.io",
         resource: "storageclasses",
-        verbs: &["get"],
-        used_by: "k8s::duties::executor::Executor (drivelet.io/on-node-deleted of a deleted node's claims)",
+        verbs: &["get", "list"],
+        used_by: "k8s::duties::executor::Executor (get: drivelet.io/on-node-deleted of a deleted node's claims), \
+                  k8s::duties::claim_executor::ClaimExecutor (list: the classes of waiting claims, checked as CreateVolume \
+                  checks them; binding mode and allowed topologies)",
     },
     Permission {
         scope: Scope::Cluster,
@@ -184,6 +189,14 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "leases",
         verbs: &["get", "create", "update"],
         used_by: "k8s::duties::controller::Controller (Lease drivelet-cluster-duties: read, create, take, renew, give up)",
+    },
+    Permission {
+        scope: Scope::Namespace,
+        group: "storage.k8s.io",
+        resource: "csistoragecapacities",
+        verbs: &["list"],
+        used_by: "k8s::duties::claim_executor::ClaimExecutor (each node's room per class, as the provisioners publish it, \
+                  to place a claim of an Immediate class)",
     },
     Permission {
         scope: Scope::Namespace,

@@ -10,6 +10,9 @@
 //!   ([`Executor::observe`]), decide ([`plan`]), and for each node proposed as gone,
 //!   confirm it gone (GET answered 404) and then do its duties. Before each node it checks
 //!   that it still leads. A failed step is logged and redone next round.
+//! - In the same rounds, the claim watch ([`super::claims`]): read
+//!   ([`ClaimExecutor::observe`]), decide ([`plan_claims`]), act on each claim while it
+//!   still leads.
 //! - Asked to stop (a clean shutdown), it gives the Lease up ([`election::release`]) when it
 //!   holds it, so a peer takes over at its next look; a round under way is dropped (the
 //!   duties are idempotent).
@@ -26,6 +29,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{info, warn};
 
 use super::election::{self, Election, LEASE_NAME, RENEW_DEADLINE, RENEW_EVERY};
+use super::claim_executor::ClaimExecutor;
+use super::claims::plan_claims;
 use super::executor::{DutyError, Executor};
 use super::plan;
 use crate::k8s::identity::Identity;
@@ -64,6 +69,7 @@ pub(crate) struct Controller {
     leases: Api<Lease>,
     identity: Identity,
     executor: Executor,
+    claims: ClaimExecutor,
     /// The Lease's resourceVersion as last seen, and since when (this agent's clock).
     seen: Option<(String, Instant)>,
     /// Leading until then.
@@ -77,8 +83,9 @@ pub(crate) struct Controller {
 impl Controller {
     pub(crate) fn new(client: Client, identity: Identity, namespace: String) -> Self {
         let leases = Api::namespaced(client.clone(), &namespace);
-        let executor = Executor::new(client, identity.clone(), namespace);
-        Self { leases, identity, executor, seen: None, leading_until: None, following: None, last_round: None }
+        let executor = Executor::new(client.clone(), identity.clone(), namespace.clone());
+        let claims = ClaimExecutor::new(client, identity.clone(), namespace);
+        Self { leases, identity, executor, claims, seen: None, leading_until: None, following: None, last_round: None }
     }
 
     /// Whether this agent leads now.
@@ -102,6 +109,9 @@ impl Controller {
                     self.last_round = Some(Instant::now());
                     if let Err(e) = self.round().await {
                         warn!(error = %e, "a round of cluster duties failed; it is run again in {}s", DUTIES_EVERY.as_secs());
+                    }
+                    if let Err(e) = self.claims_round().await {
+                        warn!(error = %e, "a round of the claim watch failed; it is run again in {}s", DUTIES_EVERY.as_secs());
                     }
                 }
             };
@@ -194,6 +204,21 @@ impl Controller {
             }
             if let Err(e) = self.executor.apply(&node, &duties).await {
                 warn!(node.name = %node, error = %e, "a duty for a deleted node failed; it is redone next round");
+            }
+        }
+        Ok(())
+    }
+
+    /// One round of the claim watch (while leading): waiting claims of drivelet's classes
+    /// get a node (Immediate binding) or a Warning saying why they wait.
+    pub(crate) async fn claims_round(&mut self) -> Result<(), DutyError> {
+        let obs = self.claims.observe().await?;
+        for action in plan_claims(&obs, &self.identity.driver) {
+            if !self.leading() {
+                return Ok(());
+            }
+            if let Err(e) = self.claims.apply(&action).await {
+                warn!(claim.namespace = %action.namespace, claim.name = %action.name, error = %e, "a claim's decision could not be carried out; it is decided again next round");
             }
         }
         Ok(())

@@ -169,6 +169,9 @@ async fn a_clean_shutdown_gives_the_lease_up_only_when_held() {
         let (_, reply) = api.expect_path(Method::GET, path).await;
         respond(reply, &list_of(kind, version, "1", vec![]));
     }
+    // The claim watch: no claim waits, so nothing else is read.
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumeclaims").await;
+    respond(reply, &list_of("PersistentVolumeClaim", "v1", "1", vec![]));
     assert!(api.is_quiet());
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     stop.send(done_tx).unwrap();

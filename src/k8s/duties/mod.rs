@@ -46,6 +46,10 @@ use super::identity::finalizer_name;
 use crate::words::on_node_deleted::{OnNodeDeleted, ON_NODE_DELETED};
 use crate::TOPOLOGY_NODE_KEY;
 
+/// Carries the claim watch's decisions out against the API server.
+pub(crate) mod claim_executor;
+/// The claim watch: waiting claims of drivelet's classes get a node or a reason.
+pub(crate) mod claims;
 /// The controller that runs the election and the duties while leading.
 pub(crate) mod controller;
 /// The Lease election: pure decisions.
@@ -55,6 +59,8 @@ pub(crate) mod executor;
 /// A node that comes back: its agent deletes the volumes removed while it was gone.
 pub(crate) mod returned;
 
+#[cfg(test)]
+mod claims_tests;
 #[cfg(test)]
 mod fake_api_tests;
 #[cfg(test)]
