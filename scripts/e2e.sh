@@ -26,7 +26,9 @@
 # (tests/e2e/nodes.rs) and the clean-up (the output says which were not run);
 # E2E_JOURNEYS=snapshots only the deploy, snapshot (tests/e2e/snapshots.rs) and clean-up
 # journeys; E2E_JOURNEYS=ownership the deploy, the state dir wiped, the moved disk
-# (tests/e2e/ownership.rs, tests/e2e/adopt.rs) and the clean-up.
+# (tests/e2e/ownership.rs, tests/e2e/adopt.rs) and the clean-up; E2E_JOURNEYS=claims
+# the deploy, the claims journey (tests/e2e/claims.rs: Immediate binding, claims that
+# wait with a reason) and the clean-up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

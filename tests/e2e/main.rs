@@ -37,7 +37,12 @@
 //!
 //! Between 5 and 6, claims are cloned from claims (`clone.rs`), then snapshotted and
 //! restored (`snapshots.rs`); between 6 and 7, drive actions through the Drive spec and
-//! the `kubectl drivelet` tables (`drive_actions.rs`).
+//! the `kubectl drivelet` tables (`drive_actions.rs`), the disk journeys (`adopt.rs`), and
+//! claims (`claims.rs`): a class with `volumeBindingMode: Immediate` and
+//! `allowedTopologies` naming the real node provisions there before any pod, and its pod
+//! runs there; claims that wait get one Warning Event each saying why, in words (a vfat
+//! class `NotSupportedByDrivelet`; an Immediate class allowing only a node that does not
+//! exist, and a claim larger than its allowed node can make, `NoNodeForClaim`).
 //!
 //! Across nodes (`nodes.rs`), on their own thread once the deploy journey is done,
 //! beside the real node's journeys (their own namespace; joined before the clean-up):
@@ -64,6 +69,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod adopt;
+mod claims;
 mod clone;
 mod drive_actions;
 mod evacuate;
@@ -103,7 +109,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 15] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 16] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
         ("the state dir wiped: every volume served again from its disk, same claims, same data", ownership::journey_state_wiped),
         ("evacuate: three volumes moved off a drive, one after its pod, kill -9 mid-move; the drive replaced", evacuate::journey_evacuate),
@@ -118,6 +124,7 @@ fn main() {
         ("kubectl drivelet: tables as ctl's, cordon, uncordon, release through the Drive spec", drive_actions::journey_drive_actions),
         ("a disk moved from a dead node: owned elsewhere, untouched, adopted; its claims' PVs pinned here, their data read by pods here", adopt::journey_moved_disk),
         ("a disk of a rebuilt cluster: another cluster's, adopted with --restore-claims; its claim back with its data", adopt::journey_rebuilt_cluster),
+        ("claims: Immediate with allowedTopologies provisioned on the real node, its pod Running there; waiting claims warned why", claims::journey_claims_waiting),
         ("clean-up: nothing left behind", journey_cleanup),
     ];
     let mut failed = None;
@@ -133,6 +140,8 @@ fn main() {
     let only_evacuate = only.as_deref() == Some("evacuate");
     // E2E_JOURNEYS=ownership: deploy, the state dir wiped, the moved disk and the clean-up.
     let only_ownership = only.as_deref() == Some("ownership");
+    // E2E_JOURNEYS=claims: deploy, the claims journey and the clean-up.
+    let only_claims = only.as_deref() == Some("claims");
     for (i, (name, run)) in journeys.iter().enumerate() {
         if i == last {
             // The clean-up asserts an empty cluster: the journeys across nodes finish first.
@@ -147,7 +156,10 @@ fn main() {
         println!("e2e: [{}/{}] {name}", i + 1, journeys.len());
         let evacuation = name.starts_with("evacuate:");
         let ownership = name.starts_with("the state dir wiped") || name.starts_with("a disk moved") || name.starts_with("a disk of a rebuilt cluster");
-        let picked = if only_evacuate {
+        let claims = name.starts_with("claims:");
+        let picked = if only_claims {
+            i == 0 || i == last || claims
+        } else if only_evacuate {
             i == 0 || i == last || evacuation
         } else if only_ownership {
             i == 0 || i == last || ownership
@@ -166,7 +178,7 @@ fn main() {
                 break;
             }
         }
-        if i == 0 && !only_snapshots && !only_evacuate && !only_ownership {
+        if i == 0 && !only_snapshots && !only_evacuate && !only_ownership && !only_claims {
             // Deployed (CSIDriver, classes): the journeys across nodes start beside the rest.
             across = Some(std::thread::spawn(nodes::run));
         }

@@ -178,10 +178,11 @@ pub(crate) fn decide(claim: &PersistentVolumeClaim, class: &StorageClass, obs: &
     if !immediate || selected {
         return None;
     }
-    place(claim, class, obs, driver).map_or_else(
-        |refusal| Some(ClaimDecision::Refuse(refusal)),
-        |(node, why)| Some(ClaimDecision::Select { node, why }),
-    )
+    match place(claim, class, obs, driver) {
+        Ok(Some((node, why))) => Some(ClaimDecision::Select { node, why }),
+        Ok(None) => None,
+        Err(refusal) => Some(ClaimDecision::Refuse(refusal)),
+    }
 }
 
 /// What CreateVolume would refuse of this claim before looking at a drive: the
@@ -296,8 +297,15 @@ fn topologies_words(class: &StorageClass) -> String {
     format!("only nodes with {}", terms.join(", or "))
 }
 
-/// The node to provision an Immediate claim on, with why; or why there is none.
-fn place(claim: &PersistentVolumeClaim, class: &StorageClass, obs: &ClaimsObserved, driver: &str) -> Result<(String, String), Refusal> {
+/// The node to provision an Immediate claim on, with why; or why there is none; `None`
+/// when a node that may take it has not published its room for a new class yet (its
+/// provisioner publishes other classes'): decided again next round, without a Warning.
+fn place(
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    obs: &ClaimsObserved,
+    driver: &str,
+) -> Result<Option<(String, String)>, Refusal> {
     let class_name = class.name_any();
     let size = requested(claim);
     let no_node = |code: &str, why: String| Refusal {
@@ -331,6 +339,12 @@ fn place(claim: &PersistentVolumeClaim, class: &StorageClass, obs: &ClaimsObserv
         Some(_) => None,
     };
     let rooms = rooms(obs, &class_name);
+    let publishing = |node: &str| {
+        obs.capacities.iter().any(|c| {
+            c.node_topology.as_ref().and_then(|t| t.match_labels.as_ref()?.get(TOPOLOGY_NODE_KEY)).map(String::as_str) == Some(node)
+        })
+    };
+    let mut not_yet = false;
     let mut lacks: Vec<String> = Vec::new();
     let mut best: Option<(&str, Room)> = None;
     let mut any_allowed = false;
@@ -345,6 +359,7 @@ fn place(claim: &PersistentVolumeClaim, class: &StorageClass, obs: &ClaimsObserv
             continue;
         }
         let Some(room) = rooms.get(name).copied() else {
+            not_yet |= publishing(name);
             lacks.push(format!("{name} runs no drivelet provisioner for this class (no storage capacity published)"));
             continue;
         };
@@ -369,7 +384,10 @@ fn place(claim: &PersistentVolumeClaim, class: &StorageClass, obs: &ClaimsObserv
             human_bytes(size),
             human_bytes(room.capacity)
         );
-        return Ok((node.to_string(), why));
+        return Ok(Some((node.to_string(), why)));
+    }
+    if not_yet {
+        return Ok(None);
     }
     let allows = topologies_words(class);
     if !any_allowed {

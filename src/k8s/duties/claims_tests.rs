@@ -252,6 +252,17 @@ fn an_immediate_clone_goes_to_its_sources_node_and_a_restore_is_refused_in_words
     refused(decision(&obs, "orphan"), REASON_NO_NODE, &["clones claim nowhere"]);
 }
 
+#[test]
+fn a_new_class_whose_room_a_running_provisioner_has_not_published_yet_waits_without_a_warning() {
+    let mut obs = cluster(vec![sc("now", None, "Immediate", &["n1"])], vec![pvc("data", "now", 1)]);
+    // n1's provisioner publishes another class, not this new one yet.
+    obs.capacities = vec![capacity("older", "n1", 4, 4)];
+    assert_eq!(decision(&obs, "data"), None);
+    // No provisioner on n1 at all: said.
+    obs.capacities.clear();
+    refused(decision(&obs, "data"), REASON_NO_NODE, &["n1 runs no drivelet provisioner"]);
+}
+
 #[tokio::test]
 async fn a_selected_node_is_written_guarded_by_resource_version_then_a_normal_event_and_a_refusal_warns_then_annotates() {
     let (client, mut api) = fake_api();
