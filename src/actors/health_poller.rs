@@ -231,8 +231,23 @@ fn readable(path: &Path, within: Duration, held: Arc<Check>) -> Result<(), Strin
     });
     match rx.recv_timeout(within) {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {within:?}")),
+        Ok(Err(e)) => {
+            debug!(actor = "health", path = %path.display(), error = %e, "volume directory unreadable");
+            Err(read_error_words(&e))
+        }
+        Err(_) => Err(format!("no answer within {}", crate::config::human_duration(within))),
+    }
+}
+
+/// Why a read failed, in words (the OS's own text goes to the debug log).
+pub(crate) fn read_error_words(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EIO) => "an I/O error".into(),
+        Some(libc::ENOTCONN | libc::ESTALE | libc::ENODEV | libc::ENXIO) => "its device is gone".into(),
+        Some(libc::EACCES | libc::EPERM) => "permission denied".into(),
+        Some(libc::ENOENT | libc::ENOTDIR) => "it is missing".into(),
+        Some(libc::EUCLEAN) => "the filesystem reports itself corrupt".into(),
+        _ => "the filesystem refused the read".into(),
     }
 }
 
@@ -383,14 +398,24 @@ fn fsck_agreed(dev: &Path, fs_type: &str, runs: u32) -> Option<Finding> {
         let _held = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(dev);
         hold_for(dev, ms, None)
     });
-    let mut detail = None;
+    let mut found = None;
     for _ in 0..runs {
         match fs::check_readonly(dev, fs_type) {
-            Fsck::Corrupt(d) => detail = Some(d),
+            Fsck::Corrupt(d) => found = Some(d),
             Fsck::Clean | Fsck::Undecided(_) => return None,
         }
     }
-    detail.map(|detail| Finding::Corrupt { detail })
+    let output = found?;
+    // The checker's own lines are for the log; the condition says it in words.
+    warn!(actor = "health", device = %dev.display(), fsck.output = %output, "a read-only filesystem check found errors");
+    Some(Finding::Corrupt { detail: corrupt_words(fs_type, runs) })
+}
+
+/// What a read-only check that found errors says in a volume's condition.
+pub(crate) fn corrupt_words(fs_type: &str, runs: u32) -> String {
+    let tool = if fs_type == "xfs" { "xfs_repair -n" } else { "e2fsck -n" };
+    let times = if runs == 1 { "once".to_string() } else { format!("in each of {runs} runs") };
+    format!("a read-only check ({tool}) found errors {times}")
 }
 
 impl Actor for HealthPoller {
@@ -419,6 +444,24 @@ mod tests {
 
     fn staged(block: bool, done: bool) -> Staging {
         Staging { path: "/k/stage".into(), block, flags: vec![], readonly: false, done }
+    }
+
+    #[test]
+    fn what_a_user_reads_about_a_drive_or_volume_is_drivelets_words_not_the_tools() {
+        let gone = std::io::Error::from_raw_os_error(libc::ENOENT);
+        assert_eq!(
+            cannot_run_words(Path::new("/usr/sbin/smartctl"), &gone),
+            "no health data: smartctl is not installed (/usr/sbin/smartctl not found): install smartmontools or set health.smartctl"
+        );
+        let denied = std::io::Error::from_raw_os_error(libc::EACCES);
+        assert!(cannot_run_words(Path::new("smartctl"), &denied).contains("permission denied"));
+        for (errno, words) in [(libc::EIO, "an I/O error"), (libc::ENOTCONN, "its device is gone"), (libc::EACCES, "permission denied")] {
+            let w = read_error_words(&std::io::Error::from_raw_os_error(errno));
+            assert_eq!(w, words);
+            assert!(!w.contains("os error"), "{w}");
+        }
+        assert_eq!(corrupt_words("xfs", 3), "a read-only check (xfs_repair -n) found errors in each of 3 runs");
+        assert_eq!(corrupt_words("ext4", 1), "a read-only check (e2fsck -n) found errors once");
     }
 
     #[test]

@@ -117,7 +117,13 @@ pub fn check_readonly(dev: &Path, fs: &str) -> Fsck {
         ("ext4" | "ext3" | "ext2", Some(c)) if c & 4 != 0 && c & 8 == 0 => Fsck::Corrupt(summary(&text)),
         // xfs_repair -n: 1 = corruption found.
         ("xfs", Some(1)) => Fsck::Corrupt(summary(&text)),
-        (_, code) => Fsck::Undecided(format!("exit {code:?}: {}", summary(&text))),
+        (_, code) => {
+            tracing::debug!(device = %dev.display(), fsck.output = %summary(&text), "a read-only check could not decide");
+            Fsck::Undecided(match code {
+                Some(c) => format!("the checker ended with exit code {c}"),
+                None => "the checker was killed".to_string(),
+            })
+        }
     }
 }
 
@@ -133,11 +139,17 @@ pub(super) fn run(tool: &str, cmd: &mut Command) -> Result<Output, DiskError> {
         .map_err(DiskError::io(format!("run {tool}")))
 }
 
+/// A tool's failure in drivelet's words: the tool, the device and how it ended. What the
+/// tool printed goes to the log (one warn line), never into the error a user reads.
 pub(super) fn tool_error(tool: &str, dev: &Path, out: &Output) -> DiskError {
-    DiskError::Tool {
-        tool: tool.to_string(),
-        message: format!("{} on {}: {}", out.status, dev.display(), String::from_utf8_lossy(&out.stderr).trim()),
-    }
+    use std::os::unix::process::ExitStatusExt;
+    let ended = match (out.status.code(), out.status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        (None, None) => "ended abnormally".to_string(),
+    };
+    tracing::warn!(tool, device = %dev.display(), ended = %ended, tool.stderr = %String::from_utf8_lossy(&out.stderr).trim(), "a tool failed");
+    DiskError::Tool { tool: tool.to_string(), message: format!("{ended} on {}; what it printed is in drivelet's log", dev.display()) }
 }
 
 /// The signature `blkid -p -o export` reports: `TYPE` (filesystem, swap, RAID or LVM
