@@ -147,6 +147,7 @@ case $cmd in
         --strict-topology=true \
         --immediate-topology=false \
         --enable-capacity=true \
+        --capacity-for-immediate-binding=true \
         --capacity-poll-interval=15s \
         --capacity-ownerref-level=-1 \
         --extra-create-metadata=true

@@ -47,7 +47,7 @@ impl ClaimExecutor {
     pub(crate) async fn observe(&self) -> Result<ClaimsObserved, DutyError> {
         let lp = ListParams::default();
         let claims = Api::<PersistentVolumeClaim>::all(self.client.clone()).list(&lp).await.map_err(api("listing claims"))?;
-        let mut obs = ClaimsObserved { claims: claims.items, ..Default::default() };
+        let mut obs = ClaimsObserved { claims: claims.items, now: Some(k8s_openapi::jiff::Timestamp::now()), ..Default::default() };
         let waiting = obs.claims.iter().any(|c| {
             c.spec.as_ref().is_some_and(|s| s.volume_name.as_deref().unwrap_or("").is_empty())
                 && c.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending") == "Pending"

@@ -25,6 +25,9 @@
 //!    class then pins the claim's pod to the node with the most room). A claim whose
 //!    provisioning fails there with RESOURCE_EXHAUSTED loses the annotation (the
 //!    provisioner's rescheduling) and is decided again.
+//!    A node whose provisioner publishes other classes' room but not this class's yet is
+//!    waited for, silently, while the class is younger than [`PUBLISH_WAIT`]; after that
+//!    the Warning names the provisioner flag it lacks (`--capacity-for-immediate-binding`).
 //! 3. **Immediate binding, no node can take it**: a Warning Event [`REASON_NO_NODE`]
 //!    naming what the class allows and what each allowed node lacks; decided again every
 //!    round, so it is provisioned once a node has room.
@@ -42,6 +45,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSIStorageCapacity, StorageClass};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::pv_node;
@@ -80,7 +84,13 @@ pub(crate) struct ClaimsObserved {
     pub capacities: Vec<CSIStorageCapacity>,
     /// Every PV (a clone's source claim's node).
     pub volumes: Vec<PersistentVolume>,
+    /// The time of the reading (a new class's room is awaited for [`PUBLISH_WAIT`]).
+    pub now: Option<Timestamp>,
 }
+
+/// How long a provisioner that publishes other classes' room is given to publish a new
+/// class's before the claim is warned (its capacity poll is 15 s in deploy/).
+pub(crate) const PUBLISH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why a claim waits, for its Warning Event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -345,6 +355,11 @@ fn place(
         })
     };
     let mut not_yet = false;
+    // A class younger than PUBLISH_WAIT (or of unknown age) may not be published yet.
+    let new_class = match (obs.now, class.metadata.creation_timestamp.as_ref()) {
+        (Some(now), Some(made)) => now.duration_since(made.0).unsigned_abs() < PUBLISH_WAIT,
+        _ => true,
+    };
     let mut lacks: Vec<String> = Vec::new();
     let mut best: Option<(&str, Room)> = None;
     let mut any_allowed = false;
@@ -359,8 +374,15 @@ fn place(
             continue;
         }
         let Some(room) = rooms.get(name).copied() else {
-            not_yet |= publishing(name);
-            lacks.push(format!("{name} runs no drivelet provisioner for this class (no storage capacity published)"));
+            if publishing(name) {
+                not_yet |= new_class;
+                lacks.push(format!(
+                    "{name} publishes no storage capacity for this class (its csi-provisioner needs \
+                     --capacity-for-immediate-binding=true)"
+                ));
+            } else {
+                lacks.push(format!("{name} runs no drivelet provisioner (no storage capacity published)"));
+            }
             continue;
         };
         if room.largest < size {
