@@ -517,6 +517,7 @@ fn provisioner_sidecar_runs_per_node_with_capacity_tracking() {
         ("--strict-topology", "true"),
         ("--immediate-topology", "false"),
         ("--enable-capacity", "true"),
+        ("--capacity-for-immediate-binding", "true"),
         ("--capacity-poll-interval", "15s"),
         ("--capacity-ownerref-level", "1"),
         ("--extra-create-metadata", "true"),
