@@ -321,7 +321,7 @@ fn place(
     let no_node = |code: &str, why: String| Refusal {
         code: code.into(),
         reason: REASON_NO_NODE,
-        message: format!("StorageClass {class_name} binds immediately (volumeBindingMode Immediate), {why}."),
+        message: format!("StorageClass {class_name} binds immediately (volumeBindingMode Immediate) {why}."),
     };
     let source = claim.spec.as_ref().and_then(|s| s.data_source_ref.as_ref().map(|r| (r.kind.clone(), r.name.clone())).or_else(|| s.data_source.as_ref().map(|r| (r.kind.clone(), r.name.clone()))));
     // A clone is made where its source is; a restore's node is known only to a pod's scheduling.
@@ -330,7 +330,7 @@ fn place(
         Some((kind, _)) if kind == "VolumeSnapshot" => {
             return Err(no_node(
                 "snapshot",
-                "but a claim restored from a VolumeSnapshot is made on the node that holds the snapshot, which drivelet \
+                "but this claim is restored from a VolumeSnapshot, and a restore is made on the node that holds the snapshot, which drivelet \
                  learns only when the claim's pod is scheduled: use a StorageClass with volumeBindingMode \
                  WaitForFirstConsumer for restores"
                     .into(),
@@ -343,7 +343,7 @@ fn place(
             });
             match pv.and_then(|pv| pv_node(pv, driver)) {
                 Some(n) => Some(n.to_string()),
-                None => return Err(no_node("clone-source", format!("and it clones claim {name}, which has no drivelet volume yet; it is decided again once it has one"))),
+                None => return Err(no_node("clone-source", format!("and this claim clones claim {name}, which has no drivelet volume yet; it is decided again once it has one"))),
             }
         }
         Some(_) => None,
@@ -414,8 +414,8 @@ fn place(
     let allows = topologies_words(class);
     if !any_allowed {
         let what = match &source_node {
-            Some(n) => format!("and its source claim's volume is on node {n}, which the class does not allow or which is gone"),
-            None => format!("and it allows {allows}, but no such node exists"),
+            Some(n) => format!("and this claim clones a claim whose volume is on node {n}, which the class does not allow or which is gone"),
+            None => format!("and allows {allows}, but no such node exists"),
         };
         return Err(no_node("no-node", format!("{what}: nothing is provisioned until one does (or the class is replaced)")));
     }
@@ -423,7 +423,7 @@ fn place(
     Err(no_node(
         "no-room",
         format!(
-            "it allows {allows}, and none of them can take {} now: {}. The claim is provisioned as soon as one can",
+            "and allows {allows}, but none of them can take {} now: {}. The claim is provisioned as soon as one can",
             human_bytes(size),
             lacks.join("; ")
         ),
