@@ -476,3 +476,59 @@ async fn a_returning_node_deletes_its_removed_volumes_and_clears_its_key() {
     assert_eq!(*backend.calls.lock().unwrap(), vec!["vol-b n2"]);
     server.await.unwrap().assert_no_more_requests("after the key is clear");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_leaders_claim_watch_reads_what_it_needs_and_gives_an_immediate_claim_the_allowed_node_once() {
+    use super::claims::{REASON_SELECTED, SELECTED_NODE};
+    let (client, api) = fake_api();
+    let mut c = Controller::new(client, identity("n1"), NS.into());
+    let mut api = lead(&mut c, api).await;
+    let class = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": "now", "creationTimestamp": "2023-11-14T22:13:20Z"},
+        "provisioner": DRIVER, "volumeBindingMode": "Immediate",
+        "allowedTopologies": [{"matchLabelExpressions": [{"key": crate::TOPOLOGY_NODE_KEY, "values": ["n2"]}]}],
+    });
+    let other_driver = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "nfs"}, "provisioner": "nfs.csi.io"});
+    let waiting = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data", "namespace": "apps", "uid": "uid-data", "resourceVersion": "11"},
+        "spec": {"storageClassName": "now", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        "status": {"phase": "Pending"},
+    });
+    let node = |name: &str| json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {crate::TOPOLOGY_NODE_KEY: name}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    });
+    let capacity = |node: &str, gib: u64| json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIStorageCapacity",
+        "metadata": {"name": format!("csisc-{node}"), "namespace": NS},
+        "storageClassName": "now",
+        "nodeTopology": {"matchLabels": {crate::TOPOLOGY_NODE_KEY: node}},
+        "capacity": format!("{gib}Gi"), "maximumVolumeSize": format!("{gib}Gi"),
+    });
+    let server = tokio::spawn(async move {
+        let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumeclaims").await;
+        respond(reply, &list_of("PersistentVolumeClaim", "v1", "1", vec![waiting.clone()]));
+        let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/storageclasses").await;
+        respond(reply, &list_of("StorageClass", "storage.k8s.io/v1", "1", vec![class, other_driver]));
+        let (_, reply) = api.expect_path(Method::GET, "/api/v1/nodes").await;
+        respond(reply, &list_of("Node", "v1", "1", vec![node("n1"), node("n2")]));
+        let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/namespaces/drivelet-system/csistoragecapacities").await;
+        // n1 has more room, but the class allows only n2.
+        respond(reply, &list_of("CSIStorageCapacity", "storage.k8s.io/v1", "1", vec![capacity("n1", 50), capacity("n2", 5)]));
+        let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumes").await;
+        respond(reply, &list_of("PersistentVolume", "v1", "1", vec![]));
+        let (patch, reply) = api.expect_path(Method::PATCH, "/api/v1/namespaces/apps/persistentvolumeclaims/data").await;
+        assert_eq!(patch["metadata"]["annotations"][SELECTED_NODE], "n2");
+        assert_eq!(patch["metadata"]["resourceVersion"], "11");
+        respond(reply, &waiting);
+        let (event, reply) = api.expect_path(Method::POST, "/apis/events.k8s.io/v1/namespaces/apps/events").await;
+        assert_eq!(event["reason"], REASON_SELECTED);
+        respond(reply, &event);
+        api
+    });
+    c.claims_round().await.unwrap();
+    server.await.unwrap().assert_no_more_requests("after the claim watch");
+}
