@@ -27,6 +27,11 @@
 # E2E_JOURNEYS=snapshots only the deploy, snapshot (tests/e2e/snapshots.rs) and clean-up
 # journeys; E2E_JOURNEYS=ownership the deploy, the state dir wiped, the moved disk
 # (tests/e2e/ownership.rs, tests/e2e/adopt.rs) and the clean-up.
+# E2E_JOURNEYS=monitoring: the deploy, Prometheus watching (tests/e2e/monitoring.rs), the
+# journeys that provoke its alerts (a drive vanishing, claims used by pods, a drive
+# failing), its judgement of the dashboard and the alerts, and the clean-up.
+# The suite runs Debian's prometheus (installed by scripts/setup-host.sh) on
+# 127.0.0.1:19090, with its data under /var/tmp/drivelet-e2e/prometheus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -110,8 +115,13 @@ undeploy() {
   for n in $fake_nodes; do scripts/e2e-node.sh down "$n" || true; done
 }
 
+stop_prometheus() {
+  pkill -f "$e2e/prometheus/prometheus.yml" 2>/dev/null || true
+}
+
 cleanup() {
   rc=$?
+  stop_prometheus
   if [ "${KEEP:-0}" = 1 ]; then
     log "KEEP=1: the kit, the deployment and the drives stay up"
   else
@@ -127,6 +137,7 @@ cleanup() {
 trap cleanup EXIT
 
 # A previous run left with KEEP=1 (or stopped half-way): start from nothing.
+stop_prometheus
 for n in $fake_nodes; do kubectl uncordon "$n" >/dev/null 2>&1 || true; done
 undeploy
 detach_drives
