@@ -84,6 +84,7 @@ pub(crate) fn move_volume(
     dst_media: Media,
     mut rec: VolumeRecord,
     force: bool,
+    progress: &std::sync::atomic::AtomicU64,
 ) -> Outcome<MoveDone> {
     let began = Instant::now();
     let Some(to) = rec.moving.clone().filter(|m| !m.switched) else {
@@ -97,7 +98,7 @@ pub(crate) fn move_volume(
         return Outcome { record: Some(rec), result: Err(e) };
     }
     crash_point!("move.intent_saved");
-    let copied = match copy_steps(src, dst, &rec, &to, force) {
+    let copied = match copy_steps(src, dst, &rec, &to, force, progress) {
         Ok(c) => c,
         Err(e) => return Outcome { record: Some(abandon(store, dst, rec, &to)), result: Err(e) },
     };
@@ -132,7 +133,7 @@ pub(crate) fn move_volume(
 }
 
 /// Steps 2 and 3: the copy's entry, then the verified copy.
-fn copy_steps(src: &DriveLoc, dst: &DriveLoc, rec: &VolumeRecord, to: &Move, force: bool) -> Result<mover::Copied, VolumeError> {
+fn copy_steps(src: &DriveLoc, dst: &DriveLoc, rec: &VolumeRecord, to: &Move, force: bool, progress: &std::sync::atomic::AtomicU64) -> Result<mover::Copied, VolumeError> {
     let id = rec.id.as_str();
     let skp = blkpg::ensure_kernel_partition(&src.path, rec.start, rec.size).map_err(disk(id, "find the volume's partition"))?;
     let mounts = crate::disk::mounts::read_mountinfo()
@@ -149,7 +150,7 @@ fn copy_steps(src: &DriveLoc, dst: &DriveLoc, rec: &VolumeRecord, to: &Move, for
         blkpg::ensure_kernel_partition(&dst.path, to.start, to.size).map_err(disk(id, "add the copy's kernel partition"))?
     };
     info!(volume.id = %id, drive.to = %to.drive_id, volume.size = rec.size, "copying the volume to its new drive, every byte, verified");
-    let copied = mover::copy_and_verify(&skp.devnode, &dkp.devnode, rec.size).map_err(disk(id, "copy the volume"))?;
+    let copied = mover::copy_and_verify(&skp.devnode, &dkp.devnode, rec.size, progress).map_err(disk(id, "copy the volume"))?;
     crash_point!("move.copied");
     if !copied.unreadable.is_empty() {
         let e = VolumeError::Unreadable { volume_id: id.to_string(), drive_id: rec.drive_id.clone(), ranges: copied.unreadable.clone() };
