@@ -148,7 +148,7 @@ pub fn metrics() -> &'static Metrics {
 
 impl Metrics {
     /// One CSI request ended with gRPC `code` after `took`.
-    pub(crate) fn record_rpc(&self, method: &str, code: i32, took: Duration) {
+    pub fn record_rpc(&self, method: &str, code: i32, took: Duration) {
         self.rpcs.get_or_create(&RpcLabels { method: method.to_string(), code: code_name(code) }).inc();
         self.latency.get_or_create(&MethodLabels { method: method.to_string() }).observe(took.as_secs_f64());
     }

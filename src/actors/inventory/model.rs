@@ -91,7 +91,7 @@ pub struct DriveHealth {
     pub checked_unix: u64,
     /// The figures the check read (temperature, wear, sector and error counts): none
     /// for a drive without SMART, and in state written before they were kept.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "crate::disk::smart::SmartFigures::is_empty")]
     pub smart: crate::disk::smart::SmartFigures,
 }
 

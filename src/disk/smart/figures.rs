@@ -50,6 +50,11 @@ pub struct SmartFigures {
 }
 
 impl SmartFigures {
+    /// Whether the drive reported no figure at all.
+    pub fn is_empty(&self) -> bool {
+        *self == SmartFigures::default()
+    }
+
     /// The figures of parsed smartctl output from which SMART health data was read.
     pub(crate) fn of(root: &Value) -> SmartFigures {
         let nvme = root.get("nvme_smart_health_information_log");
