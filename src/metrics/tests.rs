@@ -418,3 +418,21 @@ fn a_managed_drives_room_is_what_placement_offers_and_a_closed_drive_offers_noth
     assert_eq!((v.drive.as_str(), v.pv.as_str(), v.claim_namespace.as_str(), v.claim.as_str(), v.fs.as_str(), v.abnormal), ("d1", "pv-1", "ns", "c", "ext4", false));
     assert_eq!(g.volumes_by_state.get(&("available".into(), "normal".into())), Some(&1));
 }
+
+#[test]
+fn condition_reasons_are_the_kebab_case_of_their_csi_names_and_all_distinct() {
+    use crate::actors::volumes::conditions::Reason;
+    let mut seen = BTreeSet::new();
+    for r in Reason::ALL {
+        let camel = r.as_str();
+        let mut kebab = String::new();
+        for (i, c) in camel.chars().enumerate() {
+            if c.is_ascii_uppercase() && i > 0 {
+                kebab.push('-');
+            }
+            kebab.push(c.to_ascii_lowercase());
+        }
+        assert_eq!(r.kebab(), kebab, "{camel}");
+        assert!(seen.insert(r.kebab()), "{camel} twice");
+    }
+}
