@@ -140,12 +140,27 @@ pub struct EvacuationFigures {
     pub failed: u64,
 }
 
-/// Every drive class, for the class state set.
-const CLASSES: [DriveClass; 5] = [DriveClass::Managed, DriveClass::System, DriveClass::Foreign, DriveClass::Excluded, DriveClass::OwnedElsewhere];
-/// Every health verdict, for the health state set.
-const HEALTHS: [Health; 4] = [Health::Good, Health::Suspect, Health::Bad, Health::Unknown];
-/// Every usage of a managed drive, for the usage state set (`None`: active).
-const USAGES: [Option<DriveUseState>; 4] = [None, Some(DriveUseState::Cordoned), Some(DriveUseState::Releasing), Some(DriveUseState::Released)];
+/// A state set: its label, every state, and each state's name.
+struct StateSet<S: 'static> {
+    label: &'static str,
+    all: &'static [S],
+    name: fn(S) -> &'static str,
+}
+
+/// Every drive class.
+const CLASSES: StateSet<DriveClass> = StateSet {
+    label: "class",
+    all: &[DriveClass::Managed, DriveClass::System, DriveClass::Foreign, DriveClass::Excluded, DriveClass::OwnedElsewhere],
+    name: DriveClass::as_str,
+};
+/// Every health verdict.
+const HEALTHS: StateSet<Health> = StateSet { label: "health", all: &[Health::Good, Health::Suspect, Health::Bad, Health::Unknown], name: Health::as_str };
+/// Every usage of a managed drive (`None`: active).
+const USAGES: StateSet<Option<DriveUseState>> = StateSet {
+    label: "usage",
+    all: &[None, Some(DriveUseState::Cordoned), Some(DriveUseState::Releasing), Some(DriveUseState::Released)],
+    name: usage_name,
+};
 
 fn usage_name(u: Option<DriveUseState>) -> &'static str {
     u.map_or("active", DriveUseState::as_str)
@@ -228,16 +243,14 @@ impl Gauges {
         enc: &mut DescriptorEncoder,
         name: &str,
         help: &str,
-        label: &'static str,
-        all: &[S],
-        state_name: fn(S) -> &'static str,
+        set: &StateSet<S>,
         pick: impl Fn(&DriveFigures) -> Option<S>,
     ) -> fmt::Result {
         let mut rows = Vec::new();
         for d in &self.drives {
             let Some(now) = pick(d) else { continue };
-            for s in all {
-                rows.push(((self.drive_labels(d), [(label, state_name(*s))]), Num::U(u64::from(*s == now))));
+            for s in set.all {
+                rows.push(((self.drive_labels(d), [(set.label, (set.name)(*s))]), Num::U(u64::from(*s == now))));
             }
         }
         family(enc, name, help, None, MetricType::Gauge, rows)
@@ -288,15 +301,9 @@ impl Gauges {
             .collect();
         family(enc, "drivelet_drive_info", "A drive the node has: its kernel path and bus (always 1).", None, Gauge, rows)?;
         self.per_drive(enc, "drivelet_drive_size", "Size of the drive.", Some(Unit::Bytes), Gauge, |d| Some(Num::U(d.size)))?;
-        self.per_drive_set(enc, "drivelet_drive_class", "The drive's class: 1 for its class, 0 for the others.", "class", &CLASSES, DriveClass::as_str, |d| {
-            Some(d.class)
-        })?;
-        self.per_drive_set(enc, "drivelet_drive_health", "The drive's health: 1 for its verdict, 0 for the others.", "health", &HEALTHS, Health::as_str, |d| {
-            Some(d.health)
-        })?;
-        self.per_drive_set(enc, "drivelet_drive_usage", "A managed drive's usage: 1 for its usage, 0 for the others.", "usage", &USAGES, usage_name, |d| {
-            d.managed.map(|m| m.usage)
-        })?;
+        self.per_drive_set(enc, "drivelet_drive_class", "The drive's class: 1 for its class, 0 for the others.", &CLASSES, |d| Some(d.class))?;
+        self.per_drive_set(enc, "drivelet_drive_health", "The drive's health: 1 for its verdict, 0 for the others.", &HEALTHS, |d| Some(d.health))?;
+        self.per_drive_set(enc, "drivelet_drive_usage", "A managed drive's usage: 1 for its usage, 0 for the others.", &USAGES, |d| d.managed.map(|m| m.usage))?;
         let room = |f: fn(&ManagedFigures) -> u64| move |d: &DriveFigures| d.managed.as_ref().map(|m| Num::U(f(m)));
         self.per_drive(enc, "drivelet_drive_free", "Bytes of a managed drive free for new volumes (aligned free extents; space being cleaned not counted).", Some(Unit::Bytes), Gauge, room(|m| m.free))?;
         self.per_drive(enc, "drivelet_drive_largest_free_extent", "The largest contiguous free extent of a managed drive.", Some(Unit::Bytes), Gauge, room(|m| m.largest_free))?;

@@ -233,7 +233,7 @@ impl VolumeManager {
         let from_drive = plan.rec.drive_id.clone();
         self.book.reserve_move(plan.rec.clone());
         let guards = self.book.guards();
-        let job = move || super::moves::move_volume(&store, &guards, &plan.src, &plan.dst, plan.dst_media, plan.rec, force, &done);
+        let job = move || super::moves::move_volume(&store, &guards, plan, force, &done);
         let fut = self.run_with(claim, id.clone(), true, job).map(move |res, act, ctx| {
             act.evacuations.moving = None;
             act.evacuations.progress = None;

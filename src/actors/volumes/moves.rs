@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use tracing::{info, warn};
 
-use super::book::Guards;
+use super::book::{Guards, MovePlan};
 use super::model::{Move, VolumeRecord};
 use super::ops::Outcome;
 use super::VolumeError;
@@ -40,7 +40,7 @@ use crate::disk::lock::DiskLock;
 use crate::disk::{blkpg, gpt, mover, DiskError};
 use crate::failpoint::crash_point;
 use crate::store::Store;
-use crate::words::{DriveLoc, Media};
+use crate::words::DriveLoc;
 
 /// What a finished move did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,19 +73,13 @@ fn serving_attrs(rec: &VolumeRecord) -> u64 {
     if rec.snapshot.is_some() { gpt::SNAPSHOT_ATTR } else { 0 }
 }
 
-/// Moves `rec` (whose `moving` names where its copy goes, on `dst`, of media
-/// `dst_media`) off `src`; see the module's steps. `force`: switch even when blocks
-/// could not be read. The record handed back is the volume as it now is (moved or not).
-pub(crate) fn move_volume(
-    store: &Store,
-    guards: &Arc<Guards>,
-    src: &DriveLoc,
-    dst: &DriveLoc,
-    dst_media: Media,
-    mut rec: VolumeRecord,
-    force: bool,
-    progress: &std::sync::atomic::AtomicU64,
-) -> Outcome<MoveDone> {
+/// Moves the plan's record (whose `moving` names where its copy goes, on `dst`, of
+/// media `dst_media`) off `src`; see the module's steps. `force`: switch even when
+/// blocks could not be read. `progress` counts the bytes copied and then verified. The
+/// record handed back is the volume as it now is (moved or not).
+pub(crate) fn move_volume(store: &Store, guards: &Arc<Guards>, plan: MovePlan, force: bool, progress: &std::sync::atomic::AtomicU64) -> Outcome<MoveDone> {
+    let MovePlan { mut rec, src, dst, dst_media } = plan;
+    let (src, dst) = (&src, &dst);
     let began = Instant::now();
     let Some(to) = rec.moving.clone().filter(|m| !m.switched) else {
         let e = VolumeError::InvalidArgument { reason: format!("volume {} has no move planned", rec.id) };
