@@ -25,12 +25,13 @@
 //! - Label values are drivelet's own lowercase names (`managed`, `published`,
 //!   `drive-missing`), the gRPC code names (`OK`, `NOT_FOUND`), CSI method names, and the
 //!   ids and names of drives, volumes and claims.
-//! - Cardinality is bounded by the node's hardware and workload, never by requests:
-//!   per-drive series grow with the node's disks (about 20 per disk, 15 more for a
-//!   managed one), per-volume series with its volumes (4 each, plus one per current
-//!   condition reason of an abnormal volume and one while it moves), evacuation series
-//!   with the drives being evacuated (5 each), CSI series with the methods (about 20)
-//!   times the codes they answered. docs/operations.md lists every series.
+//! - Cardinality is bounded by the node's hardware and workload, never by requests or
+//!   time: per-drive series grow with the node's disks (11 to 13 per disk, 9 more for a
+//!   managed one, up to 7 more SMART figures), per-volume series with its volumes (3
+//!   each, plus one per current condition reason of an abnormal volume and one while it
+//!   moves), evacuation series with the drives being evacuated (5 each), CSI series with
+//!   the methods (about 20) times the codes they answered. docs/operations.md lists every
+//!   series and what grows with what.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::LazyLock;
