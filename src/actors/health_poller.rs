@@ -165,17 +165,17 @@ async fn poll_drive(cfg: &HealthConfig, d: &Drive) -> DriveHealth {
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();
-    let (health, reason) = match tokio::time::timeout(cfg.command_timeout, run).await {
-        Err(_) => (Health::Unknown, format!("smartctl did not answer within {:?}", cfg.command_timeout)),
-        Ok(Err(e)) => (Health::Unknown, format!("cannot run {}: {e}", cfg.smartctl.display())),
+    let (health, reason, smart) = match tokio::time::timeout(cfg.command_timeout, run).await {
+        Err(_) => (Health::Unknown, format!("smartctl did not answer within {:?}", cfg.command_timeout), Default::default()),
+        Ok(Err(e)) => (Health::Unknown, format!("cannot run {}: {e}", cfg.smartctl.display()), Default::default()),
         Ok(Ok(out)) => {
             let json = String::from_utf8_lossy(&out.stdout);
             let r = smart::assess(&json, out.status.code().unwrap_or(-1), &cfg.smart);
-            (r.health, r.reason())
+            (r.health, r.reason(), r.figures)
         }
     };
     debug!(actor = "health", drive.id = %d.id, drive.health = health.as_str(), drive.health_reason = %reason, "SMART polled");
-    DriveHealth { health, reason, checked_unix: now }
+    DriveHealth { health, reason, checked_unix: now, smart }
 }
 
 /// The kernel partition of a volume on its drive: device node and number.
