@@ -153,6 +153,25 @@ fn series_in(expr: &str) -> BTreeSet<String> {
 }
 
 #[test]
+fn the_dashboard_and_the_alerts_query_only_series_the_docs_list() {
+    let docs = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"));
+    let mut used: Vec<(String, String)> = panel_queries(&dashboard());
+    for a in alerts(&rule_file()) {
+        used.push((a["alert"].as_str().unwrap_or_default().to_string(), a["expr"].as_str().unwrap_or_default().to_string()));
+    }
+    let mut missing = Vec::new();
+    for (what, expr) in &used {
+        for s in series_in(expr) {
+            if !docs.contains(&format!("`{s}")) {
+                missing.push(format!("{what}: {s}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "queried but not in docs/operations.md's metrics table:\n{}", missing.join("\n"));
+    assert_eq!(series_in("rate(drivelet_a_bucket[1m]) / xdrivelet_b + drivelet_c_total"), BTreeSet::from(["drivelet_a".into(), "drivelet_c_total".into()]));
+}
+
+#[test]
 fn the_kustomization_holds_the_monitor_the_rules_and_the_dashboard() {
     let k: Value = serde_norway::from_str(&read(&dir().join("kustomization.yaml"))).expect("kustomization parses");
     let resources: Vec<&str> = k["resources"].as_sequence().expect("resources").iter().filter_map(Value::as_str).collect();
