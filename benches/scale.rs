@@ -17,7 +17,10 @@
 //!   ListVolumes pagination (pages of 500), whose time is measured too; every volume
 //!   must come back exactly once with a normal condition;
 //! - NodeGetInfo and GetCapacity latency, p50/p99 over 1000 calls each, one after
-//!   another over one connection.
+//!   another over one connection;
+//! - a Prometheus scrape of `/metrics`: p50 of [`SCRAPES`] GETs one after another, each
+//!   on a new connection as Prometheus makes them (request to last byte), and the bytes
+//!   of the exposition.
 //!
 //! Each V gets one warm-up start and then three measured starts of the agent on the
 //! same drives and store; every figure is the median of the three. Then it prints the
@@ -57,6 +60,8 @@ const CALLS: usize = 1000;
 const STARTS: usize = 3;
 /// CreateVolume + DeleteVolume rounds (one 8 MiB block volume at a time) per start.
 const ROUNDS: usize = 20;
+/// Scrapes of `/metrics` per start (after two not counted).
+const SCRAPES: usize = 20;
 
 fn agent_bin() -> PathBuf {
     std::env::var_os("DRIVELET_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_drivelet")))
@@ -96,6 +101,8 @@ struct Figures {
     cap_p99_us: f64,
     create_p50_ms: f64,
     delete_p50_ms: f64,
+    scrape_p50_ms: f64,
+    scrape_bytes: usize,
 }
 
 /// Loop devices of this run, detached on drop.
@@ -201,11 +208,34 @@ fn make_drives(dir: &Path, volumes: usize, drives: usize) -> (Vec<PathBuf>, Vec<
     (files, records)
 }
 
-fn config(dir: &Path) -> PathBuf {
+/// A free TCP port on the loopback for `/metrics`.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// One scrape of `/metrics` as Prometheus makes it (a new connection, the whole body):
+/// (time, bytes of the body).
+fn scrape(port: u16) -> (Duration, usize) {
+    use std::io::{Read, Write};
+    let t = Instant::now();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: localhost\r\nAccept: application/openmetrics-text\r\n\r\n").expect("request");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("response");
+    let took = t.elapsed();
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+    assert!(text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(body.ends_with("# EOF\n"), "a whole exposition");
+    (took, body.len())
+}
+
+fn config(dir: &Path, port: u16) -> PathBuf {
     let toml = format!(
         r#"
 [driver]
 node_name = "scale-node"
+[http]
+address = "127.0.0.1:{port}"
 [paths]
 csi_socket = "{dir}/csi.sock"
 admin_socket = "{dir}/admin.sock"
@@ -258,10 +288,11 @@ fn run(volumes: usize, rt: &tokio::runtime::Runtime) -> Figures {
     let setup_s = t_setup.elapsed().as_secs_f64();
     eprintln!("V={volumes}: {drives} drives, GPTs, store and udev ready in {setup_s:.1}s");
 
-    let cfg = config(dir);
+    let port = free_port();
+    let cfg = config(dir, port);
     // One start to warm the page cache, then the median of STARTS measured starts.
-    measure(dir, &cfg, volumes, rt);
-    let runs: Vec<Figures> = (0..STARTS).map(|_| measure(dir, &cfg, volumes, rt)).collect();
+    measure(dir, &cfg, port, volumes, rt);
+    let runs: Vec<Figures> = (0..STARTS).map(|_| measure(dir, &cfg, port, volumes, rt)).collect();
     drop(attached);
     Figures { volumes, drives, setup_s, ..median(&runs) }
 }
@@ -288,12 +319,14 @@ fn median(runs: &[Figures]) -> Figures {
         cap_p99_us: mid(runs, |f| f.cap_p99_us),
         create_p50_ms: mid(runs, |f| f.create_p50_ms),
         delete_p50_ms: mid(runs, |f| f.delete_p50_ms),
+        scrape_p50_ms: mid(runs, |f| f.scrape_p50_ms),
+        scrape_bytes: mid(runs, |f| f.scrape_bytes),
         ..Default::default()
     }
 }
 
 /// Starts the agent, measures it, stops it.
-fn measure(dir: &Path, cfg: &Path, volumes: usize, rt: &tokio::runtime::Runtime) -> Figures {
+fn measure(dir: &Path, cfg: &Path, port: u16, volumes: usize, rt: &tokio::runtime::Runtime) -> Figures {
     let socket = dir.join("csi.sock");
     let log = std::fs::File::create(dir.join("agent.log")).expect("log file");
     let t0 = Instant::now();
@@ -318,6 +351,17 @@ fn measure(dir: &Path, cfg: &Path, volumes: usize, rt: &tokio::runtime::Runtime)
     }
     let ready_ms = t0.elapsed().as_secs_f64() * 1000.0;
     let (rss_ready_kib, hwm_ready_kib, anon_ready_kib) = rss_kib(pid);
+    // Scrapes before anything else, so the record clones of the calls below do not
+    // count, and each one after the agent is ready (every drive and volume in it).
+    let mut scrapes = Histogram::new();
+    let mut scrape_bytes = 0;
+    for i in 0..SCRAPES + 2 {
+        let (took, bytes) = scrape(port);
+        if i >= 2 {
+            scrapes.record(took);
+        }
+        scrape_bytes = bytes;
+    }
 
     let f = rt.block_on(async {
         let ch = drivelet::cli::csi::connect(&socket).await.expect("connect");
@@ -400,7 +444,7 @@ fn measure(dir: &Path, cfg: &Path, volumes: usize, rt: &tokio::runtime::Runtime)
     });
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
     let _ = agent.0.wait();
-    Figures { ready_ms, rss_ready_kib, hwm_ready_kib, anon_ready_kib, ..f }
+    Figures { ready_ms, rss_ready_kib, hwm_ready_kib, anon_ready_kib, scrape_p50_ms: us(&scrapes, 0.5) / 1000.0, scrape_bytes, ..f }
 }
 
 fn main() {
@@ -417,7 +461,7 @@ fn main() {
         println!(
             "V={:<6} drives={:<3} (set up in {:.0}s) ready {:>7.1} ms  RSS ready {:>6.1} MiB (peak {:.1}, anonymous {:.1})  RSS after list {:>6.1} MiB (anonymous {:.1})  \
              ListVolumes {} pages of {PAGE} {:>7.1} ms  NodeGetInfo p50 {:.0}µs p99 {:.0}µs  GetCapacity p50 {:.0}µs p99 {:.0}µs  \
-             CreateVolume p50 {:.1} ms  DeleteVolume p50 {:.1} ms",
+             CreateVolume p50 {:.1} ms  DeleteVolume p50 {:.1} ms  /metrics p50 {:.2} ms, {} bytes",
             f.volumes,
             f.drives,
             f.setup_s,
@@ -435,15 +479,17 @@ fn main() {
             f.cap_p99_us,
             f.create_p50_ms,
             f.delete_p50_ms,
+            f.scrape_p50_ms,
+            f.scrape_bytes,
         );
         all.push(f);
     }
     println!();
-    println!("| volumes | drives | ready (ms) | RSS ready (MiB) | peak RSS (MiB) | RSS after list (MiB) | anonymous ready / after list (MiB) | full ListVolumes (ms) | NodeGetInfo p50/p99 (µs) | GetCapacity p50/p99 (µs) | CreateVolume / DeleteVolume p50 (ms) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| volumes | drives | ready (ms) | RSS ready (MiB) | peak RSS (MiB) | RSS after list (MiB) | anonymous ready / after list (MiB) | full ListVolumes (ms) | NodeGetInfo p50/p99 (µs) | GetCapacity p50/p99 (µs) | CreateVolume / DeleteVolume p50 (ms) | /metrics p50 (ms) / bytes |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for f in &all {
         println!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} / {:.1} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} / {:.1} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} / {:.1} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} / {:.1} | {:.2} / {} |",
             f.volumes,
             f.drives,
             f.ready_ms,
@@ -458,7 +504,9 @@ fn main() {
             f.cap_p50_us,
             f.cap_p99_us,
             f.create_p50_ms,
-            f.delete_p50_ms
+            f.delete_p50_ms,
+            f.scrape_p50_ms,
+            f.scrape_bytes
         );
     }
     // Per-volume cost between consecutive runs: flat or falling means at most linear.

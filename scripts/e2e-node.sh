@@ -5,7 +5,8 @@
 #   - a drivelet agent (`drivelet run`) with NODE_NAME=NODE, the kit's admin kubeconfig,
 #     its own config, state and sockets under /var/tmp/drivelet-e2e/NODE/ and an include
 #     filter for its own loop drives only (/var/tmp/drivelet-e2e/NODE/drives/*.img), so it
-#     never touches node-1's drives and node-1's agent never touches its;
+#     never touches node-1's drives and node-1's agent never touches its, and /metrics on
+#     127.0.0.1:981N for node-N;
 #   - the kit's csi-provisioner in node-deployment mode for NODE, with storage capacity
 #     on, as deploy/daemonset.yaml runs the sidecar (no owner for the capacity objects:
 #     there is no pod to own them).
@@ -33,6 +34,11 @@ cmd=$1 node=$2
 shift 2
 dir="$e2e/$node"
 run="$kit_dir/run"
+# The agent's /metrics port: 9810 + the node's number (node-2: 9812), else 9819.
+case ${node##*-} in
+  [0-8]) http_port=$((9810 + ${node##*-})) ;;
+  *) http_port=9819 ;;
+esac
 log() { echo "e2e-node.sh: $node: $*" >&2; }
 
 pid_of() { # NAME: the live pid in $run/NAME.pid whose executable is NAME.exe, else nothing
@@ -93,7 +99,8 @@ label_node = false
 cluster_duties = true
 namespace = "drivelet-system"
 [http]
-address = ""
+# /metrics for the suite's Prometheus (tests/e2e/monitoring.rs): node-N on port 9810+N.
+address = "127.0.0.1:$http_port"
 [volumes]
 allowed_roots = ["/var/lib/kubelet"]
 [log]

@@ -29,6 +29,11 @@
 # (tests/e2e/ownership.rs, tests/e2e/adopt.rs) and the clean-up; E2E_JOURNEYS=claims
 # the deploy, the claims journey (tests/e2e/claims.rs: Immediate binding, claims that
 # wait with a reason) and the clean-up.
+# E2E_JOURNEYS=monitoring: the deploy, Prometheus watching (tests/e2e/monitoring.rs), the
+# journeys that provoke its alerts (a drive vanishing, claims used by pods, a drive
+# failing), its judgement of the dashboard and the alerts, and the clean-up.
+# The suite runs Debian's prometheus (installed by scripts/setup-host.sh) on
+# 127.0.0.1:19090, with its data under /var/tmp/drivelet-e2e/prometheus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -112,8 +117,13 @@ undeploy() {
   for n in $fake_nodes; do scripts/e2e-node.sh down "$n" || true; done
 }
 
+stop_prometheus() {
+  pkill -f "$e2e/prometheus/prometheus.yml" 2>/dev/null || true
+}
+
 cleanup() {
   rc=$?
+  stop_prometheus
   if [ "${KEEP:-0}" = 1 ]; then
     log "KEEP=1: the kit, the deployment and the drives stay up"
   else
@@ -129,6 +139,7 @@ cleanup() {
 trap cleanup EXIT
 
 # A previous run left with KEEP=1 (or stopped half-way): start from nothing.
+stop_prometheus
 for n in $fake_nodes; do kubectl uncordon "$n" >/dev/null 2>&1 || true; done
 undeploy
 detach_drives

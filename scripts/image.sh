@@ -10,7 +10,8 @@
 #
 # Environment: IMAGE (default docker.io/library/drivelet:latest, what deploy/'s
 # `drivelet:latest` resolves to), SKIP_BUILD=1 (use target/release/drivelet as it is),
-# DEBIAN_MIRROR (default: the host's first apt source, else deb.debian.org).
+# DEBIAN_MIRROR (default: the Debian archive the host's own apt sources name; the script
+# names no host of its own, and stops in words when neither says one).
 # The Debian root filesystem is cached under target/image/rootfs-*, keyed by the
 # package list; delete it to make it afresh. Needs root (debootstrap).
 set -euo pipefail
@@ -39,8 +40,11 @@ mirror="${DEBIAN_MIRROR:-}"
 if [ -z "$mirror" ]; then
   mirror=$(grep -hoE '^(URIs:|deb) +https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null \
     | head -n1 | awk '{print $2}' || true)
-  mirror="${mirror:-http://deb.debian.org/debian}"
 fi
+[ -n "$mirror" ] || {
+  echo "image.sh: no Debian archive to build the image from: the host's apt sources name none (/etc/apt/sources.list, /etc/apt/sources.list.d/*.sources); set DEBIAN_MIRROR to one" >&2
+  exit 1
+}
 
 mkdir -p target/image
 key=$(printf '%s %s' "$packages" bookworm | sha256sum | cut -c1-12)

@@ -32,6 +32,9 @@ command -v cryptsetup >/dev/null || need+=(cryptsetup-bin)
 command -v pvcreate >/dev/null || need+=(lvm2)
 command -v make-bcache >/dev/null || need+=(bcache-tools)
 command -v mdadm >/dev/null || need+=(mdadm)
+# tests/integration/cluster/monitoring.rs checks deploy/monitoring's alerts with promtool;
+# tests/e2e/monitoring.rs runs a real Prometheus beside the cluster kit.
+command -v promtool >/dev/null || need+=(prometheus)
 # scripts/validate-deploy.sh (run by tests/integration/cluster/deploy.rs) checks deploy/ with the Python
 # package kubernetes-validate; tests/integration/csi/interop.rs calls the gRPC sockets with grpcio.
 command -v python3 >/dev/null || need+=(python3)

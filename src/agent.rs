@@ -134,7 +134,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     let attach = running.attach.clone();
     let http_stop = http_listener.map(|l| {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let endpoints = crate::http::Endpoints { inventory: actors.inventory.clone(), volumes: actors.volumes.clone(), attach };
+        let endpoints = crate::http::Endpoints { inventory: actors.inventory.clone(), volumes: actors.volumes.clone(), attach, node: cfg.driver.node_name.clone() };
         tokio::spawn(crate::http::serve(l, endpoints, rx));
         tx
     });

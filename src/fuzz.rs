@@ -539,7 +539,7 @@ pub fn admin_request(input: &[u8]) {
 pub fn migration_pv(input: &[u8]) {
     use k8s_openapi::api::core::v1::PersistentVolume;
     let t = text(input);
-    let Ok(pv) = serde_yaml::from_str::<PersistentVolume>(&t) else { return };
+    let Ok(pv) = serde_norway::from_str::<PersistentVolume>(&t) else { return };
     let tr = crate::migration::Translator::new("csi.drivelet.io", true);
     let _ = crate::migration::node_of(&pv);
     let _ = tr.local_origin(&pv);

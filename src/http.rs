@@ -7,12 +7,12 @@
 //! - `/readyz` is the readiness probe: 200 only once the first drive scan is done, the
 //!   volume manager has reconciled its store, and the CSI socket serves; 503 lists what
 //!   is missing.
-//! - `/metrics` is the Prometheus text format (`metrics::render`), state read from the
-//!   actors at scrape time.
+//! - `/metrics` is the OpenMetrics text format (`metrics::render`, content type
+//!   [`CONTENT_TYPE`]), state read from the actors at scrape time in a few round trips
+//!   (not one per drive or volume).
 //! - GET (and HEAD) only; anything else is 405, an unknown path 404. Plain HTTP: the
 //!   endpoints say nothing secret.
 
-use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -25,9 +25,9 @@ use tracing::{info, warn};
 
 use crate::actors::inventory::DriveInventory;
 use crate::actors::messages::{GetInventoryStatus, InventoryStatus, ListDrives};
-use crate::actors::volumes::{ListDriveUses, ListVolumeStatuses, VolumeManager, VolumesReady};
+use crate::actors::volumes::{ScrapeVolumes, VolumeManager, VolumesReady};
 use crate::k8s::attach::{AttachQueue, GetQueueStats, ManagerBackend};
-use crate::metrics::{metrics, render, Gauges};
+use crate::metrics::{gather, metrics, Gauges, CONTENT_TYPE};
 
 /// How long a probe waits for an actor to answer.
 pub(crate) const ACTOR_TIMEOUT: Duration = Duration::from_secs(2);
@@ -41,6 +41,8 @@ pub(crate) struct Endpoints {
     pub volumes: Addr<VolumeManager>,
     /// The attach queue, when it runs.
     pub attach: Option<Addr<AttachQueue<ManagerBackend>>>,
+    /// The node's name, on every per-drive and per-volume series.
+    pub node: String,
 }
 
 async fn ask<A, M>(addr: &Addr<A>, m: M) -> Option<M::Result>
@@ -97,41 +99,18 @@ impl Endpoints {
         }
     }
 
+    /// What a scrape shows, read from the actors now: three round trips (the
+    /// inventory's drives, the volume manager's view and records, the attach queue)
+    /// plus the readiness checks, however many drives and volumes there are.
     async fn gauges(&self) -> Gauges {
-        let mut g = Gauges::default();
-        let uses: HashMap<String, &'static str> = ask(&self.volumes, ListDriveUses)
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .map(|u| (u.drive_id, u.state.as_str()))
-            .collect();
-        for d in ask(&self.inventory, ListDrives).await.unwrap_or_default() {
-            let usage = uses.get(&d.id).copied().unwrap_or("active");
-            let key = (d.class.as_str().to_string(), d.health.health.as_str().to_string(), usage.to_string());
-            *g.drives.entry(key).or_default() += 1;
-        }
-        if let Some(Ok((page, _))) = ask(&self.volumes, ListVolumeStatuses { after: None, max: 0, abnormal_only: false }).await {
-            let mut volumes: BTreeMap<(String, String), u64> = BTreeMap::new();
-            for v in page {
-                let condition = if v.condition.abnormal { "abnormal" } else { "normal" };
-                *volumes.entry((v.record.state.as_str().to_string(), condition.to_string())).or_default() += 1;
-            }
-            g.volumes = volumes;
-        }
-        if let Some(Ok(snaps)) = ask(&self.volumes, crate::actors::volumes::ListSnapshots).await {
-            for s in snaps {
-                let e = g.snapshots.entry(s.state.as_str().to_string()).or_default();
-                e.0 += 1;
-                e.1 += s.size;
-            }
-        }
-        if let Some(q) = &self.attach {
-            if let Some(s) = ask(q, GetQueueStats::default()).await {
-                g.attach = Some((s.waiting, s.running, s.retries, s.relists));
-            }
-        }
-        g.ready = self.not_ready().await.is_empty();
-        g
+        let drives = ask(&self.inventory, ListDrives).await.unwrap_or_default();
+        let scrape = ask(&self.volumes, ScrapeVolumes).await.unwrap_or_default();
+        let attach = match &self.attach {
+            Some(q) => ask(q, GetQueueStats::default()).await.map(|s| (s.waiting, s.running, s.retries, s.relists)),
+            None => None,
+        };
+        let ready = self.not_ready().await.is_empty();
+        gather::gauges(&self.node, ready, &drives, &scrape, attach)
     }
 
     async fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -149,7 +128,7 @@ impl Endpoints {
                 }
                 "/metrics" => {
                     let g = self.gauges().await;
-                    (StatusCode::OK, "text/plain; version=0.0.4", render(&metrics().snapshot(), &g))
+                    (StatusCode::OK, CONTENT_TYPE, metrics().render(g))
                 }
                 _ => (StatusCode::NOT_FOUND, "text/plain", "not found; try /healthz, /readyz or /metrics\n".to_string()),
             }

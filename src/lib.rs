@@ -35,8 +35,8 @@ pub mod k8s;
 pub(crate) mod http;
 /// Structured logging setup.
 pub mod logging;
-/// Process-wide counters and their Prometheus rendering.
-pub(crate) mod metrics;
+/// Prometheus metrics: process counters, per-drive and per-volume state, OpenMetrics text.
+pub mod metrics;
 /// CSI migration: in-tree `kubernetes.io/local-volume` PVs to drivelet CSI PVs and back.
 pub(crate) mod migration;
 /// The agent's own seccomp filter (`[security] seccomp`).

@@ -736,7 +736,7 @@ fn print_as<T: serde::Serialize>(format: Format, value: &T, table: impl FnOnce()
     match format {
         Format::Table | Format::Wide => print!("{}", table()),
         Format::Json => println!("{}", serde_json::to_string_pretty(value).context("encode")?),
-        Format::Yaml => print!("{}", serde_yaml::to_string(value).context("encode")?),
+        Format::Yaml => print!("{}", serde_norway::to_string(value).context("encode")?),
     }
     Ok(())
 }

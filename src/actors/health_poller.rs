@@ -165,17 +165,18 @@ async fn poll_drive(cfg: &HealthConfig, d: &Drive) -> DriveHealth {
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();
-    let (health, reason) = match tokio::time::timeout(cfg.command_timeout, run).await {
+    let (health, reason, smart) = match tokio::time::timeout(cfg.command_timeout, run).await {
         Err(_) => (
             Health::Unknown,
             format!(
                 "no health data: smartctl did not answer within {} (health.command_timeout)",
                 crate::config::human_duration(cfg.command_timeout)
             ),
+            Default::default(),
         ),
         Ok(Err(e)) => {
             debug!(actor = "health", drive.id = %d.id, program = %cfg.smartctl.display(), error = %e, "smartctl could not be run");
-            (Health::Unknown, cannot_run_words(&cfg.smartctl, &e))
+            (Health::Unknown, cannot_run_words(&cfg.smartctl, &e), Default::default())
         }
         Ok(Ok(out)) => {
             let json = String::from_utf8_lossy(&out.stdout);
@@ -183,11 +184,11 @@ async fn poll_drive(cfg: &HealthConfig, d: &Drive) -> DriveHealth {
             if !r.tool_messages.is_empty() {
                 debug!(actor = "health", drive.id = %d.id, drive.path = %d.path.display(), smartctl.messages = ?r.tool_messages, "what smartctl said");
             }
-            (r.health, r.reason())
+            (r.health, r.reason(), r.figures)
         }
     };
     debug!(actor = "health", drive.id = %d.id, drive.health = health.as_str(), drive.health_reason = %reason, "SMART polled");
-    DriveHealth { health, reason, checked_unix: now }
+    DriveHealth { health, reason, checked_unix: now, smart }
 }
 
 /// Why smartctl could not be started, in words (the OS error goes to the debug log).

@@ -57,7 +57,7 @@ pub enum MigrateError {
         /// The file given.
         path: PathBuf,
         /// The parse error.
-        source: serde_yaml::Error,
+        source: serde_norway::Error,
     },
     /// No client for the API server.
     #[error("{0}")]
@@ -75,7 +75,7 @@ pub enum MigrateError {
     Translate(#[from] TranslateError),
     /// The translated PV could not be written out.
     #[error("encode the translated PV")]
-    Encode(#[source] serde_yaml::Error),
+    Encode(#[source] serde_norway::Error),
     /// `--apply` on another node than the one holding the volume.
     #[error("the volume lives on node {node}; run --apply there (this is node {here})")]
     OtherNode {
@@ -117,7 +117,7 @@ pub fn run(config: Option<&Path>, socket: Option<PathBuf>, source: Option<Source
     };
     let translated = tr.translate_to_csi(&pv)?;
     let origin = tr.local_origin(&translated)?;
-    print!("{}", serde_yaml::to_string(&translated).map_err(MigrateError::Encode)?);
+    print!("{}", serde_norway::to_string(&translated).map_err(MigrateError::Encode)?);
     if !apply {
         eprintln!("dry run: nothing adopted; run with --apply on node {} to adopt {}", origin.node, origin.path);
         return Ok(());
@@ -148,5 +148,5 @@ fn read_file(f: &Path) -> Result<PersistentVolume, MigrateError> {
     } else {
         std::fs::read_to_string(f).map_err(|source| MigrateError::Read { what: f.display().to_string(), source })?
     };
-    serde_yaml::from_str(&text).map_err(|source| MigrateError::NotAPv { path: f.to_path_buf(), source })
+    serde_norway::from_str(&text).map_err(|source| MigrateError::NotAPv { path: f.to_path_buf(), source })
 }

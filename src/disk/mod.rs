@@ -18,7 +18,7 @@ pub mod mover;
 pub mod mounts;
 pub mod note;
 pub(crate) mod signature;
-pub(crate) mod smart;
+pub mod smart;
 pub mod timing;
 pub mod udev;
 

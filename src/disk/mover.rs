@@ -13,11 +13,14 @@
 //!   gone) fails the copy;
 //! - the copy is verified chunk by chunk against the CRC-32 of what was read (zeros
 //!   where the source failed); a mismatch or a read error of the copy is an error;
-//! - the copy is what its caller makes of it: this only reads `src` and writes `dst`.
+//! - the copy is what its caller makes of it: this only reads `src` and writes `dst`;
+//! - progress is counted as it goes, for the metrics: bytes written, then bytes read back
+//!   and verified, so a copy of `len` bytes ends at `2 * len`.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::clean::crc32;
 use super::DiskError;
@@ -93,8 +96,9 @@ fn add_range(r: &mut Vec<(u64, u64)>, start: u64, len: u64) {
 }
 
 /// Copies the first `len` bytes of `src` onto `dst` and verifies the copy (see the
-/// module's rules). `len` is a whole number of 4 KiB blocks.
-pub fn copy_and_verify(src: &Path, dst: &Path, len: u64) -> Result<Copied, DiskError> {
+/// module's rules). `len` is a whole number of 4 KiB blocks. `done` counts the bytes
+/// written and then those verified (`2 * len` at the end).
+pub fn copy_and_verify(src: &Path, dst: &Path, len: u64, done: &AtomicU64) -> Result<Copied, DiskError> {
     if !len.is_multiple_of(BLOCK as u64) {
         return Err(DiskError::invalid(format!("a move copies whole 4 KiB blocks; {len} bytes is not")));
     }
@@ -130,6 +134,7 @@ pub fn copy_and_verify(src: &Path, dst: &Path, len: u64) -> Result<Copied, DiskE
         sums.push(crc32(b));
         to.write_all_at(b, at).map_err(DiskError::io(format!("write {} at byte {at}", dst.display())))?;
         at += n as u64;
+        done.fetch_add(n as u64, Ordering::Relaxed);
     }
     to.sync_all().map_err(DiskError::io(format!("fsync {}", dst.display())))?;
     drop(to);
@@ -147,6 +152,7 @@ pub fn copy_and_verify(src: &Path, dst: &Path, len: u64) -> Result<Copied, DiskE
             )));
         }
         at += n as u64;
+        done.fetch_add(n as u64, Ordering::Relaxed);
     }
     Ok(Copied { bytes: len, unreadable })
 }
@@ -181,7 +187,7 @@ mod tests {
         // The copy itself runs on real drives: tests/integration/volumes/evacuation.rs
         // (O_DIRECT on files depends on the filesystem under them, and this tier runs
         // unprivileged).
-        let e = copy_and_verify(Path::new("/nonexistent/src"), Path::new("/nonexistent/dst"), 1000).unwrap_err().to_string();
+        let e = copy_and_verify(Path::new("/nonexistent/src"), Path::new("/nonexistent/dst"), 1000, &AtomicU64::new(0)).unwrap_err().to_string();
         assert!(e.contains("whole 4 KiB blocks"), "{e}");
     }
 }

@@ -357,8 +357,8 @@ pub(crate) enum DriveUsage {
 
 #[cfg(test)]
 /// The CustomResourceDefinition of `Drive` as YAML, as written to `deploy/crd-drive.yaml`.
-pub(crate) fn crd_yaml() -> Result<String, serde_yaml::Error> {
-    let body = serde_yaml::to_string(&Drive::crd())?;
+pub(crate) fn crd_yaml() -> Result<String, serde_norway::Error> {
+    let body = serde_norway::to_string(&Drive::crd())?;
     Ok(format!(
         "# Generated from src/k8s/crd.rs; do not edit. Regenerate with:\n\
          #   DRIVELET_WRITE_CRD=1 cargo test --lib k8s::crd\n{body}"

@@ -1130,7 +1130,7 @@ pub(crate) mod fixtures {
         d.reason = reason.into();
         d.serial = Some(format!("SN-{id}"));
         d.model = Some("Samsung SSD 870".into());
-        d.health = DriveHealth { health: Health::Good, reason: "SMART overall-health passed".into(), checked_unix: 1 };
+        d.health = DriveHealth { health: Health::Good, reason: "SMART overall-health passed".into(), checked_unix: 1, smart: Default::default() };
         d
     }
 
@@ -1275,7 +1275,7 @@ mod tests {
         let foreign = drive("ata-for", DriveClass::Foreign, "has a partition table drivelet did not create");
         let excluded = drive("ata-exc", DriveClass::Excluded, "matches drives.filters.exclude");
         let mut bad = drive("wwn-bad", DriveClass::Managed, "carries a drivelet GPT");
-        bad.health = DriveHealth { health: Health::Bad, reason: "SMART overall-health failed".into(), checked_unix: 2 };
+        bad.health = DriveHealth { health: Health::Bad, reason: "SMART overall-health failed".into(), checked_unix: 2, smart: Default::default() };
         let mut released = drive("wwn-rel", DriveClass::Managed, "blank");
         released.health = DriveHealth::default();
         let uses = [

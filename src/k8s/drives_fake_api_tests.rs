@@ -143,7 +143,7 @@ async fn executor_applies_only_the_status_when_only_the_status_changed() {
     let (client, mut handle) = fake_api();
     let executor = Executor::new(client, NODE);
     let mut failing = managed();
-    failing.health = DriveHealth { health: Health::Bad, reason: "SMART overall-health failed".into(), checked_unix: 2 };
+    failing.health = DriveHealth { health: Health::Bad, reason: "SMART overall-health failed".into(), checked_unix: 2, smart: Default::default() };
     let actions = plan(NODE, &[object_of(&failing)], &[served(&object_of(&managed()))]);
     assert!(matches!(actions.as_slice(), [SyncAction::ApplyStatus(_)]), "{actions:?}");
 
@@ -458,7 +458,7 @@ async fn a_burst_of_drive_events_is_one_sync_after_the_debounce() {
             handle.assert_no_more_requests("an object in step is not written");
 
             let mut failing = managed();
-            failing.health = DriveHealth { health: Health::Bad, reason: "SMART overall-health failed".into(), checked_unix: 2 };
+            failing.health = DriveHealth { health: Health::Bad, reason: "SMART overall-health failed".into(), checked_unix: 2, smart: Default::default() };
             let subscriber = {
                 let mut w = world.lock().expect("world lock");
                 w.drives = vec![failing.clone()];

@@ -70,7 +70,7 @@ fn attrs_mut(pv: &mut PersistentVolume) -> &mut BTreeMap<String, String> {
 fn fixture(file: &str) -> PersistentVolume {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pv").join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn attributes(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -212,8 +212,8 @@ fn every_fixture_round_trips_through_yaml() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let file = entry.unwrap().file_name().into_string().unwrap();
         let pv = fixture(&file);
-        let csi_yaml = serde_yaml::to_string(&translator().translate_to_csi(&pv).unwrap()).unwrap();
-        let csi_pv: PersistentVolume = serde_yaml::from_str(&csi_yaml).unwrap();
+        let csi_yaml = serde_norway::to_string(&translator().translate_to_csi(&pv).unwrap()).unwrap();
+        let csi_pv: PersistentVolume = serde_norway::from_str(&csi_yaml).unwrap();
         assert_eq!(translator().translate_to_in_tree(&csi_pv).unwrap(), pv, "{file}");
         seen += 1;
     }

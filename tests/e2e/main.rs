@@ -57,6 +57,11 @@
 //!    its replica comes back on a live node; default claims stay with a NodeDeleted Event;
 //!    node-2 back on the same drives: removed volumes deleted, kept ones serve.
 //!
+//! Watched (`monitoring.rs`): a real Prometheus scrapes every agent and kubelet with
+//! drivelet's alerts loaded from right after the deploy journey; before the clean-up it
+//! judges the run: every dashboard panel returned series, the alerts the journeys
+//! provoked (a drive vanishing, a drive failing, a volume filled) were raised and no other.
+//!
 //! On failure it prints what explains it: the cluster's objects and Events, drivelet's
 //! and the provisioner's logs, and kubelet's log lines about the driver.
 
@@ -73,6 +78,7 @@ mod claims;
 mod clone;
 mod drive_actions;
 mod evacuate;
+mod monitoring;
 mod nodes;
 mod ownership;
 mod snapshots;
@@ -109,8 +115,9 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 16] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 18] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
+        ("monitoring: Prometheus scrapes every agent and kubelet, the alerts loaded; each node's drives in the metrics; nothing alerts while all is well", monitoring::journey_watch),
         ("the state dir wiped: every volume served again from its disk, same claims, same data", ownership::journey_state_wiped),
         ("evacuate: three volumes moved off a drive, one after its pod, kill -9 mid-move; the drive replaced", evacuate::journey_evacuate),
         ("claims grown by editing them: xfs in use, ext4 unused, too large then lowered", resize::journey_resize),
@@ -125,6 +132,7 @@ fn main() {
         ("a disk moved from a dead node: owned elsewhere, untouched, adopted; its claims' PVs pinned here, their data read by pods here", adopt::journey_moved_disk),
         ("a disk of a rebuilt cluster: another cluster's, adopted with --restore-claims; its claim back with its data", adopt::journey_rebuilt_cluster),
         ("claims: Immediate with allowedTopologies provisioned on the real node, its pod Running there; waiting claims warned why", claims::journey_claims_waiting),
+        ("monitoring: a volume filled; every dashboard panel had series over the run; the alerts the journeys provoked were raised, and no other", monitoring::journey_judge),
         ("clean-up: nothing left behind", journey_cleanup),
     ];
     let mut failed = None;
@@ -142,6 +150,9 @@ fn main() {
     let only_ownership = only.as_deref() == Some("ownership");
     // E2E_JOURNEYS=claims: deploy, the claims journey and the clean-up.
     let only_claims = only.as_deref() == Some("claims");
+    // E2E_JOURNEYS=monitoring: deploy, Prometheus, the journeys that provoke its alerts
+    // (a drive vanishing, claims used by pods, a drive failing), its judgement, clean-up.
+    let only_monitoring = only.as_deref() == Some("monitoring");
     for (i, (name, run)) in journeys.iter().enumerate() {
         if i == last {
             // The clean-up asserts an empty cluster: the journeys across nodes finish first.
@@ -157,8 +168,11 @@ fn main() {
         let evacuation = name.starts_with("evacuate:");
         let ownership = name.starts_with("the state dir wiped") || name.starts_with("a disk moved") || name.starts_with("a disk of a rebuilt cluster");
         let claims = name.starts_with("claims:");
+        let monitoring = name.starts_with("monitoring:");
         let picked = if only_claims {
             i == 0 || i == last || claims
+        } else if only_monitoring {
+            i == 0 || i == last || monitoring || name.starts_with("a drive vanishing") || name.starts_with("claims used by pods") || name.starts_with("a drive failing")
         } else if only_evacuate {
             i == 0 || i == last || evacuation
         } else if only_ownership {
@@ -178,8 +192,11 @@ fn main() {
                 break;
             }
         }
-        if i == 0 && !only_snapshots && !only_evacuate && !only_ownership && !only_claims {
-            // Deployed (CSIDriver, classes): the journeys across nodes start beside the rest.
+        // Once deployed (CSIDriver, classes) and watched (Prometheus sees all well before
+        // the fake nodes are stopped on purpose), the journeys across nodes start beside
+        // the rest.
+        let watched = if only_nodes { i == 0 } else { i == 1 };
+        if watched && !only_snapshots && !only_evacuate && !only_ownership && !only_monitoring && !only_claims {
             across = Some(std::thread::spawn(nodes::run));
         }
     }
@@ -188,6 +205,7 @@ fn main() {
             failed.get_or_insert(f);
         }
     }
+    monitoring::stop();
     if let Some(f) = failed {
         diagnostics(&ctx);
         for (k, v) in &ctx.measured {

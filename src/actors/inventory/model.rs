@@ -89,11 +89,15 @@ pub struct DriveHealth {
     pub reason: String,
     /// Unix time of the check (0: never checked).
     pub checked_unix: u64,
+    /// The figures the check read (temperature, wear, sector and error counts): none
+    /// for a drive without SMART, and in state written before they were kept.
+    #[serde(default, skip_serializing_if = "crate::disk::smart::SmartFigures::is_empty")]
+    pub smart: crate::disk::smart::SmartFigures,
 }
 
 impl Default for DriveHealth {
     fn default() -> Self {
-        DriveHealth { health: Health::Unknown, reason: NOT_CHECKED.into(), checked_unix: 0 }
+        DriveHealth { health: Health::Unknown, reason: NOT_CHECKED.into(), checked_unix: 0, smart: Default::default() }
     }
 }
 
@@ -383,7 +387,7 @@ mod tests {
 
     #[test]
     fn a_health_verdict_changes_what_it_changes() {
-        let h = |health, reason: &str, checked_unix| DriveHealth { health, reason: reason.into(), checked_unix };
+        let h = |health, reason: &str, checked_unix| DriveHealth { health, reason: reason.into(), checked_unix, smart: Default::default() };
         let never = DriveHealth::default();
         let unknown = h(Health::Unknown, "no SMART data", 100);
         let table = [

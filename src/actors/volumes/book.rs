@@ -54,6 +54,7 @@ use crate::disk::gpt;
 pub(crate) use self::claim::Guards;
 pub(crate) use self::claim::Claim;
 pub(crate) use self::cleaning::{Cleaning, Dirty};
+pub(crate) use self::evacuate::MovePlan;
 
 /// What a CreateVolume asks for, decided.
 #[derive(Debug, Clone, PartialEq)]

@@ -179,6 +179,23 @@ impl Reason {
         }
     }
 
+    /// The kebab-case name the metrics carry (`drive-missing`).
+    pub fn kebab(self) -> &'static str {
+        match self {
+            Reason::VolumeFailed => "volume-failed",
+            Reason::PartitionLost => "partition-lost",
+            Reason::DriveMissing => "drive-missing",
+            Reason::DriveFailed => "drive-failed",
+            Reason::DriveSuspect => "drive-suspect",
+            Reason::DriveReleasing => "drive-releasing",
+            Reason::DriveReleased => "drive-released",
+            Reason::MountLost => "mount-lost",
+            Reason::PathUnreadable => "path-unreadable",
+            Reason::FilesystemFull => "filesystem-full",
+            Reason::FilesystemCorrupt => "filesystem-corrupt",
+        }
+    }
+
     /// The status a volume reported for this reason has: gone data is DATA_LOSS,
     /// unreachable data INACCESSIBLE, anything still usable DEGRADED.
     pub fn status(self) -> HealthStatus {
@@ -386,7 +403,7 @@ mod tests {
 
     fn drive(h: Health) -> Drive {
         let mut d = Drive::for_test("d1", Media::Ssd, 1 << 40);
-        d.health = DriveHealth { health: h, reason: "12 reallocated sectors".into(), checked_unix: 1 };
+        d.health = DriveHealth { health: h, reason: "12 reallocated sectors".into(), checked_unix: 1, smart: Default::default() };
         d
     }
 

@@ -172,6 +172,30 @@ pub struct SubscribeMoves(pub Recipient<VolumeMoved>);
 /// volume moves within this of its unstage).
 pub(crate) const EVACUATION_TICK: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How far the move running now is: the copy counts the bytes it wrote and then those
+/// it verified, so it is done at twice the volume's size.
+#[derive(Debug, Clone)]
+pub(crate) struct MoveProgress {
+    /// The volume being moved.
+    pub volume_id: String,
+    /// The drive its copy goes to.
+    pub to_drive: String,
+    /// Bytes written plus bytes verified so far.
+    pub done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Twice the volume's size: written, then verified.
+    pub total: u64,
+}
+
+impl MoveProgress {
+    /// The fraction done, 0 to 1.
+    pub(crate) fn ratio(&self) -> f64 {
+        if self.total == 0 {
+            return 0.0;
+        }
+        (self.done.load(std::sync::atomic::Ordering::Relaxed) as f64 / self.total as f64).min(1.0)
+    }
+}
+
 /// What the volume manager keeps of evacuations besides the book.
 #[derive(Default)]
 pub(crate) struct Evacuations {
@@ -181,6 +205,8 @@ pub(crate) struct Evacuations {
     pub moved: std::collections::HashMap<String, Vec<MovedVolume>>,
     /// Why a record's move failed; retried when the evacuation is asked again.
     pub failed: std::collections::HashMap<String, String>,
+    /// How far the move running now is, for the metrics.
+    pub progress: Option<MoveProgress>,
     /// Who hears of each move.
     pub subscribers: Vec<Recipient<VolumeMoved>>,
 }
@@ -200,13 +226,17 @@ impl VolumeManager {
         let to = plan.rec.moving.clone().expect("a move plan names where the copy goes");
         tracing::info!(volume.id = %id, volume.name = %plan.rec.name, drive.from = %plan.rec.drive_id, drive.to = %to.drive_id, volume.size = plan.rec.size, "moving volume off an evacuated drive");
         self.evacuations.moving = Some(id.clone());
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        self.evacuations.progress =
+            Some(MoveProgress { volume_id: id.clone(), to_drive: to.drive_id.clone(), done: done.clone(), total: plan.rec.size.saturating_mul(2) });
         let name = plan.rec.name.clone();
         let from_drive = plan.rec.drive_id.clone();
         self.book.reserve_move(plan.rec.clone());
         let guards = self.book.guards();
-        let job = move || super::moves::move_volume(&store, &guards, &plan.src, &plan.dst, plan.dst_media, plan.rec, force);
+        let job = move || super::moves::move_volume(&store, &guards, plan, force, &done);
         let fut = self.run_with(claim, id.clone(), true, job).map(move |res, act, ctx| {
             act.evacuations.moving = None;
+            act.evacuations.progress = None;
             crate::metrics::metrics().record_move(res.as_ref().ok().map(|d| d.bytes));
             match res {
                 Ok(done) => {

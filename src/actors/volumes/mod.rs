@@ -50,6 +50,7 @@ pub mod ops;
 pub(crate) mod placement;
 pub(crate) mod usage;
 pub(crate) mod reconcile;
+pub(crate) mod scrape;
 pub mod snapshot;
 pub(crate) mod startup;
 pub(crate) mod view;
@@ -62,6 +63,7 @@ use actix::prelude::*;
 use tracing::{error, info, warn};
 
 pub use self::book::claim::Guards;
+pub use self::scrape::{ScrapeVolumes, VolumesScrape};
 pub use self::error::VolumeError;
 pub use self::messages::*;
 pub use self::evacuate::{EvacuateDrive, Evacuation, ListEvacuations, MovedVolume, PendingMove, PendingState, SubscribeMoves, VolumeMoved};

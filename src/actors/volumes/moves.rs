@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use tracing::{info, warn};
 
-use super::book::Guards;
+use super::book::{Guards, MovePlan};
 use super::model::{Move, VolumeRecord};
 use super::ops::Outcome;
 use super::VolumeError;
@@ -40,7 +40,7 @@ use crate::disk::lock::DiskLock;
 use crate::disk::{blkpg, gpt, mover, DiskError};
 use crate::failpoint::crash_point;
 use crate::store::Store;
-use crate::words::{DriveLoc, Media};
+use crate::words::DriveLoc;
 
 /// What a finished move did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,18 +73,13 @@ fn serving_attrs(rec: &VolumeRecord) -> u64 {
     if rec.snapshot.is_some() { gpt::SNAPSHOT_ATTR } else { 0 }
 }
 
-/// Moves `rec` (whose `moving` names where its copy goes, on `dst`, of media
-/// `dst_media`) off `src`; see the module's steps. `force`: switch even when blocks
-/// could not be read. The record handed back is the volume as it now is (moved or not).
-pub(crate) fn move_volume(
-    store: &Store,
-    guards: &Arc<Guards>,
-    src: &DriveLoc,
-    dst: &DriveLoc,
-    dst_media: Media,
-    mut rec: VolumeRecord,
-    force: bool,
-) -> Outcome<MoveDone> {
+/// Moves the plan's record (whose `moving` names where its copy goes, on `dst`, of
+/// media `dst_media`) off `src`; see the module's steps. `force`: switch even when
+/// blocks could not be read. `progress` counts the bytes copied and then verified. The
+/// record handed back is the volume as it now is (moved or not).
+pub(crate) fn move_volume(store: &Store, guards: &Arc<Guards>, plan: MovePlan, force: bool, progress: &std::sync::atomic::AtomicU64) -> Outcome<MoveDone> {
+    let MovePlan { mut rec, src, dst, dst_media } = plan;
+    let (src, dst) = (&src, &dst);
     let began = Instant::now();
     let Some(to) = rec.moving.clone().filter(|m| !m.switched) else {
         let e = VolumeError::InvalidArgument { reason: format!("volume {} has no move planned", rec.id) };
@@ -97,7 +92,7 @@ pub(crate) fn move_volume(
         return Outcome { record: Some(rec), result: Err(e) };
     }
     crash_point!("move.intent_saved");
-    let copied = match copy_steps(src, dst, &rec, &to, force) {
+    let copied = match copy_steps(src, dst, &rec, &to, force, progress) {
         Ok(c) => c,
         Err(e) => return Outcome { record: Some(abandon(store, dst, rec, &to)), result: Err(e) },
     };
@@ -132,7 +127,7 @@ pub(crate) fn move_volume(
 }
 
 /// Steps 2 and 3: the copy's entry, then the verified copy.
-fn copy_steps(src: &DriveLoc, dst: &DriveLoc, rec: &VolumeRecord, to: &Move, force: bool) -> Result<mover::Copied, VolumeError> {
+fn copy_steps(src: &DriveLoc, dst: &DriveLoc, rec: &VolumeRecord, to: &Move, force: bool, progress: &std::sync::atomic::AtomicU64) -> Result<mover::Copied, VolumeError> {
     let id = rec.id.as_str();
     let skp = blkpg::ensure_kernel_partition(&src.path, rec.start, rec.size).map_err(disk(id, "find the volume's partition"))?;
     let mounts = crate::disk::mounts::read_mountinfo()
@@ -149,7 +144,7 @@ fn copy_steps(src: &DriveLoc, dst: &DriveLoc, rec: &VolumeRecord, to: &Move, for
         blkpg::ensure_kernel_partition(&dst.path, to.start, to.size).map_err(disk(id, "add the copy's kernel partition"))?
     };
     info!(volume.id = %id, drive.to = %to.drive_id, volume.size = rec.size, "copying the volume to its new drive, every byte, verified");
-    let copied = mover::copy_and_verify(&skp.devnode, &dkp.devnode, rec.size).map_err(disk(id, "copy the volume"))?;
+    let copied = mover::copy_and_verify(&skp.devnode, &dkp.devnode, rec.size, progress).map_err(disk(id, "copy the volume"))?;
     crash_point!("move.copied");
     if !copied.unreadable.is_empty() {
         let e = VolumeError::Unreadable { volume_id: id.to_string(), drive_id: rec.drive_id.clone(), ranges: copied.unreadable.clone() };

@@ -130,7 +130,7 @@ mod tests {
 
     fn drive(h: Health) -> Drive {
         let mut d = Drive::for_test("d1", Media::Ssd, 1 << 40);
-        d.health = DriveHealth { health: h, reason: "12 reallocated sectors".into(), checked_unix: 1 };
+        d.health = DriveHealth { health: h, reason: "12 reallocated sectors".into(), checked_unix: 1, smart: Default::default() };
         d
     }
 

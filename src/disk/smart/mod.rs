@@ -54,11 +54,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use self::families::{ata_attributes, ata_error_log, ata_self_test_log, nvme, scsi};
+pub use self::figures::SmartFigures;
 use crate::words::Health;
 
 /// What each drive family's logs say: ATA attributes, error and self-test logs, the
 /// NVMe health log, SCSI counters, as findings.
 mod families;
+/// The figures of a report: temperature, wear, sector and error counts, power-on time.
+mod figures;
 
 /// Exit status bit 0: smartctl did not parse its command line.
 const BIT_COMMAND_LINE: i32 = 1 << 0;
@@ -137,10 +140,8 @@ pub(crate) struct SmartReport {
     pub model: Option<String>,
     /// Serial number.
     pub serial: Option<String>,
-    /// Current temperature in degrees Celsius, when SMART data was read.
-    pub temperature_c: Option<i64>,
-    /// Power-on hours, when SMART data was read.
-    pub power_on_hours: Option<u64>,
+    /// Temperature, wear, sector and error counts, when SMART data was read.
+    pub figures: SmartFigures,
     /// What smartctl itself printed as messages (and why its output could not be read),
     /// raw: for the debug log only, never a reason.
     #[serde(skip)]
@@ -155,8 +156,7 @@ impl SmartReport {
             reasons: Vec::new(),
             model: None,
             serial: None,
-            temperature_c: None,
-            power_on_hours: None,
+            figures: SmartFigures::default(),
             tool_messages: Vec::new(),
         }
     }
@@ -271,10 +271,8 @@ fn assess_value(root: &Value, given: i32, transport: &str, t: &SmartThresholds) 
     scsi(root, t, &mut findings);
 
     if read {
-        report.temperature_c = temperature(root);
-        report.power_on_hours = count(root.pointer("/power_on_time/hours"))
-            .or_else(|| count(root.pointer("/nvme_smart_health_information_log/power_on_hours")));
-        if let Some(c) = report.temperature_c.filter(|c| *c > t.temperature_suspect_c) {
+        report.figures = SmartFigures::of(root);
+        if let Some(c) = report.figures.temperature_c.filter(|c| *c > t.temperature_suspect_c) {
             findings.add(
                 Health::Suspect,
                 format!(
@@ -626,7 +624,7 @@ mod tests {
         assert!(!r.reason().contains("Smartctl open device"), "{}", r.reason());
         assert!(r.tool_messages.iter().any(|m| m.contains("DELL or MegaRaid controller")), "{:?}", r.tool_messages);
         assert_eq!(r.reasons.len(), 1);
-        assert_eq!((r.model, r.serial, r.temperature_c), (None, None, None));
+        assert_eq!((r.model, r.serial, r.figures.temperature_c), (None, None, None));
     }
 
     #[test]
@@ -648,7 +646,7 @@ mod tests {
         assert!(r.reasons.is_empty());
         assert_eq!(r.model.as_deref(), Some("SAMSUNG MZQL21T9HCJR-00A07"));
         assert_eq!(r.serial.as_deref(), Some("REDACTED"));
-        assert_eq!((r.temperature_c, r.power_on_hours), (Some(22), Some(13113)));
+        assert_eq!((r.figures.temperature_c, r.figures.power_on_hours), (Some(22), Some(13113)));
     }
 
     #[test]
@@ -667,7 +665,7 @@ mod tests {
     fn nvme_at_75_percent_endurance_is_good_by_default_and_suspect_at_a_75_threshold() {
         let r = assess_fixture("nvme-percentage-used-high.json");
         expect(&r, Health::Good, "healthy");
-        assert_eq!(r.power_on_hours, Some(49441));
+        assert_eq!(r.figures.power_on_hours, Some(49441));
         let strict = SmartThresholds {
             percentage_used_suspect: 75,
             ..SmartThresholds::default()
@@ -694,7 +692,7 @@ mod tests {
         let r = assess_fixture("sas-healthy.json");
         expect(&r, Health::Good, "healthy");
         assert_eq!(r.model.as_deref(), Some("SEAGATE ST600MP0036"));
-        assert_eq!((r.temperature_c, r.power_on_hours), (Some(29), Some(4665)));
+        assert_eq!((r.figures.temperature_c, r.figures.power_on_hours), (Some(29), Some(4665)));
     }
 
     #[test]
@@ -714,7 +712,7 @@ mod tests {
         let r = assess_fixture("sata-hdd-healthy.json");
         expect(&r, Health::Good, "healthy");
         assert_eq!(r.model.as_deref(), Some("HGST HUH721008ALE604"));
-        assert_eq!((r.temperature_c, r.power_on_hours), (Some(25), Some(32564)));
+        assert_eq!((r.figures.temperature_c, r.figures.power_on_hours), (Some(25), Some(32564)));
     }
 
     #[test]
@@ -754,7 +752,7 @@ mod tests {
     fn healthy_sata_ssd_from_smartctl_7_0_is_good() {
         let r = assess_fixture("sata-ssd-healthy.json");
         expect(&r, Health::Good, "healthy");
-        assert_eq!((r.temperature_c, r.power_on_hours), (Some(36), Some(14551)));
+        assert_eq!((r.figures.temperature_c, r.figures.power_on_hours), (Some(36), Some(14551)));
     }
 
     #[test]
@@ -771,14 +769,66 @@ mod tests {
             "536 uncorrected errors in the SCSI error counter log (read 1, write 535)",
         );
         assert_eq!(r.model.as_deref(), Some("SEAGATE ST373453LC"));
-        assert_eq!(r.power_on_hours, Some(102880));
+        assert_eq!(r.figures.power_on_hours, Some(102880));
+    }
+
+    /// The figures of every fixture, as the per-drive metrics carry them: (file,
+    /// temperature, power-on hours, percentage used, ATA 5, 197, 198, 199, NVMe media errors).
+    #[test]
+    fn every_fixture_carries_the_figures_its_drive_reported_and_no_others() {
+        type Row = (&'static str, Option<i64>, Option<u64>, Option<u64>, [Option<u64>; 4], Option<u64>);
+        const ROWS: &[Row] = &[
+            ("error-open-failed-megaraid.json", None, None, None, [None; 4], None),
+            ("loop-unable-to-detect-device-type.json", None, None, None, [None; 4], None),
+            ("nvme-critical-warning.json", Some(40), Some(18376), Some(0), [None; 4], Some(0)),
+            ("nvme-healthy.json", Some(22), Some(13113), Some(3), [None; 4], Some(0)),
+            ("nvme-media-errors.json", Some(35), Some(12798), Some(3), [None; 4], Some(7)),
+            ("nvme-percentage-used-high.json", Some(19), Some(49441), Some(75), [None; 4], Some(0)),
+            ("sas-healthy.json", Some(29), Some(4665), None, [None; 4], None),
+            ("sata-hdd-error-log-exit64.json", Some(26), Some(83425), None, [Some(0), Some(0), Some(0), Some(12)], None),
+            ("sata-hdd-healthy.json", Some(25), Some(32564), None, [Some(0), Some(0), Some(0), Some(0)], None),
+            ("sata-hdd-reallocated-pending.json", Some(29), Some(43177), None, [Some(1040), Some(878), Some(1272), Some(0)], None),
+            ("sata-hdd-smart-failed.json", Some(25), Some(65592), None, [Some(1975), Some(8), Some(0), Some(0)], None),
+            ("sata-ssd-healthy.json", Some(36), Some(14551), None, [Some(0), None, None, Some(0)], None),
+            ("scsi-grown-defects.json", Some(33), Some(102880), None, [None; 4], None),
+            ("scsi-raid-virtual-disk-no-smart.json", None, None, None, [None; 4], None),
+        ];
+        assert_eq!(ROWS.len(), VERDICTS.len(), "a row per fixture");
+        for (file, temp, hours, used, [realloc, pending, uncorrectable, crc], media) in ROWS {
+            let f = assess_fixture(file).figures;
+            let want = SmartFigures {
+                temperature_c: *temp,
+                power_on_hours: *hours,
+                percentage_used: *used,
+                reallocated_sectors: *realloc,
+                pending_sectors: *pending,
+                uncorrectable_sectors: *uncorrectable,
+                crc_errors: *crc,
+                media_errors: *media,
+            };
+            assert_eq!(f, want, "{file}");
+        }
+    }
+
+    #[test]
+    fn scsi_endurance_used_is_the_percentage_used_and_figures_read_back_from_older_state() {
+        let doc = json!({
+            "smartctl": {"exit_status": 0},
+            "scsi_grown_defect_list": 0,
+            "scsi_percentage_used_endurance_indicator": 104,
+        })
+        .to_string();
+        assert_eq!(assess(&doc, 0, &SmartThresholds::default()).figures.percentage_used, Some(104));
+        // A record written before the figures existed reads as "none reported".
+        let old: SmartFigures = serde_json::from_str("{}").expect("empty figures");
+        assert_eq!(old, SmartFigures::default());
     }
 
     #[test]
     fn raid_virtual_disk_without_smart_is_unknown_not_bad() {
         let r = assess_fixture("scsi-raid-virtual-disk-no-smart.json");
         expect(&r, Health::Unknown, "\"DELL PERC H740P Mini\" does not support SMART");
-        assert_eq!(r.temperature_c, None, "its temperature of 0 is not a reading");
+        assert_eq!(r.figures.temperature_c, None, "its temperature of 0 is not a reading");
     }
 
     /// A minimal ATA report carrying one attribute with the given raw value.
@@ -975,7 +1025,7 @@ mod tests {
             "temperature 71 °C is above 70 °C",
         );
         expect(&assess(&doc(-5), 0, &t), Health::Good, "healthy");
-        assert_eq!(assess(&doc(-5), 0, &t).temperature_c, Some(-5));
+        assert_eq!(assess(&doc(-5), 0, &t).figures.temperature_c, Some(-5));
     }
 
     #[test]
@@ -1206,7 +1256,7 @@ mod tests {
         expect(&r, Health::Bad, "reallocated sectors (suspect at 1, bad at 100)");
         expect(&r, Health::Bad, "18446744073709551615 uncorrected errors");
         assert_eq!(
-            (r.model, r.serial, r.temperature_c, r.power_on_hours),
+            (r.model, r.serial, r.figures.temperature_c, r.figures.power_on_hours),
             (None, None, None, None)
         );
     }

@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_norway::Value;
 
 const NAMESPACE: &str = "drivelet-system";
 const SERVICE_ACCOUNT: &str = "drivelet";
@@ -33,7 +33,7 @@ fn deploy_dir() -> PathBuf {
 fn documents(file: &str) -> Vec<Value> {
     let path = deploy_dir().join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    serde_yaml::Deserializer::from_str(&text)
+    serde_norway::Deserializer::from_str(&text)
         .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("parse {}: {e}", path.display())))
         .filter(|v| !v.is_null())
         .collect()
@@ -44,7 +44,7 @@ fn objects<K: DeserializeOwned>(file: &str, kind: &str) -> Vec<K> {
     documents(file)
         .into_iter()
         .filter(|v| v["kind"].as_str() == Some(kind))
-        .map(|v| serde_yaml::from_value(v).unwrap_or_else(|e| panic!("{file}: a {kind} does not parse: {e}")))
+        .map(|v| serde_norway::from_value(v).unwrap_or_else(|e| panic!("{file}: a {kind} does not parse: {e}")))
         .collect()
 }
 
@@ -388,7 +388,7 @@ fn snapshot_classes_are_drivelets_with_one_default_and_one_that_freezes() {
         assert_eq!((c["apiVersion"].as_str(), c["kind"].as_str()), (Some("snapshot.storage.k8s.io/v1"), Some("VolumeSnapshotClass")), "{name}");
         assert_eq!(c["driver"].as_str(), Some(cfg.driver.name.as_str()), "{name}");
         assert_eq!(c["deletionPolicy"].as_str(), Some("Delete"), "{name}: deleting a VolumeSnapshot frees its space");
-        let params: BTreeMap<String, String> = serde_yaml::from_value(c["parameters"].clone()).unwrap_or_default();
+        let params: BTreeMap<String, String> = serde_norway::from_value(c["parameters"].clone()).unwrap_or_default();
         let freeze = drivelet::actors::volumes::snapshot::wants_freeze(&params).unwrap_or_else(|e| panic!("{name}: CreateSnapshot refuses {params:?}: {e}"));
         let default = c["metadata"]["annotations"]["snapshot.storage.kubernetes.io/is-default-class"].as_str() == Some("true");
         seen.insert(name, (default, freeze));

@@ -4,3 +4,5 @@
 mod kubernetes;
 /// deploy/ against the config loader, the parameter parser and the permission table.
 mod deploy;
+/// deploy/monitoring: the alerts through promtool, the dashboard and the rules against the documented series.
+mod monitoring;

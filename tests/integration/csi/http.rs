@@ -1,6 +1,9 @@
 //! The HTTP endpoints of the real binary: `/readyz` waits for the first drive scan,
 //! `/healthz` answers meanwhile, and `/metrics` after a volume lifecycle on loop drives
-//! holds the expected series with the expected values.
+//! holds the expected series with the expected values: the process counters, each
+//! drive's size and free space (less after a create, as much again after the delete)
+//! and each volume's info, size and condition, read back by a strict OpenMetrics
+//! parser from what the agent served with the OpenMetrics content type.
 //!
 //! Needs the `failpoints` feature (scripts/test.sh passes it): the first drive scan is
 //! held with `FAILPOINTS=inventory.first_scan=sleep(3000)` so the not-ready window is
@@ -15,14 +18,56 @@ use drivelet::grpc::proto::csi;
 
 /// GET `path` over plain HTTP/1.0: (status, body); `None` while nothing listens.
 fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    get_with_headers(port, path).map(|(status, _, body)| (status, body))
+}
+
+/// GET `path`: (status, response head, body).
+fn get_with_headers(port: u16, path: &str) -> Option<(u16, String, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
     let status = text.split(' ').nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Some((status, body))
+    let (head, body) = text.split_once("\r\n\r\n").map(|(h, b)| (h.to_string(), b.to_string())).unwrap_or_default();
+    Some((status, head, body))
+}
+
+/// The exposition as a scraper reads it: family name -> (labels, value) of each series.
+/// Panics when it is not OpenMetrics. (The parser refuses a UNIT line on a histogram,
+/// which OpenMetrics allows; that one line is left out.)
+fn parse(text: &str) -> std::collections::HashMap<String, Vec<(std::collections::BTreeMap<String, String>, f64)>> {
+    use openmetrics_parser::OpenMetricsValue as V;
+    let text = text.replace("# UNIT drivelet_csi_request_duration_seconds seconds\n", "");
+    let parsed = openmetrics_parser::openmetrics::parse_openmetrics(&text).unwrap_or_else(|e| panic!("not OpenMetrics: {e:?}\n{text}"));
+    parsed
+        .families
+        .iter()
+        .map(|(name, family)| {
+            let series = family
+                .iter_samples()
+                .filter_map(|s| {
+                    let labels = s.get_labelset().ok()?.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                    let value = match &s.value {
+                        V::Gauge(n) | V::Unknown(n) | V::StateSet(n) => n.as_f64(),
+                        V::Counter(c) => c.value.as_f64(),
+                        _ => return None,
+                    };
+                    Some((labels, value))
+                })
+                .collect();
+            (name.clone(), series)
+        })
+        .collect()
+}
+
+/// The value of the one series of `family` whose labels include `with`.
+fn series(parsed: &std::collections::HashMap<String, Vec<(std::collections::BTreeMap<String, String>, f64)>>, family: &str, with: &[(&str, &str)]) -> Option<f64> {
+    let all = parsed.get(family)?;
+    let mut found = all.iter().filter(|(labels, _)| with.iter().all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v)));
+    let (_, value) = found.next()?;
+    assert!(found.next().is_none(), "more than one series of {family} with {with:?}");
+    Some(*value)
 }
 
 fn free_port() -> u16 {
@@ -76,6 +121,31 @@ fn readiness_waits_for_the_first_scan_and_metrics_follow_a_lifecycle() {
     }
     agent.wait_ready();
 
+    // Each loop drive, before any volume: its size, and its free space is all of its
+    // usable region, every byte of it allocatable.
+    let (status, head, before) = get_with_headers(port, "/metrics").expect("metrics");
+    assert_eq!(status, 200);
+    assert!(head.to_ascii_lowercase().contains("content-type: application/openmetrics-text; version=1.0.0"), "{head}");
+    let before = parse(&before);
+    // (Other loop devices of the host are listed too, as excluded: only ours are managed.)
+    let drives: Vec<String> = before["drivelet_drive_class"]
+        .iter()
+        .filter(|(l, v)| l.get("class").map(String::as_str) == Some("managed") && *v == 1.0)
+        .map(|(l, _)| l["drive"].clone())
+        .collect();
+    assert_eq!(drives.len(), 2, "two managed loop drives: {:?}", before["drivelet_drive_class"]);
+    let mut free_before = std::collections::HashMap::new();
+    for drive in &drives {
+        let at = [("drive", drive.as_str()), ("node", NODE), ("media", "virtual")];
+        assert_eq!(series(&before, "drivelet_drive_size_bytes", &at), Some((1u64 << 30) as f64), "{drive}");
+        assert_eq!(series(&before, "drivelet_drive_usage", &[("drive", drive), ("usage", "active")]), Some(1.0));
+        assert_eq!(series(&before, "drivelet_drive_volumes", &at), Some(0.0));
+        let free = series(&before, "drivelet_drive_free_bytes", &at).expect("free bytes");
+        assert!(free > 1000.0 * (1 << 20) as f64, "{drive}: {free}");
+        assert_eq!(series(&before, "drivelet_drive_allocatable_bytes", &at), Some(free), "{drive}: one extent, all of it allocatable");
+        free_before.insert(drive.clone(), free);
+    }
+
     // A lifecycle, and one call that fails.
     let staging = dir.join("kubelet/staging/m");
     let target = dir.join("kubelet/pods/m/mount");
@@ -83,7 +153,11 @@ fn readiness_waits_for_the_first_scan_and_metrics_follow_a_lifecycle() {
     let rt = rt();
     let id = rt.block_on(async {
         let mut csi = Csi::connect(&agent).await;
-        let v = csi.ctrl.create_volume(create_req("pvc-metrics", 64 << 20, mount_cap("ext4"))).await.expect("create").into_inner();
+        let mut req = create_req("pvc-metrics", 64 << 20, mount_cap("ext4"));
+        for (k, v) in [("csi.storage.k8s.io/pv/name", "pv-metrics"), ("csi.storage.k8s.io/pvc/namespace", "shop"), ("csi.storage.k8s.io/pvc/name", "orders")] {
+            req.parameters.insert(k.into(), v.into());
+        }
+        let v = csi.ctrl.create_volume(req).await.expect("create").into_inner();
         let id = v.volume.expect("volume").volume_id;
         csi.node.node_stage_volume(stage_req(&id, &staging, mount_cap("ext4"))).await.expect("stage");
         csi.node.node_publish_volume(publish_req(&id, &staging, &target, mount_cap("ext4"), false)).await.expect("publish");
@@ -101,7 +175,7 @@ fn readiness_waits_for_the_first_scan_and_metrics_follow_a_lifecycle() {
         ("drivelet_csi_requests_total{method=\"NodePublishVolume\",code=\"OK\"}", 1.0),
         ("drivelet_csi_requests_total{method=\"ControllerGetVolume\",code=\"NOT_FOUND\"}", 1.0),
         ("drivelet_csi_request_duration_seconds_count{method=\"CreateVolume\"}", 1.0),
-        ("drivelet_csi_request_duration_seconds_bucket{method=\"CreateVolume\",le=\"+Inf\"}", 1.0),
+        ("drivelet_csi_request_duration_seconds_bucket{le=\"+Inf\",method=\"CreateVolume\"}", 1.0),
     ];
     for (series, value) in want {
         assert_eq!(sample(&published, series), Some(value), "{series} in\n{published}");
@@ -109,6 +183,24 @@ fn readiness_waits_for_the_first_scan_and_metrics_follow_a_lifecycle() {
     assert!(sample(&published, "drivelet_inventory_last_scan_timestamp_seconds").is_some_and(|t| t > 1.7e9), "{published}");
     assert!(published.contains("# TYPE drivelet_csi_request_duration_seconds histogram"));
     assert!(!published.contains("drivelet_attach_queue_depth"), "no attach queue without [kubernetes]");
+
+    // The volume's series, and its drive's free space 64 MiB less.
+    let parsed = parse(&published);
+    let vol = [("volume", id.as_str()), ("node", NODE)];
+    let info = |k: &str, v: &str| series(&parsed, "drivelet_volume_info", &[vol[0], (k, v)]);
+    for (k, v) in [("pv", "pv-metrics"), ("claim_namespace", "shop"), ("claim", "orders"), ("access", "mount"), ("fs", "ext4")] {
+        assert_eq!(info(k, v), Some(1.0), "volume_info {k}={v}: {:?}", parsed.get("drivelet_volume_info"));
+    }
+    assert_eq!(series(&parsed, "drivelet_volume_size_bytes", &vol), Some((64u64 << 20) as f64));
+    assert_eq!(series(&parsed, "drivelet_volume_abnormal", &vol), Some(0.0));
+    assert!(!parsed.contains_key("drivelet_volume_condition_reason"), "a normal volume gives no reason");
+    let on = parsed["drivelet_volume_info"][0].0["drive"].clone();
+    let at = [("drive", on.as_str())];
+    assert_eq!(series(&parsed, "drivelet_drive_volumes", &at), Some(1.0));
+    assert_eq!(series(&parsed, "drivelet_drive_free_bytes", &at), Some(free_before[&on] - (64u64 << 20) as f64), "{on}: 64 MiB less free");
+    for drive in drives.iter().filter(|d| **d != on) {
+        assert_eq!(series(&parsed, "drivelet_drive_free_bytes", &[("drive", drive)]), Some(free_before[drive]), "{drive}: untouched");
+    }
 
     rt.block_on(async {
         let mut csi = Csi::connect(&agent).await;
@@ -126,6 +218,12 @@ fn readiness_waits_for_the_first_scan_and_metrics_follow_a_lifecycle() {
     assert!(sample(&after, "drivelet_health_polls_total").is_some_and(|n| n >= 1.0), "{after}");
     // The deleted volume's space was zeroed in the background before reuse.
     assert!(sample(&after, "drivelet_zeroed_bytes_total").is_some_and(|n| n >= (64u64 << 20) as f64), "{after}");
+    // The volume's series are gone, and its space is free again once zeroed.
+    let parsed = parse(&after);
+    assert!(!parsed.contains_key("drivelet_volume_info"), "{after}");
+    assert_eq!(series(&parsed, "drivelet_drive_free_bytes", &at), Some(free_before[&on]), "{on}: all free again");
+    assert_eq!(series(&parsed, "drivelet_drive_cleaning_bytes", &at), Some(0.0));
+    assert!(series(&parsed, "drivelet_drive_health_checked_timestamp_seconds", &at).is_some_and(|t| t > 1.7e9), "polled: {after}");
 
     assert_eq!(get(port, "/nope").map(|r| r.0), Some(404));
     assert_eq!(agent.stop(), 0);

@@ -4,7 +4,9 @@
 //!   (an ext4 volume's file, a block volume's every byte); one that is staged waits,
 //!   listed with its staging path, and moves once unstaged; while a volume is copied,
 //!   a stage of it answers ABORTED; the drive ends released, holding no partition, and
-//!   the volumes serve from their new drive, also after a restart;
+//!   the volumes serve from their new drive, also after a restart; `/metrics` shows the
+//!   move running, the volumes of the evacuation by where they stand, and the drive's
+//!   usage all along (and a failed move as failed);
 //! - an evacuation the other drives cannot hold is refused and moves nothing;
 //! - blocks that cannot be read (a fail point stands in for a failing drive) keep the
 //!   volume where it is, its move failed with the byte ranges; forced, it moves with
@@ -85,6 +87,8 @@ fn write_pattern(dev: &Path, len: usize, seed: u8) {
 
 struct Bed {
     agent: Agent,
+    /// Where the agent serves `/metrics`.
+    http_port: u16,
     drives: Vec<LoopDrive>,
     tmp: tempfile::TempDir,
     _unmount: Unmounter,
@@ -96,9 +100,29 @@ impl Bed {
         let tmp = short_tempdir();
         let drives = sizes.iter().enumerate().map(|(i, s)| LoopDrive::new(tmp.path(), &format!("e{i}.img"), *s)).collect();
         sh("udevadm", &["settle"]);
-        let agent = Agent::start(tmp.path(), AgentOpts::default());
+        let http_port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        let opts = AgentOpts { extra_toml: format!("[http]\naddress = \"127.0.0.1:{http_port}\"\n"), ..AgentOpts::default() };
+        let agent = Agent::start(tmp.path(), opts);
         let unmount = Unmounter(tmp.path().join("kubelet"));
-        Bed { agent, drives, _unmount: unmount, tmp }
+        Bed { agent, http_port, drives, _unmount: unmount, tmp }
+    }
+
+    /// The value of the one `/metrics` sample of `family` whose labels include each of
+    /// `with` (`key="value"`); `None` when there is none.
+    fn metric(&self, family: &str, with: &[(&str, &str)]) -> Option<f64> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.http_port)).expect("connect to /metrics");
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("request");
+        let mut text = String::new();
+        s.read_to_string(&mut text).expect("response");
+        let found: Vec<f64> = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")))
+            .filter(|l| with.iter().all(|(k, v)| [format!("{{{k}=\"{v}\""), format!(",{k}=\"{v}\"")].iter().any(|p| l.contains(p.as_str()))))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect();
+        assert!(found.len() <= 1, "more than one {family} with {with:?} in\n{text}");
+        found.first().copied()
     }
 
     fn call<T>(&self, f: impl AsyncFnOnce(&mut Csi) -> T) -> T {
@@ -171,6 +195,10 @@ fn an_evacuated_drive_hands_every_volume_to_another_drive_with_its_id_and_data_a
     let (ok, out) = ctl(&bed.agent, &["drive", "evacuate", &src]);
     assert!(ok && out.contains("evacuating"), "{out}");
     wait_for(&bed.agent, "the file volume's move to start", 10, || bed.pending_state(&file_v).is_some_and(|s| s.0 == "moving"));
+    // Held before its copy: the move shows, nothing copied yet.
+    assert_eq!(bed.metric("drivelet_volume_move_progress_ratio", &[("volume", &file_v), ("drive", &src)]), Some(0.0));
+    assert_eq!(bed.metric("drivelet_drive_evacuation_volumes", &[("drive", &src), ("state", "moving")]), Some(1.0));
+    assert_eq!(bed.metric("drivelet_drive_usage", &[("drive", &src), ("usage", "releasing")]), Some(1.0));
     let e = bed.stage(&file_v, "s-file").expect_err("a volume being moved is not staged");
     assert_eq!(e.code(), Code::Aborted, "{e:?}");
     let (ok, out) = ctl(&bed.agent, &["drive", "evacuate", &src]);
@@ -183,6 +211,13 @@ fn an_evacuated_drive_hands_every_volume_to_another_drive_with_its_id_and_data_a
     assert!(why.contains("s-used"), "{why}");
     let (_, table) = ctl(&bed.agent, &["evacuations"]);
     assert!(table.contains("2 moved") && table.contains("waiting") && table.contains("copied and verified"), "{table}");
+    for (state, n) in [("moved", 2.0), ("moving", 0.0), ("queued", 0.0), ("waiting", 1.0), ("failed", 0.0)] {
+        assert_eq!(bed.metric("drivelet_drive_evacuation_volumes", &[("drive", &src), ("state", state)]), Some(n), "{state}");
+    }
+    assert_eq!(bed.metric("drivelet_volume_move_progress_ratio", &[]), None, "no move running");
+    assert_eq!(bed.metric("drivelet_volume_info", &[("volume", &used_v), ("drive", &src)]), Some(1.0), "the waiting volume is still on its drive");
+    let to = placed(&bed.agent, &file_v).0;
+    assert_eq!(bed.metric("drivelet_volume_info", &[("volume", &file_v), ("drive", &to)]), Some(1.0), "a moved volume is on its new drive");
     assert_eq!(std::fs::read_to_string(used_at.join("data")).unwrap(), "the used volume's data", "served as before meanwhile");
 
     // Unstaged, it moves too; the drive is released and holds no partition.
@@ -193,6 +228,9 @@ fn an_evacuated_drive_hands_every_volume_to_another_drive_with_its_id_and_data_a
     assert!(gpt_entries(&d.dev).is_empty(), "the evacuated drive holds no partition: {:?}", gpt_entries(&d.dev).len());
     let ev = bed.evacuations();
     assert_eq!(ev[0]["done"], true, "{ev}");
+    assert_eq!(bed.metric("drivelet_drive_evacuation_volumes", &[("drive", &src), ("state", "moved")]), Some(3.0));
+    assert_eq!(bed.metric("drivelet_drive_usage", &[("drive", &src), ("usage", "released")]), Some(1.0));
+    assert_eq!(bed.metric("drivelet_drive_volumes", &[("drive", &src)]), Some(0.0));
 
     // Same ids, same data, from the new drive; and again after a restart.
     let check = |bed: &Bed| {
@@ -250,6 +288,8 @@ fn a_volume_whose_blocks_cannot_be_read_stays_unless_forced_and_then_says_which_
     assert_eq!(digest_of(&bed.dev(&v), 8 * MIB), before, "untouched");
     let copies: usize = bed.drives.iter().map(|d| gpt_entries(&d.dev).len()).sum();
     assert_eq!(copies, 1, "the copy was rolled back");
+    assert_eq!(bed.metric("drivelet_drive_evacuation_volumes", &[("drive", &src), ("state", "failed")]), Some(1.0));
+    assert_eq!(bed.metric("drivelet_volume_moves_total", &[("result", "failed")]), Some(1.0));
 
     let (ok, out) = ctl(&bed.agent, &["drive", "evacuate", &src, "--force"]);
     assert!(ok, "{out}");

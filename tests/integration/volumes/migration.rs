@@ -78,7 +78,7 @@ fn a_local_pv_is_translated_adopted_served_and_kept_after_delete() {
     let (ok, out, err) = migrate(&agent, &["-f", pv_file.to_str().unwrap()]);
     assert!(ok, "dry run failed: {err}");
     assert!(err.contains("dry run"), "{err}");
-    let translated: serde_json::Value = serde_yaml::from_str(&out).expect("the output is a PV");
+    let translated: serde_json::Value = serde_norway::from_str(&out).expect("the output is a PV");
     let csi_src = &translated["spec"]["csi"];
     assert_eq!(csi_src["driver"], "csi.drivelet.io");
     assert_eq!(csi_src["fsType"], "ext4");
