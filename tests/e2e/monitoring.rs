@@ -73,17 +73,19 @@ scrape_configs:
   - job_name: drivelet
     static_configs:
       - targets: [{targets}]
-  # kubelet's /metrics (kubelet_volume_stats_*, from drivelet's NodeGetVolumeStats),
-  # through the API server's node proxy.
+  # The real node's kubelet /metrics (kubelet_volume_stats_*, from drivelet's
+  # NodeGetVolumeStats), with the kit's admin client certificate. (The API server's node
+  # proxy refuses a node whose address is loopback, as the kit's is.)
   - job_name: kubelet
     scheme: https
-    metrics_path: /api/v1/nodes/{node}/proxy/metrics
     tls_config:
       ca_file: {ca}
       cert_file: {crt}
       key_file: {key}
     static_configs:
-      - targets: [\"127.0.0.1:6443\"]
+      - targets: [\"127.0.0.1:10250\"]
+        labels:
+          node: {node}
 ",
         ca = pki.join("ca.crt").display(),
         crt = pki.join("admin.crt").display(),
