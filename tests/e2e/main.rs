@@ -35,14 +35,16 @@
 //!    keeps new claims off a drive;
 //! 7. everything deleted: no volume, PV, VolumeAttachment or mount left.
 //!
-//! Between 5 and 6, claims are cloned from claims (`clone.rs`), then snapshotted and
-//! restored (`snapshots.rs`); between 6 and 7, drive actions through the Drive spec and
-//! the `kubectl drivelet` tables (`drive_actions.rs`), the disk journeys (`adopt.rs`), and
-//! claims (`claims.rs`): a class with `volumeBindingMode: Immediate` and
+//! Between 5 and 6, claims are cloned from claims (`clone.rs`), snapshotted and restored
+//! (`snapshots.rs`), and claims (`claims.rs`; while the real node's drives still have
+//! room): a class with `volumeBindingMode: Immediate` and
 //! `allowedTopologies` naming the real node provisions there before any pod, and its pod
 //! runs there; claims that wait get one Warning Event each saying why, in words (a vfat
 //! class `NotSupportedByDrivelet`; an Immediate class allowing only a node that does not
-//! exist, and a claim larger than its allowed node can make, `NoNodeForClaim`).
+//! exist, and a claim larger than its allowed node can make, `NoNodeForClaim`); then a
+//! volume filled up, seen by Prometheus (`monitoring.rs`). Between 6 and 7, drive actions
+//! through the Drive spec and the `kubectl drivelet` tables (`drive_actions.rs`) and the
+//! disk journeys (`adopt.rs`).
 //!
 //! Across nodes (`nodes.rs`), on their own thread once the deploy journey is done,
 //! beside the real node's journeys (their own namespace; joined before the clean-up):
@@ -58,8 +60,8 @@
 //!    node-2 back on the same drives: removed volumes deleted, kept ones serve.
 //!
 //! Watched (`monitoring.rs`): a real Prometheus scrapes every agent and kubelet with
-//! drivelet's alerts loaded from right after the deploy journey; before the clean-up it
-//! judges the run: every dashboard panel returned series, the alerts the journeys
+//! drivelet's alerts loaded from right after the deploy journey; a volume is filled before
+//! the drive-failing journey; before the clean-up it judges the run: every dashboard panel returned series, the alerts the journeys
 //! provoked (a drive vanishing, a drive failing, a volume filled) were raised and no other.
 //!
 //! On failure it prints what explains it: the cluster's objects and Events, drivelet's
@@ -115,7 +117,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 18] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 19] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
         ("monitoring: Prometheus scrapes every agent and kubelet, the alerts loaded; each node's drives in the metrics; nothing alerts while all is well", monitoring::journey_watch),
         ("the state dir wiped: every volume served again from its disk, same claims, same data", ownership::journey_state_wiped),
@@ -127,12 +129,13 @@ fn main() {
         ("pods and a claim deleted: detach, finalizers, mounts, partition, capacity", journey_delete),
         ("claims cloned from claims: refused while written, then the data copied (ext4, block)", clone::journey_clone),
         ("snapshots: refused in use, frozen, restored (ext4, xfs, block) after source deletion and a restart; space freed", snapshots::journey_snapshots),
+        ("claims: Immediate with allowedTopologies provisioned on the real node, its pod Running there; waiting claims warned why", claims::journey_claims_waiting),
+        ("monitoring: a drive's NVMe report and a volume filled up, seen by Prometheus: its reason and its alert", monitoring::journey_fill),
         ("a drive failing under a running pod; a drive released", journey_failure),
         ("kubectl drivelet: tables as ctl's, cordon, uncordon, release through the Drive spec", drive_actions::journey_drive_actions),
         ("a disk moved from a dead node: owned elsewhere, untouched, adopted; its claims' PVs pinned here, their data read by pods here", adopt::journey_moved_disk),
         ("a disk of a rebuilt cluster: another cluster's, adopted with --restore-claims; its claim back with its data", adopt::journey_rebuilt_cluster),
-        ("claims: Immediate with allowedTopologies provisioned on the real node, its pod Running there; waiting claims warned why", claims::journey_claims_waiting),
-        ("monitoring: a volume filled; every dashboard panel had series over the run; the alerts the journeys provoked were raised, and no other", monitoring::journey_judge),
+        ("monitoring: every dashboard panel had series over the run; the alerts the journeys provoked were raised, and no other", monitoring::journey_judge),
         ("clean-up: nothing left behind", journey_cleanup),
     ];
     let mut failed = None;

@@ -8,9 +8,11 @@
 //!   `ctl drives` gives, and no alert is pending or firing while all is well.
 //! - The journeys in between provoke what the alerts are for: a drive vanishing with a
 //!   volume on it, a drive failing, an evacuation.
-//! - [`journey_judge`], before the clean-up: a volume is filled up (its pod writes until
-//!   the filesystem is full) and an NVMe health report is given to a drive; then, over
-//!   the whole run, every query of every dashboard panel is evaluated (a range query) and
+//! - [`journey_fill`], while the real node still has room (before the drive-failing
+//!   journey takes its drives): an NVMe health report is given to a drive until its NVMe
+//!   series show, and a volume is filled up (its pod writes until the filesystem is full):
+//!   its reason `filesystem-full` and its `DriveletVolumeAbnormal` alert must show.
+//! - [`journey_judge`], before the clean-up: over the whole run, every query of every dashboard panel is evaluated (a range query) and
 //!   each panel must have returned series; the alerts raised must be those the journeys
 //!   provoked (a missing drive, a failing drive, the full volume's) and no other, apart
 //!   from those whose cause the suite makes on purpose without controlling its length
@@ -42,6 +44,8 @@ struct Running {
 }
 
 static PROMETHEUS: Mutex<Option<Running>> = Mutex::new(None);
+/// The volume [`journey_fill`] filled: the only one `DriveletVolumeAbnormal` may name.
+static FILLED: Mutex<Option<String>> = Mutex::new(None);
 
 fn now_unix() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default()
@@ -211,8 +215,8 @@ pub(crate) fn journey_watch(ctx: &mut Ctx) -> Check {
 /// Alerts the suite provokes without controlling how long: allowed, not required.
 const TOLERATED: [&str; 3] = ["DriveletAgentDown", "DriveletAgentNotReady", "DriveletNodeLocalSpaceLow"];
 
-pub(crate) fn journey_judge(ctx: &mut Ctx) -> Check {
-    let start = started_unix()?;
+pub(crate) fn journey_fill(ctx: &mut Ctx) -> Check {
+    started_unix()?;
 
     // An NVMe health report for a healthy drive of the real node, so the NVMe series show.
     let drives = ctl_drives()?;
@@ -245,6 +249,17 @@ pub(crate) fn journey_judge(ctx: &mut Ctx) -> Check {
     ctx.measured.insert("volume filled -> DriveletVolumeAbnormal pending in Prometheus".into(), format!("{:.1}s", t.elapsed().as_secs_f64()));
     kubectl(&["delete", "pod", "-n", NS, "fill", "--wait=true", "--timeout=60s"])?;
     kubectl(&["delete", "pvc", "-n", NS, "fill", "--wait=true", "--timeout=60s"])?;
+    wait_for("the filled volume gone from the metrics", Duration::from_secs(60), || {
+        Ok(query(&format!("drivelet_volume_info{{volume=\"{id}\"}}"))?.is_empty().then_some(()))
+    })?;
+    *FILLED.lock().unwrap_or_else(|p| p.into_inner()) = Some(id);
+    Ok(())
+}
+
+
+pub(crate) fn journey_judge(ctx: &mut Ctx) -> Check {
+    let start = started_unix()?;
+    let id = FILLED.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or("no volume was filled: the journey that fills one runs before this")?;
 
     // Every panel of the dashboard returned series over the run.
     let dashboard = ctx.root.join("deploy/monitoring/drivelet-dashboard.json");
@@ -292,9 +307,6 @@ pub(crate) fn journey_judge(ctx: &mut Ctx) -> Check {
     // The volume alert was for the filled volume only.
     let others: Vec<&String> = raised.get("DriveletVolumeAbnormal").into_iter().flatten().filter(|s| !s.contains(&id)).collect();
     ensure(others.is_empty(), || format!("DriveletVolumeAbnormal raised for other volumes: {others:?}"))?;
-    wait_for("the filled volume gone from the metrics", Duration::from_secs(30), || {
-        Ok(query(&format!("drivelet_volume_info{{volume=\"{id}\"}}"))?.is_empty().then_some(()))
-    })?;
     stop();
     Ok(())
 }
