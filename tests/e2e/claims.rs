@@ -129,8 +129,8 @@ pub(crate) fn journey_claims_waiting(ctx: &mut Ctx) -> Check {
     names(&large, &[&node, "64.0 GiB", "can make at most"])?;
     ctx.measured.insert("Immediate claim too large for its node, Event".into(), large["message"].as_str().unwrap_or_default().into());
 
-    // Three more rounds of the claim watch (10 s each): no claim warned again, none served.
-    std::thread::sleep(Duration::from_secs(35));
+    // Two more rounds of the claim watch (10 s each): no claim warned again, none served.
+    std::thread::sleep(Duration::from_secs(21));
     for (claim, reason) in [("fat", "NotSupportedByDrivelet"), ("nowhere", "NoNodeForClaim"), ("too-large", "NoNodeForClaim")] {
         still_waiting(claim)?;
         let evs = events_for("PersistentVolumeClaim", claim, reason)?;
