@@ -256,7 +256,6 @@ pub(crate) fn journey_fill(ctx: &mut Ctx) -> Check {
     Ok(())
 }
 
-
 pub(crate) fn journey_judge(ctx: &mut Ctx) -> Check {
     let start = started_unix()?;
     let id = FILLED.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or("no volume was filled: the journey that fills one runs before this")?;
