@@ -9,6 +9,9 @@
 
 /// The HealthPoller: the probing schedule of SMART and volume checks.
 pub(crate) mod health_poller;
+/// The DriveInventory: the set of drives and their classes (inventory/: classify.rs the policy, model.rs the set).
 pub mod inventory;
+/// The drive inventory's messages (the volume manager's are in volumes/messages.rs).
 pub(crate) mod messages;
+/// The VolumeManager: volume records, the state machine, placement and every disk step.
 pub mod volumes;

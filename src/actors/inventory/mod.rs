@@ -16,7 +16,9 @@
 //! - whether the first full scan is done is published on every change (false again
 //!   at a restart), for Probe to read without a message.
 
+/// The eligibility policy: which block devices are drives, and which drivelet may manage.
 pub mod classify;
+/// The set of drives as plain data: built from probes, diffed into events.
 pub mod model;
 
 use std::collections::{BTreeMap, BTreeSet};

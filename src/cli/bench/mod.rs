@@ -34,9 +34,11 @@
 //! - progress goes to stderr, and only when stderr is a terminal; the report goes to
 //!   stdout.
 
+/// The latency histogram: log-linear buckets, cheap to record and merge.
 pub mod histogram;
 /// `lifecycle` mode: whole volume lifecycles, cleaned up when they fail.
 pub mod lifecycle;
+/// What the bench reports, as a table or JSON.
 pub mod report;
 /// `rpc` mode: cheap RPCs, one phase each.
 pub mod rpc;
