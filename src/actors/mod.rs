@@ -15,3 +15,13 @@ pub mod inventory;
 pub(crate) mod messages;
 /// The VolumeManager: volume records, the state machine, placement and every disk step.
 pub mod volumes;
+
+/// Sends `event` to every subscriber, forgetting those that are gone (a full mailbox
+/// keeps its subscriber; it misses this one).
+pub(crate) fn tell_all<M>(subscribers: &mut Vec<actix::Recipient<M>>, event: &M)
+where
+    M: actix::Message + Send + Clone + 'static,
+    M::Result: Send,
+{
+    subscribers.retain(|s| s.try_send(event.clone()).is_ok() || s.connected());
+}

@@ -255,7 +255,7 @@ impl DriveInventory {
             DriveChange::Changed { old, new } => DriveEvent::DriveChanged { old, new },
             DriveChange::Gone(d) => DriveEvent::DriveRemoved(d),
         };
-        self.subscribers.retain(|s| s.try_send(event.clone()).is_ok() || s.connected());
+        super::tell_all(&mut self.subscribers, &event);
     }
 
     fn publish(&mut self, change: DriveChange) {
@@ -276,7 +276,7 @@ impl DriveInventory {
                 DriveEvent::DriveRemoved(d)
             }
         };
-        self.subscribers.retain(|s| s.try_send(event.clone()).is_ok() || s.connected());
+        super::tell_all(&mut self.subscribers, &event);
     }
 }
 
