@@ -47,12 +47,15 @@ use tokio::time::Instant;
 use tokio_stream::StreamExt;
 use tracing::{debug, info, warn};
 
-use crate::k8s::attach::RetryPolicy;
 use crate::k8s::identity::Identity;
 use crate::k8s::workqueue::{Outcome, WorkQueue};
 
+/// The retry policy of the loops that retry with backoff.
+mod retry;
 #[cfg(test)]
 mod tests;
+
+pub(crate) use retry::RetryPolicy;
 
 /// An object a controller watches.
 pub(crate) trait Watched: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Unpin + 'static {}
