@@ -1,7 +1,9 @@
 //! The one fake API server of the Kubernetes front's tests (kube-rs's
 //! `tower_test::mock::pair`, as in kube-rs's controller example): a [`kube::Client`] for
 //! the code under test, and the test's end of it, which takes each request in order,
-//! checks it and answers it.
+//! checks it and answers it. Every test of this front that needs an API server uses it
+//! (the executors', the shell's, the controllers', the Drive sync's, and
+//! `kubectl drivelet`'s); no test builds a server of its own.
 //!
 //! Rules:
 //! - Every request is checked for method and path (the whole path with its query, or
@@ -13,6 +15,12 @@
 //! - [`fake_api`] hands every request to the test. [`fake_api_serving`] answers the lists
 //!   and watches of the resources it is given in the background (an actor's watches come
 //!   and go on their own) and hands every other request to the test.
+//!   [`fake_api_serving_events`] also answers every Event written in the background and
+//!   records it ([`FakeApi::events`], [`FakeApi::event_reasons`]), for the controllers
+//!   whose tests check the Events once at the end rather than step by step (the resize
+//!   and snapshot queues).
+//! - A watch the script has no more answers for is held open, never answered; a list
+//!   the script has no answer for fails the test.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

@@ -7,6 +7,9 @@
 //!   a label already carrying the value is not written again.
 //! - A failure is retried with backoff until it succeeds or the agent stops; the node
 //!   serves CSI meanwhile (kubelet still learns the topology through NodeGetInfo).
+//! - The retry is the shell's policy ([`RetryPolicy::backoff`], `kubernetes.retry_base`
+//!   .. `retry_cap`); the loop itself is a task spawned once, not a controller of the
+//!   shell: one object written once needs no watch and no queue.
 
 use std::collections::BTreeMap;
 
