@@ -6,7 +6,7 @@
 //! record back, so a half copy is never served; a retried CreateVolume copies again
 //! from the start onto a freshly wiped partition):
 //! - a filesystem source is copied by the filesystem's own tool, used blocks only
-//!   ([`disk::copy`]), given a fresh UUID, grown to the clone's size, fsynced and
+//!   ([`crate::disk::copy`]), given a fresh UUID, grown to the clone's size, fsynced and
 //!   checked read-only; a copy that does not check clean fails the create (which then
 //!   rolls back);
 //! - a block source is copied byte for byte, its whole length, then fsynced; what a
