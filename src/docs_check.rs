@@ -3,9 +3,11 @@
 //! `x.rs` beside a folder `x/`) names every file and folder in it or declares it with a
 //! `///` doc (what rustdoc shows as the folder's map), and the README's
 //! command table names every subcommand of `drivelet` and `kubectl drivelet`.
-//! Test files (`tests.rs`, `*_tests.rs`) are left out: their names say what they are.
+//! Test files (`tests.rs`, `*_tests.rs`, `fixtures.rs`) are left out: their names say what they are.
 
 use std::path::{Path, PathBuf};
+
+use clap::CommandFactory;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -27,7 +29,7 @@ fn module_doc(p: &Path) -> String {
 }
 
 fn is_test_file(name: &str) -> bool {
-    name == "tests.rs" || name.ends_with("_tests.rs")
+    name == "tests.rs" || name == "fixtures.rs" || name.ends_with("_tests.rs")
 }
 
 /// Every entry of `dir` that the docs must name: `.rs` files (not `mod.rs`, not tests)
@@ -70,13 +72,15 @@ fn declared_with_doc(module: &str, stem: &str) -> bool {
 }
 
 /// A name counts as mentioned when the doc has it as written, or, for `x.rs` beside a
-/// folder `x/` (or the reverse), the other spelling.
+/// folder `x/` (or the reverse), the other spelling, or the module's name in code
+/// quotes (`` `x` ``, a rustdoc link, or a path `` `x::...` ``).
 fn mentions(doc: &str, name: &str) -> bool {
     let other = match name.strip_suffix(".rs") {
         Some(stem) => format!("{stem}/"),
         None => format!("{}.rs", name.trim_end_matches('/')),
     };
-    doc.contains(name) || doc.contains(&other)
+    let stem = name.trim_end_matches('/').trim_end_matches(".rs");
+    doc.contains(name) || doc.contains(&other) || doc.contains(&format!("`{stem}`")) || doc.contains(&format!("`{stem}::"))
 }
 
 #[test]
@@ -150,4 +154,80 @@ fn the_testing_page_lists_every_journey_and_names_every_test_file() {
         }
     }
     assert!(missing.is_empty(), "docs/testing.md does not name {missing:?}");
+}
+
+/// Every leaf command below `cmd`, as the words of its path.
+fn leaves(cmd: &clap::Command, path: Vec<String>, out: &mut Vec<Vec<String>>) {
+    let subs: Vec<_> = cmd.get_subcommands().filter(|c| c.get_name() != "help").collect();
+    if subs.is_empty() {
+        out.push(path);
+        return;
+    }
+    for s in subs {
+        let mut p = path.clone();
+        p.push(s.get_name().to_string());
+        leaves(s, p, out);
+    }
+}
+
+/// The README's command table names every subcommand of `drivelet` and of
+/// `kubectl drivelet`: for each leaf command, one row of the table starts with its
+/// program and top command and holds every word of its path.
+#[test]
+fn the_readme_command_table_names_every_subcommand() {
+    let readme = read(&root().join("README.md"));
+    let table = readme.split("## Commands").nth(1).expect("README.md has a Commands section");
+    let rows: Vec<Vec<String>> = table
+        .lines()
+        .take_while(|l| l.starts_with('|') || l.trim().is_empty())
+        .filter_map(|l| l.split(" | ").next())
+        .map(|cell| cell.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).filter(|w| !w.is_empty()).map(str::to_string).collect())
+        .collect();
+    let mut all = Vec::new();
+    leaves(&crate::cli::args::Cli::command(), vec!["drivelet".into()], &mut all);
+    leaves(&crate::cli::args::KubectlCli::command(), vec!["kubectl".into(), "drivelet".into()], &mut all);
+    let missing: Vec<String> = all
+        .into_iter()
+        .filter(|path| path.get(1).map(String::as_str) != Some("kubectl"))
+        .filter(|path| {
+            let head = if path[0] == "kubectl" { 2 } else { 2.min(path.len()) };
+            !rows.iter().any(|row| row.len() >= head && row[..head] == path[..head] && path[head..].iter().all(|w| row.contains(w)))
+        })
+        .map(|p| p.join(" "))
+        .collect();
+    assert!(missing.is_empty(), "README.md's command table lacks {missing:?}");
+}
+
+/// Every path of the project a page names (`src/...`, `tests/...`, `scripts/...`,
+/// `deploy/...`, `benches/...`, `config/...`, `docs/...`) is there: a page never points
+/// at a file that moved or went.
+#[test]
+fn every_path_the_docs_name_exists() {
+    let prefixes = ["src/", "tests/", "scripts/", "deploy/", "benches/", "config/", "docs/"];
+    let mut pages = vec![root().join("README.md")];
+    for e in std::fs::read_dir(root().join("docs")).expect("docs/") {
+        let p = e.expect("an entry").path();
+        if p.extension().is_some_and(|x| x == "md") {
+            pages.push(p);
+        }
+    }
+    let mut missing = Vec::new();
+    for page in pages {
+        let text = read(&page);
+        for (at, _) in text.match_indices(|c: char| c == 's' || c == 't' || c == 'd' || c == 'b' || c == 'c') {
+            let rest = &text[at..];
+            let Some(prefix) = prefixes.iter().find(|p| rest.starts_with(**p)) else { continue };
+            if text[..at].chars().next_back().is_some_and(|c| c.is_ascii_alphanumeric() || "/._-~$".contains(c)) {
+                continue;
+            }
+            let path: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || "/._-".contains(*c)).collect();
+            let path = path.trim_end_matches(['.', '-']);
+            if path.len() > prefix.len() && !path.contains("..") && !root().join(path).exists() {
+                missing.push(format!("{}: {path}", page.strip_prefix(root()).expect("under the root").display()));
+            }
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    assert!(missing.is_empty(), "the docs name paths that are not there:\n{}", missing.join("\n"));
 }

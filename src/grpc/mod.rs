@@ -26,9 +26,11 @@
 //! - the [`CsiFront`] actor owns the serving task: it stops accepting and finishes
 //!   in-flight calls on shutdown, and is restarted (rebinding) if the task fails.
 
+/// The admin socket behind `drivelet ctl`: one JSON request and answer per line.
 pub(crate) mod admin;
 pub(crate) mod controller;
 pub(crate) mod volume_health;
+/// The CSI Identity service: plugin info, capabilities, Probe.
 pub(crate) mod identity;
 pub(crate) mod node;
 pub mod params;

@@ -66,7 +66,9 @@ pub(crate) mod book;
 pub(crate) mod calls;
 pub(crate) mod cleaner;
 pub(crate) mod conditions;
+/// What an admin's listings show of a volume (ctl volumes, the Drive objects, kubectl drivelet volumes).
 pub(crate) mod detail;
+/// VolumeError: one variant per refusal, in plain words naming the volume.
 pub mod error;
 pub mod evacuate;
 pub(crate) mod messages;
@@ -74,6 +76,7 @@ pub mod model;
 pub(crate) mod notes;
 pub(crate) mod placement;
 pub(crate) mod reconcile;
+/// Snapshots as the volume manager keeps them: a book record marked as one.
 pub mod snapshot;
 pub mod steps;
 pub(crate) mod usage;
