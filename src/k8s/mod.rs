@@ -15,8 +15,8 @@
 //!   snapshot: `CreateSnapshot` / `DeleteSnapshot` / `ListSnapshots` / `GetVolume`;
 //!   the returned-node clean-up: `DetachVolume` / `DeleteVolume`); condition Events
 //!   arrive as `VolumeConditionChanged` notifications (with their typed reasons) the
-//!   volume manager sends to a subscriber; the Drive sync asks read-only queries and
-//!   takes notifications.
+//!   volume manager sends to a subscriber; the Drive sync reads one view of the volume
+//!   manager (`GetDriveView`) and takes notifications.
 //! - One controller shell ([`shell`]) owns the watches, their relists, the work queue,
 //!   readiness and resync; a controller (`attach::controller`, `resize::controller`,
 //!   `snapshot::controller`) only says what it keeps, what a change queues and what a
@@ -54,8 +54,9 @@ pub(crate) mod drive_actions;
 /// Cluster duties: the Lease election of one agent that looks after deleted nodes'
 /// objects, its decisions, executor and controller, and a returning node's clean-up.
 pub(crate) mod duties;
-/// The sync of this node's `Drive` objects: names, desired objects, the plan of writes,
-/// its executor and the `DriveSync` actor.
+/// The sync of this node's `Drive` objects, a file per concern: names, desired objects,
+/// status, admin actions, the plan of writes, its executor and pods lookup, one sync and
+/// the `DriveSync` loop (its `mod.rs` says which file holds what).
 pub(crate) mod drives;
 /// The front's own error: the API client, the volume manager asked by a controller.
 pub mod error;
@@ -90,8 +91,6 @@ pub(crate) mod workqueue;
 
 pub use error::KubeError;
 
-#[cfg(test)]
-mod drives_fake_api_tests;
 /// The one fake API server of this front's tests, and its expectation helpers.
 #[cfg(test)]
 pub(crate) mod fake_api;

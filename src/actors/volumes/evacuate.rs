@@ -232,6 +232,7 @@ impl VolumeManager {
         let name = plan.rec.name.clone();
         let from_drive = plan.rec.drive_id.clone();
         self.book.reserve_move(plan.rec.clone());
+        self.announce(&from_drive); // the Drive object shows the volume moving
         let guards = self.book.guards();
         let job = move || super::moves::move_volume(&store, &guards, plan, force, &done);
         let fut = self.run_with(claim, id.clone(), true, job).map(move |res, act, ctx| {

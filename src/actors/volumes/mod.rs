@@ -41,6 +41,7 @@ pub(crate) mod clone;
 pub mod error;
 pub(crate) mod conditions;
 pub(crate) mod drive_actions;
+pub mod drive_view;
 pub mod evacuate;
 pub(crate) mod messages;
 pub(crate) mod notes;
