@@ -51,6 +51,8 @@ pub(crate) mod supervisor;
 /// Property tests of request and config validation.
 #[cfg(test)]
 mod validation_props;
+#[cfg(test)]
+mod docs_check;
 
 /// The topology key every drivelet volume and node carries.
 pub const TOPOLOGY_NODE_KEY: &str = "topology.drivelet.io/node";

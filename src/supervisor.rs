@@ -37,7 +37,7 @@ use crate::config::Config;
 use crate::grpc::registration::{Registrar, RegistrationService, RegistrationState};
 use crate::grpc::{admin, CsiFront, Front, Views};
 use crate::k8s::attach::{AttachQueue, ManagerBackend, QueueConfig};
-use crate::k8s::attach::RetryPolicy;
+use crate::k8s::shell::RetryPolicy;
 use crate::k8s::drives::DriveSync;
 use crate::k8s::duties;
 use crate::k8s::events::moved::MoveEvents;
@@ -149,33 +149,20 @@ type KubernetesParts = (Option<Addr<AttachQueue<ManagerBackend>>>, Option<duties
 fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> KubernetesParts {
     let k = &cfg.kubernetes;
     let identity = Identity { driver: cfg.driver.name.clone(), node: cfg.driver.node_name.clone() };
+    // The attach, resize and snapshot queues: one shell each, configured alike.
+    let qcfg = QueueConfig { identity: identity.clone(), policy: RetryPolicy::from_config(k), resync: k.resync_interval };
     let mut attach = None;
     if k.attach {
-        let qcfg = QueueConfig {
-            identity: identity.clone(),
-            policy: RetryPolicy { base: k.attach_backoff_base, cap: k.attach_backoff_cap, terminal: k.attach_terminal_retry },
-            resync: k.resync_interval,
-        };
-        let (c, backend) = (client.clone(), ManagerBackend::new(actors.volumes.clone()));
-        attach = Some(Supervisor::start(move |_| AttachQueue::new(c, qcfg, backend)));
+        let (c, q, backend) = (client.clone(), qcfg.clone(), ManagerBackend::new(actors.volumes.clone()));
+        attach = Some(Supervisor::start(move |_| AttachQueue::new(c, q, backend)));
     }
     if k.resize {
-        let rcfg = resize::QueueConfig {
-            identity: identity.clone(),
-            policy: RetryPolicy { base: k.attach_backoff_base, cap: k.attach_backoff_cap, terminal: k.attach_terminal_retry },
-            resync: k.resync_interval,
-        };
-        let (c, backend) = (client.clone(), resize::ManagerBackend::new(actors.volumes.clone()));
-        Supervisor::start(move |_| ResizeQueue::new(c, rcfg, backend));
+        let (c, q, backend) = (client.clone(), qcfg.clone(), resize::ManagerBackend::new(actors.volumes.clone()));
+        Supervisor::start(move |_| ResizeQueue::new(c, q, backend));
     }
     if k.snapshots {
-        let scfg = snapshot::controller::QueueConfig {
-            identity: identity.clone(),
-            policy: RetryPolicy { base: k.attach_backoff_base, cap: k.attach_backoff_cap, terminal: k.attach_terminal_retry },
-            resync: k.resync_interval,
-        };
-        let (c, backend) = (client.clone(), snapshot::ManagerBackend::new(actors.volumes.clone()));
-        Supervisor::start(move |_| SnapshotQueue::new(c, scfg, backend));
+        let (c, q, backend) = (client.clone(), qcfg.clone(), snapshot::ManagerBackend::new(actors.volumes.clone()));
+        Supervisor::start(move |_| SnapshotQueue::new(c, q, backend));
     }
     if k.events {
         let reporter = ConditionReporter::new(client.clone(), identity.clone());
@@ -194,7 +181,7 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Kube
     }
     if k.label_node {
         let labels = cfg.topology_segments();
-        tokio::spawn(crate::k8s::node::label_node(client.clone(), cfg.driver.node_name.clone(), labels, k.attach_backoff_base, k.attach_backoff_cap));
+        tokio::spawn(crate::k8s::node::label_node(client.clone(), cfg.driver.node_name.clone(), labels, qcfg.policy));
     }
     if cfg.drives.adopt_from_deleted_nodes {
         if let Some(me) = crate::disk::note::identity() {

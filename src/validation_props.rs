@@ -31,7 +31,7 @@ use crate::actors::volumes::model::{size_for, CapacityRange};
 use crate::config::{Config, ConfigError};
 use crate::disk::mount::parse_mount_flags;
 use crate::disk::beneath;
-use crate::grpc::controller::{check_id, range_of};
+use crate::grpc::valid::{check_id, range_of};
 use crate::grpc::params::{capability_supported, VolumeParams};
 use crate::words::on_node_deleted::ON_NODE_DELETED;
 use crate::grpc::proto::csi;

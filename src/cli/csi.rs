@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use super::args::{CsiCmd, Output};
+use super::{size_arg, CliError};
 use crate::grpc::proto::csi;
 
 /// Errors of the CSI client.
@@ -534,6 +536,53 @@ fn node_capability(c: &csi::NodeServiceCapability) -> String {
         Some(csi::node_service_capability::Type::Rpc(r)) => r.r#type().as_str_name().to_string(),
         None => "UNKNOWN".into(),
     }
+}
+
+/// `drivelet csi`: one call to the endpoint (else the config's CSI socket), its answer
+/// printed.
+pub fn run(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, cmd: CsiCmd) -> Result<(), CliError> {
+    let socket = match endpoint {
+        Some(s) => s,
+        None => crate::config::Config::load(config.as_deref())?.paths.csi_socket,
+    };
+    let rt = super::runtime()?;
+    let usage = |e: CliError| CsiCliError::Usage(e.to_string());
+    let answer = rt.block_on(async {
+        let ch = connect(&socket).await?;
+        match cmd {
+            CsiCmd::Info => info(ch).await,
+            CsiCmd::Create { name, size, limit, params, source, access } => {
+                let (size, limit) = match (size_arg(&size), size_arg(&limit)) {
+                    (Ok(s), Ok(l)) => (s, l),
+                    (Err(e), _) | (_, Err(e)) => return Err(usage(e)),
+                };
+                create(ch, &name, size, limit, &access.access(), parse_params(&params)?, source.as_deref()).await
+            }
+            CsiCmd::Delete { id } => delete(ch, &id).await,
+            CsiCmd::Get { id } => get(ch, &id).await,
+            CsiCmd::List => list(ch).await,
+            CsiCmd::Validate { id, access } => validate(ch, &id, &access.access()).await,
+            CsiCmd::Capacity { params } => capacity(ch, parse_params(&params)?).await,
+            CsiCmd::Stage { id, staging, access } => stage(ch, &id, &staging, &access.access()).await,
+            CsiCmd::Unstage { id, staging } => unstage(ch, &id, &staging).await,
+            CsiCmd::Publish { id, staging, target, readonly, access } => publish(ch, &id, &staging, &target, &access.access(), readonly).await,
+            CsiCmd::Unpublish { id, target } => unpublish(ch, &id, &target).await,
+            CsiCmd::Expand { id, size } => expand(ch, &id, size_arg(&size).map_err(usage)?).await,
+            CsiCmd::NodeExpand { id, path } => node_expand(ch, &id, &path).await,
+            CsiCmd::Stats { id, path } => stats(ch, &id, &path).await,
+            CsiCmd::Health { id: Some(id), node, staging, target } => health(ch, &id, node, staging.as_deref(), target.as_deref()).await,
+            CsiCmd::Health { id: None, node: true, .. } => {
+                Err(CsiCliError::Usage("--node needs a volume id: NodeGetVolumeHealth asks about one volume".into()))
+            }
+            CsiCmd::Health { id: None, .. } => unhealthy(ch).await,
+            CsiCmd::StorageHealth => storage_health(ch).await,
+        }
+    })?;
+    match output {
+        Output::Json => println!("{}", super::json(&answer)?),
+        Output::Table => print!("{}", plain(&answer)),
+    }
+    Ok(())
 }
 
 #[cfg(test)]

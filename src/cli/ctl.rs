@@ -1,11 +1,13 @@
 //! `drivelet ctl`: the admin client. Talks to a running agent over its admin socket
-//! and renders answers as a table or JSON.
+//! and renders answers as a table or JSON; [`run`] is the subcommand's body.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
+use super::args::{CtlCmd, DriveCmd, Output};
+use super::CliError;
 use crate::actors::volumes::model::VolumeRecord;
 use crate::actors::volumes::VolumeDetail;
 
@@ -343,6 +345,76 @@ pub fn drives_table(drives: &[DriveView]) -> String {
         })
         .collect();
     table(&header, &rows)
+}
+
+/// `drivelet ctl`: asks the agent at `socket` (else the config's admin socket) and
+/// prints its answer.
+pub fn run(config: Option<PathBuf>, socket: Option<PathBuf>, cmd: CtlCmd) -> Result<(), CliError> {
+    if let CtlCmd::Migrate { file, from_cluster, apply } = cmd {
+        let source = match (file, from_cluster) {
+            (Some(f), None) => Some(super::migrate::Source::File(f)),
+            (None, Some(name)) => Some(super::migrate::Source::Cluster(name)),
+            _ => None,
+        };
+        return Ok(super::migrate::run(config.as_deref(), socket, source, apply)?);
+    }
+    let socket = match socket {
+        Some(s) => s,
+        None => crate::config::Config::load(config.as_deref())?.paths.admin_socket,
+    };
+    let rt = super::runtime()?;
+    let print_use = |u: &DriveUse| println!("drive {}: {} ({})", u.drive_id, u.state.as_str(), u.reason);
+    match cmd {
+        CtlCmd::Drives { output } => {
+            let drives = rt.block_on(drives(&socket))?;
+            match output {
+                Output::Json => println!("{}", super::json(&drives)?),
+                Output::Table => print!("{}", drives_table(&drives)),
+            }
+        }
+        CtlCmd::Drive { cmd: DriveCmd::Release { id, force } } => print_use(&rt.block_on(release(&socket, &id, force))?),
+        CtlCmd::Drive { cmd: DriveCmd::Adopt { id } } => print!("{}", adopted_words(&rt.block_on(adopt_drive(&socket, &id))?)),
+        CtlCmd::Drive { cmd: DriveCmd::Evacuate { id, force } } => {
+            let e = rt.block_on(evacuate(&socket, &id, force))?;
+            print!("{}", evacuations_table(std::slice::from_ref(&e)));
+        }
+        CtlCmd::Evacuations { output } => {
+            let list = rt.block_on(evacuations(&socket))?;
+            match output {
+                Output::Json => println!("{}", super::json(&list)?),
+                Output::Table => print!("{}", evacuations_table(&list)),
+            }
+        }
+        CtlCmd::Drive { cmd: cordon @ (DriveCmd::Cordon { .. } | DriveCmd::Uncordon { .. }) } => {
+            let (id, on) = match cordon {
+                DriveCmd::Cordon { id } => (id, true),
+                DriveCmd::Uncordon { id } | DriveCmd::Release { id, .. } | DriveCmd::Evacuate { id, .. } | DriveCmd::Adopt { id } => (id, false),
+            };
+            match rt.block_on(self::cordon(&socket, &id, on))? {
+                Some(u) => print_use(&u),
+                None => println!("drive {id}: active"),
+            }
+        }
+        CtlCmd::Volumes { output } => {
+            let vols = rt.block_on(volumes(&socket))?;
+            match output {
+                Output::Json => println!("{}", super::json(&vols)?),
+                Output::Table => {
+                    let details = rt.block_on(volume_details(&socket))?;
+                    print!("{}", volumes_table(&vols, &details))
+                }
+            }
+        }
+        CtlCmd::Snapshots { output } => {
+            let snaps = rt.block_on(snapshots(&socket))?;
+            match output {
+                Output::Json => println!("{}", super::json(&snaps)?),
+                Output::Table => print!("{}", snapshots_table(&snaps)),
+            }
+        }
+        CtlCmd::Migrate { .. } => {}
+    }
+    Ok(())
 }
 
 #[cfg(test)]

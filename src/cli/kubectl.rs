@@ -28,6 +28,7 @@
 //!   refused; 2 bad arguments (from the argument parser); 3 no such node or drive; 4 an
 //!   action waited for (`--wait`) was not complete in time.
 
+use std::process::ExitCode;
 use std::time::Duration;
 
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -36,7 +37,9 @@ use kube::{Client, Config, ResourceExt};
 use serde::Serialize;
 use serde_json::json;
 
+use super::args::{Format, KubectlArgs, KubectlCmd, KubectlDriveCmd};
 use super::ctl::{drive_reason, health_words, table, used_words};
+use super::CliError;
 use crate::actors::inventory::model::NOT_CHECKED;
 use crate::config::human_bytes;
 use crate::k8s::crd::{Drive, DriveAction, DriveClass, DriveHealth};
@@ -459,6 +462,71 @@ pub async fn act(
                 )))
             }
             Some(_) => tokio::time::sleep(WAIT_POLL).await,
+        }
+    }
+}
+
+/// `value` printed as `format` asks: the table `table` makes, or JSON or YAML.
+fn print_as<T: Serialize>(format: Format, value: &T, table: impl FnOnce() -> String) -> Result<(), CliError> {
+    match format {
+        Format::Table | Format::Wide => print!("{}", table()),
+        Format::Json => println!("{}", super::json(value)?),
+        Format::Yaml => print!("{}", serde_norway::to_string(value).map_err(CliError::Yaml)?),
+    }
+    Ok(())
+}
+
+/// `kubectl drivelet`: the subcommand's body, with its own exit codes
+/// ([`KubectlError::exit_code`]).
+pub fn run(args: KubectlArgs) -> ExitCode {
+    let run = async {
+        let client = client(args.kubeconfig.as_deref(), args.context).await?;
+        let res = match args.cmd {
+            KubectlCmd::Drives { node, output } => {
+                let rows = drives(&client, node.as_deref()).await?;
+                print_as(output, &rows, || drives_table(&rows))
+            }
+            KubectlCmd::Volumes { node, drive, output } => {
+                let rows = volumes(&client, node.as_deref(), drive.as_deref()).await?;
+                print_as(output, &rows, || volumes_table(&rows, output == Format::Wide))
+            }
+            KubectlCmd::Drive { cmd } => {
+                let (action, a) = match cmd {
+                    KubectlDriveCmd::Cordon(a) => (Action::Cordon, a),
+                    KubectlDriveCmd::Uncordon(a) => (Action::Uncordon, a),
+                    KubectlDriveCmd::Release(a) => (Action::Release, a),
+                    KubectlDriveCmd::Evacuate(a) => (Action::Evacuate, a),
+                    KubectlDriveCmd::Adopt { args, restore_claims } => (Action::Adopt { restore_claims }, args),
+                };
+                let (table, drive) = (matches!(a.output, Format::Table | Format::Wide), a.drive.clone());
+                let mut progress = |m: &str| {
+                    if table {
+                        println!("drive {drive}: {m}");
+                    }
+                };
+                let o = act(&client, &a.drive, action, a.wait, &mut progress).await?;
+                let done = if o.complete { "done" } else { "asked" };
+                print_as(a.output, &o, || format!("drive {}: {} {done}: {}\n", o.drive, o.action, o.message))
+            }
+        };
+        Ok::<_, KubectlError>(res)
+    };
+    let rt = match super::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kubectl drivelet: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(run) {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
+            eprintln!("kubectl drivelet: {}", super::chain(&e));
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("kubectl drivelet: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

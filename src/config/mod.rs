@@ -401,24 +401,28 @@ pub struct KubernetesConfig {
     /// attached and detached here (no external-attacher sidecar).
     pub attach: bool,
     /// Run the in-process resizer: claims of this driver's volumes on this node that ask
-    /// for more are grown here (no external-resizer sidecar). Its retries use the attach
-    /// backoff settings; an infeasible size waits `attach_terminal_retry`.
+    /// for more are grown here (no external-resizer sidecar). Its retries use
+    /// `retry_base` and `retry_cap`; an infeasible size waits `retry_terminal`.
     pub resize: bool,
     /// Run the in-process snapshotter: VolumeSnapshotContents of this driver whose
     /// volume or snapshot this node holds are snapshotted and deleted here (no
     /// csi-snapshotter sidecar). Needs the `snapshot.storage.k8s.io` CRDs; its retries use
-    /// the attach backoff settings.
+    /// `retry_base` and `retry_cap`.
     pub snapshots: bool,
-    /// Backoff after the first failed attach or detach (or resize); doubled per failure.
-    #[serde(deserialize_with = "de_duration")]
-    pub attach_backoff_base: Duration,
-    /// The longest backoff.
-    #[serde(deserialize_with = "de_duration")]
-    pub attach_backoff_cap: Duration,
-    /// Retry delay after an attach that cannot succeed by retrying (failing, releasing
-    /// or missing drive).
-    #[serde(deserialize_with = "de_duration")]
-    pub attach_terminal_retry: Duration,
+    /// The first retry delay of this front's loops that retry with backoff (a failed
+    /// attach or detach, resize, snapshot, node labelling); doubled per failure in a row.
+    /// `attach_backoff_base`, its old name, still loads; setting both is an error.
+    #[serde(alias = "attach_backoff_base", deserialize_with = "de_duration")]
+    pub retry_base: Duration,
+    /// The longest retry delay of those loops. `attach_backoff_cap`, its old name, still
+    /// loads; setting both is an error.
+    #[serde(alias = "attach_backoff_cap", deserialize_with = "de_duration")]
+    pub retry_cap: Duration,
+    /// Retry delay after a failure that cannot pass by retrying (an attach to a failing,
+    /// releasing or missing drive; a size the drive cannot meet).
+    /// `attach_terminal_retry`, its old name, still loads; setting both is an error.
+    #[serde(alias = "attach_terminal_retry", deserialize_with = "de_duration")]
+    pub retry_terminal: Duration,
     /// Every VolumeAttachment of this node is looked at again this often even without
     /// a change (0s: never).
     #[serde(deserialize_with = "de_duration")]
@@ -455,9 +459,9 @@ impl Default for KubernetesConfig {
             attach: true,
             resize: true,
             snapshots: true,
-            attach_backoff_base: Duration::from_secs(1),
-            attach_backoff_cap: Duration::from_secs(300),
-            attach_terminal_retry: Duration::from_secs(600),
+            retry_base: Duration::from_secs(1),
+            retry_cap: Duration::from_secs(300),
+            retry_terminal: Duration::from_secs(600),
             resync_interval: Duration::from_secs(600),
             events: true,
             event_interval: Duration::from_secs(60),
@@ -597,9 +601,9 @@ mod tests {
             (Box::new(|c| c.http.address = "localhost:9808".into()), "http.address"),
             (Box::new(|c| c.http.address = "0.0.0.0".into()), "http.address"),
             (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.kubeconfig = "kube/config".into(); }), "kubernetes.kubeconfig"),
-            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.attach_backoff_base = Duration::ZERO; }), "kubernetes.attach_backoff_base"),
-            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.attach_backoff_cap = Duration::from_millis(500); }), "kubernetes.attach_backoff_cap"),
-            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.attach_terminal_retry = Duration::from_millis(5); }), "kubernetes.attach_terminal_retry"),
+            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.retry_base = Duration::ZERO; }), "kubernetes.retry_base"),
+            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.retry_cap = Duration::from_millis(500); }), "kubernetes.retry_cap"),
+            (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.retry_terminal = Duration::from_millis(5); }), "kubernetes.retry_terminal"),
             (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.resync_interval = Duration::from_secs(1); }), "kubernetes.resync_interval"),
             (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.drive_resync_interval = Duration::from_secs(1); }), "kubernetes.drive_resync_interval"),
             (Box::new(|c| { c.kubernetes.enabled = true; c.kubernetes.namespace = "Drivelet_System".into(); }), "kubernetes.namespace"),
@@ -658,6 +662,19 @@ mod tests {
         assert!(c.migration.local);
         let err = load_str("[migration]\nhostpath = true\n").unwrap_err().to_string();
         assert!(err.contains("hostpath"), "{err}");
+    }
+
+    #[test]
+    fn the_retry_keys_load_under_their_old_names_too_but_not_under_both() {
+        let new = "[kubernetes]\nretry_base = \"2s\"\nretry_cap = \"1m\"\nretry_terminal = \"20m\"\n";
+        let old = "[kubernetes]\nattach_backoff_base = \"2s\"\nattach_backoff_cap = \"1m\"\nattach_terminal_retry = \"20m\"\n";
+        for toml in [new, old] {
+            let k = load_str(&format!("[driver]\nnode_name = \"n\"\n{toml}")).unwrap().kubernetes;
+            assert_eq!((k.retry_base, k.retry_cap, k.retry_terminal), (Duration::from_secs(2), Duration::from_secs(60), Duration::from_secs(1200)), "{toml}");
+        }
+        let both = "[kubernetes]\nretry_base = \"2s\"\nattach_backoff_base = \"3s\"\n";
+        let err = load_str(both).unwrap_err().to_string();
+        assert!(err.contains("duplicate field `retry_base`"), "{err}");
     }
 
     #[test]

@@ -116,14 +116,14 @@ impl Config {
             if !k.kubeconfig.as_os_str().is_empty() && !k.kubeconfig.is_absolute() {
                 return Err(invalid("kubernetes.kubeconfig", "must be an absolute path, or empty for the in-cluster service account"));
             }
-            if k.attach_backoff_base < Duration::from_millis(10) {
-                return Err(invalid("kubernetes.attach_backoff_base", "must be at least 10ms"));
+            if k.retry_base < Duration::from_millis(10) {
+                return Err(invalid("kubernetes.retry_base", "must be at least 10ms"));
             }
-            if k.attach_backoff_cap < k.attach_backoff_base {
-                return Err(invalid("kubernetes.attach_backoff_cap", "must be at least kubernetes.attach_backoff_base"));
+            if k.retry_cap < k.retry_base {
+                return Err(invalid("kubernetes.retry_cap", "must be at least kubernetes.retry_base"));
             }
-            if k.attach_terminal_retry < Duration::from_secs(1) {
-                return Err(invalid("kubernetes.attach_terminal_retry", "must be at least 1s"));
+            if k.retry_terminal < Duration::from_secs(1) {
+                return Err(invalid("kubernetes.retry_terminal", "must be at least 1s"));
             }
             if k.resync_interval != Duration::ZERO && k.resync_interval < Duration::from_secs(10) {
                 return Err(invalid("kubernetes.resync_interval", "must be 0s (off) or at least 10s"));

@@ -3,23 +3,41 @@
 //! Nothing here knows about actors or CSI, and nothing here holds state; the functions
 //! are synchronous, meant to run off the async runtime (`spawn_blocking`).
 
+/// Staging and target paths opened once beneath an allowed root, then used only by descriptor.
 pub mod beneath;
+/// The kernel's partitions of a disk (sysfs) and the BLKPG ioctl.
 pub mod blkpg;
+/// Clean extents: each drive's record of space that may hold a former tenant's bytes, and its zeroing.
 pub mod clean;
+/// Copies of one device's data onto another, for clones: filesystem tools or bytes.
 pub(crate) mod copy;
+/// A bounded FIFREEZE of a mounted filesystem, for a consistent copy.
 pub mod freeze;
+/// The note a snapshot partition carries of itself.
 pub mod snapshot_note;
+/// Filesystems and signatures on a device: blkid, mkfs, fsck, grow.
 pub mod fs;
+/// drivelet's GPT conventions, layout arithmetic, reading and writing (gpt/: examine.rs, write.rs).
 pub mod gpt;
+/// The exclusive BSD lock on a whole disk while its partition table changes.
 pub mod lock;
+/// Loop devices over sparse files, for the demo and tests.
 pub(crate) mod loopdev;
+/// CSI mount flags, and what mountinfo lists at a path.
 pub mod mount;
+/// The verified byte copy of a moving volume onto its new partition.
 pub mod mover;
+/// What the kernel has mounted and swapped (mountinfo, /proc/swaps).
 pub mod mounts;
+/// Every drivelet disk's note of itself: its owner, and each volume's identity and claim.
 pub mod note;
+/// A disk's signatures in plain words (what libblkid names, as an admin calls it).
 pub(crate) mod signature;
+/// Drive health from smartctl's JSON and exit status (smart/: families.rs, figures.rs).
 pub mod smart;
+/// Per-step timings of disk work, for the disk_steps benchmark and debugging.
 pub mod timing;
+/// Block devices as udev and sysfs see them: probes and the monitor thread.
 pub mod udev;
 
 /// A sysfs attribute of a device directory, trimmed; `None` when it cannot be read.

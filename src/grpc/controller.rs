@@ -1,4 +1,7 @@
 //! CSI Controller service (node-local: every volume lives on this node's drives).
+//! Each handler validates ([`super::valid`]), asks the volume manager
+//! ([`Front::ask`]) and answers in CSI's words; the words of a refusal live in
+//! [`super::status`].
 //!
 //! CSI MUSTs honoured:
 //! - `ControllerGetCapabilities` lists only implemented RPCs: CREATE_DELETE_VOLUME,
@@ -63,125 +66,32 @@
 //! - `ListVolumes` and `GetCapacity` answer from the volume manager's published view
 //!   (`actors::volumes::view`), one consistent moment of its book, without a message.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use super::params::{capability_supported, unsupported_reason, VolumeParams};
+use super::params::VolumeParams;
 use super::proto::csi::{self, controller_server::Controller, controller_service_capability};
-use super::status::{echo, FrontError};
-use super::Front;
+use super::{valid, Front};
 
-use crate::actors::volumes::GetCapacity;
-use crate::actors::volumes::model::{minimum_size, CapacityRange, VolumeRecord};
 use crate::actors::volumes::conditions::Condition;
+use crate::actors::volumes::model::VolumeRecord;
 use crate::actors::volumes::snapshot::SnapshotRecord;
-use crate::actors::volumes::{
-    AttachVolume, CreateSnapshot, CreateVolume, DeleteSnapshot, DeleteVolume, DetachVolume, ExpandVolume, GetVolume, GetVolumeStatus,
-    ListSnapshots,
-};
+use crate::actors::volumes::ListSnapshots;
 use crate::words::LayoutKind;
 
 /// Controller service over the shared front state.
 pub(crate) struct ControllerService(pub Front);
 
-fn invalid(msg: impl Into<String>) -> Status {
-    FrontError::InvalidArgument(msg.into()).into()
-}
-
-/// Checks a CSI name or id: present, at most 128 bytes, no control characters.
-pub(crate) fn check_id(field: &str, v: &str) -> Result<(), Status> {
-    if v.is_empty() {
-        return Err(invalid(format!("{field} is required")));
-    }
-    if v.len() > 128 {
-        return Err(invalid(format!("{field} is {} bytes long; the limit is 128", v.len())));
-    }
-    // The CSI spec bans U+0000-0008, U+000B, U+000C, U+000E-001F and U+007F-009F.
-    if v.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r')) {
-        return Err(invalid(format!("{field} contains control characters")));
-    }
-    Ok(())
-}
-
 /// Why CreateVolume would refuse these capabilities and parameters before it looks at a
 /// drive, in its own words (`None`: it would not). The cluster duties warn a waiting
 /// claim with it; it is the same checks `create_volume` runs, in the same order.
 pub(crate) fn refusal(caps: &[csi::VolumeCapability], parameters: &HashMap<String, String>) -> Option<String> {
-    if let Err(s) = access_of(caps) {
+    if let Err(s) = valid::access_of(caps) {
         return Some(s.message().to_string());
     }
     VolumeParams::parse(parameters).err().map(|e| e.to_string())
-}
-
-/// What a set of capabilities asks for: block access, and the filesystem for mount
-/// access. Every capability must be servable and all must agree.
-pub(crate) fn access_of(caps: &[csi::VolumeCapability]) -> Result<(bool, String), Status> {
-    use csi::volume_capability::AccessType;
-    if caps.is_empty() {
-        return Err(invalid("volume_capabilities is required"));
-    }
-    let mut block = None;
-    let mut fs = String::new();
-    for c in caps {
-        if let Some(why) = unsupported_reason(c)? {
-            return Err(invalid(format!("unsupported volume capability: {why}")));
-        }
-        let is_block = matches!(c.access_type, Some(AccessType::Block(_)));
-        if block.is_some_and(|b| b != is_block) {
-            return Err(invalid("volume_capabilities mix block and mount access; a volume is one or the other"));
-        }
-        block = Some(is_block);
-        if let Some(AccessType::Mount(m)) = &c.access_type {
-            if !m.fs_type.is_empty() {
-                if !fs.is_empty() && fs != m.fs_type {
-                    return Err(invalid(format!(
-                        "volume_capabilities ask for two filesystems, {} and {}; a volume holds one",
-                        echo(&fs),
-                        echo(&m.fs_type)
-                    )));
-                }
-                fs = m.fs_type.clone();
-            }
-        }
-    }
-    Ok((block.unwrap_or(false), fs))
-}
-
-pub(crate) fn range_of(r: Option<&csi::CapacityRange>) -> Result<CapacityRange, Status> {
-    let Some(r) = r else { return Ok(CapacityRange { required: 0, limit: 0 }) };
-    if r.required_bytes < 0 || r.limit_bytes < 0 {
-        return Err(invalid(format!(
-            "capacity_range has required_bytes {} and limit_bytes {}; neither may be negative (0: no bound)",
-            r.required_bytes, r.limit_bytes
-        )));
-    }
-    if r.limit_bytes != 0 && r.limit_bytes < r.required_bytes {
-        return Err(invalid(format!(
-            "capacity_range limit_bytes {} is below required_bytes {}",
-            r.limit_bytes, r.required_bytes
-        )));
-    }
-    Ok(CapacityRange { required: r.required_bytes as u64, limit: r.limit_bytes as u64 })
-}
-
-/// The volume a CreateVolume clones or the snapshot it restores, if it names one, and
-/// whether it is a snapshot.
-pub(crate) fn source_of(src: Option<&csi::VolumeContentSource>) -> Result<Option<(String, bool)>, Status> {
-    use csi::volume_content_source::Type;
-    let Some(src) = src else { return Ok(None) };
-    match &src.r#type {
-        None => Err(invalid("volume_content_source names neither a snapshot nor a volume")),
-        Some(Type::Snapshot(s)) => {
-            check_id("volume_content_source.snapshot.snapshot_id", &s.snapshot_id)?;
-            Ok(Some((s.snapshot_id.clone(), true)))
-        }
-        Some(Type::Volume(v)) => {
-            check_id("volume_content_source.volume.volume_id", &v.volume_id)?;
-            Ok(Some((v.volume_id.clone(), false)))
-        }
-    }
 }
 
 /// The CSI form of a snapshot.
@@ -287,51 +197,7 @@ impl Controller for ControllerService {
         &self,
         req: Request<csi::CreateVolumeRequest>,
     ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
-        let req = req.into_inner();
-        check_id("name", &req.name)?;
-        tracing::Span::current().record("volume.name", req.name.as_str());
-        let (block, fs_type) = access_of(&req.volume_capabilities)?;
-        let range = range_of(req.capacity_range.as_ref())?;
-        let params = VolumeParams::parse(&req.parameters)?;
-        let source = source_of(req.volume_content_source.as_ref())?;
-        let from_snapshot = source.as_ref().is_some_and(|(_, snap)| *snap);
-        let source = source.map(|(id, _)| id);
-        if !req.mutable_parameters.is_empty() {
-            let mut keys: Vec<String> = req.mutable_parameters.keys().map(|k| echo(k)).collect();
-            keys.sort();
-            return Err(invalid(format!(
-                "mutable_parameters {} are not supported: drivelet offers no MODIFY_VOLUME; put parameters in the StorageClass",
-                keys.join(", ")
-            )));
-        }
-        if let Some(t) = &req.accessibility_requirements {
-            if !t.requisite.is_empty() && !t.requisite.iter().any(|t| self.0.topology_matches(t)) {
-                return Err(FrontError::OtherTopology { node: self.0.cfg.driver.node_name.clone() }.into());
-            }
-        }
-        let parameters: BTreeMap<String, String> = req
-            .parameters
-            .iter()
-            .filter(|(k, _)| !k.starts_with("csi.storage.k8s.io/"))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let rec = self
-            .0
-            .volumes
-            .send(CreateVolume {
-                name: req.name,
-                range,
-                media: params.media,
-                layout: params.layout,
-                block,
-                fs_type,
-                parameters,
-                source,
-                from_snapshot,
-                binding: binding_of(&req.parameters),
-            })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        let rec = self.0.ask(valid::create_volume(&self.0, req.into_inner())?).await?;
         Ok(Response::new(csi::CreateVolumeResponse { volume: Some(self.volume_of(&rec)) }))
     }
 
@@ -340,14 +206,7 @@ impl Controller for ControllerService {
         &self,
         req: Request<csi::DeleteVolumeRequest>,
     ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
-        let req = req.into_inner();
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        self.0
-            .volumes
-            .send(DeleteVolume { volume_id: req.volume_id })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        self.0.ask(valid::delete_volume(req.into_inner())?).await?;
         Ok(Response::new(csi::DeleteVolumeResponse {}))
     }
 
@@ -356,31 +215,8 @@ impl Controller for ControllerService {
         &self,
         req: Request<csi::ControllerPublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
-        let req = req.into_inner();
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        check_id("node_id", &req.node_id)?;
-        tracing::Span::current().record("node.name", req.node_id.as_str());
-        let cap = req.volume_capability.ok_or_else(|| invalid("volume_capability is required"))?;
-        let (block, fs_type) = access_of(std::slice::from_ref(&cap))?;
-        if req.readonly {
-            return Err(invalid(
-                "readonly is not supported (PUBLISH_READONLY is not advertised); ask for the SINGLE_NODE_READER_ONLY access mode instead",
-            ));
-        }
-        let here = &self.0.cfg.driver.node_name;
-        if req.node_id != *here {
-            return Err(FrontError::UnknownNode { node_id: req.node_id.clone(), here: here.clone() }.into());
-        }
-        let ctx = self
-            .0
-            .volumes
-            .send(AttachVolume { volume_id: req.volume_id, node_id: req.node_id, block, fs_type })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
-        Ok(Response::new(csi::ControllerPublishVolumeResponse {
-            publish_context: ctx.to_map().into_iter().collect(),
-        }))
+        let ctx = self.0.ask(valid::attach(&self.0.cfg.driver.node_name, req.into_inner())?).await?;
+        Ok(Response::new(csi::ControllerPublishVolumeResponse { publish_context: ctx.to_map().into_iter().collect() }))
     }
 
     #[instrument(skip_all, fields(csi.method = "ControllerUnpublishVolume", volume.id, node.name), err)]
@@ -388,21 +224,7 @@ impl Controller for ControllerService {
         &self,
         req: Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
-        let req = req.into_inner();
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        let node_id = if req.node_id.is_empty() {
-            None
-        } else {
-            check_id("node_id", &req.node_id)?;
-            tracing::Span::current().record("node.name", req.node_id.as_str());
-            Some(req.node_id)
-        };
-        self.0
-            .volumes
-            .send(DetachVolume { volume_id: req.volume_id, node_id })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        self.0.ask(valid::detach(req.into_inner())?).await?;
         Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
     }
 
@@ -412,35 +234,9 @@ impl Controller for ControllerService {
         req: Request<csi::ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
         let req = req.into_inner();
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        if req.volume_capabilities.is_empty() {
-            return Err(invalid("volume_capabilities is required"));
-        }
-        let rec = self
-            .0
-            .volumes
-            .send(GetVolume { volume_id: req.volume_id.clone() })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
-        let unconfirmed = |why: &str| {
-            Ok(Response::new(csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message: why.to_string() }))
-        };
-        let (block, fs) = match access_of(&req.volume_capabilities) {
-            Ok(x) => x,
-            Err(s) => return unconfirmed(s.message()),
-        };
-        if block != rec.block && !rec.rebuilt {
-            return unconfirmed(if rec.block { "the volume was created for block access" } else { "the volume was created for mount access" });
-        }
-        if !block && !fs.is_empty() && !rec.fs_type.is_empty() && fs != rec.fs_type {
-            return unconfirmed(&format!("the volume holds {}, not {fs}", rec.fs_type));
-        }
-        if !req.parameters.is_empty() {
-            let p = VolumeParams::parse(&req.parameters)?;
-            if p.layout != rec.layout || p.media.is_some_and(|m| m != rec.media) {
-                return unconfirmed("the parameters differ from those the volume was created with");
-            }
+        let rec = self.0.ask(valid::validate_capabilities(&req)?).await?;
+        if let Some(why) = unconfirmed(&rec, &req)? {
+            return Ok(Response::new(csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message: why }));
         }
         Ok(Response::new(csi::ValidateVolumeCapabilitiesResponse {
             confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
@@ -482,22 +278,7 @@ impl Controller for ControllerService {
         &self,
         req: Request<csi::ControllerExpandVolumeRequest>,
     ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
-        let req = req.into_inner();
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        let Some(range) = req.capacity_range.as_ref() else {
-            return Err(invalid("capacity_range is required: say how large the volume should become"));
-        };
-        let range = range_of(Some(range))?;
-        if let Some(cap) = &req.volume_capability {
-            access_of(std::slice::from_ref(cap))?;
-        }
-        let (size, node_expansion_required) = self
-            .0
-            .volumes
-            .send(ExpandVolume { volume_id: req.volume_id, range })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        let (size, node_expansion_required) = self.0.ask(valid::expand(req.into_inner())?).await?;
         Ok(Response::new(csi::ControllerExpandVolumeResponse {
             capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),
             node_expansion_required,
@@ -509,15 +290,7 @@ impl Controller for ControllerService {
         &self,
         req: Request<csi::ControllerGetVolumeRequest>,
     ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
-        let req = req.into_inner();
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        let st = self
-            .0
-            .volumes
-            .send(GetVolumeStatus { volume_id: req.volume_id })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        let st = self.0.ask(valid::volume(req.into_inner().volume_id)?).await?;
         Ok(Response::new(csi::ControllerGetVolumeResponse {
             volume: Some(self.volume_of(&st.record)),
             status: Some(csi::controller_get_volume_response::VolumeStatus {
@@ -548,45 +321,16 @@ impl Controller for ControllerService {
         &self,
         req: Request<csi::GetCapacityRequest>,
     ) -> Result<Response<csi::GetCapacityResponse>, Status> {
-        let req = req.into_inner();
-        let params = VolumeParams::parse(&req.parameters)?;
-        let mut servable = true;
-        for cap in &req.volume_capabilities {
-            servable &= capability_supported(cap)?;
-        }
-        if let Some(t) = &req.accessible_topology {
-            servable &= self.0.topology_matches(t);
-        }
-        // The StorageClass's filesystem (the external-provisioner's capacity tracking
-        // passes the class's parameters and no capabilities): one drivelet cannot make
-        // has no capacity, and xfs has its larger minimum.
-        let class_fs = req.parameters.get("csi.storage.k8s.io/fstype").filter(|f| !f.is_empty());
-        if let Some(fs) = class_fs {
-            servable &= matches!(fs.as_str(), "ext4" | "xfs");
-        }
-        // The smallest volume the capabilities allow: xfs needs 300 MiB, ext4 16 MiB.
-        let minimum = req
-            .volume_capabilities
-            .iter()
-            .map(|c| match &c.access_type {
-                Some(csi::volume_capability::AccessType::Mount(m)) => {
-                    let fs = if m.fs_type.is_empty() { self.0.cfg.volumes.default_fs.as_str() } else { m.fs_type.as_str() };
-                    minimum_size(false, fs)
-                }
-                _ => minimum_size(true, ""),
-            })
-            .chain(class_fs.map(|fs| minimum_size(false, fs)))
-            .max()
-            .unwrap_or_else(|| minimum_size(true, "")) as i64;
-        let zero = || csi::GetCapacityResponse {
-            available_capacity: 0,
-            maximum_volume_size: Some(0),
-            minimum_volume_size: Some(minimum),
-        };
+        let (servable, question) = valid::capacity(&self.0, &req.into_inner())?;
+        let minimum = question.minimum as i64;
         if !servable {
-            return Ok(Response::new(zero()));
+            return Ok(Response::new(csi::GetCapacityResponse {
+                available_capacity: 0,
+                maximum_volume_size: Some(0),
+                minimum_volume_size: Some(minimum),
+            }));
         }
-        let cap = self.0.views.book()?.capacity(&GetCapacity { media: params.media, layout: params.layout, minimum: minimum as u64 })?;
+        let cap = self.0.views.book()?.capacity(&question)?;
         Ok(Response::new(csi::GetCapacityResponse {
             available_capacity: i64::try_from(cap.available).unwrap_or(i64::MAX),
             maximum_volume_size: Some(i64::try_from(cap.maximum_volume_size).unwrap_or(i64::MAX)),
@@ -599,23 +343,7 @@ impl Controller for ControllerService {
         &self,
         req: Request<csi::CreateSnapshotRequest>,
     ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
-        let req = req.into_inner();
-        check_id("name", &req.name)?;
-        tracing::Span::current().record("snapshot.name", req.name.as_str());
-        check_id("source_volume_id", &req.source_volume_id)?;
-        tracing::Span::current().record("volume.id", req.source_volume_id.as_str());
-        let parameters: BTreeMap<String, String> = req
-            .parameters
-            .iter()
-            .filter(|(k, _)| !k.starts_with("csi.storage.k8s.io/"))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let snap = self
-            .0
-            .volumes
-            .send(CreateSnapshot { name: req.name, source_volume_id: req.source_volume_id, parameters })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        let snap = self.0.ask(valid::create_snapshot(req.into_inner())?).await?;
         Ok(Response::new(csi::CreateSnapshotResponse { snapshot: Some(snapshot_of(&snap)) }))
     }
 
@@ -624,14 +352,7 @@ impl Controller for ControllerService {
         &self,
         req: Request<csi::DeleteSnapshotRequest>,
     ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
-        let req = req.into_inner();
-        check_id("snapshot_id", &req.snapshot_id)?;
-        tracing::Span::current().record("snapshot.id", req.snapshot_id.as_str());
-        self.0
-            .volumes
-            .send(DeleteSnapshot { snapshot_id: req.snapshot_id })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        self.0.ask(valid::delete_snapshot(req.into_inner())?).await?;
         Ok(Response::new(csi::DeleteSnapshotResponse {}))
     }
 
@@ -642,7 +363,7 @@ impl Controller for ControllerService {
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
         let req = req.into_inner();
         let (max, after) = self.0.page_start(req.max_entries, &req.starting_token)?;
-        let all = self.0.volumes.send(ListSnapshots).await.map_err(FrontError::mailbox("volume manager"))??;
+        let all = self.0.ask(ListSnapshots).await?;
         let chosen = all.iter().filter(|s| {
             (req.snapshot_id.is_empty() || s.id == req.snapshot_id)
                 && (req.source_volume_id.is_empty() || s.source_volume_id == req.source_volume_id)
@@ -654,6 +375,29 @@ impl Controller for ControllerService {
             next_token: next.map(|id| self.0.token(&id)).unwrap_or_default(),
         }))
     }
+}
+
+/// Why ValidateVolumeCapabilities does not confirm what `req` asks of the volume `rec`
+/// (`None`: it does); malformed parameters are an error.
+fn unconfirmed(rec: &VolumeRecord, req: &csi::ValidateVolumeCapabilitiesRequest) -> Result<Option<String>, Status> {
+    let (block, fs) = match valid::access_of(&req.volume_capabilities) {
+        Ok(x) => x,
+        Err(s) => return Ok(Some(s.message().to_string())),
+    };
+    if block != rec.block && !rec.rebuilt {
+        let access = if rec.block { "block" } else { "mount" };
+        return Ok(Some(format!("the volume was created for {access} access")));
+    }
+    if !block && !fs.is_empty() && !rec.fs_type.is_empty() && fs != rec.fs_type {
+        return Ok(Some(format!("the volume holds {}, not {fs}", rec.fs_type)));
+    }
+    if !req.parameters.is_empty() {
+        let p = VolumeParams::parse(&req.parameters)?;
+        if p.layout != rec.layout || p.media.is_some_and(|m| m != rec.media) {
+            return Ok(Some("the parameters differ from those the volume was created with".to_string()));
+        }
+    }
+    Ok(None)
 }
 
 /// At most `max` (0: all) of `items` (in id order), and the id of the last one given
@@ -669,16 +413,4 @@ fn page_of<'a>(items: impl Iterator<Item = &'a SnapshotRecord>, max: usize) -> (
         out.push(s);
     }
     (out, None)
-}
-
-/// The PV and claim a CreateVolume is made for, from the provisioner's
-/// `--extra-create-metadata` parameters (empty where it does not say).
-fn binding_of(parameters: &std::collections::HashMap<String, String>) -> crate::words::Binding {
-    let get = |k: &str| parameters.get(k).cloned().unwrap_or_default();
-    crate::words::Binding {
-        pv: get("csi.storage.k8s.io/pv/name"),
-        claim_namespace: get("csi.storage.k8s.io/pvc/namespace"),
-        claim_name: get("csi.storage.k8s.io/pvc/name"),
-        ..Default::default()
-    }
 }

@@ -1,7 +1,21 @@
 //! The gRPC front: CSI Identity, Controller and Node on the CSI socket, kubelet plugin
 //! registration on the registration socket, and the admin socket for `drivelet ctl`.
-//! Validates input, turns requests into actor messages and maps errors to status
-//! codes; it never touches a disk.
+//! It never touches a disk.
+//!
+//! Every CSI handler reads: validate, ask, answer.
+//! - validate: a validator of [`valid`] takes the request's parameters and answers the
+//!   volume manager's message (or the checked values), recording the ids the call
+//!   names on its span; StorageClass parameters and capabilities are judged in
+//!   [`params`];
+//! - ask: [`Front::ask`] sends the message and maps both a mailbox error (UNAVAILABLE)
+//!   and the manager's own error into the call's status in one call; the cheap calls
+//!   (Probe, GetCapacity, ListVolumes) read the published [`Views`] instead;
+//! - answer: the CSI form of what came back (`controller.rs`, `node.rs`,
+//!   `volume_health.rs`).
+//!
+//! The words of every refusal and their gRPC codes live in [`status`]: typed
+//! [`status::FrontError`] variants for the reasons given at more than one place, the
+//! volume manager's `VolumeError` mapped by one table.
 //!
 //! Rules:
 //! - sockets are created mode 0600 (owner only); a stale socket from a previous run is
@@ -20,11 +34,13 @@ pub(crate) mod node;
 pub mod params;
 pub(crate) mod registration;
 pub(crate) mod status;
+pub(crate) mod valid;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use actix::dev::ToEnvelope;
 use actix::prelude::*;
 use tokio::net::UnixListener;
 use tokio::sync::oneshot;
@@ -32,7 +48,7 @@ use tracing::{error, info, warn};
 
 use crate::actors::inventory::{DriveInventory, ScanReader};
 use crate::actors::volumes::view::{ViewReader, VolumesView};
-use crate::actors::volumes::VolumeManager;
+use crate::actors::volumes::{VolumeError, VolumeManager};
 use crate::config::Config;
 
 /// Generated protocol code.
@@ -198,6 +214,18 @@ impl Front {
         Front { cfg, topology, inventory, volumes, views, token_nonce }
     }
 
+    /// Asks the volume manager: sends `m` and maps a mailbox error (UNAVAILABLE) and the
+    /// manager's own error (its CSI code, [`status`]) into the call's status.
+    pub(crate) async fn ask<M, T>(&self, m: M) -> Result<T, tonic::Status>
+    where
+        M: Message<Result = Result<T, VolumeError>> + Send + 'static,
+        T: Send + 'static,
+        VolumeManager: Handler<M>,
+        <VolumeManager as Actor>::Context: ToEnvelope<VolumeManager, M>,
+    {
+        Ok(self.volumes.send(m).await.map_err(status::FrontError::mailbox("volume manager"))??)
+    }
+
     /// A ListVolumes token resuming after volume `id`.
     pub fn token(&self, id: &str) -> String {
         list_token(self.token_nonce, id)
@@ -212,9 +240,7 @@ impl Front {
     /// `max_entries` and `starting_token`: a negative size is INVALID_ARGUMENT, a
     /// malformed or stale token ABORTED. One rule for every list RPC.
     pub(crate) fn page_start(&self, max_entries: i32, starting_token: &str) -> Result<(usize, Option<String>), tonic::Status> {
-        let max = usize::try_from(max_entries).map_err(|_| {
-            tonic::Status::from(status::FrontError::InvalidArgument(format!("max_entries is {max_entries}; it must be 0 (no limit) or more")))
-        })?;
+        let max = usize::try_from(max_entries).map_err(|_| status::FrontError::NegativeMaxEntries { max_entries })?;
         if starting_token.is_empty() {
             return Ok((max, None));
         }

@@ -1,4 +1,6 @@
 //! CSI Node service: node identity and topology, and staging and publishing volumes.
+//! Each handler validates ([`super::valid`]), asks the volume manager
+//! ([`Front::ask`]) and answers in CSI's words.
 //!
 //! CSI MUSTs honoured: `NodeGetInfo` returns a node id unique in the cluster (the node
 //! name), `max_volumes_per_node` (0: no limit) and the accessible topology that every
@@ -21,52 +23,15 @@
 //! of a path than that) or a path outside the allowed roots is INVALID_ARGUMENT; publishing
 //! an unstaged volume is FAILED_PRECONDITION. Secrets are never read or logged.
 
-use std::path::PathBuf;
-
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use super::controller::{access_of, check_id};
 use super::proto::csi::{self, node_server::Node, node_service_capability};
 use super::status::FrontError;
-use super::Front;
-use crate::actors::volumes::{
-    NodeExpandVolume, PublishArgs, PublishVolume, StageArgs, StageVolume, UnpublishVolume, UnstageVolume, VolumeStats,
-};
+use super::{valid, Front};
 
 /// Node service over the shared front state.
 pub(crate) struct NodeService(pub Front);
-
-fn invalid(msg: impl Into<String>) -> Status {
-    FrontError::InvalidArgument(msg.into()).into()
-}
-
-/// Longest path a node call takes: the kernel's PATH_MAX.
-const MAX_PATH: usize = 4096;
-
-fn path_field(field: &str, v: &str) -> Result<PathBuf, Status> {
-    if v.is_empty() {
-        return Err(invalid(format!("{field} is required")));
-    }
-    if v.len() > MAX_PATH {
-        return Err(invalid(format!("{field} is {} bytes long; the limit is {MAX_PATH}", v.len())));
-    }
-    Ok(PathBuf::from(v))
-}
-
-/// Access mode facts of one capability: read-only, single writer.
-fn mode_of(cap: &csi::VolumeCapability) -> (bool, bool) {
-    use csi::volume_capability::access_mode::Mode;
-    let m = cap.access_mode.as_ref().and_then(|m| Mode::try_from(m.mode).ok());
-    (m == Some(Mode::SingleNodeReaderOnly), m == Some(Mode::SingleNodeSingleWriter))
-}
-
-fn mount_flags(cap: &csi::VolumeCapability) -> Vec<String> {
-    match &cap.access_type {
-        Some(csi::volume_capability::AccessType::Mount(m)) => m.mount_flags.clone(),
-        _ => Vec::new(),
-    }
-}
 
 #[tonic::async_trait]
 impl Node for NodeService {
@@ -75,19 +40,7 @@ impl Node for NodeService {
         &self,
         req: Request<csi::NodeStageVolumeRequest>,
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
-        let req = req.into_inner();
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        let path = path_field("staging_target_path", &req.staging_target_path)?;
-        let cap = req.volume_capability.ok_or_else(|| invalid("volume_capability is required"))?;
-        let (block, fs_type) = access_of(std::slice::from_ref(&cap))?;
-        let (readonly, _) = mode_of(&cap);
-        let args = StageArgs { path, block, fs_type, flags: mount_flags(&cap), readonly };
-        self.0
-            .volumes
-            .send(StageVolume { volume_id: req.volume_id, args })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        self.0.ask(valid::stage(req.into_inner())?).await?;
         Ok(Response::new(csi::NodeStageVolumeResponse {}))
     }
 
@@ -96,15 +49,7 @@ impl Node for NodeService {
         &self,
         req: Request<csi::NodeUnstageVolumeRequest>,
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
-        let req = req.into_inner();
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        let path = path_field("staging_target_path", &req.staging_target_path)?;
-        self.0
-            .volumes
-            .send(UnstageVolume { volume_id: req.volume_id, path })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        self.0.ask(valid::unstage(req.into_inner())?).await?;
         Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
     }
 
@@ -113,31 +58,7 @@ impl Node for NodeService {
         &self,
         req: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
-        let req = req.into_inner();
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        let target = path_field("target_path", &req.target_path)?;
-        let cap = req.volume_capability.ok_or_else(|| invalid("volume_capability is required"))?;
-        let (block, _) = access_of(std::slice::from_ref(&cap))?;
-        // STAGE_UNSTAGE_VOLUME is advertised: a publish must name the staging path.
-        if req.staging_target_path.is_empty() {
-            return Err(FrontError::StagingPathMissing.into());
-        }
-        let staging = PathBuf::from(&req.staging_target_path);
-        let (ro_mode, single_writer) = mode_of(&cap);
-        let args = PublishArgs {
-            target,
-            staging,
-            block,
-            readonly: req.readonly || ro_mode,
-            single_writer,
-            flags: mount_flags(&cap),
-        };
-        self.0
-            .volumes
-            .send(PublishVolume { volume_id: req.volume_id, args })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        self.0.ask(valid::publish(req.into_inner())?).await?;
         Ok(Response::new(csi::NodePublishVolumeResponse {}))
     }
 
@@ -146,15 +67,7 @@ impl Node for NodeService {
         &self,
         req: Request<csi::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
-        let req = req.into_inner();
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        let target = path_field("target_path", &req.target_path)?;
-        self.0
-            .volumes
-            .send(UnpublishVolume { volume_id: req.volume_id, target })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        self.0.ask(valid::unpublish(req.into_inner())?).await?;
         Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
     }
 
@@ -163,28 +76,11 @@ impl Node for NodeService {
         &self,
         req: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
-        let req = req.into_inner();
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        let path = path_field("volume_path", &req.volume_path)?;
-        if let Some(r) = &req.capacity_range {
-            if r.required_bytes < 0 || r.limit_bytes < 0 {
-                return Err(invalid(format!(
-                    "capacity_range has required_bytes {} and limit_bytes {}; neither may be negative (0: no bound)",
-                    r.required_bytes, r.limit_bytes
-                )));
-            }
-        }
-        let size = self
-            .0
-            .volumes
-            .send(NodeExpandVolume { volume_id: req.volume_id.clone(), path })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
-        if let Some(r) = &req.capacity_range {
-            if r.required_bytes as u64 > size {
-                return Err(FrontError::NotGrownYet { volume_id: req.volume_id.clone(), size, asked: r.required_bytes }.into());
-            }
+        let (m, required) = valid::node_expand(req.into_inner())?;
+        let volume_id = m.volume_id.clone();
+        let size = self.0.ask(m).await?;
+        if required as u64 > size {
+            return Err(FrontError::NotGrownYet { volume_id, size, asked: required }.into());
         }
         Ok(Response::new(csi::NodeExpandVolumeResponse { capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX) }))
     }
@@ -195,16 +91,7 @@ impl Node for NodeService {
         req: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
         use csi::volume_usage::Unit;
-        let req = req.into_inner();
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        let path = path_field("volume_path", &req.volume_path)?;
-        let (st, usage) = self
-            .0
-            .volumes
-            .send(VolumeStats { volume_id: req.volume_id, path })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        let (st, usage) = self.0.ask(valid::volume_stats(req.into_inner())?).await?;
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let usage = match usage {
             Some(u) => vec![

@@ -42,45 +42,30 @@ impl VolumeParams {
                 "media" => {
                     out.media = match v {
                         "any" | "" => None,
-                        other => Some(Media::parse(other).ok_or_else(|| {
-                            FrontError::InvalidArgument(format!(
-                                "parameter \"media\" is {}; it must be one of hdd, ssd, nvme, virtual, any",
-                                echo(other)
-                            ))
-                        })?),
+                        other => Some(Media::parse(other).ok_or_else(|| bad("media", other, "one of hdd, ssd, nvme, virtual, any"))?),
                     }
                 }
                 "layout" => {
                     out.layout = match v {
                         "partition" | "" => LayoutKind::Partition,
                         "drive" => LayoutKind::Drive,
-                        other => {
-                            return Err(FrontError::InvalidArgument(format!(
-                                "parameter \"layout\" is {}; it must be partition or drive",
-                                echo(other)
-                            )))
-                        }
+                        other => return Err(bad("layout", other, "partition or drive")),
                     }
                 }
                 ON_NODE_DELETED => {
-                    out.on_node_deleted = OnNodeDeleted::parse(v).ok_or_else(|| {
-                        FrontError::InvalidArgument(format!(
-                            "parameter \"{ON_NODE_DELETED}\" is {}; it must be keep-claims or release-claims",
-                            echo(v)
-                        ))
-                    })?;
+                    out.on_node_deleted = OnNodeDeleted::parse(v).ok_or_else(|| bad(ON_NODE_DELETED, v, "keep-claims or release-claims"))?;
                 }
                 k if k.starts_with("csi.storage.k8s.io/") => {}
-                other => {
-                    return Err(FrontError::InvalidArgument(format!(
-                        "unknown parameter {}; drivelet understands media, layout and {ON_NODE_DELETED}",
-                        echo(other)
-                    )))
-                }
+                other => return Err(FrontError::UnknownParameter { key: other.to_string() }),
             }
         }
         Ok(out)
     }
+}
+
+/// A known parameter with a value it does not take.
+fn bad(key: &'static str, value: &str, allowed: &'static str) -> FrontError {
+    FrontError::BadParameter { key, value: value.to_string(), allowed }
 }
 
 /// Whether drivelet can serve a capability; malformed capabilities are errors.
@@ -180,7 +165,7 @@ mod tests {
         }
         for bad in ["release", "Release-Claims", "delete"] {
             let e = VolumeParams::parse(&params(&[(ON_NODE_DELETED, bad)])).unwrap_err();
-            assert!(matches!(e, FrontError::InvalidArgument(_)), "{e}");
+            assert!(matches!(e, FrontError::BadParameter { .. }), "{e}");
             let text = e.to_string();
             for part in [ON_NODE_DELETED, bad, "keep-claims", "release-claims"] {
                 assert!(text.contains(part), "{text} names {part}");

@@ -1,20 +1,88 @@
-//! The one place where domain errors become `tonic::Status` codes (CSI spec tables).
+//! The one place where domain errors become `tonic::Status` codes (CSI spec tables),
+//! and where the front's own words live.
 //!
 //! Rules: the message is the whole error chain in plain words and names the object;
 //! client input is repeated in it only through [`echo`] (quoted, at most 64
 //! characters); errors are logged once, here at the boundary, by the handler's
-//! `instrument(err)`.
+//! `instrument(err)`. A reason the front gives at more than one place (a missing field,
+//! a field too long, a bad capacity range, an unsupported capability, a StorageClass
+//! parameter it does not take) is a typed [`FrontError`] variant whose words are written
+//! once, here; [`FrontError::InvalidArgument`] is left for the one-off reasons, worded
+//! where they are found.
 
 use tonic::{Code, Status};
 
 use crate::actors::volumes::VolumeError;
+use crate::words::on_node_deleted::ON_NODE_DELETED;
 
 /// Errors the CSI front can return, each mapped to one gRPC code.
 #[derive(Debug, thiserror::Error)]
 pub enum FrontError {
-    /// A required field is missing or malformed, or a capability is unsupported.
+    /// A one-off malformed request, in the words of the check that found it (a reason
+    /// given at more than one place has a variant of its own below).
     #[error("{0}")]
     InvalidArgument(String),
+    /// A required field is empty or absent.
+    #[error("{field} is required")]
+    Required {
+        /// The field, as the request names it.
+        field: &'static str,
+    },
+    /// A name, id or path longer than its limit.
+    #[error("{field} is {len} bytes long; the limit is {limit}")]
+    TooLong {
+        /// The field, as the request names it.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The longest allowed.
+        limit: usize,
+    },
+    /// A capacity range with a negative bound.
+    #[error("capacity_range has required_bytes {required} and limit_bytes {limit}; neither may be negative (0: no bound)")]
+    NegativeRange {
+        /// `required_bytes` as given.
+        required: i64,
+        /// `limit_bytes` as given.
+        limit: i64,
+    },
+    /// A capacity range whose limit is below what it requires.
+    #[error("capacity_range limit_bytes {limit} is below required_bytes {required}")]
+    LimitBelowRequired {
+        /// `required_bytes` as given.
+        required: i64,
+        /// `limit_bytes` as given.
+        limit: i64,
+    },
+    /// A well-formed capability drivelet cannot serve.
+    #[error("unsupported volume capability: {reason}")]
+    UnsupportedCapability {
+        /// Why, naming the value asked for and what is accepted
+        /// ([`super::params::unsupported_reason`]).
+        reason: String,
+    },
+    /// A StorageClass parameter drivelet knows, with a value it does not take.
+    #[error("parameter \"{key}\" is {}; it must be {allowed}", echo(value))]
+    BadParameter {
+        /// The parameter.
+        key: &'static str,
+        /// The value as given.
+        value: String,
+        /// The values it takes, in words.
+        allowed: &'static str,
+    },
+    /// A StorageClass parameter drivelet does not know (a typo, most likely).
+    #[error("unknown parameter {}; drivelet understands media, layout and {}", echo(key), ON_NODE_DELETED)]
+    UnknownParameter {
+        /// The key as given.
+        key: String,
+    },
+    /// A list call's negative page size.
+    #[error("max_entries is {max_entries}; it must be 0 (no limit) or more")]
+    NegativeMaxEntries {
+        /// `max_entries` as given.
+        max_entries: i32,
+    },
     /// NodePublishVolume without a staging path (STAGE_UNSTAGE_VOLUME is advertised).
     #[error("staging_target_path is required: stage the volume first (NodeStageVolume)")]
     StagingPathMissing,
@@ -138,7 +206,15 @@ impl From<VolumeError> for Status {
 impl From<FrontError> for Status {
     fn from(e: FrontError) -> Status {
         let code = match &e {
-            FrontError::InvalidArgument(_) => Code::InvalidArgument,
+            FrontError::InvalidArgument(_)
+            | FrontError::Required { .. }
+            | FrontError::TooLong { .. }
+            | FrontError::NegativeRange { .. }
+            | FrontError::LimitBelowRequired { .. }
+            | FrontError::UnsupportedCapability { .. }
+            | FrontError::BadParameter { .. }
+            | FrontError::UnknownParameter { .. }
+            | FrontError::NegativeMaxEntries { .. } => Code::InvalidArgument,
             FrontError::StagingPathMissing => Code::FailedPrecondition,
             FrontError::NotGrownYet { .. } => Code::OutOfRange,
             FrontError::OtherTopology { .. } => Code::ResourceExhausted,
@@ -173,6 +249,36 @@ mod tests {
             let s: Status = err.into();
             assert_eq!(s.code(), code);
             assert!(s.message().contains(text), "{}", s.message());
+        }
+    }
+
+    /// The typed reasons say exactly the words the checks said when each built its own
+    /// string (tests, users and the cluster duties' Warning Events read them).
+    #[test]
+    fn typed_reasons_keep_their_words() {
+        let table: Vec<(FrontError, &str)> = vec![
+            (FrontError::Required { field: "volume_id" }, "volume_id is required"),
+            (FrontError::TooLong { field: "name", len: 130, limit: 128 }, "name is 130 bytes long; the limit is 128"),
+            (
+                FrontError::NegativeRange { required: -1, limit: 0 },
+                "capacity_range has required_bytes -1 and limit_bytes 0; neither may be negative (0: no bound)",
+            ),
+            (FrontError::LimitBelowRequired { required: 9, limit: 5 }, "capacity_range limit_bytes 5 is below required_bytes 9"),
+            (FrontError::UnsupportedCapability { reason: "filesystem \"vfat\"".into() }, "unsupported volume capability: filesystem \"vfat\""),
+            (
+                FrontError::BadParameter { key: "layout", value: "stripe".into(), allowed: "partition or drive" },
+                "parameter \"layout\" is \"stripe\"; it must be partition or drive",
+            ),
+            (
+                FrontError::UnknownParameter { key: "meda".into() },
+                "unknown parameter \"meda\"; drivelet understands media, layout and drivelet.io/on-node-deleted",
+            ),
+            (FrontError::NegativeMaxEntries { max_entries: -1 }, "max_entries is -1; it must be 0 (no limit) or more"),
+        ];
+        for (err, words) in table {
+            let s: Status = err.into();
+            assert_eq!(s.code(), Code::InvalidArgument);
+            assert_eq!(s.message(), words);
         }
     }
 

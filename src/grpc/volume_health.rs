@@ -1,6 +1,7 @@
 //! The CSI v1.13 health RPCs: ControllerGetVolumeHealth, ControllerListVolumeHealth,
 //! NodeGetVolumeHealth and NodeGetStorageHealth, served from the same volume
-//! conditions as v1.12's `volume_condition` (see `actors::volumes::conditions`).
+//! conditions as v1.12's `volume_condition` (see `actors::volumes::conditions`):
+//! validate ([`super::valid`]), ask ([`Front::ask`]), answer.
 //!
 //! CSI MUSTs honoured:
 //! - an empty or malformed volume id is INVALID_ARGUMENT, an unknown volume NOT_FOUND;
@@ -21,19 +22,11 @@
 
 use tonic::{Response, Status};
 
-use super::controller::check_id;
 use super::proto::csi;
-use super::status::FrontError;
+use super::valid;
 use super::Front;
 use crate::actors::volumes::conditions::{Condition, HealthStatus, StorageEntry, StorageStatus};
 use crate::actors::volumes::{GetStorageHealth, GetVolumeStatus, ListVolumeStatuses};
-
-/// Longest optional path NodeGetVolumeHealth takes: the kernel's PATH_MAX.
-const MAX_PATH: usize = 4096;
-
-fn invalid(msg: impl Into<String>) -> Status {
-    FrontError::InvalidArgument(msg.into()).into()
-}
 
 /// The CSI v1.13 form of a volume's condition.
 pub(crate) fn volume_health_of(volume_id: &str, c: &Condition) -> csi::VolumeHealth {
@@ -69,25 +62,11 @@ fn storage_entry_of(e: &StorageEntry) -> csi::node_get_storage_health_response::
     }
 }
 
-/// An optional path of NodeGetVolumeHealth: empty, or absolute and at most PATH_MAX.
-fn optional_path(field: &str, v: &str) -> Result<(), Status> {
-    if v.len() > MAX_PATH {
-        return Err(invalid(format!("{field} is {} bytes long; the limit is {MAX_PATH}", v.len())));
-    }
-    if !v.is_empty() && !v.starts_with('/') {
-        return Err(invalid(format!("{field} must be an absolute path")));
-    }
-    if v.contains('\0') {
-        return Err(invalid(format!("{field} contains a NUL byte")));
-    }
-    Ok(())
-}
-
 impl Front {
     /// One volume's health (both ControllerGetVolumeHealth and NodeGetVolumeHealth:
     /// every volume lives on this node, so both sides see the same thing).
-    async fn volume_health(&self, volume_id: String) -> Result<csi::VolumeHealth, Status> {
-        let st = self.volumes.send(GetVolumeStatus { volume_id }).await.map_err(FrontError::mailbox("volume manager"))??;
+    async fn volume_health(&self, m: GetVolumeStatus) -> Result<csi::VolumeHealth, Status> {
+        let st = self.ask(m).await?;
         Ok(volume_health_of(&st.record.id, &st.condition))
     }
 
@@ -96,9 +75,7 @@ impl Front {
         &self,
         req: csi::ControllerGetVolumeHealthRequest,
     ) -> Result<Response<csi::ControllerGetVolumeHealthResponse>, Status> {
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        let h = self.volume_health(req.volume_id).await?;
+        let h = self.volume_health(valid::volume(req.volume_id)?).await?;
         Ok(Response::new(csi::ControllerGetVolumeHealthResponse { volume_health: Some(h) }))
     }
 
@@ -108,11 +85,7 @@ impl Front {
         req: csi::ControllerListVolumeHealthRequest,
     ) -> Result<Response<csi::ControllerListVolumeHealthResponse>, Status> {
         let (max, after) = self.page_start(req.max_entries, &req.starting_token)?;
-        let (page, next) = self
-            .volumes
-            .send(ListVolumeStatuses { after, max, abnormal_only: true })
-            .await
-            .map_err(FrontError::mailbox("volume manager"))??;
+        let (page, next) = self.ask(ListVolumeStatuses { after, max, abnormal_only: true }).await?;
         Ok(Response::new(csi::ControllerListVolumeHealthResponse {
             entries: page.iter().map(|st| volume_health_of(&st.record.id, &st.condition)).collect(),
             next_token: next.map(|id| self.token(&id)).unwrap_or_default(),
@@ -124,17 +97,13 @@ impl Front {
         &self,
         req: csi::NodeGetVolumeHealthRequest,
     ) -> Result<Response<csi::NodeGetVolumeHealthResponse>, Status> {
-        check_id("volume_id", &req.volume_id)?;
-        tracing::Span::current().record("volume.id", req.volume_id.as_str());
-        optional_path("volume_publish_path", &req.volume_publish_path)?;
-        optional_path("staging_target_path", &req.staging_target_path)?;
-        let h = self.volume_health(req.volume_id).await?;
+        let h = self.volume_health(valid::node_volume_health(req)?).await?;
         Ok(Response::new(csi::NodeGetVolumeHealthResponse { volume_health: Some(h) }))
     }
 
     /// NodeGetStorageHealth.
     pub(crate) async fn node_get_storage_health(&self) -> Result<Response<csi::NodeGetStorageHealthResponse>, Status> {
-        let entries = self.volumes.send(GetStorageHealth).await.map_err(FrontError::mailbox("volume manager"))??;
+        let entries = self.ask(GetStorageHealth).await?;
         Ok(Response::new(csi::NodeGetStorageHealthResponse { backend_health: entries.iter().map(storage_entry_of).collect() }))
     }
 }
@@ -227,15 +196,5 @@ mod tests {
         // v1.12: NodeGetVolumeStatsResponse.volume_condition(2){abnormal(1), message(2)}.
         let st = csi::NodeGetVolumeStatsResponse::decode(&[0x12, 0x05, 0x08, 0x01, 0x12, 0x01, b'm'][..]).unwrap();
         assert_eq!(st.volume_condition, Some(csi::VolumeCondition { abnormal: true, message: "m".into() }));
-    }
-
-    #[test]
-    fn optional_paths_are_empty_or_absolute_and_bounded() {
-        assert!(optional_path("p", "").is_ok());
-        assert!(optional_path("p", "/var/lib/kubelet/x").is_ok());
-        for bad in ["relative/x", "/a\0b"] {
-            assert_eq!(optional_path("p", bad).unwrap_err().code(), tonic::Code::InvalidArgument, "{bad:?}");
-        }
-        assert_eq!(optional_path("p", &format!("/{}", "a".repeat(MAX_PATH))).unwrap_err().code(), tonic::Code::InvalidArgument);
     }
 }

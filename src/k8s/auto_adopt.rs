@@ -12,6 +12,9 @@
 //! - the adoption itself is the inventory's [`AdoptDrive`], the same as an admin's;
 //! - drives are looked at every [`EVERY`] and only when one is owned elsewhere in this
 //!   cluster is the API asked, once per owner node.
+//! - A task spawned for the agent's life on a timer ([`run`]), not a controller of the
+//!   shell (`crate::k8s::shell`): its input is the inventory's drives, and the API is
+//!   asked only whether an owner's Node exists, rarely; nothing is watched or queued.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

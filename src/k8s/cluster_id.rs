@@ -13,6 +13,10 @@
 //!   while the API server is unreachable still knows whose its disks are; a node that
 //!   never read it waits for the API server: it cannot tell its disks from another
 //!   cluster's without it.
+//! - Not a loop of the shell (`crate::k8s::shell`): [`resolve`] is awaited once at start,
+//!   a precondition of the agent, with its own short backoff (200 ms doubling to 5 s)
+//!   and the cut-over to the cached id after 10 s; the configured retry policy (seconds
+//!   to minutes) is for loops that run beside the agent, not before it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

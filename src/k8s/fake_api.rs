@@ -1,7 +1,9 @@
 //! The one fake API server of the Kubernetes front's tests (kube-rs's
 //! `tower_test::mock::pair`, as in kube-rs's controller example): a [`kube::Client`] for
 //! the code under test, and the test's end of it, which takes each request in order,
-//! checks it and answers it.
+//! checks it and answers it. Every test of this front that needs an API server uses it
+//! (the executors', the shell's, the controllers', the Drive sync's, and
+//! `kubectl drivelet`'s); no test builds a server of its own.
 //!
 //! Rules:
 //! - Every request is checked for method and path (the whole path with its query, or
@@ -13,6 +15,12 @@
 //! - [`fake_api`] hands every request to the test. [`fake_api_serving`] answers the lists
 //!   and watches of the resources it is given in the background (an actor's watches come
 //!   and go on their own) and hands every other request to the test.
+//!   [`fake_api_serving_events`] also answers every Event written in the background and
+//!   records it ([`FakeApi::events`], [`FakeApi::event_reasons`]), for the controllers
+//!   whose tests check the Events once at the end rather than step by step (the resize
+//!   and snapshot queues).
+//! - A watch the script has no more answers for is held open, never answered; a list
+//!   the script has no answer for fails the test.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -75,21 +83,36 @@ pub(crate) struct FakeApi {
     source: Source,
     /// `METHOD path?query` of every request, served or not (under [`fake_api_serving`]).
     requests: Arc<Mutex<Vec<String>>>,
+    /// The bodies of the Events written, in order (under [`fake_api_serving_events`]).
+    events: Arc<Mutex<Vec<Value>>>,
 }
 
 /// A client whose every request comes to the test.
 pub(crate) fn fake_api() -> (Client, FakeApi) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    (Client::new(service, "default"), FakeApi { source: Source::Direct(handle), requests: Arc::default() })
+    (Client::new(service, "default"), FakeApi { source: Source::Direct(handle), requests: Arc::default(), events: Arc::default() })
 }
 
 /// A client whose lists and watches (GET) of each `(collection path, script)` are
 /// answered from the script in the background; every other request comes to the test.
 pub(crate) fn fake_api_serving(scripts: Vec<(&'static str, Script)>) -> (Client, FakeApi) {
+    serve(scripts, false)
+}
+
+/// As [`fake_api_serving`], and every Event written (a request other than a GET whose
+/// path names `events`) is answered with its own body in the background and recorded
+/// ([`FakeApi::events`]): for controllers whose Events are checked at the end, not step
+/// by step.
+pub(crate) fn fake_api_serving_events(scripts: Vec<(&'static str, Script)>) -> (Client, FakeApi) {
+    serve(scripts, true)
+}
+
+/// The background server of [`fake_api_serving`] and [`fake_api_serving_events`].
+fn serve(scripts: Vec<(&'static str, Script)>, record_events: bool) -> (Client, FakeApi) {
     let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
     let (tx, rx) = mpsc::unbounded_channel();
-    let requests = Arc::new(Mutex::new(Vec::new()));
-    let log = requests.clone();
+    let (requests, events) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+    let (log, recorded) = (requests.clone(), events.clone());
     tokio::spawn(async move {
         let mut scripts = scripts;
         let mut held = Vec::new();
@@ -115,11 +138,16 @@ pub(crate) fn fake_api_serving(scripts: Vec<(&'static str, Script)>) -> (Client,
                     let answer = script.lists.pop_front().expect("the script has a list answer for every list");
                     respond(reply, &answer);
                 }
+                None if record_events && method != Method::GET && path.contains("/events") => {
+                    let call = Call::read(request, reply).await;
+                    recorded.lock().expect("events").push(call.body.clone());
+                    respond(call.reply, &call.body);
+                }
                 None => tx.send(Call::read(request, reply).await).expect("the test is listening"),
             }
         }
     });
-    (Client::new(service, "default"), FakeApi { source: Source::Served(rx), requests })
+    (Client::new(service, "default"), FakeApi { source: Source::Served(rx), requests, events })
 }
 
 impl FakeApi {
@@ -184,6 +212,16 @@ impl FakeApi {
     pub(crate) async fn assert_quiet(&mut self) {
         tokio::time::sleep(Duration::from_secs(30)).await;
         self.assert_no_more_requests("after everything settled");
+    }
+
+    /// The bodies of the Events written so far (under [`fake_api_serving_events`]).
+    pub(crate) fn events(&self) -> Vec<Value> {
+        self.events.lock().expect("events").clone()
+    }
+
+    /// The reasons of the Events written so far, in order.
+    pub(crate) fn event_reasons(&self) -> Vec<String> {
+        self.events().iter().map(|e| e["reason"].as_str().unwrap_or("").to_string()).collect()
     }
 
     /// How many requests so far (served ones too) start with `what` (`"GET /api/..."`).

@@ -1,10 +1,9 @@
 //! The Kubernetes front of drivelet, beside the gRPC front: the in-process
 //! external-attacher, external-resizer and csi-snapshotter (controllers run by one
-//! controller shell),
-//! Events about volume conditions, the `Drive` custom resource and its sync, node labels.
-//! Everything that talks to an API server lives here, and nothing else does. With it,
-//! the cluster duties: one elected agent looks after the objects of deleted nodes
-//! (`duties`).
+//! controller shell), Events about volume conditions and moves, the `Drive` custom
+//! resource and its sync, node labels, re-homing of claims, and the cluster duties (one
+//! elected agent looks after the objects of deleted nodes). Everything that talks to an
+//! API server lives here, and nothing else does.
 //!
 //! Rules:
 //! - A front, like `grpc/`: it talks to the core actors (inventory, volume manager) only
@@ -13,31 +12,51 @@
 //!   implements its own backend trait in its `backend.rs` (attach: `AttachVolume` /
 //!   `DetachVolume`; resize: `ExpandVolume`, the message ControllerExpandVolume sends;
 //!   snapshot: `CreateSnapshot` / `DeleteSnapshot` / `ListSnapshots` / `GetVolume`;
-//!   the returned-node clean-up: `DetachVolume` / `DeleteVolume`); condition Events
-//!   arrive as `VolumeConditionChanged` notifications (with their typed reasons) the
-//!   volume manager sends to a subscriber; the Drive sync reads one view of the volume
-//!   manager (`GetDriveView`) and takes notifications.
-//! - One controller shell ([`shell`]) owns the watches, their relists, the work queue,
-//!   readiness and resync; a controller (`attach::controller`, `resize::controller`,
-//!   `snapshot::controller`) only says what it keeps, what a change queues and what a
-//!   run does. Each controller
-//!   is laid out alike: `mod.rs` the decisions, `controller.rs`, `executor.rs`,
-//!   `backend.rs`, and its tests.
+//!   the returned-node clean-up: `DetachVolume` / `DeleteVolume`; re-homing:
+//!   `ListServedVolumes` / `SetBinding`); condition and move Events arrive as
+//!   `VolumeConditionChanged` / `VolumeMoved` notifications the volume manager sends to a
+//!   subscriber; the Drive sync reads the inventory and one view of the volume manager
+//!   (`GetDriveView`).
+//! - One way to run a loop that reconciles watched objects: the controller shell
+//!   ([`shell`]) owns the watches, their relists, the work queue, readiness, resync and
+//!   the retry policy ([`shell::RetryPolicy`], configured once by
+//!   `kubernetes.retry_base` / `retry_cap` / `retry_terminal`); a controller
+//!   (`attach::controller`, `resize::controller`, `snapshot::controller`) only says what
+//!   it keeps, what a change queues and what a run does. Each controller is laid out
+//!   alike: `mod.rs` the decisions, `controller.rs`, `executor.rs`, `backend.rs`, and its
+//!   tests. A loop that runs another way says why in its module doc; all of them:
+//!
+//!   | loop | style | why not the shell |
+//!   |---|---|---|
+//!   | `attach::AttachQueue` | shell controller (VolumeAttachments, PVs) | it is the shell's |
+//!   | `resize::ResizeQueue` | shell controller (claims, PVs) | it is the shell's |
+//!   | `snapshot::SnapshotQueue` | shell controller (VolumeSnapshotContents, classes) | it is the shell's |
+//!   | `drives` (the `DriveSync` actor) | own actor: one watch of this node's Drive objects, debounced writes from the local actors' state | what it writes is the inventory's and the volume manager's state, not a reconcile of watched objects by key (see its module doc) |
+//!   | `events::ConditionEvents` | actor fed by the volume manager's notifications | nothing is watched: each notification is a report, rate-gated per volume and best effort (retried once), not a key reconciled until done |
+//!   | `events::moved::MoveEvents` | actor fed by the volume manager's notifications | as the condition Events: a notification in, one or two Events out, best effort |
+//!   | `duties::controller` | one task on a timer, behind a Lease election | only the elected agent acts, on the Lease's clock; a round decides over whole lists (every Node against every PV, attachment, Drive, claim), not per key; a clean shutdown gives the Lease up |
+//!   | `duties::returned::run` | spawned task: once at start, then on a timer | one key of one ConfigMap, read at start and rechecked; nothing to watch cluster-wide |
+//!   | `rehome::executor::run` | spawned task: asks the volume manager on a tick, a pass on change | its input is the volume manager's list of served volumes; a pass GETs the few PVs and claims it names, nothing is listed cluster-wide |
+//!   | `node::label_node` | spawned task: one write, retried with [`shell::RetryPolicy`]'s backoff until done | one object written once; no watch, no queue |
+//!   | `auto_adopt::run` | spawned task on a timer | its input is the inventory's drives; the API is asked only whether an owner's Node exists, rarely |
+//!   | `cluster_id::resolve` | awaited at start, its own short backoff | a start-up precondition the agent waits on (no drive is judged before it), with its own cut-over to the cached id after 10 s |
+//!
 //! - Decisions are pure functions over Kubernetes objects and domain values
-//!   (`attach::reconcile`, `attach::reconcile_pv`, `resize::plan`, `events::gate`,
-//!   `events::targets`, `drives::desired`, `drives::plan`, `node::label_patch`,
-//!   `duties::election::decide`, `duties::plan`, `snapshot::plan`); the only code that talks to the API
-//!   server is in the executors (`attach::executor`, `resize::executor`,
-//!   `events::reporter`, `drives::Executor`, `node::label_once`,
-//!   `duties::executor::Executor`, `duties::returned::reconcile_once`) and the watches
-//!   of the shell and of the actors (`events::ConditionEvents`, `drives::DriveSync`), so
-//!   the decisions are table-tested without a cluster and the executors are tested
-//!   against one scripted fake API server (`fake_api`).
+//!   (`attach::reconcile`, `attach::reconcile_pv`, `resize::plan`, `snapshot::plan`,
+//!   `events::gate`, `events::targets`, `rehome::decide`, `node::label_patch`,
+//!   `auto_adopt::decide`, `duties::election::decide`, `duties::plan`, and the Drive
+//!   sync's plan); the only code that talks to the API server is in the executors
+//!   (`attach::executor`, `resize::executor`, `snapshot::executor`, `events::reporter`,
+//!   `rehome::executor`, `node::label_once`, `duties::executor::Executor`,
+//!   `duties::returned::reconcile_once`, the Drive sync's executor) and the watches of
+//!   the shell and of the Drive sync, so the decisions are table-tested without a
+//!   cluster and the executors are tested against the one scripted fake API server
+//!   ([`fake_api`]).
 //! - Errors are typed: each module's enum names the object of a failed API call, and
 //!   [`KubeError`] is what they share (the client, the volume manager); no `String`.
 //! - Nothing here touches a disk.
 //! - Who drivelet is to the API server (driver, node, finalizer, Event reporter) is
-//!   decided once, in [`identity`]; the actors of this front are started with the rest
+//!   decided once, in [`identity`]; the loops of this front are started with the rest
 //!   in `crate::supervisor::start`, only when `[kubernetes]` turns them on.
 
 /// The external-attacher: reconcile decisions (mod.rs), the controller the shell runs
@@ -82,7 +101,8 @@ pub(crate) mod resize;
 /// executor, the volume side and the snapshot objects.
 pub(crate) mod snapshot;
 /// The one controller shell: two watches with relists, the work queue, readiness,
-/// resync and the workers, around a controller's decisions (attach, resize).
+/// resync, the workers and the retry policy, around a controller's decisions (attach,
+/// resize, snapshot).
 pub(crate) mod shell;
 /// The VolumeManager as this front's controllers ask it (by message), and its readiness.
 pub(crate) mod volume_manager;
@@ -91,7 +111,8 @@ pub(crate) mod workqueue;
 
 pub use error::KubeError;
 
-/// The one fake API server of this front's tests, and its expectation helpers.
+/// The one fake API server of this front's tests (and of `kubectl drivelet`'s), and its
+/// expectation helpers.
 #[cfg(test)]
 pub(crate) mod fake_api;
 

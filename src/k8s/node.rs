@@ -7,9 +7,11 @@
 //!   a label already carrying the value is not written again.
 //! - A failure is retried with backoff until it succeeds or the agent stops; the node
 //!   serves CSI meanwhile (kubelet still learns the topology through NodeGetInfo).
+//! - The retry is the shell's policy ([`RetryPolicy::backoff`], `kubernetes.retry_base`
+//!   .. `retry_cap`); the loop itself is a task spawned once, not a controller of the
+//!   shell: one object written once needs no watch and no queue.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -17,7 +19,7 @@ use kube::Client;
 use serde_json::{json, Value};
 use tracing::{info, warn};
 
-use crate::backoff::backoff;
+use crate::k8s::shell::RetryPolicy;
 
 /// The merge patch setting `wanted` on a node that has `current` labels; `None` when
 /// every label already has its value.
@@ -40,8 +42,8 @@ pub(crate) async fn label_once(client: &Client, node: &str, wanted: &BTreeMap<St
     Ok(true)
 }
 
-/// Labels the node, retrying with backoff (`base` doubling up to `cap`) until it works.
-pub(crate) async fn label_node(client: Client, node: String, wanted: BTreeMap<String, String>, base: Duration, cap: Duration) {
+/// Labels the node, retrying with the policy's backoff until it works.
+pub(crate) async fn label_node(client: Client, node: String, wanted: BTreeMap<String, String>, policy: RetryPolicy) {
     let mut attempt = 0;
     loop {
         match label_once(&client, &node, &wanted).await {
@@ -50,7 +52,7 @@ pub(crate) async fn label_node(client: Client, node: String, wanted: BTreeMap<St
                 return;
             }
             Err(e) => {
-                let after = backoff(attempt, base, cap);
+                let after = policy.backoff(attempt);
                 warn!(node.name = %node, error = %e, retry.after_ms = after.as_millis() as u64, "cannot label the node; retrying");
                 tokio::time::sleep(after).await;
                 attempt = attempt.saturating_add(1);
@@ -61,6 +63,8 @@ pub(crate) async fn label_node(client: Client, node: String, wanted: BTreeMap<St
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use http::Method;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -88,7 +92,8 @@ mod tests {
     async fn node_is_read_then_patched_with_the_missing_labels_after_a_failure() {
         let (client, mut api) = fake_api();
         let wanted = labels(&[("topology.drivelet.io/node", "n1")]);
-        let task = tokio::spawn(label_node(client, "n1".into(), wanted, Duration::from_secs(1), Duration::from_secs(8)));
+        let policy = RetryPolicy { base: Duration::from_secs(1), cap: Duration::from_secs(8), ..Default::default() };
+        let task = tokio::spawn(label_node(client, "n1".into(), wanted, policy));
 
         let call = api.next("node read").await;
         assert_eq!(call.method, Method::GET);

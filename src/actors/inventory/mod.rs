@@ -16,7 +16,9 @@
 //! - whether the first full scan is done is published on every change (false again
 //!   at a restart), for Probe to read without a message.
 
+/// The eligibility policy: which block devices are drives, and which drivelet may manage.
 pub mod classify;
+/// The set of drives as plain data: built from probes, diffed into events.
 pub mod model;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -253,7 +255,7 @@ impl DriveInventory {
             DriveChange::Changed { old, new } => DriveEvent::DriveChanged { old, new },
             DriveChange::Gone(d) => DriveEvent::DriveRemoved(d),
         };
-        self.subscribers.retain(|s| s.try_send(event.clone()).is_ok() || s.connected());
+        super::tell_all(&mut self.subscribers, &event);
     }
 
     fn publish(&mut self, change: DriveChange) {
@@ -274,7 +276,7 @@ impl DriveInventory {
                 DriveEvent::DriveRemoved(d)
             }
         };
-        self.subscribers.retain(|s| s.try_send(event.clone()).is_ok() || s.connected());
+        super::tell_all(&mut self.subscribers, &event);
     }
 }
 

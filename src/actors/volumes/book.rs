@@ -20,17 +20,25 @@
 //! - while a drive's volumes are reconciled with its partitions (it appeared, or its
 //!   media changed) their conditions keep the verdict they had: a drive that comes back
 //!   turns its volumes normal only once they are checked and free to stage again.
+//!
+//! What lives where: this file holds the book's fields and the decisions of the
+//! ordinary calls (attach, expand, detach, adopt, node calls, statuses); [`create`] a
+//! CreateVolume's attempts ([`VolumeBook::begin_create`]); [`clone`] a clone's source;
+//! [`snapshot`] snapshots; [`drives`] drive events, release and cordon; [`cleaning`]
+//! dirty space; [`evacuate`] every bit of an evacuation's state and its moves;
+//! [`claim`] the guards.
 
 pub(crate) mod claim;
 mod cleaning;
 mod clone;
+mod create;
 mod drives;
 mod evacuate;
 mod snapshot;
 #[cfg(test)]
 mod tests;
 
-use crate::words::{DriveClass, DriveLoc, DriveUse, Health, LayoutKind, Media};
+use crate::words::{DriveClass, DriveLoc, DriveUse, Health, Media};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,21 +47,22 @@ use tracing::{info, warn};
 
 use super::conditions::{self, Condition, Finding};
 use super::usage;
-use super::messages::{AdoptVolume, AttachVolume, CreateVolume, DetachVolume, ExpandVolume, NodeExpandVolume, VolumeStatus};
+use super::messages::{AdoptVolume, AttachVolume, DetachVolume, ExpandVolume, NodeExpandVolume, VolumeStatus};
 use super::model::{self, Refusal, VolumeRecord, VolumeState};
 
-use super::placement::{self, Candidate, NoRoom};
+use super::placement::Candidate;
 use super::view::{DriveRoom, Listed, ViewPublisher, ViewReader, VolumesView};
-use super::VolumeError;
+use super::error::VolumeError;
 
 use crate::actors::inventory::model::Drive;
-use crate::actors::volumes::VolumeConditionChanged;
+use super::messages::VolumeConditionChanged;
 use crate::config::{human_bytes, VolumesConfig};
 use crate::disk::gpt;
 
 pub(crate) use self::claim::Guards;
 pub(crate) use self::claim::Claim;
 pub(crate) use self::cleaning::{Cleaning, Dirty};
+pub(crate) use self::create::{CreateCall, CreateStart};
 pub(crate) use self::evacuate::MovePlan;
 
 /// What a CreateVolume asks for, decided.
@@ -92,6 +101,13 @@ pub(crate) struct VolumeBook {
     /// Space per drive that may still hold a former tenant's bytes: never placed on,
     /// never counted as capacity, until the cleaner zeroed it.
     dirty: BTreeMap<String, Dirty>,
+    /// The moves of evacuations: running, done, failed.
+    evac: evacuate::Evacuations,
+}
+
+/// Where a drive is, for a disk step.
+pub(crate) fn drive_loc(d: &Drive) -> DriveLoc {
+    DriveLoc { path: d.path.clone(), sector: d.logical_block_size }
 }
 
 /// Seconds since the epoch, for records.
@@ -115,6 +131,7 @@ impl VolumeBook {
             reconciling: BTreeMap::new(),
             view: ViewPublisher::default(),
             dirty: BTreeMap::new(),
+            evac: evacuate::Evacuations::default(),
         }
     }
 
@@ -157,6 +174,7 @@ impl VolumeBook {
         self.drives.clear();
         self.reconciling.clear();
         self.dirty.clear();
+        self.evac.restarted();
         self.guards.clear_claims();
         self.publish();
     }
@@ -250,7 +268,12 @@ impl VolumeBook {
         if rec.adopted.is_some() {
             return None;
         }
-        self.drives.get(&rec.drive_id).map(|d| DriveLoc { path: d.path.clone(), sector: d.logical_block_size })
+        self.drive_loc(&rec.drive_id)
+    }
+
+    /// Where the present drive `drive_id` is.
+    pub(crate) fn drive_loc(&self, drive_id: &str) -> Option<DriveLoc> {
+        self.drives.get(drive_id).map(drive_loc)
     }
 
     /// A volume callers may see: the book is ready and the volume exists and is not
@@ -461,95 +484,6 @@ impl VolumeBook {
             .collect()
     }
 
-    /// Decides a CreateVolume: the existing volume of the name, or a new record placed
-    /// on a drive with room.
-    pub(crate) fn plan_create(&self, m: &CreateVolume) -> Result<CreatePlan, VolumeError> {
-        self.plan_create_with(m, true)
-    }
-
-    /// [`VolumeBook::plan_create`], counting space being cleaned as used or not.
-    fn plan_create_with(&self, m: &CreateVolume, with_dirty: bool) -> Result<CreatePlan, VolumeError> {
-        let guid = gpt::volume_partition_guid(&m.name);
-        let id = guid.to_string();
-        let fs_type = if m.block { String::new() } else if m.fs_type.is_empty() { self.cfg.default_fs.clone() } else { m.fs_type.clone() };
-        if let Some(rec) = self.records.get(&id) {
-            if let Some(e) = clone::source_mismatch(rec, m) {
-                return Err(e);
-            }
-            // A clone asking for no filesystem takes its source's.
-            let fs_type = if m.source.is_some() && m.fs_type.is_empty() && !m.block { rec.fs_type.clone() } else { fs_type };
-            return match rec.state {
-                VolumeState::Deleting => Err(VolumeError::DeleteUnfinished { volume_id: id }),
-                VolumeState::Creating => Ok(CreatePlan::New(VolumeRecord::clone(rec))),
-                // Never a success for a volume that does not exist: the CO sees why, and
-                // DeleteVolume clears the way for a new one of the same name.
-                _ if rec.lost => Err(conditions::lost(rec)),
-                _ => {
-                    let same_kind = rec.rebuilt || (rec.block == m.block && (m.block || rec.fs_type == fs_type));
-                    let same_params = rec.rebuilt || *rec.parameters == m.parameters;
-                    if !m.range.admits(rec.size) {
-                        Err(VolumeError::AlreadyExists {
-                            volume: m.name.clone(),
-                            reason: format!("exists with {} bytes, outside the requested capacity range", rec.size),
-                        })
-                    } else if !same_kind || !same_params || rec.layout != m.layout {
-                        Err(VolumeError::AlreadyExists {
-                            volume: m.name.clone(),
-                            reason: "exists with different parameters or access type".into(),
-                        })
-                    } else {
-                        Ok(CreatePlan::Existing(VolumeRecord::clone(rec)))
-                    }
-                }
-            };
-        }
-        let source = match &m.source {
-            Some(s) => Some(self.clone_source(s, m)?.0),
-            None => None,
-        };
-        let fs_type = clone::fs_of_clone(source.as_ref(), m, fs_type);
-        let minimum = model::minimum_size(m.block, &fs_type);
-        // A clone holds at least its source (a restore its snapshot's data); asked for
-        // no size, it gets that.
-        let (default, minimum) = match &source {
-            Some(src) => {
-                let data = src.snapshot.as_ref().map_or(src.size, |s| s.restore_size);
-                (data.max(minimum), data.max(minimum))
-            }
-            None => (self.cfg.default_size, minimum),
-        };
-        let size = model::size_for(m.range, default, minimum).map_err(|reason| VolumeError::OutOfRange { reason })?;
-        let want = if m.layout == LayoutKind::Drive { m.range.required.max(minimum) } else { size };
-        let p = placement::place(&self.candidates_with(with_dirty), m.media, m.layout, want).map_err(|e| match e {
-            NoRoom::TooBig(reason) => VolumeError::OutOfRange { reason },
-            NoRoom::Full(reason) if with_dirty && self.plan_create_with(m, false).is_ok() => {
-                VolumeError::ResourceExhausted { reason: format!("{reason}: {}", self.cleaning_note()) }
-            }
-            NoRoom::Full(reason) => VolumeError::ResourceExhausted { reason },
-        })?;
-        if m.layout == LayoutKind::Drive && m.range.limit != 0 && p.size > m.range.limit {
-            return Err(VolumeError::OutOfRange {
-                reason: format!("a whole drive here is {} bytes, above limit_bytes {}", p.size, m.range.limit),
-            });
-        }
-        let media = self.drives.get(&p.drive_id).map(|d| d.media).unwrap_or(Media::Virtual);
-        Ok(CreatePlan::New(VolumeRecord {
-            drive_id: p.drive_id,
-            part_guid: guid,
-            start: p.start,
-            size: p.size,
-            layout: m.layout,
-            media,
-            block: m.block,
-            fs_type,
-            parameters: m.parameters.clone().into(),
-            binding: m.binding.clone(),
-            clone_of: m.source.clone().filter(|_| !m.from_snapshot),
-            restored_from: m.source.clone().filter(|_| m.from_snapshot),
-            ..VolumeRecord::new(id, m.name.clone(), VolumeState::Creating, now_unix())
-        }))
-    }
-
     /// Reserves a record's extent (a new volume being created, or the size an expansion
     /// grows to): a create placed meanwhile sees the space taken.
     pub(crate) fn reserve(&mut self, rec: VolumeRecord) {
@@ -633,7 +567,7 @@ impl VolumeBook {
             .drives
             .get(&rec.drive_id)
             .ok_or_else(|| VolumeError::DriveAbsent { volume_id: id.to_string(), drive_id: rec.drive_id.clone() })?;
-        let loc = DriveLoc { path: d.path.clone(), sector: d.logical_block_size };
+        let loc = drive_loc(d);
         if new_size == rec.size {
             return Ok((rec, loc, new_size));
         }

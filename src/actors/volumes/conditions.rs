@@ -24,7 +24,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::model::VolumeRecord;
-use super::VolumeError;
+use super::error::VolumeError;
 use crate::actors::inventory::model::Drive;
 use crate::words::{DriveUse, DriveUseState, Health};
 

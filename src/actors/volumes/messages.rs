@@ -1,14 +1,21 @@
-//! The messages the volume manager answers: commands (imperative), queries and the
-//! notifications it takes, with the `publish_context` they hand out.
+//! Every message the volume manager answers (commands imperative, queries, the
+//! notifications it takes and the subscriptions to those it sends), with the answers
+//! they carry (`publish_context`, a volume's status, a metrics scrape). A front sends
+//! only what is defined here; the handlers are in [`super::calls`].
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use actix::prelude::*;
 
 use super::conditions::{Condition, Finding, Reason, StorageEntry};
 use super::model::{CapacityRange, VolumeRecord};
-use super::VolumeError;
+use super::book::Cleaning;
+use super::error::VolumeError;
+use super::evacuate::{Evacuation, MoveProgress};
+use super::snapshot::SnapshotRecord;
+use super::view::VolumesView;
 use crate::words::{DriveUse, LayoutKind, Media};
 
 /// Command: create (or return the existing) volume with this name.
@@ -42,7 +49,7 @@ pub struct CreateVolume {
 /// Command: copy a volume's data into a snapshot of this name (or return the snapshot
 /// of the name, taken of the same volume).
 #[derive(Message, Debug, Clone)]
-#[rtype(result = "Result<super::snapshot::SnapshotRecord, VolumeError>")]
+#[rtype(result = "Result<SnapshotRecord, VolumeError>")]
 pub struct CreateSnapshot {
     /// CSI name.
     pub name: String,
@@ -68,7 +75,7 @@ pub struct ListHeld;
 
 /// Query: every snapshot this node holds, by id.
 #[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "Result<Vec<super::snapshot::SnapshotRecord>, VolumeError>")]
+#[rtype(result = "Result<Vec<SnapshotRecord>, VolumeError>")]
 pub struct ListSnapshots;
 
 /// Command: delete a volume (idempotent).
@@ -303,7 +310,7 @@ pub struct ListDriveUses;
 
 /// Query: how far the cleaning of freed space is, per drive that has some.
 #[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "Vec<super::book::Cleaning>")]
+#[rtype(result = "Vec<Cleaning>")]
 pub struct ListCleaning;
 
 /// Query: filesystem usage of a volume at one of its paths (NodeGetVolumeStats).
@@ -434,4 +441,67 @@ pub struct SetBinding {
     pub volume_id: String,
     /// The binding from now on.
     pub binding: crate::words::Binding,
+}
+
+/// Command: evacuate a drive (idempotent: asking again retries the volumes that failed
+/// and answers where it stands).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<Evacuation, VolumeError>")]
+pub struct EvacuateDrive {
+    /// Stable drive id.
+    pub drive_id: String,
+    /// Switch a volume even when blocks of it could not be read (they read as zeros on
+    /// its new drive).
+    pub force: bool,
+}
+
+/// Query: where every evacuation asked for stands, by drive id.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Vec<Evacuation>")]
+pub struct ListEvacuations;
+
+/// Notification: a volume moved to another drive of the node.
+#[derive(Message, Debug, Clone, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct VolumeMoved {
+    /// The volume.
+    pub volume_id: String,
+    /// Its name (the PV's).
+    pub name: String,
+    /// The drive it left.
+    pub from_drive: String,
+    /// The drive it is on now.
+    pub to_drive: String,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// Byte ranges that could not be read and read as zeros now (forced only).
+    pub unreadable: Vec<(u64, u64)>,
+}
+
+/// Command: send every future [`VolumeMoved`] to this recipient.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SubscribeMoves(pub Recipient<VolumeMoved>);
+
+/// Query: what a metrics scrape reads from the volume manager.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "VolumesScrape")]
+pub struct ScrapeVolumes;
+
+/// The volume manager at one moment, as the metrics read it.
+#[derive(Debug, Clone, Default)]
+pub struct VolumesScrape {
+    /// The published view: shown volumes with their conditions, managed drives with
+    /// their room (not ready: empty).
+    pub view: Arc<VolumesView>,
+    /// Usage records of cordoned, releasing and released drives.
+    pub uses: Vec<DriveUse>,
+    /// Snapshots (empty until start-up reconciliation is done).
+    pub snapshots: Vec<SnapshotRecord>,
+    /// Drives with space still to be zeroed.
+    pub cleaning: Vec<Cleaning>,
+    /// Every evacuation asked for.
+    pub evacuations: Vec<Evacuation>,
+    /// The move copying now, if one is.
+    pub(crate) moving: Option<MoveProgress>,
 }

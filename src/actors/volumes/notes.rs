@@ -55,7 +55,7 @@ pub(crate) fn desired(view: &VolumesView) -> BTreeMap<String, (DriveLoc, Vec<Vol
         .drives()
         .iter()
         .filter(|d| !d.drive.blank)
-        .map(|d| (d.drive.id.clone(), (DriveLoc { path: d.drive.path.clone(), sector: d.drive.logical_block_size }, Vec::new())))
+        .map(|d| (d.drive.id.clone(), (super::book::drive_loc(&d.drive), Vec::new())))
         .collect();
     for l in view.volumes() {
         let r = &l.record;

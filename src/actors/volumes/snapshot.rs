@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 
 use super::model::{VolumeRecord, VolumeState};
-use super::VolumeError;
+use super::error::VolumeError;
 
 /// The snapshot class parameter that asks for a freeze of a volume in use.
 pub const FREEZE_PARAM: &str = "drivelet.io/freeze";

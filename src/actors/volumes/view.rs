@@ -23,9 +23,9 @@ use tokio::sync::watch;
 use super::conditions::Condition;
 use super::model::VolumeRecord;
 use super::placement::{self, Candidate};
-use super::VolumeError;
+use super::error::VolumeError;
 use crate::actors::inventory::model::Drive;
-use crate::actors::volumes::GetCapacity;
+use super::messages::GetCapacity;
 
 /// A managed drive as placement sees it, owned: the drive, the extents in use on it
 /// and whether it is closed to new volumes.

@@ -32,11 +32,13 @@
 //!   only directories the bench made under `--staging-dir` and `--target-dir` are
 //!   removed, and only when empty;
 //! - progress goes to stderr, and only when stderr is a terminal; the report goes to
-//!   stdout.
+//!   stdout ([`run`] is the subcommand's body).
 
+/// The latency histogram: log-linear buckets, cheap to record and merge.
 pub mod histogram;
 /// `lifecycle` mode: whole volume lifecycles, cleaned up when they fail.
 pub mod lifecycle;
+/// What the bench reports, as a table or JSON.
 pub mod report;
 /// `rpc` mode: cheap RPCs, one phase each.
 pub mod rpc;
@@ -51,6 +53,8 @@ use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 use tonic::Code;
 
+use super::args::{BenchArgs, BenchMode, Output};
+use super::CliError;
 use crate::cli::csi::{self as csicli, Access};
 use crate::grpc::proto::csi;
 use csi::controller_service_capability::rpc::Type as CtrlCap;
@@ -382,6 +386,52 @@ fn check_common(c: &Common) -> Result<(), BenchError> {
     }
     if c.concurrency == 0 {
         return Err(BenchError::Usage("--concurrency must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// `drivelet bench`: measures the endpoints in `mode`, prints the report, and fails
+/// when a volume was left behind.
+pub fn run(mode: BenchMode) -> Result<(), CliError> {
+    let duration = |s: &str| crate::config::parse_duration(s).map_err(CliError::Usage);
+    let common = |a: &BenchArgs| -> Result<Common, CliError> {
+        Ok(Common {
+            endpoints: a.endpoints.iter().map(|e| parse_endpoint(e)).collect::<Result<_, _>>()?,
+            concurrency: a.concurrency,
+            connections: a.connections,
+            timeout: duration(&a.timeout)?,
+        })
+    };
+    let args = match &mode {
+        BenchMode::Rpc { args, .. } | BenchMode::Lifecycle { args, .. } => args,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads.max(1)).enable_all().build()?;
+    let report = match &mode {
+        BenchMode::Rpc { args, duration: d, rpcs, page_size } => {
+            let o = RpcOptions { common: common(args)?, duration: duration(d)?, rpcs: rpcs.clone(), page_size: *page_size };
+            rt.block_on(run_rpc(&o))?
+        }
+        BenchMode::Lifecycle { args, count, duration: d, size, fs, block, params, staging_dir, target_dir } => {
+            let o = LifecycleOptions {
+                common: common(args)?,
+                count: *count,
+                duration: duration(d)?,
+                size: super::size_arg(size)?,
+                access: Access { block: *block, fs_type: fs.clone(), mount_flags: Vec::new(), mode: String::new() },
+                params: csicli::parse_params(params)?,
+                staging_dir: staging_dir.clone(),
+                target_dir: target_dir.clone(),
+            };
+            rt.block_on(run_lifecycle(&o))?
+        }
+    };
+    match args.output {
+        Output::Json => println!("{}", super::json(&report)?),
+        Output::Table => print!("{}", render_table(&report)),
+    }
+    let left = report.left_behind();
+    if !left.is_empty() {
+        return Err(CliError::LeftBehind(left));
     }
     Ok(())
 }

@@ -23,7 +23,8 @@
 //! - writes touch only the GPT structures (LBA 0, the primary header and entry array,
 //!   the backup entry array and header) and the journal of dirty extents in the rest of
 //!   the first MiB ([`crate::disk::clean`]: a removal lists the freed extent there in
-//!   the same commit, before its first flush), are serialised within the process, and are
+//!   the same commit, before its first flush), are serialised by the caller's exclusive
+//!   [`super::lock::DiskLock`] on the drive (no lock of the writer's own), and are
 //!   fsynced before returning; the backup copy is written (array, then header) and
 //!   flushed before the primary copy, so a process killed mid-write leaves one copy
 //!   whose header matches its entry array; a device is inspected read-only and opened for writing
@@ -39,7 +40,6 @@ use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use std::sync::{Mutex, PoisonError};
 
 use gpt::disk::LogicalBlockSize;
 use gpt::partition::Partition;

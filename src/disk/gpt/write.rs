@@ -1,6 +1,15 @@
 //! The GPT writer: adds, removes and resizes drivelet partitions. Every change is
-//! judged first ([`judge`]), written backup copy first and fsynced, serialised within the
-//! process (see the rules of [`super`]).
+//! judged first ([`judge`]), written backup copy first and fsynced (see the rules of
+//! [`super`]).
+//!
+//! Rule: the caller of every writer here ([`mark_clean`], [`add_partition`],
+//! [`add_partition_wiped`], [`remove_partition`], [`set_partition_attrs`],
+//! [`resize_partition`], [`write_note`]) holds the drive's exclusive
+//! [`DiskLock`](crate::disk::lock::DiskLock) across the call (and the kernel update that
+//! follows). That lock is what serialises writers: it is exclusive between processes
+//! (`flock`) and between threads of this one (its in-process hold), per disk, so no
+//! mutex of the writer's own is needed and writes to different disks run in parallel.
+//! Tests and benches that write an image file no other thread touches need no lock.
 
 use super::examine::{judge, judge_gpt, open_to_inspect, refuse, Judged};
 use super::*;
@@ -28,10 +37,6 @@ fn check_owner(dev: &Path, file: &File, disk: &GptDisk<&File>) -> Result<(), Dis
         note::Verdict::Ours | note::Verdict::Claim => Ok(()),
     }
 }
-
-/// Serialises GPT changes within this process; the callers' [`crate::disk::lock::DiskLock`]
-/// keeps udev and other processes out.
-static GPT_WRITE: Mutex<()> = Mutex::new(());
 
 fn check_extent(dev: &Path, start: u64, size: u64) -> Result<(), DiskError> {
     if size == 0 || !start.is_multiple_of(ALIGN) || !size.is_multiple_of(ALIGN) || start.checked_add(size).is_none() {
@@ -323,10 +328,10 @@ pub fn read_dirty(dev: &Path, sector: u64) -> Result<DirtyState, DiskError> {
 /// as dirty. `expect`: the disk GUID the caller zeroed under (`None`: the device was
 /// blank); a different table is refused. Answers the table's disk GUID and what is still
 /// dirty.
+/// The caller holds the drive's exclusive [`DiskLock`](crate::disk::lock::DiskLock).
 pub fn mark_clean(dev: &Path, sector: u64, start: u64, len: u64, expect: Option<Uuid>) -> Result<(Uuid, Vec<(u64, u64)>), DiskError> {
     let _t = crate::disk::timing::step("gpt.mark_clean");
     let lb = block_size(dev, sector)?;
-    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
     let (file, size) = open_to_inspect(dev, sector)?;
     let file: &File = &file;
     let changed = |found: String| DiskError::Foreign { device: dev.to_path_buf(), found };
@@ -410,6 +415,7 @@ fn set_direct(file: &File, on: bool) -> bool {
 /// if nothing at all is found on it. A GPT that is not drivelet's is refused. A
 /// partition with the same GUID, start and size already there is success; the same GUID
 /// elsewhere, or an overlap with another partition, is a [`DiskError::Conflict`].
+/// The caller holds the drive's exclusive [`DiskLock`](crate::disk::lock::DiskLock).
 pub fn add_partition(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64) -> Result<(), DiskError> {
     add(dev, sector, guid, label, start, size, 0, false, &NoteEdit::Keep).map(drop)
 }
@@ -432,6 +438,7 @@ pub enum Added {
 /// `attrs`: the entry's attribute bits ([`super::SNAPSHOT_ATTR`] for a snapshot, else 0).
 /// `volume`: the volume's entry in the disk's note, written in the same commit (`None`
 /// for a snapshot, which carries a note of its own).
+/// The caller holds the drive's exclusive [`DiskLock`](crate::disk::lock::DiskLock).
 #[allow(clippy::too_many_arguments)]
 pub fn add_partition_wiped(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, attrs: u64, volume: Option<note::VolumeNote>) -> Result<Added, DiskError> {
     let edit = volume.map_or(NoteEdit::Keep, |v| NoteEdit::Upsert(Box::new(v)));
@@ -449,7 +456,6 @@ fn add(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, 
         )));
     }
     let lb = block_size(dev, sector)?;
-    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
     let (file, dev_size) = open_to_inspect(dev, sector)?;
     let file: &File = &file;
     let conflict = |reason: String| DiskError::Conflict { device: dev.to_path_buf(), start, size, reason };
@@ -538,9 +544,9 @@ fn ensure_ours(dev: &Path, p: &Partition) -> Result<(), DiskError> {
 
 /// Removes the drivelet partition with `guid`; `Ok(false)` when there is none (also when
 /// the device has no GPT). A GPT that is not drivelet's is refused.
+/// The caller holds the drive's exclusive [`DiskLock`](crate::disk::lock::DiskLock).
 pub fn remove_partition(dev: &Path, sector: u64, guid: Uuid) -> Result<bool, DiskError> {
     let _t = crate::disk::timing::step("gpt.remove");
-    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
     let (file, dev_size) = open_to_inspect(dev, sector)?;
     let file: &File = &file;
     let parsed = {
@@ -567,6 +573,7 @@ pub fn remove_partition(dev: &Path, sector: u64, guid: Uuid) -> Result<bool, Dis
 /// Sets the attribute bits of the drivelet partition with `guid` (a moved volume's copy
 /// loses [`super::MOVE_ATTR`] at its switch); the same bits are success, no write.
 /// `NotFound` when there is no such partition.
+/// The caller holds the drive's exclusive [`DiskLock`](crate::disk::lock::DiskLock).
 pub fn set_partition_attrs(dev: &Path, sector: u64, guid: Uuid, attrs: u64) -> Result<(), DiskError> {
     change_ours(dev, sector, guid, |disk, key, p, _| {
         if p.flags == attrs {
@@ -583,16 +590,15 @@ pub fn set_partition_attrs(dev: &Path, sector: u64, guid: Uuid, attrs: u64) -> R
 }
 
 /// Runs `change` on drivelet's own partition with `guid` of drivelet's own table on
-/// `dev` (`NotFound` when there is none), with the table parsed and judged, under the
-/// writers' lock: `change` gets the table, the entry's key and the entry, and the
-/// device's size.
+/// `dev` (`NotFound` when there is none), with the table parsed and judged (the
+/// caller holds the drive's exclusive `DiskLock`): `change` gets the table, the entry's
+/// key and the entry, and the device's size.
 fn change_ours(
     dev: &Path,
     sector: u64,
     guid: Uuid,
     change: impl FnOnce(&mut GptDisk<&File>, u32, Partition, u64) -> Result<(), DiskError>,
 ) -> Result<(), DiskError> {
-    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
     let (file, dev_size) = open_to_inspect(dev, sector)?;
     let file: &File = &file;
     let not_found = || DiskError::NotFound { device: dev.to_path_buf(), what: format!("partition {guid}") };
@@ -607,6 +613,7 @@ fn change_ours(
 /// Grows the drivelet partition with `guid` in place to `new_size` bytes; the space
 /// after it must be free and inside the GPT's usable area. The same size is success;
 /// shrinking is refused.
+/// The caller holds the drive's exclusive [`DiskLock`](crate::disk::lock::DiskLock).
 pub fn resize_partition(dev: &Path, sector: u64, guid: Uuid, new_size: u64) -> Result<(), DiskError> {
     change_ours(dev, sector, guid, |disk, key, p, dev_size| {
         let start = p.first_lba * sector;
@@ -643,11 +650,10 @@ pub fn resize_partition(dev: &Path, sector: u64, guid: Uuid, new_size: u64) -> R
 /// (`None`: none, or unreadable) and answers the one to write; nothing is written when
 /// they are the same. Only a drivelet table is written to; one whose note names another
 /// owner (or cannot be read) only when `adopt` (an admin's adoption, or one the config
-/// allows). Answers whether a note was written. Callers hold a
-/// [`crate::disk::lock::DiskLock`].
+/// allows). Answers whether a note was written.
+/// The caller holds the drive's exclusive [`DiskLock`](crate::disk::lock::DiskLock).
 pub fn write_note(dev: &Path, sector: u64, adopt: bool, make: impl FnOnce(Option<&note::DiskNote>) -> note::DiskNote) -> Result<bool, DiskError> {
     let _t = crate::disk::timing::step("gpt.write_note");
-    let _serial = GPT_WRITE.lock().unwrap_or_else(PoisonError::into_inner);
     let (file, size) = open_to_inspect(dev, sector)?;
     let file: &File = &file;
     let disk = match judge(dev, file, size, sector)? {

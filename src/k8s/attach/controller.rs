@@ -35,7 +35,6 @@ use kube::{Client, ResourceExt};
 use tracing::{debug, info, warn};
 
 use super::{publish_spec, reconcile, reconcile_pv, Action, AttachBackend, AttachError, Executor, Observed, VolumeState};
-use crate::backoff::backoff;
 pub(crate) use crate::k8s::shell::QueueConfig;
 use crate::k8s::shell::{Change, Controller, GetStats, Pending, Settings, Shell, Work};
 use crate::k8s::workqueue::Outcome;
@@ -213,7 +212,7 @@ impl<B: AttachBackend> Attach<B> {
     fn work_va(&self, name: &str, failures: u32) -> Work<Outcome> {
         let Some(va) = self.vas.get(name).cloned() else { return Work::Now(Outcome::Done) };
         let policy = self.cfg.policy;
-        let retry = move || Outcome::Retry(backoff(failures, policy.base, policy.cap));
+        let retry = move || Outcome::Retry(policy.backoff(failures));
         let pv_name = va.spec.source.persistent_volume_name.clone();
         let pv = pv_name.as_deref().and_then(|n| self.pvs.get(n)).cloned();
         let others = pv_name.as_deref().map_or(0, |p| self.users_of(p, Some(name)));
@@ -265,11 +264,11 @@ impl<B: AttachBackend> Attach<B> {
                 // reads the PV again and usually finds nothing left to do.
                 Err(e) if e.is_conflict() => {
                     debug!(pv.name = %pv.name_any(), error = %e, "PersistentVolume changed meanwhile; retrying its release");
-                    Outcome::Retry(backoff(failures, policy.base, policy.cap))
+                    Outcome::Retry(policy.backoff(failures))
                 }
                 Err(e) => {
                     warn!(pv.name = %pv.name_any(), error = %e, "cannot release the PersistentVolume; retrying");
-                    Outcome::Retry(backoff(failures, policy.base, policy.cap))
+                    Outcome::Retry(policy.backoff(failures))
                 }
             }
         }))

@@ -24,7 +24,8 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{json, Map, Value};
 
 use super::backend::VolumeOps;
-use super::{attach_failed, detach_failed, Action, ErrorPatch, EventKind, RefusalKind, RetryPolicy};
+use super::{attach_failed, detach_failed, Action, ErrorPatch, EventKind, RefusalKind};
+use crate::k8s::shell::RetryPolicy;
 use crate::k8s::identity::Identity;
 
 #[cfg(test)]

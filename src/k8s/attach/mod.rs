@@ -42,7 +42,7 @@ use kube::Resource;
 
 use super::identity::Identity;
 use crate::actors::volumes::VolumeError;
-use crate::backoff::backoff;
+use crate::k8s::shell::RetryPolicy;
 
 /// The volume side: what the attacher asks of the volume manager, and the VolumeManager
 /// backend of a running agent.
@@ -184,27 +184,6 @@ impl VolumeCallError {
     }
 }
 
-/// Retry delays (base and cap come from config).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RetryPolicy {
-    /// Delay after the first failure; doubled per consecutive failure.
-    pub base: Duration,
-    /// The longest backoff delay.
-    pub cap: Duration,
-    /// Delay after a failure that will not pass by retrying (an unusable drive).
-    pub terminal: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            base: Duration::from_secs(1),
-            cap: Duration::from_secs(300),
-            terminal: Duration::from_secs(600),
-        }
-    }
-}
-
 /// How a status patch treats `attachError` / `detachError`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ErrorPatch {
@@ -342,7 +321,7 @@ pub(crate) fn reconcile(obs: &Observed<'_>, id: &Identity, policy: &RetryPolicy)
 
     let pv_name = va.spec.source.persistent_volume_name.as_deref();
     if pv_name.is_some() && obs.pv.is_none() {
-        return vec![Action::Requeue { after: backoff(obs.failures, policy.base, policy.cap) }];
+        return vec![Action::Requeue { after: policy.backoff(obs.failures) }];
     }
     if pv_deleting {
         return Vec::new();
@@ -399,7 +378,7 @@ pub(crate) fn reconcile_pv(pv: &PersistentVolume, id: &Identity, attachments: us
 /// The actions after a failed attach: `attached=false`, `attachError`, a Warning Event
 /// and a requeue, long when `terminal`, with backoff otherwise.
 pub(crate) fn attach_failed(message: String, terminal: bool, failures: u32, policy: &RetryPolicy) -> Vec<Action> {
-    let after = if terminal { policy.terminal } else { backoff(failures, policy.base, policy.cap) };
+    let after = if terminal { policy.terminal } else { policy.backoff(failures) };
     vec![
         Action::PatchStatus {
             attached: Some(false),
@@ -431,7 +410,7 @@ pub(crate) fn detach_failed(message: String, failures: u32, policy: &RetryPolicy
             action: "Detach".to_string(),
             message,
         },
-        Action::Requeue { after: backoff(failures, policy.base, policy.cap) },
+        Action::Requeue { after: policy.backoff(failures) },
     ]
 }
 

@@ -17,6 +17,11 @@
 //!   holds it, so a peer takes over at its next look; a round under way is dropped (the
 //!   duties are idempotent).
 //! - Becoming leader, losing the lead and a new holder are logged once each.
+//! - One task on a timer, not a controller of the shell (`crate::k8s::shell`): only the
+//!   elected agent acts, on the Lease's clock; a round decides over whole lists (every
+//!   Node against every attachment, PV, Drive and claim), not per key; a failed step waits
+//!   for the next round rather than a backoff; and a clean shutdown gives the Lease up,
+//!   which the [`Handle`] does.
 
 use std::time::Duration;
 

@@ -15,6 +15,9 @@
 //!   never lost. A crash between a delete and the patch only repeats a delete of a volume
 //!   that is gone.
 //! - Each deleted volume is logged with `node.name` and `volume.id`.
+//! - A task spawned for the agent's life, on a timer ([`run`]), not a controller of the
+//!   shell (`crate::k8s::shell`): its input is one key of one ConfigMap, read at start
+//!   and rechecked; there is nothing to watch cluster-wide and no key to queue.
 
 use std::future::Future;
 use std::time::Duration;

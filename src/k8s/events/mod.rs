@@ -29,6 +29,10 @@
 //! - Clocks are read by the actor only; the gate and the queue take the time as an
 //!   argument and are table-tested, the reporter is tested against a scripted fake API
 //!   server.
+//! - Not a controller of the shell (`crate::k8s::shell`): nothing is watched, the input
+//!   is the volume manager's notifications, and a report is best effort (gated, retried
+//!   once, then dropped), not a key reconciled until it succeeds; so the actor keeps its
+//!   own gate and queue instead of the shell's work queue and retry policy.
 //!
 //! This file holds the actor, [`ConditionEvents`]; each concern it runs has its file.
 //! The Events of a volume moved off an evacuated drive are [`moved`]'s.

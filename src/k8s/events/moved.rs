@@ -16,6 +16,9 @@
 //!   [`super::reporter::RETRY_AFTER`], so is each Event that failed; then the failure is
 //!   logged and dropped. The PVs are listed with `resourceVersion=0` (served from the API
 //!   server's cache); moves are rare (one per volume of an evacuated drive).
+//! - An actor fed by the volume manager's [`VolumeMoved`] notifications, not a
+//!   controller of the shell (`crate::k8s::shell`): as the condition Events, nothing is
+//!   watched and a report is best effort, not reconciled until done.
 
 use std::time::Duration;
 

@@ -14,6 +14,10 @@
 //!   PV still going, the claim there already) is left to the next pass.
 //! - Each step is logged with `node.name`, `volume.id` and the object; why nothing is
 //!   done for a volume is logged once, when it changes.
+//! - A task spawned for the agent's life, not a controller of the shell
+//!   (`crate::k8s::shell`): its input is the volume manager's served volumes, not a
+//!   watch, and a pass reads the few PVs and claims they name; a cluster-wide watch of
+//!   every PV and claim would be the shell's way, for a rare event (an adoption).
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;

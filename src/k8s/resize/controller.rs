@@ -37,7 +37,6 @@ use tracing::{debug, warn};
 use super::backend::ResizeBackend;
 use super::executor::{key_of, Executor, Ran};
 use super::{claim_differs, our_volume, plan, resize_status, Observed, Plan, CONTROLLER_INFEASIBLE};
-use crate::backoff::backoff;
 pub(crate) use crate::k8s::shell::QueueConfig;
 use crate::k8s::shell::{Change, Controller, Pending, Settings, Shell, Work};
 use crate::k8s::workqueue::Outcome;
@@ -261,14 +260,14 @@ impl<B: ResizeBackend> Controller for Resize<B> {
                 }
                 Err(e) => {
                     warn!(pvc.name = %key_of(&pvc), error = %e, "volume manager not ready for this claim; retrying");
-                    return Some(Err(backoff(failures, policy.base, policy.cap)));
+                    return Some(Err(policy.backoff(failures)));
                 }
             }
             match executor.run(pvc, pv, &expansion, &backend, failures).await {
                 Ok(ran) => Some(Ok(ran)),
                 Err(e) => {
                     warn!(error = %e, failures = failures + 1, "cannot update the API server; retrying");
-                    Some(Err(backoff(failures, policy.base, policy.cap)))
+                    Some(Err(policy.backoff(failures)))
                 }
             }
         }))

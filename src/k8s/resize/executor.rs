@@ -24,7 +24,7 @@ use tracing::{info, warn};
 use super::backend::ResizeBackend;
 use super::{failed_patch, finished_patch, in_progress_patch, node_pending_patch, pv_capacity_patch, quantity_of, retry_after, Expansion, Failure};
 use crate::config::human_bytes;
-use crate::k8s::attach::RetryPolicy;
+use crate::k8s::shell::RetryPolicy;
 use crate::k8s::identity::Identity;
 use crate::k8s::workqueue::Outcome;
 

@@ -1,15 +1,12 @@
-//! The ResizeQueue against a fake API server (`tower_test::mock::pair`): lists are
-//! served from a script, watches held open, Events answered and recorded; every other
-//! request goes to the test, which checks it and answers it in order. Time is paused.
+//! The ResizeQueue against the fake API server (`crate::k8s::fake_api`, serving Events):
+//! lists are served from a script, watches held open, Events answered and recorded; every
+//! other request goes to the test, which checks it and answers it in order. Time is paused.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use http::{Method, Request, Response};
-use kube::client::Body;
+use http::Method;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
-use tower_test::mock::{self, SendResponse};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::runtime::watcher::Event;
@@ -18,89 +15,24 @@ use kube::Client;
 use actix::Actor;
 
 use super::*;
-use crate::k8s::attach::RetryPolicy;
+use crate::k8s::shell::RetryPolicy;
 use crate::k8s::resize::backend::ResizeBackend;
 use crate::k8s::resize::Failure;
 use crate::actors::volumes::VolumeError;
 use crate::k8s::shell::{Ready, WatchItem};
+use crate::k8s::fake_api::{fake_api_serving_events, list_of, respond, FakeApi, Script};
 use crate::k8s::KubeError;
 use crate::k8s::resize::tests::{identity, pv, pv_on, pvc, with_state};
 use crate::k8s::resize::{CONTROLLER_IN_PROGRESS, FS_RESIZE_PENDING, NODE_PENDING};
 
-type Reply = SendResponse<Response<Body>>;
-
-struct FakeApi {
-    calls: mpsc::UnboundedReceiver<(Method, String, Value, Reply)>,
-    /// Reasons of the Events recorded, in order.
-    events: Arc<Mutex<Vec<String>>>,
-}
-
-fn ok(reply: Reply, body: &impl serde::Serialize) {
-    let bytes = serde_json::to_vec(body).expect("serializes");
-    reply.send_response(Response::builder().body(Body::from(bytes)).expect("response"));
-}
-
+/// A fake API server serving the claim and PV lists (watches held open) and recording
+/// the Events; every other request goes to the test.
 fn fake_api(pvcs: Vec<&PersistentVolumeClaim>, pvs: Vec<&PersistentVolume>) -> (Client, FakeApi) {
-    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let (tx, calls) = mpsc::unbounded_channel();
-    let events = Arc::new(Mutex::new(Vec::new()));
-    let log = events.clone();
-    let list = |kind: &str, items: Vec<Value>| {
-        json!({"apiVersion": "v1", "kind": format!("{kind}List"), "metadata": {"resourceVersion": "1"}, "items": items})
-    };
-    let mut lists: VecDeque<(&str, Value)> = VecDeque::from([
-        ("/api/v1/persistentvolumeclaims", list("PersistentVolumeClaim", pvcs.iter().map(|c| json!(c)).collect())),
-        ("/api/v1/persistentvolumes", list("PersistentVolume", pvs.iter().map(|v| json!(v)).collect())),
-    ]);
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Some((request, reply)) = handle.next_request().await {
-            let uri = request.uri().to_string();
-            let path = request.uri().path().to_string();
-            let method = request.method().clone();
-            if method == Method::GET && uri.contains("watch=true") {
-                held.push(reply);
-                continue;
-            }
-            if method == Method::GET {
-                let i = lists.iter().position(|(p, _)| *p == path).expect("one list per resource");
-                let (_, body) = lists.remove(i).expect("listed");
-                ok(reply, &body);
-                continue;
-            }
-            let bytes = request.into_body().collect_bytes().await.expect("body");
-            let body: Value = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("JSON body") };
-            if path.contains("/events") {
-                log.lock().expect("log").push(body["reason"].as_str().unwrap_or("").to_string());
-                ok(reply, &body);
-                continue;
-            }
-            tx.send((method, path, body, reply)).expect("the test listens");
-        }
-    });
-    (Client::new(service, "default"), FakeApi { calls, events })
-}
-
-impl FakeApi {
-    async fn expect(&mut self, method: Method, path: &str) -> (Value, Reply) {
-        let (m, p, body, reply) = tokio::time::timeout(Duration::from_secs(3600), self.calls.recv())
-            .await
-            .expect("a request within the hour")
-            .expect("the server runs");
-        assert_eq!((m, p.as_str()), (method, path));
-        (body, reply)
-    }
-
-    async fn assert_quiet(&mut self) {
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        if let Ok((m, p, ..)) = self.calls.try_recv() {
-            panic!("unexpected {m} {p}");
-        }
-    }
-
-    fn events(&self) -> Vec<String> {
-        self.events.lock().expect("log").clone()
-    }
+    let script = |kind: &str, items: Vec<Value>| Script { lists: [list_of(kind, "v1", "1", items)].into(), ..Default::default() };
+    fake_api_serving_events(vec![
+        ("/api/v1/persistentvolumeclaims", script("PersistentVolumeClaim", pvcs.iter().map(|c| json!(c)).collect())),
+        ("/api/v1/persistentvolumes", script("PersistentVolume", pvs.iter().map(|v| json!(v)).collect())),
+    ])
 }
 
 /// The volume manager, scripted: knows `vol-1`, answers expansions from a list.
@@ -155,22 +87,22 @@ async fn a_claim_asking_for_more_grows_its_volume_and_waits_for_kubelet() {
     backend.answers.lock().unwrap().push_back(Ok((2 * GI, true)));
     let queue = ResizeQueue::new(client, config(), backend.clone()).start();
 
-    let (body, reply) = api.expect(Method::PATCH, STATUS).await;
+    let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
     assert_eq!(body["metadata"]["resourceVersion"], "9", "guarded by the claim's version");
     assert_eq!(body["status"]["allocatedResources"], json!({"storage": "2Gi"}));
     assert_eq!(body["status"]["allocatedResourceStatuses"], json!({"storage": CONTROLLER_IN_PROGRESS}));
-    ok(reply, &with_state(claim.clone(), Some("2Gi"), Some(CONTROLLER_IN_PROGRESS)));
-    let (body, reply) = api.expect(Method::PATCH, PV).await;
+    respond(reply, &with_state(claim.clone(), Some("2Gi"), Some(CONTROLLER_IN_PROGRESS)));
+    let (body, reply) = api.expect_path(Method::PATCH, PV).await;
     assert_eq!(body, json!({"spec": {"capacity": {"storage": "2Gi"}}}));
-    ok(reply, &pv("2Gi"));
-    let (body, reply) = api.expect(Method::PATCH, STATUS).await;
+    respond(reply, &pv("2Gi"));
+    let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
     assert_eq!(body["status"]["allocatedResourceStatuses"], json!({"storage": NODE_PENDING}));
     assert_eq!(condition(&body, FS_RESIZE_PENDING)["status"], "True", "FileSystemResizePending: {body}");
-    ok(reply, &with_state(claim.clone(), Some("2Gi"), Some(NODE_PENDING)));
+    respond(reply, &with_state(claim.clone(), Some("2Gi"), Some(NODE_PENDING)));
 
     api.assert_quiet().await;
     assert_eq!(*backend.asked.lock().unwrap(), [2 * GI], "another node's claim is not touched");
-    assert_eq!(api.events(), ["Resizing", "FileSystemResizeRequired"]);
+    assert_eq!(api.event_reasons(), ["Resizing", "FileSystemResizeRequired"]);
     let stats = queue.send(GetResizeStats::default()).await.expect("answers");
     assert_eq!((stats.claims, stats.waiting, stats.running, stats.retries), (1, 0, 0, 0));
 }
@@ -185,36 +117,36 @@ async fn an_infeasible_size_is_recorded_once_and_a_lowered_request_recovers() {
     backend.answers.lock().unwrap().push_back(Ok(((3 * GI) / 2, false)));
     let queue = ResizeQueue::new(client, config(), backend.clone()).start();
 
-    let (_, reply) = api.expect(Method::PATCH, STATUS).await;
-    ok(reply, &with_state(claim.clone(), Some("100Gi"), Some(CONTROLLER_IN_PROGRESS)));
-    let (body, reply) = api.expect(Method::PATCH, STATUS).await;
+    let (_, reply) = api.expect_path(Method::PATCH, STATUS).await;
+    respond(reply, &with_state(claim.clone(), Some("100Gi"), Some(CONTROLLER_IN_PROGRESS)));
+    let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
     assert!(body["metadata"].is_null(), "a failure is recorded without a version guard: {body}");
     assert_eq!(body["status"]["allocatedResourceStatuses"], json!({"storage": "ControllerResizeInfeasible"}));
     let message = condition(&body, "ControllerResizeError")["message"].as_str().unwrap_or("").to_string();
     assert!(message.contains("100.0 GiB") && message.contains("the drive ends there"), "{message}");
     let infeasible = with_state(claim.clone(), Some("100Gi"), Some("ControllerResizeInfeasible"));
-    ok(reply, &infeasible);
+    respond(reply, &infeasible);
     api.assert_quiet().await;
-    assert_eq!(api.events(), ["Resizing", "VolumeResizeFailed"]);
+    assert_eq!(api.event_reasons(), ["Resizing", "VolumeResizeFailed"]);
 
     // The user lowers the request to 1.5Gi (more than status.capacity): grown at once.
     let mut lowered = infeasible.clone();
     lowered.spec.as_mut().unwrap().resources.as_mut().unwrap().requests =
         Some([(crate::k8s::resize::STORAGE.to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1536Mi".into()))].into());
     queue.do_send(WatchItem::First(Ok(Event::Apply(lowered.clone()))));
-    let (body, reply) = api.expect(Method::PATCH, STATUS).await;
+    let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
     assert_eq!(body["status"]["allocatedResources"], json!({"storage": "1536Mi"}));
     assert_eq!(body["status"]["conditions"].as_array().map(Vec::len), Some(1), "the error condition goes");
-    ok(reply, &with_state(lowered.clone(), Some("1536Mi"), Some(CONTROLLER_IN_PROGRESS)));
-    let (body, reply) = api.expect(Method::PATCH, PV).await;
+    respond(reply, &with_state(lowered.clone(), Some("1536Mi"), Some(CONTROLLER_IN_PROGRESS)));
+    let (body, reply) = api.expect_path(Method::PATCH, PV).await;
     assert_eq!(body, json!({"spec": {"capacity": {"storage": "1536Mi"}}}));
-    ok(reply, &pv("1536Mi"));
+    respond(reply, &pv("1536Mi"));
     // A block volume (no node step) is finished here.
-    let (body, reply) = api.expect(Method::PATCH, STATUS).await;
+    let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
     assert_eq!(body["status"]["capacity"], json!({"storage": "1536Mi"}));
     assert_eq!(body["status"]["allocatedResourceStatuses"], json!({"storage": null}));
-    ok(reply, &lowered);
+    respond(reply, &lowered);
     api.assert_quiet().await;
     assert_eq!(*backend.asked.lock().unwrap(), [100 * GI, (3 * GI) / 2], "the infeasible size was asked once");
-    assert_eq!(api.events(), ["Resizing", "VolumeResizeFailed", "Resizing", "VolumeResizeSuccessful"]);
+    assert_eq!(api.event_reasons(), ["Resizing", "VolumeResizeFailed", "Resizing", "VolumeResizeSuccessful"]);
 }

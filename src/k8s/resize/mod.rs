@@ -58,7 +58,7 @@ pub(crate) mod controller;
 pub(crate) mod executor;
 
 pub(crate) use backend::ManagerBackend;
-pub(crate) use controller::{QueueConfig, ResizeQueue};
+pub(crate) use controller::ResizeQueue;
 
 #[cfg(test)]
 mod tests;
@@ -381,10 +381,10 @@ pub(crate) fn pv_capacity_patch(bytes: u64) -> Value {
 
 /// The retry after a failed expansion: the slow-set delay for an infeasible size, else
 /// the backoff for `failures` earlier failures.
-pub(crate) fn retry_after(failure: Failure, failures: u32, policy: &super::attach::RetryPolicy) -> Duration {
+pub(crate) fn retry_after(failure: Failure, failures: u32, policy: &crate::k8s::shell::RetryPolicy) -> Duration {
     match failure {
         Failure::Infeasible => policy.terminal,
-        Failure::Final | Failure::Transient => crate::backoff::backoff(failures, policy.base, policy.cap),
+        Failure::Final | Failure::Transient => policy.backoff(failures),
     }
 }
 

@@ -326,7 +326,7 @@ fn status_patches_say_what_external_resizer_says() {
 
 #[test]
 fn retries_back_off_and_an_infeasible_size_waits_the_long_delay() {
-    let policy = crate::k8s::attach::RetryPolicy { base: Duration::from_secs(1), cap: Duration::from_secs(60), terminal: Duration::from_secs(600) };
+    let policy = crate::k8s::shell::RetryPolicy { base: Duration::from_secs(1), cap: Duration::from_secs(60), terminal: Duration::from_secs(600) };
     assert_eq!(retry_after(Failure::Infeasible, 0, &policy), Duration::from_secs(600));
     assert_eq!(retry_after(Failure::Final, 2, &policy), Duration::from_secs(4));
     assert_eq!(retry_after(Failure::Transient, 10, &policy), Duration::from_secs(60));

@@ -1,8 +1,11 @@
 //! The one Kubernetes controller shell: an actix actor that runs any [`Controller`] (the
-//! attach queue, the resize queue). The shell owns what every controller of this front
-//! needs and none decides: two cluster-wide watches, their relists, a keyed
-//! [`WorkQueue`], readiness, periodic resync and the workers; the controller owns what it
-//! keeps of the watched objects, which keys a change queues, and what a run of a key does.
+//! attach queue, the resize queue, the snapshot queue). The shell owns what every
+//! controller of this front needs and none decides: two cluster-wide watches, their
+//! relists, a keyed [`WorkQueue`], readiness, periodic resync, the workers, and the retry
+//! policy ([`RetryPolicy`], in `retry.rs`, which the loops of this front that retry
+//! outside a shell use too); the controller owns what it keeps of the watched objects,
+//! which keys a change queues, and what a run of a key does. The loops of this front
+//! that are not run by a shell, and why, are listed in `crate::k8s`'s module doc.
 //!
 //! Rules:
 //! - Two watches (`Controller::First`, `Controller::Second`), cluster-wide (the API
@@ -30,6 +33,10 @@
 //! - A restart under supervision empties the queue and waits for both lists and
 //!   readiness again; what the controller keeps is replaced by the next lists.
 //! - Clocks are read here only; the queue and the controllers' decisions take the time.
+//! - Every controller is given the same [`QueueConfig`] (identity, retry policy,
+//!   resync), built once from `[kubernetes]`; a failed run's delay comes from its
+//!   [`RetryPolicy`] ([`RetryPolicy::backoff`], or `terminal` for a failure that retrying
+//!   does not fix), named by the controller in the [`Outcome`] it returns.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -47,12 +54,15 @@ use tokio::time::Instant;
 use tokio_stream::StreamExt;
 use tracing::{debug, info, warn};
 
-use crate::k8s::attach::RetryPolicy;
 use crate::k8s::identity::Identity;
 use crate::k8s::workqueue::{Outcome, WorkQueue};
 
+/// The retry policy of the loops that retry with backoff.
+mod retry;
 #[cfg(test)]
 mod tests;
+
+pub(crate) use retry::RetryPolicy;
 
 /// An object a controller watches.
 pub(crate) trait Watched: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Unpin + 'static {}
@@ -108,7 +118,7 @@ impl<K: Ord + Clone> Pending<'_, K> {
 pub(crate) struct QueueConfig {
     /// Driver and node.
     pub identity: Identity,
-    /// Backoff and terminal retry delays.
+    /// Backoff and terminal retry delays (`kubernetes.retry_*`).
     pub policy: RetryPolicy,
     /// Queue everything again this often (`Duration::ZERO`: never).
     pub resync: Duration,

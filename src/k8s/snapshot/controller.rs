@@ -34,7 +34,6 @@ use super::backend::SnapshotBackend;
 use super::executor::{Executor, Ran};
 use super::objects::{VolumeSnapshotClass, VolumeSnapshotContent};
 use super::{is_ready, labelled_node, plan, snapshot_handle, snapshot_name, Held, Plan, BEING_CREATED};
-use crate::backoff::backoff;
 pub(crate) use crate::k8s::shell::QueueConfig;
 use crate::k8s::shell::{Change, Controller, Pending, Settings, Shell, Work};
 use crate::k8s::workqueue::Outcome;
@@ -213,7 +212,7 @@ impl<B: SnapshotBackend> Controller for Snapshots<B> {
                 Ok(found) => found,
                 Err(e) => {
                     warn!(snapshot.content = %c.name_any(), error = %e, "volume manager not ready for this content; retrying");
-                    return Err(backoff(failures, policy.base, policy.cap));
+                    return Err(policy.backoff(failures));
                 }
             };
             let handle = snapshot_handle(&c);
@@ -226,7 +225,7 @@ impl<B: SnapshotBackend> Controller for Snapshots<B> {
             }
             executor.run(c, plan, &backend, failures).await.map_err(|e| {
                 warn!(error = %e, failures = failures + 1, "cannot update the API server; retrying");
-                backoff(failures, policy.base, policy.cap)
+                policy.backoff(failures)
             })
         }))
     }

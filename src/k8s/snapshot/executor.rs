@@ -29,8 +29,7 @@ use tracing::{info, warn};
 use super::backend::{Failure, SnapshotBackend, SnapshotInfo};
 use super::objects::VolumeSnapshotContent;
 use super::{cleared_patch, creating_patch, error_patch, finalizer_patch, is_ready, ready_patch, settled_patch, taken_note, Creation, Plan};
-use crate::backoff::backoff;
-use crate::k8s::attach::RetryPolicy;
+use crate::k8s::shell::RetryPolicy;
 use crate::k8s::identity::Identity;
 use crate::k8s::workqueue::Outcome;
 
@@ -111,7 +110,7 @@ impl Executor {
     /// Carries `plan` out for `c` (see the module rules); `failures` are the content's
     /// failed runs so far.
     pub(crate) async fn run<B: SnapshotBackend>(&self, c: VolumeSnapshotContent, plan: Plan, backend: &B, failures: u32) -> Result<Ran, ApiError> {
-        let retry = Outcome::Retry(backoff(failures, self.policy.base, self.policy.cap));
+        let retry = Outcome::Retry(self.policy.backoff(failures));
         match plan {
             Plan::Nothing(_) => Ok(Ran { outcome: Outcome::Done, content: c }),
             Plan::Tidy => {
@@ -154,7 +153,7 @@ impl Executor {
     fn retry_of(&self, failure: Failure, failures: u32) -> Outcome {
         match failure {
             Failure::Busy => Outcome::Retry(self.policy.base),
-            _ => Outcome::Retry(backoff(failures, self.policy.base, self.policy.cap)),
+            _ => Outcome::Retry(self.policy.backoff(failures)),
         }
     }
 

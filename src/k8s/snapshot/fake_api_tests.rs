@@ -1,110 +1,49 @@
-//! The SnapshotQueue against a fake API server (`tower_test::mock::pair`): lists are
-//! served from a script, watches held open, Events answered and recorded; every other
-//! request goes to the test, which checks it and answers it in order. Time is paused.
+//! The SnapshotQueue against the fake API server (`crate::k8s::fake_api`, serving
+//! Events): lists are served from a script, watches held open, Events answered and
+//! recorded; every other request goes to the test, which checks it and answers it in
+//! order. Time is paused.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use actix::Actor;
-use http::{Method, Request, Response};
-use kube::client::Body;
+use http::Method;
 use kube::runtime::watcher::Event;
 use kube::Client;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
-use tower_test::mock::{self, SendResponse};
 
 use super::*;
 use crate::actors::volumes::VolumeError;
-use crate::k8s::attach::RetryPolicy;
+use crate::k8s::shell::RetryPolicy;
 use crate::k8s::shell::{Ready, WatchItem};
 use crate::k8s::snapshot::backend::{Failure, SnapshotInfo};
 use crate::k8s::snapshot::tests::{class, content, deleting, identity, info, labelled, ready, NODE, UID};
 use crate::k8s::snapshot::{BEING_CREATED, FREEZE_PARAMETER, NODE_LABEL};
+use crate::k8s::fake_api::{fake_api_serving_events, list_of, respond, FakeApi, Script};
 use crate::k8s::KubeError;
-
-type Reply = SendResponse<Response<Body>>;
 
 /// An Event as recorded: reason, note, kind and name of the object it is about.
 type Recorded = (String, String, String, String);
-
-struct FakeApi {
-    calls: mpsc::UnboundedReceiver<(Method, String, Value, Reply)>,
-    events: Arc<Mutex<Vec<Recorded>>>,
-}
-
-fn ok(reply: Reply, body: &impl serde::Serialize) {
-    let bytes = serde_json::to_vec(body).expect("serializes");
-    reply.send_response(Response::builder().body(Body::from(bytes)).expect("response"));
-}
 
 const CONTENTS: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents";
 const CLASSES: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshotclasses";
 const CONTENT: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/snapcontent-1";
 const STATUS: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/snapcontent-1/status";
 
+/// A fake API server serving the content and class lists (watches held open) and
+/// recording the Events; every other request goes to the test.
 fn fake_api(contents: Vec<&VolumeSnapshotContent>, classes: Vec<&VolumeSnapshotClass>) -> (Client, FakeApi) {
-    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let (tx, calls) = mpsc::unbounded_channel();
-    let events = Arc::new(Mutex::new(Vec::new()));
-    let log = events.clone();
-    let list = |kind: &str, items: Vec<Value>| {
-        json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": format!("{kind}List"), "metadata": {"resourceVersion": "1"}, "items": items})
-    };
-    let mut lists: VecDeque<(&str, Value)> = VecDeque::from([
-        (CONTENTS, list("VolumeSnapshotContent", contents.iter().map(|c| json!(c)).collect())),
-        (CLASSES, list("VolumeSnapshotClass", classes.iter().map(|k| json!(k)).collect())),
-    ]);
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Some((request, reply)) = handle.next_request().await {
-            let uri = request.uri().to_string();
-            let path = request.uri().path().to_string();
-            let method = request.method().clone();
-            if method == Method::GET && uri.contains("watch=true") {
-                held.push(reply);
-                continue;
-            }
-            if method == Method::GET {
-                let i = lists.iter().position(|(p, _)| *p == path).expect("one list per resource");
-                let (_, body) = lists.remove(i).expect("listed");
-                ok(reply, &body);
-                continue;
-            }
-            let bytes = request.into_body().collect_bytes().await.expect("body");
-            let body: Value = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("JSON body") };
-            if path.contains("/events") {
-                let s = |v: &Value| v.as_str().unwrap_or("").to_string();
-                log.lock().expect("log").push((s(&body["reason"]), s(&body["note"]), s(&body["regarding"]["kind"]), s(&body["regarding"]["name"])));
-                ok(reply, &body);
-                continue;
-            }
-            tx.send((method, path, body, reply)).expect("the test listens");
-        }
-    });
-    (Client::new(service, "default"), FakeApi { calls, events })
+    let script = |kind: &str, items: Vec<Value>| Script { lists: [list_of(kind, "snapshot.storage.k8s.io/v1", "1", items)].into(), ..Default::default() };
+    fake_api_serving_events(vec![
+        (CONTENTS, script("VolumeSnapshotContent", contents.iter().map(|c| json!(c)).collect())),
+        (CLASSES, script("VolumeSnapshotClass", classes.iter().map(|k| json!(k)).collect())),
+    ])
 }
 
-impl FakeApi {
-    async fn expect(&mut self, method: Method, path: &str) -> (Value, Reply) {
-        let (m, p, body, reply) = tokio::time::timeout(Duration::from_secs(3600), self.calls.recv())
-            .await
-            .expect("a request within the hour")
-            .expect("the server runs");
-        assert_eq!((m, p.as_str()), (method, path), "{body}");
-        (body, reply)
-    }
-
-    async fn assert_quiet(&mut self) {
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        if let Ok((m, p, body, _)) = self.calls.try_recv() {
-            panic!("unexpected {m} {p} {body}");
-        }
-    }
-
-    fn events(&self) -> Vec<Recorded> {
-        self.events.lock().expect("log").clone()
-    }
+/// The Events recorded so far.
+fn recorded(api: &FakeApi) -> Vec<Recorded> {
+    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+    api.events().iter().map(|e| (s(&e["reason"]), s(&e["note"]), s(&e["regarding"]["kind"]), s(&e["regarding"]["name"]))).collect()
 }
 
 type Answer<T> = Result<T, (Failure, KubeError)>;
@@ -179,26 +118,26 @@ async fn a_new_content_of_a_volume_here_is_snapshotted_and_made_ready_with_one_e
     backend.creates.lock().unwrap().push_back(Ok(info(true, Some(17))));
     let queue = SnapshotQueue::new(client, config(), backend.clone()).start();
 
-    let (body, reply) = api.expect(Method::PATCH, CONTENT).await;
+    let (body, reply) = api.expect_path(Method::PATCH, CONTENT).await;
     assert_eq!(body, json!({"metadata": {"annotations": {BEING_CREATED: "yes"}, "labels": {NODE_LABEL: NODE}}}));
     let marked = labelled(crate::k8s::snapshot::tests::annotated(content(), BEING_CREATED), NODE);
-    ok(reply, &marked);
-    let (body, reply) = api.expect(Method::PATCH, STATUS).await;
+    respond(reply, &marked);
+    let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
     assert_eq!(
         body,
         json!({"status": {"snapshotHandle": "snap-id", "readyToUse": true, "creationTime": 1_700_000_000_123_456_789_i64, "restoreSize": 1_073_741_824}})
     );
     let done = ready(marked.clone());
-    ok(reply, &done);
-    let (body, reply) = api.expect(Method::PATCH, CONTENT).await;
+    respond(reply, &done);
+    let (body, reply) = api.expect_path(Method::PATCH, CONTENT).await;
     assert_eq!(body, json!({"metadata": {"annotations": {BEING_CREATED: null}}}));
-    ok(reply, &ready(labelled(content(), NODE)));
+    respond(reply, &ready(labelled(content(), NODE)));
 
     // The watch brings the writes back: nothing more to do.
     queue.do_send(WatchItem::First(Ok(Event::Apply(ready(labelled(content(), NODE))))));
     api.assert_quiet().await;
     assert_eq!(backend.asked(), [format!("create snapshot-{UID} of vol-1 with {{\"drivelet.io/freeze\": \"true\"}}")], "secrets are not passed on");
-    let events = api.events();
+    let events = recorded(&api);
     assert_eq!(events.len(), 1, "{events:?}");
     let (reason, note, kind, name) = &events[0];
     assert_eq!((reason.as_str(), kind.as_str(), name.as_str()), ("SnapshotTaken", "VolumeSnapshot", "snap"));
@@ -218,38 +157,38 @@ async fn a_refused_snapshot_is_recorded_once_and_retried_with_backoff() {
     let _queue = SnapshotQueue::new(client, config(), backend.clone()).start();
 
     let marked = labelled(crate::k8s::snapshot::tests::annotated(content(), BEING_CREATED), NODE);
-    let (_, reply) = api.expect(Method::PATCH, CONTENT).await;
-    ok(reply, &marked);
+    let (_, reply) = api.expect_path(Method::PATCH, CONTENT).await;
+    respond(reply, &marked);
     // A final answer: the annotation goes, then the error is recorded.
-    let (body, reply) = api.expect(Method::PATCH, CONTENT).await;
+    let (body, reply) = api.expect_path(Method::PATCH, CONTENT).await;
     assert_eq!(body, json!({"metadata": {"annotations": {BEING_CREATED: null}}}));
-    ok(reply, &labelled(content(), NODE));
-    let (body, reply) = api.expect(Method::PATCH, STATUS).await;
+    respond(reply, &labelled(content(), NODE));
+    let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
     let message = body["status"]["error"]["message"].as_str().unwrap_or("").to_string();
     assert!(message.starts_with(&format!("cannot take snapshot snapshot-{UID} of volume vol-1: cannot snapshot volume vol-1 now")), "{message}");
     assert!(message.contains("drivelet.io/freeze: \"true\""), "says how to get one: {message}");
     assert_eq!(body["status"]["readyToUse"], false);
     let errored = with(labelled(content(), NODE), |c| c.status = serde_json::from_value(body["status"].clone()).ok());
-    ok(reply, &errored);
+    respond(reply, &errored);
 
     // After the backoff (1 s): the same refusal is not recorded again.
-    let (_, reply) = api.expect(Method::PATCH, CONTENT).await;
-    ok(reply, &crate::k8s::snapshot::tests::annotated(errored.clone(), BEING_CREATED));
-    let (_, reply) = api.expect(Method::PATCH, CONTENT).await;
-    ok(reply, &errored);
+    let (_, reply) = api.expect_path(Method::PATCH, CONTENT).await;
+    respond(reply, &crate::k8s::snapshot::tests::annotated(errored.clone(), BEING_CREATED));
+    let (_, reply) = api.expect_path(Method::PATCH, CONTENT).await;
+    respond(reply, &errored);
     // Then (2 s later) it passes: ready, the error cleared.
-    let (_, reply) = api.expect(Method::PATCH, CONTENT).await;
-    ok(reply, &crate::k8s::snapshot::tests::annotated(errored.clone(), BEING_CREATED));
-    let (body, reply) = api.expect(Method::PATCH, STATUS).await;
+    let (_, reply) = api.expect_path(Method::PATCH, CONTENT).await;
+    respond(reply, &crate::k8s::snapshot::tests::annotated(errored.clone(), BEING_CREATED));
+    let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
     assert_eq!(body["status"]["readyToUse"], true);
     assert_eq!(body["status"]["error"], Value::Null);
     assert!(body["status"].as_object().is_some_and(|s| s.contains_key("error")), "the error is removed: {body}");
-    ok(reply, &ready(crate::k8s::snapshot::tests::annotated(errored.clone(), BEING_CREATED)));
-    let (_, reply) = api.expect(Method::PATCH, CONTENT).await;
-    ok(reply, &ready(labelled(content(), NODE)));
+    respond(reply, &ready(crate::k8s::snapshot::tests::annotated(errored.clone(), BEING_CREATED)));
+    let (_, reply) = api.expect_path(Method::PATCH, CONTENT).await;
+    respond(reply, &ready(labelled(content(), NODE)));
     api.assert_quiet().await;
 
-    let reasons: Vec<String> = api.events().into_iter().map(|(r, _, k, _)| format!("{r} on {k}")).collect();
+    let reasons: Vec<String> = recorded(&api).into_iter().map(|(r, _, k, _)| format!("{r} on {k}")).collect();
     assert_eq!(reasons, ["SnapshotCreationFailed on VolumeSnapshot", "SnapshotTaken on VolumeSnapshot"]);
     assert_eq!(backend.asked().len(), 3);
 }
@@ -265,17 +204,17 @@ async fn a_busy_volume_is_retried_soon_without_a_record_and_keeps_the_annotation
     let _queue = SnapshotQueue::new(client, config(), backend.clone()).start();
 
     let marked = labelled(crate::k8s::snapshot::tests::annotated(content(), BEING_CREATED), NODE);
-    let (_, reply) = api.expect(Method::PATCH, CONTENT).await;
-    ok(reply, &marked);
+    let (_, reply) = api.expect_path(Method::PATCH, CONTENT).await;
+    respond(reply, &marked);
     // Busy: no status, no Event, the annotation stays; the retry finds it set.
-    let (body, reply) = api.expect(Method::PATCH, STATUS).await;
+    let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
     assert_eq!(body["status"]["readyToUse"], true);
-    ok(reply, &ready(marked.clone()));
-    let (body, reply) = api.expect(Method::PATCH, CONTENT).await;
+    respond(reply, &ready(marked.clone()));
+    let (body, reply) = api.expect_path(Method::PATCH, CONTENT).await;
     assert_eq!(body, json!({"metadata": {"annotations": {BEING_CREATED: null}}}));
-    ok(reply, &ready(labelled(content(), NODE)));
+    respond(reply, &ready(labelled(content(), NODE)));
     api.assert_quiet().await;
-    assert_eq!(api.events().len(), 1, "only SnapshotTaken");
+    assert_eq!(recorded(&api).len(), 1, "only SnapshotTaken");
 }
 
 #[actix_rt::test]
@@ -297,15 +236,16 @@ async fn a_deleted_content_deletes_its_snapshot_with_policy_delete_and_keeps_it_
     // Two workers: the two contents' requests may interleave.
     let mut seen = Vec::new();
     for _ in 0..3 {
-        let (m, p, body, reply) = api.calls.recv().await.expect("a request");
-        seen.push(format!("{m} {p}"));
+        let call = api.next("a request").await;
+        let (p, body, reply) = (call.path().to_string(), call.body, call.reply);
+        seen.push(format!("{} {p}", call.method));
         if p.ends_with("/status") {
             assert_eq!(body, json!({"status": {"snapshotHandle": null, "readyToUse": null, "creationTime": null, "restoreSize": null}}));
-            ok(reply, &with(gone.clone(), |c| c.status = None));
+            respond(reply, &with(gone.clone(), |c| c.status = None));
         } else {
             assert_eq!(body["metadata"]["finalizers"], json!([]), "{p}: {body}");
             assert_eq!(body["metadata"]["resourceVersion"], "7");
-            ok(reply, &with(gone.clone(), |c| c.metadata.finalizers = None));
+            respond(reply, &with(gone.clone(), |c| c.metadata.finalizers = None));
         }
     }
     seen.sort();

@@ -7,8 +7,10 @@
 //! being cleaned and its progress; the progress of a drive's round of cleaning is what
 //! was zeroed of what the round has held so far (a round ends when nothing is dirty).
 
-use super::VolumeBook;
+use super::{VolumeBook, VolumeError};
 use crate::actors::volumes::messages::CreateVolume;
+use crate::actors::volumes::model::VolumeRecord;
+use crate::words::DriveLoc;
 use crate::config::human_bytes;
 use crate::disk::clean::{self, Extent};
 
@@ -99,6 +101,26 @@ impl VolumeBook {
             .collect()
     }
 
+    /// Marks an extent freed on `drive_id` dirty, when the drive is present; answers
+    /// where the drive is, for the cleaner.
+    pub(crate) fn free_extent(&mut self, drive_id: &str, extent: Extent) -> Option<DriveLoc> {
+        let loc = self.drive_loc(drive_id)?;
+        self.add_dirty(drive_id, extent);
+        Some(loc)
+    }
+
+    /// The extent a step freed, when the record `id` leaves the book with it (a delete,
+    /// a create rolled back): `after` is the record the step handed back, `err` its
+    /// error. Nothing for an adopted volume (its space is not drivelet's), or a create
+    /// the GPT writer refused (it wrote nothing).
+    pub(crate) fn freed_by(&self, id: &str, after: Option<&VolumeRecord>, err: Option<&VolumeError>) -> Option<(String, Extent)> {
+        if after.is_some() || err.is_some_and(|e| e.refused_drive().is_some()) {
+            return None;
+        }
+        let rec = self.records.get(id).filter(|r| r.adopted.is_none())?;
+        Some((rec.drive_id.clone(), (rec.start, rec.size)))
+    }
+
     /// The space being cleaned, in words, for a refusal.
     pub(crate) fn cleaning_note(&self) -> String {
         let parts: Vec<String> = self.cleaning().iter().map(|c| format!("{} on drive {}", c.words(), c.drive_id)).collect();
@@ -107,7 +129,7 @@ impl VolumeBook {
 
     /// Whether a CreateVolume the book refuses now would be placed once every drive's
     /// dirty space is clean.
-    pub(crate) fn fits_after_cleaning(&self, m: &CreateVolume) -> bool {
-        !self.dirty.is_empty() && self.plan_create_with(m, false).is_ok()
+    pub(crate) fn fits_after_cleaning(&self, m: &CreateVolume, guid: uuid::Uuid) -> bool {
+        !self.dirty.is_empty() && self.plan_create_with(m, guid, false).is_ok()
     }
 }

@@ -18,7 +18,7 @@ use crate::actors::messages::DriveEvent;
 use crate::actors::volumes::usage;
 use crate::actors::volumes::messages::{CordonDrive, ReleaseDrive};
 use crate::actors::volumes::model::VolumeRecord;
-use crate::actors::volumes::VolumeError;
+use crate::actors::volumes::error::VolumeError;
 use crate::words::{DriveClass, DriveUse, DriveUseState};
 
 /// What a drive event asks of the actor once the book took it in.

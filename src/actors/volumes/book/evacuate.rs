@@ -14,17 +14,27 @@
 //!   forced release and not staged (a staged one waits for its unstage); one at a time,
 //!   smallest first (the most volumes freed soonest);
 //! - asking again changes `force` as asked and retries the volumes whose move failed.
+//!
+//! The state of evacuations is here alone: the intent (and `force`) in the drive's
+//! usage record, which is stored; the move running now, the moves done and failed by
+//! this process in [`Evacuations`]. The actor starts the move the book picks
+//! ([`VolumeBook::start_move`]), runs its disk steps and hands the outcome back
+//! ([`VolumeBook::move_ended`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use tracing::info;
 
-use super::{VolumeBook, VolumeError};
-use crate::actors::volumes::evacuate::{EvacuateDrive, Evacuation, MovedVolume, PendingMove, PendingState};
+use super::{drive_loc, Claim, VolumeBook, VolumeError};
+use crate::actors::volumes::evacuate::{Evacuation, MoveProgress, MovedVolume, PendingMove, PendingState};
+use crate::actors::volumes::messages::{EvacuateDrive, VolumeMoved};
 use crate::actors::volumes::model::{Move, VolumeRecord, VolumeState};
 use crate::actors::volumes::placement::{self, Candidate, NoRoom};
+use crate::actors::volumes::steps::moves::MoveDone;
 use crate::config::human_bytes;
+use crate::disk::clean::Extent;
 use crate::words::{DriveClass, DriveLoc, DriveUse, DriveUseState, Evacuate, LayoutKind, Media};
 
 /// A move to start: the record (its `moving` set to where the copy goes), both drives.
@@ -38,6 +48,50 @@ pub(crate) struct MovePlan {
     pub dst: DriveLoc,
     /// That drive's media.
     pub dst_media: Media,
+}
+
+/// What the book keeps of evacuations beside the drives' usage records.
+#[derive(Default)]
+pub(crate) struct Evacuations {
+    /// The record being moved now (one at a time).
+    pub(super) moving: Option<String>,
+    /// Moves done by this process, by the drive they left.
+    pub(super) moved: HashMap<String, Vec<MovedVolume>>,
+    /// Why a record's move failed; retried when the evacuation is asked again.
+    pub(super) failed: HashMap<String, String>,
+    /// How far the move running now is, for the metrics.
+    progress: Option<MoveProgress>,
+}
+
+impl Evacuations {
+    /// Forgets the move running (a restart: its continuation is gone); what moved and
+    /// failed is kept for the life of the process.
+    pub(super) fn restarted(&mut self) {
+        self.moving = None;
+    }
+}
+
+/// A move the book started: the actor runs its disk steps.
+pub(crate) struct StartedMove {
+    /// What moves where.
+    pub plan: MovePlan,
+    /// Switch it even with unreadable blocks.
+    pub force: bool,
+    /// The claim of the record for the move.
+    pub claim: Claim,
+    /// Bytes written plus bytes verified, counted by the copy.
+    pub done: Arc<AtomicU64>,
+    /// Where the copy goes.
+    pub to: Move,
+}
+
+/// What the end of a move changes besides the record.
+pub(crate) struct MoveEnded {
+    /// An extent that held the volume's bytes and is free now (the old partition, or a
+    /// copy rolled back), on this drive: dirty until cleaned.
+    pub freed: Option<(String, Extent)>,
+    /// The move done, for the subscribers.
+    pub moved: Option<VolumeMoved>,
 }
 
 /// The media a record must stay on: its class's, when the class asked for one.
@@ -68,7 +122,7 @@ impl VolumeBook {
 
     /// Decides an EvacuateDrive: the drive's usage record from now on (to store), or
     /// why it cannot be evacuated. Closes the drive to new volumes.
-    pub(crate) fn evacuate(&mut self, m: &EvacuateDrive, failed: &mut HashMap<String, String>) -> Result<DriveUse, VolumeError> {
+    pub(crate) fn evacuate(&mut self, m: &EvacuateDrive) -> Result<DriveUse, VolumeError> {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
@@ -111,33 +165,100 @@ impl VolumeBook {
                 ),
             });
         }
-        for r in &todo {
-            failed.remove(&r.id);
+        let retried: Vec<String> = todo.iter().map(|r| r.id.clone()).collect();
+        drop((todo, cands));
+        for id in &retried {
+            self.evac.failed.remove(id);
         }
         let usage = DriveUse {
             drive_id: m.drive_id.clone(),
-            state: if todo.is_empty() { DriveUseState::Released } else { DriveUseState::Releasing },
+            state: if retried.is_empty() { DriveUseState::Released } else { DriveUseState::Releasing },
             reason: "evacuation requested: its volumes move to other drives of this node".into(),
             requested: true,
             evacuate: Some(Evacuate { force: m.force }),
         };
-        info!(drive.id = %m.drive_id, volumes = todo.len(), evacuate.force = m.force, "drive evacuation requested");
+        info!(drive.id = %m.drive_id, volumes = retried.len(), evacuate.force = m.force, "drive evacuation requested");
         self.drive_use.insert(m.drive_id.clone(), usage.clone());
         self.publish();
         Ok(usage)
     }
 
+    /// Starts the next move of an evacuation, if none runs and one can: the record is
+    /// claimed, its copy's extent reserved, and the move is the one running.
+    pub(crate) fn start_move(&mut self) -> Option<StartedMove> {
+        if self.evac.moving.is_some() {
+            return None;
+        }
+        let (plan, force) = self.next_move()?;
+        let to = plan.rec.moving.as_deref().cloned()?;
+        let claim = self.claim(&plan.rec.id).ok()?;
+        let id = plan.rec.id.clone();
+        info!(volume.id = %id, volume.name = %plan.rec.name, drive.from = %plan.rec.drive_id, drive.to = %to.drive_id, volume.size = plan.rec.size, "moving volume off an evacuated drive");
+        let done = Arc::new(AtomicU64::new(0));
+        self.evac.progress = Some(MoveProgress { volume_id: id.clone(), to_drive: to.drive_id.clone(), done: done.clone(), total: plan.rec.size.saturating_mul(2) });
+        self.evac.moving = Some(id);
+        self.reserve_move(plan.rec.clone());
+        Some(StartedMove { plan, force, claim, done, to })
+    }
+
+    /// The end of the move of `id` (named `name`), whose copy went to `to`, once its
+    /// record is back in the book: what moved, or why not (retried when the evacuation
+    /// is asked again).
+    pub(crate) fn move_ended(&mut self, id: &str, name: &str, to: &Move, res: Result<&MoveDone, &VolumeError>) -> MoveEnded {
+        self.evac.moving = None;
+        self.evac.progress = None;
+        match res {
+            Ok(done) => {
+                self.evac.moved.entry(done.from_drive.clone()).or_default().push(MovedVolume {
+                    volume_id: id.to_string(),
+                    name: name.to_string(),
+                    to_drive: done.to_drive.clone(),
+                    bytes: done.bytes,
+                    millis: done.millis,
+                    unreadable: done.unreadable.clone(),
+                });
+                // The old extent is dirty (the same GPT commit said so on the disk).
+                MoveEnded {
+                    freed: Some((done.from_drive.clone(), done.from_extent)),
+                    moved: Some(VolumeMoved {
+                        volume_id: id.to_string(),
+                        name: name.to_string(),
+                        from_drive: done.from_drive.clone(),
+                        to_drive: done.to_drive.clone(),
+                        bytes: done.bytes,
+                        unreadable: done.unreadable.clone(),
+                    }),
+                }
+            }
+            Err(e) => {
+                // The copy's extent held the tenant's bytes: dirty until cleaned.
+                let rolled_back = self.records.get(id).is_some_and(|r| r.moving.is_none());
+                self.evac.failed.insert(id.to_string(), e.to_string());
+                MoveEnded { freed: rolled_back.then(|| (to.drive_id.clone(), (to.start, to.size))), moved: None }
+            }
+        }
+    }
+
     /// The next move of an evacuation to start, if any: a record no call holds, not
-    /// staged, not in `failed`, with a place to go. A record that has nowhere to go
-    /// now is put in `failed` with why.
-    pub(crate) fn next_move(&self, failed: &mut HashMap<String, String>) -> Option<(MovePlan, bool)> {
+    /// staged, whose move did not fail, with a place to go. A record that has nowhere
+    /// to go now fails with why.
+    pub(super) fn next_move(&mut self) -> Option<(MovePlan, bool)> {
+        let mut no_room = Vec::new();
+        let next = self.find_move(&mut no_room);
+        self.evac.failed.extend(no_room);
+        next
+    }
+
+    /// [`VolumeBook::next_move`], the records with no room put in `no_room`.
+    fn find_move(&self, no_room: &mut Vec<(String, String)>) -> Option<(MovePlan, bool)> {
         if !self.ready {
             return None;
         }
+        let failed = &self.evac.failed;
         let cands = self.candidates();
         for (drive_id, u) in &self.drive_use {
             let Some(ev) = u.evacuate else { continue };
-            let Some(src) = self.drives.get(drive_id).map(|d| DriveLoc { path: d.path.clone(), sector: d.logical_block_size }) else { continue };
+            let Some(src) = self.drive_loc(drive_id) else { continue };
             for r in self.movable_on(drive_id) {
                 let stable = matches!(r.state, VolumeState::Available) || (r.snapshot.is_some() && r.state != VolumeState::Creating && r.state != VolumeState::Deleting);
                 if !stable || r.staging.is_some() || r.moving.is_some() || failed.contains_key(&r.id) || self.guards.is_claimed(&r.id) {
@@ -146,12 +267,12 @@ impl VolumeBook {
                 let p = match Self::place_move(&cands, r) {
                     Ok(p) => p,
                     Err(NoRoom::TooBig(why) | NoRoom::Full(why)) => {
-                        failed.insert(r.id.clone(), format!("no room on the other drives of this node: {why}"));
+                        no_room.push((r.id.clone(), format!("no room on the other drives of this node: {why}")));
                         continue;
                     }
                 };
                 let Some(d) = self.drives.get(&p.drive_id) else { continue };
-                let dst = DriveLoc { path: d.path.clone(), sector: d.logical_block_size };
+                let dst = drive_loc(d);
                 let mut rec = VolumeRecord::clone(r);
                 rec.moving = Some(Box::new(Move { drive_id: p.drive_id.clone(), start: p.start, size: p.size, switched: false, unreadable: Vec::new() }));
                 return Some((MovePlan { rec, src, dst, dst_media: d.media }, ev.force));
@@ -161,15 +282,27 @@ impl VolumeBook {
     }
 
     /// Reserves the copy's extent of a move about to start (the record with its `Move`).
-    pub(crate) fn reserve_move(&mut self, rec: VolumeRecord) {
+    pub(super) fn reserve_move(&mut self, rec: VolumeRecord) {
         self.records.insert(rec.id.clone(), Arc::new(rec));
         self.publish();
     }
 
-    /// Where every evacuation asked for stands: `moved` (this process's moves, by the
-    /// drive they left), `failed` (why a record's move failed), `moving` (the record
-    /// being copied now).
-    pub(crate) fn evacuations(&self, moved: &HashMap<String, Vec<MovedVolume>>, failed: &HashMap<String, String>, moving: Option<&str>) -> Vec<Evacuation> {
+    /// How far the move running now is.
+    pub(crate) fn move_progress(&self) -> Option<MoveProgress> {
+        self.evac.progress.clone()
+    }
+
+    /// Where the evacuation of `drive_id` stands.
+    pub(crate) fn evacuation_of(&self, drive_id: &str) -> Result<Evacuation, VolumeError> {
+        self.evacuations()
+            .into_iter()
+            .find(|e| e.drive_id == drive_id)
+            .ok_or_else(|| VolumeError::CannotEvacuate { drive_id: drive_id.to_string(), reason: "its evacuation record is gone".into() })
+    }
+
+    /// Where every evacuation asked for stands.
+    pub(crate) fn evacuations(&self) -> Vec<Evacuation> {
+        let (moved, failed, moving) = (&self.evac.moved, &self.evac.failed, self.evac.moving.as_deref());
         let mut out = Vec::new();
         for (drive_id, u) in &self.drive_use {
             let Some(ev) = u.evacuate else { continue };

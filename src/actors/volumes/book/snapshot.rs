@@ -18,7 +18,7 @@
 use std::path::PathBuf;
 
 use super::{now_unix, CreatePlan, VolumeBook, VolumeError};
-use crate::actors::volumes::clone::CloneFrom;
+use crate::actors::volumes::steps::CloneFrom;
 use crate::actors::volumes::messages::CreateSnapshot;
 use crate::actors::volumes::model::{SnapshotOf, VolumeRecord, VolumeState};
 use crate::actors::volumes::placement::{self, NoRoom};

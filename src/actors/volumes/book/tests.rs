@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use super::*;
 
-use crate::actors::volumes::messages::ReleaseDrive;
+use crate::actors::volumes::messages::{CreateVolume, ReleaseDrive};
 use crate::actors::volumes::model::{CapacityRange, Staging};
-use crate::words::DriveUseState;
+use crate::words::{DriveUseState, LayoutKind, Media};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -400,7 +400,7 @@ fn space_being_cleaned_is_neither_placed_on_nor_promised_and_a_create_needing_it
     let mut b = book_with(vec![]);
     let region = gpt::usable_region(GIB, 512).map(|(s, e)| (s, e - s)).unwrap();
     let cap = |b: &VolumeBook| {
-        let m = crate::actors::volumes::GetCapacity { media: None, layout: LayoutKind::Partition, minimum: MIB };
+        let m = crate::actors::volumes::messages::GetCapacity { media: None, layout: LayoutKind::Partition, minimum: MIB };
         b.view_reader().get().unwrap().capacity(&m).unwrap()
     };
     assert_eq!(cap(&b).available, region.1);
@@ -420,8 +420,8 @@ fn space_being_cleaned_is_neither_placed_on_nor_promised_and_a_create_needing_it
         }
         other => panic!("{other:?}"),
     }
-    assert!(b.fits_after_cleaning(&big), "it fits once clean: the create waits");
-    assert!(!b.fits_after_cleaning(&create("huge", 2 * GIB)), "never fits: no wait");
+    assert!(b.fits_after_cleaning(&big, gpt::volume_partition_guid(&big.name)), "it fits once clean: the create waits");
+    assert!(!b.fits_after_cleaning(&create("huge", 2 * GIB), gpt::volume_partition_guid("huge")), "never fits: no wait");
     // Half cleaned: progress, and still refused.
     b.cleaned("d1", (region.0, 256 * MIB));
     assert_eq!(b.cleaning()[0].percent_done(), 50);
@@ -436,8 +436,8 @@ fn space_being_cleaned_is_neither_placed_on_nor_promised_and_a_create_needing_it
 
 #[test]
 fn an_evacuation_is_refused_whole_without_room_and_once_asked_moves_unstaged_volumes_smallest_first() {
-    use crate::actors::volumes::evacuate::{EvacuateDrive, PendingState};
-    use std::collections::HashMap;
+    use crate::actors::volumes::evacuate::PendingState;
+    use crate::actors::volumes::messages::EvacuateDrive;
     let sized = |n: u8, mib: u64| {
         let mut r = available(n);
         r.start = 64 * MIB * n as u64;
@@ -449,45 +449,46 @@ fn an_evacuation_is_refused_whole_without_room_and_once_asked_moves_unstaged_vol
     staged.staging = Some(Staging { path: "/k/s3".into(), block: false, flags: vec![], readonly: false, done: true });
     let mut b = book_with(vec![sized(1, 32), sized(2, 16), staged]);
     let ask = |force| EvacuateDrive { drive_id: "d1".into(), force };
-    let mut failed = HashMap::new();
     // No other drive: refused, nothing decided.
-    let e = b.evacuate(&ask(false), &mut failed).unwrap_err();
+    let e = b.evacuate(&ask(false)).unwrap_err();
     assert!(matches!(e, VolumeError::ResourceExhausted { .. }) && e.to_string().contains("nothing was moved"), "{e}");
     assert!(b.drive_uses().is_empty(), "the drive stays open");
-    assert!(b.next_move(&mut failed).is_none(), "nothing moves");
+    assert!(b.next_move().is_none(), "nothing moves");
     // Unknown drive: INVALID_ARGUMENT.
-    let e = b.evacuate(&EvacuateDrive { drive_id: "nope".into(), force: false }, &mut failed).unwrap_err();
+    let e = b.evacuate(&EvacuateDrive { drive_id: "nope".into(), force: false }).unwrap_err();
     assert!(matches!(e, VolumeError::InvalidArgument { .. }), "{e}");
     // A drive with room for all: asked, the drive is releasing with the intent kept.
     b.add_drives(vec![Drive::for_test("d2", Media::Ssd, GIB)]);
-    let u = b.evacuate(&ask(false), &mut failed).expect("room on d2");
+    let u = b.evacuate(&ask(false)).expect("room on d2");
     assert_eq!((u.state, u.evacuate.map(|e| e.force)), (DriveUseState::Releasing, Some(false)));
     // Smallest unstaged first; the staged one waits and says where it is staged.
-    let (plan, force) = b.next_move(&mut failed).expect("a move");
+    let (plan, force) = b.next_move().expect("a move");
     assert_eq!((plan.rec.id.as_str(), force), (sized(2, 16).id.as_str(), false));
     let to = plan.rec.moving.clone().expect("where the copy goes");
     assert_eq!((to.drive_id.as_str(), to.size, to.switched), ("d2", 16 * MIB, false));
     b.reserve_move(plan.rec.clone());
-    let (next, _) = b.next_move(&mut failed).expect("another move");
+    let (next, _) = b.next_move().expect("another move");
     assert_eq!(next.rec.id, sized(1, 32).id, "the moving one is not picked again");
     let next_to = next.rec.moving.clone().unwrap();
     assert!(next_to.start >= to.start + to.size || next_to.start + next_to.size <= to.start, "the copy's extent is reserved");
-    let list = b.evacuations(&HashMap::new(), &failed, Some(&plan.rec.id));
+    b.evac.moving = Some(plan.rec.id.clone());
+    let list = b.evacuations();
     let states: Vec<(String, PendingState)> = list[0].pending.iter().map(|p| (p.volume_id.clone(), p.state)).collect();
     assert!(states.contains(&(plan.rec.id.clone(), PendingState::Moving)), "{states:?}");
     let waiting = list[0].pending.iter().find(|p| p.state == PendingState::Waiting).expect("the staged one waits");
     assert!(waiting.reason.contains("/k/s3"), "{}", waiting.reason);
     assert!(list[0].words().contains("1 moving") && list[0].words().contains("1 waiting"), "{}", list[0].words());
     // A failed move is not retried until asked again; asked with force, it is.
-    failed.insert(next.rec.id.clone(), "cannot be read".into());
+    b.evac.moving = None;
+    b.evac.failed.insert(next.rec.id.clone(), "cannot be read".into());
     b.records.insert(plan.rec.id.clone(), Arc::new(sized(2, 16)));
-    let (again, _) = b.next_move(&mut failed).expect("the first one again");
+    let (again, _) = b.next_move().expect("the first one again");
     assert_eq!(again.rec.id, plan.rec.id);
-    b.evacuate(&ask(true), &mut failed).expect("asked again");
-    assert!(failed.is_empty(), "asking again retries the failed ones");
+    b.evacuate(&ask(true)).expect("asked again");
+    assert!(b.evac.failed.is_empty(), "asking again retries the failed ones");
     // An empty drive is evacuated at once: released, and listed as done.
     let mut empty = book_with(vec![]);
-    let u = empty.evacuate(&ask(false), &mut failed).expect("nothing to move");
+    let u = empty.evacuate(&ask(false)).expect("nothing to move");
     assert_eq!((u.state, u.evacuate.is_some()), (DriveUseState::Released, true));
-    assert!(empty.evacuations(&HashMap::new(), &failed, None)[0].done);
+    assert!(empty.evacuations()[0].done);
 }

@@ -1,58 +1,23 @@
-//! The destructive steps of each volume operation, run off the actor thread
-//! (`spawn_blocking`), in an order that survives `kill -9` anywhere.
-//!
-//! Rules:
-//! - the intent is written to the store before the first change on disk, and the
-//!   result after the last, so a restart always knows what may be half done;
-//! - every step is idempotent (an existing partition, filesystem or mount that is
-//!   already what the step would make counts as done), so a retried call finishes what
-//!   a killed one started;
-//! - a step that fails undoes what this call changed, where it can, and leaves the
-//!   record in a state a retry or a restart can finish; a create the GPT writer refused
-//!   changed nothing on the disk (the drive holds data drivelet did not write), so only
-//!   its record goes, and the disk is not touched at all, not even its kernel
-//!   partitions, which are someone else's;
-//! - GPT writes on one drive are serialised by that drive's lock;
-//! - nothing is formatted that drivelet did not wipe itself: an existing filesystem
-//!   on a volume drivelet formatted is data and is never overwritten;
-//! - named crash points (`fail` crate, feature `failpoints`) sit between the steps; a
-//!   test arms one to kill the process right there.
+//! The node side's disk steps of a volume: stage, unstage, publish, unpublish and the
+//! online growth of a staged filesystem, and what backs a volume on this host (its
+//! kernel partition, or an adopted directory); the rules are [`super`]'s.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use nix::mount::MsFlags;
 use tracing::{info, warn};
 
-pub use super::clone::CloneFrom;
-use super::model::{next, Op, Staging, Target, VolumeRecord};
-use super::messages::{PublishArgs, StageArgs};
-use super::book::Guards;
-use super::VolumeError;
-
-use crate::disk::lock::DiskLock;
-use crate::failpoint::crash_point;
+use super::{disk, save, Outcome};
+use crate::actors::volumes::book::Guards;
+use crate::actors::volumes::error::VolumeError;
+use crate::actors::volumes::messages::{PublishArgs, StageArgs};
+use crate::actors::volumes::model::{next, Op, Staging, Target, VolumeRecord};
 use crate::disk::beneath::{self, Node, PathError};
-use crate::disk::{blkpg, fs, gpt, mount, snapshot_note, DiskError};
-use nix::mount::MsFlags;
+use crate::disk::{blkpg, fs, mount, DiskError};
+use crate::failpoint::crash_point;
 use crate::store::Store;
 use crate::words::DriveLoc;
-
-/// What a blocking step hands back: the record as it now is (`None`: removed) and the
-/// call's result.
-pub struct Outcome<T> {
-    /// The record after the step.
-    pub record: Option<VolumeRecord>,
-    /// The call's result.
-    pub result: Result<T, VolumeError>,
-}
-
-fn disk(id: &str, op: &'static str) -> impl FnOnce(DiskError) -> VolumeError {
-    let volume_id = id.to_string();
-    move |source| match source {
-        DiskError::Foreign { device, found } => VolumeError::ForeignData { volume_id, op, device, found },
-        source => VolumeError::Disk { volume_id, op, source },
-    }
-}
 
 /// A path refused is the caller's mistake (`InvalidArgument`); anything else failed.
 fn path_err(id: &str, op: &'static str) -> impl FnOnce(PathError) -> VolumeError {
@@ -74,12 +39,8 @@ fn look(id: &str, path: &Path, roots: &[PathBuf]) -> Result<Option<Node>, Volume
     beneath::open(path, roots).map_err(path_err(id, "open the path"))
 }
 
-fn save(store: &Store, rec: &VolumeRecord) -> Result<(), VolumeError> {
-    store.put(&rec.id, rec).map_err(VolumeError::Store)
-}
-
 /// What a volume's data lives on: its partition, or (adopted) a directory of the host.
-enum Backing {
+pub(super) enum Backing {
     /// A drivelet partition, as the kernel knows it.
     Partition(blkpg::KernelPartition),
     /// An adopted volume's directory and the device number of its filesystem.
@@ -119,9 +80,9 @@ fn backing_held(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<(Backing
 }
 
 /// The backing of `rec`: its adopted directory, or its kernel partition on `drive`.
-fn backing(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<Backing, VolumeError> {
+pub(super) fn backing(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<Backing, VolumeError> {
     if rec.lost {
-        return Err(super::conditions::lost(rec));
+        return Err(crate::actors::volumes::conditions::lost(rec));
     }
     if let Some(a) = &rec.adopted {
         let md = std::fs::metadata(&a.path).map_err(|e| VolumeError::AdoptedUnreadable {
@@ -157,206 +118,6 @@ pub(crate) fn is_device_of(path: &Path, roots: &[PathBuf], drive: &DriveLoc, rec
 /// Whether `devnum` is the kernel partition among `parts` that starts at `start`.
 fn is_partition_at(devnum: (u32, u32), parts: &[blkpg::KernelPartition], start: u64) -> bool {
     parts.iter().any(|p| p.start == start && p.devnum == devnum)
-}
-
-/// Creates the partition of a `Creating` record: intent, GPT entry, kernel partition,
-/// wipe, then `Available`.
-/// A clone (`from`) copies its source onto the wiped partition before it is marked
-/// `Available` ([`super::clone::copy`]); until then a restart rolls it back.
-pub fn create(store: &Store, drive: &DriveLoc, rec: VolumeRecord, from: Option<&CloneFrom>) -> Outcome<VolumeRecord> {
-    if let Err(e) = save(store, &rec) {
-        return Outcome { record: None, result: Err(e) };
-    }
-    crash_point!("create.intent_saved");
-    match create_steps(store, drive, rec.clone(), from) {
-        Ok(done) => Outcome { record: Some(done.clone()), result: Ok(done) },
-        Err(e) if e.refused_drive().is_some() => match store.remove(&rec.id) {
-            Ok(()) => Outcome { record: None, result: Err(e) },
-            Err(undo) => Outcome { record: Some(rec), result: Err(VolumeError::Store(undo)) },
-        },
-        Err(e) => match rollback_create(store, drive, &rec) {
-            Ok(()) => Outcome { record: None, result: Err(e) },
-            Err(undo) => {
-                warn!(volume.id = %rec.id, error = %undo, "cannot roll back a failed create; a retry or restart finishes it");
-                Outcome { record: Some(rec), result: Err(e) }
-            }
-        },
-    }
-}
-
-fn create_steps(store: &Store, drive: &DriveLoc, mut rec: VolumeRecord, from: Option<&CloneFrom>) -> Result<VolumeRecord, VolumeError> {
-    let (kp, wiped) = {
-        let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
-        // The new partition's signature areas are zeroed in the table's own commit.
-        let attrs = if rec.snapshot.is_some() { gpt::SNAPSHOT_ATTR } else { 0 };
-        let note = rec.snapshot.is_none().then(|| super::notes::note_of(&rec));
-        let added = gpt::add_partition_wiped(&drive.path, drive.sector, rec.part_guid, &gpt::partition_label(&rec.name), rec.start, rec.size, attrs, note)
-            .map_err(disk(&rec.id, "write the partition table"))?;
-        crash_point!("create.gpt_written");
-        let (kp, new) = blkpg::ensure_kernel_partition_added(&drive.path, rec.start, rec.size)
-            .map_err(disk(&rec.id, "add the kernel partition"))?;
-        // A kernel partition that was there before may hold stale blocks in its cache.
-        (kp, added == gpt::Added::Wiped && new)
-    };
-    crash_point!("create.partition_visible");
-    if !wiped {
-        // An entry left by an earlier try, or a kernel partition that was already there:
-        // wipe through the partition itself.
-        fs::wipe_signatures(&kp.devnode).map_err(disk(&rec.id, "wipe the new partition"))?;
-    }
-    crash_point!("create.wiped");
-    if let Some(from) = from {
-        super::clone::copy(&mut rec, &kp, from)?;
-    }
-    if let Some(snap) = &rec.snapshot {
-        // The note last: a snapshot whose note reads back whole is whole.
-        let note = snapshot_note::SnapshotNote {
-            name: rec.name.clone(),
-            source_volume_id: snap.source_volume_id.clone(),
-            restore_size: snap.restore_size,
-            block: rec.block,
-            fs_type: if rec.formatted { rec.fs_type.clone() } else { String::new() },
-            created_unix_nanos: snap.created_unix_nanos,
-        };
-        snapshot_note::write(&kp.devnode, snap.restore_size, &note).map_err(disk(&rec.id, "write the snapshot's note"))?;
-        crash_point!("snapshot.noted");
-    }
-    rec.state = next(rec.state, Op::CreateDone).map_err(|r| VolumeError::refused(&rec, r))?;
-    save(store, &rec)?;
-    crash_point!("create.saved");
-    Ok(rec)
-}
-
-/// Undoes a creation that was never handed out: kernel partition, GPT entry, record.
-pub(crate) fn rollback_create(store: &Store, drive: &DriveLoc, rec: &VolumeRecord) -> Result<(), VolumeError> {
-    {
-        let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
-        blkpg::remove_kernel_partition(&drive.path, rec.start).map_err(disk(&rec.id, "remove the kernel partition"))?;
-        gpt::remove_partition(&drive.path, drive.sector, rec.part_guid).map_err(disk(&rec.id, "update the partition table"))?;
-    }
-    store.remove(&rec.id).map_err(VolumeError::Store)
-}
-
-/// Deletes a volume: intent, wipe, kernel partition, GPT entry, record. With the drive
-/// absent (`drive` is `None`) only the record goes.
-pub fn delete(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveLoc>, mut rec: VolumeRecord) -> Outcome<()> {
-    let prev = rec.clone();
-    if let Some(node) = &rec.published_node {
-        let e = VolumeError::StillAttached { volume_id: rec.id.clone(), node: node.clone() };
-        return Outcome { record: Some(prev), result: Err(e) };
-    }
-    match next(rec.state, Op::Delete) {
-        Ok(s) => rec.state = s,
-        Err(r) => return Outcome { record: Some(prev), result: Err(VolumeError::refused(&rec, r)) },
-    }
-    if let Some(a) = &rec.adopted {
-        // Retain: an adopted volume's data was never drivelet's; only its record goes.
-        return match store.remove(&rec.id) {
-            Ok(()) => {
-                info!(volume.id = %rec.id, volume.path = %a.path.display(), "adopted volume released; its data is kept where it is");
-                Outcome { record: None, result: Ok(()) }
-            }
-            Err(e) => Outcome { record: Some(prev), result: Err(VolumeError::Store(e)) },
-        };
-    }
-    if let Err(e) = save(store, &rec) {
-        return Outcome { record: Some(prev), result: Err(e) };
-    }
-    crash_point!("delete.intent_saved");
-    match delete_steps(store, guards, drive, &rec) {
-        Ok(()) => Outcome { record: None, result: Ok(()) },
-        Err(e) => Outcome { record: Some(rec), result: Err(e) },
-    }
-}
-
-/// The steps of a deletion whose intent is recorded; also finishes one at start-up.
-pub(crate) fn delete_steps(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<(), VolumeError> {
-    if let Some(drive) = drive {
-        // A health check's read-only fsck holds the partition: the wipe waits for it.
-        let _unchecked = guards.step(&rec.id);
-        // The table is read, and changed, under both locks: a parallel delete on the
-        // same drive rewrites it.
-        let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
-        let on_disk = gpt::read_table(&drive.path, drive.sector)
-            .map_err(disk(&rec.id, "read the partition table"))?
-            .is_some_and(|t| t.partitions.iter().any(|q| q.guid == rec.part_guid));
-        if on_disk {
-            let kp = blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size)
-                .map_err(disk(&rec.id, "find the kernel partition"))?;
-            let mounts = crate::disk::mounts::read_mountinfo()
-                .map_err(|e| disk(&rec.id, "read mounts")(DiskError::Io { what: "/proc/self/mountinfo".into(), source: e }))?;
-            if mounts.iter().any(|m| m.devnum == kp.devnum) {
-                return Err(VolumeError::PartitionMounted { volume_id: rec.id.clone(), device: kp.devnode.clone() });
-            }
-            if blkpg::is_read_only(&kp.devnode) {
-                blkpg::set_read_only(&kp.devnode, false).map_err(disk(&rec.id, "mark the partition writable"))?;
-            }
-            // Durable with the GPT commit below, which flushes the disk.
-            fs::wipe_signatures_direct(&kp.devnode).map_err(disk(&rec.id, "wipe the partition"))?;
-        }
-        crash_point!("delete.wiped");
-        blkpg::remove_kernel_partition(&drive.path, rec.start).map_err(disk(&rec.id, "remove the kernel partition"))?;
-        crash_point!("delete.partition_hidden");
-        gpt::remove_partition(&drive.path, drive.sector, rec.part_guid).map_err(disk(&rec.id, "update the partition table"))?;
-        crash_point!("delete.gpt_removed");
-    } else {
-        warn!(volume.id = %rec.id, drive.id = %rec.drive_id, "drive is absent: only the record is removed; the partition is listed again if the drive returns");
-    }
-    store.remove(&rec.id).map_err(VolumeError::Store)
-}
-
-/// Attaches a volume to `node` (ControllerPublishVolume): makes sure the kernel has its
-/// partition, then records the attachment. Returns the partition's device node.
-pub(crate) fn controller_publish(store: &Store, drive: Option<&DriveLoc>, mut rec: VolumeRecord, node: String) -> Outcome<PathBuf> {
-    let prev = rec.clone();
-    let res = (|| {
-        let at = match backing(drive, &rec)? {
-            Backing::Partition(kp) => kp.devnode,
-            Backing::Dir { path, .. } => path,
-        };
-        if rec.published_node.as_deref() != Some(node.as_str()) {
-            rec.published_node = Some(node);
-            save(store, &rec)?;
-        }
-        Ok(at)
-    })();
-    match res {
-        Ok(dev) => Outcome { record: Some(rec), result: Ok(dev) },
-        Err(e) => Outcome { record: Some(prev), result: Err(e) },
-    }
-}
-
-/// Grows a volume's partition in place to `new_size` (ControllerExpandVolume): the GPT
-/// entry, then the kernel's partition, then the record. Every step is a no-op when
-/// already done, so a retry after a crash anywhere finishes the job (a restart in
-/// between takes the size from the GPT). `rec` is the record before the call.
-pub(crate) fn expand(store: &Store, drive: &DriveLoc, mut rec: VolumeRecord, new_size: u64) -> Outcome<u64> {
-    let prev = rec.clone();
-    let res = (|| {
-        {
-            let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
-            gpt::resize_partition(&drive.path, drive.sector, rec.part_guid, new_size)
-                .map_err(disk(&rec.id, "grow the partition in the partition table"))?;
-            crash_point!("expand.gpt_resized");
-            match blkpg::resize_kernel_partition(&drive.path, rec.start, new_size) {
-                Ok(()) => {}
-                // No kernel partition (it is made again at stage): nothing to tell.
-                Err(DiskError::NotFound { .. }) => {}
-                Err(e) => return Err(disk(&rec.id, "grow the kernel partition")(e)),
-            }
-        }
-        crash_point!("expand.kernel_resized");
-        if rec.size != new_size {
-            info!(volume.id = %rec.id, volume.size = new_size, volume.old_size = rec.size, "volume grown");
-            rec.size = new_size;
-            save(store, &rec)?;
-        }
-        Ok(new_size)
-    })();
-    match res {
-        Ok(size) => Outcome { record: Some(rec), result: Ok(size) },
-        Err(e) => Outcome { record: Some(prev), result: Err(e) },
-    }
 }
 
 /// Grows a staged volume's filesystem to its partition (NodeExpandVolume), online;
@@ -702,6 +463,27 @@ pub(crate) fn unpublish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBu
         Err(e) => Outcome { record: Some(rec), result: Err(e) },
     }
 }
+/// The usage of the filesystem staged or published at `path`, beneath the roots.
+pub(crate) fn usage_at(path: &Path, roots: &[PathBuf]) -> Result<fs::Usage, DiskError> {
+    match beneath::open(path, roots) {
+        Ok(Some(node)) => node.usage(),
+        Ok(None) => Err(DiskError::NotFound { device: path.to_path_buf(), what: "the volume's path".into() }),
+        Err(PathError::Refused(reason)) => Err(DiskError::invalid(reason)),
+        Err(PathError::Disk(e)) => Err(e),
+    }
+}
+
+/// A directory an AdoptVolume names, looked at: its canonical path, the whole disk its
+/// filesystem is on, and its filesystem's size; or why it cannot be adopted.
+pub(crate) fn probe_adoptable(path: &Path) -> Result<(PathBuf, Option<(u32, u32)>, u64), String> {
+    let canonical = std::fs::canonicalize(path).map_err(|e| e.to_string())?;
+    if !canonical.is_dir() || canonical == Path::new("/") {
+        return Err("not a directory other than /; block local volumes cannot be adopted".into());
+    }
+    let devnum = crate::disk::whole_disk_of(&canonical);
+    let size = fs::usage(&canonical).map(|u| u.total_bytes).unwrap_or(0);
+    Ok((canonical, devnum, size))
+}
 
 #[cfg(test)]
 mod tests {
@@ -739,7 +521,7 @@ mod tests {
     fn only_block_volumes_are_asked_about_at_device_nodes() {
         let dir = tempfile::tempdir().expect("temp dir");
         let drive = DriveLoc { path: PathBuf::from("/dev/null"), sector: 512 };
-        let mut rec = VolumeRecord::for_test(1, super::super::model::VolumeState::Published);
+        let mut rec = VolumeRecord::for_test(1, crate::actors::volumes::model::VolumeState::Published);
         rec.block = false;
         let roots = vec![dir.path().to_path_buf()];
         assert!(!is_device_of(&dir.path().join("dev/uid"), &roots, &drive, &rec), "a filesystem volume");

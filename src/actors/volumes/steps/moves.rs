@@ -32,10 +32,10 @@ use std::time::Instant;
 
 use tracing::{info, warn};
 
-use super::book::{Guards, MovePlan};
-use super::model::{Move, VolumeRecord};
-use super::ops::Outcome;
-use super::VolumeError;
+use super::{disk_io as disk, save, Outcome};
+use crate::actors::volumes::book::{Guards, MovePlan};
+use crate::actors::volumes::error::VolumeError;
+use crate::actors::volumes::model::{Move, VolumeRecord};
 use crate::disk::lock::DiskLock;
 use crate::disk::{blkpg, gpt, mover, DiskError};
 use crate::failpoint::crash_point;
@@ -57,15 +57,6 @@ pub(crate) struct MoveDone {
     pub millis: u64,
     /// Byte ranges that could not be read (a forced move only).
     pub unreadable: Vec<(u64, u64)>,
-}
-
-fn disk(id: &str, op: &'static str) -> impl FnOnce(DiskError) -> VolumeError {
-    let volume_id = id.to_string();
-    move |source| VolumeError::Disk { volume_id, op, source }
-}
-
-fn save(store: &Store, rec: &VolumeRecord) -> Result<(), VolumeError> {
-    store.put(&rec.id, rec).map_err(VolumeError::Store)
 }
 
 /// The attribute bits of the record's partition when it serves.
@@ -137,7 +128,7 @@ fn copy_steps(src: &DriveLoc, dst: &DriveLoc, rec: &VolumeRecord, to: &Move, for
     }
     let dkp = {
         let _udev = DiskLock::exclusive(&dst.path).map_err(disk(id, "lock the new drive"))?;
-        let note = rec.snapshot.is_none().then(|| super::notes::note_of(rec));
+        let note = rec.snapshot.is_none().then(|| crate::actors::volumes::notes::note_of(rec));
         gpt::add_partition_wiped(&dst.path, dst.sector, rec.part_guid, &gpt::partition_label(&rec.name), to.start, to.size, serving_attrs(rec) | gpt::MOVE_ATTR, note)
             .map_err(disk(id, "write the copy's partition entry"))?;
         crash_point!("move.gpt_written");

@@ -6,7 +6,7 @@
 //! record back, so a half copy is never served; a retried CreateVolume copies again
 //! from the start onto a freshly wiped partition):
 //! - a filesystem source is copied by the filesystem's own tool, used blocks only
-//!   ([`disk::copy`]), given a fresh UUID, grown to the clone's size, fsynced and
+//!   ([`crate::disk::copy`]), given a fresh UUID, grown to the clone's size, fsynced and
 //!   checked read-only; a copy that does not check clean fails the create (which then
 //!   rolls back);
 //! - a block source is copied byte for byte, its whole length, then fsynced; what a
@@ -26,9 +26,10 @@ use std::time::Instant;
 
 use tracing::info;
 
-use super::model::VolumeRecord;
+use super::disk_io as disk;
+use crate::actors::volumes::model::VolumeRecord;
 
-use super::VolumeError;
+use crate::actors::volumes::error::VolumeError;
 use crate::disk::{blkpg, copy, freeze, fs, DiskError};
 use crate::failpoint::crash_point;
 use crate::words::DriveLoc;
@@ -45,11 +46,6 @@ pub struct CloneFrom {
     pub freeze: Option<(std::path::PathBuf, std::time::Duration)>,
     /// The allowed roots the freeze path is opened beneath.
     pub roots: Vec<std::path::PathBuf>,
-}
-
-fn disk(id: &str, op: &'static str) -> impl FnOnce(DiskError) -> VolumeError {
-    let volume_id = id.to_string();
-    move |source| VolumeError::Disk { volume_id, op, source }
 }
 
 /// Copies `from`'s data onto `dst`, the new volume `rec`'s wiped partition, and

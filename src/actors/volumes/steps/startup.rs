@@ -1,158 +1,38 @@
-//! Start-up of the volume manager: wait for the inventory's first scan, open the store,
-//! reconcile its records with the drives' GPTs and the host's mounts, and open the book;
-//! later the same reconciliation for one drive that appears or changes media.
+//! The disk side of start-up: open the store, reconcile its records with the drives'
+//! GPTs and the host's mounts, and find what is dirty on each managed drive; the same
+//! for one drive that appears or changes media ([`settle`]).
 //!
-//! Rules: nothing is served before the book is loaded; a record whose create or delete
-//! was cut short is finished or rolled back here ([`reconcile::plan`] decides, [`settle`]
-//! carries the plan out); only managed drives are read for drivelet partitions; a
-//! drive's records are claimed while it is reconciled.
+//! Rules: [`reconcile::plan`] decides, [`settle`] carries the plan out (a record whose
+//! create or delete was cut short is finished or rolled back, a move cut short is
+//! finished or its copy removed); only managed drives are read for drivelet
+//! partitions; the caller holds the claims of a drive's records while it is settled.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use actix::prelude::*;
 use tracing::{error, info, warn};
 
-use super::book::now_unix;
-
-use super::model::{VolumeRecord, VolumeState};
-use super::book::Guards;
-use super::cleaner;
-use super::ops;
-use super::{reconcile, VolumeError, VolumeManager};
-
 use crate::actors::inventory::model::Drive;
-use crate::actors::messages::{GetInventoryStatus, ListDrives};
+use crate::actors::volumes::book::{drive_loc, now_unix, Guards};
+use crate::actors::volumes::cleaner;
+use crate::actors::volumes::error::VolumeError;
+use crate::actors::volumes::model::{VolumeRecord, VolumeState};
+use crate::actors::volumes::reconcile;
 use crate::disk::{clean, gpt};
 use crate::store::{Kind, Store};
-use crate::words::{DriveClass, DriveLoc, DriveUse};
-
-
-impl VolumeManager {
-    /// Waits for the inventory's first scan, then reconciles with the drives it found.
-    pub(super) fn wait_for_inventory(&mut self, ctx: &mut Context<Self>) {
-        let inv = self.inventory.clone();
-        ctx.spawn(
-            async move {
-                loop {
-                    match inv.send(GetInventoryStatus).await {
-                        Ok(s) if s.scanned => break,
-                        _ => tokio::time::sleep(Duration::from_millis(20)).await,
-                    }
-                }
-                inv.send(ListDrives).await.unwrap_or_default()
-            }
-            .into_actor(self)
-            .map(|drives, act, ctx| {
-                act.book.add_drives(drives);
-                act.reconcile(ctx);
-            }),
-        );
-    }
-
-    /// Start-up reconciliation of the store with every present drive, off the actor
-    /// thread; loads the book when done, retries on error, restarts on a panic.
-    pub(super) fn reconcile(&mut self, ctx: &mut Context<Self>) {
-        if self.reconciling {
-            return;
-        }
-        self.reconciling = true;
-        let dir = self.state_dir.clone();
-        // Every present drive: presence decides what happens to a record, and the
-        // on-disk table (not the inventory's class, which may lag) decides whether
-        // drivelet's own partitions are there.
-        let drives: Vec<Drive> = self.book.drives().cloned().collect();
-        let clean_blank = self.clean_blank_drives;
-        let guards = self.book.guards();
-        let job = move || startup(&dir, &drives, &guards, clean_blank);
-        ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(|res, act, ctx| {
-            act.reconciling = false;
-            match res {
-                Ok(Ok(Started { store, records, uses, dirty })) => {
-                    act.store = Some(Arc::new(store));
-                    // Health verdicts that arrived before the usage records were loaded.
-                    for u in act.book.load(records, uses) {
-                        let id = u.drive_id.clone();
-                        act.write_use(&id, Some(u));
-                    }
-                    act.take_dirty(dirty, false);
-                    act.refresh(|_| true);
-                    info!(actor = "volumes", volumes = act.book.volume_count(), "volume manager ready");
-                    for waiter in act.ready_waiters.drain(..) {
-                        let _ = waiter.send(());
-                    }
-                }
-                Ok(Err(e)) => {
-                    error!(actor = "volumes", error = %e, "start-up reconciliation failed; retrying in 5s");
-                    ctx.run_later(Duration::from_secs(5), |act, ctx| act.reconcile(ctx));
-                }
-                Err(e) => {
-                    error!(actor = "volumes", error = %e, "start-up reconciliation panicked; restarting the actor");
-                    ctx.stop();
-                }
-            }
-        }));
-    }
-
-    /// Reconciles the records of `drive`, which just appeared, with its GPT and the
-    /// mounts, as start-up does for all ([`settle`]); its records are claimed meanwhile.
-    pub(super) fn reconcile_drive(&mut self, drive: Drive, ctx: &mut Context<Self>) {
-        let Some(store) = self.store.clone() else { return };
-        let Some((claims, records)) = self.book.claim_drive(&drive.id) else {
-            // A call is changing one of them: look again once it is done.
-            ctx.run_later(Duration::from_secs(1), move |act, ctx| {
-                if act.book.drive_present_at(&drive) {
-                    act.reconcile_drive(drive, ctx);
-                } else {
-                    act.book.reconciled(&drive.id);
-                    act.refresh(|r| r.drive_id == drive.id);
-                }
-            });
-            return;
-        };
-        let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
-        let drive_id = drive.id.clone();
-        let clean_blank = self.clean_blank_drives;
-        let guards = self.book.guards();
-        // Copies of moves running now onto this drive are not cut short; volumes whose
-        // records live on other drives are not adopted from this one.
-        let others = reconcile::Others {
-            running: self.book.records().filter_map(|r| r.moving.as_ref().filter(|m| !m.switched).map(|m| (m.drive_id.clone(), r.part_guid))).collect(),
-            held: self.book.records().filter(|r| r.drive_id != drive.id).map(|r| r.part_guid).collect(),
-            unread: Default::default(),
-        };
-        let job = move || settle(&store, &guards, records, std::slice::from_ref(&drive), clean_blank, &others);
-        ctx.spawn(async move { tokio::task::spawn_blocking(job).await }.into_actor(self).map(move |res, act, ctx| {
-            // Claims go before the conditions are judged again: a volume shown normal
-            // is free to stage.
-            drop(claims);
-            act.book.reconciled(&drive_id);
-            match res {
-                Ok(Ok((keep, dirty))) => {
-                    act.book.settled(&drive_id, &ids, keep);
-                    act.take_dirty(dirty, true);
-                    act.announce(&drive_id);
-                    act.finish_moves_from(&drive_id, ctx);
-                }
-                Ok(Err(e)) => error!(actor = "volumes", drive.id = %drive_id, error = %e, "cannot reconcile the drive's volumes"),
-                Err(e) => error!(actor = "volumes", drive.id = %drive_id, error = %e, "reconciling the drive's volumes panicked"),
-            }
-            act.refresh(|r| r.drive_id == drive_id);
-        }));
-    }
-}
+use crate::words::{DriveClass, DriveUse};
 
 /// What start-up reconciliation hands the actor.
-struct Started {
-    store: Store,
+pub(crate) struct Started {
+    /// The store, open.
+    pub store: Store,
     /// The records to serve.
-    records: Vec<VolumeRecord>,
+    pub records: Vec<VolumeRecord>,
     /// The drives' usage records; `None` when they cannot be read.
-    uses: Option<Vec<DriveUse>>,
+    pub uses: Option<Vec<DriveUse>>,
     /// What is dirty on each managed drive.
-    dirty: Vec<DriveDirty>,
+    pub dirty: Vec<DriveDirty>,
 }
 
 /// What is dirty on one managed drive, as read from it, and whether the cleaner may
@@ -191,7 +71,7 @@ pub(crate) fn known_drives(dir: &std::path::Path) -> BTreeSet<String> {
 }
 
 /// Opens the store and carries out the start-up plan.
-fn startup(dir: &std::path::Path, drives: &[Drive], guards: &Arc<Guards>, clean_blank: bool) -> Result<Started, VolumeError> {
+pub(crate) fn startup(dir: &std::path::Path, drives: &[Drive], guards: &Arc<Guards>, clean_blank: bool) -> Result<Started, VolumeError> {
     let store = Store::open(dir).map_err(VolumeError::Store)?;
     let (records, bad) = store.load::<VolumeRecord>().map_err(VolumeError::Store)?;
     for b in bad {
@@ -217,7 +97,7 @@ fn startup(dir: &std::path::Path, drives: &[Drive], guards: &Arc<Guards>, clean_
 /// mounts ([`reconcile::plan`]) and carries the plan out; returns the records to serve.
 /// At start-up for every record and drive; later for one drive that appeared. Also
 /// answers what is dirty on each managed drive once the plan is carried out.
-fn settle(
+pub(crate) fn settle(
     store: &Store,
     guards: &Arc<Guards>,
     records: Vec<VolumeRecord>,
@@ -259,12 +139,12 @@ fn settle(
     for line in &plan.reports {
         warn!(actor = "volumes", "{line}");
     }
-    let loc = |id: &str| drives.iter().find(|d| d.id == id).map(|d| DriveLoc { path: d.path.clone(), sector: d.logical_block_size });
+    let loc = |id: &str| drives.iter().find(|d| d.id == id).map(drive_loc);
     let mut keep = plan.keep;
     for rec in plan.rollback {
         // Without a drivelet table on the drive, nothing was written: only the record goes.
         let res = match (loc(&rec.drive_id), tables.contains_key(&rec.drive_id)) {
-            (Some(d), true) => ops::rollback_create(store, &d, &rec),
+            (Some(d), true) => super::volume::rollback_create(store, &d, &rec),
             _ => store.remove(&rec.id).map_err(VolumeError::Store),
         };
         if let Err(e) = res {
@@ -274,7 +154,7 @@ fn settle(
     }
     for rec in plan.finish_delete {
         let d = if tables.contains_key(&rec.drive_id) { loc(&rec.drive_id) } else { None };
-        if let Err(e) = ops::delete_steps(store, guards, d.as_ref(), &rec) {
+        if let Err(e) = super::volume::delete_steps(store, guards, d.as_ref(), &rec) {
             error!(actor = "volumes", volume.id = %rec.id, error = %e, "cannot finish an interrupted delete; kept");
             keep.push(rec);
         }
@@ -330,7 +210,7 @@ fn settle(
         }
     });
     for (rec, d) in unfinished {
-        if let Err(e) = ops::rollback_create(store, &d, &rec) {
+        if let Err(e) = super::volume::rollback_create(store, &d, &rec) {
             error!(actor = "volumes", snapshot.id = %rec.id, error = %e, "cannot roll back an unfinished snapshot; kept");
             keep.push(rec);
         }

@@ -1,0 +1,226 @@
+//! The controller side's calls: create (with clones and restores), delete, attach,
+//! detach, expand, adopt, and the binding a volume serves in Kubernetes.
+//!
+//! Rules: the book decides each call
+//! ([`begin_create`](super::super::book::VolumeBook::begin_create) a create's attempt); a create the GPT writer refused goes on to the next drive as the same
+//! call, claimed again; a create that fits only in space still being cleaned waits for
+//! the cleaner's next step; a binding equal to the record's writes nothing, another is
+//! stored off the actor thread (a failed store keeps the record as it was).
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tracing::info;
+
+use super::super::book::{Claim, CreateCall, CreatePlan, CreateStart};
+use super::super::error::VolumeError;
+use super::super::messages::{
+    AdoptVolume, AttachPreview, AttachVolume, CreateVolume, DeleteVolume, DetachVolume, ExpandVolume, PublishContext, SetBinding,
+};
+use super::super::model::VolumeRecord;
+use super::super::steps::{self, Outcome};
+use super::super::{reply, Reply, VolumeManager};
+use crate::actors::messages::DriveRefused;
+use crate::store::Store;
+
+impl Handler<CreateVolume> for VolumeManager {
+    type Result = Reply<VolumeRecord>;
+    fn handle(&mut self, m: CreateVolume, _: &mut Context<Self>) -> Self::Result {
+        let call = self.book.create_call(m);
+        match self.claim(&call.id) {
+            Ok((claim, store)) => self.create(call, claim, store),
+            Err(e) => reply(Err(e)),
+        }
+    }
+}
+
+impl VolumeManager {
+    /// One attempt of a claimed CreateVolume, as the book decides it. When the GPT
+    /// writer refuses the drive placement picked, nothing is left of the attempt, the
+    /// drive turns foreign (here, and in the inventory by [`DriveRefused`]), and the same
+    /// call goes on to the next drive.
+    fn create(&mut self, mut call: CreateCall, claim: Claim, store: Arc<Store>) -> Reply<VolumeRecord> {
+        let (rec, loc, from) = match self.book.begin_create(&mut call) {
+            CreateStart::Answer(res) => return reply(res),
+            CreateStart::WaitForCleaning(left) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                self.clean_waiters.push(tx);
+                let waited = async move {
+                    let _ = tokio::time::timeout(left, rx).await;
+                };
+                return Box::pin(waited.into_actor(self).then(move |_, act, _| act.create(call, claim, store)));
+            }
+            CreateStart::Run { rec, loc, from } => (rec, loc, from),
+        };
+        let drive_id = rec.drive_id.clone();
+        let job_store = store.clone();
+        Box::pin(self.run(claim, call.id.clone(), move || steps::create(&job_store, &loc, rec, from.as_ref())).then(move |res, act, _| {
+            let Some(found) = res.as_ref().err().and_then(VolumeError::refused_drive) else {
+                return reply(res);
+            };
+            act.book.create_refused(&mut call, &drive_id, found);
+            act.inventory.do_send(DriveRefused { drive_id, found: found.to_string() });
+            // The attempt's record is gone and the call is still this one: claim the
+            // volume again for the next attempt.
+            match act.book.claim(&call.id) {
+                Ok(claim) => act.create(call, claim, store),
+                Err(_) => reply(Err(VolumeError::Busy { volume_id: call.id })),
+            }
+        }))
+    }
+}
+
+impl Handler<DeleteVolume> for VolumeManager {
+    type Result = Reply<()>;
+    fn handle(&mut self, m: DeleteVolume, _: &mut Context<Self>) -> Self::Result {
+        let id = m.volume_id;
+        let (claim, store) = match self.claim(&id) {
+            Ok(x) => x,
+            Err(e) => return reply(Err(e)),
+        };
+        let Some(rec) = self.book.plan_delete(&id) else { return reply(Ok(())) };
+        let loc = self.book.loc_of(&rec);
+        info!(volume.id = %id, drive.id = %rec.drive_id, "deleting volume");
+        let guards = self.book.guards();
+        self.run(claim, id, move || steps::delete(&store, &guards, loc.as_ref(), rec))
+    }
+}
+
+impl Handler<AttachVolume> for VolumeManager {
+    type Result = Reply<PublishContext>;
+    fn handle(&mut self, m: AttachVolume, _: &mut Context<Self>) -> Self::Result {
+        let checked = self.book.attach_refusal(&m).and_then(|rec| Ok((self.claim(&m.volume_id)?, rec)));
+        let ((claim, store), rec) = match checked {
+            Ok(x) => x,
+            Err(e) => return reply(Err(e)),
+        };
+        let loc = self.book.loc_of(&rec);
+        let guid = rec.part_guid;
+        let (id, node) = (m.volume_id, m.node_id);
+        if rec.published_node.is_none() {
+            info!(volume.id = %id, node.name = %node, "attaching volume to node");
+        }
+        Box::pin(
+            self.run(claim, id, move || steps::controller_publish(&store, loc.as_ref(), rec, node))
+                .map(move |res, _, _| res.map(|device| PublishContext { device, part_guid: guid })),
+        )
+    }
+}
+
+impl Handler<AttachPreview> for VolumeManager {
+    type Result = Result<(), VolumeError>;
+    fn handle(&mut self, m: AttachPreview, _: &mut Context<Self>) -> Self::Result {
+        self.book.attach_refusal(&m.0).map(|_| ())
+    }
+}
+
+impl Handler<DetachVolume> for VolumeManager {
+    type Result = Reply<()>;
+    fn handle(&mut self, m: DetachVolume, _: &mut Context<Self>) -> Self::Result {
+        let planned = self.store().and_then(|store| Ok((store, self.book.plan_detach(&m)?)));
+        let (store, (rec, attached)) = match planned {
+            Ok((store, Some(plan))) => (store, plan),
+            Ok((_, None)) => return reply(Ok(())),
+            Err(e) => return reply(Err(e)),
+        };
+        let claim = match self.book.claim(&m.volume_id) {
+            Ok(c) => c,
+            Err(e) => return reply(Err(e)),
+        };
+        // The store commit runs off the actor thread; the checks' findings still hold.
+        self.run_with(claim, m.volume_id, false, move || {
+            let result = store.put(&rec.id, &rec).map_err(VolumeError::Store);
+            let record = match &result {
+                Ok(()) => {
+                    info!(volume.id = %rec.id, node.name = %attached, "volume detached from node");
+                    rec
+                }
+                Err(_) => VolumeRecord { published_node: Some(attached), ..rec },
+            };
+            Outcome { record: Some(record), result }
+        })
+    }
+}
+
+impl Handler<ExpandVolume> for VolumeManager {
+    type Result = Reply<(u64, bool)>;
+    fn handle(&mut self, m: ExpandVolume, _: &mut Context<Self>) -> Self::Result {
+        let checked = self.book.expand_check(&m).and_then(|x| Ok((self.claim(&m.volume_id)?, x)));
+        let ((claim, store), (rec, loc, new_size)) = match checked {
+            Ok(x) => x,
+            Err(e) => return reply(Err(e)),
+        };
+        let node_step = !rec.block;
+        // The space is the volume's from now on: a create placed meanwhile sees it taken.
+        self.book.reserve(VolumeRecord { size: new_size, ..rec.clone() });
+        Box::pin(
+            self.run(claim, m.volume_id, move || steps::expand(&store, &loc, rec, new_size))
+                .map(move |res, _, _| res.map(|size| (size, node_step))),
+        )
+    }
+}
+
+impl Handler<AdoptVolume> for VolumeManager {
+    type Result = Reply<VolumeRecord>;
+    fn handle(&mut self, m: AdoptVolume, _: &mut Context<Self>) -> Self::Result {
+        let shown = m.path.display().to_string();
+        let refuse = move |reason: String| VolumeError::InvalidArgument { reason: format!("cannot adopt {shown}: {reason}") };
+        // The directory is looked at off the actor thread (statvfs may hang on a sick
+        // filesystem); the book decides once it is known.
+        let path = m.path.clone();
+        Box::pin(async move { tokio::task::spawn_blocking(move || steps::node::probe_adoptable(&path)).await }.into_actor(self).then(move |probed, act, _| {
+            match probed.map_err(|e| e.to_string()).and_then(|p| p) {
+                Ok((canonical, devnum, size)) => act.adopt(m, &canonical, devnum, size),
+                Err(e) => reply(Err(refuse(e))),
+            }
+        }))
+    }
+}
+
+impl VolumeManager {
+    /// Adopts the probed directory `canonical` as the book decides.
+    fn adopt(&mut self, m: AdoptVolume, canonical: &std::path::Path, devnum: Option<(u32, u32)>, size: u64) -> Reply<VolumeRecord> {
+        let rec = match self.book.plan_adopt(&m, canonical, devnum, size) {
+            Ok(CreatePlan::Existing(rec)) => return reply(Ok(rec)),
+            Ok(CreatePlan::New(rec)) => rec,
+            Err(e) => return reply(Err(e)),
+        };
+        let (claim, store) = match self.claim(&m.volume_id) {
+            Ok(x) => x,
+            Err(e) => return reply(Err(e)),
+        };
+        info!(volume.id = %rec.id, volume.path = ?rec.adopted.as_ref().map(|a| &a.path), drive.id = %rec.drive_id, "adopting volume");
+        self.run(claim, m.volume_id, move || match store.put(&rec.id, &rec) {
+            Ok(()) => Outcome { record: Some(rec.clone()), result: Ok(rec) },
+            Err(e) => Outcome { record: None, result: Err(VolumeError::Store(e)) },
+        })
+    }
+}
+
+impl Handler<SetBinding> for VolumeManager {
+    type Result = Reply<()>;
+    fn handle(&mut self, m: SetBinding, _: &mut Context<Self>) -> Self::Result {
+        let rec = match self.book.visible(&m.volume_id) {
+            Ok(r) if r.binding == m.binding => return reply(Ok(())),
+            Ok(r) => r.clone(),
+            Err(e) => return reply(Err(e)),
+        };
+        let (claim, store) = match self.claim(&m.volume_id) {
+            Ok(x) => x,
+            Err(e) => return reply(Err(e)),
+        };
+        let updated = VolumeRecord { binding: m.binding, ..rec.clone() };
+        self.run_with(claim, m.volume_id, false, move || {
+            let result = store.put(&updated.id, &updated).map_err(VolumeError::Store);
+            let record = match &result {
+                Ok(()) => {
+                    info!(volume.id = %updated.id, volume.pv = %updated.binding.pv, volume.claim = ?updated.binding.claim(),
+                          "volume's binding recorded: its drive's note names its PV and claim");
+                    updated
+                }
+                Err(_) => rec,
+            };
+            Outcome { record: Some(record), result }
+        })
+    }
+}
