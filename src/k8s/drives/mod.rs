@@ -70,17 +70,22 @@
 //!   retry figures (1 s doubling to 300 s).
 //!
 //! What lives where:
-//! - [`names`]: object names and the node label value;
-//! - [`desired`]: the domain-to-CRD mapping and the objects this node should have;
-//! - [`status`]: what the status shows beside: owners, cleaning, volume details;
-//! - [`actions`]: the admins' `spec.action`, carried out and shown (with
+//! - [`names.rs`](names): object names and the node label value;
+//! - [`desired.rs`](desired): the domain-to-CRD mapping and the objects this node
+//!   should have;
+//! - [`status.rs`](status): what the status shows beside: owners, cleaning, volume
+//!   details;
+//! - [`actions.rs`](actions): the admins' `spec.action`, carried out and shown (with
 //!   `crate::k8s::drive_actions`, its pure decisions);
-//! - [`plan`](mod@plan): the writes that make the existing objects the desired ones;
-//! - [`executor`]: those writes, the list and the Events against the API server;
-//!   [`pods`]: the lookup of which pods use each volume (and its cache);
-//! - [`sync`]: one sync (gather, act, decide, write, tell) and the recipients it asks;
-//! - [`actor`]: [`DriveSync`], the loop: triggers, debounce, backoff, the watch;
-//! - [`error`]: [`DrivesError`].
+//! - [`plan.rs`](mod@plan): the writes that make the existing objects the desired ones;
+//! - [`executor.rs`](executor): those writes, the list and the Events against the API
+//!   server; [`pods.rs`](pods): the lookup of which pods use each volume (and its cache);
+//! - [`sync.rs`](sync): one sync (gather, act, decide, write, tell) and the recipients
+//!   it asks;
+//! - [`actor.rs`](actor): [`DriveSync`], the loop: triggers, debounce, backoff, the
+//!   watch;
+//! - [`error.rs`](error): [`DrivesError`];
+//! - `fixtures.rs` (tests only): values the unit tests and `fake_api_tests.rs` share.
 //!
 //! [`AdoptDrive`]: crate::actors::messages::AdoptDrive
 //! [`DEBOUNCE`]: actor::DEBOUNCE
