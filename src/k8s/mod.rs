@@ -15,7 +15,8 @@
 //!   the returned-node clean-up: `DetachVolume` / `DeleteVolume`; re-homing:
 //!   `ListServedVolumes` / `SetBinding`); condition and move Events arrive as
 //!   `VolumeConditionChanged` / `VolumeMoved` notifications the volume manager sends to a
-//!   subscriber; the Drive sync reads the inventory and the volume manager.
+//!   subscriber; the Drive sync reads the inventory and one view of the volume manager
+//!   (`GetDriveView`).
 //! - One way to run a loop that reconciles watched objects: the controller shell
 //!   ([`shell`]) owns the watches, their relists, the work queue, readiness, resync and
 //!   the retry policy ([`shell::RetryPolicy`], configured once by
@@ -72,8 +73,9 @@ pub(crate) mod drive_actions;
 /// Cluster duties: the Lease election of one agent that looks after deleted nodes'
 /// objects, its decisions, executor and controller, and a returning node's clean-up.
 pub(crate) mod duties;
-/// The sync of this node's `Drive` objects: names, desired objects, the plan of writes,
-/// its executor and the `DriveSync` actor.
+/// The sync of this node's `Drive` objects, a file per concern: names, desired objects,
+/// status, admin actions, the plan of writes, its executor and pods lookup, one sync and
+/// the `DriveSync` loop (its `mod.rs` says which file holds what).
 pub(crate) mod drives;
 /// The front's own error: the API client, the volume manager asked by a controller.
 pub mod error;
@@ -109,8 +111,6 @@ pub(crate) mod workqueue;
 
 pub use error::KubeError;
 
-#[cfg(test)]
-mod drives_fake_api_tests;
 /// The one fake API server of this front's tests (and of `kubectl drivelet`'s), and its
 /// expectation helpers.
 #[cfg(test)]

@@ -16,8 +16,9 @@
 //!   foreign at once (the inventory hears [`DriveRefused`]) and the same CreateVolume
 //!   goes on to the next drive, leaving no record behind;
 //! - subscribers hear [`VolumesChanged`] for a drive whenever what it holds changes: a
-//!   volume on it is handed out (created or adopted), deleted or failed, or its usage
-//!   record changes (the `Drive` objects list a drive's volumes);
+//!   volume on it is handed out (created or adopted), deleted or failed, a move off it
+//!   starts, ends or fails, or its usage record changes (the `Drive` objects list a
+//!   drive's volumes and where its evacuation stands);
 //! - on restart (supervisor) the book is rebuilt from the store, the drives and the
 //!   mounts; calls in flight are answered UNAVAILABLE, and their disk steps run on to
 //!   their end, holding the store, which the rebuild waits for; tests make the actor
@@ -68,6 +69,8 @@ pub(crate) mod cleaner;
 pub(crate) mod conditions;
 /// What an admin's listings show of a volume (ctl volumes, the Drive objects, kubectl drivelet volumes).
 pub(crate) mod detail;
+/// The Drive sync's one view of the volume manager ([`drive_view::GetDriveView`]).
+pub mod drive_view;
 /// VolumeError: one variant per refusal, in plain words naming the volume.
 pub mod error;
 pub mod evacuate;

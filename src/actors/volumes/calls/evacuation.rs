@@ -56,6 +56,7 @@ impl VolumeManager {
         let Ok(store) = self.store() else { return };
         let Some(started) = self.book.start_move() else { return };
         let (id, name, from_drive) = (started.plan.rec.id.clone(), started.plan.rec.name.clone(), started.plan.rec.drive_id.clone());
+        self.announce(&from_drive); // the Drive object shows the volume moving
         let guards = self.book.guards();
         let (plan, force, done, to) = (started.plan, started.force, started.done, started.to);
         let job = move || moves::move_volume(&store, &guards, plan, force, &done);

@@ -16,19 +16,23 @@ use kube::{Client, ResourceExt};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::crd;
-use super::drives::fixtures::*;
-use super::drives::*;
-use super::fake_api::{fake_api, list_of, respond, respond_error, FakeApi, Reply};
+use super::actor::*;
+use super::desired::desired;
+use super::error::DrivesError;
+use super::executor::Executor;
+use super::fixtures::*;
+use super::names::object_name;
+use super::plan::{plan, SyncAction};
+use super::sync::Sources;
+use crate::k8s::crd;
+use crate::k8s::fake_api::{fake_api, list_of, respond, respond_error, FakeApi, Reply};
 
 use crate::actors::inventory::model::{Drive, DriveHealth};
 use crate::actors::messages::{DriveEvent, GetInventoryStatus, InventoryStatus, ListDrives, SubscribeDrives};
 use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
-use crate::actors::volumes::{
-    CordonDrive, EvacuateDrive, Evacuation, ListCleaning, ListDriveUses, ListEvacuations, ListHeld, ListVolumeStatuses, PendingMove,
-    PendingState, ReleaseDrive, VolumeError, VolumeStatus, VolumesReady, VolumesUsed,
-};
+use crate::actors::volumes::drive_view::{DriveView, GetDriveView};
+use crate::actors::volumes::{CordonDrive, EvacuateDrive, Evacuation, PendingMove, PendingState, ReleaseDrive, VolumeError};
 use crate::words::{DriveClass, DriveUse, DriveUseState, Evacuate, Health};
 
 const LIST_PATH: &str = "/apis/drivelet.io/v1alpha1/drives?&labelSelector=drivelet.io%2Fnode%3Dnode-a";
@@ -271,31 +275,20 @@ impl Actor for FakeVolumes {
     type Context = Context<Self>;
 }
 
-impl Handler<VolumesReady> for FakeVolumes {
-    type Result = bool;
-    fn handle(&mut self, _: VolumesReady, _: &mut Context<Self>) -> bool {
-        self.0.lock().expect("world lock").ready
-    }
-}
-
-impl Handler<ListDriveUses> for FakeVolumes {
-    type Result = MessageResult<ListDriveUses>;
-    fn handle(&mut self, _: ListDriveUses, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.0.lock().expect("world lock").uses.clone())
-    }
-}
-
-impl Handler<ListVolumeStatuses> for FakeVolumes {
-    type Result = Result<(Vec<VolumeStatus>, Option<String>), VolumeError>;
-    fn handle(&mut self, _: ListVolumeStatuses, _: &mut Context<Self>) -> Self::Result {
-        Ok((Vec::new(), None))
-    }
-}
-
-impl Handler<VolumesUsed> for FakeVolumes {
-    type Result = MessageResult<VolumesUsed>;
-    fn handle(&mut self, _: VolumesUsed, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(Default::default())
+impl Handler<GetDriveView> for FakeVolumes {
+    type Result = MessageResult<GetDriveView>;
+    fn handle(&mut self, _: GetDriveView, _: &mut Context<Self>) -> Self::Result {
+        let world = self.0.lock().expect("world lock");
+        if !world.ready {
+            return MessageResult(DriveView::default());
+        }
+        MessageResult(DriveView {
+            ready: true,
+            uses: world.uses.clone(),
+            volumes: world.volumes.clone(),
+            evacuations: world.evacuations.clone(),
+            ..Default::default()
+        })
     }
 }
 
@@ -352,27 +345,6 @@ impl Handler<EvacuateDrive> for FakeVolumes {
     }
 }
 
-impl Handler<ListEvacuations> for FakeVolumes {
-    type Result = MessageResult<ListEvacuations>;
-    fn handle(&mut self, _: ListEvacuations, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.0.lock().expect("world lock").evacuations.clone())
-    }
-}
-
-impl Handler<ListCleaning> for FakeVolumes {
-    type Result = MessageResult<ListCleaning>;
-    fn handle(&mut self, _: ListCleaning, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(Vec::new())
-    }
-}
-
-impl Handler<ListHeld> for FakeVolumes {
-    type Result = MessageResult<ListHeld>;
-    fn handle(&mut self, _: ListHeld, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.0.lock().expect("world lock").volumes.clone())
-    }
-}
-
 impl Handler<SubscribeVolumes> for FakeVolumes {
     type Result = ();
     fn handle(&mut self, m: SubscribeVolumes, _: &mut Context<Self>) {
@@ -392,16 +364,10 @@ fn start_sync(client: Client, world: &Shared) -> Addr<DriveSync> {
         adopt: inventory.clone().recipient(),
         subscribe: inventory.recipient(),
         subscribe_volumes: volumes.clone().recipient(),
-        volumes_ready: volumes.clone().recipient(),
-        uses: volumes.clone().recipient(),
-        cleaning: volumes.clone().recipient(),
-        statuses: volumes.clone().recipient(),
-        used: volumes.clone().recipient(),
+        view: volumes.clone().recipient(),
         cordon: volumes.clone().recipient(),
         release: volumes.clone().recipient(),
-        evacuate: volumes.clone().recipient(),
-        evacuations: volumes.clone().recipient(),
-        volumes: volumes.recipient(),
+        evacuate: volumes.recipient(),
     };
     DriveSync::with_sources(client, NODE.to_string(), sources, RESYNC).start()
 }
@@ -653,6 +619,10 @@ async fn a_cordon_in_the_spec_is_carried_out_reported_in_the_status_and_told_in_
 
 const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 
+/// Three times the 5 s the sync polled at while a drive was evacuated, before it
+/// followed the volume manager's notifications instead.
+const NO_POLL: Duration = Duration::from_secs(15);
+
 #[tokio::test(start_paused = true)]
 async fn an_evacuation_in_the_spec_is_asked_once_followed_while_it_runs_and_reported_done() {
     tokio::task::LocalSet::new()
@@ -687,11 +657,16 @@ async fn an_evacuation_in_the_spec_is_asked_once_followed_while_it_runs_and_repo
             respond(send, &event);
             assert_eq!(world.lock().expect("world lock").asked, ["evacuate wwn-a false"]);
 
-            // While it runs, synced every EVACUATION_REFRESH; not asked again (the
-            // condition answered this generation), nothing written while in step.
+            // While it runs, synced on each notification of the volume manager (a move
+            // started, say), not on a poll; not asked again (the condition answered
+            // this generation), nothing written while in step.
+            tokio::time::sleep(NO_POLL).await;
+            handle.assert_no_more_requests("no poll while it runs");
+            let subscriber = world.lock().expect("world lock").volume_subscriber.clone().expect("subscribed");
             let synced = Instant::now();
+            subscriber.do_send(VolumesChanged { drive_id: "wwn-a".into() });
             let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
-            assert_eq!(synced.elapsed(), EVACUATION_REFRESH);
+            assert_eq!(synced.elapsed(), DEBOUNCE);
             respond(send, &drive_list(&[now.clone()]));
             tokio::time::sleep(Duration::from_secs(1)).await;
             handle.assert_no_more_requests("in step: nothing written");
@@ -739,7 +714,7 @@ async fn an_evacuation_in_the_spec_is_asked_once_followed_while_it_runs_and_repo
             let (event, send) = handle.expect_path(Method::POST, EVENTS_PATH).await;
             assert_eq!((event["reason"].as_str(), event["type"].as_str()), (Some("Evacuated"), Some("Normal")));
             respond(send, &event);
-            tokio::time::sleep(EVACUATION_REFRESH * 3).await;
+            tokio::time::sleep(NO_POLL).await;
             handle.assert_no_more_requests("done: no more refreshes");
         })
         .await;
