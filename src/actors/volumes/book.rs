@@ -115,6 +115,17 @@ pub(crate) fn now_unix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+/// What a Drive object shows of a volume that changes with a call on it: the drive it is
+/// on, whether it failed, and, while that drive is evacuated, whether the move waits for
+/// its unstage (`status.evacuation`'s `waiting` and `queued`). A call that changes any
+/// of them is announced to the Drive sync ([`VolumeBook::finish`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Shown {
+    drive_id: String,
+    failed: bool,
+    waits_for_unstage: bool,
+}
+
 impl VolumeBook {
     /// An empty book, not ready.
     pub(crate) fn new(cfg: VolumesConfig, auto_release: bool) -> VolumeBook {
@@ -415,7 +426,7 @@ impl VolumeBook {
     /// Stores what a volume's operation handed back (`None`: the volume is gone) and
     /// answers the drives whose shown volumes changed.
     /// `before` is what [`VolumeBook::shown`] said when the operation began.
-    pub(crate) fn finish(&mut self, id: &str, before: Option<(String, bool)>, record: Option<VolumeRecord>, clear_findings: bool) -> BTreeSet<String> {
+    pub(crate) fn finish(&mut self, id: &str, before: Option<Shown>, record: Option<VolumeRecord>, clear_findings: bool) -> BTreeSet<String> {
         if clear_findings {
             self.findings.remove(id);
         }
@@ -432,7 +443,7 @@ impl VolumeBook {
         if before == after {
             return BTreeSet::new();
         }
-        before.into_iter().chain(after).map(|(drive, _)| drive).collect()
+        before.into_iter().chain(after).map(|s| s.drive_id).collect()
     }
 
     /// Forgets the logged condition of a volume that is gone.
@@ -442,10 +453,15 @@ impl VolumeBook {
         }
     }
 
-    /// What the Drive objects show of one volume (or snapshot): its drive and whether it failed;
-    /// `None` while it is unknown or still being created (never handed out).
-    pub(crate) fn shown(&self, id: &str) -> Option<(String, bool)> {
-        self.records.get(id).filter(|r| r.state != VolumeState::Creating).map(|r| (r.drive_id.clone(), r.failed))
+    /// What the Drive objects show of one volume (or snapshot) that its drive's sync must
+    /// hear about at once; `None` while it is unknown or still being created (never
+    /// handed out).
+    pub(crate) fn shown(&self, id: &str) -> Option<Shown> {
+        self.records.get(id).filter(|r| r.state != VolumeState::Creating).map(|r| Shown {
+            drive_id: r.drive_id.clone(),
+            failed: r.failed,
+            waits_for_unstage: r.staging.is_some() && self.drive_use.get(&r.drive_id).is_some_and(|u| u.evacuate.is_some()),
+        })
     }
 
     /// The drive a volume lives on, if it is known.

@@ -17,7 +17,8 @@
 //!   goes on to the next drive, leaving no record behind;
 //! - subscribers hear [`VolumesChanged`] for a drive whenever what it holds changes: a
 //!   volume on it is handed out (created or adopted), deleted or failed, a move off it
-//!   starts, ends or fails, or its usage record changes (the `Drive` objects list a
+//!   starts, ends or fails, a volume on it is staged or unstaged while it is being
+//!   evacuated, or its usage record changes (the `Drive` objects list a
 //!   drive's volumes and where its evacuation stands);
 //! - on restart (supervisor) the book is rebuilt from the store, the drives and the
 //!   mounts; calls in flight are answered UNAVAILABLE, and their disk steps run on to

@@ -49,9 +49,10 @@
 //!   the inventory's first scan and the volume manager's start-up reconciliation are
 //!   done.
 //! - `status.evacuation` and the evacuation's condition follow the notifications, not a
-//!   poll: the start, end and failure of each move come with a `VolumesChanged`. What
-//!   changes in them without one (a waiting volume unstaged and now queued, a staged one
-//!   now waiting, a move refused for lack of room after the evacuation began, the pods a
+//!   poll: the start, end and failure of each move come with a `VolumesChanged`, and so
+//!   does the stage or unstage of a volume on a drive being evacuated (waiting for its
+//!   unstage, or queued again). What changes in them without one (a move refused for
+//!   lack of room after the evacuation began, as other drives fill up; the pods a
 //!   waiting volume waits for) shows at the next sync, at the latest after
 //!   [`USED_REFRESH`], as the pods and states of `status.volumeDetails` do.
 //! - Each volume's pods (`status.volumeDetails[].pods`) are looked up only when a volume

@@ -492,3 +492,29 @@ fn an_evacuation_is_refused_whole_without_room_and_once_asked_moves_unstaged_vol
     assert_eq!((u.state, u.evacuate.is_some()), (DriveUseState::Released, true));
     assert!(empty.evacuations()[0].done);
 }
+
+#[test]
+fn a_stage_or_unstage_on_a_drive_being_evacuated_is_announced_and_elsewhere_it_is_not() {
+    let mut b = book_with(vec![available(1)]);
+    let id = available(1).id;
+    let staged = |b: &VolumeBook| {
+        let mut r = (**b.records.get(&id).expect("the volume")).clone();
+        r.staging = Some(Staging { path: "/s".into(), block: true, flags: vec![], readonly: false, done: true });
+        r
+    };
+    let before = b.shown(&id);
+    let r = staged(&b);
+    assert!(b.finish(&id, before, Some(r), false).is_empty(), "a stage on a drive not evacuated changes nothing its Drive object shows at once");
+    let evacuating = DriveUse {
+        drive_id: "d1".into(),
+        state: DriveUseState::Releasing,
+        reason: "evacuated".into(),
+        requested: true,
+        evacuate: Some(crate::words::Evacuate { force: false }),
+    };
+    b.drive_use.insert("d1".into(), evacuating);
+    let before = b.shown(&id);
+    let mut r = staged(&b);
+    r.staging = None;
+    assert_eq!(b.finish(&id, before, Some(r), false).into_iter().collect::<Vec<_>>(), vec!["d1".to_string()], "unstaged: the move waits no more");
+}
