@@ -177,7 +177,8 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Kube
         let (c, node, inv, vols, resync) =
             (client.clone(), cfg.driver.node_name.clone(), actors.inventory.clone(), actors.volumes.clone(), k.drive_resync_interval);
         let driver = cfg.driver.name.clone();
-        Supervisor::start(move |_| DriveSync::new(c, node, &driver, inv, vols, resync));
+        let retry = RetryPolicy::from_config(k);
+        Supervisor::start(move |_| DriveSync::new(c, node, &driver, inv, vols, resync, retry));
     }
     if k.label_node {
         let labels = cfg.topology_segments();

@@ -410,7 +410,8 @@ pub struct KubernetesConfig {
     /// `retry_base` and `retry_cap`.
     pub snapshots: bool,
     /// The first retry delay of this front's loops that retry with backoff (a failed
-    /// attach or detach, resize, snapshot, node labelling); doubled per failure in a row.
+    /// attach or detach, resize, snapshot, node labelling, a Drive object sync); doubled
+    /// per failure in a row.
     /// `attach_backoff_base`, its old name, still loads; setting both is an error.
     #[serde(alias = "attach_backoff_base", deserialize_with = "de_duration")]
     pub retry_base: Duration,

@@ -15,7 +15,7 @@ use crate::actors::inventory::model::Drive;
 use crate::actors::messages::ListDrives;
 use crate::actors::volumes::model::VolumeRecord;
 
-use crate::actors::volumes::book::Cleaning;
+use crate::actors::volumes::Cleaning;
 use crate::actors::volumes::{
     volume_detail, AdoptVolume, CordonDrive, ListCleaning, ListDriveUses, ListVolumeStatuses, ListVolumes, ReleaseDrive, VolumeDetail,
     VolumesUsed,

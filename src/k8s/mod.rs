@@ -31,7 +31,7 @@
 //!   | `attach::AttachQueue` | shell controller (VolumeAttachments, PVs) | it is the shell's |
 //!   | `resize::ResizeQueue` | shell controller (claims, PVs) | it is the shell's |
 //!   | `snapshot::SnapshotQueue` | shell controller (VolumeSnapshotContents, classes) | it is the shell's |
-//!   | `drives` (the `DriveSync` actor) | own actor: one watch of this node's Drive objects, debounced writes from the local actors' state | what it writes is the inventory's and the volume manager's state, not a reconcile of watched objects by key (see its module doc) |
+//!   | `drives` (the `DriveSync` actor) | own actor: one watch of this node's Drive objects, debounced writes from the local actors' state, retried with the shell's `RetryPolicy` | what it writes is the inventory's and the volume manager's state, not a reconcile of watched objects by key (see its module doc) |
 //!   | `events::ConditionEvents` | actor fed by the volume manager's notifications | nothing is watched: each notification is a report, rate-gated per volume and best effort (retried once), not a key reconciled until done |
 //!   | `events::moved::MoveEvents` | actor fed by the volume manager's notifications | as the condition Events: a notification in, one or two Events out, best effort |
 //!   | `duties::controller` | one task on a timer, behind a Lease election | only the elected agent acts, on the Lease's clock; a round decides over whole lists (every Node against every PV, attachment, Drive, claim), not per key; a clean shutdown gives the Lease up |

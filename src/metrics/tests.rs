@@ -382,7 +382,7 @@ fn a_managed_drives_room_is_what_placement_offers_and_a_closed_drive_offers_noth
     use std::sync::Arc;
 
     use crate::actors::inventory::model::Drive;
-    use crate::actors::volumes::book::Cleaning;
+    use crate::actors::volumes::Cleaning;
     use crate::actors::volumes::conditions::Condition;
     use crate::actors::volumes::model::{VolumeRecord, VolumeState};
     use crate::actors::volumes::view::{DriveRoom, Listed, VolumesView};

@@ -61,7 +61,7 @@ use crate::disk::gpt;
 
 pub(crate) use self::claim::Guards;
 pub(crate) use self::claim::Claim;
-pub(crate) use self::cleaning::{Cleaning, Dirty};
+pub(crate) use self::cleaning::Dirty;
 pub(crate) use self::create::{CreateCall, CreateStart};
 pub(crate) use self::evacuate::MovePlan;
 

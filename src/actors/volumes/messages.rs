@@ -11,11 +11,11 @@ use actix::prelude::*;
 
 use super::conditions::{Condition, Finding, Reason, StorageEntry};
 use super::model::{CapacityRange, VolumeRecord};
-use super::book::Cleaning;
 use super::error::VolumeError;
 use super::evacuate::{Evacuation, MoveProgress};
 use super::snapshot::SnapshotRecord;
 use super::view::VolumesView;
+use crate::config::human_bytes;
 use crate::words::{DriveUse, LayoutKind, Media};
 
 /// Command: create (or return the existing) volume with this name.
@@ -504,4 +504,54 @@ pub struct VolumesScrape {
     pub evacuations: Vec<Evacuation>,
     /// The move copying now, if one is.
     pub(crate) moving: Option<MoveProgress>,
+}
+
+/// How far the cleaning of one drive is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Cleaning {
+    /// The drive.
+    pub drive_id: String,
+    /// Bytes still to be zeroed.
+    pub left_bytes: u64,
+    /// Bytes this round of cleaning has held.
+    pub round_bytes: u64,
+}
+
+impl Cleaning {
+    /// Percent of the round done, rounded down.
+    pub fn percent_done(&self) -> u64 {
+        if self.round_bytes == 0 {
+            return 100;
+        }
+        (self.round_bytes - self.left_bytes.min(self.round_bytes)) * 100 / self.round_bytes
+    }
+
+    /// In words: "512 MiB being cleaned (40% done)".
+    pub fn words(&self) -> String {
+        format!("{} being cleaned ({}% done)", human_bytes(self.left_bytes), self.percent_done())
+    }
+}
+
+/// Query: the volume side of this node's `Drive` objects, in one answer.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "DriveView")]
+pub struct GetDriveView;
+
+/// What the `Drive` objects show of the volume manager (see the rules of the handler, `calls/drive_view.rs`).
+#[derive(Debug, Clone, Default)]
+pub struct DriveView {
+    /// The start-up reconciliation is done; when not, every list is empty.
+    pub ready: bool,
+    /// The usage records of cordoned, releasing and released drives.
+    pub uses: Vec<DriveUse>,
+    /// Every record the book holds (volumes and snapshots, `Creating` ones too).
+    pub volumes: Vec<VolumeRecord>,
+    /// Every shown volume with its condition, in id order.
+    pub statuses: Vec<VolumeStatus>,
+    /// Bytes each staged filesystem uses, by volume id.
+    pub used: BTreeMap<String, u64>,
+    /// How far the cleaning of freed space is, per drive that has some.
+    pub cleaning: Vec<Cleaning>,
+    /// Where every evacuation asked for stands.
+    pub evacuations: Vec<Evacuation>,
 }

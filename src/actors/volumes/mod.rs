@@ -70,8 +70,6 @@ pub(crate) mod cleaner;
 pub(crate) mod conditions;
 /// What an admin's listings show of a volume (ctl volumes, the Drive objects, kubectl drivelet volumes).
 pub(crate) mod detail;
-/// The Drive sync's one view of the volume manager ([`drive_view::GetDriveView`]).
-pub mod drive_view;
 /// VolumeError: one variant per refusal, in plain words naming the volume.
 pub mod error;
 pub mod evacuate;

@@ -20,7 +20,7 @@ use super::NODE_LABEL;
 use crate::actors::inventory::DriveInventory;
 use crate::actors::messages::{DriveEvent, SubscribeDrives};
 use crate::actors::volumes::{SubscribeVolumes, VolumeManager, VolumesChanged};
-use crate::backoff::backoff;
+use crate::k8s::shell::RetryPolicy;
 use crate::k8s::crd;
 
 /// Drive events within this long of the first one are folded into one sync.
@@ -36,14 +36,6 @@ pub(crate) const READY_POLL: Duration = Duration::from_secs(1);
 /// module doc) is at most this old too.
 pub(crate) const USED_REFRESH: Duration = Duration::from_secs(30);
 
-/// Delay after the first failed sync; doubled per consecutive failure (the shell's
-/// default `RetryPolicy::base`).
-pub(crate) const RETRY_BASE: Duration = Duration::from_secs(1);
-
-/// The longest delay between retries of a failing sync (the shell's default
-/// `RetryPolicy::cap`).
-pub(crate) const RETRY_CAP: Duration = Duration::from_secs(300);
-
 /// The actor that keeps this node's `Drive` objects in sync (see the module rules). Start
 /// it under `actix::Supervisor`.
 pub(crate) struct DriveSync {
@@ -51,6 +43,8 @@ pub(crate) struct DriveSync {
     executor: Executor,
     sources: Sources,
     resync: Duration,
+    /// How long a failed sync waits before the next (`[kubernetes] retry_base`, `retry_cap`).
+    retry: RetryPolicy,
     /// The subscriptions to drive and volume events survive restarts (the address does).
     subscribed: bool,
     /// A sync is in flight.
@@ -78,7 +72,8 @@ struct SpecSeen {
 
 impl DriveSync {
     /// A sync of `node`'s objects through `client`, fed by the inventory and the volume
-    /// manager, with a full resync every `resync` (zero: no periodic resync).
+    /// manager, with a full resync every `resync` (zero: no periodic resync), a failed
+    /// sync retried after `retry`'s backoff.
     pub(crate) fn new(
         client: Client,
         node: String,
@@ -86,8 +81,10 @@ impl DriveSync {
         inventory: Addr<DriveInventory>,
         volumes: Addr<VolumeManager>,
         resync: Duration,
+        retry: RetryPolicy,
     ) -> Self {
         let mut sync = Self::with_sources(client.clone(), node, Sources::of(inventory, volumes), resync);
+        sync.retry = retry;
         sync.executor = sync.executor.with_driver(driver);
         sync.watch = Some(client);
         sync
@@ -101,6 +98,7 @@ impl DriveSync {
             generations: BTreeMap::new(),
             sources,
             resync,
+            retry: RetryPolicy::default(),
             subscribed: false,
             syncing: false,
             dirty: false,
@@ -166,7 +164,7 @@ impl DriveSync {
                 }
             }
             Err(e) => {
-                let delay = backoff(self.failures, RETRY_BASE, RETRY_CAP);
+                let delay = self.retry.backoff(self.failures);
                 self.failures = self.failures.saturating_add(1);
                 warn!(actor = "drive-sync", node.name = %self.node, error = %e, failures = self.failures,
                       retry_in = ?delay, "drive object sync failed");

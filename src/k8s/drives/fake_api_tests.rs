@@ -25,13 +25,14 @@ use super::names::object_name;
 use super::plan::{plan, SyncAction};
 use super::sync::Sources;
 use crate::k8s::crd;
+use crate::k8s::shell::RetryPolicy;
 use crate::k8s::fake_api::{fake_api, list_of, respond, respond_error, FakeApi, Reply};
 
 use crate::actors::inventory::model::{Drive, DriveHealth};
 use crate::actors::messages::{DriveEvent, GetInventoryStatus, InventoryStatus, ListDrives, SubscribeDrives};
 use crate::actors::volumes::{SubscribeVolumes, VolumesChanged};
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
-use crate::actors::volumes::drive_view::{DriveView, GetDriveView};
+use crate::actors::volumes::{DriveView, GetDriveView};
 use crate::actors::volumes::{CordonDrive, EvacuateDrive, Evacuation, PendingMove, PendingState, ReleaseDrive, VolumeError};
 use crate::words::{DriveClass, DriveUse, DriveUseState, Evacuate, Health};
 
@@ -461,11 +462,11 @@ async fn a_failed_sync_is_retried_with_exponential_backoff_then_resyncs_on_sched
             respond_error(send, 500, "etcdserver: request timed out");
             let failed_at = Instant::now();
             let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
-            assert_eq!(failed_at.elapsed(), RETRY_BASE, "first retry after the base delay");
+            assert_eq!(failed_at.elapsed(), RetryPolicy::default().base, "first retry after the base delay");
             respond_error(send, 500, "etcdserver: request timed out");
             let failed_at = Instant::now();
             let (_, send) = handle.expect(Method::GET, LIST_PATH).await;
-            assert_eq!(failed_at.elapsed(), RETRY_BASE * 2, "second retry after twice the base delay");
+            assert_eq!(failed_at.elapsed(), RetryPolicy::default().base * 2, "second retry after twice the base delay");
             respond(send, &drive_list(&[served(&object_of(&managed()))]));
 
             let (_, send) = handle.expect(Method::GET, LIST_PATH).await;

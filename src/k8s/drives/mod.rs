@@ -44,8 +44,8 @@
 //!   change with no event at all (written only when a figure changed). So a drive's
 //!   volume list follows creates and deletes within the debounce, and the object of a
 //!   missing drive goes once its last live volume is deleted. One sync runs at a time; a
-//!   failed one is logged and retried after [`backoff`](crate::backoff::backoff) from
-//!   [`RETRY_BASE`] to [`RETRY_CAP`]. Nothing is synced, so nothing is deleted, before
+//!   failed one is logged and retried after the front's one retry policy
+//!   ([`RetryPolicy`], `[kubernetes] retry_base` doubling to `retry_cap`). Nothing is synced, so nothing is deleted, before
 //!   the inventory's first scan and the volume manager's start-up reconciliation are
 //!   done.
 //! - `status.evacuation` and the evacuation's condition follow the notifications, not a
@@ -67,8 +67,7 @@
 //!   (its one watch, of this node's own objects by label, only says "sync now"), and a
 //!   sync decides every object at once from one view (the plan of writes compares the
 //!   whole set, deletes included). A per-object queue would split that one view into
-//!   many. Its retry delay is the crate's one backoff rule, with the shell's default
-//!   retry figures (1 s doubling to 300 s).
+//!   many. Its retry delay is the shell's [`RetryPolicy`], as the controllers' are.
 //!
 //! What lives where:
 //! - [`names.rs`](names): object names and the node label value;
@@ -92,8 +91,7 @@
 //! [`DEBOUNCE`]: actor::DEBOUNCE
 //! [`DriveSync`]: actor::DriveSync
 //! [`DrivesError`]: error::DrivesError
-//! [`RETRY_BASE`]: actor::RETRY_BASE
-//! [`RETRY_CAP`]: actor::RETRY_CAP
+//! [`RetryPolicy`]: crate::k8s::shell::RetryPolicy
 //! [`USED_REFRESH`]: actor::USED_REFRESH
 //! [`class_of`]: desired::class_of
 //! [`health_of`]: desired::health_of
@@ -101,7 +99,7 @@
 //! [`owner_status`]: status::owner_status
 //! [`plan`]: plan::plan
 //! [`usage_of`]: desired::usage_of
-//! [`DriveView`]: crate::actors::volumes::drive_view::DriveView
+//! [`DriveView`]: crate::actors::volumes::DriveView
 //! [`VolumesChanged`]: crate::actors::volumes::VolumesChanged
 //! [`drive_actions::adopts`]: crate::k8s::drive_actions::adopts
 

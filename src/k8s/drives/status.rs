@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::actors::inventory::model::Drive;
-use crate::actors::volumes::drive_view::Cleaning;
+use crate::actors::volumes::Cleaning;
 use crate::actors::volumes::{volume_detail, VolumeStatus};
 use crate::k8s::crd;
 use crate::words::{DriveClass, DriveOwner, Owner};

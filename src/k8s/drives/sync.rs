@@ -14,7 +14,7 @@ use super::status::{show_cleaning, show_owners, show_volumes};
 use crate::actors::inventory::model::Drive;
 use crate::actors::inventory::DriveInventory;
 use crate::actors::messages::{AdoptDrive, GetInventoryStatus, ListDrives, SubscribeDrives};
-use crate::actors::volumes::drive_view::{DriveView, GetDriveView};
+use crate::actors::volumes::{DriveView, GetDriveView};
 use crate::actors::volumes::model::VolumeState;
 use crate::actors::volumes::{CordonDrive, EvacuateDrive, ReleaseDrive, SubscribeVolumes, VolumeManager};
 

@@ -1,7 +1,7 @@
 //! The retry policy of this front's loops: how long a failed run waits before it runs
 //! again. One policy, from one place in the config (`kubernetes.retry_base`,
 //! `retry_cap`, `retry_terminal`), for every loop that retries with backoff: the
-//! attach, resize and snapshot queues and the node labelling.
+//! attach, resize and snapshot queues, the node labelling and the Drive sync.
 //!
 //! Rules:
 //! - A failure that may pass by retrying waits [`RetryPolicy::backoff`]: `base` after the

@@ -8,10 +8,9 @@
 //! was zeroed of what the round has held so far (a round ends when nothing is dirty).
 
 use super::{VolumeBook, VolumeError};
-use crate::actors::volumes::messages::CreateVolume;
+use crate::actors::volumes::messages::{Cleaning, CreateVolume};
 use crate::actors::volumes::model::VolumeRecord;
 use crate::words::DriveLoc;
-use crate::config::human_bytes;
 use crate::disk::clean::{self, Extent};
 
 /// A drive's dirty space.
@@ -24,31 +23,6 @@ pub(crate) struct Dirty {
     pub round: u64,
 }
 
-/// How far the cleaning of one drive is.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Cleaning {
-    /// The drive.
-    pub drive_id: String,
-    /// Bytes still to be zeroed.
-    pub left_bytes: u64,
-    /// Bytes this round of cleaning has held.
-    pub round_bytes: u64,
-}
-
-impl Cleaning {
-    /// Percent of the round done, rounded down.
-    pub fn percent_done(&self) -> u64 {
-        if self.round_bytes == 0 {
-            return 100;
-        }
-        (self.round_bytes - self.left_bytes.min(self.round_bytes)) * 100 / self.round_bytes
-    }
-
-    /// In words: "512 MiB being cleaned (40% done)".
-    pub fn words(&self) -> String {
-        format!("{} being cleaned ({}% done)", human_bytes(self.left_bytes), self.percent_done())
-    }
-}
 
 impl VolumeBook {
     /// Replaces a drive's dirty space, as read from the drive.

@@ -9,11 +9,13 @@
 //! - [`drives`]: the inventory's drive events, the cleaner's reports, release and
 //!   cordon;
 //! - [`evacuation`]: evacuate a drive, its moves one at a time, their listing;
+//! - [`drive_view`]: the one view the Drive sync reads ([`GetDriveView`](super::messages::GetDriveView));
 //! - [`listing`]: the queries (volumes, statuses, health, uses, metrics) and the
 //!   subscriptions;
 //! - [`startup`]: start-up reconciliation, and the same for one drive read again.
 
 mod controller;
+mod drive_view;
 mod drives;
 mod evacuation;
 mod listing;

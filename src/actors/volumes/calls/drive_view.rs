@@ -12,45 +12,18 @@
 //! - before the start-up reconciliation is done the view says only that
 //!   ([`DriveView::ready`] false, every list empty), so nothing is shown, or deleted,
 //!   from a book that is not complete yet;
-//! - the view carries plain values (records, usage records, [`Cleaning`] re-exported
-//!   here, evacuations): a front that reads it never imports the book.
+//! - the view carries plain values (records, usage records, cleaning, evacuations),
+//!   defined with the message in `messages.rs`: a front that reads it never imports the
+//!   book.
 
 use std::collections::BTreeMap;
 
 use actix::prelude::*;
 
-use super::model::VolumeRecord;
-use super::{
-    Evacuation, ListCleaning, ListDriveUses, ListEvacuations, ListHeld, ListVolumeStatuses, VolumeManager, VolumeStatus,
-    VolumesReady, VolumesUsed,
+use super::super::messages::{
+    DriveView, GetDriveView, ListCleaning, ListDriveUses, ListEvacuations, ListHeld, ListVolumeStatuses, VolumesReady, VolumesUsed,
 };
-use crate::words::DriveUse;
-
-pub(crate) use super::book::Cleaning;
-
-/// Query: the volume side of this node's `Drive` objects, in one answer.
-#[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "DriveView")]
-pub struct GetDriveView;
-
-/// What the `Drive` objects show of the volume manager (see the module rules).
-#[derive(Debug, Clone, Default)]
-pub struct DriveView {
-    /// The start-up reconciliation is done; when not, every list is empty.
-    pub ready: bool,
-    /// The usage records of cordoned, releasing and released drives.
-    pub uses: Vec<DriveUse>,
-    /// Every record the book holds (volumes and snapshots, `Creating` ones too).
-    pub volumes: Vec<VolumeRecord>,
-    /// Every shown volume with its condition, in id order.
-    pub statuses: Vec<VolumeStatus>,
-    /// Bytes each staged filesystem uses, by volume id.
-    pub used: BTreeMap<String, u64>,
-    /// How far the cleaning of freed space is, per drive that has some.
-    pub cleaning: Vec<Cleaning>,
-    /// Where every evacuation asked for stands.
-    pub evacuations: Vec<Evacuation>,
-}
+use super::super::VolumeManager;
 
 impl Handler<GetDriveView> for VolumeManager {
     type Result = ResponseFuture<DriveView>;
