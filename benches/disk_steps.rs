@@ -1,6 +1,6 @@
 //! Benchmark: where CreateVolume and DeleteVolume of a block volume spend their time on
 //! the disk, step by step. Runs the volume manager's own blocking steps
-//! (`ops::create`, `ops::delete`: store commits, drive lock, GPT write, BLKPG, device
+//! (`steps::create`, `steps::delete`: store commits, drive lock, GPT write, BLKPG, device
 //! node, signature wipe) on a real loop drive with real udev, one at a time, without
 //! the gRPC front and the actors (`drivelet bench lifecycle` measures those on top).
 //! Every step is timed by `drivelet::disk::timing`; steps nest (`gpt.flush` is part of
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use drivelet::actors::volumes::model::{VolumeRecord, VolumeState};
-use drivelet::actors::volumes::ops;
+use drivelet::actors::volumes::steps;
 use drivelet::disk::{gpt, timing};
 use drivelet::store::Store;
 use drivelet::words::DriveLoc;
@@ -149,19 +149,19 @@ fn main() {
     // on a node in use; the measured volume comes and goes after it.
     let keep = record(0, "bench", MIB, 16 * MIB);
     let guards = std::sync::Arc::new(drivelet::actors::volumes::Guards::default());
-    ops::create(&store, &loc, keep.clone(), None).result.expect("create the neighbour volume");
+    steps::create(&store, &loc, keep.clone(), None).result.expect("create the neighbour volume");
     let (mut create, mut delete) = (Steps::default(), Steps::default());
     for i in 1..=rounds {
         let rec = record(i, "bench", 32 * MIB, size_mib * MIB);
         timing::record();
         let t0 = Instant::now();
-        let done = ops::create(&store, &loc, rec, None).result.expect("create");
+        let done = steps::create(&store, &loc, rec, None).result.expect("create");
         create.add(t0.elapsed(), timing::take());
         let t0 = Instant::now();
-        ops::delete(&store, &guards, Some(&loc), done).result.expect("delete");
+        steps::delete(&store, &guards, Some(&loc), done).result.expect("delete");
         delete.add(t0.elapsed(), timing::take());
     }
-    ops::delete(&store, &guards, Some(&loc), VolumeRecord { state: VolumeState::Available, ..keep }).result.expect("delete the neighbour");
+    steps::delete(&store, &guards, Some(&loc), VolumeRecord { state: VolumeState::Available, ..keep }).result.expect("delete the neighbour");
     println!("load average after: {}", loadavg());
     println!("drive {} ({}), store {}", drive.dev.display(), PathBuf::from(&drive.file).display(), Store::path_in(&tmp.path().join("state")).display());
     create.print("CreateVolume (block)", CREATE);

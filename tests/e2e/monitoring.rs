@@ -216,7 +216,7 @@ pub(crate) fn journey_watch(ctx: &mut Ctx) -> Check {
 const TOLERATED: [&str; 3] = ["DriveletAgentDown", "DriveletAgentNotReady", "DriveletNodeLocalSpaceLow"];
 
 pub(crate) fn journey_fill(ctx: &mut Ctx) -> Check {
-    started_unix()?;
+    let start = started_unix()?;
 
     // An NVMe health report for a healthy drive of the real node, so the NVMe series show.
     let drives = ctl_drives()?;
@@ -227,9 +227,12 @@ pub(crate) fn journey_fill(ctx: &mut Ctx) -> Check {
     let (nvme_id, nvme_dev) = (nvme["id"].as_str().unwrap_or_default().to_string(), nvme["path"].as_str().unwrap_or_default().to_string());
     choose_smart(&nvme_dev, "nvme-healthy.json")?;
     let nvme_name = Path::new(&nvme_dev).file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+    // Kept until a range query over the run sees the series at one of its steps (as the
+    // judgement's queries will), not only an instant query: a series shown for less than
+    // a step can fall between the steps.
     let seen = wait_every("NVMe endurance and media errors of the drive given an NVMe report", Duration::from_secs(30), Duration::from_millis(500), || {
         let q = format!("drivelet_drive_endurance_used_ratio{{drive=\"{nvme_id}\"}} and on (drive) drivelet_drive_media_errors_total");
-        Ok((!query(&q)?.is_empty()).then_some(()))
+        Ok((!query_range(&q, start)?.is_empty()).then_some(()))
     });
     // Back to what the suite gives every drive (no SMART), whatever happened.
     let _ = std::fs::remove_file(Path::new(E2E_DIR).join("smart").join(&nvme_name));

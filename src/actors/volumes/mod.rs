@@ -96,8 +96,6 @@ pub use self::detail::{volume_detail, volume_kind, volume_state, VolumeDetail};
 pub use self::error::VolumeError;
 pub use self::evacuate::{Evacuation, MovedVolume, PendingMove, PendingState};
 pub use self::messages::*;
-/// The disk steps under the name the benches know them by.
-pub use self::steps as ops;
 pub(crate) use self::steps::startup;
 
 use self::book::{Claim, VolumeBook};
