@@ -2,8 +2,9 @@
 //! detach, expand, adopt, and the binding a volume serves in Kubernetes.
 //!
 //! Rules: the book decides each call
-//! ([`begin_create`](super::super::book::VolumeBook::begin_create) a create's attempt); a create the GPT writer refused goes on to the next drive as the same
-//! call, claimed again; a create that fits only in space still being cleaned waits for
+//! ([`begin_create`](super::super::book::VolumeBook::begin_create) a create's attempt);
+//! a create the GPT writer refused goes on to the next drive as the same call, claimed
+//! again; a create that fits only in space still being cleaned waits for
 //! the cleaner's next step; a binding equal to the record's writes nothing, another is
 //! stored off the actor thread (a failed store keeps the record as it was).
 
