@@ -186,7 +186,8 @@ pub fn snapshots_table(snaps: &[crate::actors::volumes::snapshot::SnapshotRecord
         .map(|s| {
             let kind = if s.block { "block".to_string() } else if s.fs_type.is_empty() { "fs (empty)".to_string() } else { s.fs_type.clone() };
             let secs = s.created_unix_nanos.div_euclid(1_000_000_000);
-            let taken = i64::try_from(crate::actors::volumes::book::now_unix()).map(|now| format!("{} ago", human_age(now - secs))).unwrap_or_default();
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            let taken = i64::try_from(now).map(|now| format!("{} ago", human_age(now - secs))).unwrap_or_default();
             vec![
                 s.id.clone(),
                 s.name.clone(),
