@@ -716,6 +716,9 @@ fn journey_vanish(ctx: &mut Ctx) -> Check {
     ensure(table.lines().any(|l| l.starts_with(&name) && l.contains("missing")), || format!("`kubectl get drives` does not show {name} missing:\n{table}"))?;
     let got = drivelet_json(&["csi", "--endpoint", CSI_SOCKET, "get", &id])?;
     ensure(got["abnormal"] == true && got["condition"].as_str().is_some_and(|m| m.contains("missing")), || format!("ControllerGetVolume: {got}"))?;
+    // Its alert raised (pending) before the claim goes and ends it: the judgement at the
+    // end of the run looks for it.
+    monitoring::wait_seen_over_run("DriveletDriveMissing raised for the vanished drive", "ALERTS{alertname=\"DriveletDriveMissing\"}")?;
 
     // The claim deleted with the drive gone: the PV goes, and with the last live volume
     // the missing drive's object goes too.

@@ -212,6 +212,16 @@ pub(crate) fn journey_watch(ctx: &mut Ctx) -> Check {
     ensure(alerts.is_empty(), || format!("alerts while all is well: {}", alerts.iter().map(|a| a["metric"].to_string()).collect::<Vec<_>>().join("; ")))
 }
 
+/// While Prometheus watches the run, waits until a range query over the run (as the
+/// judgement's) sees `expr` at one of its steps: what a journey provokes for a few
+/// seconds only (a drive missing until its claim is deleted) can otherwise fall between
+/// the steps. Without a running Prometheus (a subset of the suite that does not watch)
+/// nothing judges the run, and there is nothing to wait for.
+pub(crate) fn wait_seen_over_run(what: &str, expr: &str) -> Check {
+    let Ok(start) = started_unix() else { return Ok(()) };
+    wait_every(what, Duration::from_secs(60), Duration::from_millis(500), || Ok((!query_range(expr, start)?.is_empty()).then_some(())))
+}
+
 /// Alerts the suite provokes without controlling how long: allowed, not required.
 const TOLERATED: [&str; 3] = ["DriveletAgentDown", "DriveletAgentNotReady", "DriveletNodeLocalSpaceLow"];
 
