@@ -19,7 +19,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::disk::{clean, gpt, note, snapshot_note};
+use crate::disk::{clean, gpt, note, snapshot_note, volume_key};
 
 /// Every target by name, as the engine and its corpus directories name them.
 pub const TARGETS: &[(&str, fn(&[u8]))] = &[
@@ -28,6 +28,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("note", disk_note),
     ("journal", journal),
     ("snapshot_note", snapshot_note),
+    ("key_header", key_header),
     ("mountinfo", mountinfo),
     ("udev", udev),
     ("smartctl", smartctl),
@@ -335,6 +336,32 @@ fn slot_input(input: &[u8]) -> (bool, Vec<u8>) {
     match input.split_first() {
         Some((flag, rest)) => (flag & 1 != 0, rest.to_vec()),
         None => (false, Vec::new()),
+    }
+}
+
+/// Target `key_header`: an encrypted volume's first KiB (see [`slot_input`]; with the
+/// flag, each slot's CRC is made right) read as a stage reads it; a valid header encodes
+/// back to itself and opening it with a KEK it was not wrapped by fails in words.
+pub fn key_header(input: &[u8]) {
+    let (repair, mut b) = slot_input(input);
+    b.truncate(volume_key::HEADER_LEN);
+    if repair {
+        for slot in b.chunks_mut(512).filter(|s| s.len() >= 148) {
+            let crc = clean::crc32(&slot[..144]);
+            slot[144..148].copy_from_slice(&crc.to_le_bytes());
+        }
+    }
+    let volume = uuid::Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+    for slot in b.chunks(512) {
+        if let volume_key::Slot::Valid(h) = volume_key::decode(slot) {
+            assert_eq!(volume_key::decode(&volume_key::encode(&h)), volume_key::Slot::Valid(h), "a key header does not decode to itself");
+        }
+    }
+    if let volume_key::KeyState::Key(h) = volume_key::state_of(&b, volume) {
+        let keks = volume_key::Keks { current: volume_key::Kek::new([0x5a; 32]), previous: vec![] };
+        if let Err(e) = volume_key::unwrap(&h, &keks) {
+            assert!(!e.to_string().is_empty());
+        }
     }
 }
 

@@ -128,6 +128,20 @@ impl Node {
             .map_err(DiskError::io(format!("open {}", self.shown.display())))
     }
 
+    /// The directory `name` right beneath this one, on the same filesystem, opened by
+    /// descriptor (no symlink, no crossing into another mount): what an encrypted
+    /// volume's pod sees is its filesystem's data directory, bound from here.
+    pub fn child_dir(&self, name: &str) -> Result<Node, DiskError> {
+        let shown = self.shown.join(name);
+        let fd = openat2(self.fd.as_raw_fd(), Path::new(name), libc::O_PATH | libc::O_DIRECTORY, 0)
+            .map_err(|e| DiskError::Io { what: format!("open {}", shown.display()), source: e.into() })?;
+        let child = Node { fd, shown };
+        if child.stat()?.dev != self.stat()?.dev {
+            return Err(DiskError::invalid(format!("{} is on another filesystem than its parent", child.shown.display())));
+        }
+        Ok(child)
+    }
+
     /// Usage of the filesystem holding this node (`fstatvfs`).
     pub fn usage(&self) -> Result<super::fs::Usage, DiskError> {
         let st = nix::sys::statvfs::fstatvfs(self.fd.as_fd())

@@ -246,6 +246,16 @@ pub fn probe_fs(dev: &Path) -> Result<Option<String>, DiskError> {
 /// Makes an ext4 (`mkfs.ext4 -F -q -E nodiscard`) or xfs (`mkfs.xfs -f -q -K`)
 /// filesystem on a device; any other type is refused.
 pub fn mkfs(dev: &Path, fs: &str) -> Result<(), DiskError> {
+    mkfs_with(dev, fs, &[])
+}
+
+/// Makes an ext4 filesystem that can encrypt directories (the `encrypt` feature, for
+/// fscrypt) on `dev`.
+pub fn mkfs_encrypting(dev: &Path) -> Result<(), DiskError> {
+    mkfs_with(dev, "ext4", &["-O", "encrypt"])
+}
+
+fn mkfs_with(dev: &Path, fs: &str, extra: &[&str]) -> Result<(), DiskError> {
     let (tool, args): (&str, &[&str]) = match fs {
         "ext4" => ("mkfs.ext4", &["-F", "-q", "-E", "nodiscard"]),
         "xfs" => ("mkfs.xfs", &["-f", "-q", "-K"]),
@@ -257,7 +267,7 @@ pub fn mkfs(dev: &Path, fs: &str) -> Result<(), DiskError> {
             )))
         }
     };
-    let out = run(tool, Command::new(tool).args(args).arg(dev))?;
+    let out = run(tool, Command::new(tool).args(args).args(extra).arg(dev))?;
     if !out.status.success() {
         return Err(tool_error(tool, dev, &out));
     }

@@ -13,6 +13,8 @@ pub mod clean;
 pub(crate) mod copy;
 /// A bounded FIFREEZE of a mounted filesystem, for a consistent copy.
 pub mod freeze;
+/// The kernel's filesystem encryption (fscrypt v2) on a mounted ext4: keys and the encrypted data directory.
+pub mod fscrypt;
 /// The note a snapshot partition carries of itself.
 pub mod snapshot_note;
 /// Filesystems and signatures on a device: blkid, mkfs, fsck, grow.
@@ -37,6 +39,8 @@ pub(crate) mod signature;
 pub mod smart;
 /// Per-step timings of disk work, for the disk_steps benchmark and debugging.
 pub mod timing;
+/// An encrypted volume's key, wrapped by a key-encryption key, in its partition's first KiB; crypto-erase.
+pub mod volume_key;
 /// Block devices as udev and sysfs see them: probes and the monitor thread.
 pub mod udev;
 

@@ -9,6 +9,11 @@
 //!   so a StatefulSet makes it again on a live node). CreateVolume only checks the value;
 //!   the cluster duties read it from the StorageClass.
 //!
+//! - `drivelet.io/encryption` ([`ENCRYPTION`]): `fscrypt` encrypts each ext4 volume's
+//!   data under a key of its own (wrapped by the key-encryption key of the Secret the
+//!   class names as its node-stage secret); `none` or absent is plaintext. Block and
+//!   xfs volumes of such a class are refused at CreateVolume.
+//!
 //! Keys with the `csi.storage.k8s.io/` prefix belong to Kubernetes and are ignored;
 //! any other key is an error, so a typo in a StorageClass is caught at once.
 
@@ -16,6 +21,7 @@ use std::collections::HashMap;
 
 use super::proto::csi;
 use super::status::{echo, FrontError};
+use crate::words::encryption::{Encryption, ENCRYPTION};
 use crate::words::on_node_deleted::{OnNodeDeleted, ON_NODE_DELETED};
 use crate::words::{LayoutKind, Media};
 
@@ -28,12 +34,14 @@ pub struct VolumeParams {
     pub layout: LayoutKind,
     /// What happens to the claim once its node is deleted.
     pub on_node_deleted: OnNodeDeleted,
+    /// Encryption at rest.
+    pub encryption: Encryption,
 }
 
 impl VolumeParams {
     /// Parses a parameter map.
     pub fn parse(params: &HashMap<String, String>) -> Result<VolumeParams, FrontError> {
-        let mut out = VolumeParams { media: None, layout: LayoutKind::Partition, on_node_deleted: OnNodeDeleted::KeepClaims };
+        let mut out = VolumeParams { media: None, layout: LayoutKind::Partition, on_node_deleted: OnNodeDeleted::KeepClaims, encryption: Encryption::None };
         let mut keys: Vec<&String> = params.keys().collect();
         keys.sort();
         for k in keys {
@@ -54,6 +62,9 @@ impl VolumeParams {
                 }
                 ON_NODE_DELETED => {
                     out.on_node_deleted = OnNodeDeleted::parse(v).ok_or_else(|| bad(ON_NODE_DELETED, v, "keep-claims or release-claims"))?;
+                }
+                ENCRYPTION => {
+                    out.encryption = Encryption::parse(v).ok_or_else(|| bad(ENCRYPTION, v, "fscrypt or none"))?;
                 }
                 k if k.starts_with("csi.storage.k8s.io/") => {}
                 other => return Err(FrontError::UnknownParameter { key: other.to_string() }),
@@ -146,10 +157,10 @@ mod tests {
     #[test]
     fn parameters_parse_and_typos_are_rejected() {
         let keep = OnNodeDeleted::KeepClaims;
-        assert_eq!(VolumeParams::parse(&params(&[])).unwrap(), VolumeParams { media: None, layout: LayoutKind::Partition, on_node_deleted: keep });
+        assert_eq!(VolumeParams::parse(&params(&[])).unwrap(), VolumeParams { media: None, layout: LayoutKind::Partition, on_node_deleted: keep, encryption: Encryption::None });
         assert_eq!(
             VolumeParams::parse(&params(&[("media", "ssd"), ("layout", "drive"), ("csi.storage.k8s.io/pv/name", "x")])).unwrap(),
-            VolumeParams { media: Some(Media::Ssd), layout: LayoutKind::Drive, on_node_deleted: keep }
+            VolumeParams { media: Some(Media::Ssd), layout: LayoutKind::Drive, on_node_deleted: keep, encryption: Encryption::None }
         );
         for bad in [&[("media", "tape")][..], &[("layout", "stripe")], &[("meda", "ssd")]] {
             let e = VolumeParams::parse(&params(bad)).unwrap_err().to_string();
@@ -171,6 +182,14 @@ mod tests {
                 assert!(text.contains(part), "{text} names {part}");
             }
         }
+    }
+
+    #[test]
+    fn encryption_takes_fscrypt_or_none_and_names_a_bad_value() {
+        assert_eq!(VolumeParams::parse(&params(&[(ENCRYPTION, "fscrypt")])).unwrap().encryption, Encryption::Fscrypt);
+        assert_eq!(VolumeParams::parse(&params(&[(ENCRYPTION, "none")])).unwrap().encryption, Encryption::None);
+        let e = VolumeParams::parse(&params(&[(ENCRYPTION, "luks")])).unwrap_err().to_string();
+        assert!(e.contains(ENCRYPTION) && e.contains("luks") && e.contains("fscrypt"), "{e}");
     }
 
     fn cap(mode: i32, t: Option<AccessType>) -> csi::VolumeCapability {

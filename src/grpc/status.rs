@@ -175,6 +175,7 @@ impl From<VolumeError> for Status {
             | VolumeError::WrongAccessType { .. }
             | VolumeError::WrongFilesystem { .. }
             | VolumeError::FilesystemFound { .. }
+            | VolumeError::EncryptionKey { .. }
             | VolumeError::StagedElsewhere { .. }
             | VolumeError::StagedForOtherAccess { .. }
             | VolumeError::BlockReadOnlyMixed { .. }

@@ -25,7 +25,7 @@ use super::Front;
 use crate::actors::volumes::model::{minimum_size, CapacityRange};
 use crate::actors::volumes::{
     AttachVolume, CreateSnapshot, CreateVolume, DeleteSnapshot, DeleteVolume, DetachVolume, ExpandVolume, GetCapacity, GetVolume,
-    GetVolumeStatus, NodeExpandVolume, PublishArgs, PublishVolume, StageArgs, StageVolume, UnpublishVolume, UnstageVolume,
+    GetVolumeStatus, NodeExpandVolume, PublishArgs, PublishVolume, Secrets, StageArgs, StageVolume, UnpublishVolume, UnstageVolume,
     VolumeStats,
 };
 
@@ -242,6 +242,27 @@ pub(crate) fn create_volume(front: &Front, req: csi::CreateVolumeRequest) -> Res
             keys.join(", ")
         )));
     }
+    if params.encryption == crate::words::encryption::Encryption::Fscrypt {
+        let fs = if fs_type.is_empty() { front.cfg.volumes.default_fs.as_str() } else { fs_type.as_str() };
+        let what = if block { Some("a block volume") } else if fs != "ext4" { Some("an xfs filesystem") } else { None };
+        if let Some(what) = what {
+            return Err(FrontError::UnsupportedCapability {
+                reason: format!(
+                    "{what} cannot be encrypted: drivelet.io/encryption: fscrypt is the kernel's ext4 encryption; ask for ext4 \
+                     (csi.storage.k8s.io/fstype: ext4), or use a StorageClass without drivelet.io/encryption"
+                ),
+            }
+            .into());
+        }
+        if source.is_some() {
+            return Err(FrontError::UnsupportedCapability {
+                reason: "a clone or a restore into an encrypting StorageClass is not offered yet: each encrypted volume has a key of its own, \
+                         and drivelet does not re-encrypt a copy yet; copy the data through a pod instead"
+                    .into(),
+            }
+            .into());
+        }
+    }
     if let Some(t) = &req.accessibility_requirements {
         if !t.requisite.is_empty() && !t.requisite.iter().any(|t| front.topology_matches(t)) {
             return Err(FrontError::OtherTopology { node: front.cfg.driver.node_name.clone() }.into());
@@ -388,7 +409,7 @@ pub(crate) fn stage(req: csi::NodeStageVolumeRequest) -> Result<StageVolume, Sta
     let cap = capability(req.volume_capability)?;
     let (block, fs_type) = access_of(std::slice::from_ref(&cap))?;
     let (readonly, _) = mode_of(&cap);
-    let args = StageArgs { path, block, fs_type, flags: mount_flags(&cap), readonly };
+    let args = StageArgs { path, block, fs_type, flags: mount_flags(&cap), readonly, secrets: Secrets(req.secrets) };
     Ok(StageVolume { volume_id: req.volume_id, args })
 }
 

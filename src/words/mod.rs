@@ -13,6 +13,8 @@ pub mod drive_health;
 pub mod drive_loc;
 /// A drive's usage other than active (releasing, released).
 pub mod drive_use;
+/// Encryption at rest asked by a StorageClass (none, fscrypt).
+pub mod encryption;
 /// A volume's layout: a partition or a whole drive.
 pub mod layout;
 /// A drive's media class (hdd, ssd, nvme, virtual).

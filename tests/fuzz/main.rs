@@ -184,7 +184,7 @@ const JSON: &[&str] = &[
     "{", "}", "[", "]", "\"", ":", ",", "null", "true", "false", "-1", "0", "1e999", "-0.0", "18446744073709551616", "-9223372036854775809",
     "\"\\u0000\"", "\"\\ud800\"", "\"\\n\"", "{\"a\":", "[[[[[[[[", "]]]]]]]]", "4294967295", "\"../../etc\"",
 ];
-const BINARY: &[&[u8]] = &[b"EFI PART", b"DRVLNOTE", b"DRVLDRTY", b"DRVLSNAP", b"\x55\xaa"];
+const BINARY: &[&[u8]] = &[b"EFI PART", b"DRVLNOTE", b"DRVLDRTY", b"DRVLSNAP", b"DRVLKEY1", b"\x55\xaa"];
 
 fn shape(target: &str) -> Shape {
     let text = |tokens| Shape { max_len: 64 << 10, magics: &[], tokens };
@@ -192,6 +192,7 @@ fn shape(target: &str) -> Shape {
         "gpt" => Shape { max_len: 256 << 10, magics: BINARY, tokens: &[] },
         "mbr" => Shape { max_len: 64 << 10, magics: &[b"\x55\xaa"], tokens: &["\x05", "\x0f", "\x07", "\x00\x00\x00\x00"] },
         "note" | "journal" | "snapshot_note" => Shape { max_len: 300 << 10, magics: BINARY, tokens: JSON },
+        "key_header" => Shape { max_len: 4 << 10, magics: BINARY, tokens: &["\x01\x00\x00\x00", "\x02\x00\x00\x00", "\x7f\x7f\x7f\x7f"] },
         "mountinfo" => text(&[" - ", "\\040", "\\134", "\\", "\n", " ", ":", "subvol=", "subvol=/@", "/", "0:0", "4294967296:1", " shared:1", "/dev/", "rw,relatime"]),
         "udev" => text(&[
             "\n", "=", "DEVNAME=/dev/", "ID_WWN=", "ID_WWN_WITH_EXTENSION=", "ID_SERIAL=", "ID_BUS=", "ID_PATH=", "-sas-", "ID_FS_TYPE=", "ID_FS_TYPE=bcache",
@@ -546,4 +547,4 @@ macro_rules! targets {
     };
 }
 
-targets!(gpt, mbr, note, journal, snapshot_note, mountinfo, udev, smartctl, blkid, dumpe2fs, config, admin_request, migration_pv, store_record);
+targets!(gpt, mbr, note, journal, snapshot_note, key_header, mountinfo, udev, smartctl, blkid, dumpe2fs, config, admin_request, migration_pv, store_record);

@@ -15,7 +15,7 @@
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use drivelet::disk::{clean, gpt, note, snapshot_note};
+use drivelet::disk::{clean, gpt, note, snapshot_note, volume_key};
 use drivelet::fuzz::Image;
 
 const MIB: u64 = 1 << 20;
@@ -328,6 +328,20 @@ fn slot_seeds() {
     let mut b = vec![1u8];
     b.extend(snapshot_note::encode(&snapshot_note::SnapshotNote { block: true, fs_type: String::new(), created_unix_nanos: -1, ..s }).expect("encode"));
     out.put("block", &b);
+
+    let out = Out::new("key_header");
+    let volume = uuid::Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+    let kek = volume_key::Kek::new([0x5a; 32]);
+    let key = volume_key::new_key().expect("a key");
+    let a = volume_key::encode(&volume_key::wrap(&key, volume, &kek, 1).expect("wrap"));
+    let b2 = volume_key::encode(&volume_key::wrap(&key, volume, &kek, 2).expect("wrap"));
+    out.put("both", &[&[0u8][..], &a, &b2].concat());
+    let mut torn = [&[0u8][..], &a, &b2].concat();
+    torn[1 + 512 + 100] ^= 0xff;
+    out.put("second-torn", &torn);
+    out.put("erased", &[0u8; 1 + volume_key::HEADER_LEN]);
+    let other = volume_key::encode(&volume_key::wrap(&key, uuid::Uuid::from_u128(1), &kek, 3).expect("wrap"));
+    out.put("another-volume", &[&[1u8][..], &other, &[0u8; 512]].concat());
 }
 
 fn text_seeds() {

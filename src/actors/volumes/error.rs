@@ -150,6 +150,15 @@ pub enum VolumeError {
         /// The filesystem asked for.
         asked: String,
     },
+    /// An encrypted volume whose key cannot be had: no key-encryption key given, one
+    /// that does not open it, its key header erased or unreadable.
+    #[error("volume {volume_id} is encrypted and cannot be opened: {reason}")]
+    EncryptionKey {
+        /// The volume.
+        volume_id: String,
+        /// Why, in words that never hold a key.
+        reason: String,
+    },
     /// Staging with another filesystem than the one found on the partition.
     #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
     FilesystemFound {

@@ -365,6 +365,28 @@ pub struct StageArgs {
     pub flags: Vec<String>,
     /// Mount read-only (reader-only access mode).
     pub readonly: bool,
+    /// The call's secrets (an encrypted volume's key-encryption keys).
+    pub secrets: Secrets,
+}
+
+/// A CSI call's secrets, handed to the step that needs them: never shown (`Debug`
+/// prints how many) and wiped from memory when dropped.
+#[derive(Clone, Default)]
+pub struct Secrets(pub std::collections::HashMap<String, String>);
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} secrets, not shown>", self.0.len())
+    }
+}
+
+impl Drop for Secrets {
+    fn drop(&mut self) {
+        use zeroize::Zeroize;
+        for v in self.0.values_mut() {
+            v.zeroize();
+        }
+    }
 }
 
 /// What NodePublishVolume asks.

@@ -365,6 +365,12 @@ impl<'de> Deserialize<'de> for Parameters {
 }
 
 impl VolumeRecord {
+    /// Whether its StorageClass asked for encryption (`drivelet.io/encryption: fscrypt`):
+    /// then its data directory is encrypted under a key kept wrapped in its partition.
+    pub fn encrypted(&self) -> bool {
+        crate::words::encryption::Encryption::of(self.parameters.iter()) == crate::words::encryption::Encryption::Fscrypt
+    }
+
     /// A record with nothing placed, staged, published, formatted or flagged: where every
     /// record starts (a volume just placed, adopted, or rebuilt from a GPT). The caller
     /// sets what its volume has besides.

@@ -136,6 +136,7 @@ pub(crate) fn kind_of(e: &VolumeError) -> RefusalKind {
         | VolumeError::StillStaged { .. }
         | VolumeError::PartitionMounted { .. }
         | VolumeError::StagedElsewhere { .. }
+        | VolumeError::EncryptionKey { .. }
         | VolumeError::StagedForOtherAccess { .. }
         | VolumeError::BlockReadOnlyMixed { .. }
         | VolumeError::SingleWriterInUse { .. }

@@ -1,6 +1,7 @@
 //! Crash safety of the volume operations: the agent is killed (SIGKILL) at every named
 //! crash point of create, stage, publish, expand (controller and node), unpublish,
-//! unstage, delete and clone, and a restarted agent finishes or undoes what the killed
+//! unstage, delete and clone (of a plain and of an encrypted volume), and a restarted
+//! agent finishes or undoes what the killed
 //! one left.
 //!
 //! Each case gets its own directory, 1 GiB loop drive and agent armed with
@@ -53,6 +54,11 @@ const NODE_EXPAND_POINTS: &[&str] = &["node_expand.grown"];
 const UNPUBLISH_POINTS: &[&str] = &["unpublish.unmounted"];
 const UNSTAGE_POINTS: &[&str] = &["unstage.unmounted"];
 const DELETE_POINTS: &[&str] = &["delete.intent_saved", "delete.wiped", "delete.partition_hidden", "delete.gpt_removed"];
+/// The points an encrypted volume's lifecycle is killed at: its key made with the
+/// filesystem, added at the mount, removed before the unmount, erased before the wipe.
+const ENCRYPTED_POINTS: &[&str] = &["stage.formatted", "stage.mounted", "unstage.unmounted", "delete.key_erased"];
+/// The key-encryption key of the encrypted cases (the StorageClass's Secret).
+const KEK: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 /// The points of a clone's copy; a clone also passes every create point.
 const CLONE_POINTS: &[&str] = &["clone.copied", "clone.finished"];
 /// The point after a snapshot's copy, once its note is on the drive; a snapshot also
@@ -122,10 +128,16 @@ struct Case {
     target: PathBuf,
     /// ext4, or xfs for the expansion points.
     fs: &'static str,
+    /// An encrypted volume (`drivelet.io/encryption: fscrypt`, staged with a KEK).
+    encrypted: bool,
 }
 
 impl Case {
     fn new(point: &'static str) -> Case {
+        Case::new_as(point, false)
+    }
+
+    fn new_as(point: &'static str, encrypted: bool) -> Case {
         let tmp = short_tempdir();
         let drive = LoopDrive::new(tmp.path(), "a.img", DRIVE);
         sh("udevadm", &["settle"]);
@@ -137,10 +149,10 @@ impl Case {
         let unmount = Unmounter(tmp.path().to_path_buf());
         let armed = format!("{point}=return");
         let agent = Agent::start_with(tmp.path(), AgentOpts::default(), &[("FAILPOINTS", &armed)]);
-        let name = format!("pvc-{}", point.replace(['.', '_'], "-"));
+        let name = format!("pvc-{}{}", if encrypted { "enc-" } else { "" }, point.replace(['.', '_'], "-"));
         let volume_id = drivelet::disk::gpt::volume_partition_guid(&name).to_string();
         let fs = if point.starts_with("expand.") || point.starts_with("node_expand.") { "xfs" } else { "ext4" };
-        Case { point, agent, _unmount: unmount, drive, tmp, name, volume_id, start: 0, staging, target, fs }
+        Case { point, agent, _unmount: unmount, drive, tmp, name, volume_id, start: 0, staging, target, fs, encrypted }
     }
 
     /// Makes one lifecycle call against the running agent, on a fresh connection.
@@ -150,12 +162,20 @@ impl Case {
             let mut c = Csi::connect(&self.agent).await;
             match step {
                 Step::Create => {
-                    let v = c.ctrl.create_volume(create_req(&self.name, VOLUME, cap)).await?.into_inner().volume.unwrap();
+                    let mut req = create_req(&self.name, VOLUME, cap);
+                    if self.encrypted {
+                        req.parameters.insert("drivelet.io/encryption".into(), "fscrypt".into());
+                    }
+                    let v = c.ctrl.create_volume(req).await?.into_inner().volume.unwrap();
                     assert_eq!(v.volume_id, id, "{}: the volume id is the one derived from its name", self.point);
                     assert_eq!(v.capacity_bytes, VOLUME as i64);
                 }
                 Step::Stage => {
-                    c.node.node_stage_volume(stage_req(&id, &self.staging, cap)).await?;
+                    let mut req = stage_req(&id, &self.staging, cap);
+                    if self.encrypted {
+                        req.secrets.insert("key".into(), KEK.into());
+                    }
+                    c.node.node_stage_volume(req).await?;
                 }
                 Step::Publish => {
                     c.node.node_publish_volume(publish_req(&id, &self.staging, &self.target, cap, false)).await?;
@@ -253,6 +273,12 @@ impl Case {
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: data written before the crash is gone: {}: {e}", self.point, path.display()))
     }
 
+    /// What the staged filesystem shows its pods: its root, or an encrypted volume's
+    /// data directory.
+    fn staged_data(&self) -> PathBuf {
+        if self.encrypted { self.staging.join("data") } else { self.staging.clone() }
+    }
+
     fn text(&self, what: &str) -> String {
         format!("{what} (case {})", self.point)
     }
@@ -270,7 +296,7 @@ impl Case {
             }
             Step::Stage => {
                 assert_eq!(mounts_under(&self.staging).len(), 1, "{point}: staged exactly once: {:?}", mounts_under(&self.staging));
-                self.write(self.staging.join("a.txt"), &self.text("written after stage"));
+                self.write(self.staged_data().join("a.txt"), &self.text("written after stage"));
             }
             Step::Publish => {
                 assert_eq!(mounts_under(&self.target).len(), 1, "{point}: published exactly once: {:?}", mounts_under(&self.target));
@@ -294,14 +320,14 @@ impl Case {
             }
             Step::Unpublish => {
                 assert!(!self.target.exists(), "{point}: the target {} is removed", self.target.display());
-                assert_eq!(self.read(self.staging.join("b.txt")), self.text("written after publish"));
+                assert_eq!(self.read(self.staged_data().join("b.txt")), self.text("written after publish"));
             }
             Step::Unstage => {
                 assert!(mounts_under(self.tmp.path()).is_empty(), "{point}: nothing mounted after unstage: {:?}", mounts_under(self.tmp.path()));
                 // The filesystem and its data outlive the unstage: stage it again.
                 self.ok(Step::Stage, "again after unstage");
-                assert_eq!(self.read(self.staging.join("a.txt")), self.text("written after stage"));
-                assert_eq!(self.read(self.staging.join("b.txt")), self.text("written after publish"));
+                assert_eq!(self.read(self.staged_data().join("a.txt")), self.text("written after stage"));
+                assert_eq!(self.read(self.staged_data().join("b.txt")), self.text("written after publish"));
                 self.ok(Step::Unstage, "again after the second stage");
                 assert!(mounts_under(self.tmp.path()).is_empty(), "{point}: nothing mounted after the second unstage");
             }
@@ -353,8 +379,12 @@ impl Case {
 
 /// Runs the whole lifecycle with the agent killed once at `point`.
 fn crash_and_retry(point: &'static str) {
+    crash_and_retry_as(point, false)
+}
+
+fn crash_and_retry_as(point: &'static str, encrypted: bool) {
     let crash_at = step_of(point);
-    let mut c = Case::new(point);
+    let mut c = Case::new_as(point, encrypted);
     // Growth is part of the lifecycle of the expansion cases (xfs) only.
     let grows = c.fs == "xfs";
     let steps = LIFECYCLE.into_iter().filter(|s| grows || !matches!(s, Step::Expand | Step::NodeExpand));
@@ -399,7 +429,7 @@ fn family(points: &[&'static str]) {
 fn every_crash_point_in_the_source_has_a_crash_case() {
     assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     let covered: BTreeSet<&str> =
-        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS, CLONE_POINTS, SNAPSHOT_POINTS, CLEAN_POINTS, MOVE_POINTS, crate::disks::ownership::ADOPT_POINTS]
+        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS, ENCRYPTED_POINTS, CLONE_POINTS, SNAPSHOT_POINTS, CLEAN_POINTS, MOVE_POINTS, crate::disks::ownership::ADOPT_POINTS]
         .concat()
         .into_iter()
         .collect();
@@ -457,6 +487,12 @@ fn unstage_killed_after_unmount_succeeds_when_retried_and_keeps_the_data() {
 fn delete_killed_at_any_point_is_finished_by_the_restart_and_the_retry_succeeds() {
     assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     family(DELETE_POINTS);
+}
+
+#[test]
+fn an_encrypted_volume_killed_at_any_point_of_its_key_steps_is_finished_and_keeps_its_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    each_point(ENCRYPTED_POINTS, |p| crash_and_retry_as(p, true));
 }
 
 #[test]

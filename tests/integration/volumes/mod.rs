@@ -22,3 +22,5 @@ mod concurrency;
 mod cleaning;
 /// Snapshots: CreateSnapshot and restores.
 mod snapshots;
+/// Encryption at rest: ciphertext only on the drive, keys from the Secret, crypto-erase.
+mod encryption;

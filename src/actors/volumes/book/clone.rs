@@ -27,6 +27,10 @@ use crate::actors::volumes::messages::CreateVolume;
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::words::DriveLoc;
 
+/// Why an encrypted volume is not copied (a clone or a snapshot of it).
+pub(crate) const ENCRYPTED_COPY: &str = "it is encrypted (drivelet.io/encryption: fscrypt) and every encrypted volume has a key of its own: \
+drivelet does not re-encrypt a copy under a new key yet, so it makes none; copy its files through a pod instead";
+
 impl VolumeBook {
     /// The source of a clone `m` asks for, with its drive, if it can be copied now.
     pub(crate) fn clone_source(&self, source_id: &str, m: &CreateVolume) -> Result<(VolumeRecord, DriveLoc), VolumeError> {
@@ -53,6 +57,9 @@ impl VolumeBook {
         }
         if src.lost {
             return Err(crate::actors::volumes::conditions::lost(src));
+        }
+        if src.encrypted() {
+            return Err(incompatible(ENCRYPTED_COPY.into()));
         }
         if src.block != m.block && !src.rebuilt {
             let (is, asked) = if src.block { ("a block volume", "a filesystem") } else { ("a filesystem volume", "a block volume") };

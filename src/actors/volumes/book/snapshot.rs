@@ -69,6 +69,9 @@ impl VolumeBook {
         if src.lost {
             return Err(crate::actors::volumes::conditions::lost(src));
         }
+        if src.encrypted() {
+            return Err(VolumeError::SourceIncompatible { source_id: src_id.to_string(), reason: super::clone::ENCRYPTED_COPY.into() });
+        }
         let d = self
             .drives
             .get(&src.drive_id)

@@ -8,6 +8,7 @@
 //! - [`node`]: stage, unstage, publish, unpublish, node expand, and what backs a
 //!   volume on this host;
 //! - [`clone`]: the copy inside a create of a clone, a restore or a snapshot;
+//! - [`keys`]: an encrypted volume's key: made, opened, added and removed, erased;
 //! - [`moves`]: moving a volume to another drive (an evacuation), and finishing or
 //!   rolling back a move cut short;
 //! - [`startup`]: opening the store and reconciling it with the drives and mounts;
@@ -31,6 +32,7 @@
 //!   test arms one to kill the process right there.
 
 pub(crate) mod clone;
+pub(crate) mod keys;
 pub(crate) mod moves;
 pub(crate) mod node;
 pub(crate) mod startup;

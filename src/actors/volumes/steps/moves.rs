@@ -208,6 +208,12 @@ pub(crate) fn finish_move(store: &Store, src: Option<&DriveLoc>, dst: &DriveLoc,
                     source: DiskError::invalid(format!("partition {} on {} is at byte {}, not {}; left alone", q.guid, src.path.display(), q.start, from.start)),
                 });
             }
+            // An encrypted volume's old copy of its wrapped key goes before its
+            // extent is handed to the cleaner: the key lives on its new drive only.
+            if rec.encrypted() {
+                let kp = blkpg::ensure_kernel_partition(&src.path, from.start, from.size).map_err(disk(&id, "find the old kernel partition"))?;
+                super::keys::erase(&id, &kp)?;
+            }
             blkpg::remove_kernel_partition(&src.path, from.start).map_err(disk(&id, "remove the old kernel partition"))?;
             gpt::remove_partition(&src.path, src.sector, rec.part_guid).map_err(disk(&id, "remove the old partition"))?;
         }

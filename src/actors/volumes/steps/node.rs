@@ -8,7 +8,7 @@ use std::sync::Arc;
 use nix::mount::MsFlags;
 use tracing::{info, warn};
 
-use super::{disk, save, Outcome};
+use super::{disk, keys, save, Outcome};
 use crate::actors::volumes::book::Guards;
 use crate::actors::volumes::error::VolumeError;
 use crate::actors::volumes::messages::{PublishArgs, StageArgs};
@@ -238,28 +238,55 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
     if rec.staging.as_ref().is_some_and(|s| s.done) && (a.block || shows(look(&id, &a.path, roots).map_err(|e| (e, None))?.as_ref(), b.devnum())) {
         return Ok(rec);
     }
+    // An encrypted volume's key-encryption keys, checked before anything changes.
+    let encrypted = rec.encrypted() && !a.block && matches!(b, Backing::Partition(_));
+    let keks = if encrypted { Some(keys::keks(&id, &a.secrets).map_err(|e| (e, None))?) } else { None };
     rec.staging = Some(Staging { path: a.path.clone(), block: a.block, flags: a.flags.clone(), readonly: a.readonly, done: false });
     save(store, &rec).map_err(|e| (e, None))?;
     crash_point!("stage.intent_saved");
     let mut r2 = rec.clone();
     let res = (|| {
         if let (false, Backing::Partition(kp)) = (a.block, &b) {
+            let mut key = None;
             if found.is_none() || !r2.formatted {
-                fs::mkfs(&kp.devnode, &fs_type).map_err(disk(&id, "make the filesystem"))?;
-                crash_point!("stage.formatted");
+                match &keks {
+                    // The key is made with the filesystem, before the record says it is
+                    // formatted: a kill between the two formats again with a new key.
+                    Some(keks) => {
+                        fs::mkfs_encrypting(&kp.devnode).map_err(disk(&id, "make the filesystem"))?;
+                        crash_point!("stage.formatted");
+                        key = Some(keys::make(&r2, kp, keks)?);
+                    }
+                    None => {
+                        fs::mkfs(&kp.devnode, &fs_type).map_err(disk(&id, "make the filesystem"))?;
+                        crash_point!("stage.formatted");
+                    }
+                }
                 r2.formatted = true;
                 r2.fs_type = fs_type.clone();
                 save(store, &r2)?;
-                info!(volume.id = %id, volume.fs = %fs_type, "filesystem made");
+                info!(volume.id = %id, volume.fs = %fs_type, volume.encrypted = key.is_some(), "filesystem made");
             }
             let dir = beneath::make_dir(&a.path, roots).map_err(path_err(&id, "create the staging directory"))?;
-            if !shows(Some(&dir), kp.devnum) {
+            let mounted = shows(Some(&dir), kp.devnum);
+            if let (Some(keks), None) = (&keks, &key) {
+                key = Some(keys::open(&r2, kp, keks, mounted)?);
+            }
+            if !mounted {
                 // A volume grown while unstaged: ext4 grows offline here (online growth
                 // needs CAP_SYS_RESOURCE); xfs grows online through NodeExpandVolume.
                 if fs_type == "ext4" && fs::grow_ext4_offline(&kp.devnode).map_err(disk(&id, "grow the filesystem offline"))? {
                     info!(volume.id = %id, volume.size = r2.size, "filesystem grown offline to its partition");
                 }
                 beneath::mount_fs(&kp.devnode, &dir, &fs_type, &opts).map_err(disk(&id, "mount the filesystem"))?;
+            }
+            if let Some(key) = key {
+                // The filesystem just mounted, opened once and checked to be this
+                // volume's: its key and data directory go there.
+                let root = look(&id, &a.path, roots)?.filter(|n| shows(Some(n), kp.devnum)).ok_or_else(|| VolumeError::InvalidArgument {
+                    reason: format!("volume {id}: its filesystem does not show at {} after mounting it", a.path.display()),
+                })?;
+                keys::unlock(&id, &root, &key)?;
             }
             crash_point!("stage.mounted");
         }
@@ -303,6 +330,15 @@ pub(crate) fn unstage(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveL
             }
         };
         r.state = next(r.state, Op::Unstage).map_err(|x| VolumeError::refused(&r, x))?;
+        if ours && r.encrypted() {
+            // The key goes before the mount (whose end drops it too).
+            let kp = drive.and_then(|d| blkpg::ensure_kernel_partition(&d.path, r.start, r.size).ok());
+            if let Some(root) = kp.and_then(|kp| beneath::open(path, roots).ok().flatten().filter(|n| shows(Some(n), kp.devnum))) {
+                if let Err(e) = keys::lock(&id, &root) {
+                    warn!(volume.id = %id, error = %e, "cannot remove the volume's key before unmounting; the unmount drops it");
+                }
+            }
+        }
         if ours {
             beneath::unmount_all(path, roots).map_err(path_err(&id, "unmount the staging path"))?;
         }
@@ -390,8 +426,11 @@ pub(crate) fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf]
                         reason: format!("volume {id}: nothing of the volume is mounted at its staging path {}; stage it again", st.path.display()),
                     });
                 };
+                // An encrypted volume shows its encrypted data directory, never the
+                // filesystem's root.
+                let source = if r.encrypted() && matches!(b, Backing::Partition(_)) { keys::data_dir(&id, &staged)? } else { staged };
                 let dir = beneath::make_dir(&a.target, roots).map_err(path_err(&id, "create the target directory"))?;
-                beneath::bind_node(&staged, &dir, attrs).map_err(disk(&id, "bind the staging path to the target"))?;
+                beneath::bind_node(&source, &dir, attrs).map_err(disk(&id, "bind the staging path to the target"))?;
             }
         }
         crash_point!("publish.mounted");
