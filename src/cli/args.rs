@@ -240,6 +240,11 @@ pub enum CsiCmd {
         /// Staging path.
         #[arg(long)]
         staging: PathBuf,
+        /// A file of the call's secrets, one `key=value` per line (an encrypted volume's
+        /// key-encryption key: `key=...`, `previous-key=...`), read from a file so
+        /// they never show in a process list.
+        #[arg(long)]
+        secrets_file: Option<PathBuf>,
         #[command(flatten)]
         access: AccessArgs,
     },

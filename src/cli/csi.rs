@@ -268,12 +268,21 @@ pub async fn capacity(ch: Channel, params: HashMap<String, String>) -> Result<se
 }
 
 /// NodeStageVolume.
-pub async fn stage(ch: Channel, id: &str, staging: &Path, access: &Access) -> Result<serde_json::Value, CsiCliError> {
+pub async fn stage(ch: Channel, id: &str, staging: &Path, secrets_file: Option<&Path>, access: &Access) -> Result<serde_json::Value, CsiCliError> {
+    let mut secrets = std::collections::HashMap::new();
+    if let Some(f) = secrets_file {
+        let text = std::fs::read_to_string(f).map_err(|e| CsiCliError::Usage(format!("cannot read the secrets file {}: {e}", f.display())))?;
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            let (k, v) = line.split_once('=').ok_or_else(|| CsiCliError::Usage(format!("{}: a line without `=` (lines are key=value)", f.display())))?;
+            secrets.insert(k.trim().to_string(), v.trim().to_string());
+        }
+    }
     let mut node = csi::node_client::NodeClient::new(ch);
     node.node_stage_volume(csi::NodeStageVolumeRequest {
         volume_id: id.to_string(),
         staging_target_path: staging.display().to_string(),
         volume_capability: Some(access.capability()?),
+        secrets,
         ..Default::default()
     })
     .await
@@ -563,7 +572,7 @@ pub fn run(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, c
             CsiCmd::List => list(ch).await,
             CsiCmd::Validate { id, access } => validate(ch, &id, &access.access()).await,
             CsiCmd::Capacity { params } => capacity(ch, parse_params(&params)?).await,
-            CsiCmd::Stage { id, staging, access } => stage(ch, &id, &staging, &access.access()).await,
+            CsiCmd::Stage { id, staging, secrets_file, access } => stage(ch, &id, &staging, secrets_file.as_deref(), &access.access()).await,
             CsiCmd::Unstage { id, staging } => unstage(ch, &id, &staging).await,
             CsiCmd::Publish { id, staging, target, readonly, access } => publish(ch, &id, &staging, &target, &access.access(), readonly).await,
             CsiCmd::Unpublish { id, target } => unpublish(ch, &id, &target).await,

@@ -79,6 +79,7 @@ mod adopt;
 mod claims;
 mod clone;
 mod drive_actions;
+mod encryption;
 mod evacuate;
 mod monitoring;
 mod nodes;
@@ -117,7 +118,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 19] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 20] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
         ("monitoring: Prometheus scrapes every agent and kubelet, the alerts loaded; each node's drives in the metrics; nothing alerts while all is well", monitoring::journey_watch),
         ("the state dir wiped: every volume served again from its disk, same claims, same data", ownership::journey_state_wiped),
@@ -130,6 +131,7 @@ fn main() {
         ("claims cloned from claims: refused while written, then the data copied (ext4, block)", clone::journey_clone),
         ("snapshots: refused in use, frozen, restored (ext4, xfs, block) after source deletion and a restart; space freed", snapshots::journey_snapshots),
         ("claims: Immediate with allowedTopologies provisioned on the real node, its pod Running there; waiting claims warned why", claims::journey_claims_waiting),
+        ("encryption: an encrypted class's claim leaves only ciphertext on its drive and its delete leaves no key; a block claim refused", encryption::journey_encryption),
         ("monitoring: a drive's NVMe report and a volume filled up, seen by Prometheus: its reason and its alert", monitoring::journey_fill),
         ("a drive failing under a running pod; a drive released", journey_failure),
         ("kubectl drivelet: tables as ctl's, cordon, uncordon, release through the Drive spec", drive_actions::journey_drive_actions),
@@ -153,6 +155,8 @@ fn main() {
     let only_ownership = only.as_deref() == Some("ownership");
     // E2E_JOURNEYS=claims: deploy, the claims journey and the clean-up.
     let only_claims = only.as_deref() == Some("claims");
+    // E2E_JOURNEYS=encryption: deploy, the encryption journey and the clean-up.
+    let only_encryption = only.as_deref() == Some("encryption");
     // E2E_JOURNEYS=monitoring: deploy, Prometheus, the journeys that provoke its alerts
     // (a drive vanishing, claims used by pods, a drive failing), its judgement, clean-up.
     let only_monitoring = only.as_deref() == Some("monitoring");
@@ -174,6 +178,8 @@ fn main() {
         let monitoring = name.starts_with("monitoring:");
         let picked = if only_claims {
             i == 0 || i == last || claims
+        } else if only_encryption {
+            i == 0 || i == last || name.starts_with("encryption:")
         } else if only_monitoring {
             i == 0 || i == last || monitoring || name.starts_with("a drive vanishing") || name.starts_with("claims used by pods") || name.starts_with("a drive failing")
         } else if only_evacuate {
@@ -199,7 +205,7 @@ fn main() {
         // the fake nodes are stopped on purpose), the journeys across nodes start beside
         // the rest.
         let watched = if only_nodes { i == 0 } else { i == 1 };
-        if watched && !only_snapshots && !only_evacuate && !only_ownership && !only_monitoring && !only_claims {
+        if watched && !only_snapshots && !only_evacuate && !only_ownership && !only_monitoring && !only_claims && !only_encryption {
             across = Some(std::thread::spawn(nodes::run));
         }
     }
