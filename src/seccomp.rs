@@ -102,7 +102,9 @@ const COMMON: &[(&str, i64)] = syscalls!(
     SYS_fchmod, SYS_fchmodat, SYS_fchown, SYS_fchownat, SYS_utimensat, SYS_ftruncate, SYS_truncate,
     SYS_fallocate, SYS_fadvise64, SYS_fsync, SYS_fdatasync, SYS_sync, SYS_syncfs, SYS_sync_file_range,
     SYS_flock, SYS_fcntl, SYS_dup, SYS_dup3, SYS_pipe2, SYS_ioctl, SYS_copy_file_range,
-    SYS_getxattr, SYS_lgetxattr, SYS_fgetxattr, SYS_listxattr, SYS_flistxattr,
+    SYS_getxattr, SYS_lgetxattr, SYS_fgetxattr, SYS_listxattr, SYS_flistxattr, SYS_llistxattr,
+    // A copy into an encrypted volume (`cp -a`) keeps extended attributes and ACLs.
+    SYS_setxattr, SYS_lsetxattr, SYS_fsetxattr,
     SYS_inotify_init1, SYS_inotify_add_watch, SYS_inotify_rm_watch,
     // Event loops: tokio, udevadm settle.
     SYS_epoll_create1, SYS_epoll_ctl, SYS_epoll_pwait, SYS_epoll_pwait2, SYS_eventfd2,

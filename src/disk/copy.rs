@@ -18,6 +18,10 @@
 //!   host if drivelet dies midway;
 //! - the target is fsynced, and a filesystem copy must then check clean read-only
 //!   (`e2fsck -fn`, `xfs_repair -n`), or the copy is an error;
+//! - a copy into an encrypted volume (a clone or a restore of one, or into an encrypting
+//!   class) is a copy of files, not of blocks ([`copy_files_encrypted`]): the new volume
+//!   has a key of its own, so every byte is read in plaintext and written again under
+//!   it, in a mount namespace of its own;
 //! - a tool's failure carries its exit status and stderr.
 
 use std::fs::{File, OpenOptions};
@@ -26,6 +30,7 @@ use std::path::Path;
 use std::process::Command;
 
 use super::fs::{self, Fsck};
+use super::volume_key::VolumeKey;
 use super::DiskError;
 
 /// Bytes read and written at a time by [`copy_bytes`].
@@ -270,4 +275,80 @@ mod tests {
         assert_eq!(used_extents(""), None);
         assert_eq!(used_extents("garbage"), None);
     }
+}
+
+/// Copies the files of the ext4 filesystem on `src` into the encrypted data directory of
+/// the ext4 filesystem on `dst` (just made by the caller with the encrypt feature and
+/// holding no file): the files of `src`'s own data directory, opened with `src_key`,
+/// when `src` is an encrypted volume; else every file of its root but `lost+found`.
+/// So a clone or a restore of an encrypted volume gets a key of its own: every byte is
+/// read in plaintext and written again under `dst_key`.
+///
+/// Everything runs on a thread of its own that leaves the node's mount namespace first
+/// (`unshare(CLONE_NEWNS)`, every mount made private) and mounts both filesystems on a
+/// fresh tmpfs at `/var/tmp` there: nothing shows on the host, and if drivelet dies
+/// the mounts go with the namespace (the copy tool, `cp -a`, dies with the thread).
+/// `src` is mounted read-only without replaying its journal (`noload`): it is not
+/// written. The copy keeps owners, modes, times, links, extended attributes and holes.
+pub(crate) fn copy_files_encrypted(src: &Path, src_key: Option<&VolumeKey>, dst: &Path, dst_key: &VolumeKey) -> Result<(), DiskError> {
+    std::thread::scope(|s| {
+        s.spawn(|| copy_files_in_namespace(src, src_key, dst, dst_key))
+            .join()
+            .unwrap_or_else(|_| Err(DiskError::invalid("the encrypted copy's thread panicked")))
+    })
+}
+
+fn copy_files_in_namespace(src: &Path, src_key: Option<&VolumeKey>, dst: &Path, dst_key: &VolumeKey) -> Result<(), DiskError> {
+    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    let io = |what: String| move |e: nix::Error| DiskError::Io { what, source: std::io::Error::from(e) };
+    // SAFETY: unshare takes flags only; on this thread it also unshares the filesystem
+    // context, which is what leaves the mount namespace to this thread alone.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        return Err(DiskError::Io { what: "leave the node's mount namespace for the copy".into(), source: std::io::Error::last_os_error() });
+    }
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).map_err(io("make the copy's mounts private".into()))?;
+    let base = Path::new("/var/tmp");
+    mount(Some("tmpfs"), base, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("size=1m,mode=0700")).map_err(io("mount a tmpfs for the copy".into()))?;
+    let (from, to) = (base.join("src"), base.join("dst"));
+    for d in [&from, &to] {
+        std::fs::create_dir(d).map_err(DiskError::io(format!("create {}", d.display())))?;
+    }
+    mount(Some(src), &from, Some("ext4"), MsFlags::MS_RDONLY, Some("noload")).map_err(io(format!("mount {} read-only", src.display())))?;
+    mount(Some(dst), &to, Some("ext4"), MsFlags::empty(), None::<&str>).map_err(io(format!("mount {}", dst.display())))?;
+    let root = |p: &Path| File::open(p).map_err(DiskError::io(format!("open {}", p.display())));
+    let (sroot, droot) = (root(&from)?, root(&to)?);
+    let sources: Vec<std::path::PathBuf> = match src_key {
+        Some(k) => {
+            let ident = super::fscrypt::add_key(&sroot, k)?;
+            if super::fscrypt::data_dir_key(&sroot)? != Some(ident) {
+                return Err(DiskError::invalid("the source's data directory is not encrypted under the source's key"));
+            }
+            list(&from.join(super::fscrypt::DATA_DIR))?
+        }
+        None => list(&from)?.into_iter().filter(|p| p.file_name().is_none_or(|n| n != "lost+found")).collect(),
+    };
+    let ident = super::fscrypt::add_key(&droot, dst_key)?;
+    drop(super::fscrypt::ensure_data_dir(&droot, &ident)?);
+    let data = to.join(super::fscrypt::DATA_DIR);
+    if !sources.is_empty() {
+        let mut cmd = Command::new("cp");
+        cmd.args(["-a", "--sparse=always"]);
+        // One entry at a time would fork a cp per file of the root; `-t` takes them all.
+        cmd.args(["-t"]).arg(&data).arg("--").args(&sources);
+        tool("cp", &mut cmd, src, &[])?;
+    }
+    nix::unistd::syncfs(&droot).map_err(io(format!("flush {}", dst.display())))?;
+    drop((sroot, droot));
+    umount2(&to, MntFlags::empty()).map_err(io(format!("unmount {}", dst.display())))?;
+    umount2(&from, MntFlags::empty()).map_err(io(format!("unmount {}", src.display())))?;
+    Ok(())
+}
+
+/// The entries of the directory `dir`, as paths.
+fn list(dir: &Path) -> Result<Vec<std::path::PathBuf>, DiskError> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(DiskError::io(format!("list {}", dir.display())))? {
+        out.push(e.map_err(DiskError::io(format!("list {}", dir.display())))?.path());
+    }
+    Ok(out)
 }

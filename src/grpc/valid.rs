@@ -254,14 +254,6 @@ pub(crate) fn create_volume(front: &Front, req: csi::CreateVolumeRequest) -> Res
             }
             .into());
         }
-        if source.is_some() {
-            return Err(FrontError::UnsupportedCapability {
-                reason: "a clone or a restore into an encrypting StorageClass is not offered yet: each encrypted volume has a key of its own, \
-                         and drivelet does not re-encrypt a copy yet; copy the data through a pod instead"
-                    .into(),
-            }
-            .into());
-        }
     }
     if let Some(t) = &req.accessibility_requirements {
         if !t.requisite.is_empty() && !t.requisite.iter().any(|t| front.topology_matches(t)) {
@@ -278,6 +270,7 @@ pub(crate) fn create_volume(front: &Front, req: csi::CreateVolumeRequest) -> Res
         source: source.map(|(id, _)| id),
         from_snapshot,
         binding: binding_of(&req.parameters),
+        secrets: Secrets(req.secrets),
         name: req.name,
     })
 }

@@ -44,6 +44,9 @@ pub struct CreateVolume {
     /// The PV and claim it is made for, as far as the request says (the provisioner's
     /// `csi.storage.k8s.io/pv/name`, `pvc/name` and `pvc/namespace`).
     pub binding: crate::words::Binding,
+    /// The call's secrets (the key-encryption keys a copy into or out of an encrypted
+    /// volume needs).
+    pub secrets: Secrets,
 }
 
 /// Command: copy a volume's data into a snapshot of this name (or return the snapshot

@@ -7,8 +7,10 @@
 //! - a restarted agent opens the volume with the Secret's key and refuses it without
 //!   one, or with another (naming the fingerprint it needs); a rotation (`key` new,
 //!   `previous-key` old) opens it and rewraps, after which the old key alone is refused;
-//! - block and xfs volumes of an encrypting class, and clones and snapshots of an
-//!   encrypted volume, are refused in words;
+//! - block and xfs volumes of an encrypting class are refused in words; a clone or a
+//!   restore of an encrypted volume is encrypted under a key of its own (its files
+//!   re-encrypted), a snapshot keeps its volume's key, a plaintext copy of an encrypted
+//!   volume is refused, and a plain volume cloned into an encrypting class is encrypted;
 //! - an encrypted volume grown while unstaged, and one evacuated to another drive, read
 //!   their data back; the old drive keeps no copy of the key.
 
@@ -240,7 +242,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 #[test]
-fn block_and_xfs_volumes_and_copies_of_an_encrypted_volume_are_refused_in_words() {
+fn block_and_xfs_volumes_of_an_encrypting_class_are_refused_in_words() {
     let bed = Bed::new(1);
     rt().block_on(async {
         let mut c = Csi::connect(&bed.agent).await;
@@ -254,20 +256,89 @@ fn block_and_xfs_volumes_and_copies_of_an_encrypted_volume_are_refused_in_words(
         assert!(e.message().contains("fscrypt"), "{}", e.message());
     });
     assert!(bed.agent.ctl_volumes().as_array().unwrap().is_empty(), "nothing was made");
-    let id = bed.create("pvc-enc-source", 64 * MIB);
+}
+
+/// The volume key in the header at `start` of `drive` (bound to `owner`), opened with
+/// the test's key-encryption key `kek`.
+fn volume_key_at(drive: &LoopDrive, start: u64, owner: &str, kek: &str) -> Vec<u8> {
+    use drivelet::disk::volume_key as vk;
+    let keks = vk::Keks::from_secrets(&secrets(&[("key", kek)])).unwrap().unwrap();
+    match vk::state_of(&first_kib(drive, start), owner.parse().unwrap()) {
+        vk::KeyState::Key(h) => vk::unwrap(&h, &keks).expect("the header opens with the key-encryption key").0.to_vec(),
+        other => panic!("no key header at byte {start}: {other:?}"),
+    }
+}
+
+#[test]
+fn clones_and_restores_of_an_encrypted_volume_are_encrypted_under_keys_of_their_own() {
+    let bed = Bed::new(1);
+    let drive = &bed.drives[0];
+    let id = bed.create("pvc-enc-src", 64 * MIB);
     let target = bed.stage(&id, &[("key", KEY_A)]).expect("stage");
     write_marker(&target);
     bed.unstage(&id);
-    rt().block_on(async {
+    let enc = [("drivelet.io/encryption", "fscrypt")];
+    let with_secrets = |mut r: csi::CreateVolumeRequest, keys: &[(&str, &str)]| {
+        r.parameters.extend(enc.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        r.secrets = secrets(keys);
+        r
+    };
+    let (clone, restored, snap) = rt().block_on(async {
         let mut c = Csi::connect(&bed.agent).await;
-        let e = c.ctrl.create_volume(clone_req("pvc-enc-clone", 64 * MIB, 0, mount_cap("ext4"), &id)).await.expect_err("a clone");
+        // Into a plain class: refused, nothing made.
+        let e = c.ctrl.create_volume(clone_req("pvc-enc-plain", 64 * MIB, 0, mount_cap("ext4"), &id)).await.expect_err("a plaintext copy");
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-        assert!(e.message().contains("encrypted") && e.message().contains("key of its own"), "{}", e.message());
-        let req = csi::CreateSnapshotRequest { source_volume_id: id.clone(), name: "snap-enc".into(), ..Default::default() };
-        let e = c.ctrl.create_snapshot(req).await.expect_err("a snapshot");
-        assert!(e.message().contains("encrypted"), "{e:?}");
+        assert!(e.message().contains("a copy of it is encrypted too") && e.message().contains("drivelet.io/encryption: fscrypt"), "{}", e.message());
+        // Without the provisioner's Secret: refused, saying which.
+        let e = c.ctrl.create_volume(with_secrets(clone_req("pvc-enc-nokey", 64 * MIB, 0, mount_cap("ext4"), &id), &[])).await.expect_err("no key");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("provisioner-secret-name"), "{}", e.message());
+        let clone = c.ctrl.create_volume(with_secrets(clone_req("pvc-enc-clone", 64 * MIB, 0, mount_cap("ext4"), &id), &[("key", KEY_A)])).await.expect("clone");
+        let snap = c.ctrl.create_snapshot(snapshot_req("snap-enc", &id, &[])).await.expect("snapshot").into_inner().snapshot.unwrap();
+        c.ctrl.delete_volume(del_req(&id)).await.expect("the source deleted");
+        let restored = c
+            .ctrl
+            .create_volume(with_secrets(restore_req("pvc-enc-restored", 64 * MIB, 0, mount_cap("ext4"), &snap.snapshot_id), &[("key", KEY_A)]))
+            .await
+            .expect("restore");
+        (clone.into_inner().volume.unwrap().volume_id, restored.into_inner().volume.unwrap().volume_id, snap.snapshot_id)
     });
-    assert_eq!(bed.agent.ctl_volumes().as_array().unwrap().len(), 1, "no copy was made");
+    assert_eq!(bed.agent.ctl_volumes().as_array().unwrap().iter().filter(|v| v["name"].as_str().is_some_and(|n| n.contains("plain") || n.contains("nokey"))).count(), 0, "no refused copy was made");
+    let (_, clone_at, _) = bed.extent(&clone);
+    let (_, restored_at, _) = bed.extent(&restored);
+    let snap_at = gpt_entries(&drive.dev).into_iter().find(|e| e.uuid.eq_ignore_ascii_case(&snap)).expect("the snapshot's partition").start;
+    let snap_key = volume_key_at(drive, snap_at, &id, KEY_A);
+    let clone_key = volume_key_at(drive, clone_at, &clone, KEY_A);
+    let restored_key = volume_key_at(drive, restored_at, &restored, KEY_A);
+    assert_ne!(clone_key, snap_key, "the clone has a key of its own");
+    assert_ne!(restored_key, snap_key, "the restored volume has a key of its own");
+    assert_ne!(clone_key, restored_key);
+    for v in [&clone, &restored] {
+        let target = bed.stage(v, &[("key", KEY_A)]).expect("stage the copy");
+        assert!(read_marker(&target), "the copy holds the source's file");
+        bed.unstage(v);
+    }
+    assert_eq!(markers_on(drive), 0, "every copy is ciphertext on the drive");
+
+    // A plain volume cloned into an encrypting class: encrypted from then on.
+    let plain = rt().block_on(async {
+        let mut c = Csi::connect(&bed.agent).await;
+        c.ctrl.create_volume(create_req("pvc-plain-src", 64 * MIB, mount_cap("ext4"))).await.expect("create").into_inner().volume.unwrap().volume_id
+    });
+    let target = bed.stage(&plain, &[]).expect("stage the plain volume");
+    std::fs::write(target.join("plain.txt"), "a plain file").unwrap();
+    bed.unstage(&plain);
+    let enc_clone = rt().block_on(async {
+        let mut c = Csi::connect(&bed.agent).await;
+        let r = with_secrets(clone_req("pvc-plain-to-enc", 64 * MIB, 0, mount_cap("ext4"), &plain), &[("key", KEY_B)]);
+        c.ctrl.create_volume(r).await.expect("clone into an encrypting class").into_inner().volume.unwrap().volume_id
+    });
+    let (_, at, _) = bed.extent(&enc_clone);
+    assert_eq!(&first_kib(drive, at)[..8], b"DRVLKEY1", "the clone carries a key");
+    let target = bed.stage(&enc_clone, &[("key", KEY_B)]).expect("stage the encrypted clone");
+    assert_eq!(std::fs::read_to_string(target.join("plain.txt")).unwrap(), "a plain file");
+    assert!(!target.join("lost+found").exists(), "the source's lost+found is not copied into the data directory");
+    bed.unstage(&enc_clone);
 }
 
 #[test]

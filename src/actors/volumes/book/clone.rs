@@ -27,9 +27,14 @@ use crate::actors::volumes::messages::CreateVolume;
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
 use crate::words::DriveLoc;
 
-/// Why an encrypted volume is not copied (a clone or a snapshot of it).
-pub(crate) const ENCRYPTED_COPY: &str = "it is encrypted (drivelet.io/encryption: fscrypt) and every encrypted volume has a key of its own: \
-drivelet does not re-encrypt a copy under a new key yet, so it makes none; copy its files through a pod instead";
+/// Why an encrypted volume is not copied into a plain one.
+pub(crate) const ENCRYPTED_COPY: &str = "it is encrypted (drivelet.io/encryption: fscrypt), and a copy of it is encrypted too: \
+ask for the clone with a StorageClass that has drivelet.io/encryption: fscrypt (drivelet never makes a plaintext copy of an encrypted volume)";
+
+/// Whether the create `m` asks for an encrypted volume.
+fn encrypting(m: &CreateVolume) -> bool {
+    crate::words::encryption::Encryption::of(m.parameters.iter()) == crate::words::encryption::Encryption::Fscrypt
+}
 
 impl VolumeBook {
     /// The source of a clone `m` asks for, with its drive, if it can be copied now.
@@ -58,7 +63,7 @@ impl VolumeBook {
         if src.lost {
             return Err(crate::actors::volumes::conditions::lost(src));
         }
-        if src.encrypted() {
+        if src.encrypted() && !encrypting(m) {
             return Err(incompatible(ENCRYPTED_COPY.into()));
         }
         if src.block != m.block && !src.rebuilt {
@@ -113,6 +118,9 @@ impl VolumeBook {
                 "its drive {} is failing ({}); a copy read from it may not hold what was taken",
                 src.drive_id, d.health.reason
             )));
+        }
+        if src.encrypted() && !encrypting(m) {
+            return Err(unusable(format!("it is a snapshot of an encrypted volume, so {}", ENCRYPTED_COPY.trim_start_matches("it is encrypted (drivelet.io/encryption: fscrypt), and "))));
         }
         if src.block != m.block {
             let (is, asked) = if src.block { ("of a block volume", "a filesystem volume") } else { ("of a filesystem volume", "a block volume") };
@@ -220,6 +228,7 @@ mod tests {
             source: source.map(str::to_string),
             from_snapshot: false,
             binding: Default::default(),
+            secrets: Default::default(),
         };
         assert!(source_mismatch(&rec, &m(None)).is_none());
         let e = source_mismatch(&rec, &m(Some("s1"))).expect("a clone asked of an empty volume");

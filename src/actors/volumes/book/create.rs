@@ -90,7 +90,7 @@ impl VolumeBook {
         };
         let from = match rec.clone_of.as_ref().or(rec.restored_from.as_ref()) {
             Some(src) => match self.clone_start(src, &call.m, &mut call.held) {
-                Ok((source, loc)) => Some(CloneFrom { source, loc, freeze: None, roots: Vec::new() }),
+                Ok((source, loc)) => Some(CloneFrom { source, loc, freeze: None, roots: Vec::new(), secrets: call.m.secrets.clone() }),
                 Err(e) => return CreateStart::Answer(Err(e)),
             },
             None => None,

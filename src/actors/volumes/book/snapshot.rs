@@ -69,9 +69,6 @@ impl VolumeBook {
         if src.lost {
             return Err(crate::actors::volumes::conditions::lost(src));
         }
-        if src.encrypted() {
-            return Err(VolumeError::SourceIncompatible { source_id: src_id.to_string(), reason: super::clone::ENCRYPTED_COPY.into() });
-        }
         let d = self
             .drives
             .get(&src.drive_id)
@@ -87,7 +84,7 @@ impl VolumeBook {
             }
             Some((path, _)) => Some((path, freeze_limit)),
         };
-        let from = CloneFrom { source: VolumeRecord::clone(src), loc, freeze: freeze_at, roots: self.cfg.allowed_roots.clone() };
+        let from = CloneFrom { source: VolumeRecord::clone(src), loc, freeze: freeze_at, roots: self.cfg.allowed_roots.clone(), secrets: Default::default() };
         if let Some(rec) = existing {
             // A snapshot still being taken (a failed try): take it again, in its place.
             return Ok((CreatePlan::New(VolumeRecord::clone(rec)), Some(from)));
@@ -112,6 +109,9 @@ impl VolumeBook {
             media,
             block: src.block,
             fs_type: src.fs_type.clone(),
+            // A snapshot of an encrypted volume is ciphertext under that volume's key
+            // (its header copied with it), and says so: deleting it erases that key.
+            parameters: if src.encrypted() { src.parameters.clone() } else { Default::default() },
             snapshot: Some(SnapshotOf {
                 source_volume_id: src_id.to_string(),
                 restore_size: src.size,

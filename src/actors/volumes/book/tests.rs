@@ -33,6 +33,7 @@ fn create(name: &str, required: u64) -> CreateVolume {
         source: None,
         from_snapshot: false,
         binding: Default::default(),
+        secrets: Default::default(),
     }
 }
 

@@ -30,7 +30,7 @@ use super::disk_io as disk;
 use crate::actors::volumes::model::VolumeRecord;
 
 use crate::actors::volumes::error::VolumeError;
-use crate::disk::{blkpg, copy, freeze, fs, DiskError};
+use crate::disk::{blkpg, copy, freeze, fs, volume_key, DiskError};
 use crate::failpoint::crash_point;
 use crate::words::DriveLoc;
 
@@ -46,6 +46,9 @@ pub struct CloneFrom {
     pub freeze: Option<(std::path::PathBuf, std::time::Duration)>,
     /// The allowed roots the freeze path is opened beneath.
     pub roots: Vec<std::path::PathBuf>,
+    /// The create's secrets: the key-encryption keys a copy into an encrypted volume
+    /// needs (to open the source's key, and to wrap the copy's own).
+    pub secrets: crate::actors::volumes::messages::Secrets,
 }
 
 /// Copies `from`'s data onto `dst`, the new volume `rec`'s wiped partition, and
@@ -76,6 +79,13 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
         None => None,
     };
     copy::drop_cache(&kp.devnode).map_err(disk(&id, "read the source from the disk"))?;
+    // The source is encrypted when its class says so or its partition holds a key
+    // header (a snapshot rebuilt from its disk knows no class).
+    let key_of = src.snapshot.as_ref().map_or(src.id.as_str(), |s| s.source_volume_id.as_str());
+    let src_encrypted = !rec.block && (src.encrypted() || src_key_header(&kp)?);
+    if rec.snapshot.is_none() && (src_encrypted || rec.encrypted()) {
+        return copy_encrypted(rec, dst, from, &kp, src_encrypted.then_some(key_of));
+    }
     if rec.block {
         info!(volume.id = %id, volume.source = %src.id, volume.size = data, "cloning a block volume, every byte");
         let bytes = copy::copy_bytes(&kp.devnode, &dst.devnode, Some(data)).map_err(disk(&id, "copy the source's bytes"))?;
@@ -111,9 +121,91 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
     // A snapshot's data is never grown into the note that follows it.
     let grow = rec.snapshot.is_none() && rec.size > data;
     copy::finish_filesystem(&dst.devnode, &fs_type, uuid.as_deref(), grow).map_err(disk(&id, "make the copy a filesystem of its own"))?;
+    if src_encrypted {
+        // A snapshot of an encrypted volume: ciphertext under the volume's key, whose
+        // wrapped copy (bound to the volume's id) goes with it.
+        copy_key_header(&id, &kp, dst)?;
+    }
     crash_point!("clone.finished");
     rec.formatted = true;
     rec.fs_type = fs_type;
     info!(volume.id = %id, volume.source = %src.id, clone.millis = began.elapsed().as_millis() as u64, "volume cloned");
+    Ok(())
+}
+
+/// Whether the partition `kp` starts with an encrypted volume's key header.
+fn src_key_header(kp: &blkpg::KernelPartition) -> Result<bool, VolumeError> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(&kp.devnode).map_err(|e| disk("source", "read the source's first KiB")(DiskError::Io { what: kp.devnode.display().to_string(), source: e }))?;
+    let mut b = [0u8; 8];
+    f.read_exact_at(&mut b, 0).map_err(|e| disk("source", "read the source's first KiB")(DiskError::Io { what: kp.devnode.display().to_string(), source: e }))?;
+    Ok(&b == b"DRVLKEY1")
+}
+
+/// Copies the source's key header (its first KiB) onto the snapshot `dst`, synced.
+fn copy_key_header(id: &str, kp: &blkpg::KernelPartition, dst: &blkpg::KernelPartition) -> Result<(), VolumeError> {
+    use std::os::unix::fs::FileExt;
+    let io = |what: &str, e: std::io::Error| disk(id, "copy the source's key header")(DiskError::Io { what: what.to_string(), source: e });
+    let mut b = vec![0u8; volume_key::HEADER_LEN];
+    std::fs::File::open(&kp.devnode).and_then(|f| f.read_exact_at(&mut b, 0)).map_err(|e| io(&kp.devnode.display().to_string(), e))?;
+    let f = volume_key::open_partition(&dst.devnode, dst.devnum).map_err(disk(id, "open the snapshot for its key header"))?;
+    f.write_all_at(&b, 0).and_then(|()| f.sync_data()).map_err(|e| io(&dst.devnode.display().to_string(), e))?;
+    b.fill(0);
+    Ok(())
+}
+
+/// A clone or a restore that is, or whose source is, encrypted: the copy gets a key of
+/// its own, made here and wrapped with the create's key-encryption key, and the
+/// source's files are copied into its encrypted data directory (opened with the
+/// source's key when the source is encrypted: `key_of` names the volume its header is
+/// bound to). A copy of an encrypted volume is never plaintext.
+fn copy_encrypted(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &CloneFrom, kp: &blkpg::KernelPartition, key_of: Option<&str>) -> Result<(), VolumeError> {
+    let id = rec.id.clone();
+    let src = &from.source;
+    let began = Instant::now();
+    if !rec.encrypted() {
+        return Err(VolumeError::SourceIncompatible { source_id: src.id.clone(), reason: crate::actors::volumes::book::ENCRYPTED_COPY.into() });
+    }
+    if !src.formatted || src.fs_type.is_empty() {
+        info!(volume.id = %id, volume.source = %src.id, "the source was never formatted: the clone starts empty");
+        return Ok(());
+    }
+    if src.fs_type != "ext4" {
+        return Err(VolumeError::SourceIncompatible {
+            source_id: src.id.clone(),
+            reason: format!("it holds {}, and an encrypted copy is ext4 (fscrypt is ext4's)", src.fs_type),
+        });
+    }
+    let keks = super::keys::keks(&id, &from.secrets).map_err(|e| match e {
+        VolumeError::EncryptionKey { volume_id, reason } => VolumeError::EncryptionKey {
+            volume_id,
+            reason: reason.replace("csi.storage.k8s.io/node-stage-secret-name and -namespace, and for clones and restores ", ""),
+        },
+        other => other,
+    })?;
+    let src_key = match key_of {
+        Some(owner) => {
+            let f = std::fs::File::open(&kp.devnode).map_err(|e| disk(&id, "read the source's key header")(DiskError::Io { what: kp.devnode.display().to_string(), source: e }))?;
+            let guid = uuid::Uuid::parse_str(owner).map_err(|_| VolumeError::SourceIncompatible { source_id: src.id.clone(), reason: "its key header names no volume id".into() })?;
+            let h = match volume_key::read(&f, guid).map_err(disk(&id, "read the source's key header"))? {
+                volume_key::KeyState::Key(h) => h,
+                volume_key::KeyState::Absent => {
+                    return Err(VolumeError::EncryptionKey { volume_id: src.id.clone(), reason: "its partition holds no key (it was erased)".into() })
+                }
+                volume_key::KeyState::Unreadable(r) => return Err(VolumeError::EncryptionKey { volume_id: src.id.clone(), reason: format!("its key header cannot be read: {r}") }),
+            };
+            let (key, _) = volume_key::unwrap(&h, &keks).map_err(|e| VolumeError::EncryptionKey { volume_id: src.id.clone(), reason: e.to_string() })?;
+            Some(key)
+        }
+        None => None,
+    };
+    fs::mkfs_encrypting(&dst.devnode).map_err(disk(&id, "make the copy's filesystem"))?;
+    let key = super::keys::make(rec, dst, &keks)?;
+    info!(volume.id = %id, volume.source = %src.id, source.encrypted = src_key.is_some(), "copying the source's files into the encrypted copy under its own key");
+    copy::copy_files_encrypted(&kp.devnode, src_key.as_ref(), &dst.devnode, &key).map_err(disk(&id, "copy the source's files"))?;
+    crash_point!("clone.copied");
+    rec.formatted = true;
+    rec.fs_type = "ext4".into();
+    info!(volume.id = %id, volume.source = %src.id, clone.millis = began.elapsed().as_millis() as u64, "volume cloned, re-encrypted under its own key");
     Ok(())
 }
