@@ -105,7 +105,11 @@ impl Bed {
         let tmp = short_tempdir();
         let drives = (0..drives).map(|i| LoopDrive::new(tmp.path(), &format!("e{i}.img"), GIB)).collect();
         sh("udevadm", &["settle"]);
-        let agent = Agent::start(tmp.path(), AgentOpts::default());
+        // Under the seccomp filter the DaemonSet runs with: the key ioctls, the
+        // encrypting mkfs and the copy into an encrypted volume (cp -a in a mount
+        // namespace of its own) must all pass it.
+        let opts = AgentOpts { extra_toml: "[security]\nseccomp = \"enforce\"\n".into(), ..AgentOpts::default() };
+        let agent = Agent::start(tmp.path(), opts);
         let unmount = Unmounter(tmp.path().join("kubelet"));
         Bed { agent, drives, _unmount: unmount, tmp }
     }
