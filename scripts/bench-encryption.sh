@@ -4,7 +4,9 @@
 #   the caches) of SIZE_MIB through an encrypted and a plain ext4 volume on the same
 #   drive, ROUNDS rounds each, alternating;
 # - crypto-erase: DeleteVolume of an encrypted 1 GiB and 8 GiB volume (each staged once
-#   and filled with 256 MiB first), ROUNDS rounds each.
+#   and filled with 256 MiB first), ROUNDS rounds each;
+# - copies: CreateVolume of a clone of a 1 GiB volume holding 256 MiB in 64 files,
+#   plain (used blocks) and encrypted (files re-encrypted under the clone's own key).
 # Usage: sudo scripts/bench-encryption.sh [BINARY] (default target/release/drivelet).
 # BENCHMARKS.md ("Encryption at rest") holds what it printed.
 set -euo pipefail
@@ -91,4 +93,24 @@ for r in $(seq "$rounds"); do
     # The cleaner zeroes the freed space before it is placed again: let it finish.
     for _ in $(seq 600); do "$bin" ctl --socket "$dir/admin.sock" drives 2>/dev/null | grep -q "cleaning" || break; sleep 0.5; done
   done
+done
+
+echo "CreateVolume of a clone of a 1 GiB volume holding 256 MiB in 64 files (ms):"
+for kind in plain enc; do
+  e=0; [ "$kind" = enc ] && e=1
+  src=$(make_vol "src-$kind" 1Gi "$e")
+  for f in $(seq 64); do dd if=/dev/urandom of="$dir/kubelet/src-$kind/f$f" bs=1M count=4 status=none; done
+  sync
+  drop_vol "src-$kind" "$src"
+  params=(); [ "$e" = 1 ] && params=(--param drivelet.io/encryption=fscrypt)
+  for r in $(seq "$rounds"); do
+    # The provisioner's Secret: the key-encryption key an encrypted copy needs.
+    t0=$(ms)
+    id=$(csi create "clone-$kind-$r" --size 1Gi --fs ext4 --source "$src" "${params[@]}" --secrets-file "$dir/kek" | id_of)
+    t1=$(ms)
+    echo "  round $r $kind: $(( (t1 - t0) / 1000000 ))"
+    csi delete "$id" >/dev/null
+    for _ in $(seq 600); do "$bin" ctl --socket "$dir/admin.sock" drives 2>/dev/null | grep -q "cleaning" || break; sleep 0.5; done
+  done
+  csi delete "$src" >/dev/null
 done

@@ -205,6 +205,10 @@ pub enum CsiCmd {
         /// Clone this volume (its id): the new volume starts with a copy of its data.
         #[arg(long)]
         source: Option<String>,
+        /// A file of the call's secrets, one `key=value` per line (the key-encryption
+        /// key a clone of or into an encrypted volume needs: `key=...`).
+        #[arg(long)]
+        secrets_file: Option<PathBuf>,
         #[command(flatten)]
         access: AccessArgs,
     },

@@ -156,6 +156,7 @@ pub async fn create(
     access: &Access,
     params: HashMap<String, String>,
     source: Option<&str>,
+    secrets: HashMap<String, String>,
 ) -> Result<serde_json::Value, CsiCliError> {
     let mut ctrl = csi::controller_client::ControllerClient::new(ch);
     let to_i64 = |v: u64| i64::try_from(v).map_err(|_| CsiCliError::Usage(format!("{v} bytes is too large")));
@@ -167,6 +168,7 @@ pub async fn create(
         volume_content_source: source.map(|id| csi::VolumeContentSource {
             r#type: Some(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: id.to_string() })),
         }),
+        secrets,
         ..Default::default()
     };
     let v = ctrl.create_volume(req).await.map_err(call("CreateVolume"))?.into_inner().volume.unwrap_or_default();
@@ -267,16 +269,22 @@ pub async fn capacity(ch: Channel, params: HashMap<String, String>) -> Result<se
     }))
 }
 
-/// NodeStageVolume.
-pub async fn stage(ch: Channel, id: &str, staging: &Path, secrets_file: Option<&Path>, access: &Access) -> Result<serde_json::Value, CsiCliError> {
-    let mut secrets = std::collections::HashMap::new();
-    if let Some(f) = secrets_file {
+/// A call's secrets from a file of `key=value` lines (none without a file).
+fn read_secrets(file: Option<&Path>) -> Result<HashMap<String, String>, CsiCliError> {
+    let mut secrets = HashMap::new();
+    if let Some(f) = file {
         let text = std::fs::read_to_string(f).map_err(|e| CsiCliError::Usage(format!("cannot read the secrets file {}: {e}", f.display())))?;
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
             let (k, v) = line.split_once('=').ok_or_else(|| CsiCliError::Usage(format!("{}: a line without `=` (lines are key=value)", f.display())))?;
             secrets.insert(k.trim().to_string(), v.trim().to_string());
         }
     }
+    Ok(secrets)
+}
+
+/// NodeStageVolume.
+pub async fn stage(ch: Channel, id: &str, staging: &Path, secrets_file: Option<&Path>, access: &Access) -> Result<serde_json::Value, CsiCliError> {
+    let secrets = read_secrets(secrets_file)?;
     let mut node = csi::node_client::NodeClient::new(ch);
     node.node_stage_volume(csi::NodeStageVolumeRequest {
         volume_id: id.to_string(),
@@ -560,12 +568,13 @@ pub fn run(config: Option<PathBuf>, endpoint: Option<PathBuf>, output: Output, c
         let ch = connect(&socket).await?;
         match cmd {
             CsiCmd::Info => info(ch).await,
-            CsiCmd::Create { name, size, limit, params, source, access } => {
+            CsiCmd::Create { name, size, limit, params, source, secrets_file, access } => {
                 let (size, limit) = match (size_arg(&size), size_arg(&limit)) {
                     (Ok(s), Ok(l)) => (s, l),
                     (Err(e), _) | (_, Err(e)) => return Err(usage(e)),
                 };
-                create(ch, &name, size, limit, &access.access(), parse_params(&params)?, source.as_deref()).await
+                let secrets = read_secrets(secrets_file.as_deref())?;
+                create(ch, &name, size, limit, &access.access(), parse_params(&params)?, source.as_deref(), secrets).await
             }
             CsiCmd::Delete { id } => delete(ch, &id).await,
             CsiCmd::Get { id } => get(ch, &id).await,
