@@ -21,7 +21,7 @@
 //! - a copy into an encrypted volume (a clone or a restore of one, or into an encrypting
 //!   class) is a copy of files, not of blocks ([`copy_files_encrypted`]): the new volume
 //!   has a key of its own, so every byte is read in plaintext and written again under
-//!   it, in a mount namespace of its own;
+//!   it, both filesystems mounted detached (in no namespace, gone with their descriptors);
 //! - a tool's failure carries its exit status and stderr.
 
 use std::fs::{File, OpenOptions};
@@ -284,64 +284,96 @@ mod tests {
 /// So a clone or a restore of an encrypted volume gets a key of its own: every byte is
 /// read in plaintext and written again under `dst_key`.
 ///
-/// Everything runs on a thread of its own that leaves the node's mount namespace first
-/// (`unshare(CLONE_NEWNS)`, every mount made private) and mounts both filesystems on a
-/// fresh tmpfs at `/var/tmp` there: nothing shows on the host, and if drivelet dies
-/// the mounts go with the namespace (the copy tool, `cp -a`, dies with the thread).
-/// `src` is mounted read-only without replaying its journal (`noload`): it is not
-/// written. The copy keeps owners, modes, times, links, extended attributes and holes.
+/// Both filesystems are mounted detached (`fsopen`/`fsmount`: a mount in no namespace's
+/// tree, reached only through its descriptor): nothing shows on the host or in any
+/// namespace, and the mounts end when the descriptors close, also when drivelet dies
+/// (the copy tool, `cp -a`, dies with the thread that runs it). `src` is mounted
+/// read-only without replaying its journal (`norecovery`): it is not written. The copy
+/// keeps owners, modes, times, links, extended attributes and holes.
 pub(crate) fn copy_files_encrypted(src: &Path, src_key: Option<&VolumeKey>, dst: &Path, dst_key: &VolumeKey) -> Result<(), DiskError> {
-    std::thread::scope(|s| {
-        s.spawn(|| copy_files_in_namespace(src, src_key, dst, dst_key))
-            .join()
-            .unwrap_or_else(|_| Err(DiskError::invalid("the encrypted copy's thread panicked")))
-    })
-}
-
-fn copy_files_in_namespace(src: &Path, src_key: Option<&VolumeKey>, dst: &Path, dst_key: &VolumeKey) -> Result<(), DiskError> {
-    use nix::mount::{mount, umount2, MntFlags, MsFlags};
-    let io = |what: String| move |e: nix::Error| DiskError::Io { what, source: std::io::Error::from(e) };
-    // SAFETY: unshare takes flags only; on this thread it also unshares the filesystem
-    // context, which is what leaves the mount namespace to this thread alone.
-    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
-        return Err(DiskError::Io { what: "leave the node's mount namespace for the copy".into(), source: std::io::Error::last_os_error() });
-    }
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).map_err(io("make the copy's mounts private".into()))?;
-    let base = Path::new("/var/tmp");
-    mount(Some("tmpfs"), base, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("size=1m,mode=0700")).map_err(io("mount a tmpfs for the copy".into()))?;
-    let (from, to) = (base.join("src"), base.join("dst"));
-    for d in [&from, &to] {
-        std::fs::create_dir(d).map_err(DiskError::io(format!("create {}", d.display())))?;
-    }
-    mount(Some(src), &from, Some("ext4"), MsFlags::MS_RDONLY, Some("noload")).map_err(io(format!("mount {} read-only", src.display())))?;
-    mount(Some(dst), &to, Some("ext4"), MsFlags::empty(), None::<&str>).map_err(io(format!("mount {}", dst.display())))?;
+    let from = mount_detached(src, true)?;
+    let to = mount_detached(dst, false)?;
+    let at = |fd: &std::os::fd::OwnedFd| std::path::PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd)));
+    let (from_at, to_at) = (at(&from), at(&to));
     let root = |p: &Path| File::open(p).map_err(DiskError::io(format!("open {}", p.display())));
-    let (sroot, droot) = (root(&from)?, root(&to)?);
+    let (sroot, droot) = (root(&from_at)?, root(&to_at)?);
     let sources: Vec<std::path::PathBuf> = match src_key {
         Some(k) => {
             let ident = super::fscrypt::add_key(&sroot, k)?;
             if super::fscrypt::data_dir_key(&sroot)? != Some(ident) {
                 return Err(DiskError::invalid("the source's data directory is not encrypted under the source's key"));
             }
-            list(&from.join(super::fscrypt::DATA_DIR))?
+            list(&from_at.join(super::fscrypt::DATA_DIR))?
         }
-        None => list(&from)?.into_iter().filter(|p| p.file_name().is_none_or(|n| n != "lost+found")).collect(),
+        None => list(&from_at)?.into_iter().filter(|p| p.file_name().is_none_or(|n| n != "lost+found")).collect(),
     };
     let ident = super::fscrypt::add_key(&droot, dst_key)?;
     drop(super::fscrypt::ensure_data_dir(&droot, &ident)?);
-    let data = to.join(super::fscrypt::DATA_DIR);
     if !sources.is_empty() {
         let mut cmd = Command::new("cp");
-        cmd.args(["-a", "--sparse=always"]);
-        // One entry at a time would fork a cp per file of the root; `-t` takes them all.
-        cmd.args(["-t"]).arg(&data).arg("--").args(&sources);
+        cmd.args(["-a", "--sparse=always", "-t"]).arg(to_at.join(super::fscrypt::DATA_DIR)).arg("--").args(&sources);
+        // The child reaches both mounts through the same descriptor numbers.
+        let fds = [std::os::fd::AsRawFd::as_raw_fd(&from), std::os::fd::AsRawFd::as_raw_fd(&to)];
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure runs in the forked child before exec and only calls
+        // fcntl, which is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(move || {
+                for fd in fds {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
         tool("cp", &mut cmd, src, &[])?;
     }
-    nix::unistd::syncfs(&droot).map_err(io(format!("flush {}", dst.display())))?;
-    drop((sroot, droot));
-    umount2(&to, MntFlags::empty()).map_err(io(format!("unmount {}", dst.display())))?;
-    umount2(&from, MntFlags::empty()).map_err(io(format!("unmount {}", src.display())))?;
+    nix::unistd::syncfs(&droot).map_err(|e| DiskError::Io { what: format!("flush {}", dst.display()), source: e.into() })?;
     Ok(())
+}
+
+/// Mounts the ext4 filesystem on `dev` detached (in no namespace's tree): the mount's
+/// descriptor, whose close ends it.
+fn mount_detached(dev: &Path, readonly: bool) -> Result<std::os::fd::OwnedFd, DiskError> {
+    use std::ffi::CString;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    const FSOPEN_CLOEXEC: libc::c_uint = 0x1;
+    const FSCONFIG_SET_FLAG: libc::c_uint = 0;
+    const FSCONFIG_SET_STRING: libc::c_uint = 1;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+    const FSMOUNT_CLOEXEC: libc::c_uint = 0x1;
+    let err = |what: &str| DiskError::Io { what: format!("{what} {} (a detached mount)", dev.display()), source: std::io::Error::last_os_error() };
+    let source = CString::new(dev.as_os_str().as_encoded_bytes()).map_err(|_| DiskError::invalid(format!("{} holds a NUL byte", dev.display())))?;
+    // SAFETY: a NUL-terminated name and flags; the descriptor returned is owned below.
+    let fs = unsafe { libc::syscall(libc::SYS_fsopen, c"ext4".as_ptr(), FSOPEN_CLOEXEC) };
+    if fs < 0 {
+        return Err(err("open an ext4 context for"));
+    }
+    // SAFETY: just returned by the kernel, owned by nobody else.
+    let fs = unsafe { OwnedFd::from_raw_fd(fs as i32) };
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fs);
+    let set = |cmd: libc::c_uint, key: Option<&std::ffi::CStr>, value: Option<&std::ffi::CStr>| {
+        // SAFETY: the context is open; the key and value are NUL-terminated or null.
+        let rc = unsafe {
+            libc::syscall(libc::SYS_fsconfig, raw, cmd, key.map_or(std::ptr::null(), |k| k.as_ptr()), value.map_or(std::ptr::null(), |v| v.as_ptr()), 0)
+        };
+        (rc == 0).then_some(()).ok_or_else(|| err("configure the mount of"))
+    };
+    set(FSCONFIG_SET_STRING, Some(c"source"), Some(&source))?;
+    if readonly {
+        set(FSCONFIG_SET_FLAG, Some(c"ro"), None)?;
+        set(FSCONFIG_SET_FLAG, Some(c"norecovery"), None)?;
+    }
+    set(FSCONFIG_CMD_CREATE, None, None)?;
+    let attrs = if readonly { libc::MOUNT_ATTR_RDONLY as libc::c_uint } else { 0 };
+    // SAFETY: the context is open and created; the descriptor returned is owned below.
+    let m = unsafe { libc::syscall(libc::SYS_fsmount, raw, FSMOUNT_CLOEXEC, attrs) };
+    if m < 0 {
+        return Err(err("mount"));
+    }
+    // SAFETY: just returned by the kernel, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(m as i32) })
 }
 
 /// The entries of the directory `dir`, as paths.

@@ -162,7 +162,19 @@ impl Executor {
                 .map_err(api(format!("reading claim {ns}/{name}")))?,
             None => None,
         };
-        let seen = Seen { record: rec, pv: pv.as_ref(), claim: claim.as_ref(), restore_claims };
+        // An encrypted volume whose PV is made again names its class's node-stage Secret.
+        let stage_secret = match (&pv, rec.encrypted()) {
+            (None, true) => {
+                let b = &rec.binding;
+                let class = claim.as_ref().and_then(|c| c.spec.as_ref()).and_then(|s| s.storage_class_name.clone()).unwrap_or_else(|| b.storage_class.clone());
+                let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(self.client.clone());
+                let sc = classes.get_opt(&class).await.map_err(api(format!("reading StorageClass {class}")))?;
+                let (ns, name) = claim.as_ref().map(|c| (c.namespace().unwrap_or_default(), c.name_any())).unwrap_or_else(|| (b.claim_namespace.clone(), b.claim_name.clone()));
+                sc.and_then(|sc| sc.parameters).and_then(|p| super::stage_secret_of(&p, (&ns, &name), &b.pv))
+            }
+            _ => None,
+        };
+        let seen = Seen { record: rec, pv: pv.as_ref(), claim: claim.as_ref(), restore_claims, stage_secret };
         let plan = decide(&self.identity.node, &self.identity.driver, &seen);
         let only_binding = plan.steps.iter().all(|s| matches!(s, Step::SetBinding(_)));
         if only_binding {

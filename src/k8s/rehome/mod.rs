@@ -29,6 +29,10 @@
 //!    annotated [`RESTORED_FOR`] with the volume id) and then the PV bound to it
 //!    (`ClaimRestored` on the claim). Without, the volume is kept and listed: its Drive
 //!    object shows it.
+//!
+//!    A PV made again (2 and 3) for an encrypted volume names the node-stage Secret its
+//!    StorageClass names ([`stage_secret_of`]), so kubelet hands NodeStageVolume the
+//!    key-encryption key as it did for the provisioner's PV.
 //! 4. The PV is pinned here already (its node affinity names this node): nothing, but the
 //!    record's binding is filled from the claim bound to it (uid, StorageClass) when it
 //!    differs, so the drive's note says it. A PV of another driver or volume, one that
@@ -83,7 +87,7 @@ pub(crate) const VOLUME_RESTORED: &str = "VolumeRestored";
 pub(crate) const CLAIM_RESTORED: &str = "ClaimRestored";
 
 /// What is known of one volume this node serves, for [`decide`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Seen<'a> {
     /// The volume's record.
     pub record: &'a VolumeRecord,
@@ -93,6 +97,20 @@ pub(crate) struct Seen<'a> {
     pub claim: Option<&'a PersistentVolumeClaim>,
     /// The adoption of its drive asked to restore claims that are gone.
     pub restore_claims: bool,
+    /// For an encrypted volume whose PV is made again: the Secret (namespace, name) its
+    /// StorageClass names as the node-stage secret, so kubelet hands the key-encryption
+    /// key to NodeStageVolume as it did before.
+    pub stage_secret: Option<(String, String)>,
+}
+
+/// The node-stage Secret a StorageClass's `parameters` name for the claim `ns/name`
+/// and the PV `pv` (the provisioner's `${pvc.namespace}`, `${pvc.name}` and `${pv.name}`
+/// filled in): `(namespace, name)`.
+pub(crate) fn stage_secret_of(parameters: &BTreeMap<String, String>, (ns, name): (&str, &str), pv: &str) -> Option<(String, String)> {
+    let fill = |v: &String| v.replace("${pvc.namespace}", ns).replace("${pvc.name}", name).replace("${pv.name}", pv);
+    let secret = parameters.get("csi.storage.k8s.io/node-stage-secret-name").map(fill)?;
+    let namespace = parameters.get("csi.storage.k8s.io/node-stage-secret-namespace").map(fill)?;
+    Some((namespace, secret))
 }
 
 /// One write to the API server (or to the volume manager).
@@ -264,6 +282,12 @@ pub(crate) fn pv_of(record: &VolumeRecord, (ns, name, uid): (&str, &str, &str), 
     }
 }
 
+/// Names the node-stage Secret in a PV made again (an encrypted volume's).
+fn with_stage_secret(pv: &mut PersistentVolume, secret: Option<&(String, String)>) {
+    let (Some((namespace, name)), Some(csi)) = (secret, pv.spec.as_mut().and_then(|s| s.csi.as_mut())) else { return };
+    csi.node_stage_secret_ref = Some(k8s_openapi::api::core::v1::SecretReference { name: Some(name.clone()), namespace: Some(namespace.clone()) });
+}
+
 /// The claim restored for `record`: its binding's namespace, name and class, its size,
 /// block or filesystem, ReadWriteOnce, naming its PV, annotated [`RESTORED_FOR`].
 pub(crate) fn claim_of(record: &VolumeRecord) -> PersistentVolumeClaim {
@@ -415,7 +439,8 @@ fn decide_missing(node: &str, driver: &str, seen: &Seen<'_>) -> Plan {
         }
         let uid = c.uid().unwrap_or_default();
         let class = spec.storage_class_name.clone().unwrap_or_else(|| b.storage_class.clone());
-        let pv = pv_of(rec, (&ns, &name, &uid), &class, spec.access_modes.clone().unwrap_or_default(), node, driver);
+        let mut pv = pv_of(rec, (&ns, &name, &uid), &class, spec.access_modes.clone().unwrap_or_default(), node, driver);
+        with_stage_secret(&mut pv, seen.stage_secret.as_ref());
         let note = format!(
             "volume {id} is served by node {node}: its PV {pv_name} was gone and is created again, pinned to {node}, bound to \
              this claim (reclaim policy Retain); no data was touched"
@@ -436,7 +461,8 @@ fn decide_missing(node: &str, driver: &str, seen: &Seen<'_>) -> Plan {
         ));
     }
     let claim = claim_of(rec);
-    let pv = pv_of(rec, (&b.claim_namespace, &b.claim_name, ""), &b.storage_class, vec!["ReadWriteOnce".into()], node, driver);
+    let mut pv = pv_of(rec, (&b.claim_namespace, &b.claim_name, ""), &b.storage_class, vec!["ReadWriteOnce".into()], node, driver);
+    with_stage_secret(&mut pv, seen.stage_secret.as_ref());
     let note = format!(
         "claim restored by drivelet for volume {id} on node {node} (its drive was adopted with restore claims): PV {pv_name}, \
          pinned to {node}, is bound to it (reclaim policy Retain); the data is the volume's, untouched"

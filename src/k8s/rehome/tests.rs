@@ -168,7 +168,7 @@ fn each_case_of_a_volume_and_its_pv_and_claim_is_decided_as_the_rules_say() {
         ("neither, no claim known: kept and listed", &no_claim_known, None, None, true, vec![], "no claim is known"),
     ];
     for (case, rec, pv, claim, restore_claims, steps, why) in table {
-        let plan = decide(HERE, DRIVER, &Seen { record: rec, pv, claim, restore_claims });
+        let plan = decide(HERE, DRIVER, &Seen { record: rec, pv, claim, restore_claims, stage_secret: None });
         assert_eq!(kinds(&plan), steps, "{case}: {}", plan.why);
         assert!(plan.why.contains(why), "{case}: {:?} says {why:?}", plan.why);
         assert!(!plan.why.contains("Some(") && !plan.why.contains("{ "), "{case}: plain words: {}", plan.why);
@@ -180,7 +180,7 @@ fn no_plan_deletes_a_pv_whose_reclaim_policy_could_still_be_delete() {
     let rec = record();
     for policy in ["Delete", "Recycle", "Retain"] {
         let there = pv(DRIVER, "vol-a", "node-2", policy, &[PVF], Some("uid-0"));
-        let plan = decide(HERE, DRIVER, &Seen { record: &rec, pv: Some(&there), claim: Some(&claim("uid-0", "pv-a")), restore_claims: false });
+        let plan = decide(HERE, DRIVER, &Seen { record: &rec, pv: Some(&there), claim: Some(&claim("uid-0", "pv-a")), restore_claims: false, stage_secret: None });
         let retain = plan.steps.iter().position(|s| matches!(s, Step::Retain { .. }));
         let delete = plan.steps.iter().position(|s| matches!(s, Step::DeletePv { .. })).expect("the PV is replaced");
         match policy {
@@ -194,7 +194,7 @@ fn no_plan_deletes_a_pv_whose_reclaim_policy_could_still_be_delete() {
 fn the_replacement_keeps_the_pv_but_its_node_its_policy_and_the_claim_it_is_bound_to() {
     let rec = record();
     let there = pv(DRIVER, "vol-a", "node-2", "Delete", &[PVF, PROV, "drivelet.io/attacher"], Some("uid-0"));
-    let plan = decide(HERE, DRIVER, &Seen { record: &rec, pv: Some(&there), claim: Some(&claim("uid-0", "pv-a")), restore_claims: false });
+    let plan = decide(HERE, DRIVER, &Seen { record: &rec, pv: Some(&there), claim: Some(&claim("uid-0", "pv-a")), restore_claims: false, stage_secret: None });
     let Some(Step::CreatePv(new)) = plan.steps.iter().find(|s| matches!(s, Step::CreatePv(_))) else { panic!("no create") };
     let (old, new_spec) = (there.spec.clone().unwrap(), new.spec.clone().unwrap());
     assert_eq!(new.metadata.name.as_deref(), Some("pv-a"));
@@ -215,7 +215,7 @@ fn the_replacement_keeps_the_pv_but_its_node_its_policy_and_the_claim_it_is_boun
     let mut retained = there.clone();
     retained.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Retain".into());
     retained.metadata.annotations.get_or_insert_default().insert(POLICY_BEFORE.into(), "Delete".into());
-    let plan = decide(HERE, DRIVER, &Seen { record: &rec, pv: Some(&retained), claim: Some(&claim("uid-0", "pv-a")), restore_claims: false });
+    let plan = decide(HERE, DRIVER, &Seen { record: &rec, pv: Some(&retained), claim: Some(&claim("uid-0", "pv-a")), restore_claims: false, stage_secret: None });
     let Some(Step::CreatePv(new)) = plan.steps.iter().find(|s| matches!(s, Step::CreatePv(_))) else { panic!("no create") };
     assert_eq!(new.spec.as_ref().unwrap().persistent_volume_reclaim_policy.as_deref(), Some("Delete"));
     assert!(!new.metadata.annotations.as_ref().unwrap().contains_key(POLICY_BEFORE));
@@ -225,7 +225,7 @@ fn the_replacement_keeps_the_pv_but_its_node_its_policy_and_the_claim_it_is_boun
 fn a_restored_claim_and_its_pv_say_what_the_note_says() {
     let mut rec = record();
     rec.block = true;
-    let plan = decide(HERE, DRIVER, &Seen { record: &rec, pv: None, claim: None, restore_claims: true });
+    let plan = decide(HERE, DRIVER, &Seen { record: &rec, pv: None, claim: None, restore_claims: true, stage_secret: None });
     let Step::CreateClaim(c) = &plan.steps[0] else { panic!("claim first") };
     let Step::CreatePv(p) = &plan.steps[1] else { panic!("then the PV") };
     let cs = c.spec.clone().unwrap();
@@ -259,4 +259,21 @@ fn the_binding_is_filled_from_the_claim_bound_to_the_volumes_pv() {
     assert_eq!(binding_update(&record(), Some(&claim("uid-0", "pv-a"))), None, "already so");
     assert_eq!(binding_update(&rec, Some(&claim("uid-0", "pv-z"))), None, "a claim of another PV says nothing of this one");
     assert_eq!(binding_update(&rec, None), None);
+}
+
+#[test]
+fn an_encrypted_volumes_pv_made_again_names_its_class_node_stage_secret() {
+    let params: BTreeMap<String, String> = [
+        ("csi.storage.k8s.io/node-stage-secret-name".to_string(), "kek-${pvc.name}".to_string()),
+        ("csi.storage.k8s.io/node-stage-secret-namespace".to_string(), "${pvc.namespace}".to_string()),
+    ]
+    .into();
+    let secret = super::stage_secret_of(&params, ("apps", "data-0"), "pv-a");
+    assert_eq!(secret, Some(("apps".to_string(), "kek-data-0".to_string())));
+    assert_eq!(super::stage_secret_of(&BTreeMap::new(), ("apps", "data-0"), "pv-a"), None, "a class naming no Secret");
+    let rec = record();
+    let plan = decide(HERE, DRIVER, &Seen { record: &rec, pv: None, claim: None, restore_claims: true, stage_secret: secret });
+    let Step::CreatePv(p) = &plan.steps[1] else { panic!("the PV") };
+    let r = p.spec.as_ref().unwrap().csi.as_ref().unwrap().node_stage_secret_ref.clone().expect("the Secret named");
+    assert_eq!((r.namespace.as_deref(), r.name.as_deref()), (Some("apps"), Some("kek-data-0")));
 }
