@@ -206,6 +206,11 @@ pub enum KeyState {
 }
 
 impl Header {
+    /// Its sequence number (a rewrite goes after it).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
     /// The fingerprint of the KEK that opens it, in hex.
     pub fn fingerprint_hex(&self) -> String {
         hex(&self.fingerprint)

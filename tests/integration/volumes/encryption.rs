@@ -302,7 +302,7 @@ fn clones_and_restores_of_an_encrypted_volume_are_encrypted_under_keys_of_their_
         c.ctrl.delete_volume(del_req(&id)).await.expect("the source deleted");
         let restored = c
             .ctrl
-            .create_volume(with_secrets(restore_req("pvc-enc-restored", 64 * MIB, 0, mount_cap("ext4"), &snap.snapshot_id), &[("key", KEY_A)]))
+            .create_volume(with_secrets(restore_req("pvc-enc-restored", 64 * MIB, 0, mount_cap("ext4"), &snap.snapshot_id), &[("key", KEY_B), ("previous-key", KEY_A)]))
             .await
             .expect("restore");
         (clone.into_inner().volume.unwrap().volume_id, restored.into_inner().volume.unwrap().volume_id, snap.snapshot_id)
@@ -311,14 +311,16 @@ fn clones_and_restores_of_an_encrypted_volume_are_encrypted_under_keys_of_their_
     let (_, clone_at, _) = bed.extent(&clone);
     let (_, restored_at, _) = bed.extent(&restored);
     let snap_at = gpt_entries(&drive.dev).into_iter().find(|e| e.uuid.eq_ignore_ascii_case(&snap)).expect("the snapshot's partition").start;
-    let snap_key = volume_key_at(drive, snap_at, &id, KEY_A);
+    // Restored after a rotation (key B, previous key A): the snapshot was rewrapped with
+    // B, the restored volume's key is wrapped with B.
+    let snap_key = volume_key_at(drive, snap_at, &id, KEY_B);
     let clone_key = volume_key_at(drive, clone_at, &clone, KEY_A);
-    let restored_key = volume_key_at(drive, restored_at, &restored, KEY_A);
+    let restored_key = volume_key_at(drive, restored_at, &restored, KEY_B);
     assert_ne!(clone_key, snap_key, "the clone has a key of its own");
     assert_ne!(restored_key, snap_key, "the restored volume has a key of its own");
     assert_ne!(clone_key, restored_key);
-    for v in [&clone, &restored] {
-        let target = bed.stage(v, &[("key", KEY_A)]).expect("stage the copy");
+    for (v, kek) in [(&clone, KEY_A), (&restored, KEY_B)] {
+        let target = bed.stage(v, &[("key", kek)]).expect("stage the copy");
         assert!(read_marker(&target), "the copy holds the source's file");
         bed.unstage(v);
     }

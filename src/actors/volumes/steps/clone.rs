@@ -194,7 +194,16 @@ fn copy_encrypted(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &C
                 }
                 volume_key::KeyState::Unreadable(r) => return Err(VolumeError::EncryptionKey { volume_id: src.id.clone(), reason: format!("its key header cannot be read: {r}") }),
             };
-            let (key, _) = volume_key::unwrap(&h, &keks).map_err(|e| VolumeError::EncryptionKey { volume_id: src.id.clone(), reason: e.to_string() })?;
+            let (key, current) = volume_key::unwrap(&h, &keks).map_err(|e| VolumeError::EncryptionKey { volume_id: src.id.clone(), reason: e.to_string() })?;
+            if !current {
+                // Opened with an earlier key-encryption key: rewrapped with the current
+                // one while the source is not mounted (a snapshot never is), as a stage
+                // does. A mounted source is left for its next stage.
+                if let Ok(f) = volume_key::open_partition(&kp.devnode, kp.devnum) {
+                    volume_key::write(&f, guid, &key, &keks.current, h.seq()).map_err(disk(&id, "rewrap the source's key"))?;
+                    info!(volume.id = %src.id, to = %keks.current.fingerprint_hex(), "the source's key rewrapped with the current key-encryption key");
+                }
+            }
             Some(key)
         }
         None => None,
