@@ -55,8 +55,8 @@ const UNPUBLISH_POINTS: &[&str] = &["unpublish.unmounted"];
 const UNSTAGE_POINTS: &[&str] = &["unstage.unmounted"];
 const DELETE_POINTS: &[&str] = &["delete.intent_saved", "delete.wiped", "delete.partition_hidden", "delete.gpt_removed"];
 /// The points an encrypted volume's lifecycle is killed at: its key made with the
-/// filesystem, added at the mount, removed before the unmount, erased before the wipe.
-const ENCRYPTED_POINTS: &[&str] = &["stage.formatted", "stage.mounted", "unstage.unmounted", "delete.key_erased"];
+/// filesystem, added at the mount, removed before the unmount, erased by the wipe.
+const ENCRYPTED_POINTS: &[&str] = &["stage.formatted", "stage.mounted", "unstage.unmounted", "delete.wiped"];
 /// The key-encryption key of the encrypted cases (the StorageClass's Secret).
 const KEK: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 /// The points of a clone's copy; a clone also passes every create point.
@@ -339,7 +339,11 @@ impl Case {
     fn after_restart(&self, step: Step) {
         if step == Step::Delete {
             let (point, parts, gpt) = (self.point, self.parts(), gpt_entries(&self.drive.dev));
-            let log = || self.agent.log_tail(60);
+            // The warnings and errors of the whole log (the tail is mostly timings).
+            let log = || {
+                let all = self.agent.logs();
+                all.lines().filter(|l| l.contains("\"WARN\"") || l.contains("\"ERROR\"")).collect::<Vec<_>>().join("\n")
+            };
             assert!(parts.is_empty(), "{point}: the restart finished the deletion: kernel partitions {parts:?}; log:\n{}", log());
             assert!(gpt.is_empty(), "{point}: the restart finished the deletion: GPT entries {gpt:?}; log:\n{}", log());
         }

@@ -210,9 +210,18 @@ pub(crate) fn finish_move(store: &Store, src: Option<&DriveLoc>, dst: &DriveLoc,
             }
             // An encrypted volume's old copy of its wrapped key goes before its
             // extent is handed to the cleaner: the key lives on its new drive only.
+            // A partition the kernel dropped meanwhile (udev re-reads a table no
+            // partition of which is open) is found again.
             if rec.encrypted() {
-                let kp = blkpg::ensure_kernel_partition(&src.path, from.start, from.size).map_err(disk(&id, "find the old kernel partition"))?;
-                super::keys::erase(&id, &kp)?;
+                let mut tries = 0;
+                loop {
+                    let kp = blkpg::ensure_kernel_partition(&src.path, from.start, from.size).map_err(disk(&id, "find the old kernel partition"))?;
+                    match super::keys::erase(&id, &kp) {
+                        Ok(()) => break,
+                        Err(_) if tries < 3 => tries += 1,
+                        Err(e) => return Err(e),
+                    }
+                }
             }
             blkpg::remove_kernel_partition(&src.path, from.start).map_err(disk(&id, "remove the old kernel partition"))?;
             gpt::remove_partition(&src.path, src.sector, rec.part_guid).map_err(disk(&id, "remove the old partition"))?;

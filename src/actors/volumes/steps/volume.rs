@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use super::clone::CloneFrom;
 use super::node::{backing, Backing};
-use super::{disk, keys, save, Outcome};
+use super::{disk, save, Outcome};
 use crate::actors::volumes::book::Guards;
 use crate::actors::volumes::error::VolumeError;
 use crate::actors::volumes::model::{next, Op, VolumeRecord};
@@ -151,14 +151,10 @@ pub(crate) fn delete_steps(store: &Store, guards: &Arc<Guards>, drive: Option<&D
             if blkpg::is_read_only(&kp.devnode) {
                 blkpg::set_read_only(&kp.devnode, false).map_err(disk(&rec.id, "mark the partition writable"))?;
             }
-            // Crypto-erase first: an encrypted volume's wrapped key is destroyed and
-            // synced before anything else, so its bytes are ciphertext no key opens
-            // however the rest goes (the wipe below zeroes it again).
-            if rec.encrypted() {
-                keys::erase(&rec.id, &kp)?;
-                crash_point!("delete.key_erased");
-            }
-            // Durable with the GPT commit below, which flushes the disk.
+            // Durable with the GPT commit below, which flushes the disk. Its first write
+            // is the partition's first MiB: for an encrypted volume that is the
+            // crypto-erase, its wrapped key destroyed before anything else changes (a
+            // kill after it leaves ciphertext no key opens; the retry finishes).
             fs::wipe_signatures_direct(&kp.devnode).map_err(disk(&rec.id, "wipe the partition"))?;
         }
         crash_point!("delete.wiped");
