@@ -1,7 +1,8 @@
 //! An encrypted volume's key in its steps: made at the first stage, opened (and
 //! rewrapped after a key-encryption key rotation) at every stage, added to the mounted
 //! filesystem with its data directory encrypted, removed at unstage, and destroyed
-//! (crypto-erase) before a delete or a move lets its partition go.
+//! (crypto-erase) before a move lets its old partition go (a delete's wipe, whose first
+//! write is the partition's first MiB, destroys it there).
 //!
 //! Rules:
 //! - the key-encryption keys come with the call (the StorageClass's Secret, which
