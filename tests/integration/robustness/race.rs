@@ -158,8 +158,12 @@ fn symlink_swaps_raced_against_every_path_call_never_reach_outside_the_root() {
                 pause ^= pause << 5;
                 std::thread::sleep(std::time::Duration::from_micros(u64::from(pause & 0xff)));
             }
-            // Put the real entries back in place.
-            for (at, spare, to, dir) in &pairs {
+            // Put the real entries back in place: parents before what lies beneath them
+            // (mending a name beneath a parent still swapped would act through the
+            // symlink), twice over, so an entry the first pass found missing is made.
+            let mut back: Vec<&(PathBuf, PathBuf, PathBuf, bool)> = pairs.iter().collect();
+            back.sort_by_key(|(at, ..)| at.components().count());
+            for (at, spare, to, dir) in back.iter().copied().chain(back.iter().copied()) {
                 mend(at, spare, to, *dir);
                 if is_link(at) == Some(true) {
                     if !exchange(at, spare) {
