@@ -129,8 +129,11 @@ pub struct Keks {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KekError {
     /// The call carried no Secret, or one without `key`.
-    #[error("no key-encryption key was given: the StorageClass must name a Secret (csi.storage.k8s.io/node-stage-secret-name and -namespace, and for clones and restores csi.storage.k8s.io/provisioner-secret-name and -namespace) whose entry \"{SECRET_KEY}\" holds 32 random bytes in base64 or hex")]
-    Missing,
+    #[error("no key-encryption key was given: the StorageClass must name a Secret (csi.storage.k8s.io/{kind}-secret-name and -namespace) whose entry \"{SECRET_KEY}\" holds 32 random bytes in base64 or hex")]
+    Missing {
+        /// Which of the class's secrets the call gets: `node-stage` or `provisioner`.
+        kind: &'static str,
+    },
     /// An entry that is not a key.
     #[error("the Secret's entry {entry:?} {reason}")]
     Malformed {
@@ -363,6 +366,14 @@ pub fn open_partition(devnode: &std::path::Path, devnum: (u32, u32)) -> Result<F
         return Err(DiskError::invalid(format!("{} is not the volume's partition {}:{}", devnode.display(), devnum.0, devnum.1)));
     }
     Ok(f)
+}
+
+/// Whether the partition `f` starts with a key header (valid or not): an encrypted
+/// volume's, or a snapshot of one.
+pub fn present(f: &File) -> std::io::Result<bool> {
+    let mut b = [0u8; 8];
+    f.read_exact_at(&mut b, 0)?;
+    Ok(&b == MAGIC)
 }
 
 /// Reads the header of volume `volume` from its partition `f`.

@@ -49,6 +49,13 @@ pub struct CreateVolume {
     pub secrets: Secrets,
 }
 
+impl CreateVolume {
+    /// Whether its StorageClass asks for encryption (`drivelet.io/encryption: fscrypt`).
+    pub fn encrypting(&self) -> bool {
+        crate::words::encryption::Encryption::of(self.parameters.iter()) == crate::words::encryption::Encryption::Fscrypt
+    }
+}
+
 /// Command: copy a volume's data into a snapshot of this name (or return the snapshot
 /// of the name, taken of the same volume).
 #[derive(Message, Debug, Clone)]

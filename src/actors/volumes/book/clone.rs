@@ -31,11 +31,6 @@ use crate::words::DriveLoc;
 pub(crate) const ENCRYPTED_COPY: &str = "it is encrypted (drivelet.io/encryption: fscrypt), and a copy of it is encrypted too: \
 ask for the clone with a StorageClass that has drivelet.io/encryption: fscrypt (drivelet never makes a plaintext copy of an encrypted volume)";
 
-/// Whether the create `m` asks for an encrypted volume.
-fn encrypting(m: &CreateVolume) -> bool {
-    crate::words::encryption::Encryption::of(m.parameters.iter()) == crate::words::encryption::Encryption::Fscrypt
-}
-
 impl VolumeBook {
     /// The source of a clone `m` asks for, with its drive, if it can be copied now.
     pub(crate) fn clone_source(&self, source_id: &str, m: &CreateVolume) -> Result<(VolumeRecord, DriveLoc), VolumeError> {
@@ -63,7 +58,7 @@ impl VolumeBook {
         if src.lost {
             return Err(crate::actors::volumes::conditions::lost(src));
         }
-        if src.encrypted() && !encrypting(m) {
+        if src.encrypted() && !m.encrypting() {
             return Err(incompatible(ENCRYPTED_COPY.into()));
         }
         if src.block != m.block && !src.rebuilt {
@@ -119,7 +114,7 @@ impl VolumeBook {
                 src.drive_id, d.health.reason
             )));
         }
-        if src.encrypted() && !encrypting(m) {
+        if src.encrypted() && !m.encrypting() {
             return Err(unusable(format!("it is a snapshot of an encrypted volume, so {}", ENCRYPTED_COPY.trim_start_matches("it is encrypted (drivelet.io/encryption: fscrypt), and "))));
         }
         if src.block != m.block {

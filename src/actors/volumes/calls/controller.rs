@@ -29,8 +29,7 @@ impl Handler<CreateVolume> for VolumeManager {
     fn handle(&mut self, m: CreateVolume, _: &mut Context<Self>) -> Self::Result {
         // An encrypting class on a node whose kernel cannot encrypt ext4: said at once,
         // not at the first stage of a volume made for nothing.
-        let encrypting = crate::words::encryption::Encryption::of(m.parameters.iter()) == crate::words::encryption::Encryption::Fscrypt;
-        if encrypting && !crate::disk::fscrypt::supported() {
+        if m.encrypting() && !crate::disk::fscrypt::supported() {
             return reply(Err(VolumeError::EncryptionKey {
                 volume_id: m.name.clone(),
                 reason: format!("this node's kernel cannot encrypt ext4 ({} is absent): use a StorageClass without drivelet.io/encryption here", crate::disk::fscrypt::EXT4_FEATURE),

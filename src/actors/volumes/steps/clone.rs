@@ -135,11 +135,8 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
 
 /// Whether the partition `kp` starts with an encrypted volume's key header.
 fn src_key_header(kp: &blkpg::KernelPartition) -> Result<bool, VolumeError> {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(&kp.devnode).map_err(|e| disk("source", "read the source's first KiB")(DiskError::Io { what: kp.devnode.display().to_string(), source: e }))?;
-    let mut b = [0u8; 8];
-    f.read_exact_at(&mut b, 0).map_err(|e| disk("source", "read the source's first KiB")(DiskError::Io { what: kp.devnode.display().to_string(), source: e }))?;
-    Ok(&b == b"DRVLKEY1")
+    let read = || volume_key::present(&std::fs::File::open(&kp.devnode)?);
+    read().map_err(|e| disk("source", "read the source's first KiB")(DiskError::Io { what: kp.devnode.display().to_string(), source: e }))
 }
 
 /// Copies the source's key header (its first KiB) onto the snapshot `dst`, synced.
@@ -176,35 +173,13 @@ fn copy_encrypted(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &C
             reason: format!("it holds {}, and an encrypted copy is ext4 (fscrypt is ext4's)", src.fs_type),
         });
     }
-    let keks = super::keys::keks(&id, &from.secrets).map_err(|e| match e {
-        VolumeError::EncryptionKey { volume_id, reason } => VolumeError::EncryptionKey {
-            volume_id,
-            reason: reason.replace("csi.storage.k8s.io/node-stage-secret-name and -namespace, and for clones and restores ", ""),
-        },
-        other => other,
-    })?;
+    let keks = super::keys::keks(&id, &from.secrets, "provisioner")?;
+    // Opened as a stage opens it (and rewrapped after a rotation, unless the source is
+    // staged, so mounted: a snapshot never is).
     let src_key = match key_of {
         Some(owner) => {
-            let f = std::fs::File::open(&kp.devnode).map_err(|e| disk(&id, "read the source's key header")(DiskError::Io { what: kp.devnode.display().to_string(), source: e }))?;
-            let guid = uuid::Uuid::parse_str(owner).map_err(|_| VolumeError::SourceIncompatible { source_id: src.id.clone(), reason: "its key header names no volume id".into() })?;
-            let h = match volume_key::read(&f, guid).map_err(disk(&id, "read the source's key header"))? {
-                volume_key::KeyState::Key(h) => h,
-                volume_key::KeyState::Absent => {
-                    return Err(VolumeError::EncryptionKey { volume_id: src.id.clone(), reason: "its partition holds no key (it was erased)".into() })
-                }
-                volume_key::KeyState::Unreadable(r) => return Err(VolumeError::EncryptionKey { volume_id: src.id.clone(), reason: format!("its key header cannot be read: {r}") }),
-            };
-            let (key, current) = volume_key::unwrap(&h, &keks).map_err(|e| VolumeError::EncryptionKey { volume_id: src.id.clone(), reason: e.to_string() })?;
-            if !current {
-                // Opened with an earlier key-encryption key: rewrapped with the current
-                // one while the source is not mounted (a snapshot never is), as a stage
-                // does. A mounted source is left for its next stage.
-                if let Ok(f) = volume_key::open_partition(&kp.devnode, kp.devnum) {
-                    volume_key::write(&f, guid, &key, &keks.current, h.seq()).map_err(disk(&id, "rewrap the source's key"))?;
-                    info!(volume.id = %src.id, to = %keks.current.fingerprint_hex(), "the source's key rewrapped with the current key-encryption key");
-                }
-            }
-            Some(key)
+            let owner = uuid::Uuid::parse_str(owner).map_err(|_| VolumeError::SourceIncompatible { source_id: src.id.clone(), reason: "its key header names no volume id".into() })?;
+            Some(super::keys::open_bound(&src.id, owner, kp, &keks, src.staging.is_some())?)
         }
         None => None,
     };

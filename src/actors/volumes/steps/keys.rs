@@ -40,13 +40,14 @@ fn guid(rec: &VolumeRecord) -> Result<Uuid, VolumeError> {
 
 /// The key-encryption keys a call carries for the encrypted volume `id`: an error in
 /// words when there are none or one is malformed (checked before anything changes).
-pub(crate) fn keks(id: &str, secrets: &Secrets) -> Result<Keks, VolumeError> {
+/// `kind` names the class's secret the call gets (`node-stage` or `provisioner`).
+pub(crate) fn keks(id: &str, secrets: &Secrets, kind: &'static str) -> Result<Keks, VolumeError> {
     if !fscrypt::supported() {
         return Err(refused(id, format!("this node's kernel cannot encrypt ext4 ({} is absent)", fscrypt::EXT4_FEATURE)));
     }
     match Keks::from_secrets(&secrets.0) {
         Ok(Some(k)) => Ok(k),
-        Ok(None) => Err(refused(id, volume_key::KekError::Missing.to_string())),
+        Ok(None) => Err(refused(id, volume_key::KekError::Missing { kind }.to_string())),
         Err(e) => Err(VolumeError::InvalidArgument { reason: format!("volume {id}: {e}") }),
     }
 }
@@ -65,13 +66,18 @@ pub(crate) fn make(rec: &VolumeRecord, kp: &KernelPartition, keks: &Keks) -> Res
 /// Opens the key of a volume formatted before. `mounted`: the filesystem is mounted
 /// already (the header is then only read, not rewrapped).
 pub(crate) fn open(rec: &VolumeRecord, kp: &KernelPartition, keks: &Keks, mounted: bool) -> Result<VolumeKey, VolumeError> {
-    let id = &rec.id;
+    open_bound(&rec.id, guid(rec)?, kp, keks, mounted)
+}
+
+/// [`open`] of the header in `kp` bound to the volume `owner` (a snapshot's header is
+/// its volume's), errors naming `id`.
+pub(crate) fn open_bound(id: &str, owner: Uuid, kp: &KernelPartition, keks: &Keks, mounted: bool) -> Result<VolumeKey, VolumeError> {
     let f = if mounted {
         std::fs::File::open(&kp.devnode).map_err(|e| refused(id, format!("cannot read its partition {}: {e}", kp.devnode.display())))?
     } else {
         volume_key::open_partition(&kp.devnode, kp.devnum).map_err(disk_err(id, "open the partition for its key"))?
     };
-    let state = volume_key::read(&f, guid(rec)?).map_err(disk_err(id, "read its key header"))?;
+    let state = volume_key::read(&f, owner).map_err(disk_err(id, "read its key header"))?;
     let h = match &state {
         KeyState::Key(h) => h,
         KeyState::Absent => {
@@ -81,7 +87,7 @@ pub(crate) fn open(rec: &VolumeRecord, kp: &KernelPartition, keks: &Keks, mounte
     };
     let (key, current) = volume_key::unwrap(h, keks).map_err(|e| refused(id, e.to_string()))?;
     if !current && !mounted {
-        volume_key::write(&f, guid(rec)?, &key, &keks.current, volume_key::seq_of(&state)).map_err(disk_err(id, "rewrap its key"))?;
+        volume_key::write(&f, owner, &key, &keks.current, volume_key::seq_of(&state)).map_err(disk_err(id, "rewrap its key"))?;
         info!(volume.id = %id, from = %h.fingerprint_hex(), to = %keks.current.fingerprint_hex(), "volume key rewrapped with the current key-encryption key");
     }
     Ok(key)

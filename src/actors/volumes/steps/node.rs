@@ -240,7 +240,7 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
     }
     // An encrypted volume's key-encryption keys, checked before anything changes.
     let encrypted = rec.encrypted() && !a.block && matches!(b, Backing::Partition(_));
-    let keks = if encrypted { Some(keys::keks(&id, &a.secrets).map_err(|e| (e, None))?) } else { None };
+    let keks = if encrypted { Some(keys::keks(&id, &a.secrets, "node-stage").map_err(|e| (e, None))?) } else { None };
     rec.staging = Some(Staging { path: a.path.clone(), block: a.block, flags: a.flags.clone(), readonly: a.readonly, done: false });
     save(store, &rec).map_err(|e| (e, None))?;
     crash_point!("stage.intent_saved");
