@@ -198,6 +198,7 @@ fn make_drives(dir: &Path, volumes: usize, drives: usize) -> (Vec<PathBuf>, Vec<
                 adopted: None,
                 lost: false,
                 clone_of: None,
+                copied_in_use: None,
                 restored_from: None,
                 snapshot: None,
                 moving: None,

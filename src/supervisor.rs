@@ -31,7 +31,7 @@ use tracing::info;
 
 use crate::actors::health_poller::HealthPoller;
 use crate::actors::inventory::DriveInventory;
-use crate::actors::volumes::{SubscribeConditions, SubscribeMoves};
+use crate::actors::volumes::{SubscribeClones, SubscribeConditions, SubscribeMoves};
 use crate::actors::volumes::VolumeManager;
 use crate::config::Config;
 use crate::grpc::registration::{Registrar, RegistrationService, RegistrationState};
@@ -40,6 +40,7 @@ use crate::k8s::attach::{AttachQueue, ManagerBackend, QueueConfig};
 use crate::k8s::shell::RetryPolicy;
 use crate::k8s::drives::DriveSync;
 use crate::k8s::duties;
+use crate::k8s::events::clones::CloneEvents;
 use crate::k8s::events::moved::MoveEvents;
 use crate::k8s::events::{ConditionEvents, ConditionReporter};
 use crate::k8s::identity::Identity;
@@ -172,6 +173,9 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Kube
         let (c, id) = (client.clone(), identity.clone());
         let moves = Supervisor::start(move |_| MoveEvents::new(c, id));
         actors.volumes.do_send(SubscribeMoves(moves.recipient()));
+        let (c, id) = (client.clone(), identity.clone());
+        let clones = Supervisor::start(move |_| CloneEvents::new(c, id));
+        actors.volumes.do_send(SubscribeClones(clones.recipient()));
     }
     if k.drive_objects {
         let (c, node, inv, vols, resync) =

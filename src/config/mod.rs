@@ -270,9 +270,11 @@ pub struct VolumesConfig {
     /// (size string): what a restart zeroes again at most.
     #[serde(deserialize_with = "de_size")]
     pub cleaning_step: u64,
-    /// The longest a snapshot may hold a frozen filesystem's writers (a snapshot class
-    /// with `drivelet.io/freeze: "true"`): past it the filesystem is thawed and the
-    /// snapshot fails, never torn.
+    /// The longest a snapshot (a snapshot class with `drivelet.io/freeze: "true"`) or a
+    /// clone of a volume in use (unless its StorageClass sets
+    /// `drivelet.io/clone-freeze-limit`) may hold a frozen filesystem's writers: a copy
+    /// estimated longer is refused before the freeze, and past the limit the filesystem
+    /// is thawed and the copy fails, never torn.
     #[serde(deserialize_with = "de_duration")]
     pub freeze_limit: Duration,
 }

@@ -95,6 +95,42 @@ pub(crate) fn drop_cache(dev: &Path) -> Result<(), DiskError> {
     Ok(())
 }
 
+/// How many bytes a second `dev` reads from the disk itself: 16 reads of 1 MiB spread
+/// over it, `O_DIRECT` (no cache, no read-ahead), timed. What a copy of it can expect,
+/// measured in a few milliseconds; at least 1 byte a second.
+pub(crate) fn read_rate(dev: &Path) -> Result<u64, DiskError> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const CHUNK: usize = 1 << 20;
+    const SAMPLES: u64 = 16;
+    const PAGE: usize = 4096;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(dev)
+        .map_err(DiskError::io(format!("open {} (O_DIRECT)", dev.display())))?;
+    let len = fs::size_of_open(dev, &f)?;
+    let mut buf = vec![0u8; CHUNK + PAGE];
+    let at = buf.as_ptr().align_offset(PAGE).min(PAGE);
+    let chunk = &mut buf[at..at + CHUNK];
+    let chunks = len / CHUNK as u64;
+    let began = std::time::Instant::now();
+    let mut read = 0u64;
+    for i in 0..SAMPLES.min(chunks) {
+        let off = i * (chunks / SAMPLES.min(chunks)) * CHUNK as u64;
+        f.read_exact_at(chunk, off).map_err(DiskError::io(format!("read {} at byte {off}", dev.display())))?;
+        read += CHUNK as u64;
+    }
+    let secs = began.elapsed().as_secs_f64().max(1e-6);
+    Ok(((read as f64 / secs) as u64).max(1))
+}
+
+/// How long a copy of `used` bytes takes at `rate` bytes a second of reading: each
+/// byte read and written (the copy may share the drive), and a tenth of a second for
+/// the tools and the flushes.
+pub(crate) fn estimate(used: u64, rate: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(100) + std::time::Duration::from_secs_f64(used as f64 * 2.0 / rate.max(1) as f64)
+}
+
 /// The filesystem UUID on a device (`blkid -p`), if it has one.
 pub(crate) fn fs_uuid(dev: &Path) -> Result<Option<String>, DiskError> {
     let out = fs::run("blkid", Command::new("blkid").arg("-p").arg("-o").arg("export").arg(dev))?;

@@ -491,7 +491,7 @@ mod sys {
     );
 }
 
-fn size_of_open(dev: &Path, file: &File) -> Result<u64, DiskError> {
+pub(crate) fn size_of_open(dev: &Path, file: &File) -> Result<u64, DiskError> {
     let mut size: u64 = 0;
     // SAFETY: the fd is open for the whole call and BLKGETSIZE64 writes one u64 into
     // `size`, which lives on this stack frame.

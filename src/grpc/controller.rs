@@ -158,8 +158,16 @@ pub(crate) fn context_of(rec: &VolumeRecord) -> HashMap<String, String> {
     if !rec.block && !rec.fs_type.is_empty() {
         c.insert("drivelet.io/fs".to_string(), rec.fs_type.clone());
     }
+    // A clone of a volume in use says how its copy was made (frozen, or
+    // crash-inconsistent), so the PV shows it.
+    if let Some(how) = rec.copied_in_use {
+        c.insert(CLONE_CONSISTENCY.to_string(), how.as_str().to_string());
+    }
     c
 }
+
+/// The volume attribute of a clone of a volume in use: `frozen` or `crash-inconsistent`.
+pub(crate) const CLONE_CONSISTENCY: &str = "drivelet.io/clone-consistency";
 
 #[tonic::async_trait]
 impl Controller for ControllerService {

@@ -13,6 +13,14 @@
 //!   data under a key of its own (wrapped by the key-encryption key of the Secret the
 //!   class names as its node-stage secret); `none` or absent is plaintext. Block and
 //!   xfs volumes of such a class are refused at CreateVolume.
+//! - `drivelet.io/clone-in-use` ([`CLONE_IN_USE`]): `freeze` (default) or `refuse`, what
+//!   a clone of a filesystem volume mounted read-write does (its filesystem frozen for
+//!   a consistent copy, or the clone refused until no pod writes to it);
+//!   `drivelet.io/clone-in-use-block` ([`CLONE_IN_USE_BLOCK`]): `refuse` (default) or
+//!   `crash-inconsistent`, the same for a block volume a pod writes to (nothing to
+//!   freeze: copied as it is written, the clone marked so); `drivelet.io/clone-freeze-limit`
+//!   ([`CLONE_FREEZE_LIMIT`]): the longest a clone may freeze its source's writers, a
+//!   duration from `1ms` to `10m` (default: the node's `volumes.freeze_limit`).
 //!
 //! Keys with the `csi.storage.k8s.io/` prefix belong to Kubernetes and are ignored;
 //! any other key is an error, so a typo in a StorageClass is caught at once.
@@ -21,6 +29,7 @@ use std::collections::HashMap;
 
 use super::proto::csi;
 use super::status::{echo, FrontError};
+use crate::words::clone_in_use::{BlockCloneInUse, CloneInUse, CLONE_FREEZE_LIMIT, CLONE_IN_USE, CLONE_IN_USE_BLOCK};
 use crate::words::encryption::{Encryption, ENCRYPTION};
 use crate::words::on_node_deleted::{OnNodeDeleted, ON_NODE_DELETED};
 use crate::words::{LayoutKind, Media};
@@ -36,12 +45,18 @@ pub struct VolumeParams {
     pub on_node_deleted: OnNodeDeleted,
     /// Encryption at rest.
     pub encryption: Encryption,
+    /// The longest a clone of a volume in use may freeze its writers, when the class
+    /// says.
+    pub clone_freeze_limit: Option<std::time::Duration>,
 }
+
+/// The longest freeze a class may allow a clone.
+pub const MAX_CLONE_FREEZE: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl VolumeParams {
     /// Parses a parameter map.
     pub fn parse(params: &HashMap<String, String>) -> Result<VolumeParams, FrontError> {
-        let mut out = VolumeParams { media: None, layout: LayoutKind::Partition, on_node_deleted: OnNodeDeleted::KeepClaims, encryption: Encryption::None };
+        let mut out = VolumeParams { media: None, layout: LayoutKind::Partition, on_node_deleted: OnNodeDeleted::KeepClaims, encryption: Encryption::None, clone_freeze_limit: None };
         let mut keys: Vec<&String> = params.keys().collect();
         keys.sort();
         for k in keys {
@@ -65,6 +80,16 @@ impl VolumeParams {
                 }
                 ENCRYPTION => {
                     out.encryption = Encryption::parse(v).ok_or_else(|| bad(ENCRYPTION, v, "fscrypt or none"))?;
+                }
+                CLONE_IN_USE => {
+                    CloneInUse::parse(v).ok_or_else(|| bad(CLONE_IN_USE, v, CloneInUse::VALUES))?;
+                }
+                CLONE_IN_USE_BLOCK => {
+                    BlockCloneInUse::parse(v).ok_or_else(|| bad(CLONE_IN_USE_BLOCK, v, BlockCloneInUse::VALUES))?;
+                }
+                CLONE_FREEZE_LIMIT => {
+                    let d = crate::config::parse_duration(v).ok().filter(|d| !d.is_zero() && *d <= MAX_CLONE_FREEZE);
+                    out.clone_freeze_limit = Some(d.ok_or_else(|| bad(CLONE_FREEZE_LIMIT, v, "a duration from 1ms to 10m, such as 500ms, 10s or 2m"))?);
                 }
                 k if k.starts_with("csi.storage.k8s.io/") => {}
                 other => return Err(FrontError::UnknownParameter { key: other.to_string() }),
@@ -157,10 +182,10 @@ mod tests {
     #[test]
     fn parameters_parse_and_typos_are_rejected() {
         let keep = OnNodeDeleted::KeepClaims;
-        assert_eq!(VolumeParams::parse(&params(&[])).unwrap(), VolumeParams { media: None, layout: LayoutKind::Partition, on_node_deleted: keep, encryption: Encryption::None });
+        assert_eq!(VolumeParams::parse(&params(&[])).unwrap(), VolumeParams { media: None, layout: LayoutKind::Partition, on_node_deleted: keep, encryption: Encryption::None, clone_freeze_limit: None });
         assert_eq!(
             VolumeParams::parse(&params(&[("media", "ssd"), ("layout", "drive"), ("csi.storage.k8s.io/pv/name", "x")])).unwrap(),
-            VolumeParams { media: Some(Media::Ssd), layout: LayoutKind::Drive, on_node_deleted: keep, encryption: Encryption::None }
+            VolumeParams { media: Some(Media::Ssd), layout: LayoutKind::Drive, on_node_deleted: keep, encryption: Encryption::None, clone_freeze_limit: None }
         );
         for bad in [&[("media", "tape")][..], &[("layout", "stripe")], &[("meda", "ssd")]] {
             let e = VolumeParams::parse(&params(bad)).unwrap_err().to_string();
@@ -190,6 +215,27 @@ mod tests {
         assert_eq!(VolumeParams::parse(&params(&[(ENCRYPTION, "none")])).unwrap().encryption, Encryption::None);
         let e = VolumeParams::parse(&params(&[(ENCRYPTION, "luks")])).unwrap_err().to_string();
         assert!(e.contains(ENCRYPTION) && e.contains("luks") && e.contains("fscrypt"), "{e}");
+    }
+
+    #[test]
+    fn the_clone_in_use_parameters_take_their_values_and_name_a_bad_one() {
+        let ok = |kv: &[(&str, &str)]| VolumeParams::parse(&params(kv)).unwrap();
+        assert_eq!(ok(&[(CLONE_IN_USE, "freeze"), (CLONE_IN_USE_BLOCK, "crash-inconsistent")]).clone_freeze_limit, None);
+        ok(&[(CLONE_IN_USE, "refuse"), (CLONE_IN_USE_BLOCK, "refuse")]);
+        assert_eq!(ok(&[(CLONE_FREEZE_LIMIT, "2500ms")]).clone_freeze_limit, Some(std::time::Duration::from_millis(2500)));
+        assert_eq!(ok(&[(CLONE_FREEZE_LIMIT, "10m")]).clone_freeze_limit, Some(MAX_CLONE_FREEZE));
+        for (key, bad, allowed) in [
+            (CLONE_IN_USE, "snapshot", "freeze or refuse"),
+            (CLONE_IN_USE_BLOCK, "freeze", "refuse or crash-inconsistent"),
+            (CLONE_FREEZE_LIMIT, "0s", "from 1ms to 10m"),
+            (CLONE_FREEZE_LIMIT, "11m", "from 1ms to 10m"),
+            (CLONE_FREEZE_LIMIT, "ten", "from 1ms to 10m"),
+        ] {
+            let e = VolumeParams::parse(&params(&[(key, bad)])).unwrap_err();
+            assert!(matches!(e, FrontError::BadParameter { .. }), "{e}");
+            let text = e.to_string();
+            assert!(text.contains(key) && text.contains(bad) && text.contains(allowed), "{text}");
+        }
     }
 
     fn cap(mode: i32, t: Option<AccessType>) -> csi::VolumeCapability {

@@ -230,6 +230,7 @@ impl From<FrontError> for Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actors::volumes::error::InUse;
 
     #[test]
     fn each_error_maps_to_its_csi_code_with_a_plain_message() {
@@ -376,9 +377,29 @@ mod tests {
                 "cannot clone volume v1: it is a block volume",
             ),
             (
-                VolumeError::SourceInUse { source_id: id(), path: "/s".into() },
+                VolumeError::SourceInUse { source_id: id(), path: "/s".into(), why: InUse::Refused },
                 Code::FailedPrecondition,
-                "cannot clone volume v1 now: it is mounted read-write at /s",
+                "cannot clone volume v1 now: it is mounted read-write at /s, and its StorageClass says drivelet.io/clone-in-use: refuse; the clone is made once no pod writes to it",
+            ),
+            (
+                VolumeError::SourceInUse { source_id: id(), path: "/t".into(), why: InUse::Block },
+                Code::FailedPrecondition,
+                "cannot clone block volume v1 now: a pod writes to it at /t, and a block volume has no filesystem drivelet could freeze",
+            ),
+            (
+                VolumeError::SourceInUse { source_id: id(), path: "/t".into(), why: InUse::Encrypted },
+                Code::FailedPrecondition,
+                "cannot clone encrypted volume v1 now: it is mounted read-write at /t",
+            ),
+            (
+                VolumeError::SourceInUse { source_id: id(), path: "/s".into(), why: InUse::TooLong { used: 3 << 30, estimate_millis: 14_200, limit_millis: 10_000 } },
+                Code::FailedPrecondition,
+                "copying the 3.0 GiB its filesystem uses would freeze its writers for about 14 s, longer than the 10 s allowed",
+            ),
+            (
+                VolumeError::FreezeExpired { volume_id: id(), limit_millis: 2_000, clone: true },
+                Code::FailedPrecondition,
+                "cannot clone volume v1: the copy needed longer than the freeze limit of 2.0 s, so its filesystem was thawed and the copy discarded; raise drivelet.io/clone-freeze-limit",
             ),
             (
                 VolumeError::CloneTooSmall { source_id: id(), source_size: 1 << 30, limit: 512 << 20 },

@@ -34,6 +34,7 @@
 //!   | `drives` (the `DriveSync` actor) | own actor: one watch of this node's Drive objects, debounced writes from the local actors' state, retried with the shell's `RetryPolicy` | what it writes is the inventory's and the volume manager's state, not a reconcile of watched objects by key (see its module doc) |
 //!   | `events::ConditionEvents` | actor fed by the volume manager's notifications | nothing is watched: each notification is a report, rate-gated per volume and best effort (retried once), not a key reconciled until done |
 //!   | `events::moved::MoveEvents` | actor fed by the volume manager's notifications | as the condition Events: a notification in, one or two Events out, best effort |
+//!   | `events::clones::CloneEvents` | actor fed by the volume manager's notifications | as the moves' Events: a notification in, one Event out (a refusal once per claim), best effort |
 //!   | `duties::controller` | one task on a timer, behind a Lease election | only the elected agent acts, on the Lease's clock; a round decides over whole lists (every Node against every PV, attachment, Drive, claim), not per key; a clean shutdown gives the Lease up |
 //!   | `duties::returned::run` | spawned task: once at start, then on a timer | one key of one ConfigMap, read at start and rechecked; nothing to watch cluster-wide |
 //!   | `rehome::executor::run` | spawned task: asks the volume manager on a tick, a pass on change | its input is the volume manager's list of served volumes; a pass GETs the few PVs and claims it names, nothing is listed cluster-wide |

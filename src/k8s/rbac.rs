@@ -88,7 +88,8 @@ pub const PERMISSIONS: &[Permission] = &[
                   k8s::rehome::executor::Executor (gets the claim of each volume this node serves; creates one that is \
                   gone when its drive's adoption asks to restore claims); \
                   k8s::duties::claim_executor::ClaimExecutor (lists claims; patches a waiting one's selected-node and \
-                  drivelet.io/waiting-reason annotations)",
+                  drivelet.io/waiting-reason annotations); k8s::events::clones::CloneEvents (gets a clone's claim, for \
+                  its Event)",
     },
     Permission {
         scope: Scope::Cluster,

@@ -5,6 +5,9 @@
 //! every layer may import it without an import pointing the wrong way; a new value that
 //! more than one layer names belongs here, one file per word.
 
+/// What a clone of a volume in use does (StorageClass parameters: freeze, refuse,
+/// crash-inconsistent for block).
+pub mod clone_in_use;
 /// What drivelet may do with a drive (managed, system, foreign, excluded).
 pub mod drive_class;
 /// A drive's health verdict (good, unknown, suspect, bad).

@@ -128,7 +128,7 @@ fn main() {
         ("claims used by pods: ext4, xfs with fsGroup, block, ReadWriteOncePod, a second pod", journey_claims),
         ("drivelet pod deleted, then a rolling update, with volumes in use", journey_restart),
         ("pods and a claim deleted: detach, finalizers, mounts, partition, capacity", journey_delete),
-        ("claims cloned from claims: refused while written, then the data copied (ext4, block)", clone::journey_clone),
+        ("claims cloned while pods write to them: ext4 and xfs frozen, consistent prefixes, clean; block refused once in words, then copied", clone::journey_clone),
         ("snapshots: refused in use, frozen, restored (ext4, xfs, block) after source deletion and a restart; space freed", snapshots::journey_snapshots),
         ("claims: Immediate with allowedTopologies provisioned on the real node, its pod Running there; waiting claims warned why", claims::journey_claims_waiting),
         ("encryption: an encrypted class's claim leaves only ciphertext on its drive and its delete leaves no key; a block claim refused", encryption::journey_encryption),

@@ -60,7 +60,7 @@ use crate::config::{human_bytes, VolumesConfig};
 use crate::disk::gpt;
 
 pub(crate) use self::claim::Guards;
-pub(crate) use self::clone::ENCRYPTED_COPY;
+pub(crate) use self::clone::{InUsePlan, Source, ENCRYPTED_COPY};
 pub(crate) use self::claim::Claim;
 pub(crate) use self::cleaning::Dirty;
 pub(crate) use self::create::{CreateCall, CreateStart};

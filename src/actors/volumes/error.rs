@@ -374,16 +374,17 @@ pub enum VolumeError {
         /// What its partition holds.
         found: Option<String>,
     },
-    /// The source is mounted read-write: a copy taken now would not be consistent.
-    #[error(
-        "cannot clone volume {source_id} now: it is mounted read-write at {}, and a copy of a filesystem being written is not consistent; clone it once nothing writes to it (unpublished and unstaged, or staged read-only)",
-        path.display()
-    )]
+    /// The source is in use, and its clone's class says not to copy it now (or the
+    /// copy would freeze its writers too long): a copy taken now would not be
+    /// consistent, or not within the limit.
+    #[error("{}", in_use_words(source_id, path, why))]
     SourceInUse {
         /// The source.
         source_id: String,
         /// Where it is mounted read-write.
         path: PathBuf,
+        /// Why it is not copied now.
+        why: InUse,
     },
     /// The capacity range leaves no room for the source's data.
     #[error(
@@ -446,14 +447,22 @@ pub enum VolumeError {
     /// A copy under a freeze took longer than the freeze limit: the filesystem was
     /// thawed at the limit and the copy discarded.
     #[error(
-        "cannot snapshot volume {volume_id}: the copy needed longer than the freeze limit of {}, so its filesystem was thawed and the copy discarded; raise volumes.freeze_limit or stop the pods using it",
-        format!("{:.1} s", *limit_millis as f64 / 1000.0)
+        "cannot {} volume {volume_id}: the copy needed longer than the freeze limit of {}, so its filesystem was thawed and the copy discarded; {}",
+        if *clone { "clone" } else { "snapshot" },
+        format!("{:.1} s", *limit_millis as f64 / 1000.0),
+        if *clone {
+            "raise drivelet.io/clone-freeze-limit on the StorageClass (or the node's volumes.freeze_limit), or stop the pods using it and the clone is made without a freeze"
+        } else {
+            "raise volumes.freeze_limit or stop the pods using it"
+        }
     )]
     FreezeExpired {
         /// The source volume.
         volume_id: String,
         /// The limit, milliseconds.
         limit_millis: u64,
+        /// A clone's copy (else a snapshot's).
+        clone: bool,
     },
     /// A new attachment of a volume whose drive is being evacuated: it moves first.
     #[error(
@@ -579,5 +588,69 @@ impl VolumeError {
             Refusal::StillPublished => VolumeError::StillPublished { volume_id, targets: rec.targets.keys().cloned().collect() },
             Refusal::StillStaged => VolumeError::StillStaged { volume_id },
         }
+    }
+}
+
+/// Why a clone of a volume in use is not made now ([`VolumeError::SourceInUse`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InUse {
+    /// Its StorageClass says `drivelet.io/clone-in-use: refuse`.
+    Refused,
+    /// A block volume a pod writes to: nothing to freeze, and the class does not
+    /// accept a crash-inconsistent copy.
+    Block,
+    /// An encrypted volume mounted read-write: copied file by file through a mount of
+    /// its own, which a mounted filesystem refuses.
+    Encrypted,
+    /// Copying what its filesystem uses would freeze its writers longer than allowed.
+    TooLong {
+        /// Bytes its filesystem uses.
+        used: u64,
+        /// The copy's estimated length, milliseconds.
+        estimate_millis: u64,
+        /// The freeze limit, milliseconds.
+        limit_millis: u64,
+    },
+}
+
+/// What to do about a source in use, said at the end of every refusal.
+const ONCE_IDLE: &str = "the clone is made once no pod writes to it (stop or scale down the pods using it; the provisioner retries)";
+
+/// The words of [`VolumeError::SourceInUse`].
+fn in_use_words(source_id: &str, path: &std::path::Path, why: &InUse) -> String {
+    let at = path.display();
+    match why {
+        InUse::Refused => format!(
+            "cannot clone volume {source_id} now: it is mounted read-write at {at}, and its StorageClass says \
+             drivelet.io/clone-in-use: refuse; {ONCE_IDLE} (with drivelet.io/clone-in-use: freeze its filesystem would be frozen for the copy instead)"
+        ),
+        InUse::Block => format!(
+            "cannot clone block volume {source_id} now: a pod writes to it at {at}, and a block volume has no filesystem \
+             drivelet could freeze, so a copy taken now would not be consistent; {ONCE_IDLE}; or, if the application accepts an \
+             inconsistent copy, set drivelet.io/clone-in-use-block: crash-inconsistent on the StorageClass"
+        ),
+        InUse::Encrypted => format!(
+            "cannot clone encrypted volume {source_id} now: it is mounted read-write at {at}, and an encrypted volume is copied \
+             file by file through a mount of its own, which a mounted filesystem does not allow; {ONCE_IDLE}"
+        ),
+        InUse::TooLong { used, estimate_millis, limit_millis } => format!(
+            "cannot clone volume {source_id} now: it is mounted read-write at {at}, and copying the {} its filesystem uses \
+             would freeze its writers for about {}, longer than the {} allowed (drivelet.io/clone-freeze-limit on the \
+             StorageClass, else the node's volumes.freeze_limit); {ONCE_IDLE}, or raise the limit",
+            crate::config::human_bytes(*used),
+            seconds(*estimate_millis),
+            seconds(*limit_millis)
+        ),
+    }
+}
+
+/// A length in milliseconds as people read it: `5 ms`, `1.4 s`, `14 s`.
+fn seconds(millis: u64) -> String {
+    if millis < 1000 {
+        format!("{millis} ms")
+    } else if millis < 10_000 {
+        format!("{:.1} s", millis as f64 / 1000.0)
+    } else {
+        format!("{} s", (millis + 500) / 1000)
     }
 }

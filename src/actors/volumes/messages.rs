@@ -510,6 +510,45 @@ pub struct VolumeMoved {
     pub unreadable: Vec<(u64, u64)>,
 }
 
+/// Notification: a clone of a volume in use was made, or refused because its source is
+/// in use; said on the clone's claim (known from CreateVolume's metadata).
+#[derive(Message, Debug, Clone, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct CloneNotice {
+    /// The clone's claim (namespace and name).
+    pub claim: crate::words::Binding,
+    /// The clone's CSI name (the PV's).
+    pub name: String,
+    /// The source volume.
+    pub source_id: String,
+    /// What happened.
+    pub what: CloneOutcome,
+}
+
+/// What happened to a clone of a volume in use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloneOutcome {
+    /// Copied under a freeze of the source's filesystem, this many milliseconds.
+    Frozen {
+        /// How long the source's writers were held.
+        millis: u64,
+    },
+    /// A block volume copied while written (its class accepts it).
+    CrashInconsistent,
+    /// Not made now: why, and what to do (the refusal's words).
+    Refused {
+        /// The kind of refusal (one Event per claim and kind).
+        kind: &'static str,
+        /// The refusal's words.
+        reason: String,
+    },
+}
+
+/// Command: send every future [`CloneNotice`] to this recipient.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SubscribeClones(pub Recipient<CloneNotice>);
+
 /// Command: send every future [`VolumeMoved`] to this recipient.
 #[derive(Message)]
 #[rtype(result = "()")]

@@ -132,6 +132,8 @@ pub struct VolumeManager {
     volume_subscribers: Vec<Recipient<VolumesChanged>>,
     /// Who hears of each move of an evacuation.
     move_subscribers: Vec<Recipient<VolumeMoved>>,
+    /// Who hears of clones of volumes in use (made or refused).
+    clone_subscribers: Vec<Recipient<messages::CloneNotice>>,
     /// Callers of [`WaitReady`] waiting for start-up reconciliation.
     ready_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
     /// Zeroes freed space in the background.
@@ -161,6 +163,7 @@ impl VolumeManager {
             condition_subscribers: Vec::new(),
             volume_subscribers: Vec::new(),
             move_subscribers: Vec::new(),
+            clone_subscribers: Vec::new(),
             ready_waiters: Vec::new(),
         }
     }

@@ -220,6 +220,9 @@ pub struct VolumeRecord {
     /// Restored from this snapshot (its id): the volume started as the snapshot's copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<String>,
+    /// A clone of a volume that was in use when copied: how the copy was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copied_in_use: Option<InUseCopy>,
     /// Not a volume but a snapshot: a read-only copy of a volume's data, never staged,
     /// published or attached, only restored from (see [`super::snapshot`]). `size` is
     /// its partition's: the data and one more MiB for its note.
@@ -248,6 +251,31 @@ pub struct Move {
     /// Byte ranges of the volume that could not be read (zeros on the copy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<(u64, u64)>,
+}
+
+/// How a clone of a volume in use was copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InUseCopy {
+    /// Its source's filesystem was frozen for the copy, this many milliseconds: the copy
+    /// is consistent (as after a clean unmount).
+    Frozen {
+        /// How long the source's writers were held.
+        millis: u64,
+    },
+    /// A block volume copied while it was written: not even crash-consistent (its class
+    /// says `drivelet.io/clone-in-use-block: crash-inconsistent`).
+    CrashInconsistent,
+}
+
+impl InUseCopy {
+    /// The value of the clone's `drivelet.io/clone-consistency` volume attribute.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InUseCopy::Frozen { .. } => "frozen",
+            InUseCopy::CrashInconsistent => "crash-inconsistent",
+        }
+    }
 }
 
 /// What a snapshot record knows of its snapshot.
@@ -400,6 +428,7 @@ impl VolumeRecord {
             lost: false,
             clone_of: None,
             restored_from: None,
+            copied_in_use: None,
             snapshot: None,
             moving: None,
         }

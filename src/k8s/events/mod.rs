@@ -35,7 +35,8 @@
 //!   own gate and queue instead of the shell's work queue and retry policy.
 //!
 //! This file holds the actor, [`ConditionEvents`]; each concern it runs has its file.
-//! The Events of a volume moved off an evacuated drive are [`moved`]'s.
+//! The Events of a volume moved off an evacuated drive are [`moved`]'s; those of a clone
+//! of a volume in use (frozen, crash-inconsistent, or waiting) are [`clones`]'s.
 
 use std::time::Duration;
 
@@ -43,6 +44,8 @@ use actix::prelude::*;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+/// Events on the claim of a clone of a volume in use.
+pub(crate) mod clones;
 /// What a condition Event says.
 pub(crate) mod condition_event;
 /// The per-volume rate limiter.

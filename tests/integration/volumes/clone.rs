@@ -10,7 +10,9 @@
 //! - refusals with the spec's codes, each changing nothing: an unknown source
 //!   NOT_FOUND (so is an unknown snapshot), another access type or filesystem INVALID_ARGUMENT, a
 //!   `limit_bytes` below the source's size OUT_OF_RANGE, a source mounted read-write
-//!   FAILED_PRECONDITION (served once it is unstaged, or staged read-only);
+//!   whose class says `drivelet.io/clone-in-use: refuse` FAILED_PRECONDITION (served
+//!   once it is unstaged, or staged read-only; clones of sources in use are
+//!   `clone_in_use.rs`'s);
 //! - idempotency: the same name and source answer the same volume, another source (or
 //!   none) ALREADY_EXISTS; a clone asked smaller than its source gets the source's size.
 
@@ -44,7 +46,7 @@ fn write_pattern(path: &Path, len: usize, seed: u8) {
 }
 
 /// The device node of the kernel partition of `drive` that starts where `id`'s does.
-fn devnode_of(agent: &Agent, drive: &LoopDrive, id: &str) -> PathBuf {
+pub(super) fn devnode_of(agent: &Agent, drive: &LoopDrive, id: &str) -> PathBuf {
     let vols = agent.ctl_volumes();
     let v = vols.as_array().unwrap().iter().find(|v| v["id"] == id).unwrap_or_else(|| panic!("volume {id} listed: {vols}"));
     let start = v["start"].as_u64().unwrap_or_else(|| panic!("start of {v}"));
@@ -60,15 +62,15 @@ fn uuid_of(dev: &Path) -> String {
     sh("blkid", &["-p", "-s", "UUID", "-o", "value", dev.to_str().unwrap()])
 }
 
-struct Bed {
-    agent: Agent,
+pub(super) struct Bed {
+    pub(super) agent: Agent,
     _unmount: Unmounter,
-    drive: LoopDrive,
+    pub(super) drive: LoopDrive,
     tmp: tempfile::TempDir,
 }
 
 impl Bed {
-    fn new(size: u64) -> Bed {
+    pub(super) fn new(size: u64) -> Bed {
         require_host();
         let tmp = short_tempdir();
         let drive = LoopDrive::new(tmp.path(), "c.img", size);
@@ -77,18 +79,18 @@ impl Bed {
         Bed { agent, _unmount: unmount, drive, tmp }
     }
 
-    fn path(&self, rel: &str) -> PathBuf {
+    pub(super) fn path(&self, rel: &str) -> PathBuf {
         self.tmp.path().join("kubelet").join(rel)
     }
 
-    fn create(&self, q: csi::CreateVolumeRequest) -> Result<csi::Volume, tonic::Status> {
+    pub(super) fn create(&self, q: csi::CreateVolumeRequest) -> Result<csi::Volume, tonic::Status> {
         rt().block_on(async {
             let mut c = Csi::connect(&self.agent).await;
             c.ctrl.create_volume(q).await.map(|r| r.into_inner().volume.expect("volume"))
         })
     }
 
-    fn stage(&self, id: &str, at: &str, cap: csi::VolumeCapability) -> PathBuf {
+    pub(super) fn stage(&self, id: &str, at: &str, cap: csi::VolumeCapability) -> PathBuf {
         let staging = self.path(at);
         rt().block_on(async {
             let mut c = Csi::connect(&self.agent).await;
@@ -97,7 +99,7 @@ impl Bed {
         staging
     }
 
-    fn unstage(&self, id: &str, staging: &Path) {
+    pub(super) fn unstage(&self, id: &str, staging: &Path) {
         rt().block_on(async {
             let mut c = Csi::connect(&self.agent).await;
             let q = csi::NodeUnstageVolumeRequest { volume_id: id.into(), staging_target_path: staging.display().to_string() };
@@ -105,7 +107,7 @@ impl Bed {
         });
     }
 
-    fn delete(&self, id: &str) {
+    pub(super) fn delete(&self, id: &str) {
         rt().block_on(async {
             let mut c = Csi::connect(&self.agent).await;
             c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.into(), ..Default::default() }).await.unwrap_or_else(|e| panic!("delete {id}: {e:?}"));
@@ -237,9 +239,12 @@ fn clone_refusals_have_the_spec_codes_and_change_nothing() {
     code("an xfs clone of ext4", clone_req("pvc-r4", 320 * MIB, 0, mount_cap("xfs"), &src), Code::InvalidArgument, "holds ext4, not xfs");
     code("limit_bytes below the source", clone_req("pvc-r5", 32 * MIB, 32 * MIB, mount_cap("ext4"), &src), Code::OutOfRange, "needs at least 64.0 MiB");
 
-    // In use by a writer: staged read-write, refused; staged read-only, served.
+    // In use by a writer: staged read-write, refused by a class that says so (the
+    // default freezes it: `clone_in_use.rs`); staged read-only, served.
     let st = bed.stage(&src, "stage-rw", mount_cap("ext4"));
-    code("a source staged read-write", clone_req("pvc-r6", 64 * MIB, 0, mount_cap("ext4"), &src), Code::FailedPrecondition, "mounted read-write at");
+    let mut refuse = clone_req("pvc-r6", 64 * MIB, 0, mount_cap("ext4"), &src);
+    refuse.parameters = kv(&[("drivelet.io/clone-in-use", "refuse")]);
+    code("a source staged read-write, its class refusing", refuse, Code::FailedPrecondition, "mounted read-write at");
     bed.unstage(&src, &st);
     let st = bed.stage(&src, "stage-ro", reader_cap("ext4"));
     let v = bed.create(clone_req("pvc-r6", 64 * MIB, 0, mount_cap("ext4"), &src)).expect("a clone of a source staged read-only");

@@ -6,6 +6,8 @@ mod volumes;
 mod capacity;
 /// Clones: CreateVolume with a source volume.
 mod clone;
+/// Clones of volumes in use: frozen, refused in words, or crash-inconsistent by choice.
+mod clone_in_use;
 /// Online volume expansion.
 mod expansion;
 /// Drive release with `drivelet ctl drive release`.

@@ -5,11 +5,18 @@
 //!   another node is unknown here), on a present drive, not lost, not adopted (its data
 //!   is a host directory drivelet does not manage), and of the access type asked for:
 //!   block from block, a filesystem from the same filesystem (INVALID_ARGUMENT);
-//! - consistency: the source must not be mounted read-write, staged or published
-//!   (FAILED_PRECONDITION, naming the path): a copy of a filesystem being written is
-//!   not consistent, and drivelet does not freeze its users' filesystems. Staged
-//!   read-only, attached to the node, or not in use at all, it is copied; while the
-//!   copy runs the source is claimed, so a stage or delete of it waits (ABORTED);
+//! - consistency: a source not mounted read-write (not in use, attached only, staged or
+//!   published read-only) is copied as it is. One mounted read-write is copied as its
+//!   StorageClass says ([`ClonePolicy`], decided by [`in_use_plan`]): a filesystem is
+//!   frozen for the copy (`drivelet.io/clone-in-use: freeze`, the default; the freeze
+//!   bounded by `drivelet.io/clone-freeze-limit` or the node's `volumes.freeze_limit`)
+//!   or refused (`refuse`); a block volume has nothing to freeze and is refused unless
+//!   the class says `drivelet.io/clone-in-use-block: crash-inconsistent`, when it is
+//!   copied as it is written and the clone marked so; an encrypted volume (copied file
+//!   by file through a mount of its own, which a mounted source refuses) is refused.
+//!   Every refusal is FAILED_PRECONDITION saying why and what to do, and changes
+//!   nothing. While the copy runs the source is claimed, so a stage or delete of it
+//!   waits (ABORTED);
 //! - a clone is at least the size of its source: asked for less (or nothing) it gets
 //!   the source's size, as a volume asked below the smallest size gets that; a
 //!   `limit_bytes` below the source's size is OUT_OF_RANGE;
@@ -22,10 +29,56 @@
 //!   access type asked for (INVALID_ARGUMENT), and the new volume at least the
 //!   snapshot's restore size (OUT_OF_RANGE).
 
+use std::path::PathBuf;
+use std::time::Duration;
+
 use super::{VolumeBook, VolumeError};
+use crate::actors::volumes::error::InUse;
 use crate::actors::volumes::messages::CreateVolume;
 use crate::actors::volumes::model::{VolumeRecord, VolumeState};
+use crate::words::clone_in_use::{BlockCloneInUse, CloneInUse, ClonePolicy};
 use crate::words::DriveLoc;
+
+/// A clone's source, as the book found it.
+pub(crate) struct Source {
+    /// Its record, as it is now.
+    pub rec: VolumeRecord,
+    /// Its drive.
+    pub loc: DriveLoc,
+    /// What the copy does about the source's writers.
+    pub in_use: InUsePlan,
+}
+
+/// What a copy does about its source's writers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum InUsePlan {
+    /// Nothing writes to it: copied as it is.
+    Idle,
+    /// Mounted read-write at this path: frozen there for the copy, at most this long.
+    Freeze(PathBuf, Duration),
+    /// A block volume written to: copied as it is written (crash-inconsistent).
+    Live,
+}
+
+/// What a copy of `src` does about its writers under `policy`, freezing for at most
+/// `limit`; or why it is not made now.
+pub(crate) fn in_use_plan(src: &VolumeRecord, policy: ClonePolicy, limit: Duration) -> Result<InUsePlan, VolumeError> {
+    let Some(path) = writer_of(src) else { return Ok(InUsePlan::Idle) };
+    let refuse = |why: InUse| Err(VolumeError::SourceInUse { source_id: src.id.clone(), path: path.clone(), why });
+    if src.block {
+        return match policy.block {
+            BlockCloneInUse::CrashInconsistent => Ok(InUsePlan::Live),
+            BlockCloneInUse::Refuse => refuse(InUse::Block),
+        };
+    }
+    match policy.fs {
+        CloneInUse::Refuse => refuse(InUse::Refused),
+        // Never formatted: it holds no data, and the clone starts empty.
+        CloneInUse::Freeze if !src.formatted || src.fs_type.is_empty() => Ok(InUsePlan::Idle),
+        CloneInUse::Freeze if src.encrypted() => refuse(InUse::Encrypted),
+        CloneInUse::Freeze => Ok(InUsePlan::Freeze(path, limit)),
+    }
+}
 
 /// Why an encrypted volume is not copied into a plain one.
 pub(crate) const ENCRYPTED_COPY: &str = "it is encrypted (drivelet.io/encryption: fscrypt), and a copy of it is encrypted too: \
@@ -33,7 +86,7 @@ ask for the clone with a StorageClass that has drivelet.io/encryption: fscrypt (
 
 impl VolumeBook {
     /// The source of a clone `m` asks for, with its drive, if it can be copied now.
-    pub(crate) fn clone_source(&self, source_id: &str, m: &CreateVolume) -> Result<(VolumeRecord, DriveLoc), VolumeError> {
+    pub(crate) fn clone_source(&self, source_id: &str, m: &CreateVolume) -> Result<Source, VolumeError> {
         if !self.ready {
             return Err(VolumeError::NotReady);
         }
@@ -71,18 +124,25 @@ impl VolumeBook {
         if m.range.limit != 0 && m.range.limit < src.size {
             return Err(VolumeError::CloneTooSmall { source_id: source_id.to_string(), source_size: src.size, limit: m.range.limit });
         }
-        if let Some(path) = writer_of(src) {
-            return Err(VolumeError::SourceInUse { source_id: source_id.to_string(), path });
-        }
+        let in_use = in_use_plan(src, ClonePolicy::of(m.parameters.iter()), self.clone_freeze_limit(m))?;
         let loc = self
             .loc_of(src)
             .ok_or_else(|| VolumeError::DriveAbsent { volume_id: source_id.to_string(), drive_id: src.drive_id.clone() })?;
-        Ok((VolumeRecord::clone(src), loc))
+        Ok(Source { rec: VolumeRecord::clone(src), loc, in_use })
+    }
+
+    /// The longest a clone `m` may freeze its source: its class's
+    /// `drivelet.io/clone-freeze-limit` (checked by the front), else the node's.
+    fn clone_freeze_limit(&self, m: &CreateVolume) -> Duration {
+        ClonePolicy::freeze_limit_of(m.parameters.iter())
+            .and_then(|v| crate::config::parse_duration(v).ok())
+            .filter(|d| !d.is_zero())
+            .unwrap_or(self.cfg.freeze_limit)
     }
 
     /// [`clone_source`](Self::clone_source) for a copy that begins now: the source is
     /// claimed for the copy, unless `held` already holds it (a retry on another drive).
-    pub(crate) fn clone_start(&self, source_id: &str, m: &CreateVolume, held: &mut Option<super::Claim>) -> Result<(VolumeRecord, DriveLoc), VolumeError> {
+    pub(crate) fn clone_start(&self, source_id: &str, m: &CreateVolume, held: &mut Option<super::Claim>) -> Result<Source, VolumeError> {
         let found = self.clone_source(source_id, m)?;
         if held.is_none() {
             *held = Some(self.claim(source_id)?);
@@ -94,7 +154,7 @@ impl VolumeBook {
 impl VolumeBook {
     /// [`clone_source`](Self::clone_source) of a restore: `src` is a snapshot of
     /// `restore_size` bytes of data.
-    fn restore_source(&self, src: &VolumeRecord, restore_size: u64, m: &CreateVolume) -> Result<(VolumeRecord, DriveLoc), VolumeError> {
+    fn restore_source(&self, src: &VolumeRecord, restore_size: u64, m: &CreateVolume) -> Result<Source, VolumeError> {
         let unusable = |reason: String| VolumeError::SnapshotUnusable { snapshot_id: src.id.clone(), reason };
         if src.state == VolumeState::Deleting {
             return Err(VolumeError::Busy { volume_id: src.id.clone() });
@@ -140,7 +200,7 @@ impl VolumeBook {
             });
         }
         let loc = self.loc_of(src).ok_or_else(|| unusable(format!("its drive {} is absent from this node", src.drive_id)))?;
-        Ok((VolumeRecord::clone(src), loc))
+        Ok(Source { rec: VolumeRecord::clone(src), loc, in_use: InUsePlan::Idle })
     }
 }
 
@@ -207,6 +267,50 @@ mod tests {
         r.targets.clear();
         r.staging = Some(staged(false));
         assert_eq!(writer_of(&r), Some(PathBuf::from("/k/stage")), "staged read-write");
+    }
+
+    #[test]
+    fn a_source_in_use_is_frozen_refused_or_copied_live_as_its_class_says() {
+        use crate::words::clone_in_use::{BlockCloneInUse as B, CloneInUse as F};
+        let limit = Duration::from_secs(7);
+        let fs_rw = || {
+            let mut r = VolumeRecord::for_test(1, VolumeState::Available);
+            r.staging = Some(staged(false));
+            r
+        };
+        let idle = VolumeRecord::for_test(2, VolumeState::Available);
+        let ro = VolumeRecord { staging: Some(staged(true)), ..VolumeRecord::for_test(3, VolumeState::Available) };
+        let unformatted = VolumeRecord { formatted: false, ..fs_rw() };
+        let mut block_rw = VolumeRecord { block: true, fs_type: String::new(), ..VolumeRecord::for_test(4, VolumeState::Available) };
+        block_rw.targets.insert("/k/dev".into(), Target { readonly: false, block: true, done: true });
+        let mut encrypted = fs_rw();
+        encrypted.parameters = [(crate::words::encryption::ENCRYPTION.to_string(), "fscrypt".to_string())].into_iter().collect();
+        let rw = fs_rw();
+        let policy = |fs, block| ClonePolicy { fs, block };
+        let default = ClonePolicy::default();
+        // (source, policy, plan or the refusal's kind)
+        let cases: Vec<(&str, &VolumeRecord, ClonePolicy, Result<InUsePlan, InUse>)> = vec![
+            ("not in use", &idle, default, Ok(InUsePlan::Idle)),
+            ("not in use, refuse", &idle, policy(F::Refuse, B::Refuse), Ok(InUsePlan::Idle)),
+            ("staged read-only", &ro, policy(F::Refuse, B::Refuse), Ok(InUsePlan::Idle)),
+            ("written, default", &rw, default, Ok(InUsePlan::Freeze("/k/stage".into(), limit))),
+            ("written, refuse", &rw, policy(F::Refuse, B::CrashInconsistent), Err(InUse::Refused)),
+            ("written, never formatted", &unformatted, default, Ok(InUsePlan::Idle)),
+            ("written, never formatted, refuse", &unformatted, policy(F::Refuse, B::Refuse), Err(InUse::Refused)),
+            ("encrypted, written", &encrypted, default, Err(InUse::Encrypted)),
+            ("block written, default", &block_rw, default, Err(InUse::Block)),
+            ("block written, freeze asked", &block_rw, policy(F::Freeze, B::Refuse), Err(InUse::Block)),
+            ("block written, crash-inconsistent", &block_rw, policy(F::Refuse, B::CrashInconsistent), Ok(InUsePlan::Live)),
+        ];
+        for (what, src, policy, want) in cases {
+            match (in_use_plan(src, policy, limit), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{what}"),
+                (Err(VolumeError::SourceInUse { why, source_id, .. }), Err(want)) => {
+                    assert_eq!((why, source_id.as_str()), (want, src.id.as_str()), "{what}")
+                }
+                (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 
     #[test]

@@ -90,7 +90,7 @@ impl VolumeBook {
         };
         let from = match rec.clone_of.as_ref().or(rec.restored_from.as_ref()) {
             Some(src) => match self.clone_start(src, &call.m, &mut call.held) {
-                Ok((source, loc)) => Some(CloneFrom { source, loc, freeze: None, roots: Vec::new(), secrets: call.m.secrets.clone() }),
+                Ok(s) => Some(CloneFrom::of(s, self.cfg.allowed_roots.clone(), call.m.secrets.clone())),
                 Err(e) => return CreateStart::Answer(Err(e)),
             },
             None => None,
@@ -154,7 +154,7 @@ impl VolumeBook {
             };
         }
         let source = match &m.source {
-            Some(s) => Some(self.clone_source(s, m)?.0),
+            Some(s) => Some(self.clone_source(s, m)?.rec),
             None => None,
         };
         let fs_type = clone::fs_of_clone(source.as_ref(), m, fs_type);

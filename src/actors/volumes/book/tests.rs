@@ -322,7 +322,12 @@ fn clone_decisions() {
         (of(&plain, 0, 0, &|m| m.source = Some("nope".into())), Err("source volume nope does not exist on this node")),
         (of(&plain, 0, 0, &|m| m.block = true), Err("it is a filesystem volume; a clone of it cannot be a block volume")),
         (of(&plain, 0, 0, &|m| m.fs_type = "xfs".into()), Err("it holds ext4, not xfs")),
-        (of(&rw, 0, 0, &|_| {}), Err("it is mounted read-write at /k/s")),
+        // In use: frozen for the copy by default, refused when the class says so.
+        (of(&rw, 0, 0, &|_| {}), Ok((32 * MIB, "ext4"))),
+        (
+            of(&rw, 0, 0, &|m| m.parameters = [("drivelet.io/clone-in-use".to_string(), "refuse".to_string())].into()),
+            Err("it is mounted read-write at /k/s, and its StorageClass says drivelet.io/clone-in-use: refuse"),
+        ),
         (of(&lost, 0, 0, &|_| {}), Err("the data is gone")),
         (of(&adopted, 0, 0, &|_| {}), Err("it is adopted from /mnt/disks/a")),
         (of(&deleting, 0, 0, &|_| {}), Err("another operation on volume")),

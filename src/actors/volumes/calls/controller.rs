@@ -16,7 +16,8 @@ use tracing::info;
 use super::super::book::{Claim, CreateCall, CreatePlan, CreateStart};
 use super::super::error::VolumeError;
 use super::super::messages::{
-    AdoptVolume, AttachPreview, AttachVolume, CreateVolume, DeleteVolume, DetachVolume, ExpandVolume, PublishContext, SetBinding,
+    AdoptVolume, AttachPreview, AttachVolume, CloneNotice, CloneOutcome, CreateVolume, DeleteVolume, DetachVolume, ExpandVolume, PublishContext,
+    SetBinding, SubscribeClones,
 };
 use super::super::model::VolumeRecord;
 use super::super::steps::{self, Outcome};
@@ -35,11 +36,66 @@ impl Handler<CreateVolume> for VolumeManager {
                 reason: format!("this node's kernel cannot encrypt ext4 ({} is absent): use a StorageClass without drivelet.io/encryption here", crate::disk::fscrypt::EXT4_FEATURE),
             }));
         }
+        let watch = CloneWatch::of(&m);
         let call = self.book.create_call(m);
-        match self.claim(&call.id) {
+        let res = match self.claim(&call.id) {
             Ok((claim, store)) => self.create(call, claim, store),
             Err(e) => reply(Err(e)),
-        }
+        };
+        let Some(watch) = watch else { return res };
+        Box::pin(res.map(move |res, act, _| {
+            if let Some(notice) = watch.notice(&res) {
+                crate::actors::tell_all(&mut act.clone_subscribers, &notice);
+            }
+            res
+        }))
+    }
+}
+
+impl Handler<SubscribeClones> for VolumeManager {
+    type Result = ();
+    fn handle(&mut self, m: SubscribeClones, _: &mut Context<Self>) {
+        self.clone_subscribers.push(m.0);
+    }
+}
+
+/// A clone whose claim is known, watched for what its claim should hear: a copy of a
+/// source in use (frozen, or crash-inconsistent), or a refusal because of it.
+struct CloneWatch {
+    claim: crate::words::Binding,
+    name: String,
+    source_id: String,
+}
+
+impl CloneWatch {
+    /// The watch of CreateVolume `m`, when it clones a volume and names its claim.
+    fn of(m: &CreateVolume) -> Option<CloneWatch> {
+        let source_id = m.source.clone().filter(|_| !m.from_snapshot)?;
+        (!m.binding.claim_name.is_empty()).then(|| CloneWatch { claim: m.binding.clone(), name: m.name.clone(), source_id })
+    }
+
+    /// What the claim hears of the create's answer `res`, if anything.
+    fn notice(self, res: &Result<VolumeRecord, VolumeError>) -> Option<CloneNotice> {
+        use super::super::error::InUse;
+        use super::super::model::InUseCopy;
+        let what = match res {
+            Ok(rec) => match rec.copied_in_use? {
+                InUseCopy::Frozen { millis } => CloneOutcome::Frozen { millis },
+                InUseCopy::CrashInconsistent => CloneOutcome::CrashInconsistent,
+            },
+            Err(e @ VolumeError::SourceInUse { why, .. }) => CloneOutcome::Refused {
+                kind: match why {
+                    InUse::Refused => "refused",
+                    InUse::Block => "block",
+                    InUse::Encrypted => "encrypted",
+                    InUse::TooLong { .. } => "too-long",
+                },
+                reason: e.to_string(),
+            },
+            Err(e @ VolumeError::FreezeExpired { .. }) => CloneOutcome::Refused { kind: "freeze-expired", reason: e.to_string() },
+            Err(_) => return None,
+        };
+        Some(CloneNotice { claim: self.claim, name: self.name, source_id: self.source_id, what })
     }
 }
 

@@ -15,9 +15,15 @@
 //!   the clone is formatted at its first stage, like any new volume;
 //! - the source is read and never written; the caller has checked that it is not
 //!   mounted read-write, or asks for it to be frozen for the copy (a snapshot whose
-//!   class asks for a freeze: [`crate::disk::freeze`], bounded, the stall recorded in
-//!   the snapshot; a copy that outlives the freeze limit is an error, never kept), and
+//!   class asks for a freeze, a clone of a filesystem in use: [`crate::disk::freeze`],
+//!   bounded, the stall recorded in the snapshot or the clone's record), or to be copied
+//!   live (a block clone whose class accepts a crash-inconsistent copy, marked so), and
 //!   holds its claim while this runs;
+//! - a freeze never outlives its limit: before it, the copy's length is estimated (the
+//!   bytes the filesystem uses, at the rate a short read of the source's device
+//!   shows, read and write counted) and a copy estimated longer than the limit is
+//!   refused unfrozen, saying how long it would take; during it, a watchdog thaws at the
+//!   limit and a copy that outlives it is an error, never kept;
 //! - the same step makes a snapshot (the target is a snapshot's partition: its data is
 //!   never grown into the note that follows it) and restores one (the source is a
 //!   snapshot: only its data, `restore_size` bytes, is copied).
@@ -27,7 +33,8 @@ use std::time::Instant;
 use tracing::info;
 
 use super::disk_io as disk;
-use crate::actors::volumes::model::VolumeRecord;
+use crate::actors::volumes::error::InUse;
+use crate::actors::volumes::model::{InUseCopy, VolumeRecord};
 
 use crate::actors::volumes::error::VolumeError;
 use crate::disk::{blkpg, copy, freeze, fs, volume_key, DiskError};
@@ -44,11 +51,27 @@ pub struct CloneFrom {
     /// Freeze the source's filesystem, mounted at this path, for at most this long
     /// while it is copied.
     pub freeze: Option<(std::path::PathBuf, std::time::Duration)>,
+    /// A block source copied while a pod writes to it (the clone is marked
+    /// crash-inconsistent).
+    pub live: bool,
     /// The allowed roots the freeze path is opened beneath.
     pub roots: Vec<std::path::PathBuf>,
     /// The create's secrets: the key-encryption keys a copy into an encrypted volume
     /// needs (to open the source's key, and to wrap the copy's own).
     pub secrets: crate::actors::volumes::messages::Secrets,
+}
+
+impl CloneFrom {
+    /// The source the book found, its copy's freeze opened beneath `roots`.
+    pub(crate) fn of(s: crate::actors::volumes::book::Source, roots: Vec<std::path::PathBuf>, secrets: crate::actors::volumes::messages::Secrets) -> CloneFrom {
+        use crate::actors::volumes::book::InUsePlan;
+        let (freeze, live) = match s.in_use {
+            InUsePlan::Idle => (None, false),
+            InUsePlan::Freeze(path, limit) => (Some((path, limit)), false),
+            InUsePlan::Live => (None, true),
+        };
+        CloneFrom { source: s.rec, loc: s.loc, freeze, live, roots, secrets }
+    }
 }
 
 /// Copies `from`'s data onto `dst`, the new volume `rec`'s wiped partition, and
@@ -74,6 +97,9 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
             let Some(at) = at else {
                 return Err(disk(&id, "open the source's mount")(DiskError::NotFound { device: path.clone(), what: "the source's staging path".into() }));
             };
+            if rec.snapshot.is_none() {
+                refuse_a_long_freeze(&at, &kp, &src.id, path, *limit)?;
+            }
             Some((freeze::Frozen::freeze(&at, *limit).map_err(disk(&id, "freeze the source's filesystem"))?, *limit))
         }
         None => None,
@@ -88,9 +114,15 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
     }
     if rec.block {
         info!(volume.id = %id, volume.source = %src.id, volume.size = data, "cloning a block volume, every byte");
+        if from.live {
+            info!(volume.id = %id, volume.source = %src.id, "the source is written to as it is copied: the clone is crash-inconsistent, as its class accepts");
+        }
         let bytes = copy::copy_bytes(&kp.devnode, &dst.devnode, Some(data)).map_err(disk(&id, "copy the source's bytes"))?;
         copy::sync(&dst.devnode).map_err(disk(&id, "flush the copy"))?;
         crash_point!("clone.copied");
+        if from.live {
+            rec.copied_in_use = Some(InUseCopy::CrashInconsistent);
+        }
         info!(volume.id = %id, volume.source = %src.id, clone.bytes = bytes, clone.millis = began.elapsed().as_millis() as u64, "volume cloned");
         return Ok(());
     }
@@ -110,10 +142,12 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
         let thawed = f.thaw().map_err(disk(&id, "thaw the source's filesystem"))?;
         info!(volume.id = %src.id, freeze.millis = thawed.stall.as_millis() as u64, freeze.expired = thawed.expired, "filesystem thawed");
         if thawed.expired {
-            return Err(VolumeError::FreezeExpired { volume_id: src.id.clone(), limit_millis: limit.as_millis() as u64 });
+            return Err(VolumeError::FreezeExpired { volume_id: src.id.clone(), limit_millis: limit.as_millis() as u64, clone: rec.snapshot.is_none() });
         }
-        if let Some(snap) = rec.snapshot.as_mut() {
-            snap.freeze_millis = Some(thawed.stall.as_millis() as u64);
+        let millis = thawed.stall.as_millis() as u64;
+        match rec.snapshot.as_mut() {
+            Some(snap) => snap.freeze_millis = Some(millis),
+            None => rec.copied_in_use = Some(InUseCopy::Frozen { millis }),
         }
     }
     copied?;
@@ -130,6 +164,25 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
     rec.formatted = true;
     rec.fs_type = fs_type;
     info!(volume.id = %id, volume.source = %src.id, clone.millis = began.elapsed().as_millis() as u64, "volume cloned");
+    Ok(())
+}
+
+/// Refuses, before any freeze, a copy of the filesystem mounted at `at` (on `kp`)
+/// estimated to outlive `limit`: the bytes it uses (`fstatvfs`), read and written at
+/// the rate a short direct read of its device shows.
+fn refuse_a_long_freeze(at: &crate::disk::beneath::Node, kp: &blkpg::KernelPartition, source_id: &str, path: &std::path::Path, limit: std::time::Duration) -> Result<(), VolumeError> {
+    let used = at.usage().map_err(disk(source_id, "measure what the source's filesystem uses"))?.used_bytes;
+    let rate = copy::read_rate(&kp.devnode).map_err(disk(source_id, "measure the source drive's read rate"))?;
+    let estimate = copy::estimate(used, rate);
+    info!(volume.id = %source_id, fs.used = used, drive.read_rate = rate, freeze.estimate_millis = estimate.as_millis() as u64,
+          freeze.limit_millis = limit.as_millis() as u64, "estimated the freeze of a clone of a volume in use");
+    if estimate > limit {
+        return Err(VolumeError::SourceInUse {
+            source_id: source_id.to_string(),
+            path: path.to_path_buf(),
+            why: InUse::TooLong { used, estimate_millis: estimate.as_millis() as u64, limit_millis: limit.as_millis() as u64 },
+        });
+    }
     Ok(())
 }
 
