@@ -524,7 +524,9 @@ pub enum DriveCmd {
     /// Adopt a drivelet disk owned elsewhere (class owned-elsewhere: another node's,
     /// another cluster's, or one whose owner cannot be read): this node owns it from
     /// now on and serves its volumes, as its note describes them. Nothing else on the
-    /// disk is written.
+    /// disk is written. A volume whose PV and claim are both gone gets no new claim
+    /// from here: that is `kubectl drivelet drive adopt NODE/DRIVE --restore-claims`
+    /// (the Drive object's `spec.restoreClaims`).
     Adopt {
         /// Drive id, as `drivelet ctl drives` shows it.
         id: String,

@@ -20,7 +20,11 @@
 //!   ([`SLOT_LEN`], [`MAX_VOLUMES`]); names and ids read from a note are data, never
 //!   paths: a volume id must be a UUID;
 //! - the owner decision ([`verdict`]) is one pure function: the drive inventory's
-//!   classification and the writer's refusal both apply it.
+//!   classification applies it with what this node's store knows, the writer's refusal
+//!   with `known = true` (it has no store), so the writer refuses another owner's note
+//!   and an unreadable one, and a disk with partitions and no note that this node does
+//!   not know is kept from writes by its class (`owned-elsewhere`) only; see
+//!   `actors::inventory::classify`.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -277,7 +281,8 @@ pub fn identity() -> Option<&'static Owner> {
 /// Whether this node may write to a drivelet disk with note `state`, which holds
 /// `volumes` drivelet partitions, and what it is: the one decision the inventory's
 /// classification and the writer apply. `known`: this node's store has records of the
-/// disk (a disk of its own from before notes).
+/// disk (a disk of its own from before notes); the writer passes `true`, as it cannot
+/// tell, so for a disk with no note only the classification's answer counts.
 pub fn verdict(state: &NoteState, me: &Owner, volumes: usize, known: bool) -> Verdict {
     match state {
         NoteState::Note(n) if n.owner == *me => Verdict::Ours,

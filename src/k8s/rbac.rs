@@ -124,7 +124,9 @@ pub const PERMISSIONS: &[Permission] = &[
         verbs: &["get", "list", "patch"],
         used_by: "k8s::node::label_once (get, patch; only with kubernetes.label_node = true), \
                   k8s::duties::executor::Executor (list of Node names; get to confirm a node is deleted), \
-                  k8s::duties::claim_executor::ClaimExecutor (list: labels and readiness, to place an Immediate claim)",
+                  k8s::duties::claim_executor::ClaimExecutor (list: labels and readiness, to place an Immediate claim), \
+                  k8s::auto_adopt (get: whether the owner node of a disk of this cluster is deleted; only with \
+                  drives.adopt_from_deleted_nodes = true)",
     },
     Permission {
         scope: Scope::Cluster,
@@ -246,6 +248,46 @@ mod tests {
     #[test]
     fn the_drive_admin_may_not_touch_a_drives_status() {
         assert!(DRIVE_ADMIN.iter().all(|p| p.resource == "drives" && !p.verbs.contains(&"create") && !p.verbs.contains(&"delete")));
+    }
+
+    /// The `.rs` files under `dir`, test files left out, with their module paths
+    /// (`src/k8s/duties/executor.rs` is `k8s::duties::executor`).
+    fn modules(dir: &std::path::Path, src: &std::path::Path, out: &mut Vec<(String, std::path::PathBuf)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let path = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if path.is_dir() {
+                modules(&path, src, out);
+            } else if name.ends_with(".rs") && name != "tests.rs" && !name.ends_with("_tests.rs") {
+                let rel = path.strip_prefix(src).unwrap_or(&path).with_extension("");
+                let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+                if parts.last().map(String::as_str) == Some("mod") {
+                    parts.pop();
+                }
+                out.push((parts.join("::"), path));
+            }
+        }
+    }
+
+    /// For the kinds whose calls go through an `Api` typed by name (`Api<Node>`,
+    /// `Api::<Node>`), every agent module that makes one is named in its row's `used_by`.
+    /// The CLI (`src/cli`) runs with the admin's credentials, not this table's.
+    #[test]
+    fn every_module_that_calls_on_nodes_namespaces_leases_or_configmaps_is_named_in_its_row() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        modules(&src, &src, &mut files);
+        assert!(files.iter().any(|(m, _)| m == "k8s::auto_adopt"), "the source tree is found");
+        for (kind, resource) in [("Node", "nodes"), ("Namespace", "namespaces"), ("Lease", "leases"), ("ConfigMap", "configmaps")] {
+            let row = PERMISSIONS.iter().find(|p| p.resource == resource).unwrap_or_else(|| panic!("{resource} has a row"));
+            for (module, path) in files.iter().filter(|(m, _)| !m.starts_with("cli::") && !m.starts_with("k8s::rbac")) {
+                let text = std::fs::read_to_string(path).unwrap_or_default();
+                if text.contains(&format!("Api<{kind}>")) || text.contains(&format!("Api::<{kind}>")) {
+                    assert!(row.used_by.contains(module.as_str()), "{module} calls the API on {resource}; the {resource} row's used_by does not name it");
+                }
+            }
+        }
     }
 
     #[test]

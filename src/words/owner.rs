@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 /// The owner of a drive: one node of one cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Owner {
-    /// The cluster's id: made once per cluster and kept in its API (the ConfigMap
-    /// `drivelet-cluster`), or the config's `driver.cluster_id` without Kubernetes.
+    /// The cluster's id: the uid of the cluster's `kube-system` namespace (made by the
+    /// cluster, new when it is rebuilt; see [`crate::k8s::cluster_id`]), or the config's
+    /// `driver.cluster_id` when set (`standalone` without Kubernetes and without it).
     pub cluster: String,
     /// The node's name (`driver.node_name`).
     pub node: String,

@@ -29,8 +29,14 @@
 //!    another node or another cluster as its owner, or cannot be read, or a drivelet
 //!    GPT with no note holding volumes this node's store does not know (a disk of a
 //!    drivelet from before notes, or one made to look like drivelet's): the reason says
-//!    whose it is and what it holds, and [`note::verdict`] is the same rule the writer
-//!    refuses by.
+//!    whose it is and what it holds. [`note::verdict`] is the rule, and the GPT writer
+//!    applies it too, but without the store: it refuses a note naming another owner and
+//!    a note that cannot be read, and lets a disk with no note through (it cannot tell
+//!    this node's older disks, which must keep working and gain a note, from others').
+//!    So a drivelet GPT with partitions and no note that this node does not know is kept
+//!    from every write by this class alone: placement, the cleaner and the note keeper
+//!    take managed drives only, no volume record of this node points at it, and only an
+//!    admin's adoption (or an automatic one, never of a disk with no note) writes to it.
 //! 5. `managed`: blank, or carrying a drivelet GPT of this node, by that same rule.
 //!    Only these are ever written to.
 

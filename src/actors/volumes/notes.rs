@@ -16,8 +16,10 @@
 //!   the note on the disk without a lock and writes, one drive at a time, off the actor
 //!   threads, under the drive's lock, only where they differ; a loop device being
 //!   detached is left alone (a descriptor open on it would hold its removal up);
-//! - a write goes through [`gpt::write_note`], which never writes a disk owned elsewhere
-//!   and keeps who owned a disk before it was adopted;
+//! - a write goes through [`gpt::write_note`], which refuses a disk whose note names
+//!   another owner or cannot be read, and keeps who owned a disk before it was adopted;
+//!   a disk with partitions and no note this node does not know is never one of the
+//!   managed drives the keeper writes (its class is `owned-elsewhere`);
 //! - a note written late is no loss: the store holds the same and the GPT says which
 //!   partitions exist; reconciliation trusts the GPT for existence and the note only for
 //!   what a partition is;

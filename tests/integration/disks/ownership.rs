@@ -15,7 +15,10 @@
 //! - the state dir wiped: every volume comes back from its disk, served as before (name,
 //!   block or ext4, data);
 //! - an adoption killed before or after its one write leaves the disk whole: owned
-//!   elsewhere, or this node's with its volumes served (`adopt_killed_at_either_point`).
+//!   elsewhere, or this node's with its volumes served (`adopt_killed_at_either_point`);
+//! - the note follows the table in the same commit: a volume grown is noted at its new
+//!   size, a volume deleted leaves the note (the note keeper held, so only the table's
+//!   commits write).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -297,6 +300,63 @@ fn a_disk_made_to_look_like_drivelets_is_owned_elsewhere_and_never_written() {
     assert_eq!(refused.map_err(|s| s.code()), Err(Code::ResourceExhausted));
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(digest(&drive.file), before, "not a byte of the crafted disk changed");
+}
+
+/// The volumes the note on `file` lists (snapshots left out): id and size in bytes.
+fn noted_sizes(file: &Path) -> std::collections::BTreeMap<String, u64> {
+    let note = drivelet::disk::gpt::read_note(file).unwrap_or_else(|| panic!("{}: no readable note", file.display()));
+    note.volumes.iter().filter(|v| !v.snapshot).map(|v| (v.id.to_string(), v.size)).collect()
+}
+
+/// Waits (15 s) until the note on `file` lists exactly `want` (id and size).
+fn wait_noted(file: &Path, want: &[(&str, u64)], what: &str) {
+    let want: std::collections::BTreeMap<String, u64> = want.iter().map(|(id, size)| (id.to_string(), *size)).collect();
+    let start = Instant::now();
+    loop {
+        let have = noted_sizes(file);
+        if have == want {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "{what}: the note lists {have:?}, not {want:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// With the note keeper held, the table's own commits keep the note: created at 32 MiB,
+/// grown to 64 MiB (ControllerExpandVolume), and gone once deleted while another volume
+/// stays at its size.
+#[test]
+fn the_note_follows_an_expand_and_a_delete_in_the_tables_own_commit() {
+    require_host();
+    let tmp = short_tempdir();
+    let drive = LoopDrive::new(tmp.path(), "d0.img", 256 * MIB);
+    let agent = Agent::start_env(tmp.path(), AgentOpts::default(), &[("FAILPOINTS", "notes.keeper=return")]);
+    let rt = rt();
+    let grown_id = rt.block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        create(&mut c, "pvc-note-grown", "data-grown", block_cap()).await.expect("volume to grow")
+    });
+    wait_noted(&drive.file, &[(&grown_id, 32 * MIB)], "created");
+
+    let r = rt.block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.ctrl.controller_expand_volume(expand_req(&grown_id, 64 * MIB, 0)).await.expect("expand").into_inner()
+    });
+    assert_eq!(r.capacity_bytes, 64 * MIB as i64, "grown");
+    assert_eq!(volume(&agent, &grown_id).unwrap()["size"], 64 * MIB, "the volume as listed");
+    wait_noted(&drive.file, &[(&grown_id, 64 * MIB)], "grown");
+
+    let kept_id = rt.block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        create(&mut c, "pvc-note-kept", "data-kept", block_cap()).await.expect("volume to keep")
+    });
+    wait_noted(&drive.file, &[(&grown_id, 64 * MIB), (&kept_id, 32 * MIB)], "a second volume made");
+    rt.block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: grown_id.clone(), ..Default::default() }).await.expect("delete");
+    });
+    wait_noted(&drive.file, &[(&kept_id, 32 * MIB)], "the grown volume deleted");
+    assert!(volume(&agent, &grown_id).is_none(), "deleted: {}", agent.ctl_volumes());
 }
 
 /// The crash points of an adoption (`src/actors/inventory/mod.rs`).
