@@ -29,7 +29,8 @@
 # (tests/e2e/ownership.rs, tests/e2e/adopt.rs) and the clean-up; E2E_JOURNEYS=claims
 # the deploy, the claims journey (tests/e2e/claims.rs: Immediate binding, claims that
 # wait with a reason) and the clean-up; E2E_JOURNEYS=encryption the deploy, the
-# encryption journey (tests/e2e/encryption.rs) and the clean-up.
+# encryption journey (tests/e2e/encryption.rs) and the clean-up; E2E_JOURNEYS=clone the
+# deploy, the clone journey (tests/e2e/clone.rs) and the clean-up.
 # E2E_JOURNEYS=monitoring: the deploy, Prometheus watching (tests/e2e/monitoring.rs), the
 # journeys that provoke its alerts (a drive vanishing, claims used by pods, a drive
 # failing), its judgement of the dashboard and the alerts, and the clean-up.

@@ -157,6 +157,8 @@ fn main() {
     let only_claims = only.as_deref() == Some("claims");
     // E2E_JOURNEYS=encryption: deploy, the encryption journey and the clean-up.
     let only_encryption = only.as_deref() == Some("encryption");
+    // E2E_JOURNEYS=clone: deploy, the clone journey and the clean-up.
+    let only_clone = only.as_deref() == Some("clone");
     // E2E_JOURNEYS=monitoring: deploy, Prometheus, the journeys that provoke its alerts
     // (a drive vanishing, claims used by pods, a drive failing), its judgement, clean-up.
     let only_monitoring = only.as_deref() == Some("monitoring");
@@ -180,6 +182,8 @@ fn main() {
             i == 0 || i == last || claims
         } else if only_encryption {
             i == 0 || i == last || name.starts_with("encryption:")
+        } else if only_clone {
+            i == 0 || i == last || name.starts_with("claims cloned")
         } else if only_monitoring {
             i == 0 || i == last || monitoring || name.starts_with("a drive vanishing") || name.starts_with("claims used by pods") || name.starts_with("a drive failing")
         } else if only_evacuate {
