@@ -6,7 +6,9 @@
 //! a create the GPT writer refused goes on to the next drive as the same call, claimed
 //! again; a create that fits only in space still being cleaned waits for
 //! the cleaner's next step; a binding equal to the record's writes nothing, another is
-//! stored off the actor thread (a failed store keeps the record as it was).
+//! stored off the actor thread (a failed store keeps the record as it was). A clone whose
+//! claim is known tells subscribers how a copy of a source in use went, or why it was
+//! refused ([`CloneNotice`]).
 
 use std::sync::Arc;
 
@@ -287,5 +289,47 @@ impl Handler<SetBinding> for VolumeManager {
             };
             Outcome { record: Some(record), result }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actors::volumes::error::InUse;
+    use crate::actors::volumes::model::{InUseCopy, VolumeState};
+
+    fn create(source: Option<&str>, from_snapshot: bool, claim: &str) -> CreateVolume {
+        CreateVolume {
+            name: "pvc-9".into(),
+            range: crate::actors::volumes::model::CapacityRange { required: 0, limit: 0 },
+            media: None,
+            layout: crate::words::LayoutKind::Partition,
+            block: false,
+            fs_type: String::new(),
+            parameters: Default::default(),
+            source: source.map(str::to_string),
+            from_snapshot,
+            binding: crate::words::Binding { claim_namespace: "db".into(), claim_name: claim.into(), ..Default::default() },
+            secrets: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_clone_with_a_claim_tells_it_how_a_copy_in_use_went_and_nothing_else() {
+        assert!(CloneWatch::of(&create(None, false, "c")).is_none(), "not a clone");
+        assert!(CloneWatch::of(&create(Some("s"), true, "c")).is_none(), "a restore: its source is never in use");
+        assert!(CloneWatch::of(&create(Some("s"), false, "")).is_none(), "no claim to tell");
+        let watch = || CloneWatch::of(&create(Some("s"), false, "copy")).expect("a clone with a claim");
+        let rec = |how: Option<InUseCopy>| VolumeRecord { copied_in_use: how, ..VolumeRecord::for_test(1, VolumeState::Available) };
+        assert_eq!(watch().notice(&Ok(rec(None))), None, "a source not in use: nothing to say");
+        let n = watch().notice(&Ok(rec(Some(InUseCopy::Frozen { millis: 40 })))).expect("frozen");
+        assert_eq!((n.claim.claim_name.as_str(), n.name.as_str(), n.source_id.as_str(), n.what), ("copy", "pvc-9", "s", CloneOutcome::Frozen { millis: 40 }));
+        assert_eq!(watch().notice(&Ok(rec(Some(InUseCopy::CrashInconsistent)))).map(|n| n.what), Some(CloneOutcome::CrashInconsistent));
+        let refused = VolumeError::SourceInUse { source_id: "s".into(), path: "/k/s".into(), why: InUse::Block };
+        let words = refused.to_string();
+        assert_eq!(watch().notice(&Err(refused)).map(|n| n.what), Some(CloneOutcome::Refused { kind: "block", reason: words }));
+        let expired = VolumeError::FreezeExpired { volume_id: "s".into(), limit_millis: 10, clone: true };
+        assert!(matches!(watch().notice(&Err(expired)).map(|n| n.what), Some(CloneOutcome::Refused { kind: "freeze-expired", .. })));
+        assert_eq!(watch().notice(&Err(VolumeError::NotReady)), None, "other errors are the provisioner's to tell");
     }
 }
