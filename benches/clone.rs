@@ -57,13 +57,7 @@ fn main() {
         if !block {
             let mut nc = rt.block_on(Csi::connect(&agent));
             rt.block_on(nc.node.node_stage_volume(stage_req(&src, &staging, cap.clone()))).expect("stage");
-            {
-                let mut f = std::fs::File::create(staging.join("data")).unwrap();
-                for _ in 0..data {
-                    f.write_all(&chunk).unwrap();
-                }
-                f.sync_all().unwrap();
-            }
+            fill(&staging, &chunk, data);
             let q = csi::NodeUnstageVolumeRequest { volume_id: src.clone(), staging_target_path: staging.display().to_string() };
             rt.block_on(nc.node.node_unstage_volume(q)).expect("unstage");
         }
@@ -92,13 +86,7 @@ fn main() {
         let src = call(create_req(&format!("bench-busy-{n}"), gib * GIB, cap.clone()));
         let mut nc = rt.block_on(Csi::connect(&agent));
         rt.block_on(nc.node.node_stage_volume(stage_req(&src, &staging, cap.clone()))).expect("stage");
-        {
-            let mut f = std::fs::File::create(staging.join("data")).unwrap();
-            for _ in 0..data {
-                f.write_all(&chunk).unwrap();
-            }
-            f.sync_all().unwrap();
-        }
+        fill(&staging, &chunk, data);
         let (mut times, mut frozen, mut pauses) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..rounds {
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -140,6 +128,15 @@ fn main() {
             format!("{} ms", pauses[pauses.len() / 2].as_millis())
         );
     }
+}
+
+/// Writes `mib` times `chunk` into `data` under `staging`, fsynced.
+fn fill(staging: &std::path::Path, chunk: &[u8], mib: u64) {
+    let mut f = std::fs::File::create(staging.join("data")).unwrap();
+    for _ in 0..mib {
+        f.write_all(chunk).unwrap();
+    }
+    f.sync_all().unwrap();
 }
 
 async fn c_delete(agent: &Agent, id: &str) {

@@ -49,6 +49,26 @@ pub struct CreateVolume {
     pub secrets: Secrets,
 }
 
+#[cfg(test)]
+impl CreateVolume {
+    /// A CreateVolume of `name` with no size, source or parameters, for unit tests.
+    pub(crate) fn for_test(name: &str) -> CreateVolume {
+        CreateVolume {
+            name: name.into(),
+            range: super::model::CapacityRange { required: 0, limit: 0 },
+            media: None,
+            layout: crate::words::LayoutKind::Partition,
+            block: false,
+            fs_type: String::new(),
+            parameters: Default::default(),
+            source: None,
+            from_snapshot: false,
+            binding: Default::default(),
+            secrets: Default::default(),
+        }
+    }
+}
+
 impl CreateVolume {
     /// Whether its StorageClass asks for encryption (`drivelet.io/encryption: fscrypt`).
     pub fn encrypting(&self) -> bool {

@@ -316,19 +316,7 @@ mod tests {
     #[test]
     fn a_repeated_create_must_name_the_same_source() {
         let mut rec = VolumeRecord::for_test(1, VolumeState::Available);
-        let m = |source: Option<&str>| CreateVolume {
-            name: "pvc-1".into(),
-            range: crate::actors::volumes::model::CapacityRange { required: 0, limit: 0 },
-            media: None,
-            layout: crate::words::LayoutKind::Partition,
-            block: false,
-            fs_type: String::new(),
-            parameters: Default::default(),
-            source: source.map(str::to_string),
-            from_snapshot: false,
-            binding: Default::default(),
-            secrets: Default::default(),
-        };
+        let m = |source: Option<&str>| CreateVolume { source: source.map(str::to_string), ..CreateVolume::for_test("pvc-1") };
         assert!(source_mismatch(&rec, &m(None)).is_none());
         let e = source_mismatch(&rec, &m(Some("s1"))).expect("a clone asked of an empty volume");
         assert_eq!(e.to_string(), "volume pvc-1 exists, created without a source volume, not a clone of volume s1");

@@ -300,17 +300,10 @@ mod tests {
 
     fn create(source: Option<&str>, from_snapshot: bool, claim: &str) -> CreateVolume {
         CreateVolume {
-            name: "pvc-9".into(),
-            range: crate::actors::volumes::model::CapacityRange { required: 0, limit: 0 },
-            media: None,
-            layout: crate::words::LayoutKind::Partition,
-            block: false,
-            fs_type: String::new(),
-            parameters: Default::default(),
             source: source.map(str::to_string),
             from_snapshot,
             binding: crate::words::Binding { claim_namespace: "db".into(), claim_name: claim.into(), ..Default::default() },
-            secrets: Default::default(),
+            ..CreateVolume::for_test("pvc-9")
         }
     }
 
