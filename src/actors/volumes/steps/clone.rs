@@ -87,29 +87,17 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
             return Err(VolumeError::SnapshotSourceInUse { volume_id: src.id.clone(), path: path.clone(), block: true });
         }
     }
-    let frozen = match &from.freeze {
-        Some((path, limit)) => {
-            info!(volume.id = %src.id, fs.path = %path.display(), freeze.limit_millis = limit.as_millis() as u64, "freezing the filesystem for the copy");
-            let at = crate::disk::beneath::open(path, &from.roots).map_err(|e| disk(&id, "open the source's mount")(match e {
-                crate::disk::beneath::PathError::Refused(reason) => DiskError::invalid(reason),
-                crate::disk::beneath::PathError::Disk(e) => e,
-            }))?;
-            let Some(at) = at else {
-                return Err(disk(&id, "open the source's mount")(DiskError::NotFound { device: path.clone(), what: "the source's staging path".into() }));
-            };
-            if rec.snapshot.is_none() {
-                refuse_a_long_freeze(&at, &kp, &src.id, path, *limit)?;
-            }
-            Some((freeze::Frozen::freeze(&at, *limit).map_err(disk(&id, "freeze the source's filesystem"))?, *limit))
-        }
-        None => None,
-    };
     copy::drop_cache(&kp.devnode).map_err(disk(&id, "read the source from the disk"))?;
     // The source is encrypted when its class says so or its partition holds a key
     // header (a snapshot rebuilt from its disk knows no class).
     let key_of = src.snapshot.as_ref().map_or(src.id.as_str(), |s| s.source_volume_id.as_str());
     let src_encrypted = !rec.block && (src.encrypted() || src_key_header(&kp)?);
     if rec.snapshot.is_none() && (src_encrypted || rec.encrypted()) {
+        if let Some((path, _)) = &from.freeze {
+            // Its files are copied through a mount of its own, which a mounted
+            // filesystem does not allow.
+            return Err(VolumeError::SourceInUse { source_id: src.id.clone(), path: path.clone(), why: InUse::Encrypted });
+        }
         return copy_encrypted(rec, dst, from, &kp, src_encrypted.then_some(key_of));
     }
     if rec.block {
@@ -137,6 +125,29 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
     }
     info!(volume.id = %id, volume.source = %src.id, volume.fs = %fs_type, volume.size = rec.size, "cloning a filesystem, used blocks only");
     let uuid = copy::fs_uuid(&kp.devnode).map_err(disk(&id, "read the source's filesystem UUID"))?;
+    // Frozen as late as can be: the probes above read what a writer does not change
+    // (the filesystem's type and UUID), so writers pause for the copy alone.
+    let frozen = match &from.freeze {
+        Some((path, limit)) => {
+            let at = crate::disk::beneath::open(path, &from.roots).map_err(|e| disk(&id, "open the source's mount")(match e {
+                crate::disk::beneath::PathError::Refused(reason) => DiskError::invalid(reason),
+                crate::disk::beneath::PathError::Disk(e) => e,
+            }))?;
+            let Some(at) = at else {
+                return Err(disk(&id, "open the source's mount")(DiskError::NotFound { device: path.clone(), what: "the source's staging path".into() }));
+            };
+            if rec.snapshot.is_none() {
+                refuse_a_long_freeze(&at, &kp, &src.id, path, *limit)?;
+            }
+            info!(volume.id = %src.id, fs.path = %path.display(), freeze.limit_millis = limit.as_millis() as u64, "freezing the filesystem for the copy");
+            let f = freeze::Frozen::freeze(&at, *limit).map_err(disk(&id, "freeze the source's filesystem"))?;
+            // What the filesystem flushed at the freeze is read from the disk, not from
+            // blocks the device cached before it.
+            copy::drop_cache(&kp.devnode).map_err(disk(&id, "read the source from the disk"))?;
+            Some((f, *limit))
+        }
+        None => None,
+    };
     let copied = copy::copy_filesystem(&kp.devnode, &dst.devnode, &fs_type, frozen.as_ref().and(from.freeze.as_ref()).map(|(p, _)| p.as_path())).map_err(disk(&id, "copy the source's filesystem"));
     if let Some((f, limit)) = frozen {
         let thawed = f.thaw().map_err(disk(&id, "thaw the source's filesystem"))?;
