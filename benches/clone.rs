@@ -15,7 +15,8 @@
 //! recorded (the clone's `copied_in_use`), and the writer's longest pause between two
 //! writes, as the writer saw it.
 //!
-//! Run (as root): `cargo bench --bench clone -- [ROUNDS]` (default 3; the median is shown).
+//! Run (as root): `cargo bench --bench clone -- [ROUNDS] [in-use]` (default 3 rounds; the
+//! median is shown; `in-use` runs only the clones of volumes in use).
 
 #[path = "../tests/integration/common/mod.rs"]
 #[allow(dead_code)]
@@ -48,8 +49,12 @@ fn main() {
     let mut call = |q: csi::CreateVolumeRequest| rt.block_on(c.ctrl.create_volume(q)).expect("create").into_inner().volume.unwrap().volume_id;
     let chunk: Vec<u8> = (0..(1 << 20)).map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
     println!("{:<6} {:>10} {:>10} {:>12} {:>14}", "kind", "volume", "data", "clone time", "MiB written");
-    let cases: &[(&str, u64, u64)] =
-        &[("ext4", 1, 0), ("ext4", 1, 64), ("ext4", 4, 64), ("ext4", 4, 512), ("xfs", 1, 64), ("xfs", 4, 64), ("xfs", 4, 512), ("block", 1, 0), ("block", 4, 0)];
+    let only_in_use = std::env::args().any(|a| a == "in-use");
+    let cases: &[(&str, u64, u64)] = if only_in_use {
+        &[]
+    } else {
+        &[("ext4", 1, 0), ("ext4", 1, 64), ("ext4", 4, 64), ("ext4", 4, 512), ("xfs", 1, 64), ("xfs", 4, 64), ("xfs", 4, 512), ("block", 1, 0), ("block", 4, 0)]
+    };
     for (n, &(kind, gib, data)) in cases.iter().enumerate() {
         let block = kind == "block";
         let cap = if block { block_cap() } else { mount_cap(kind) };

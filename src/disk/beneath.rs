@@ -524,16 +524,21 @@ pub fn mount_fs(dev: &Path, target: &Node, fs: &str, opts: &super::mount::MountO
 }
 
 /// Unmounts every mount stacked at `path`; success when nothing is mounted there or
-/// the path does not exist. A mount in use is a [`DiskError::Busy`].
+/// the path does not exist. A mount in use is a [`DiskError::Busy`], once it has stayed
+/// in use for half a second (a descriptor a health check holds for a moment is let go).
 ///
 /// Each layer is looked at through a descriptor (it must be a mount's root) and
 /// unmounted as `/proc/self/fd/P/NAME`, `P` the descriptor of its checked parent and
 /// `NAME` not followed: a descriptor of the mount itself would hold it busy. So only a
 /// mount at that name in that very directory is ever unmounted.
 pub fn unmount_all(path: &Path, roots: &[PathBuf]) -> Result<(), PathError> {
+    const BUSY_TRIES: u32 = 10;
+    const BUSY_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
     let Some((dir, name, root)) = existing_parent(path, roots)? else { return Ok(()) };
     let at = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
-    for _ in 0..=MAX_LAYERS {
+    let mut busy = 0;
+    let mut layers = 0;
+    while layers <= MAX_LAYERS {
         let node = match openat2(dir.as_raw_fd(), name, libc::O_PATH, 0) {
             Ok(fd) => Node { fd, shown: path.to_path_buf() },
             Err(Errno::ENOENT) => return Ok(()),
@@ -546,7 +551,13 @@ pub fn unmount_all(path: &Path, roots: &[PathBuf]) -> Result<(), PathError> {
         }
         match nix::mount::umount2(&at, nix::mount::MntFlags::UMOUNT_NOFOLLOW) {
             // EINVAL: no longer a mount (raced with another unmount); look again.
-            Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => {}
+            Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => layers += 1,
+            // A moment's holder (a health check's descriptor, a probe) lets go soon:
+            // looked at again for up to half a second before the mount is called busy.
+            Err(Errno::EBUSY) if busy < BUSY_TRIES => {
+                busy += 1;
+                std::thread::sleep(BUSY_WAIT);
+            }
             Err(Errno::EBUSY) => {
                 return Err(PathError::Disk(DiskError::Busy {
                     path: path.to_path_buf(),
