@@ -40,7 +40,7 @@ fn main() {
     let rounds: usize = std::env::args().skip(1).find(|a| !a.starts_with('-')).and_then(|a| a.parse().ok()).unwrap_or(3);
     require_host();
     let tmp = short_tempdir();
-    let drive = LoopDrive::new(tmp.path(), "a.img", 10 * GIB);
+    let drive = LoopDrive::new(tmp.path(), "a.img", 24 * GIB);
     let agent = Agent::start(tmp.path(), AgentOpts { extra_toml: "[health]\ninterval = \"1h\"\n".into(), ..Default::default() });
     let _unmount = Unmounter(tmp.path().join("kubelet"));
     let staging = tmp.path().join("kubelet/stage");
