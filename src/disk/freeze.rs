@@ -59,9 +59,23 @@ fn thaw_fd(dir: &File) -> Result<(), nix::Error> {
 
 impl Frozen {
     /// Freezes the filesystem shown at `at` (a mount's root, opened beneath the allowed
-    /// roots) for at most `limit`.
-    pub fn freeze(at: &super::beneath::Node, limit: Duration) -> Result<Frozen, DiskError> {
+    /// roots) for at most `limit`, only if it is the root of a mount of `device`
+    /// (`major:minor`): a path whose mount is gone, or not yet there, shows the
+    /// filesystem under it (the node's own), which is never frozen.
+    pub fn freeze(at: &super::beneath::Node, limit: Duration, device: (u32, u32)) -> Result<Frozen, DiskError> {
         let path = at.shown();
+        let st = at.stat()?;
+        if !st.mount_root || st.dev != device {
+            return Err(DiskError::invalid(format!(
+                "{} is not a mount of the volume's device {}:{} (it shows {}:{}{}); nothing was frozen",
+                path.display(),
+                device.0,
+                device.1,
+                st.dev.0,
+                st.dev.1,
+                if st.mount_root { "" } else { ", not a mount's root" }
+            )));
+        }
         let dir = at.reopen_dir()?;
         let mut arg: libc::c_int = 0;
         // SAFETY: the fd is open for the call; FIFREEZE ignores its argument, which
@@ -118,5 +132,25 @@ impl Drop for Frozen {
         if let Err(e) = self.end() {
             tracing::error!(fs.path = %self.path.display(), error = %e, "cannot thaw a frozen filesystem");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_that_is_not_a_mount_of_the_device_is_never_frozen() {
+        let dir = tempfile::tempdir().unwrap();
+        let stage = dir.path().join("stage");
+        std::fs::create_dir(&stage).unwrap();
+        let at = super::super::beneath::open(&stage, &[dir.path().to_path_buf()]).unwrap().expect("the directory exists");
+        let st = at.stat().unwrap();
+        // A plain directory: the filesystem under it is the node's own. (The limit is
+        // tiny, so even a wrong freeze would be thawed at once.)
+        let e = Frozen::freeze(&at, Duration::from_millis(10), st.dev).err().expect("refused: not a mount's root");
+        assert!(e.to_string().contains("not a mount's root") && e.to_string().contains("nothing was frozen"), "{e}");
+        let e = Frozen::freeze(&at, Duration::from_millis(10), (7, 12345)).err().expect("refused: another device");
+        assert!(e.to_string().contains("is not a mount of the volume's device 7:12345"), "{e}");
     }
 }

@@ -140,7 +140,7 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
                 refuse_a_long_freeze(&at, &kp, &src.id, path, *limit)?;
             }
             info!(volume.id = %src.id, fs.path = %path.display(), freeze.limit_millis = limit.as_millis() as u64, "freezing the filesystem for the copy");
-            let f = freeze::Frozen::freeze(&at, *limit).map_err(disk(&id, "freeze the source's filesystem"))?;
+            let f = freeze::Frozen::freeze(&at, *limit, kp.devnum).map_err(disk(&id, "freeze the source's filesystem"))?;
             // What the filesystem flushed at the freeze is read from the disk, not from
             // blocks the device cached before it.
             copy::drop_cache(&kp.devnode).map_err(disk(&id, "read the source from the disk"))?;
