@@ -86,7 +86,7 @@ fn a_drive_full_of_partitions_offers_nothing_says_why_and_another_drive_takes_th
 
         // Another drive with room takes the next volume.
         let o = LoopDrive::new(tmp.path(), "other.img", 64 * MIB);
-        sh("udevadm", &["settle"]);
+        // (No `udevadm settle`: udev is still busy with the full drive's partitions.)
         wait_ctl(&agent, &o, "managed", |e| e["class"] == "managed");
         agent.wait_drives_clean();
         let (start, end) = drivelet::disk::gpt::usable_region(64 * MIB, 512).unwrap();
@@ -115,11 +115,11 @@ fn a_drive_full_of_partitions_offers_nothing_says_why_and_another_drive_takes_th
 pub(crate) const GROW_POINTS: &[&str] = &["grow.backup_written", "grow.primary_array_written"];
 
 /// Writes a drivelet GPT of 128 entries and no partition (as drivelet wrote its tables
-/// before it made them of 256) and a protective MBR on the image `file`, with the GPT
+/// before it made them of 256) and a protective MBR on the device `dev`, with the GPT
 /// library drivelet used then.
-fn legacy_table(file: &std::path::Path) {
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(file).unwrap();
-    let size = f.metadata().unwrap().len();
+fn legacy_table(dev: &std::path::Path) {
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(dev).unwrap();
+    let size = dev_size(dev);
     let mut disk = gpt::GptConfig::new()
         .writable(true)
         .logical_block_size(gpt::disk::LogicalBlockSize::Lb512)
@@ -164,10 +164,8 @@ fn arm(agent: &Agent, name: &str) {
 /// An agent over one loop drive of `size` bytes that holds an old 128-entry drivelet
 /// table, ready and done cleaning it.
 fn old_table_agent(tmp: &std::path::Path, size: u64) -> (LoopDrive, Agent) {
-    let file = tmp.join("old.img");
-    std::fs::File::create(&file).unwrap().set_len(size).unwrap();
-    legacy_table(&file);
     let drive = LoopDrive::new(tmp, "old.img", size);
+    legacy_table(&drive.dev);
     sh("udevadm", &["settle"]);
     let agent = Agent::start(tmp, AgentOpts::default());
     let e = wait_ctl(&agent, &drive, "managed", |e| e["class"] == "managed");
