@@ -99,9 +99,10 @@ fn a_drive_full_of_partitions_offers_nothing_says_why_and_another_drive_takes_th
         assert_eq!(gpt_entries(&o.dev).len(), 1, "it went to the drive with room");
         other = Some(o);
 
-        // A volume deleted frees its slot on the full drive.
+        // A volume deleted frees its slot on the full drive at once: placement counts
+        // the volume manager's records (the inventory's count follows once udev has
+        // worked through its backlog of the full drive's partition events).
         c.ctrl.delete_volume(del_req(&ids[100])).await.expect("delete");
-        wait_ctl(&agent, &full, "showing 1 free slot", |e| e["slots_free"] == 1);
         let made = c.ctrl.create_volume(create_req("in-the-freed-slot", 128 * MIB, block_cap())).await.expect("a slot is free").into_inner();
         assert_eq!(made.volume.unwrap_or_default().capacity_bytes as u64, 128 * MIB);
         assert_eq!(gpt_entries(&full.dev).len() as u64, SLOTS, "the big volume took the freed slot on the full drive");
