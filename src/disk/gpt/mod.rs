@@ -32,6 +32,11 @@
 //!   udev; callers hold a [`super::lock::DiskLock`] across the
 //!   write and the kernel update that follows, so udev neither probes a half-written
 //!   table nor re-reads it behind drivelet's back;
+//! - a table drivelet writes has [`TABLE_ENTRIES`] (256) entries, as many partitions
+//!   as the kernel gives a disk ([`KERNEL_MAX_PARTITIONS`], 255, is what a table holds);
+//!   one of 128 (written before) grows to 256 at its next write when no partition lies
+//!   where the larger arrays go ([`growth_blocker`]), in the same crash-safe order as
+//!   every write, else keeps 128 and says why ([`GptTable::cannot_grow`]);
 //! - only partitions of drivelet's type are ever removed or resized.
 
 use std::collections::BTreeMap;
