@@ -6,9 +6,12 @@
 //! Every step is timed by `drivelet::disk::timing`; steps nest (`gpt.flush` is part of
 //! `gpt.add`), so a step's figure includes those indented under it.
 //!
-//! Run (as root): `cargo bench --bench disk_steps -- [ROUNDS] [SIZE_MIB]` (default 50
-//! rounds of a 64 MiB volume on a 1 GiB loop drive). Prints p50/p90/max per step and of
-//! the whole operation, and the load average before and after.
+//! Run (as root): `cargo bench --bench disk_steps -- [ROUNDS] [SIZE_MIB] [PARTITIONS]`
+//! (default 50 rounds of a 64 MiB volume on a 1 GiB loop drive that holds one other
+//! volume: 2 partitions while the measured one exists). PARTITIONS sets how many
+//! partitions the drive holds while the measured volume exists (1 to 255: the others are
+//! 1 MiB volumes made first and kept), to see what a full table costs. Prints p50/p90/max
+//! per step and of the whole operation, and the load average before and after.
 
 #[path = "../tests/integration/common/mod.rs"]
 #[allow(dead_code)]
@@ -130,6 +133,7 @@ fn main() {
     let mut args = std::env::args().skip(1).filter(|a| !a.starts_with('-'));
     let rounds: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(50);
     let size_mib: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
+    let partitions: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(2).clamp(1, gpt::KERNEL_MAX_PARTITIONS);
     require_host();
     // As an agent runs: every table change carries the drive's note (who owns it, its
     // volumes). NO_NOTE=1 leaves the identity unset, so commits write no note: the two
@@ -145,14 +149,18 @@ fn main() {
     let store = Store::open(&tmp.path().join("state")).expect("open store");
     sh("udevadm", &["settle"]);
     println!("load average before: {}", loadavg());
-    // One volume that stays, so the drive has a table and a neighbour partition, as
-    // on a node in use; the measured volume comes and goes after it.
-    let keep = record(0, "bench", MIB, 16 * MIB);
+    // Volumes that stay (PARTITIONS - 1 of 1 MiB, one by default), so the drive has a
+    // table and neighbour partitions, as on a node in use; the measured volume comes and
+    // goes after them.
     let guards = std::sync::Arc::new(drivelet::actors::volumes::Guards::default());
-    steps::create(&store, &loc, keep.clone(), None).result.expect("create the neighbour volume");
+    let kept: Vec<VolumeRecord> = (1..partitions).map(|n| record(10_000 + n, "bench", u64::from(n) * MIB, MIB)).collect();
+    for keep in &kept {
+        steps::create(&store, &loc, keep.clone(), None).result.expect("create a neighbour volume");
+    }
+    println!("partitions on the drive while the measured volume exists: {partitions}");
     let (mut create, mut delete) = (Steps::default(), Steps::default());
     for i in 1..=rounds {
-        let rec = record(i, "bench", 32 * MIB, size_mib * MIB);
+        let rec = record(i, "bench", 512 * MIB, size_mib * MIB);
         timing::record();
         let t0 = Instant::now();
         let done = steps::create(&store, &loc, rec, None).result.expect("create");
@@ -161,7 +169,9 @@ fn main() {
         steps::delete(&store, &guards, Some(&loc), done).result.expect("delete");
         delete.add(t0.elapsed(), timing::take());
     }
-    steps::delete(&store, &guards, Some(&loc), VolumeRecord { state: VolumeState::Available, ..keep }).result.expect("delete the neighbour");
+    for keep in kept {
+        steps::delete(&store, &guards, Some(&loc), VolumeRecord { state: VolumeState::Available, ..keep }).result.expect("delete a neighbour");
+    }
     println!("load average after: {}", loadavg());
     println!("drive {} ({}), store {}", drive.dev.display(), PathBuf::from(&drive.file).display(), Store::path_in(&tmp.path().join("state")).display());
     create.print("CreateVolume (block)", CREATE);

@@ -1,8 +1,9 @@
 //! Benchmark: how start-up, memory and cheap RPCs grow with the number of volumes.
 //! Real binary, real loop drives with real drivelet GPTs, real udev.
 //!
-//! For each volume count V: 64 sparse 2 GiB loop drives (more when V > 64 x 128, since
-//! a drivelet GPT holds 128 entries: V = 10000 takes 79), each given a drivelet GPT
+//! For each volume count V: 64 sparse 2 GiB loop drives (more when V > 64 x 128: the
+//! bench keeps 128 volumes a drive, what a drivelet GPT held before its tables had 256
+//! entries; V = 10000 takes 79), each given a drivelet GPT
 //! with its share of V partitions of 8 MiB (a drive with no share gets an empty
 //! drivelet GPT, as a drive whose volumes were deleted has), written with drivelet's own
 //! `disk::gpt::add_partition` into the image files before they are attached (with

@@ -51,6 +51,8 @@ fn snapshot(volumes: usize, drives: usize) -> Gauges {
                 allocatable: if d == 0 { 0 } else { 3000 * GIB },
                 cleaning: 0,
                 volumes: (volumes / drives) as u64,
+                slots_free: 255u64.saturating_sub((volumes / drives) as u64),
+                slots: 255,
             }),
         });
         *g.drives_by_state.entry(("managed".into(), "good".into(), "active".into())).or_default() += 1;

@@ -311,7 +311,7 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 
 /// Renders drives as an aligned table.
 pub fn drives_table(drives: &[DriveView]) -> String {
-    let header = ["ID", "PATH", "SIZE", "MEDIA", "CLASS", "HEALTH", "USAGE", "FREE", "VOLS", "REASON"];
+    let header = ["ID", "PATH", "SIZE", "MEDIA", "CLASS", "HEALTH", "USAGE", "FREE", "SLOTS", "VOLS", "REASON"];
     let rows: Vec<Vec<String>> = drives
         .iter()
         .map(|v| {
@@ -338,6 +338,8 @@ pub fn drives_table(drives: &[DriveView]) -> String {
                 } else {
                     "-".into()
                 },
+                // Slots free in its partition table: a volume takes one whatever its size.
+                if d.class == crate::words::DriveClass::Managed { d.slots_free.to_string() } else { "-".into() },
                 // Partitions on a drive drivelet does not manage are not its
                 // volumes (another node's, seen through a shared backing store).
                 if d.class == crate::words::DriveClass::Managed { d.volumes.to_string() } else { "-".into() },

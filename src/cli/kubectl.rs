@@ -145,6 +145,9 @@ pub struct DriveRow {
     pub presence: String,
     /// Bytes free for new volumes (managed drives).
     pub free_bytes: Option<u64>,
+    /// Partition-table slots free for new volumes (managed drives).
+    #[serde(default)]
+    pub free_slots: Option<u32>,
     /// Volumes on it.
     pub volumes: usize,
     /// What an admin asked of it (`spec.action`), if anything.
@@ -206,6 +209,7 @@ pub(crate) fn drive_row(d: &Drive) -> DriveRow {
         health: st.health.as_ref().map(word).unwrap_or_default(),
         presence: word(&st.presence),
         free_bytes: st.free_bytes,
+        free_slots: st.free_slots,
         volumes: st.volumes.len(),
         action: d.spec.action.map(|a| a.as_str().to_string()),
         action_status: condition.map(|c| c.message.clone()),
@@ -259,7 +263,7 @@ pub async fn volumes(client: &Client, node: Option<&str>, drive: Option<&str>) -
 
 /// The drives table: `ctl drives`' columns with the node first and no path.
 pub fn drives_table(rows: &[DriveRow]) -> String {
-    let header = ["NODE", "ID", "SIZE", "MEDIA", "CLASS", "HEALTH", "USAGE", "FREE", "VOLS", "REASON"];
+    let header = ["NODE", "ID", "SIZE", "MEDIA", "CLASS", "HEALTH", "USAGE", "FREE", "SLOTS", "VOLS", "REASON"];
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
@@ -272,6 +276,7 @@ pub fn drives_table(rows: &[DriveRow]) -> String {
                 r.health.clone(),
                 r.usage.clone(),
                 r.free_bytes.map(human_bytes).unwrap_or_else(|| "-".into()),
+                r.free_slots.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
                 if r.class == "managed" { r.volumes.to_string() } else { "-".into() },
                 r.reason.clone(),
             ]

@@ -279,6 +279,11 @@ pub(crate) struct DriveStatus {
     /// Bytes of the disk no volume holds, as `ctl drives` counts them (managed disks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub free_bytes: Option<u64>,
+    /// Partition-table slots of the disk free for new volumes, as `ctl drives` counts
+    /// them (managed disks): a volume takes one whatever its size, so a disk with none
+    /// takes no new volume however many bytes are free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_slots: Option<u32>,
     /// Where each volume stands while the drive is evacuated (`spec.action: evacuate`):
     /// those still on it, and those moved off it since the node's agent last started.
     /// Absent when no evacuation was asked.
@@ -452,6 +457,7 @@ mod tests {
             volumes: vec!["vol-1".into()],
             volume_details: vec![],
             free_bytes: None,
+            free_slots: None,
             conditions: vec![],
             evacuation: vec![],
             snapshots: vec![],

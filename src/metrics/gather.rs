@@ -9,16 +9,17 @@
 //!   allocatable is the largest volume [`placement::capacity`] offers on that drive
 //!   alone (0 when closed: cordoned, releasing, released or BAD); before the volume
 //!   manager is ready, the inventory's own free figures and nothing allocatable;
+//! - a managed drive's free partition-table slots are the placement model's too
+//!   ([`placement::free_slots`]); with none left its free bytes and allocatable are 0;
 //! - a drive's usage and volumes come from the volume manager; its class, health and
 //!   SMART figures from the inventory.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::gauges::{DriveFigures, EvacuationFigures, Gauges, ManagedFigures, VolumeFigures};
 use crate::actors::inventory::model::Drive;
 use crate::actors::volumes::evacuate::PendingState;
-use crate::actors::volumes::placement::{self, Candidate};
+use crate::actors::volumes::placement;
 use crate::actors::volumes::VolumesScrape;
 use crate::words::{DriveClass, LayoutKind};
 
@@ -40,17 +41,26 @@ pub(crate) fn gauges(node: &str, ready: bool, drives: &[Drive], s: &VolumesScrap
         let key = (d.class.as_str().to_string(), d.health.health.as_str().to_string(), usage.map_or("active", |u| u.as_str()).to_string());
         *g.drives_by_state.entry(key).or_default() += 1;
         let managed = (d.class == DriveClass::Managed).then(|| {
-            let (free, largest_free, allocatable) = match rooms.get(d.id.as_str()) {
+            let (free, largest_free, allocatable, slots_free) = match rooms.get(d.id.as_str()) {
                 Some(r) => {
-                    let c = Candidate { drive: &r.drive, used: Cow::Borrowed(&r.used), closed: r.closed };
+                    let c = r.candidate();
                     let extents = placement::room_on(&c, LayoutKind::Partition, 0);
                     let cap = placement::capacity(std::slice::from_ref(&c), None, LayoutKind::Partition, 1);
-                    (extents.iter().map(|e| e.1).sum(), extents.iter().map(|e| e.1).max().unwrap_or(0), cap.maximum_volume_size)
+                    (extents.iter().map(|e| e.1).sum(), extents.iter().map(|e| e.1).max().unwrap_or(0), cap.maximum_volume_size, placement::free_slots(&c))
                 }
-                None => (d.free_bytes, d.largest_free_bytes, 0),
+                None => (d.free_bytes, d.largest_free_bytes, 0, d.slots_free),
             };
             let volumes = if ready_view { on_drive.get(d.id.as_str()).copied().unwrap_or(0) } else { u64::from(d.volumes) };
-            ManagedFigures { usage, free, largest_free, allocatable, cleaning: cleaning.get(d.id.as_str()).copied().unwrap_or(0), volumes }
+            ManagedFigures {
+                usage,
+                free,
+                largest_free,
+                allocatable,
+                cleaning: cleaning.get(d.id.as_str()).copied().unwrap_or(0),
+                volumes,
+                slots_free: u64::from(slots_free),
+                slots: u64::from(d.partition_slots),
+            }
         });
         g.drives.push(DriveFigures {
             id: d.id.clone(),

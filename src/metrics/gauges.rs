@@ -94,6 +94,11 @@ pub struct ManagedFigures {
     pub cleaning: u64,
     /// Volumes on it.
     pub volumes: u64,
+    /// Partition-table slots still free on it (one per new volume, whatever its size).
+    pub slots_free: u64,
+    /// Partition-table slots it has in all (its table's entries, at most the kernel's
+    /// per-disk limit).
+    pub slots: u64,
 }
 
 /// One volume, as its series show it.
@@ -317,6 +322,15 @@ impl Gauges {
         )?;
         self.per_drive(enc, "drivelet_drive_cleaning", "Freed bytes of a managed drive waiting for or being zeroed by the cleaner.", Some(Unit::Bytes), Gauge, room(|m| m.cleaning))?;
         self.per_drive(enc, "drivelet_drive_volumes", "Volumes on a managed drive.", None, Gauge, room(|m| m.volumes))?;
+        self.per_drive(
+            enc,
+            "drivelet_drive_partition_slots_free",
+            "Partition-table slots of a managed drive free for new volumes (a volume takes one whatever its size; 0 means the drive takes no new volume).",
+            None,
+            Gauge,
+            room(|m| m.slots_free),
+        )?;
+        self.per_drive(enc, "drivelet_drive_partition_slots", "Partition-table slots of a managed drive in all (its table's entries, at most the kernel's per-disk limit).", None, Gauge, room(|m| m.slots))?;
         self.per_drive(enc, "drivelet_drive_health_checked_timestamp", "Unix time of the last SMART poll that read the drive.", Some(Unit::Seconds), Gauge, |d| {
             (d.checked_unix > 0).then_some(Num::U(d.checked_unix))
         })?;

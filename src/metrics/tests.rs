@@ -27,7 +27,7 @@ pub(super) fn sample() -> Gauges {
         health: Health::Suspect,
         checked_unix: 1_760_000_000,
         smart: SmartFigures { temperature_c: Some(35), power_on_hours: Some(12798), percentage_used: Some(3), media_errors: Some(7), ..Default::default() },
-        managed: Some(ManagedFigures { usage: Some(DriveUseState::Releasing), free: 100 * GIB, largest_free: 60 * GIB, allocatable: 0, cleaning: GIB, volumes: 2 }),
+        managed: Some(ManagedFigures { usage: Some(DriveUseState::Releasing), free: 100 * GIB, largest_free: 60 * GIB, allocatable: 0, cleaning: GIB, volumes: 2, slots_free: 250, slots: 255 }),
     };
     let sata = DriveFigures {
         id: "wwn-0x5000cca".into(),
@@ -49,7 +49,7 @@ pub(super) fn sample() -> Gauges {
             crc_errors: Some(12),
             ..Default::default()
         },
-        managed: Some(ManagedFigures { usage: None, free: 7000 * GIB, largest_free: 7000 * GIB, allocatable: 7000 * GIB, cleaning: 0, volumes: 1 }),
+        managed: Some(ManagedFigures { usage: None, free: 7000 * GIB, largest_free: 7000 * GIB, allocatable: 7000 * GIB, cleaning: 0, volumes: 1, slots_free: 254, slots: 255 }),
     };
     let system = DriveFigures {
         id: "name-vda".into(),
@@ -201,6 +201,7 @@ fn each_drive_has_its_figures_labelled_with_node_drive_serial_model_and_media() 
             &format!("drivelet_drive_size_bytes{{{vda}}} {}", 256 * GIB),
             &format!("drivelet_drive_free_bytes{{{nvme}}} {}", 100 * GIB),
             &format!("drivelet_drive_largest_free_extent_bytes{{{nvme}}} {}", 60 * GIB),
+            &format!("drivelet_drive_partition_slots_free{{{nvme}}} 250"),
             &format!("drivelet_drive_allocatable_bytes{{{nvme}}} 0"),
             &format!("drivelet_drive_cleaning_bytes{{{nvme}}} {GIB}"),
             &format!("drivelet_drive_volumes{{{nvme}}} 2"),
@@ -325,6 +326,8 @@ const SPEC: &[(&str, &str, &[&str])] = &[
     ("drivelet_drive_allocatable_bytes", "gauge", DRIVE),
     ("drivelet_drive_cleaning_bytes", "gauge", DRIVE),
     ("drivelet_drive_volumes", "gauge", DRIVE),
+    ("drivelet_drive_partition_slots_free", "gauge", DRIVE),
+    ("drivelet_drive_partition_slots", "gauge", DRIVE),
     ("drivelet_drive_health_checked_timestamp_seconds", "gauge", DRIVE),
     ("drivelet_drive_temperature_celsius", "gauge", DRIVE),
     ("drivelet_drive_endurance_used_ratio", "gauge", DRIVE),
@@ -396,7 +399,7 @@ fn a_managed_drives_room_is_what_placement_offers_and_a_closed_drive_offers_noth
     let used = vec![(rec.start, rec.size)];
     let view = VolumesView::ready(
         vec![Listed { record: Arc::new(rec.clone()), condition: Arc::new(Condition::healthy()) }],
-        vec![DriveRoom { drive: open.clone(), used: used.clone(), closed: false }, DriveRoom { drive: cordoned.clone(), used: Vec::new(), closed: true }],
+        vec![DriveRoom { drive: open.clone(), used: used.clone(), closed: false, slots_used: 1 }, DriveRoom { drive: cordoned.clone(), used: Vec::new(), closed: true, slots_used: 0 }],
     );
     let scrape = VolumesScrape {
         view: Arc::new(view),
@@ -410,6 +413,7 @@ fn a_managed_drives_room_is_what_placement_offers_and_a_closed_drive_offers_noth
     let (free, largest) = (extents.iter().map(|e| e.1).sum::<u64>(), extents.iter().map(|e| e.1).max().unwrap_or(0));
     let d1 = g.drives[0].managed.expect("d1 is managed");
     assert_eq!((d1.usage, d1.free, d1.largest_free, d1.allocatable, d1.cleaning, d1.volumes), (None, free, largest, largest, 5 << 20, 1));
+    assert_eq!((d1.slots_free, d1.slots), (254, 255), "one slot taken of the kernel's 255");
     let (s, e) = gpt::usable_region(GIB, 512).expect("a usable region");
     let d2 = g.drives[1].managed.expect("d2 is managed");
     assert_eq!((d2.usage, d2.free, d2.allocatable, d2.volumes), (Some(DriveUseState::Cordoned), e - s, 0, 0), "a cordoned drive offers nothing");

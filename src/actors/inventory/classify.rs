@@ -435,6 +435,8 @@ mod tests {
                 attrs: 0,
             }],
             note: crate::disk::note::NoteState::Absent,
+            entries: gpt::TABLE_ENTRIES,
+            cannot_grow: None,
         })
     }
 

@@ -5,6 +5,11 @@
 //! - probes run off the actor thread, one at a time; events that arrive while a probe
 //!   runs are coalesced per disk and probed right after, so the newest state wins and
 //!   queries are never stuck behind a burst of events;
+//! - a disk is probed at most once per [`PROBE_GAP`]: the first event after a quiet
+//!   spell is probed at once, the burst after it (udev sends a change for every
+//!   partition of a disk after each table write, 255 on a full drive) once the gap is
+//!   over, so the inventory's probes, which read the whole disk under its shared lock,
+//!   do not grow with the partitions a drive holds;
 //! - every change is logged once, naming what changed (a health verdict only when the
 //!   verdict, its reason or the first check is new), and sent to subscribers as a
 //!   [`DriveEvent`];
@@ -36,6 +41,11 @@ use crate::config::DrivesConfig;
 use crate::disk::mounts::HostUsage;
 use crate::disk::udev::{self, DiskProbe};
 
+/// The shortest time between two probes of one disk on its own (a full scan is not
+/// held back): a burst of events for a disk is probed once per gap, the newest state
+/// winning.
+pub const PROBE_GAP: Duration = Duration::from_millis(250);
+
 /// What one probe round should look at.
 enum ProbeJob {
     All,
@@ -60,6 +70,10 @@ pub struct DriveInventory {
     probing: bool,
     want_full: bool,
     dirty: BTreeSet<String>,
+    /// When each disk was last probed on its own ([`PROBE_GAP`]).
+    probed: BTreeMap<String, std::time::Instant>,
+    /// A kick is scheduled for when the first waiting disk's gap is over.
+    kick_later: bool,
     /// Health verdicts by drive id, kept across rescans and re-appearances.
     health: BTreeMap<String, model::DriveHealth>,
     /// Where whether the first full scan is done is published (Probe reads it).
@@ -112,6 +126,8 @@ impl DriveInventory {
             probing: false,
             want_full: true,
             dirty: BTreeSet::new(),
+            probed: BTreeMap::new(),
+            kick_later: false,
             health: BTreeMap::new(),
             scanned: ScanPublisher::default(),
         }
@@ -155,7 +171,24 @@ impl DriveInventory {
             self.dirty.clear();
             ProbeJob::All
         } else if !self.dirty.is_empty() {
-            ProbeJob::Disks(std::mem::take(&mut self.dirty))
+            let now = std::time::Instant::now();
+            let wait = |name: &String| self.probed.get(name).map_or(Duration::ZERO, |at| PROBE_GAP.saturating_sub(now.duration_since(*at)));
+            let (ready, waiting): (BTreeSet<String>, BTreeSet<String>) = std::mem::take(&mut self.dirty).into_iter().partition(|n| wait(n).is_zero());
+            if let Some(first) = waiting.iter().map(wait).min().filter(|_| !self.kick_later) {
+                self.kick_later = true;
+                ctx.run_later(first, |act, ctx| {
+                    act.kick_later = false;
+                    act.kick(ctx);
+                });
+            }
+            self.dirty = waiting;
+            if ready.is_empty() {
+                return;
+            }
+            for n in &ready {
+                self.probed.insert(n.clone(), now);
+            }
+            ProbeJob::Disks(ready)
         } else {
             return;
         };

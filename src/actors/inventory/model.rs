@@ -68,6 +68,16 @@ pub struct Drive {
     pub largest_free_bytes: u64,
     /// Whether the drive has no partition table yet (a `layout=drive` candidate).
     pub blank: bool,
+    /// How many partitions its table holds (managed drives): the kernel's limit
+    /// ([`gpt::KERNEL_MAX_PARTITIONS`]) for a blank drive and a table of
+    /// [`gpt::TABLE_ENTRIES`] entries (or one that grows to that many at its next
+    /// write), else the entries of its table; 0 for other drives.
+    #[serde(default)]
+    pub partition_slots: u32,
+    /// Partition slots still free on it (managed drives): [`Drive::partition_slots`]
+    /// less the partitions the kernel reports.
+    #[serde(default)]
+    pub slots_free: u32,
     /// Partitions the kernel reports on it that are not drivelet volumes (those are
     /// the volume manager's to count), `(start, len)` in bytes.
     #[serde(default)]
@@ -141,6 +151,21 @@ impl Drive {
             _ => 0,
         };
         let volumes = p.partitions.iter().filter(|q| q.part_type == gpt::PARTITION_TYPE).count().saturating_sub(snapshots) as u32;
+        let table = match &p.examined {
+            Some(Ok(crate::disk::gpt::Contents::Drivelet(t))) => Some(t),
+            _ => None,
+        };
+        let partition_slots = match (class == DriveClass::Managed, table) {
+            (false, _) => 0,
+            (true, Some(t)) => t.slots(),
+            (true, None) => gpt::partition_slots(gpt::TABLE_ENTRIES),
+        };
+        let slots_free = partition_slots.saturating_sub(u32::try_from(p.partitions.len()).unwrap_or(u32::MAX));
+        // A table that cannot hold as many partitions as the kernel allows says why.
+        let reason = match table.and_then(|t| t.cannot_grow.as_deref()) {
+            Some(why) if class == DriveClass::Managed => format!("{reason}; {why}"),
+            _ => reason,
+        };
         let (free_bytes, largest_free_bytes) = if class == DriveClass::Managed {
             let used: Vec<(u64, u64)> = p.partitions.iter().map(|q| (q.start, q.size)).collect();
             let free = gpt::free_extents(p.size, p.logical_block_size, &used);
@@ -180,6 +205,8 @@ impl Drive {
             free_bytes,
             largest_free_bytes,
             blank: p.partitions.is_empty() && p.prop("ID_PART_TABLE_TYPE").is_none(),
+            partition_slots,
+            slots_free,
             extents: p
                 .partitions
                 .iter()
@@ -211,6 +238,7 @@ impl Drive {
             (self.volumes != old.volumes, "volumes"),
             ((self.free_bytes, self.largest_free_bytes) != (old.free_bytes, old.largest_free_bytes), "free space"),
             ((self.blank, &self.extents) != (old.blank, &old.extents), "partitions"),
+            ((self.partition_slots, self.slots_free) != (old.partition_slots, old.slots_free), "partition slots"),
             (self.health != old.health, "health"),
         ]
         .into_iter()
@@ -245,6 +273,8 @@ impl Drive {
             free_bytes: 0,
             largest_free_bytes: 0,
             blank: true,
+            partition_slots: gpt::KERNEL_MAX_PARTITIONS,
+            slots_free: gpt::KERNEL_MAX_PARTITIONS,
             extents: vec![],
             health: DriveHealth::default(),
             owner: Default::default(),

@@ -174,7 +174,7 @@ impl VolumeBook {
         let drives = self
             .candidates()
             .into_iter()
-            .map(|c| DriveRoom { drive: c.drive.clone(), used: c.used.into_owned(), closed: c.closed })
+            .map(|c| DriveRoom { drive: c.drive.clone(), used: c.used.into_owned(), closed: c.closed, slots_used: c.slots_used })
             .collect();
         self.view.publish(VolumesView::ready(volumes, drives));
     }
@@ -478,6 +478,7 @@ impl VolumeBook {
     /// used (always, but to tell whether a create waits for the cleaner).
     fn candidates_with(&self, with_dirty: bool) -> Vec<Candidate<'_>> {
         // One pass over the records, not one per drive.
+        // Each record's extent (and a move's other one) is a partition: one slot each.
         let mut by_drive: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
         for r in self.records.values().filter(|r| r.adopted.is_none()) {
             by_drive.entry(r.drive_id.as_str()).or_default().push((r.start, r.size));
@@ -492,11 +493,12 @@ impl VolumeBook {
             .map(|d| {
                 let mut used = by_drive.remove(d.id.as_str()).unwrap_or_default();
                 used.extend(d.extents.iter().copied());
+                let slots_used = u32::try_from(used.len()).unwrap_or(u32::MAX);
                 if with_dirty {
                     used.extend(self.dirty.get(&d.id).into_iter().flat_map(|x| x.extents.iter().copied()));
                 }
                 let closed = self.drive_use.contains_key(&d.id) || d.health.health == Health::Bad;
-                Candidate { drive: d, used: used.into(), closed }
+                Candidate { drive: d, used: used.into(), closed, slots_used }
             })
             .collect()
     }

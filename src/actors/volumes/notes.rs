@@ -177,7 +177,7 @@ mod tests {
     fn room(id: &str, blank: bool) -> DriveRoom {
         let mut d = Drive::for_test(id, Media::Virtual, 1 << 30);
         d.blank = blank;
-        DriveRoom { drive: d, used: vec![], closed: false }
+        DriveRoom { drive: d, used: vec![], closed: false, slots_used: 0 }
     }
 
     #[test]

@@ -7,14 +7,18 @@
 //!   releasing or released, not BAD. The same filter serves [`place`] and [`capacity`].
 //! - What a drive can take ([`room_on`]): for `layout=partition`, its free extents
 //!   (aligned to 1 MiB, between the primary and the backup GPT), each usable only if it
-//!   holds the smallest volume asked for; for `layout=drive`, its whole usable region, and
-//!   only while nothing is on it.
+//!   holds the smallest volume asked for, and nothing at all once its partition table
+//!   has no free slot ([`free_slots`]: a partition takes one whatever its size, so a
+//!   drive full of small volumes offers 0 bytes however much space is left); for
+//!   `layout=drive`, its whole usable region, and only while nothing is on it (an empty
+//!   table always has a slot).
 //! - [`place`]: among eligible drives with room for the volume, the one with the least
 //!   free space left (best fit, keeping large extents for large volumes); ties go to the
 //!   drive id in order. A partition takes the lowest free extent that fits; a whole-drive
 //!   volume takes the drive's usable region.
 //! - [`capacity`]: `maximum_volume_size` is the largest single volume [`place`] accepts
-//!   now, `available` the sum of every usable extent (what volumes of the largest size,
+//!   now, `available` the sum of every usable extent, on each drive at most as many
+//!   (the largest) as it has free partition slots (what volumes of the largest size,
 //!   one after another, would fill). No I/O here.
 
 use std::borrow::Cow;
@@ -54,6 +58,24 @@ pub(crate) struct Candidate<'a> {
     pub used: Cow<'a, [(u64, u64)]>,
     /// The drive must not take new volumes (releasing, failing).
     pub closed: bool,
+    /// Partition-table slots taken on it: one per partition (volumes, snapshots, move
+    /// copies, the kernel's other partitions), whatever its size.
+    pub slots_used: u32,
+}
+
+/// Partition-table slots still free on `c`: what its table holds
+/// ([`Drive::partition_slots`]) less what is taken.
+pub(crate) fn free_slots(c: &Candidate<'_>) -> u32 {
+    c.drive.partition_slots.saturating_sub(c.slots_used)
+}
+
+/// Words for a drive with no free slot left.
+fn slots_full(c: &Candidate<'_>) -> String {
+    format!(
+        "drive {} holds {} partitions (volumes and snapshots), the most its partition table can",
+        c.drive.path.display(),
+        c.slots_used
+    )
 }
 
 /// What GetCapacity answers for one set of parameters.
@@ -78,6 +100,7 @@ pub(crate) fn open_drives<'c, 'a>(cands: &'c [Candidate<'a>], media: Option<Medi
 /// The extents `(start, len)` of `c` a volume of at least `minimum` bytes could take.
 pub(crate) fn room_on(c: &Candidate<'_>, layout: LayoutKind, minimum: u64) -> Vec<(u64, u64)> {
     match layout {
+        LayoutKind::Partition if free_slots(c) == 0 => Vec::new(),
         LayoutKind::Partition => {
             let mut free = gpt::free_extents(c.drive.size_bytes, c.drive.logical_block_size, &c.used);
             free.retain(|e| e.1 >= minimum);
@@ -126,7 +149,18 @@ pub(crate) fn place(cands: &[Candidate<'_>], media: Option<Media>, layout: Layou
     }
     best.map(|b| b.2).ok_or_else(|| match layout {
         LayoutKind::Drive => NoRoom::Full(format!("no empty managed {what}drive of at least {size} bytes is free")),
-        LayoutKind::Partition => NoRoom::Full(format!("no managed {what}drive has {size} contiguous free bytes")),
+        LayoutKind::Partition => {
+            let (full, other): (Vec<_>, Vec<_>) = open_drives(cands, media).partition(|c| free_slots(c) == 0);
+            let full: Vec<String> = full.into_iter().map(slots_full).collect();
+            match (full.is_empty(), other.is_empty()) {
+                (true, _) => NoRoom::Full(format!("no managed {what}drive has {size} contiguous free bytes")),
+                (false, true) => NoRoom::Full(format!("no free partition slot: {}", full.join("; "))),
+                (false, false) => NoRoom::Full(format!(
+                    "no managed {what}drive has {size} contiguous free bytes, and the others have no free partition slot: {}",
+                    full.join("; ")
+                )),
+            }
+        }
     })
 }
 
@@ -135,7 +169,13 @@ pub(crate) fn place(cands: &[Candidate<'_>], media: Option<Media>, layout: Layou
 pub(crate) fn capacity(cands: &[Candidate<'_>], media: Option<Media>, layout: LayoutKind, minimum: u64) -> Capacity {
     let mut cap = Capacity::default();
     for c in open_drives(cands, media) {
-        for (_, len) in room_on(c, layout, minimum) {
+        let mut room = room_on(c, layout, minimum);
+        if layout == LayoutKind::Partition {
+            // One volume per slot: the largest extents are what the slots can fill.
+            room.sort_by(|a, b| b.1.cmp(&a.1));
+            room.truncate(usize::try_from(free_slots(c)).unwrap_or(usize::MAX));
+        }
+        for (_, len) in room {
             cap.available += len;
             cap.maximum_volume_size = cap.maximum_volume_size.max(len);
         }
@@ -160,9 +200,9 @@ mod tests {
         let b = drive("b", Media::Ssd, 4 * GIB);
         let c = drive("c", Media::Hdd, 2 * GIB);
         let cands = vec![
-            Candidate { drive: &a, used: vec![].into(), closed: false },
-            Candidate { drive: &b, used: vec![(MIB, GIB)].into(), closed: false },
-            Candidate { drive: &c, used: vec![].into(), closed: false },
+            Candidate { drive: &a, used: vec![].into(), closed: false, slots_used: 0 },
+            Candidate { drive: &b, used: vec![(MIB, GIB)].into(), closed: false, slots_used: 0 },
+            Candidate { drive: &c, used: vec![].into(), closed: false, slots_used: 0 },
         ];
         let p = place(&cands, None, LayoutKind::Partition, GIB).unwrap();
         assert_eq!((p.drive_id.as_str(), p.start), ("c", MIB));
@@ -179,14 +219,14 @@ mod tests {
         let a = drive("a", Media::Ssd, 4 * GIB);
         let b = drive("b", Media::Ssd, 2 * GIB);
         let cands = vec![
-            Candidate { drive: &a, used: vec![].into(), closed: false },
-            Candidate { drive: &b, used: vec![(MIB, MIB)].into(), closed: false },
+            Candidate { drive: &a, used: vec![].into(), closed: false, slots_used: 0 },
+            Candidate { drive: &b, used: vec![(MIB, MIB)].into(), closed: false, slots_used: 0 },
         ];
         let p = place(&cands, None, LayoutKind::Drive, MIB).unwrap();
         assert_eq!(p.drive_id, "a");
         assert_eq!(p.start, MIB);
         assert_eq!(p.size, gpt::usable_region(4 * GIB, 512).map(|(s, e)| e - s).unwrap());
-        let cands = vec![Candidate { drive: &b, used: vec![(MIB, MIB)].into(), closed: false }];
+        let cands = vec![Candidate { drive: &b, used: vec![(MIB, MIB)].into(), closed: false, slots_used: 0 }];
         assert!(matches!(place(&cands, None, LayoutKind::Drive, MIB), Err(NoRoom::Full(_))));
     }
 
@@ -196,8 +236,8 @@ mod tests {
         let mut f = drive("f", Media::Ssd, 4 * GIB);
         f.class = DriveClass::Foreign;
         let cands = vec![
-            Candidate { drive: &a, used: vec![].into(), closed: true },
-            Candidate { drive: &f, used: vec![].into(), closed: false },
+            Candidate { drive: &a, used: vec![].into(), closed: true, slots_used: 0 },
+            Candidate { drive: &f, used: vec![].into(), closed: false, slots_used: 0 },
         ];
         assert!(matches!(place(&cands, None, LayoutKind::Partition, MIB), Err(NoRoom::Full(_))));
     }
@@ -218,20 +258,20 @@ mod tests {
         // (candidates, media, layout, minimum) -> (available, maximum)
         let cases: Vec<(Vec<Candidate<'_>>, Option<Media>, LayoutKind, u64, u64, u64)> = vec![
             // Empty drives: everything, the biggest whole region is the maximum.
-            (vec![Candidate { drive: &a, used: vec![].into(), closed: false }, Candidate { drive: &h, used: vec![].into(), closed: false }], None, p, MIB, region(2 * GIB) + region(4 * GIB), region(4 * GIB)),
+            (vec![Candidate { drive: &a, used: vec![].into(), closed: false, slots_used: 0 }, Candidate { drive: &h, used: vec![].into(), closed: false, slots_used: 0 }], None, p, MIB, region(2 * GIB) + region(4 * GIB), region(4 * GIB)),
             // Media filter.
-            (vec![Candidate { drive: &a, used: vec![].into(), closed: false }, Candidate { drive: &h, used: vec![].into(), closed: false }], Some(Media::Ssd), p, MIB, region(2 * GIB), region(2 * GIB)),
+            (vec![Candidate { drive: &a, used: vec![].into(), closed: false, slots_used: 0 }, Candidate { drive: &h, used: vec![].into(), closed: false, slots_used: 0 }], Some(Media::Ssd), p, MIB, region(2 * GIB), region(2 * GIB)),
             // A releasing or BAD drive (closed) promises nothing; a foreign one neither.
-            (vec![Candidate { drive: &h, used: vec![].into(), closed: true }, Candidate { drive: &a, used: vec![].into(), closed: false }], None, p, MIB, region(2 * GIB), region(2 * GIB)),
-            (vec![Candidate { drive: &h, used: vec![].into(), closed: true }, Candidate { drive: &f, used: vec![].into(), closed: false }], None, p, MIB, 0, 0),
+            (vec![Candidate { drive: &h, used: vec![].into(), closed: true, slots_used: 0 }, Candidate { drive: &a, used: vec![].into(), closed: false, slots_used: 0 }], None, p, MIB, region(2 * GIB), region(2 * GIB)),
+            (vec![Candidate { drive: &h, used: vec![].into(), closed: true, slots_used: 0 }, Candidate { drive: &f, used: vec![].into(), closed: false, slots_used: 0 }], None, p, MIB, 0, 0),
             // A volume in the middle splits the free space: the maximum is the larger side.
-            (vec![Candidate { drive: &a, used: vec![(MIB + 512 * MIB, 512 * MIB)].into(), closed: false }], None, p, MIB, region(2 * GIB) - 512 * MIB, region(2 * GIB) - 1024 * MIB),
+            (vec![Candidate { drive: &a, used: vec![(MIB + 512 * MIB, 512 * MIB)].into(), closed: false, slots_used: 0 }], None, p, MIB, region(2 * GIB) - 512 * MIB, region(2 * GIB) - 1024 * MIB),
             // Extents below the smallest volume (xfs: 300 MiB) are not counted.
-            (vec![Candidate { drive: &a, used: vec![(MIB + 100 * MIB, region(2 * GIB) - 100 * MIB)].into(), closed: false }], None, p, 300 * MIB, 0, 0),
-            (vec![Candidate { drive: &a, used: vec![(MIB + 100 * MIB, region(2 * GIB) - 100 * MIB)].into(), closed: false }], None, p, 16 * MIB, 100 * MIB, 100 * MIB),
+            (vec![Candidate { drive: &a, used: vec![(MIB + 100 * MIB, region(2 * GIB) - 100 * MIB)].into(), closed: false, slots_used: 0 }], None, p, 300 * MIB, 0, 0),
+            (vec![Candidate { drive: &a, used: vec![(MIB + 100 * MIB, region(2 * GIB) - 100 * MIB)].into(), closed: false, slots_used: 0 }], None, p, 16 * MIB, 100 * MIB, 100 * MIB),
             // Whole drives: only empty ones, each entirely.
-            (vec![Candidate { drive: &a, used: vec![(MIB, MIB)].into(), closed: false }, Candidate { drive: &b, used: vec![].into(), closed: false }], None, LayoutKind::Drive, MIB, region(2 * GIB), region(2 * GIB)),
-            (vec![Candidate { drive: &a, used: vec![(MIB, MIB)].into(), closed: false }, Candidate { drive: &b, used: vec![].into(), closed: true }], None, LayoutKind::Drive, MIB, 0, 0),
+            (vec![Candidate { drive: &a, used: vec![(MIB, MIB)].into(), closed: false, slots_used: 0 }, Candidate { drive: &b, used: vec![].into(), closed: false, slots_used: 0 }], None, LayoutKind::Drive, MIB, region(2 * GIB), region(2 * GIB)),
+            (vec![Candidate { drive: &a, used: vec![(MIB, MIB)].into(), closed: false, slots_used: 0 }, Candidate { drive: &b, used: vec![].into(), closed: true, slots_used: 0 }], None, LayoutKind::Drive, MIB, 0, 0),
         ];
         for (i, (cands, media, layout, minimum, available, maximum)) in cases.iter().enumerate() {
             let got = capacity(cands, *media, *layout, *minimum);
@@ -254,10 +294,10 @@ mod tests {
         for layout in [LayoutKind::Partition, LayoutKind::Drive] {
             for minimum in [MIB, 16 * MIB, 300 * MIB] {
                 let mut cands = vec![
-                    Candidate { drive: &a, used: vec![(MIB + 700 * MIB, 300 * MIB)].into(), closed: false },
-                    Candidate { drive: &b, used: vec![].into(), closed: false },
-                    Candidate { drive: &c, used: vec![(MIB + 900 * MIB, 20 * MIB)].into(), closed: false },
-                    Candidate { drive: &d, used: vec![].into(), closed: true },
+                    Candidate { drive: &a, used: vec![(MIB + 700 * MIB, 300 * MIB)].into(), closed: false, slots_used: 0 },
+                    Candidate { drive: &b, used: vec![].into(), closed: false, slots_used: 0 },
+                    Candidate { drive: &c, used: vec![(MIB + 900 * MIB, 20 * MIB)].into(), closed: false, slots_used: 0 },
+                    Candidate { drive: &d, used: vec![].into(), closed: true, slots_used: 0 },
                 ];
                 let start = capacity(&cands, None, layout, minimum);
                 let mut filled = 0;
@@ -281,5 +321,63 @@ mod tests {
                 assert_eq!(filled, start.available, "{layout:?}/{minimum}: volumes of the maximum fill exactly what was available");
             }
         }
+    }
+
+    #[test]
+    fn a_drive_with_no_free_slot_offers_nothing_and_a_create_says_so_in_words() {
+        let mut a = drive("a", Media::Ssd, 2 * GIB);
+        a.path = "/dev/loop3".into();
+        let b = drive("b", Media::Ssd, 2 * GIB);
+        let slots = a.partition_slots;
+        // 255 small volumes take every slot of a, with most of its bytes still free.
+        let used: Vec<(u64, u64)> = (0..u64::from(slots)).map(|i| (MIB + i * MIB, MIB)).collect();
+        let full = Candidate { drive: &a, used: used.clone().into(), closed: false, slots_used: slots };
+        let p = LayoutKind::Partition;
+        assert_eq!(capacity(std::slice::from_ref(&full), None, p, MIB), Capacity::default(), "0 bytes, however many are free");
+        assert!(room_on(&full, p, MIB).is_empty());
+        match place(std::slice::from_ref(&full), None, p, MIB) {
+            Err(NoRoom::Full(why)) => assert_eq!(why, "no free partition slot: drive /dev/loop3 holds 255 partitions (volumes and snapshots), the most its partition table can"),
+            other => panic!("{other:?}"),
+        }
+        // Another drive with room still takes the volume, and is all the capacity there is.
+        let cands = vec![full.clone(), Candidate { drive: &b, used: vec![].into(), closed: false, slots_used: 0 }];
+        assert_eq!(place(&cands, None, p, MIB).unwrap().drive_id, "b");
+        assert_eq!(capacity(&cands, None, p, MIB), Capacity { available: region(2 * GIB), maximum_volume_size: region(2 * GIB) });
+        // b full of bytes but not of slots: both reasons are named.
+        let cands = vec![full.clone(), Candidate { drive: &b, used: vec![(MIB, region(2 * GIB))].into(), closed: false, slots_used: 1 }];
+        match place(&cands, None, p, MIB) {
+            Err(NoRoom::Full(why)) => assert!(why.contains("contiguous free bytes") && why.contains("no free partition slot: drive /dev/loop3"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // A whole-drive volume needs an empty drive, not a slot count.
+        let empty = Candidate { drive: &b, used: vec![].into(), closed: false, slots_used: 0 };
+        assert_eq!(place(std::slice::from_ref(&empty), None, LayoutKind::Drive, MIB).unwrap().drive_id, "b");
+    }
+
+    #[test]
+    fn the_last_free_slots_offer_only_the_largest_extents_they_can_fill() {
+        let a = drive("a", Media::Ssd, 2 * GIB);
+        // Free: [1, 101) MiB, [201, 501) MiB and the rest after 601 MiB; two slots left.
+        let used = vec![(101 * MIB, 100 * MIB), (501 * MIB, 100 * MIB)];
+        let rest = region(2 * GIB) + MIB - 601 * MIB;
+        let c = |slots_used| Candidate { drive: &a, used: used.clone().into(), closed: false, slots_used };
+        let p = LayoutKind::Partition;
+        let n = a.partition_slots;
+        assert_eq!(capacity(&[c(n - 3)], None, p, MIB).available, 100 * MIB + 300 * MIB + rest);
+        assert_eq!(capacity(&[c(n - 2)], None, p, MIB), Capacity { available: 300 * MIB + rest, maximum_volume_size: rest });
+        assert_eq!(capacity(&[c(n - 1)], None, p, MIB), Capacity { available: rest, maximum_volume_size: rest });
+        assert_eq!(capacity(&[c(n)], None, p, MIB), Capacity::default());
+        // And placement agrees: volumes of the maximum, one after another, fill what
+        // was available with the last slot.
+        let mut cands = vec![c(n - 2)];
+        let start = capacity(&cands, None, p, MIB).available;
+        let mut filled = 0;
+        while let Ok(pl) = place(&cands, None, p, capacity(&cands, None, p, MIB).maximum_volume_size.max(MIB)) {
+            filled += pl.size;
+            take(&mut cands, &pl);
+            cands[0].slots_used += 1;
+        }
+        assert_eq!(filled, start);
+        assert_eq!(free_slots(&cands[0]), 0);
     }
 }

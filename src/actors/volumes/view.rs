@@ -37,6 +37,15 @@ pub struct DriveRoom {
     pub used: Vec<(u64, u64)>,
     /// Closed to new volumes (releasing, released or failing).
     pub closed: bool,
+    /// Partition-table slots taken on it.
+    pub slots_used: u32,
+}
+
+impl DriveRoom {
+    /// The drive as placement sees it.
+    pub(crate) fn candidate(&self) -> Candidate<'_> {
+        Candidate { drive: &self.drive, used: Cow::Borrowed(&self.used), closed: self.closed, slots_used: self.slots_used }
+    }
 }
 
 /// A shown volume: its record (shared with the book, never copied) and its condition
@@ -108,7 +117,7 @@ impl VolumesView {
             return Err(VolumeError::NotReady);
         }
         let cands: Vec<Candidate<'_>> =
-            self.drives.iter().map(|d| Candidate { drive: &d.drive, used: Cow::Borrowed(&d.used), closed: d.closed }).collect();
+            self.drives.iter().map(DriveRoom::candidate).collect();
         Ok(placement::capacity(&cands, m.media, m.layout, m.minimum))
     }
 }

@@ -35,6 +35,7 @@ fn managed(volumes: Vec<DriveVolume>) -> DriveStatus {
         volumes: volumes.iter().map(|v| v.id.clone()).collect(),
         volume_details: volumes,
         free_bytes: Some(512 << 20),
+        free_slots: Some(250),
         ..Default::default()
     }
 }
@@ -80,16 +81,16 @@ fn drives_read_as_ctl_drives_with_the_node_first_sorted_and_unchecked_health_uns
     rows.sort_by(|a, b| (&a.node, &a.id).cmp(&(&b.node, &b.id)));
     let out = drives_table(&rows);
     let want = "\
-NODE    ID  SIZE     MEDIA  CLASS    HEALTH   USAGE      FREE       VOLS  REASON
-node-a  d1  1.0 GiB  ssd    foreign  good     active     -          -     has an ext4 filesystem
-node-a  d2  1.0 GiB  ssd    managed  unknown  cordoned   512.0 MiB  0     carries a drivelet GPT; cordoned: cordoned by an admin
-node-b  d9  1.0 GiB  ssd    managed  bad      releasing  512.0 MiB  1     carries a drivelet GPT; health: 12 reallocated sectors; releasing: health is BAD: 12 reallocated sectors
+NODE    ID  SIZE     MEDIA  CLASS    HEALTH   USAGE      FREE       SLOTS  VOLS  REASON
+node-a  d1  1.0 GiB  ssd    foreign  good     active     -          -      -     has an ext4 filesystem
+node-a  d2  1.0 GiB  ssd    managed  unknown  cordoned   512.0 MiB  250    0     carries a drivelet GPT; cordoned: cordoned by an admin
+node-b  d9  1.0 GiB  ssd    managed  bad      releasing  512.0 MiB  250    1     carries a drivelet GPT; health: 12 reallocated sectors; releasing: health is BAD: 12 reallocated sectors
 ";
     assert_eq!(out, want, "\n{out}");
     assert_eq!(rows[1].action.as_deref(), Some("cordon"));
     assert_eq!(rows[1].action_status.as_deref(), Some("drive d2 takes no new volumes"));
     let json = serde_json::to_value(&rows[2]).expect("serializes");
-    assert_eq!((json["sizeBytes"].as_u64(), json["freeBytes"].as_u64()), (Some(1 << 30), Some(512 << 20)));
+    assert_eq!((json["sizeBytes"].as_u64(), json["freeBytes"].as_u64(), json["freeSlots"].as_u64()), (Some(1 << 30), Some(512 << 20), Some(250)));
 }
 
 #[test]

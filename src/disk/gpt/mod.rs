@@ -32,6 +32,11 @@
 //!   udev; callers hold a [`super::lock::DiskLock`] across the
 //!   write and the kernel update that follows, so udev neither probes a half-written
 //!   table nor re-reads it behind drivelet's back;
+//! - a table drivelet writes has [`TABLE_ENTRIES`] (256) entries, as many partitions
+//!   as the kernel gives a disk ([`KERNEL_MAX_PARTITIONS`], 255, is what a table holds);
+//!   one of 128 (written before) grows to 256 at its next write when no partition lies
+//!   where the larger arrays go ([`growth_blocker`]), in the same crash-safe order as
+//!   every write, else keeps 128 and says why ([`GptTable::cannot_grow`]);
 //! - only partitions of drivelet's type are ever removed or resized.
 
 use std::collections::BTreeMap;
@@ -72,10 +77,12 @@ pub fn is_drivelet_table(table_type: Option<&str>, table_uuid: Option<&str>) -> 
 }
 
 /// The aligned region `[start, end)` of a disk of `size` bytes where partitions may go:
-/// after the primary GPT (first MiB), before the backup GPT (last 33 sectors of 512 B,
-/// or 5 of 4 KiB), rounded to [`ALIGN`].
+/// after the primary GPT (first MiB), before the backup GPT of [`TABLE_ENTRIES`]
+/// entries and the 33 sectors an ordinary one takes (the last 65 sectors of 512 B, or
+/// 33 of 4 KiB), rounded to [`ALIGN`].
 pub fn usable_region(size: u64, sector: u64) -> Option<(u64, u64)> {
-    let backup = 33 * sector.max(512);
+    let sector = sector.max(512);
+    let backup = (33 * sector).max((1 + array_sectors(TABLE_ENTRIES, sector)) * sector);
     let end = size.checked_sub(backup)? / ALIGN * ALIGN;
     (end > ALIGN).then_some((ALIGN, end))
 }
@@ -142,6 +149,65 @@ pub const MAX_LABEL_UNITS: usize = 36;
 /// Size in bytes of one partition entry: the usual 128, the only size handled.
 const ENTRY_SIZE: u32 = 128;
 
+/// Entries of the partition entry array of every table drivelet writes: 256 (32 KiB),
+/// twice the usual 128, so a drive holds as many volumes as the kernel gives one disk
+/// ([`KERNEL_MAX_PARTITIONS`]). A table drivelet wrote with 128 entries grows to this
+/// many at its next write when the space around its arrays allows ([`growth_blocker`]).
+pub const TABLE_ENTRIES: u32 = 256;
+
+/// The most partitions Linux gives one disk: partition numbers 1 to 255 (256 minors
+/// with the whole disk, `DISK_MAX_PARTS`), for loop, SCSI and NVMe disks alike through
+/// extended device numbers. Measured on kernel 6.18 with a loop device (`max_part=0`):
+/// BLKPG adds partitions 1, 200 and 255 and refuses 256 and above (EINVAL); the
+/// kernel's own GPT reader stops at entry 255 too.
+pub const KERNEL_MAX_PARTITIONS: u32 = 255;
+
+/// How many partitions (volumes, snapshots, copies) a table of `entries` entries holds
+/// on Linux: its entries, at most [`KERNEL_MAX_PARTITIONS`].
+pub fn partition_slots(entries: u32) -> u32 {
+    entries.min(KERNEL_MAX_PARTITIONS)
+}
+
+/// Sectors of a partition entry array of `entries` entries, for `sector`-byte sectors.
+fn array_sectors(entries: u32, sector: u64) -> u64 {
+    (u64::from(entries) * u64::from(ENTRY_SIZE)).div_ceil(sector.max(512))
+}
+
+/// Why a drivelet table of fewer than [`TABLE_ENTRIES`] entries on a device of `size`
+/// bytes cannot grow to that many, in words; `None` when it can. Its primary array
+/// grows into drivelet's reserved first MiB (before the note, [`crate::disk::note::SLOTS`]),
+/// its backup array towards the start of the disk from the backup header: every
+/// partition must lie between the two, and the entries must be of the usual size.
+/// `used`: the used entries' `(first, last)` LBAs.
+pub fn growth_blocker(part_size: u32, used: impl IntoIterator<Item = (u64, u64)>, size: u64, sector: u64) -> Option<String> {
+    if part_size != ENTRY_SIZE {
+        return Some(format!("its entries are {part_size} bytes, not {ENTRY_SIZE}"));
+    }
+    let lbs = array_sectors(TABLE_ENTRIES, sector);
+    let first = 2 + lbs;
+    let last = (size / sector).checked_sub(2 + lbs).filter(|&l| l >= first);
+    let Some(last) = last else {
+        return Some(format!("the disk is too small for a {TABLE_ENTRIES}-entry table"));
+    };
+    for (a, b) in used {
+        if a < first {
+            return Some(format!(
+                "a partition starts at byte {}, inside the first {} bytes a {TABLE_ENTRIES}-entry array needs",
+                a * sector,
+                first * sector
+            ));
+        }
+        if b > last {
+            return Some(format!(
+                "a partition ends at byte {}, inside the last {} bytes of the disk, where the backup copy of a {TABLE_ENTRIES}-entry array goes",
+                (b + 1) * sector,
+                size - (last + 1) * sector
+            ));
+        }
+    }
+    None
+}
+
 /// One used entry of a GPT.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GptPartition {
@@ -185,9 +251,22 @@ pub struct GptTable {
     pub partitions: Vec<GptPartition>,
     /// The disk's note of itself: its owner and volumes ([`crate::disk::note`]).
     pub note: crate::disk::note::NoteState,
+    /// Entries of its partition entry array ([`TABLE_ENTRIES`]; 128 in a table written
+    /// before drivelet made 256).
+    pub entries: u32,
+    /// Why a table of fewer than [`TABLE_ENTRIES`] entries cannot grow to that many at
+    /// its next write, in words ([`growth_blocker`]); `None` when it can or has them.
+    pub cannot_grow: Option<String>,
 }
 
 impl GptTable {
+    /// How many partitions this table holds from its next write on: the kernel's limit
+    /// once it has (or grows to) [`TABLE_ENTRIES`] entries, else its own entries.
+    pub fn slots(&self) -> u32 {
+        let entries = if self.cannot_grow.is_none() { self.entries.max(TABLE_ENTRIES) } else { self.entries };
+        partition_slots(entries)
+    }
+
     /// Whether drivelet wrote this table (its disk GUID carries [`DISK_GUID_PREFIX`]).
     pub fn is_drivelet(&self) -> bool {
         is_drivelet_disk_guid(&self.disk_guid)
@@ -332,7 +411,13 @@ fn to_table(dev: &Path, file: &File, disk: &GptDisk<&File>, sector: u64) -> Resu
         });
     }
     let note = crate::disk::note::state_of(&crate::disk::note::read_slots(file), *disk.guid());
-    Ok(GptTable { disk_guid: *disk.guid(), partitions, note })
+    let h = disk.header();
+    let size = len_of(dev, file)?;
+    let cannot_grow = (h.num_parts < TABLE_ENTRIES)
+        .then(|| growth_blocker(h.part_size, disk.partitions().values().filter(|p| p.is_used()).map(|p| (p.first_lba, p.last_lba)), size, sector))
+        .flatten()
+        .map(|why| format!("its partition table has {} entries and cannot grow to {TABLE_ENTRIES}: {why}", h.num_parts));
+    Ok(GptTable { disk_guid: *disk.guid(), partitions, note, entries: h.num_parts, cannot_grow })
 }
 
 /// Opens the GPT on an already open device; `Ok(None)` when it has none.
@@ -443,9 +528,11 @@ fn from_backup<'f>(file: &'f File, size: u64, sector: u64, lb: gpt::disk::Logica
         return None;
     }
     let mut f = file;
-    let parts = gpt::partition::file_read_partitions(&mut f, &backup, lb.clone()).ok()?;
-    let mut disk = GptConfig::new().logical_block_size(lb).create_from_device(file, Some(backup.disk_guid)).ok()?;
-    disk.update_partitions(parts).ok()?;
+    let parts = gpt::partition::file_read_partitions(&mut f, &backup, lb).ok()?;
+    // A table of the backup's own entry count, headers laid out for it (the library's
+    // fresh table has 128 entries, and its headers keep an older one's usable region).
+    let mut disk = write::table_of(Path::new("(backup)"), file, size, sector, backup.disk_guid, backup.num_parts).ok()?;
+    disk.update_partitions(write::padded(parts, backup.num_parts)).ok()?;
     Some(disk)
 }
 
@@ -733,5 +820,176 @@ mod tests {
         }
         assert_eq!(consistent_copy(&end, 1), Some(vec![a, b]));
         assert_eq!(consistent_copy(&end, backup_lba), Some(vec![a, b]));
+    }
+
+    /// An image of `size` bytes holding a drivelet GPT of 128 entries (as drivelet wrote
+    /// them before it made 256) with partitions `(name, start, size)`.
+    fn legacy_table(img: &Path, size: u64, parts: &[(&str, u64, u64)]) {
+        std::fs::File::create(img).unwrap().set_len(size).unwrap();
+        let file = OpenOptions::new().read(true).write(true).open(img).unwrap();
+        let mut disk = GptConfig::new().writable(true).logical_block_size(LogicalBlockSize::Lb512).create_from_device(&file, Some(new_disk_guid())).unwrap();
+        let entries: BTreeMap<u32, Partition> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, (name, start, len))| {
+                let p = Partition {
+                    part_type_guid: PARTITION_TYPE_GUID.into(),
+                    part_guid: volume_partition_guid(name),
+                    first_lba: start / 512,
+                    last_lba: (start + len) / 512 - 1,
+                    flags: 0,
+                    name: partition_label(name),
+                };
+                (i as u32 + 1, p)
+            })
+            .collect();
+        disk.update_partitions(entries).unwrap();
+        assert_eq!(disk.header().num_parts, 128);
+        disk.write_inplace().unwrap();
+        gpt::mbr::ProtectiveMBR::with_lb_size(u32::try_from(size / 512 - 1).unwrap()).overwrite_lba0(&mut &file).unwrap();
+    }
+
+    fn drivelet_table_of(img: &Path) -> GptTable {
+        match examine(img, 512).unwrap() {
+            Contents::Drivelet(t) => t,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_new_table_has_256_entries_within_the_reserved_first_mib_and_the_backup_at_the_end() {
+        // The primary array of 256 entries ends before drivelet's note, for both sector sizes.
+        for sector in [512u64, 4096] {
+            assert!((2 + array_sectors(TABLE_ENTRIES, sector)) * sector <= crate::disk::note::SLOTS[0], "{sector}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk.img");
+        let size = 64 * MIB + 20 * 1024; // not a whole MiB: the backup array reaches into the last one
+        std::fs::File::create(&img).unwrap().set_len(size).unwrap();
+        add_partition(&img, 512, volume_partition_guid("a"), "drivelet:a", MIB, 4 * MIB).unwrap();
+        let t = drivelet_table_of(&img);
+        assert_eq!((t.entries, t.cannot_grow.as_deref(), t.slots()), (256, None, 255));
+        let bytes = std::fs::read(&img).unwrap();
+        let backup_lba = size / 512 - 1;
+        assert_eq!(consistent_copy(&bytes, 1), Some(vec![volume_partition_guid("a")]));
+        assert_eq!(consistent_copy(&bytes, backup_lba), Some(vec![volume_partition_guid("a")]));
+        let h = |lba: u64, at: usize| u64::from_le_bytes(bytes[(lba * 512) as usize + at..(lba * 512) as usize + at + 8].try_into().unwrap());
+        // first usable, last usable, entry array start; the backup array right before its header
+        assert_eq!((h(1, 40), h(1, 48), h(1, 72)), (66, backup_lba - 65, 2));
+        assert_eq!((h(backup_lba, 40), h(backup_lba, 48), h(backup_lba, 72)), (66, backup_lba - 65, backup_lba - 64));
+        // The usable region leaves the larger backup array alone.
+        let (_, end) = usable_region(size, 512).unwrap();
+        assert!(end <= (backup_lba - 64) * 512, "{end}");
+    }
+
+    #[test]
+    fn a_table_holds_as_many_partitions_as_the_kernel_allows_and_the_next_is_refused_in_words() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk.img");
+        std::fs::File::create(&img).unwrap().set_len(300 * MIB).unwrap();
+        for i in 0..u64::from(KERNEL_MAX_PARTITIONS) {
+            add_partition(&img, 512, volume_partition_guid(&format!("v{i}")), &format!("drivelet:v{i}"), MIB + i * MIB, MIB).unwrap();
+        }
+        let t = drivelet_table_of(&img);
+        assert_eq!(t.partitions.len(), 255);
+        let e = add_partition(&img, 512, volume_partition_guid("one-more"), "drivelet:one-more", 280 * MIB, MIB).unwrap_err().to_string();
+        assert!(e.contains("no free partition slot: the partition table holds 255 partitions, the most it can (255)"), "{e}");
+        // Removing one frees its slot.
+        assert!(remove_partition(&img, 512, volume_partition_guid("v7")).unwrap());
+        add_partition(&img, 512, volume_partition_guid("one-more"), "drivelet:one-more", 280 * MIB, MIB).unwrap();
+    }
+
+    #[test]
+    fn a_128_entry_table_grows_to_256_at_its_next_write_keeping_every_partition() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk.img");
+        let size = 64 * MIB;
+        legacy_table(&img, size, &[("a", MIB, 4 * MIB), ("b", 8 * MIB, 4 * MIB)]);
+        let t = drivelet_table_of(&img);
+        assert_eq!((t.entries, t.cannot_grow.as_deref(), t.slots()), (128, None, 255), "it can grow, so it counts 255 slots");
+        add_partition(&img, 512, volume_partition_guid("c"), "drivelet:c", 16 * MIB, MIB).unwrap();
+        let t = drivelet_table_of(&img);
+        assert_eq!(t.entries, 256);
+        let names: Vec<&str> = t.partitions.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["drivelet:a", "drivelet:b", "drivelet:c"]);
+        let bytes = std::fs::read(&img).unwrap();
+        let all = Some(["a", "b", "c"].map(volume_partition_guid).to_vec());
+        assert_eq!((consistent_copy(&bytes, 1), consistent_copy(&bytes, size / 512 - 1)), (all.clone(), all));
+    }
+
+    #[test]
+    fn a_128_entry_table_with_a_partition_where_the_larger_backup_array_goes_keeps_128_and_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk.img");
+        // 20 KiB past a whole MiB: the old rule let a partition end 17 KiB before the
+        // end, inside the 33 KiB a 256-entry backup copy needs.
+        let size = 16 * MIB + 20 * 1024;
+        legacy_table(&img, size, &[("a", MIB, 15 * MIB)]);
+        let t = drivelet_table_of(&img);
+        assert_eq!((t.entries, t.slots()), (128, 128));
+        let why = t.cannot_grow.expect("cannot grow");
+        assert_eq!(why, "its partition table has 128 entries and cannot grow to 256: a partition ends at byte 16777216, inside the last 33280 bytes of the disk, where the backup copy of a 256-entry array goes");
+        // Writes still work, at 128 entries.
+        assert!(remove_partition(&img, 512, volume_partition_guid("a")).unwrap());
+        let t = drivelet_table_of(&img);
+        assert_eq!(t.entries, 256, "with the partition gone, the next write grew it");
+    }
+
+    #[test]
+    fn a_growth_cut_short_anywhere_leaves_a_table_that_reads_with_every_partition() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk.img");
+        let size = 64 * MIB;
+        let (a, b) = (volume_partition_guid("a"), volume_partition_guid("b"));
+        legacy_table(&img, size, &[("a", MIB, 4 * MIB)]);
+        let base = std::fs::read(&img).unwrap();
+
+        // The writes adding b and growing the table, in the order commit makes them.
+        let file = std::fs::File::open(&img).unwrap();
+        let mut disk = open_gpt(&img, &file, size, 512).unwrap().unwrap();
+        let mut parts = disk.partitions().clone();
+        parts.retain(|_, p| p.is_used());
+        let mut entry = parts.values().next().unwrap().clone();
+        (entry.part_guid, entry.first_lba, entry.last_lba, entry.name) = (b, 8 * MIB / 512, 12 * MIB / 512 - 1, "drivelet:b".into());
+        parts.insert(2, entry);
+        set_entries(&img, &mut disk, parts).unwrap();
+        assert_eq!(disk.header().num_parts, 256);
+        let writes = ordered_writes(&img, &disk, &file, size).unwrap();
+        drop(file);
+
+        let cut_img = dir.path().join("cut.img");
+        for cut in 0..=writes.len() {
+            let mut now = base.clone();
+            for (off, data) in &writes[..cut] {
+                now[*off as usize..*off as usize + data.len()].copy_from_slice(data);
+            }
+            std::fs::write(&cut_img, &now).unwrap();
+            let t = match examine(&cut_img, 512) {
+                Ok(Contents::Drivelet(t)) => t,
+                other => panic!("cut after {cut} of {} writes: {other:?}", writes.len()),
+            };
+            let got: Vec<Uuid> = t.partitions.iter().map(|p| p.guid).collect();
+            assert!(got == vec![a] || got == vec![a, b], "cut after {cut}: {got:?}");
+            // The next write (the retried create, say) succeeds and grows the table.
+            add_partition(&cut_img, 512, b, "drivelet:b", 8 * MIB, 4 * MIB).unwrap_or_else(|e| panic!("cut after {cut}: {e}"));
+            let t = drivelet_table_of(&cut_img);
+            assert_eq!((t.entries, t.partitions.iter().map(|p| p.guid).collect::<Vec<_>>()), (256, vec![a, b]), "cut after {cut}");
+        }
+    }
+
+    #[test]
+    fn growth_needs_every_partition_between_the_larger_arrays() {
+        let size = 64 * MIB;
+        let end = size / 512;
+        assert_eq!(growth_blocker(128, [(2048, 4095)], size, 512), None);
+        assert_eq!(growth_blocker(128, [(2048, end - 66)], size, 512), None);
+        assert!(growth_blocker(128, [(2048, end - 65)], size, 512).unwrap().contains("backup copy of a 256-entry array"));
+        assert!(growth_blocker(128, [(40, 4095)], size, 512).unwrap().contains("starts at byte 20480, inside the first 33792 bytes"));
+        assert!(growth_blocker(256, [], size, 512).unwrap().contains("entries are 256 bytes"));
+        assert!(growth_blocker(128, [], 64 * 512, 512).unwrap().contains("too small"));
+        // 4 KiB sectors: an array of 8 sectors.
+        assert_eq!(growth_blocker(128, [(256, 511)], size, 4096), None);
+        assert_eq!(growth_blocker(128, [(256, size / 4096 - 10)], size, 4096), None);
+        assert!(growth_blocker(128, [(256, size / 4096 - 9)], size, 4096).is_some());
     }
 }

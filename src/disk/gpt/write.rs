@@ -14,6 +14,7 @@
 use super::examine::{judge, judge_gpt, open_to_inspect, refuse, Judged};
 use super::*;
 use crate::disk::{clean, note};
+use crate::failpoint::crash_point;
 
 /// [`judge`] for a write: a drivelet table whose note names another owner, or cannot
 /// be read, is refused ([`check_owner`]).
@@ -70,14 +71,31 @@ fn overlaps(p: &Partition, first: u64, last: u64) -> bool {
     p.first_lba <= last && first <= p.last_lba
 }
 
-/// Replaces the entries of the table in memory (headers follow the device's size).
+/// Replaces the entries of the table in memory (headers follow the device's size). A
+/// table of fewer than [`TABLE_ENTRIES`] entries grows to that many here when nothing
+/// lies where its larger arrays go ([`growth_blocker`]); the write that follows puts it
+/// on the device as crash-safely as any other (backup copy whole first, then the
+/// primary, each header beside the array it describes).
 pub(super) fn set_entries(dev: &Path, disk: &mut GptDisk<&File>, parts: BTreeMap<u32, Partition>) -> Result<(), DiskError> {
-    disk.update_partitions(parts).map_err(gpt_error(dev, "update the partition table"))?;
+    let sector = disk.logical_block_size().as_u64();
+    let file: &File = *disk.device_ref();
+    let size = len_of(dev, file)?;
+    let h = disk.header();
+    if h.num_parts < TABLE_ENTRIES && growth_blocker(h.part_size, parts.values().filter(|p| p.is_used()).map(|p| (p.first_lba, p.last_lba)), size, sector).is_none() {
+        tracing::debug!(disk.path = %dev.display(), from = h.num_parts, to = TABLE_ENTRIES, "the partition table grows");
+        *disk = table_of(dev, file, size, sector, *disk.guid(), TABLE_ENTRIES)?;
+    }
+    let entries = disk.header().num_parts;
+    let used = parts.values().filter(|p| p.is_used()).count();
+    if used as u64 > u64::from(entries) {
+        return Err(DiskError::Gpt { device: dev.to_path_buf(), reason: format!("{used} partitions do not fit a table of {entries} entries") });
+    }
+    disk.update_partitions(padded(parts, entries)).map_err(gpt_error(dev, "update the partition table"))?;
     // The headers now place the backup at the device's end; a device that shrank below
     // the table's usable area would put the backup entries over partitions.
     let h = disk.header();
     let entry_lbs = (u64::from(h.num_parts) * u64::from(h.part_size)).div_ceil(disk.logical_block_size().as_u64());
-    if h.last_usable + entry_lbs >= h.backup_lba {
+    if h.last_usable + entry_lbs >= h.backup_lba || h.num_parts != entries {
         return Err(DiskError::Gpt {
             device: dev.to_path_buf(),
             reason: format!(
@@ -87,6 +105,60 @@ pub(super) fn set_entries(dev: &Path, disk: &mut GptDisk<&File>, parts: BTreeMap
         });
     }
     Ok(())
+}
+
+/// How many partitions the table `disk` holds once written with the used entries at
+/// `used` (`(first, last)` LBAs): [`partition_slots`] of its entries, or of
+/// [`TABLE_ENTRIES`] when it grows at that write.
+fn table_slots(disk: &GptDisk<&File>, used: impl IntoIterator<Item = (u64, u64)>, size: u64, sector: u64) -> u32 {
+    let h = disk.header();
+    let grows = h.num_parts < TABLE_ENTRIES && growth_blocker(h.part_size, used, size, sector).is_none();
+    partition_slots(if grows { TABLE_ENTRIES } else { h.num_parts })
+}
+
+/// The used entries of `parts` with unused ones after them up to `entries` in all: the
+/// GPT library sizes a table's entry array by the entries it is given (at least 128),
+/// so a table of 256 keeps its 256 only when handed that many.
+pub(super) fn padded(parts: BTreeMap<u32, Partition>, entries: u32) -> BTreeMap<u32, Partition> {
+    let mut parts: BTreeMap<u32, Partition> = parts.into_iter().filter(|(_, p)| p.is_used()).collect();
+    let mut key = parts.keys().next_back().copied().unwrap_or(0);
+    while (parts.len() as u64) < u64::from(entries) {
+        key += 1;
+        parts.insert(key, Partition::zero());
+    }
+    parts
+}
+
+/// An empty drivelet table of `entries` entries with disk GUID `guid` for `file` (a
+/// device of `size` bytes), its headers laid out for that many entries: the first
+/// usable LBA after the primary array, the last before the backup array. (The GPT
+/// library makes only 128-entry tables, and keeps an older header's usable region, which
+/// a larger backup array would overlap.) Nothing is written.
+pub(super) fn table_of<'f>(dev: &Path, file: &'f File, size: u64, sector: u64, guid: Uuid, entries: u32) -> Result<GptDisk<&'f File>, DiskError> {
+    let lb = block_size(dev, sector)?;
+    let bad = |what: &str, e: String| DiskError::Gpt { device: dev.to_path_buf(), reason: format!("{what}: {e}") };
+    let backup = (size / sector).checked_sub(1).ok_or_else(|| bad("lay out a partition table", format!("the device has only {size} bytes")))?;
+    let mut header = gpt::header::HeaderBuilder::new()
+        .num_parts(entries)
+        .backup_lba(backup)
+        .disk_guid(guid)
+        .primary(true)
+        .build(lb.clone())
+        .map_err(|e| bad("lay out a partition table", e.to_string()))?;
+    // The library opens a table only from a device: lay the header and an empty entry
+    // array over the real one, in memory.
+    let array = vec![0u8; (u64::from(entries) * u64::from(header.part_size)) as usize];
+    let mut staged = Staged { dev: file, size, pos: 0, writes: vec![(header.part_start * sector, array)] };
+    header.write_primary(&mut staged, lb.clone()).map_err(|e| bad("lay out a partition table", e.to_string()))?;
+    let disk = GptConfig::new()
+        .logical_block_size(lb)
+        .change_partition_count(true)
+        .open_from_device(&mut staged)
+        .map_err(gpt_error(dev, "lay out a partition table"))?;
+    if disk.header().num_parts != entries || disk.header().current_lba != 1 {
+        return Err(bad("lay out a partition table", format!("the library read back {} entries", disk.header().num_parts)));
+    }
+    Ok(disk.with_disk_device(file, false))
 }
 
 /// Stands in for the device while the GPT library writes a table: reads go through to
@@ -190,12 +262,25 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u
     }
     let half = size / 2;
     let mut in_backup = true;
-    for (off, data) in ordered_writes(dev, disk, &rw, size)? {
+    let grows = entries_on(&rw, size, disk.logical_block_size().as_u64()).is_some_and(|n| n < disk.header().num_parts);
+    let writes = ordered_writes(dev, disk, &rw, size)?;
+    let last = writes.len();
+    for (i, (off, data)) in writes.into_iter().enumerate() {
         if in_backup && off < half {
             // The backup copy is whole on the device before the primary is touched.
             let _t = crate::disk::timing::step("gpt.flush");
             rw.sync_data().map_err(DiskError::io(format!("fsync {}", dev.display())))?;
             in_backup = false;
+            if grows {
+                // The grown backup copy is whole and flushed; the primary still has the
+                // old entry count.
+                crash_point!("grow.backup_written");
+            }
+        }
+        if grows && i + 1 == last {
+            // The primary's larger entry array is written; its header (the last write)
+            // still describes the old one.
+            crash_point!("grow.primary_array_written");
         }
         rw.write_all_at(&data, off).map_err(DiskError::io(format!("write {} at byte {off}", dev.display())))?;
     }
@@ -209,6 +294,16 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u
     }
     let _t = crate::disk::timing::step("gpt.flush");
     rw.sync_all().map_err(DiskError::io(format!("fsync {}", dev.display())))
+}
+
+/// The entry count the table on the device open as `file` has now: its primary
+/// header's, else its backup's; `None` when neither header is there.
+fn entries_on(file: &File, size: u64, sector: u64) -> Option<u32> {
+    [Some(sector), (size / sector).checked_sub(1).map(|l| l * sector)].into_iter().flatten().find_map(|at| {
+        let mut h = [0u8; 92];
+        file.read_exact_at(&mut h, at).ok()?;
+        (&h[..8] == b"EFI PART").then(|| u32::from_le_bytes([h[80], h[81], h[82], h[83]]))
+    })
 }
 
 /// How a change of the table changes the disk's note ([`note`]), written in the same
@@ -497,8 +592,9 @@ fn add(dev: &Path, sector: u64, guid: Uuid, label: &str, start: u64, size: u64, 
             )));
         }
     }
-    if parts.len() as u64 >= u64::from(disk.header().num_parts) {
-        return Err(conflict(format!("the GPT is full ({} entries)", disk.header().num_parts)));
+    let slots = table_slots(&disk, parts.values().map(|p| (p.first_lba, p.last_lba)), dev_size, sector);
+    if parts.len() as u64 >= u64::from(slots) {
+        return Err(conflict(format!("no free partition slot: the partition table holds {} partitions, the most it can ({slots})", parts.len())));
     }
     let key = parts.keys().next_back().map_or(1, |k| k + 1);
     parts.insert(

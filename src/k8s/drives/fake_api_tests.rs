@@ -109,6 +109,7 @@ fn managed_status_body(health: &str, reason: &str) -> Value {
             "usage": "active",
             "presence": "present",
             "freeBytes": 0,
+            "freeSlots": 255,
         },
     })
 }

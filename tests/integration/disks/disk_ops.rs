@@ -316,12 +316,12 @@ fn writing_a_gpt_never_touches_bytes_outside_its_structures() {
     assert!(outside_structures(&raw).all(|&b| b == 0xa5), "bytes between the GPT structures and the cleaning journal changed");
 }
 
-/// The bytes of a drivelet drive image outside its own structures: LBA 0 to 33 (MBR,
-/// header, entries), the cleaning journal's slots in the rest of the first MiB, and the
-/// last 33 sectors (entries, header).
+/// The bytes of a drivelet drive image outside its own structures: LBA 0 to 65 (MBR,
+/// header, 256 entries), the cleaning journal's slots in the rest of the first MiB, and
+/// the last 65 sectors (entries, header).
 fn outside_structures(raw: &[u8]) -> impl Iterator<Item = &u8> {
     let journal = (drivelet::disk::clean::SLOTS[0] as usize, (drivelet::disk::clean::SLOTS[1] + drivelet::disk::clean::SLOT_LEN) as usize);
-    raw[34 * 512..journal.0].iter().chain(&raw[journal.1..raw.len() - 33 * 512])
+    raw[66 * 512..journal.0].iter().chain(&raw[journal.1..raw.len() - 65 * 512])
 }
 
 #[test]

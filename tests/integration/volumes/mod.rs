@@ -4,6 +4,8 @@
 mod volumes;
 /// GetCapacity promises exactly what CreateVolume accepts.
 mod capacity;
+/// Partition slots are capacity: a drive full of partitions offers nothing more.
+pub(crate) mod slots;
 /// Clones: CreateVolume with a source volume.
 mod clone;
 /// Clones of volumes in use: frozen, refused in words, or crash-inconsistent by choice.

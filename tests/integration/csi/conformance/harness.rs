@@ -305,7 +305,8 @@ pub(crate) fn valid_topology_value(v: &str) -> bool {
 
 /// Usable bytes of a blank drive: 1 MiB aligned, GPT at both ends.
 pub(crate) fn usable(size: u64) -> i64 {
-    (((size - 33 * 512) / MIB * MIB) - MIB) as i64
+    let (start, end) = drivelet::disk::gpt::usable_region(size, 512).expect("a drive big enough for a GPT");
+    (end - start) as i64
 }
 
 // ---------------------------------------------------------------------------------
