@@ -35,6 +35,12 @@ fn run(config: PathBuf) -> anyhow::Result<()> {
     // Staging and target paths are opened and mounted by descriptor: a kernel without
     // the calls for it is refused here, in words.
     drivelet::disk::beneath::check_kernel().map_err(anyhow::Error::msg)?;
+    // Disks are written through nodes of drivelet's own, where udev's watch does not
+    // see them (disk::writer); without this directory, through the disks' own nodes.
+    let devices = cfg.paths.state_dir.join("devices");
+    if let Err(e) = drivelet::disk::writer::init(&devices) {
+        tracing::warn!(dir = %devices.display(), error = %e, "no private directory for device nodes; disks are written through their own nodes");
+    }
     // Crash and fail points for tests (`FAILPOINTS`); compiled out unless built with
     // the `failpoints` feature.
     let _crash_points = drivelet::failpoint::from_env();

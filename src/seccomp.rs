@@ -27,7 +27,12 @@
 //!   swap, reboot, clocks, `perf_event_open`, `userfaultfd`, `io_uring`.
 //!
 //! Arguments are not inspected (ioctl numbers, mount flags): the list narrows which
-//! kernel interfaces are reachable, not how drivelet uses the ones it needs.
+//! kernel interfaces are reachable, not how drivelet uses the ones it needs. One
+//! exception: `mknodat` is allowed for block device nodes only (its mode argument says
+//! `S_IFBLK`), which drivelet makes in its private directory to write a disk where
+//! udev's watch does not see it (`disk::writer`); the privileged container has every
+//! block device of the node in `/dev` already, so this opens nothing new, and a
+//! character device (memory, terminals) or a FIFO cannot be made.
 
 use thiserror::Error;
 
@@ -150,9 +155,12 @@ const BPF_LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
 const BPF_JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
 const BPF_JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
 const BPF_RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+const BPF_AND_K: u16 = (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16;
 /// `offsetof(struct seccomp_data, nr)` and `arch`.
 const DATA_NR: u32 = 0;
 const DATA_ARCH: u32 = 4;
+/// The low 32 bits of `mknodat`'s third argument, its mode (`args[2]`, little-endian).
+const DATA_MKNODAT_MODE: u32 = 16 + 2 * 8;
 
 fn stmt(code: u16, k: u32) -> libc::sock_filter {
     libc::sock_filter { code, jt: 0, jf: 0, k }
@@ -171,7 +179,8 @@ pub fn allowed_numbers() -> Vec<u32> {
 }
 
 /// The filter program for `mode` (not [`SeccompMode::Off`]): check the architecture,
-/// refuse x32, allow each listed number, and otherwise the mode's action.
+/// refuse x32, allow each listed number and `mknodat` of a block device node, and
+/// otherwise the mode's action.
 pub fn program(mode: SeccompMode) -> Vec<libc::sock_filter> {
     let nrs = allowed_numbers();
     let other = match mode {
@@ -180,8 +189,9 @@ pub fn program(mode: SeccompMode) -> Vec<libc::sock_filter> {
     };
     // A conditional jump reaches at most 255 instructions ahead: one comparison per
     // number, then the two returns.
-    assert!(nrs.len() < 255, "too many system calls for one run of comparisons");
+    assert!(nrs.len() < 250, "too many system calls for one run of comparisons");
     let n = nrs.len() as u8;
+    // After the n comparisons: the mknodat check (4 instructions), "other", "allow".
     let mut p = vec![
         stmt(BPF_LD_W_ABS, DATA_ARCH),
         jump(BPF_JEQ_K, AUDIT_ARCH, 1, 0),
@@ -189,13 +199,17 @@ pub fn program(mode: SeccompMode) -> Vec<libc::sock_filter> {
         stmt(BPF_LD_W_ABS, DATA_NR),
     ];
     if cfg!(target_arch = "x86_64") {
-        // To the final "other" return, past the n comparisons.
-        p.push(jump(BPF_JGE_K, X32_SYSCALL_BIT, n, 0));
+        // To the "other" return, past the n comparisons and the mknodat check.
+        p.push(jump(BPF_JGE_K, X32_SYSCALL_BIT, n + 4, 0));
     }
     for (i, &nr) in nrs.iter().enumerate() {
-        // Past the comparisons left and the "other" return, to "allow".
-        p.push(jump(BPF_JEQ_K, nr, n - i as u8, 0));
+        // Past the comparisons left, the mknodat check and the "other" return, to "allow".
+        p.push(jump(BPF_JEQ_K, nr, n + 4 - i as u8, 0));
     }
+    p.push(jump(BPF_JEQ_K, libc::SYS_mknodat as u32, 0, 3));
+    p.push(stmt(BPF_LD_W_ABS, DATA_MKNODAT_MODE));
+    p.push(stmt(BPF_AND_K, libc::S_IFMT));
+    p.push(jump(BPF_JEQ_K, libc::S_IFBLK, 1, 0));
     p.push(stmt(BPF_RET_K, other));
     p.push(stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW));
     p
@@ -296,11 +310,24 @@ mod tests {
     /// Runs the filter program over one call the way the kernel does: returns the
     /// action.
     fn run(prog: &[libc::sock_filter], arch: u32, nr: u32) -> u32 {
+        run_with(prog, arch, nr, 0)
+    }
+
+    /// The same, for a call whose `args[2]` (a mode, for `mknodat`) is `mode`.
+    fn run_with(prog: &[libc::sock_filter], arch: u32, nr: u32, mode: u32) -> u32 {
         let (mut acc, mut pc) = (0u32, 0usize);
         loop {
             let i = prog[pc];
             match i.code {
-                BPF_LD_W_ABS => acc = if i.k == DATA_ARCH { arch } else { nr },
+                BPF_LD_W_ABS => {
+                    acc = match i.k {
+                        DATA_ARCH => arch,
+                        DATA_NR => nr,
+                        DATA_MKNODAT_MODE => mode,
+                        k => panic!("a load of offset {k}"),
+                    }
+                }
+                BPF_AND_K => acc &= i.k,
                 BPF_JEQ_K => pc += if acc == i.k { i.jt } else { i.jf } as usize,
                 BPF_JGE_K => pc += if acc >= i.k { i.jt } else { i.jf } as usize,
                 BPF_RET_K => return i.k,
@@ -325,5 +352,24 @@ mod tests {
         }
         let log = program(SeccompMode::Log);
         assert_eq!(run(&log, AUDIT_ARCH, libc::SYS_init_module as u32), libc::SECCOMP_RET_LOG);
+    }
+
+    #[test]
+    fn mknodat_makes_block_device_nodes_only() {
+        let prog = program(SeccompMode::Enforce);
+        let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+        let nr = libc::SYS_mknodat as u32;
+        assert_eq!(run_with(&prog, AUDIT_ARCH, nr, libc::S_IFBLK | 0o600), libc::SECCOMP_RET_ALLOW);
+        for (what, mode) in [("a character device", libc::S_IFCHR), ("a FIFO", libc::S_IFIFO), ("a file", libc::S_IFREG), ("a socket", libc::S_IFSOCK), ("no type", 0)] {
+            assert_eq!(run_with(&prog, AUDIT_ARCH, nr, mode | 0o600), eperm, "{what}");
+        }
+        // The check reads the mode of mknodat alone: another call with such an argument is not let through.
+        assert_eq!(run_with(&prog, AUDIT_ARCH, libc::SYS_init_module as u32, libc::S_IFBLK), eperm);
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(run_with(&prog, AUDIT_ARCH, X32_SYSCALL_BIT | nr, libc::S_IFBLK), eperm, "x32");
+        }
+        let log = program(SeccompMode::Log);
+        assert_eq!(run_with(&log, AUDIT_ARCH, nr, libc::S_IFCHR), libc::SECCOMP_RET_LOG);
+        assert_eq!(run_with(&log, AUDIT_ARCH, nr, libc::S_IFBLK), libc::SECCOMP_RET_ALLOW);
     }
 }

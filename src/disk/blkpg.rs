@@ -121,6 +121,56 @@ fn partitions_in(sys: &Path, disk: &Path) -> Result<Vec<KernelPartition>, DiskEr
     Ok(parts)
 }
 
+/// Where one partition of a disk lies, as its sysfs directory says: two reads of a full
+/// drive's 255 directories, not six (a create or delete scans them twice); the rest
+/// ([`parse_partition_dir`]) is read for the partition a caller wants.
+struct Extent {
+    dir: PathBuf,
+    number: u32,
+    start: u64,
+    size: u64,
+}
+
+impl Extent {
+    fn ends(&self) -> u64 {
+        self.start + self.size
+    }
+
+    /// The whole partition; an error when its directory went meanwhile.
+    fn full(&self, disk: &Path) -> Result<KernelPartition, DiskError> {
+        parse_partition_dir(&self.dir).ok_or_else(|| DiskError::NotFound {
+            device: disk.to_path_buf(),
+            what: format!("kernel partition {} (gone while it was looked at)", self.number),
+        })
+    }
+}
+
+/// The partitions of the disk whose sysfs directory is `sys`, by number: a partition's
+/// directory is the disk's name and its number (`sda3`; `loop0p3`, `nvme0n1p3` after a
+/// digit), and holds `start` and `size`.
+fn extents_in(sys: &Path, disk: &Path) -> Result<Vec<Extent>, DiskError> {
+    let base = sys.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let rd = std::fs::read_dir(sys).map_err(DiskError::io(format!("list {} for {}", sys.display(), disk.display())))?;
+    let mut out: Vec<Extent> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name();
+            let rest = name.to_str()?.strip_prefix(base.as_str())?;
+            let digits = rest.strip_prefix('p').unwrap_or(rest);
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let dir = e.path();
+            let number = digits.parse().ok()?;
+            let start = sysfs_attr(&dir, "start")?.parse::<u64>().ok()?.checked_mul(512)?;
+            let size = sysfs_attr(&dir, "size")?.parse::<u64>().ok()?.checked_mul(512)?;
+            Some(Extent { dir, number, start, size })
+        })
+        .collect();
+    out.sort_by_key(|p| p.number);
+    Ok(out)
+}
+
 /// Partitions the kernel knows for a whole disk, by number.
 pub fn kernel_partitions(disk: &Path) -> Result<Vec<KernelPartition>, DiskError> {
     partitions_in(&sysfs_dir(disk)?, disk)
@@ -158,17 +208,44 @@ fn blkpg(disk: &Path, file: &File, op: libc::c_int, number: u32, start: u64, len
     unsafe { sys::blkpg_ioctl(file.as_raw_fd(), &arg) }.map(drop)
 }
 
-fn ends(p: &KernelPartition) -> u64 {
-    p.start + p.size
+/// The sysfs directory of partition `number` of the disk whose directory is `sys`: the
+/// disk's name and the number, with a `p` between when the name ends in a digit (the
+/// kernel's rule).
+fn partition_dir(sys: &Path, number: u32) -> Option<PathBuf> {
+    let base = sys.file_name()?.to_str()?;
+    let sep = if base.ends_with(|c: char| c.is_ascii_digit()) { "p" } else { "" };
+    Some(sys.join(format!("{base}{sep}{number}")))
+}
+
+/// The lowest partition number no partition directory of the disk has (names only).
+fn free_number(sys: &Path) -> Option<u32> {
+    let base = sys.file_name()?.to_str()?.to_string();
+    let used: std::collections::HashSet<u32> = std::fs::read_dir(sys)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name();
+            let rest = name.to_str()?.strip_prefix(base.as_str())?;
+            rest.strip_prefix('p').unwrap_or(rest).parse().ok()
+        })
+        .collect();
+    (1u32..).find(|n| !used.contains(n))
 }
 
 /// Waits until the kernel partition at exactly `[start, start+size)` has a device node
-/// of the right device; it may be renumbered meanwhile by a re-read of the table.
-fn wait_for_node(sys: &Path, disk: &Path, start: u64, size: u64) -> Result<KernelPartition, DiskError> {
+/// of the right device; it may be renumbered meanwhile by a re-read of the table. Just
+/// added as `number`: its own directory is looked at first.
+fn wait_for_node(sys: &Path, disk: &Path, start: u64, size: u64, number: Option<u32>) -> Result<KernelPartition, DiskError> {
     let _t = super::timing::step("blkpg.node");
     let t0 = Instant::now();
+    let added = number.and_then(|n| partition_dir(sys, n));
     loop {
-        if let Some(p) = partitions_in(sys, disk)?.into_iter().find(|p| p.start == start && p.size == size) {
+        let here = added.as_deref().and_then(parse_partition_dir).filter(|p| p.start == start && p.size == size);
+        let found = match here {
+            Some(p) => Some(p),
+            None => extents_in(sys, disk)?.into_iter().find(|p| p.start == start && p.size == size).and_then(|e| parse_partition_dir(&e.dir)),
+        };
+        if let Some(p) = found {
             if block_devnum(&p.devnode) == Some(p.devnum) {
                 return Ok(p);
             }
@@ -205,13 +282,22 @@ pub fn ensure_kernel_partition_added(disk: &Path, start: u64, size: u64) -> Resu
     let sys = sysfs_dir(disk)?;
     let file = open_disk(disk)?;
     let conflict = |reason: String| DiskError::Conflict { device: disk.to_path_buf(), start, size, reason };
+    // First the common case, without reading every partition's extent: the lowest number
+    // no partition directory has, added; the kernel refuses an overlap itself (EBUSY),
+    // and then the look below says what is there.
+    if let Some(number) = free_number(&sys) {
+        if blkpg(disk, &file, BLKPG_ADD_PARTITION, number, start, size).is_ok() {
+            return wait_for_node(&sys, disk, start, size, Some(number)).map(|p| (p, true));
+        }
+    }
     // A re-read of the table by udev may race with the add (EBUSY): look again.
     for _ in 0..50 {
-        let parts = partitions_in(&sys, disk)?;
-        if parts.iter().any(|p| p.start == start && p.size == size) {
-            return wait_for_node(&sys, disk, start, size).map(|p| (p, false));
+        let parts = extents_in(&sys, disk)?;
+        if let Some(p) = parts.iter().find(|p| p.start == start && p.size == size) {
+            return wait_for_node(&sys, disk, start, size, Some(p.number)).map(|p| (p, false));
         }
-        if let Some(p) = parts.iter().find(|p| p.start < start + size && start < ends(p)) {
+        if let Some(p) = parts.iter().find(|p| p.start < start + size && start < p.ends()) {
+            let p = p.full(disk)?;
             return Err(conflict(format!(
                 "the kernel has partition {} ({}) at [{}, +{}) over it",
                 p.number,
@@ -222,7 +308,7 @@ pub fn ensure_kernel_partition_added(disk: &Path, start: u64, size: u64) -> Resu
         }
         let number = (1u32..).find(|n| parts.iter().all(|p| p.number != *n)).unwrap_or(1);
         match blkpg(disk, &file, BLKPG_ADD_PARTITION, number, start, size) {
-            Ok(()) => return wait_for_node(&sys, disk, start, size).map(|p| (p, true)),
+            Ok(()) => return wait_for_node(&sys, disk, start, size, Some(number)).map(|p| (p, true)),
             Err(Errno::EBUSY) => std::thread::sleep(POLL * 5),
             Err(e) => {
                 return Err(DiskError::Io {
@@ -257,7 +343,13 @@ pub fn remove_kernel_partition(disk: &Path, start: u64) -> Result<(), DiskError>
     let file = open_disk(disk)?;
     let t0 = Instant::now();
     loop {
-        let Some(p) = partitions_in(&sys, disk)?.into_iter().find(|p| p.start == start) else { return Ok(()) };
+        let Some(p) = extents_in(&sys, disk)?.into_iter().find(|p| p.start == start) else { return Ok(()) };
+        let p = match p.full(disk) {
+            Ok(p) => p,
+            // Gone meanwhile: the next look finds it gone.
+            Err(_) if t0.elapsed() < BUSY_WAIT => continue,
+            Err(e) => return Err(e),
+        };
         match blkpg(disk, &file, BLKPG_DEL_PARTITION, p.number, 0, 0) {
             Ok(()) | Err(Errno::ENXIO) => return Ok(()),
             Err(Errno::EBUSY) => {
@@ -292,10 +384,11 @@ pub fn resize_kernel_partition(disk: &Path, start: u64, new_size: u64) -> Result
     }
     let sys = sysfs_dir(disk)?;
     let file = open_disk(disk)?;
-    let p = partitions_in(&sys, disk)?.into_iter().find(|p| p.start == start).ok_or_else(|| DiskError::NotFound {
+    let p = extents_in(&sys, disk)?.into_iter().find(|p| p.start == start).ok_or_else(|| DiskError::NotFound {
         device: disk.to_path_buf(),
         what: format!("kernel partition starting at byte {start}"),
     })?;
+    let p = p.full(disk)?;
     if p.size == new_size {
         return Ok(());
     }

@@ -100,6 +100,11 @@ impl Hold {
     }
 }
 
+/// Whether a thread of this process holds `disk`'s exclusive lock now.
+pub(crate) fn held_here(disk: &Path) -> bool {
+    holders().held.lock().unwrap_or_else(PoisonError::into_inner).contains(disk)
+}
+
 impl Drop for Hold {
     fn drop(&mut self) {
         let h = holders();
@@ -242,6 +247,20 @@ impl DiskLock {
 
 impl Drop for DiskLock {
     fn drop(&mut self) {
+        let rdev = if self.exclusive { self.file.as_ref().and_then(|f| f.metadata().ok()).map(|m| m.rdev()) } else { None };
+        self.release();
+        // The change event a private writer owes the disk may go once it is quiet.
+        drop(self._hold.take());
+        if let Some(rdev) = rdev {
+            super::writer::unlocked(rdev);
+        }
+    }
+}
+
+impl DiskLock {
+    /// Lets the lock go: at once, or after udev's answer to a write and then shared for
+    /// [`LINGER`].
+    fn release(&mut self) {
         let Some(file) = self.file.take() else { return };
         let written = match self.answer.take() {
             Some(a) if a.written() => {

@@ -43,6 +43,8 @@ pub mod timing;
 pub mod volume_key;
 /// Block devices as udev and sysfs see them: probes and the monitor thread.
 pub mod udev;
+/// A whole disk opened for writing through a private node, where udev's watch does not see it.
+pub mod writer;
 
 /// A sysfs attribute of a device directory, trimmed; `None` when it cannot be read.
 pub(crate) fn sysfs_attr(dir: &std::path::Path, attr: &str) -> Option<String> {

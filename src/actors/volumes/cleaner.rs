@@ -23,8 +23,6 @@
 
 use crate::words::DriveLoc;
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -268,12 +266,9 @@ fn run(shared: &Shared, step: u64, to: &Recipient<ExtentCleaned>, stalled: &Reci
 
 /// Opens the whole drive for zeroing: write, close-on-exec (a process spawned meanwhile
 /// must not keep a copy: its close would be the one udev answers).
-fn open_for_zeroing(loc: &DriveLoc) -> Result<File, DiskError> {
-    OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(&loc.path)
-        .map_err(DiskError::io(format!("open {} for zeroing", loc.path.display())))
+/// Through a node udev does not watch ([`crate::disk::writer`]).
+fn open_for_zeroing(loc: &DriveLoc) -> Result<crate::disk::writer::Writer, DiskError> {
+    crate::disk::writer::open(&loc.path)
 }
 
 /// Zeroes one step and records it clean; answers the drive's table GUID.

@@ -236,8 +236,9 @@ pub(super) fn ordered_writes(dev: &Path, disk: &GptDisk<&File>, file: &File, siz
 /// zeros: on the device before the first flush, so before the primary copy, which a
 /// reader trusts, can say an extent is free.
 fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u64)], journal: Option<&clean::Journal>, edit: &NoteEdit) -> Result<(), DiskError> {
-    let rw = open_for_writing(dev)?;
-    let size = len_of(dev, &rw)?;
+    let writer = open_for_writing(dev)?;
+    let rw: &File = &writer;
+    let size = len_of(dev, rw)?;
     let journal = match journal {
         Some(j) => Some((j.slot(), encode_journal(dev, j)?)),
         None => None,
@@ -287,7 +288,7 @@ fn commit(dev: &Path, disk: &GptDisk<&File>, fresh: Option<u64>, zero: &[(u64, u
     if let Some(size) = fresh {
         let sectors = size / disk.logical_block_size().as_u64();
         let pmbr = gpt::mbr::ProtectiveMBR::with_lb_size(u32::try_from(sectors - 1).unwrap_or(u32::MAX));
-        pmbr.overwrite_lba0(&mut &rw).map_err(|e| DiskError::Gpt {
+        pmbr.overwrite_lba0(&mut &*rw).map_err(|e| DiskError::Gpt {
             device: dev.to_path_buf(),
             reason: format!("write the protective MBR: {e}"),
         })?;
@@ -461,14 +462,10 @@ pub fn mark_clean(dev: &Path, sector: u64, start: u64, len: u64, expect: Option<
     }
 }
 
-/// A device opened read-write for one commit (only to write: closing it makes udev look).
-fn open_for_writing(dev: &Path) -> Result<File, DiskError> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(dev)
-        .map_err(DiskError::io(format!("open {} for writing", dev.display())))
+/// A device opened read-write for one commit, through a node udev does not watch
+/// ([`crate::disk::writer`]).
+fn open_for_writing(dev: &Path) -> Result<crate::disk::writer::Writer, DiskError> {
+    crate::disk::writer::open(dev)
 }
 
 /// A journal's bytes; an error when it lists more extents than its slot holds.
