@@ -57,10 +57,16 @@ fi
 [ -f target/image/drivelet.tar ] || { log "no target/image/drivelet.tar (run without SKIP_BUILD)"; exit 1; }
 [ -x target/release/drivelet ] || { log "no target/release/drivelet (run without SKIP_BUILD)"; exit 1; }
 # Built now, so the suite's clock does not include compiling it.
+log "bringing the kit up (beside the build of the suite)"
+up_log=$(mktemp)
+EXTRA_NODES="$fake_nodes" "$kit/up.sh" >"$up_log" 2>&1 &
+up=$!
 cargo test --locked --features failpoints --test e2e --no-run
-
-log "bringing the kit up"
-EXTRA_NODES="$fake_nodes" "$kit/up.sh" >/dev/null
+if ! wait "$up"; then
+  log "the kit did not come up:"
+  tail -40 "$up_log" >&2
+  exit 1
+fi
 kit_dir="${KIT_DIR:-/var/tmp/k8s-kit}"
 # shellcheck disable=SC1091
 . "$kit_dir/kit.env"

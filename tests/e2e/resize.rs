@@ -9,6 +9,9 @@
 //!     change (PV capacity, partition); lowered again (above `status.capacity`), the
 //!     claim grows to it.
 //!
+//! The three run side by side (their claims and pods made at once): (a) and (c) wait for
+//! kubelet's next look at their pods, a minute or more, and (b) runs meanwhile.
+//!
 //! Measured: claim edited -> PV capacity written, and -> the pod's `df` shows the size.
 
 use super::*;
@@ -71,39 +74,48 @@ fn delete_all(pods: &[&str], claims: &[&str]) -> Check {
 pub(crate) fn journey_resize(ctx: &mut Ctx) -> Check {
     kubectl(&["create", "namespace", NS]).or_else(|e| if e.contains("AlreadyExists") { Ok(String::new()) } else { Err(e) })?;
 
-    // (a) xfs in use: grows under the running pod.
+    // The three claims and their pods at once: a growth under a running pod waits for
+    // kubelet's next look at the pod (a minute or more), so (a) and (c) wait side by side
+    // and (b) runs meanwhile.
     apply(&(claim("grow-xfs", "drivelet-e2e-xfs", 320, "Filesystem", "ReadWriteOnce")
-        + &pod("grow-xfs", "grow-xfs", false, "", "echo kept-xfs > /data/kept && sync")))?;
-    wait_pod_running("grow-xfs", Duration::from_secs(120))?;
-    let pv = pv_of("grow-xfs")?;
-    let before = df_bytes("grow-xfs")?;
-    let t = Instant::now();
+        + &pod("grow-xfs", "grow-xfs", false, "", "echo kept-xfs > /data/kept && sync")
+        + &claim("too-big", "drivelet-e2e-xfs", 320, "Filesystem", "ReadWriteOnce")
+        + &pod("too-big", "too-big", false, "", "true")
+        + &claim("grow-ext4", "drivelet-e2e-ext4", 128, "Filesystem", "ReadWriteOnce")
+        + &pod("grow-ext4", "grow-ext4", false, "", "echo kept-ext4 > /data/kept && sync")))?;
+    for p in ["grow-xfs", "too-big", "grow-ext4"] {
+        wait_pod_running(p, Duration::from_secs(120))?;
+    }
+
+    // (a) xfs in use: grows under the running pod.
+    let xfs_pv = pv_of("grow-xfs")?;
+    let xfs_before = df_bytes("grow-xfs")?;
+    let xfs_t = Instant::now();
     request("grow-xfs", "640Mi")?;
-    wait_for("xfs: PV capacity 640Mi", Duration::from_secs(60), || Ok((pv_capacity(&pv)? == 640 * MIB).then_some(())))?;
-    let to_pv = t.elapsed();
-    let after = wait_for("xfs: the pod's df shows the new size", Duration::from_secs(120), || {
-        let d = df_bytes("grow-xfs")?;
-        Ok((d > before + 300 * MIB).then_some(d))
+
+    // (c) more than the drive holds: a clear Event, nothing changes; lowered, it grows.
+    let big_pv = pv_of("too-big")?;
+    let big_before = df_bytes("too-big")?;
+    request("too-big", "100Gi")?;
+
+    wait_for("xfs: PV capacity 640Mi", Duration::from_secs(60), || Ok((pv_capacity(&xfs_pv)? == 640 * MIB).then_some(())))?;
+    let xfs_to_pv = xfs_t.elapsed();
+
+    let event = wait_for("a VolumeResizeFailed Event on the claim", Duration::from_secs(60), || {
+        Ok(events_for("PersistentVolumeClaim", "too-big", "VolumeResizeFailed")?.first().cloned())
     })?;
-    let to_pod = t.elapsed();
-    ctx.measured.insert("resize xfs in use: claim edited -> PV capacity / -> df in the pod".into(), format!("{to_pv:.2?} / {to_pod:.2?}"));
-    ensure(in_pod("grow-xfs", "cat /data/kept")? == "kept-xfs", || "xfs data lost in the growth".into())?;
-    wait_claim_done("grow-xfs", 640 * MIB)?;
-    let rec = record_of("grow-xfs")?;
-    ensure(rec["size"].as_u64() == Some(640 * MIB), || format!("xfs: drivelet's volume is not 640 MiB: {rec}"))?;
-    let reasons = reasons_on("grow-xfs")?;
-    for want in ["Resizing", "FileSystemResizeRequired", "FileSystemResizeSuccessful"] {
-        ensure(reasons.iter().any(|r| r == want), || format!("xfs: no {want} Event on the claim: {reasons:?}"))?;
-    }
-    if !reasons.iter().any(|r| r == "ExternalExpanding") {
-        println!("e2e: note: kube-controller-manager recorded no ExternalExpanding Event ({reasons:?})");
-    }
-    println!("e2e:   xfs {} -> {} bytes in the pod ({before} -> {after} by df)", 320 * MIB, 640 * MIB);
+    let note = event["message"].as_str().unwrap_or_default().to_string();
+    ensure(note.contains("100.0 GiB") && note.contains("at most"), || format!("the Event does not say why: {note:?}"))?;
+    println!("e2e:   VolumeResizeFailed: {note}");
+    let c = claim_json("too-big")?;
+    ensure(c["status"]["allocatedResourceStatuses"]["storage"] == "ControllerResizeInfeasible", || format!("claim status {}", c["status"]))?;
+    ensure(pv_capacity(&big_pv)? == 320 * MIB, || "the PV's capacity changed".into())?;
+    ensure(record_of("too-big")?["size"].as_u64() == Some(320 * MIB), || "the partition changed".into())?;
+    ensure(df_bytes("too-big")? == big_before, || "the filesystem changed".into())?;
+    request("too-big", "384Mi")?;
+    wait_for("recovered: PV capacity 384Mi", Duration::from_secs(60), || Ok((pv_capacity(&big_pv)? == 384 * MIB).then_some(())))?;
 
     // (b) ext4 not in use: the partition grows at once; the filesystem when a pod starts.
-    apply(&(claim("grow-ext4", "drivelet-e2e-ext4", 128, "Filesystem", "ReadWriteOnce")
-        + &pod("grow-ext4", "grow-ext4", false, "", "echo kept-ext4 > /data/kept && sync")))?;
-    wait_pod_running("grow-ext4", Duration::from_secs(120))?;
     let before = df_bytes("grow-ext4")?;
     let pv = pv_of("grow-ext4")?;
     kubectl(&["delete", "pod", "-n", NS, "grow-ext4", "--wait=true", "--timeout=60s"])?;
@@ -134,26 +146,26 @@ pub(crate) fn journey_resize(ctx: &mut Ctx) -> Check {
     wait_claim_done("grow-ext4", 256 * MIB)?;
     println!("e2e:   ext4 {} -> {} bytes offline ({before} -> {after} by df)", 128 * MIB, 256 * MIB);
 
-    // (c) more than the drive holds: a clear Event, nothing changes; lowered, it grows.
-    apply(&(claim("too-big", "drivelet-e2e-xfs", 320, "Filesystem", "ReadWriteOnce") + &pod("too-big", "too-big", false, "", "true")))?;
-    wait_pod_running("too-big", Duration::from_secs(120))?;
-    let pv = pv_of("too-big")?;
-    let before = df_bytes("too-big")?;
-    request("too-big", "100Gi")?;
-    let event = wait_for("a VolumeResizeFailed Event on the claim", Duration::from_secs(60), || {
-        Ok(events_for("PersistentVolumeClaim", "too-big", "VolumeResizeFailed")?.first().cloned())
+    // (a) and (c), once kubelet has looked at their pods again.
+    let xfs_after = wait_for("xfs: the pod's df shows the new size", Duration::from_secs(180), || {
+        let d = df_bytes("grow-xfs")?;
+        Ok((d > xfs_before + 300 * MIB).then_some(d))
     })?;
-    let note = event["message"].as_str().unwrap_or_default().to_string();
-    ensure(note.contains("100.0 GiB") && note.contains("at most"), || format!("the Event does not say why: {note:?}"))?;
-    println!("e2e:   VolumeResizeFailed: {note}");
-    let c = claim_json("too-big")?;
-    ensure(c["status"]["allocatedResourceStatuses"]["storage"] == "ControllerResizeInfeasible", || format!("claim status {}", c["status"]))?;
-    ensure(pv_capacity(&pv)? == 320 * MIB, || "the PV's capacity changed".into())?;
-    ensure(record_of("too-big")?["size"].as_u64() == Some(320 * MIB), || "the partition changed".into())?;
-    ensure(df_bytes("too-big")? == before, || "the filesystem changed".into())?;
-    request("too-big", "384Mi")?;
-    wait_for("recovered: PV capacity 384Mi", Duration::from_secs(60), || Ok((pv_capacity(&pv)? == 384 * MIB).then_some(())))?;
-    wait_for("recovered: the pod's df grows", Duration::from_secs(120), || Ok((df_bytes("too-big")? > before).then_some(())))?;
+    let to_pod = xfs_t.elapsed();
+    ctx.measured.insert("resize xfs in use: claim edited -> PV capacity / -> df in the pod".into(), format!("{xfs_to_pv:.2?} / {to_pod:.2?}"));
+    ensure(in_pod("grow-xfs", "cat /data/kept")? == "kept-xfs", || "xfs data lost in the growth".into())?;
+    wait_claim_done("grow-xfs", 640 * MIB)?;
+    let rec = record_of("grow-xfs")?;
+    ensure(rec["size"].as_u64() == Some(640 * MIB), || format!("xfs: drivelet's volume is not 640 MiB: {rec}"))?;
+    let reasons = reasons_on("grow-xfs")?;
+    for want in ["Resizing", "FileSystemResizeRequired", "FileSystemResizeSuccessful"] {
+        ensure(reasons.iter().any(|r| r == want), || format!("xfs: no {want} Event on the claim: {reasons:?}"))?;
+    }
+    if !reasons.iter().any(|r| r == "ExternalExpanding") {
+        println!("e2e: note: kube-controller-manager recorded no ExternalExpanding Event ({reasons:?})");
+    }
+    println!("e2e:   xfs {} -> {} bytes in the pod ({xfs_before} -> {xfs_after} by df)", 320 * MIB, 640 * MIB);
+    wait_for("recovered: the pod's df grows", Duration::from_secs(180), || Ok((df_bytes("too-big")? > big_before).then_some(())))?;
     wait_claim_done("too-big", 384 * MIB)?;
 
     delete_all(&["grow-xfs", "grow-ext4-again", "too-big"], &["grow-xfs", "grow-ext4", "too-big"])?;
