@@ -788,3 +788,76 @@ fn many_partitions_come_and_go_under_the_disk_lock_and_the_kernel_keeps_the_rest
     sorted.sort();
     assert_eq!(kernel_starts, sorted, "the kernel and the GPT agree");
 }
+
+/// The udev events for block devices seen while `f` runs and for 1.5 s after (udev's
+/// probes, and the change event a quiet disk gets after `disk::writer::QUIET`): (action,
+/// kernel name) pairs.
+fn udev_events_during(f: impl FnOnce()) -> Vec<(String, String)> {
+    use std::io::Read;
+    let mut mon = Command::new("udevadm")
+        .args(["monitor", "--udev", "--subsystem-match=block"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("udevadm monitor");
+    std::thread::sleep(Duration::from_millis(500));
+    f();
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = mon.kill();
+    let mut out = String::new();
+    mon.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let _ = mon.wait();
+    // "UDEV  [1234.5678] change   /devices/virtual/block/loop3/loop3p2 (block)"
+    out.lines()
+        .filter(|l| l.starts_with("UDEV"))
+        .filter_map(|l| {
+            let mut w = l.split_whitespace().skip(2);
+            let action = w.next()?.to_string();
+            let name = w.next()?.rsplit('/').next()?.to_string();
+            Some((action, name))
+        })
+        .collect()
+}
+
+#[test]
+fn a_table_written_through_a_private_node_makes_udev_look_at_the_disk_once_not_at_every_partition() {
+    let s = Scene::new(256 * MIB);
+    let disk = s.dev.file_name().unwrap().to_string_lossy().into_owned();
+    for i in 0..30u64 {
+        create(&s.dev, &format!("v{i}"), (1 + i) * MIB, MIB);
+    }
+    sh("udevadm", &["settle"]);
+    let partition_changes = |events: &[(String, String)]| {
+        events.iter().filter(|(a, n)| a == "change" && n.starts_with(&format!("{disk}p"))).count()
+    };
+
+    // Through the disk's own node (udev watches it): udev answers the write with a change
+    // for the disk and every partition.
+    let own = udev_events_during(|| {
+        create(&s.dev, "own-node", 40 * MIB, MIB);
+    });
+    assert!(partition_changes(&own) >= 30, "udev did not answer a write of the disk's own node for each partition: {own:?}");
+    sh("udevadm", &["settle"]);
+
+    // Through a private node: the new partition's add and one change of the disk.
+    let devices = s.dir.path().join("devices");
+    drivelet::disk::writer::init(&devices).unwrap();
+    let mut made = None;
+    let private = udev_events_during(|| {
+        made = Some(create(&s.dev, "private-node", 42 * MIB, MIB));
+    });
+    let made = made.unwrap();
+    let ours: Vec<&(String, String)> = private.iter().filter(|(_, n)| n.starts_with(&disk)).collect();
+    assert_eq!(partition_changes(&private), 0, "partitions probed again after a write through a private node: {ours:?}");
+    assert_eq!(ours.iter().filter(|(a, n)| a == "add" && *n == made.name).count(), 1, "{ours:?}");
+    let disk_changes = ours.iter().filter(|(a, n)| a == "change" && *n == disk).count();
+    assert!((1..=2).contains(&disk_changes), "the disk itself gets one change event: {ours:?}");
+
+    // What was written is on the disk, as another reader of the disk's own node sees it.
+    let (_, parts) = sfdisk_view(&s.dev);
+    assert_eq!(parts.len(), 32);
+    assert!(parts.iter().any(|p| p.0 == 42 * MIB && p.1 == MIB), "{parts:?}");
+    assert_eq!(table(&s.dev).partitions.len(), 32);
+    assert_eq!(blkpg::kernel_partitions(&s.dev).unwrap().len(), 32);
+    // The node the write went through is gone.
+    assert_eq!(std::fs::read_dir(&devices).unwrap().count(), 0, "a private node was left");
+}
