@@ -9,8 +9,9 @@
 //!     change (PV capacity, partition); lowered again (above `status.capacity`), the
 //!     claim grows to it.
 //!
-//! The three run side by side (their claims and pods made at once): (a) and (c) wait for
-//! kubelet's next look at their pods, a minute or more, and (b) runs meanwhile.
+//! They overlap: (a) and (c) wait for kubelet's next look at their pods (a minute or
+//! more) side by side, and (b) runs meanwhile; each claim is made once the one before
+//! has grown its partition, so none is placed where another must grow.
 //!
 //! Measured: claim edited -> PV capacity written, and -> the pod's `df` shows the size.
 
@@ -74,33 +75,26 @@ fn delete_all(pods: &[&str], claims: &[&str]) -> Check {
 pub(crate) fn journey_resize(ctx: &mut Ctx) -> Check {
     kubectl(&["create", "namespace", NS]).or_else(|e| if e.contains("AlreadyExists") { Ok(String::new()) } else { Err(e) })?;
 
-    // The three claims and their pods at once: a growth under a running pod waits for
-    // kubelet's next look at the pod (a minute or more), so (a) and (c) wait side by side
-    // and (b) runs meanwhile.
+    // (a) xfs in use: grows under the running pod. Its partition grows at once; its
+    // filesystem when kubelet next looks at the pod (a minute or more), which (c) and
+    // (b) do not wait for. Each claim's partition has grown before the next claim is
+    // placed, so none is placed where another must grow.
     apply(&(claim("grow-xfs", "drivelet-e2e-xfs", 320, "Filesystem", "ReadWriteOnce")
-        + &pod("grow-xfs", "grow-xfs", false, "", "echo kept-xfs > /data/kept && sync")
-        + &claim("too-big", "drivelet-e2e-xfs", 320, "Filesystem", "ReadWriteOnce")
-        + &pod("too-big", "too-big", false, "", "true")
-        + &claim("grow-ext4", "drivelet-e2e-ext4", 128, "Filesystem", "ReadWriteOnce")
-        + &pod("grow-ext4", "grow-ext4", false, "", "echo kept-ext4 > /data/kept && sync")))?;
-    for p in ["grow-xfs", "too-big", "grow-ext4"] {
-        wait_pod_running(p, Duration::from_secs(120))?;
-    }
-
-    // (a) xfs in use: grows under the running pod.
+        + &pod("grow-xfs", "grow-xfs", false, "", "echo kept-xfs > /data/kept && sync")))?;
+    wait_pod_running("grow-xfs", Duration::from_secs(120))?;
     let xfs_pv = pv_of("grow-xfs")?;
     let xfs_before = df_bytes("grow-xfs")?;
     let xfs_t = Instant::now();
     request("grow-xfs", "640Mi")?;
-
-    // (c) more than the drive holds: a clear Event, nothing changes; lowered, it grows.
-    let big_pv = pv_of("too-big")?;
-    let big_before = df_bytes("too-big")?;
-    request("too-big", "100Gi")?;
-
     wait_for("xfs: PV capacity 640Mi", Duration::from_secs(60), || Ok((pv_capacity(&xfs_pv)? == 640 * MIB).then_some(())))?;
     let xfs_to_pv = xfs_t.elapsed();
 
+    // (c) more than the drive holds: a clear Event, nothing changes; lowered, it grows.
+    apply(&(claim("too-big", "drivelet-e2e-xfs", 320, "Filesystem", "ReadWriteOnce") + &pod("too-big", "too-big", false, "", "true")))?;
+    wait_pod_running("too-big", Duration::from_secs(120))?;
+    let big_pv = pv_of("too-big")?;
+    let big_before = df_bytes("too-big")?;
+    request("too-big", "100Gi")?;
     let event = wait_for("a VolumeResizeFailed Event on the claim", Duration::from_secs(60), || {
         Ok(events_for("PersistentVolumeClaim", "too-big", "VolumeResizeFailed")?.first().cloned())
     })?;
@@ -116,6 +110,9 @@ pub(crate) fn journey_resize(ctx: &mut Ctx) -> Check {
     wait_for("recovered: PV capacity 384Mi", Duration::from_secs(60), || Ok((pv_capacity(&big_pv)? == 384 * MIB).then_some(())))?;
 
     // (b) ext4 not in use: the partition grows at once; the filesystem when a pod starts.
+    apply(&(claim("grow-ext4", "drivelet-e2e-ext4", 128, "Filesystem", "ReadWriteOnce")
+        + &pod("grow-ext4", "grow-ext4", false, "", "echo kept-ext4 > /data/kept && sync")))?;
+    wait_pod_running("grow-ext4", Duration::from_secs(120))?;
     let before = df_bytes("grow-ext4")?;
     let pv = pv_of("grow-ext4")?;
     kubectl(&["delete", "pod", "-n", NS, "grow-ext4", "--wait=true", "--timeout=60s"])?;
