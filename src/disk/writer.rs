@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -158,12 +158,19 @@ fn announce(rdev: u64) {
 
 /// Opens the whole disk `dev` to write it (see the module doc).
 pub fn open(dev: &Path) -> Result<Writer, DiskError> {
+    let probe = File::options()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(dev)
+        .map_err(DiskError::io(format!("open {}", dev.display())))?;
+    // The disk's own node, opened again through the descriptor just opened (the same
+    // file, not a second lookup of the path).
     let own = || {
         std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(libc::O_CLOEXEC)
-            .open(dev)
+            .open(format!("/proc/self/fd/{}", probe.as_raw_fd()))
             .map(|f| Writer { file: Some(f), rdev: None, disk: dev.to_path_buf() })
             .map_err(DiskError::io(format!("open {} for writing", dev.display())))
     };
@@ -171,11 +178,6 @@ pub fn open(dev: &Path) -> Result<Writer, DiskError> {
     if REFUSED.load(Ordering::Relaxed) {
         return own();
     }
-    let probe = File::options()
-        .read(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(dev)
-        .map_err(DiskError::io(format!("open {}", dev.display())))?;
     let md = probe.metadata().map_err(DiskError::io(format!("stat {}", dev.display())))?;
     if !md.file_type().is_block_device() {
         // An image file (tests, the demo's tools): no udev watch, nothing to avoid.
