@@ -30,6 +30,7 @@ pub(crate) fn failure_of(e: &VolumeError) -> Failure {
     match e {
         VolumeError::OutOfRange { .. } | VolumeError::NotFound { .. } | VolumeError::InvalidArgument { .. } => Failure::Infeasible,
         VolumeError::ResourceExhausted { .. } | VolumeError::Busy { .. } | VolumeError::NotReady => Failure::Transient,
+        VolumeError::GrowsWhenUnused { .. } => Failure::Deferred,
         _ => Failure::Final,
     }
 }
