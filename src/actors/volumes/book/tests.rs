@@ -7,7 +7,7 @@ use super::*;
 
 use crate::actors::volumes::messages::{CreateVolume, ReleaseDrive};
 use crate::actors::volumes::messages::ExpandVolume;
-use crate::actors::volumes::model::{CapacityRange, Staging};
+use crate::actors::volumes::model::{CapacityRange, Move, Staging};
 use crate::actors::volumes::placement;
 use crate::config::human_bytes;
 use crate::disk::gpt;
@@ -596,4 +596,30 @@ fn a_stage_or_unstage_on_a_drive_being_evacuated_is_announced_and_elsewhere_it_i
     let mut r = staged(&b);
     r.staging = None;
     assert_eq!(b.finish(&id, before, Some(r), false).into_iter().collect::<Vec<_>>(), vec!["d1".to_string()], "unstaged: the move waits no more");
+}
+
+#[test]
+fn a_growth_by_moving_frees_the_old_extent_when_it_switched_and_the_copy_when_rolled_back() {
+    let mut b = book_with(vec![available(1), available(3)]);
+    b.add_drives(vec![Drive::for_test("d2", Media::Ssd, GIB)]);
+    let id = available(1).id;
+    let expand = ExpandVolume { volume_id: id.clone(), range: CapacityRange { required: 100 * MIB, limit: 0 } };
+    let Ok(ExpandPlan::Move(p)) = b.expand_check(&expand) else { panic!("a move") };
+    let to = p.rec.moving.clone().expect("the copy's extent");
+    b.start_grow_move(&p);
+    // Switched and finished: the record is on d2, grown; its old extent on d1 is freed.
+    let moved = VolumeRecord { drive_id: "d2".into(), start: to.start, size: to.size, moving: None, ..available(1) };
+    assert_eq!(b.freed_by(&id, Some(&moved), None), Some(("d1".to_string(), (MIB, MIB))));
+    // Rolled back: the copy's extent on d2 held the volume's bytes.
+    assert_eq!(b.freed_by(&id, Some(&available(1)), None), Some(("d2".to_string(), (to.start, to.size))));
+    // Switched but not finished (a restart finishes it): nothing is free yet.
+    let half = VolumeRecord { moving: Some(Box::new(Move { drive_id: "d1".into(), start: MIB, size: MIB, switched: true, unreadable: vec![] })), ..moved };
+    assert_eq!(b.freed_by(&id, Some(&half), None), None);
+    // An evacuation's move frees through its own end, never twice.
+    b.evac.moving = Some(id.clone());
+    assert_eq!(b.freed_by(&id, Some(&available(1)), None), None);
+    // An ordinary call on a volume that is not moving frees nothing.
+    b.evac.moving = None;
+    b.records.insert(id.clone(), Arc::new(available(1)));
+    assert_eq!(b.freed_by(&id, Some(&available(1)), None), None);
 }
