@@ -5,7 +5,11 @@
 //! Rules:
 //! - the size asked is rounded like a create and never below the current size; the
 //!   same size is success at once;
-//! - in place first: the partition grows into the free space that follows it;
+//! - in place first: the partition grows into the free space that follows it, never
+//!   into space still being cleaned (it may hold a former tenant's bytes, and the
+//!   cleaner zeroes it unlocked): when only such space is in the way, the call waits for
+//!   the cleaner as a create does (`volumes.cleaning_wait`), then answers
+//!   RESOURCE_EXHAUSTED naming the space being cleaned;
 //! - else by a move, with evacuation's machinery (`steps::moves`: a verified copy, the
 //!   same volume id and partition GUID, crash-safe), to a place [`placement::place`]
 //!   picks on the other open managed drives (of the volume's media when its class asked
@@ -47,6 +51,12 @@ pub(crate) enum ExpandPlan {
     },
     /// By a move to another drive: the copy's extent (`rec.moving`) has the new size.
     Move(MovePlan),
+    /// In place once the space after it is cleaned: wait for the cleaner and decide
+    /// again; `reason` is the refusal when the wait runs out.
+    WaitForCleaning {
+        /// Why it cannot grow now, in words.
+        reason: String,
+    },
 }
 
 /// The media a volume must stay on: its class's, when the class asked for one.
@@ -110,9 +120,27 @@ impl VolumeBook {
             self.records.values().filter(|r| r.drive_id == rec.drive_id && r.id != rec.id).map(|r| (r.start, r.size)).collect();
         others.extend(self.records.values().filter_map(|r| r.moving.as_ref()).filter(|m| m.drive_id == rec.drive_id).map(|m| (m.start, m.size)));
         others.extend(d.extents.iter().copied());
+        // What it may grow into once cleaned, and what it may grow into now.
         let room = model::grow_room(rec.start, rec.size, &others, region_end);
-        if new_size <= room.max_size {
+        let dirty = self.dirty.get(&rec.drive_id).map(|x| x.extents.as_slice()).unwrap_or_default();
+        let now = if dirty.is_empty() {
+            room
+        } else {
+            let all: Vec<(u64, u64)> = others.iter().chain(dirty).copied().collect();
+            model::grow_room(rec.start, rec.size, &all, region_end)
+        };
+        if new_size <= now.max_size {
             return Ok(ExpandPlan::InPlace { rec, loc, new_size });
+        }
+        if new_size <= room.max_size {
+            return Ok(ExpandPlan::WaitForCleaning {
+                reason: format!(
+                    "volume {id} can grow in place to {} ({new_size} bytes) once the space after it on drive {} is cleaned: {}",
+                    human_bytes(new_size),
+                    rec.drive_id,
+                    self.cleaning_note()
+                ),
+            });
         }
         // In place it cannot: a move, when a whole partition may move.
         let movable = rec.layout != LayoutKind::Drive && rec.snapshot.is_none() && rec.moving.is_none();
@@ -166,6 +194,11 @@ impl VolumeBook {
         } else {
             Err(VolumeError::OutOfRange { reason: format!("{in_place}{elsewhere}{most}") })
         }
+    }
+
+    /// How long a call waits for space being cleaned.
+    pub(crate) fn cleaning_wait(&self) -> std::time::Duration {
+        self.cfg.cleaning_wait
     }
 
     /// Starts a growth by a move: the copy's extent is reserved (the record with its

@@ -623,3 +623,22 @@ fn a_growth_by_moving_frees_the_old_extent_when_it_switched_and_the_copy_when_ro
     b.records.insert(id.clone(), Arc::new(available(1)));
     assert_eq!(b.freed_by(&id, Some(&available(1)), None), None);
 }
+
+#[test]
+fn a_volume_grows_in_place_into_space_being_cleaned_only_once_it_is_clean() {
+    // Volume 1 at 1 MiB; a deleted neighbour's [2, 4) MiB still being cleaned; volume 8 at 8 MiB.
+    let mut b = book_with(vec![available(1), available(8)]);
+    b.add_dirty("d1", (2 * MIB, 2 * MIB));
+    let expand = |required: u64| ExpandVolume { volume_id: available(1).id, range: CapacityRange { required, limit: 0 } };
+    match b.expand_check(&expand(3 * MIB)) {
+        Ok(ExpandPlan::WaitForCleaning { reason }) => {
+            assert!(reason.contains("once the space after it on drive d1 is cleaned") && reason.contains("being zeroed"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // Past what cleaning frees (volume 8 follows): not a wait.
+    assert!(matches!(b.expand_check(&expand(8 * MIB)), Err(VolumeError::ResourceExhausted { .. })));
+    // Cleaned: in place.
+    b.cleaned("d1", (2 * MIB, 2 * MIB));
+    assert_eq!(in_place(b.expand_check(&expand(3 * MIB))), 3 * MIB);
+}

@@ -214,8 +214,33 @@ impl Handler<DetachVolume> for VolumeManager {
 impl Handler<ExpandVolume> for VolumeManager {
     type Result = Reply<(u64, bool)>;
     fn handle(&mut self, m: ExpandVolume, _: &mut Context<Self>) -> Self::Result {
-        let checked = self.book.expand_check(&m).and_then(|x| Ok((self.claim(&m.volume_id)?, x)));
-        let ((claim, store), plan) = match checked {
+        let deadline = std::time::Instant::now() + self.book.cleaning_wait();
+        self.expand(m, deadline)
+    }
+}
+
+impl VolumeManager {
+    /// One attempt of an ExpandVolume, as the book decides it; a growth in place that
+    /// waits for the space after the volume to be cleaned is decided again after each
+    /// step of the cleaner, until `deadline`.
+    fn expand(&mut self, m: ExpandVolume, deadline: std::time::Instant) -> Reply<(u64, bool)> {
+        let plan = match self.book.expand_check(&m) {
+            Ok(ExpandPlan::WaitForCleaning { reason }) => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return reply(Err(VolumeError::ResourceExhausted { reason }));
+                }
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                self.clean_waiters.push(tx);
+                let waited = async move {
+                    let _ = tokio::time::timeout(left, rx).await;
+                };
+                return Box::pin(waited.into_actor(self).then(move |_, act, _| act.expand(m, deadline)));
+            }
+            Ok(plan) => plan,
+            Err(e) => return reply(Err(e)),
+        };
+        let (claim, store) = match self.claim(&m.volume_id) {
             Ok(x) => x,
             Err(e) => return reply(Err(e)),
         };
@@ -230,6 +255,7 @@ impl Handler<ExpandVolume> for VolumeManager {
                 )
             }
             ExpandPlan::Move(plan) => self.grow_by_moving(claim, store, plan),
+            ExpandPlan::WaitForCleaning { reason } => reply(Err(VolumeError::ResourceExhausted { reason })),
         }
     }
 }
