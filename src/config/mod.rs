@@ -262,8 +262,9 @@ pub struct VolumesConfig {
     /// whole before its first volume: blank to blkid is not zero. Off only for drives
     /// known to hold nothing (fresh from the factory, or already zeroed).
     pub clean_blank_drives: bool,
-    /// How long a CreateVolume that fits only in space still being cleaned waits for
-    /// it before it answers RESOURCE_EXHAUSTED.
+    /// How long a CreateVolume that fits only in space still being cleaned (or a
+    /// ControllerExpandVolume growing in place into it) waits for it before it answers
+    /// RESOURCE_EXHAUSTED.
     #[serde(deserialize_with = "de_duration")]
     pub cleaning_wait: Duration,
     /// How much the cleaner zeroes between two records of its progress on the drive

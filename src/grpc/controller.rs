@@ -12,12 +12,15 @@
 //!   either way) (not PUBLISH_READONLY: read-only access is the SINGLE_NODE_READER_ONLY mode, enforced on
 //!   the node);
 //! - `ControllerExpandVolume` grows a partition in place into the free space that
-//!   follows it (online: staged and published volumes too); a missing id or capacity
-//!   range is INVALID_ARGUMENT, an unknown volume NOT_FOUND, a size the volume already
-//!   has (or exceeds) OK with its size, a limit below its size or a size that would
-//!   run past the end of the drive OUT_OF_RANGE (even when another volume is in the
-//!   way too), another volume in the way RESOURCE_EXHAUSTED, a missing drive
-//!   FAILED_PRECONDITION; `node_expansion_required` is true for filesystem volumes;
+//!   follows it (online: staged and published volumes too), else, for a volume no pod
+//!   uses, by moving it to a bigger free extent of another drive (the volume manager's
+//!   `book::grow` rules); a missing id or capacity range is INVALID_ARGUMENT, an unknown
+//!   volume NOT_FOUND, a size the volume already has (or exceeds) OK with its size, a
+//!   limit below its size or a size no drive of the node holds OUT_OF_RANGE (naming the
+//!   largest possible), another volume in the way or room still being cleaned
+//!   RESOURCE_EXHAUSTED, a volume in use that only a move could grow (it grows at its
+//!   next stage, once unused) or a missing drive FAILED_PRECONDITION;
+//!   `node_expansion_required` is true for filesystem volumes;
 //! - `ListVolumes` pages in volume-id order; `next_token` names the last id returned
 //!   and this run of the agent, so a malformed token or one from before a restart is
 //!   ABORTED; entries (and `ControllerGetVolume`) carry the volume's condition and

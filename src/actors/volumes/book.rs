@@ -26,6 +26,7 @@
 //! CreateVolume's attempts ([`VolumeBook::begin_create`]); [`clone`] a clone's source;
 //! [`snapshot`] snapshots; [`drives`] drive events, release and cordon; [`cleaning`]
 //! dirty space; [`evacuate`] every bit of an evacuation's state and its moves;
+//! [`grow`] how an expansion grows a volume (in place, or by a move to another drive);
 //! [`claim`] the guards.
 
 pub(crate) mod claim;
@@ -34,6 +35,7 @@ mod clone;
 mod create;
 mod drives;
 mod evacuate;
+mod grow;
 mod snapshot;
 #[cfg(test)]
 mod tests;
@@ -47,7 +49,7 @@ use tracing::{info, warn};
 
 use super::conditions::{self, Condition, Finding};
 use super::usage;
-use super::messages::{AdoptVolume, AttachVolume, DetachVolume, ExpandVolume, NodeExpandVolume, VolumeStatus};
+use super::messages::{AdoptVolume, AttachVolume, DetachVolume, NodeExpandVolume, VolumeStatus};
 use super::model::{self, Refusal, VolumeRecord, VolumeState};
 
 use super::placement::Candidate;
@@ -56,8 +58,7 @@ use super::error::VolumeError;
 
 use crate::actors::inventory::model::Drive;
 use super::messages::VolumeConditionChanged;
-use crate::config::{human_bytes, VolumesConfig};
-use crate::disk::gpt;
+use crate::config::VolumesConfig;
 
 pub(crate) use self::claim::Guards;
 pub(crate) use self::clone::{InUsePlan, Source, ENCRYPTED_COPY};
@@ -65,6 +66,7 @@ pub(crate) use self::claim::Claim;
 pub(crate) use self::cleaning::Dirty;
 pub(crate) use self::create::{CreateCall, CreateStart};
 pub(crate) use self::evacuate::MovePlan;
+pub(crate) use self::grow::ExpandPlan;
 
 /// What a CreateVolume asks for, decided.
 #[derive(Debug, Clone, PartialEq)]
@@ -565,56 +567,6 @@ impl VolumeBook {
             return Err(VolumeError::DriveMissing { volume_id: id.to_string(), drive_id: rec.drive_id.clone() });
         }
         Ok(rec)
-    }
-
-    /// The size a volume may grow to as asked: the range rounded like a create, never
-    /// below the current size; room after it on its drive (OUT_OF_RANGE past the end of
-    /// the drive, RESOURCE_EXHAUSTED when another extent is in the way).
-    pub(crate) fn expand_check(&self, m: &ExpandVolume) -> Result<(VolumeRecord, DriveLoc, u64), VolumeError> {
-        let id = m.volume_id.as_str();
-        let rec = self.visible(id)?.clone();
-        if rec.state == VolumeState::Deleting {
-            return Err(VolumeError::refused(&rec, Refusal::BeingDeleted));
-        }
-        if let Some(a) = &rec.adopted {
-            return Err(VolumeError::AdoptedFixedSize { volume_id: id.to_string(), path: a.path.clone() });
-        }
-        let new_size = model::size_for(m.range, rec.size, rec.size).map_err(|reason| VolumeError::OutOfRange {
-            reason: format!("volume {id} is {} bytes and cannot shrink: {reason}", rec.size),
-        })?;
-        let d = self
-            .drives
-            .get(&rec.drive_id)
-            .ok_or_else(|| VolumeError::DriveAbsent { volume_id: id.to_string(), drive_id: rec.drive_id.clone() })?;
-        let loc = drive_loc(d);
-        if new_size == rec.size {
-            return Ok((rec, loc, new_size));
-        }
-        let region_end = gpt::usable_region(d.size_bytes, d.logical_block_size).map_or(0, |(_, e)| e);
-        let mut others: Vec<(u64, u64)> =
-            self.records.values().filter(|r| r.drive_id == rec.drive_id && r.id != rec.id).map(|r| (r.start, r.size)).collect();
-        others.extend(self.records.values().filter_map(|r| r.moving.as_ref()).filter(|m| m.drive_id == rec.drive_id).map(|m| (m.start, m.size)));
-        others.extend(d.extents.iter().copied());
-        let room = model::grow_room(rec.start, rec.size, &others, region_end);
-        // Past the end of the drive it can never grow, whatever follows it now.
-        let blocked = room.blocked && new_size <= region_end.saturating_sub(rec.start);
-        if new_size > room.max_size {
-            let reason = format!(
-                "volume {id} can grow in place to at most {} ({} bytes) on drive {}, not {} ({new_size} bytes)",
-                human_bytes(room.max_size),
-                room.max_size,
-                rec.drive_id,
-                human_bytes(new_size)
-            );
-            return Err(if blocked {
-                VolumeError::ResourceExhausted { reason: format!("{reason}: another volume or partition follows it") }
-            } else if room.blocked {
-                VolumeError::OutOfRange { reason: format!("{reason}, and {} from its start runs past the end of the drive", human_bytes(new_size)) }
-            } else {
-                VolumeError::OutOfRange { reason: format!("{reason}: the drive ends there") }
-            });
-        }
-        Ok((rec, loc, new_size))
     }
 
     /// Decides a DetachVolume: the record without its attachment, to store, and the node

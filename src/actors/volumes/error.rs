@@ -49,6 +49,19 @@ pub enum VolumeError {
         /// Why.
         reason: String,
     },
+    /// A volume in use cannot grow in place, and only a move to another drive could
+    /// grow it: it grows once no pod uses it (the resizer asks again).
+    #[error("volume {volume_id} cannot grow to {} ({size} bytes) while it is in use ({why}): the space after it on its drive is taken, and it grows by moving to drive {drive_id}, which needs it unused; it grows at its next stage, once no pod uses it (unstaged and detached)", crate::config::human_bytes(*size))]
+    GrowsWhenUnused {
+        /// The volume.
+        volume_id: String,
+        /// The size asked, bytes.
+        size: u64,
+        /// The drive a move would take it to now.
+        drive_id: String,
+        /// Where it is in use, in words.
+        why: String,
+    },
     /// NodePublishVolume of a volume that is not staged (the state machine's refusal).
     #[error("volume {volume_id} {}", self.why().unwrap_or_default())]
     PublishBeforeStage {

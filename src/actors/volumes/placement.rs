@@ -14,8 +14,13 @@
 //!   table always has a slot).
 //! - [`place`]: among eligible drives with room for the volume, the one with the least
 //!   free space left (best fit, keeping large extents for large volumes); ties go to the
-//!   drive id in order. A partition takes the lowest free extent that fits; a whole-drive
-//!   volume takes the drive's usable region.
+//!   drive id in order. A whole-drive volume takes the drive's usable region. A partition
+//!   goes at the start of a free extent, so whatever the extent holds beyond it follows
+//!   it (room to grow in place, never a volume pushed to an extent's very end), and
+//!   the extent is picked to leave it room to grow ([`pick_extent`]): the lowest one
+//!   with room for the volume twice over (it can double in place), else the one that
+//!   leaves the most room after it (the largest, lowest first among equals), never a
+//!   tight hole while a roomier extent exists.
 //! - [`capacity`]: `maximum_volume_size` is the largest single volume [`place`] accepts
 //!   now, `available` the sum of every usable extent, on each drive at most as many
 //!   (the largest) as it has free partition slots (what volumes of the largest size,
@@ -113,6 +118,15 @@ pub(crate) fn room_on(c: &Candidate<'_>, layout: LayoutKind, minimum: u64) -> Ve
     }
 }
 
+/// The extent of `room` (free extents that hold `size`, in drive order) a partition of
+/// `size` bytes takes, at its start: the lowest with room for `size` after the volume
+/// (it can double in place), else the one leaving the most room after it, lowest first
+/// among equals. `None` when `room` is empty.
+pub(crate) fn pick_extent(room: &[(u64, u64)], size: u64) -> Option<(u64, u64)> {
+    let after = |e: &(u64, u64)| e.1.saturating_sub(size);
+    room.iter().find(|e| after(e) >= size).or_else(|| room.iter().rev().max_by_key(|e| after(e))).copied()
+}
+
 /// Picks a drive and extent for a volume of `size` (for `layout=drive`, `size` is the
 /// minimum and the whole usable region is taken).
 pub(crate) fn place(cands: &[Candidate<'_>], media: Option<Media>, layout: LayoutKind, size: u64) -> Result<Placement, NoRoom> {
@@ -136,10 +150,16 @@ pub(crate) fn place(cands: &[Candidate<'_>], media: Option<Media>, layout: Layou
     }
     let mut best: Option<(u64, &str, Placement)> = None;
     for c in open_drives(cands, media) {
-        let Some(&(start, len)) = room_on(c, layout, size).first() else { continue };
-        let size = match layout {
-            LayoutKind::Drive => len,
-            LayoutKind::Partition => size,
+        let room = room_on(c, layout, size);
+        let (start, size) = match layout {
+            LayoutKind::Drive => match room.first() {
+                Some(&(start, len)) => (start, len),
+                None => continue,
+            },
+            LayoutKind::Partition => match pick_extent(&room, size) {
+                Some((start, _)) => (start, size),
+                None => continue,
+            },
         };
         let total: u64 = gpt::free_extents(c.drive.size_bytes, c.drive.logical_block_size, &c.used).iter().map(|e| e.1).sum();
         let key = (total, c.drive.id.as_str());
@@ -212,6 +232,35 @@ mod tests {
         assert_eq!(p.drive_id, "a");
         assert!(matches!(place(&cands, None, LayoutKind::Partition, 11 * GIB), Err(NoRoom::TooBig(_))));
         assert!(matches!(place(&cands, Some(Media::Nvme), LayoutKind::Partition, MIB), Err(NoRoom::Full(_))));
+    }
+
+    #[test]
+    fn a_partition_goes_where_it_can_grow_at_the_start_of_its_extent() {
+        // (free extents in drive order, size) -> start of the extent taken
+        let cases: Vec<(&str, Vec<(u64, u64)>, u64, Option<u64>)> = vec![
+            ("one extent: its start, the rest follows", vec![(MIB, GIB)], 100 * MIB, Some(MIB)),
+            ("the lowest that can double", vec![(MIB, 300 * MIB), (400 * MIB, GIB)], 100 * MIB, Some(MIB)),
+            ("a tight hole is skipped for room to grow", vec![(MIB, 100 * MIB), (200 * MIB, GIB)], 100 * MIB, Some(200 * MIB)),
+            ("a hole too small to double is skipped too", vec![(MIB, 150 * MIB), (200 * MIB, GIB)], 100 * MIB, Some(200 * MIB)),
+            ("none can double: the most room after it", vec![(MIB, 150 * MIB), (200 * MIB, 190 * MIB), (500 * MIB, 120 * MIB)], 100 * MIB, Some(200 * MIB)),
+            ("equal room: the lowest", vec![(MIB, 150 * MIB), (200 * MIB, 150 * MIB)], 100 * MIB, Some(MIB)),
+            ("only exact fits: the lowest", vec![(MIB, 100 * MIB), (200 * MIB, 100 * MIB)], 100 * MIB, Some(MIB)),
+            ("nothing", vec![], 100 * MIB, None),
+        ];
+        for (what, room, size, want) in cases {
+            assert_eq!(pick_extent(&room, size).map(|e| e.0), want, "{what}");
+        }
+        // And place takes that extent, at its start: a 100 MiB volume on a drive whose
+        // first free hole fits it exactly goes to the large extent after the other volume.
+        let a = drive("a", Media::Ssd, 2 * GIB);
+        let cands = vec![Candidate { drive: &a, used: vec![(101 * MIB, 50 * MIB)].into(), closed: false, slots_used: 1 }];
+        let p = place(&cands, None, LayoutKind::Partition, 100 * MIB).unwrap();
+        assert_eq!((p.start, p.size), (151 * MIB, 100 * MIB));
+        // Space still being cleaned before a free extent: the volume goes at the start
+        // of the clean extent, the rest of it free after the volume, not at its end.
+        let cands = vec![Candidate { drive: &a, used: vec![(MIB, 700 * MIB)].into(), closed: false, slots_used: 0 }];
+        let p = place(&cands, None, LayoutKind::Partition, 100 * MIB).unwrap();
+        assert_eq!(p.start, 701 * MIB);
     }
 
     #[test]

@@ -127,6 +127,7 @@ pub(crate) fn kind_of(e: &VolumeError) -> RefusalKind {
         | VolumeError::AlreadyExists { .. }
         | VolumeError::ResourceExhausted { .. }
         | VolumeError::OutOfRange { .. }
+        | VolumeError::GrowsWhenUnused { .. }
         | VolumeError::PathNotFound { .. }
         | VolumeError::StillAttached { .. }
         | VolumeError::NotStaged { .. }

@@ -30,6 +30,7 @@ pub(crate) fn failure_of(e: &VolumeError) -> Failure {
     match e {
         VolumeError::OutOfRange { .. } | VolumeError::NotFound { .. } | VolumeError::InvalidArgument { .. } => Failure::Infeasible,
         VolumeError::ResourceExhausted { .. } | VolumeError::Busy { .. } | VolumeError::NotReady => Failure::Transient,
+        VolumeError::GrowsWhenUnused { .. } => Failure::Deferred,
         _ => Failure::Final,
     }
 }
@@ -54,3 +55,23 @@ impl ResizeBackend for ManagerBackend {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_refusal_counts_as_external_resizer_would_and_a_growth_waiting_for_an_unused_volume_is_deferred() {
+        let cases = [
+            (VolumeError::OutOfRange { reason: "the drive ends there".into() }, Failure::Infeasible),
+            (VolumeError::NotFound { volume_id: "v".into() }, Failure::Infeasible),
+            (VolumeError::ResourceExhausted { reason: "being cleaned".into() }, Failure::Transient),
+            (VolumeError::Busy { volume_id: "v".into() }, Failure::Transient),
+            (VolumeError::GrowsWhenUnused { volume_id: "v".into(), size: 1, drive_id: "d2".into(), why: "staged".into() }, Failure::Deferred),
+            (VolumeError::DriveAbsent { volume_id: "v".into(), drive_id: "d".into() }, Failure::Final),
+        ];
+        for (e, want) in cases {
+            assert_eq!(failure_of(&e), want, "{e}");
+        }
+    }
+}

@@ -9,6 +9,10 @@
 //!   the finished one, each with its Event; failure records a `VolumeResizeFailed`
 //!   Warning, writes the failed status and asks to be run again after
 //!   [`retry_after`](super::retry_after).
+//! - A deferred growth (the volume in use, growing only by a move) records one Normal
+//!   `VolumeResizeDeferred` Event per claim and size, and no `Resizing` Event at its
+//!   retries; nothing is written to the claim's status, and it is run again after the
+//!   backoff.
 //! - Every object written is handed back ([`Ran`]), so a rerun before the watch catches
 //!   up acts on the newest objects. API errors are [`ResizeError`]s naming the object.
 
@@ -22,7 +26,7 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use super::backend::ResizeBackend;
-use super::{failed_patch, finished_patch, in_progress_patch, node_pending_patch, pv_capacity_patch, quantity_of, retry_after, Expansion, Failure};
+use super::{Deferrals, failed_patch, finished_patch, in_progress_patch, node_pending_patch, pv_capacity_patch, quantity_of, retry_after, Expansion, Failure};
 use crate::config::human_bytes;
 use crate::k8s::shell::RetryPolicy;
 use crate::k8s::identity::Identity;
@@ -78,6 +82,8 @@ pub(crate) struct Executor {
     client: Client,
     recorder: Recorder,
     policy: RetryPolicy,
+    /// The claims told their growth waits for their volume to be unused.
+    deferrals: std::sync::Arc<std::sync::Mutex<Deferrals>>,
 }
 
 pub(crate) fn key_of(pvc: &PersistentVolumeClaim) -> String {
@@ -92,7 +98,7 @@ impl Executor {
     /// An executor writing as drivelet, Events reported by this node's instance.
     pub(crate) fn new(client: Client, identity: &Identity, policy: RetryPolicy) -> Self {
         let recorder = Recorder::new(client.clone(), identity.reporter());
-        Self { client, recorder, policy }
+        Self { client, recorder, policy, deferrals: Default::default() }
     }
 
     /// Grows `pvc`'s volume as `e` says (see the rules of [`super`]); `failures` are the
@@ -108,9 +114,27 @@ impl Executor {
         let pv_name = pv.name_any();
         let mut pvc = self.patch_claim(&pvc, in_progress_patch(&pvc, e, &now())).await?;
         let size = human_bytes(e.bytes);
-        let note = format!("drivelet is growing volume {} of PersistentVolume {pv_name} to {size}", e.volume_id);
-        self.event(&pvc, EventType::Normal, "Resizing", note).await?;
-        match backend.expand(&e.volume_id, e.bytes).await {
+        let key = key_of(&pvc);
+        // A claim told its growth waits hears nothing more at each retry.
+        let waiting = self.deferrals().told(&key, e.bytes);
+        if !waiting {
+            let note = format!("drivelet is growing volume {} of PersistentVolume {pv_name} to {size}", e.volume_id);
+            self.event(&pvc, EventType::Normal, "Resizing", note).await?;
+        }
+        let res = backend.expand(&e.volume_id, e.bytes).await;
+        if !matches!(res, Err((super::Failure::Deferred, _))) {
+            self.deferrals().forget(&key);
+        }
+        match res {
+            Err((super::Failure::Deferred, reason)) => {
+                if self.deferrals().tell(&key, e.bytes) {
+                    info!(pvc.name = %key, pv.name = %pv_name, volume.id = %e.volume_id, error = %reason, "volume growth deferred until no pod uses it");
+                    let note = format!("volume {} of PersistentVolume {pv_name} grows to {size} once no pod uses it: {reason}", e.volume_id);
+                    self.event(&pvc, EventType::Normal, "VolumeResizeDeferred", note).await?;
+                }
+                let outcome = Outcome::Retry(retry_after(super::Failure::Deferred, failures, &self.policy));
+                Ok(Ran { outcome, final_error: false, infeasible: false, pvc, pv })
+            }
             Ok((bytes, node_step)) => {
                 let mut pv = pv;
                 let current = pv.spec.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get(super::STORAGE)).cloned();
@@ -150,6 +174,10 @@ impl Executor {
                 })
             }
         }
+    }
+
+    fn deferrals(&self) -> std::sync::MutexGuard<'_, Deferrals> {
+        self.deferrals.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     async fn patch_claim(&self, pvc: &PersistentVolumeClaim, patch: Value) -> Result<PersistentVolumeClaim, ResizeError> {

@@ -150,3 +150,35 @@ async fn an_infeasible_size_is_recorded_once_and_a_lowered_request_recovers() {
     assert_eq!(*backend.asked.lock().unwrap(), [100 * GI, (3 * GI) / 2], "the infeasible size was asked once");
     assert_eq!(api.event_reasons(), ["Resizing", "VolumeResizeFailed", "Resizing", "VolumeResizeSuccessful"]);
 }
+
+#[actix_rt::test]
+async fn a_growth_deferred_until_the_volume_is_unused_is_told_once_and_happens_at_a_retry() {
+    tokio::time::pause();
+    let claim = pvc("2Gi", "1Gi");
+    let (client, mut api) = fake_api(vec![&claim], vec![&pv("1Gi")]);
+    let backend = FakeBackend::default();
+    let deferred = || {
+        let e = VolumeError::GrowsWhenUnused { volume_id: "vol-1".into(), size: 2 * GI, drive_id: "d2".into(), why: "it is staged at /s".into() };
+        Err((Failure::Deferred, KubeError::volume("vol-1")(e)))
+    };
+    backend.answers.lock().unwrap().extend([deferred(), deferred(), Ok((2 * GI, true))]);
+    let _queue = ResizeQueue::new(client, config(), backend.clone()).start();
+
+    // Three runs: each marks the claim in progress; the two deferred ones write nothing else.
+    for _ in 0..3 {
+        let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
+        assert_eq!(body["status"]["allocatedResources"], json!({"storage": "2Gi"}), "{body}");
+        assert!(body["status"]["conditions"].as_array().is_some_and(|c| c.iter().all(|c| c["type"] != "ControllerResizeError")), "a deferral is no failure: {body}");
+        respond(reply, &with_state(claim.clone(), Some("2Gi"), Some(CONTROLLER_IN_PROGRESS)));
+    }
+    let (_, reply) = api.expect_path(Method::PATCH, PV).await;
+    respond(reply, &pv("2Gi"));
+    let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
+    assert_eq!(body["status"]["allocatedResourceStatuses"], json!({"storage": NODE_PENDING}));
+    respond(reply, &with_state(claim.clone(), Some("2Gi"), Some(NODE_PENDING)));
+    api.assert_quiet().await;
+    assert_eq!(*backend.asked.lock().unwrap(), [2 * GI, 2 * GI, 2 * GI]);
+    assert_eq!(api.event_reasons(), ["Resizing", "VolumeResizeDeferred", "FileSystemResizeRequired"], "one Event while it waits, not one per retry");
+    let note = api.events().iter().find(|e| e["reason"] == "VolumeResizeDeferred").and_then(|e| e["note"].as_str().map(str::to_string)).unwrap_or_default();
+    assert!(note.contains("grows to 2.0 GiB once no pod uses it") && note.contains("staged at /s"), "{note}");
+}

@@ -24,6 +24,12 @@
 //!   then runs NodeExpandVolume and sets `status.capacity`), Event
 //!   `FileSystemResizeRequired`; a block volume is finished here: `status.capacity`, the
 //!   resize status and conditions removed, Event `VolumeResizeSuccessful`.
+//! - A volume in use that grows only by a move (no room after it on its drive; the
+//!   volume manager's `GrowsWhenUnused`): deferred, not failed. The claim gets one
+//!   Normal Event `VolumeResizeDeferred` saying it grows once no pod uses it ([`Deferrals`]:
+//!   once per size, not at every retry, and no `Resizing` Event at the retries either),
+//!   nothing in its status, and the growth is asked again with the backoff: the first
+//!   try after its unstage and detach moves and grows it (within `retry_cap`).
 //! - Failure: Warning Event `VolumeResizeFailed` with the reason. An infeasible size
 //!   (OUT_OF_RANGE: past the end of the drive; the volume unknown; a bad request) sets
 //!   `ControllerResizeInfeasible` and condition `ControllerResizeError`, and the same
@@ -292,6 +298,48 @@ pub(crate) enum Failure {
     /// May pass by itself (another volume in the way, the volume busy, the volume
     /// manager restarting).
     Transient,
+    /// The volume grows only by a move, and it is in use: it grows once no pod uses it.
+    /// Asked again with the backoff (so within `retry_cap` of its unstage); the claim
+    /// hears it once ([`Deferrals`]), nothing is recorded in its status.
+    Deferred,
+}
+
+/// The claims told that their growth waits until no pod uses their volume, with the size
+/// they were told of: told once, not at every retry; again only for another size, or
+/// after the growth ended either way (forgotten then). Kept for the life of the process,
+/// at most [`DEFERRALS_MAX`] claims (the oldest forgotten first).
+#[derive(Default, Debug)]
+pub(crate) struct Deferrals(BTreeMap<String, (u64, u64)>, u64);
+
+/// The most claims [`Deferrals`] remembers.
+pub(crate) const DEFERRALS_MAX: usize = 4096;
+
+impl Deferrals {
+    /// Whether claim `key` is to be told that its growth to `bytes` is deferred;
+    /// remembers it.
+    pub(crate) fn tell(&mut self, key: &str, bytes: u64) -> bool {
+        if self.0.get(key).is_some_and(|(b, _)| *b == bytes) {
+            return false;
+        }
+        if self.0.len() >= DEFERRALS_MAX && !self.0.contains_key(key) {
+            if let Some(oldest) = self.0.iter().min_by_key(|(_, (_, n))| *n).map(|(k, _)| k.clone()) {
+                self.0.remove(&oldest);
+            }
+        }
+        self.1 += 1;
+        self.0.insert(key.to_string(), (bytes, self.1));
+        true
+    }
+
+    /// Whether claim `key` was told its growth to `bytes` waits (its retries say nothing).
+    pub(crate) fn told(&self, key: &str, bytes: u64) -> bool {
+        self.0.get(key).is_some_and(|(b, _)| *b == bytes)
+    }
+
+    /// Forgets claim `key`: its growth went on (done, or failed otherwise).
+    pub(crate) fn forget(&mut self, key: &str) {
+        self.0.remove(key);
+    }
 }
 
 /// One condition as the API server takes it.
@@ -362,7 +410,7 @@ pub(crate) fn finished_patch(pvc: &PersistentVolumeClaim, capacity: &Quantity) -
 /// with the reason, and for an infeasible size `ControllerResizeInfeasible`; `None` for
 /// a transient failure (nothing is recorded). Not guarded by the resourceVersion.
 pub(crate) fn failed_patch(pvc: &PersistentVolumeClaim, failure: Failure, message: &str, now: &str) -> Option<Value> {
-    if failure == Failure::Transient {
+    if matches!(failure, Failure::Transient | Failure::Deferred) {
         return None;
     }
     let text = format!("failed to expand pvc with {message}");
@@ -384,7 +432,7 @@ pub(crate) fn pv_capacity_patch(bytes: u64) -> Value {
 pub(crate) fn retry_after(failure: Failure, failures: u32, policy: &crate::k8s::shell::RetryPolicy) -> Duration {
     match failure {
         Failure::Infeasible => policy.terminal,
-        Failure::Final | Failure::Transient => policy.backoff(failures),
+        Failure::Final | Failure::Transient | Failure::Deferred => policy.backoff(failures),
     }
 }
 

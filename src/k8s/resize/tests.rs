@@ -345,3 +345,20 @@ fn only_changes_the_decisions_read_requeue_a_claim() {
     rebound.spec.as_mut().unwrap().volume_name = Some("pv-2".into());
     assert!(claim_differs(&base, &rebound), "bound elsewhere");
 }
+
+#[test]
+fn a_deferral_is_told_once_per_claim_and_size_and_forgotten_when_the_growth_goes_on() {
+    use super::Deferrals;
+    let mut d = Deferrals::default();
+    assert!(d.tell("ns/a", 5) && !d.told("ns/b", 5));
+    assert!(!d.tell("ns/a", 5), "the same size again: nothing to say");
+    assert!(d.told("ns/a", 5) && !d.told("ns/a", 6));
+    assert!(d.tell("ns/a", 6), "another size is told");
+    d.forget("ns/a");
+    assert!(d.tell("ns/a", 6), "after the growth went on, told again");
+    for i in 0..super::DEFERRALS_MAX {
+        d.tell(&format!("ns/c{i}"), 1);
+    }
+    assert!(!d.told("ns/a", 6), "full: the oldest is forgotten");
+    assert!(d.told(&format!("ns/c{}", super::DEFERRALS_MAX - 1), 1));
+}

@@ -20,6 +20,9 @@
 //!   test directory, no volume record, and a new volume takes the space the old one
 //!   had;
 //! - a create killed and never retried is rolled back by the restart on its own;
+//! - a growth by moving (a volume with no room after it, unused) killed at any point of
+//!   its move leaves exactly one copy of the volume, and the retried growth succeeds with
+//!   the data;
 //! - a clone killed at any point of its create or its copy leaves no clone after the
 //!   restart (never a half copy served: its partition and record are gone, the source
 //!   untouched), or, killed once it was marked done, the complete clone; the retried
@@ -972,4 +975,84 @@ fn a_move_killed_at_any_point_leaves_one_copy_serving_and_the_evacuation_finishe
     assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     each_point(MOVE_POINTS, |p| move_crash(p, true));
     each_point(&["move.copied", "move.switched", "move.source_removed"], |p| move_crash(p, false));
+}
+
+/// A volume with data and another volume right after it on its drive, grown by a move
+/// to the other drive (ControllerExpandVolume of a volume no pod uses) killed at
+/// `point`: after the restart exactly one copy of it is left (the old one, at its old
+/// size, before the switch; the grown one after it), the retried growth succeeds, and
+/// the data is read back from the grown volume on the other drive.
+fn grow_move_crash(point: &'static str) {
+    let tmp = short_tempdir();
+    let drives = [LoopDrive::new(tmp.path(), "a.img", DRIVE), LoopDrive::new(tmp.path(), "b.img", DRIVE)];
+    sh("udevadm", &["settle"]);
+    let staging = tmp.path().join("kubelet").join("plugins/stage");
+    let mut agent = Agent::start(tmp.path(), AgentOpts::default());
+    let _unmount = Unmounter(tmp.path().to_path_buf());
+    let (size, grown) = (64 * MIB, 200 * MIB);
+    let v = rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        let v = c.ctrl.create_volume(create_req("pvc-crash-grow", size, mount_cap("ext4"))).await.expect("create").into_inner().volume.unwrap().volume_id;
+        c.ctrl.create_volume(create_req("pvc-crash-grow-next", size, block_cap())).await.expect("create the next").into_inner();
+        v
+    });
+    let (from, to) = if copies_of(&drives[0].dev, &v).is_empty() { (&drives[1], &drives[0]) } else { (&drives[0], &drives[1]) };
+    let start = copies_of(&from.dev, &v)[0].0;
+    let text = format!("written before the growth killed at {point}");
+    put_data(&agent, &v, None, &staging, 0, &text);
+    sh("sync", &[]);
+    let before = bytes_at(&from.dev, start, size);
+    arm(&agent, point);
+    let res = rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        tokio::time::timeout(CALL_TIMEOUT, c.ctrl.controller_expand_volume(expand_req(&v, grown, 0))).await
+    });
+    assert!(!matches!(res, Ok(Ok(_))), "{point}: the growth died with the agent: {res:?}");
+    let status = agent.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.and_then(|s| s.signal()), Some(nix::sys::signal::Signal::SIGKILL as i32), "{point}: killed; log:\n{}", agent.log_tail(40));
+    let switched = ["move.switched", "move.marked", "move.source_removed"].contains(&point);
+    if !switched {
+        assert_eq!(bytes_at(&from.dev, start, size), before, "{point}: the old copy is untouched");
+    }
+    agent.spawn();
+    let log = |a: &Agent| a.log_tail(40);
+    // One copy serves after the restart: never both, never neither (the restart's
+    // reconciliation may finish a moment after the agent answers).
+    let t0 = std::time::Instant::now();
+    loop {
+        let (on_from, on_to) = (copies_of(&from.dev, &v), copies_of(&to.dev, &v));
+        let done = if switched { on_from.is_empty() && on_to.len() == 1 && !on_to[0].1 } else { on_to.is_empty() && on_from == [(start, false)] };
+        if done {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{point}: one copy after the restart (switched: {switched}): old {on_from:?}, new {on_to:?}; log:\n{}", log(&agent));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The retried growth succeeds (moving again, or finding the size reached).
+    let r = rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.ctrl.controller_expand_volume(expand_req(&v, grown, 0)).await
+    });
+    let r = r.unwrap_or_else(|e| panic!("{point}: the retried growth: {e:?}; log:\n{}", log(&agent))).into_inner();
+    assert_eq!(r.capacity_bytes, grown as i64, "{point}");
+    let (on_from, on_to) = (copies_of(&from.dev, &v), copies_of(&to.dev, &v));
+    assert!(on_from.is_empty() && on_to.len() == 1 && !on_to[0].1, "{point}: grown on the other drive: old {on_from:?}, new {on_to:?}");
+    assert_eq!(bytes_at(&to.dev, on_to[0].0, size), before, "{point}: the volume's bytes, byte for byte");
+    assert_eq!(agent.ctl_volume_ids().map(|ids| ids.len()), Some(2), "{point}: two volumes, no half record");
+    rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.node.node_stage_volume(stage_req(&v, &staging, mount_cap("ext4"))).await.expect("stage the grown volume");
+    });
+    assert_eq!(std::fs::read_to_string(staging.join("data.txt")).unwrap(), text, "{point}: the grown volume's data");
+    rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.node.node_unstage_volume(unstage_req(&v, &staging)).await.expect("unstage");
+    });
+    assert_eq!(agent.stop(), 0, "{point}: the agent stops cleanly");
+}
+
+#[test]
+fn a_growth_by_moving_killed_at_any_point_leaves_one_copy_and_the_retry_grows_it_with_the_data() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    each_point(MOVE_POINTS, grow_move_crash);
 }

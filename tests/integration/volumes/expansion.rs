@@ -184,10 +184,15 @@ fn growth_needs_free_space_after_the_volume_and_errors_follow_the_spec() {
         let r = c.ctrl.controller_expand_volume(expand_req(&last, 96 * MIB, 0)).await.expect("grow the last").into_inner();
         assert_eq!(r.capacity_bytes, 96 * MIB as i64);
         assert!(!r.node_expansion_required, "a block volume needs no node step");
-        // Deleting the neighbour makes room.
+        // Deleting the neighbour makes room, once its space is cleaned: the growth
+        // waits for the cleaner and never shows the neighbour's bytes.
+        let neighbour = volume_dev(&drive, &last);
+        fill(&neighbour, 0, 64 * MIB, 0x5a);
         c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: last.clone(), ..Default::default() }).await.expect("delete");
         let r = c.ctrl.controller_expand_volume(expand_req(&boxed, 128 * MIB, 0)).await.expect("room now").into_inner();
         assert_eq!(r.capacity_bytes, 128 * MIB as i64);
+        let grown = volume_dev(&drive, &boxed);
+        assert_eq!(first_nonzero(&grown, 64 * MIB, 128 * MIB), None, "the grown part reads zeros, not the deleted neighbour's bytes");
 
         // The spec's table.
         let missing = csi::ControllerExpandVolumeRequest { volume_id: boxed.clone(), capacity_range: None, ..Default::default() };

@@ -12,6 +12,8 @@ mod clone;
 mod clone_in_use;
 /// Online volume expansion.
 mod expansion;
+/// Growth by moving: a volume with no room after it moves to a bigger extent elsewhere.
+mod growth_by_move;
 /// Drive release with `drivelet ctl drive release`.
 mod release;
 /// Drive evacuation with `drivelet ctl drive evacuate`: volumes move keeping id and data.

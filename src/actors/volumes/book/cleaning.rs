@@ -84,11 +84,25 @@ impl VolumeBook {
     }
 
     /// The extent a step freed, when the record `id` leaves the book with it (a delete,
-    /// a create rolled back): `after` is the record the step handed back, `err` its
+    /// a create rolled back) or a growth's move ended (the old partition removed, or the
+    /// copy rolled back): `after` is the record the step handed back, `err` its
     /// error. Nothing for an adopted volume (its space is not drivelet's), or a create
-    /// the GPT writer refused (it wrote nothing).
+    /// the GPT writer refused (it wrote nothing). An evacuation's move frees its extent
+    /// through its own end ([`VolumeBook::move_ended`]).
     pub(crate) fn freed_by(&self, id: &str, after: Option<&VolumeRecord>, err: Option<&VolumeError>) -> Option<(String, Extent)> {
-        if after.is_some() || err.is_some_and(|e| e.refused_drive().is_some()) {
+        if let Some(after) = after {
+            let before = self.records.get(id)?;
+            let to = before.moving.as_ref().filter(|m| !m.switched && self.evac.moving.as_deref() != Some(id))?;
+            return match (&after.moving, after.drive_id == before.drive_id) {
+                // Rolled back: the copy held the volume's bytes.
+                (None, true) => Some((to.drive_id.clone(), (to.start, to.size))),
+                // Switched and finished: the old partition is gone.
+                (None, false) => Some((before.drive_id.clone(), (before.start, before.size))),
+                // Still to finish (a restart does): nothing is free yet.
+                _ => None,
+            };
+        }
+        if err.is_some_and(|e| e.refused_drive().is_some()) {
             return None;
         }
         let rec = self.records.get(id).filter(|r| r.adopted.is_none())?;

@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use super::*;
 
 use crate::actors::volumes::messages::{CreateVolume, ReleaseDrive};
-use crate::actors::volumes::model::{CapacityRange, Staging};
+use crate::actors::volumes::messages::ExpandVolume;
+use crate::actors::volumes::model::{CapacityRange, Move, Staging};
+use crate::actors::volumes::placement;
+use crate::config::human_bytes;
+use crate::disk::gpt;
 use crate::words::{DriveUseState, LayoutKind, Media};
 
 const GIB: u64 = 1 << 30;
@@ -189,19 +193,88 @@ fn detach_decisions() {
     assert_eq!((rec.published_node, node.as_str()), (None, "node-a"));
 }
 
+/// The size an expansion plans in place; panics on a move or a refusal.
+fn in_place(p: Result<ExpandPlan, VolumeError>) -> u64 {
+    match p {
+        Ok(ExpandPlan::InPlace { new_size, .. }) => new_size,
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn expand_decisions() {
     // Volume 1 at 1 MiB with volume 3 at 3 MiB after it; volume 8 at 8 MiB, free after.
     let b = book_with(vec![available(1), available(3), available(8)]);
     let expand = |n: u8, required: u64| ExpandVolume { volume_id: available(n).id, range: CapacityRange { required, limit: 0 } };
-    let (_, _, size) = b.expand_check(&expand(1, 2 * MIB)).expect("room up to volume 3");
-    assert_eq!(size, 2 * MIB);
+    assert_eq!(in_place(b.expand_check(&expand(1, 2 * MIB))), 2 * MIB, "room up to volume 3");
     let e = b.expand_check(&expand(1, 4 * MIB)).expect_err("volume 3 is in the way");
     assert!(matches!(e, VolumeError::ResourceExhausted { .. }) && e.to_string().contains("another volume or partition follows it"), "{e}");
     let e = b.expand_check(&expand(8, 2 * GIB)).expect_err("past the end");
     assert!(matches!(e, VolumeError::OutOfRange { .. }) && e.to_string().contains("the drive ends there"), "{e}");
-    let (_, _, size) = b.expand_check(&expand(8, 0)).expect("no size asked: stays");
-    assert_eq!(size, MIB);
+    assert_eq!(in_place(b.expand_check(&expand(8, 0))), MIB, "no size asked: stays");
+}
+
+#[test]
+fn a_volume_with_no_room_after_it_grows_by_moving_to_another_drive_and_one_in_use_waits_for_its_next_stage() {
+    // d1 (1 GiB): volume 1 at 1 MiB, volume 3 right after it. d2 (1 GiB) empty.
+    let mut b = book_with(vec![available(1), available(3)]);
+    b.add_drives(vec![Drive::for_test("d2", Media::Ssd, GIB)]);
+    let id = available(1).id;
+    let expand = |required: u64| ExpandVolume { volume_id: id.clone(), range: CapacityRange { required, limit: 0 } };
+    let region = gpt::usable_region(GIB, 512).map(|(s, e)| e - s).unwrap();
+    // Unused: a move to d2, its copy already of the new size, at the start of d2's space.
+    match b.expand_check(&expand(100 * MIB)) {
+        Ok(ExpandPlan::Move(p)) => {
+            let to = p.rec.moving.clone().expect("where the copy goes");
+            assert_eq!((to.drive_id.as_str(), to.size, to.switched), ("d2", 100 * MIB, false));
+            assert_eq!((p.rec.drive_id.as_str(), p.rec.size), ("d1", MIB), "the record is the volume as it is until the switch");
+            assert_eq!(p.dst.path, std::path::PathBuf::from("/dev/d2"));
+            b.start_grow_move(&p);
+            assert!(b.candidates().iter().find(|c| c.drive.id == "d2").unwrap().used.contains(&(to.start, to.size)), "the copy's extent is reserved");
+            b.records.insert(id.clone(), Arc::new(available(1)));
+        }
+        other => panic!("{other:?}"),
+    }
+    // More than any drive holds: OUT_OF_RANGE naming the most it can grow to.
+    let e = b.expand_check(&expand(2 * GIB)).expect_err("too big anywhere");
+    let words = e.to_string();
+    assert!(matches!(e, VolumeError::OutOfRange { .. }), "{e}");
+    assert!(words.contains("another volume or partition follows it") && words.contains(&format!("the largest it can grow to now is {} ({region} bytes)", human_bytes(region))), "{words}");
+    // The move's reach is what GetCapacity promises on the other drives.
+    let cap = placement::capacity(&VolumeBook::move_candidates(&b.candidates(), &available(1)), None, LayoutKind::Partition, MIB);
+    assert_eq!(b.move_reach(&available(1)), cap.maximum_volume_size);
+    // Staged: refused in words, FAILED_PRECONDITION, saying it grows at its next stage.
+    let mut staged = available(1);
+    staged.state = VolumeState::Staged;
+    staged.staging = Some(Staging { path: "/k/s1".into(), block: false, flags: vec![], readonly: false, done: true });
+    b.records.insert(id.clone(), Arc::new(staged));
+    match b.expand_check(&expand(100 * MIB)) {
+        Err(e @ VolumeError::GrowsWhenUnused { .. }) => {
+            let w = e.to_string();
+            assert!(w.contains("staged at /k/s1") && w.contains("grows at its next stage, once no pod uses it") && w.contains("drive d2"), "{w}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Attached only (a pod gone, the detach not yet done): it waits too.
+    let mut attached = available(1);
+    attached.published_node = Some("n1".into());
+    b.records.insert(id.clone(), Arc::new(attached));
+    assert!(matches!(b.expand_check(&expand(100 * MIB)), Err(VolumeError::GrowsWhenUnused { .. })));
+    // In use but nowhere to move: the room error, not a promise.
+    assert!(matches!(b.expand_check(&expand(2 * GIB)), Err(VolumeError::OutOfRange { .. })));
+    // Room on d2 only once it is cleaned: RESOURCE_EXHAUSTED, saying so.
+    b.records.insert(id.clone(), Arc::new(available(1)));
+    let d2 = gpt::usable_region(GIB, 512).unwrap();
+    b.add_dirty("d2", (d2.0, d2.1 - d2.0));
+    match b.expand_check(&expand(100 * MIB)) {
+        Err(VolumeError::ResourceExhausted { reason }) => assert!(reason.contains("still being cleaned"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // A class that asked for a media moves only to a drive of it.
+    let hdd = VolumeRecord { parameters: [("media".to_string(), "hdd".to_string())].into_iter().collect(), ..available(1) };
+    b.cleaned("d2", (d2.0, d2.1 - d2.0));
+    b.records.insert(id.clone(), Arc::new(hdd));
+    assert!(matches!(b.expand_check(&expand(100 * MIB)), Err(VolumeError::ResourceExhausted { .. })), "no hdd drive to move to; volume 3 may go");
 }
 
 #[test]
@@ -523,4 +596,49 @@ fn a_stage_or_unstage_on_a_drive_being_evacuated_is_announced_and_elsewhere_it_i
     let mut r = staged(&b);
     r.staging = None;
     assert_eq!(b.finish(&id, before, Some(r), false).into_iter().collect::<Vec<_>>(), vec!["d1".to_string()], "unstaged: the move waits no more");
+}
+
+#[test]
+fn a_growth_by_moving_frees_the_old_extent_when_it_switched_and_the_copy_when_rolled_back() {
+    let mut b = book_with(vec![available(1), available(3)]);
+    b.add_drives(vec![Drive::for_test("d2", Media::Ssd, GIB)]);
+    let id = available(1).id;
+    let expand = ExpandVolume { volume_id: id.clone(), range: CapacityRange { required: 100 * MIB, limit: 0 } };
+    let Ok(ExpandPlan::Move(p)) = b.expand_check(&expand) else { panic!("a move") };
+    let to = p.rec.moving.clone().expect("the copy's extent");
+    b.start_grow_move(&p);
+    // Switched and finished: the record is on d2, grown; its old extent on d1 is freed.
+    let moved = VolumeRecord { drive_id: "d2".into(), start: to.start, size: to.size, moving: None, ..available(1) };
+    assert_eq!(b.freed_by(&id, Some(&moved), None), Some(("d1".to_string(), (MIB, MIB))));
+    // Rolled back: the copy's extent on d2 held the volume's bytes.
+    assert_eq!(b.freed_by(&id, Some(&available(1)), None), Some(("d2".to_string(), (to.start, to.size))));
+    // Switched but not finished (a restart finishes it): nothing is free yet.
+    let half = VolumeRecord { moving: Some(Box::new(Move { drive_id: "d1".into(), start: MIB, size: MIB, switched: true, unreadable: vec![] })), ..moved };
+    assert_eq!(b.freed_by(&id, Some(&half), None), None);
+    // An evacuation's move frees through its own end, never twice.
+    b.evac.moving = Some(id.clone());
+    assert_eq!(b.freed_by(&id, Some(&available(1)), None), None);
+    // An ordinary call on a volume that is not moving frees nothing.
+    b.evac.moving = None;
+    b.records.insert(id.clone(), Arc::new(available(1)));
+    assert_eq!(b.freed_by(&id, Some(&available(1)), None), None);
+}
+
+#[test]
+fn a_volume_grows_in_place_into_space_being_cleaned_only_once_it_is_clean() {
+    // Volume 1 at 1 MiB; a deleted neighbour's [2, 4) MiB still being cleaned; volume 8 at 8 MiB.
+    let mut b = book_with(vec![available(1), available(8)]);
+    b.add_dirty("d1", (2 * MIB, 2 * MIB));
+    let expand = |required: u64| ExpandVolume { volume_id: available(1).id, range: CapacityRange { required, limit: 0 } };
+    match b.expand_check(&expand(3 * MIB)) {
+        Ok(ExpandPlan::WaitForCleaning { reason }) => {
+            assert!(reason.contains("once the space after it on drive d1 is cleaned") && reason.contains("being zeroed"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // Past what cleaning frees (volume 8 follows): not a wait.
+    assert!(matches!(b.expand_check(&expand(8 * MIB)), Err(VolumeError::ResourceExhausted { .. })));
+    // Cleaned: in place.
+    b.cleaned("d1", (2 * MIB, 2 * MIB));
+    assert_eq!(in_place(b.expand_check(&expand(3 * MIB))), 3 * MIB);
 }

@@ -1,5 +1,7 @@
 //! The controller side's calls: create (with clones and restores), delete, attach,
-//! detach, expand, adopt, and the binding a volume serves in Kubernetes.
+//! detach, expand (in place, or by moving a volume no pod uses to a bigger extent of
+//! another drive: [`crate::actors::volumes::steps::moves`]), adopt, and the binding a
+//! volume serves in Kubernetes.
 //!
 //! Rules: the book decides each call
 //! ([`begin_create`](super::super::book::VolumeBook::begin_create) a create's attempt);
@@ -15,14 +17,14 @@ use std::sync::Arc;
 use actix::prelude::*;
 use tracing::info;
 
-use super::super::book::{Claim, CreateCall, CreatePlan, CreateStart};
+use super::super::book::{Claim, CreateCall, CreatePlan, CreateStart, ExpandPlan, MovePlan};
 use super::super::error::VolumeError;
 use super::super::messages::{
     AdoptVolume, AttachPreview, AttachVolume, CloneNotice, CloneOutcome, CreateVolume, DeleteVolume, DetachVolume, ExpandVolume, PublishContext,
     SetBinding, SubscribeClones,
 };
 use super::super::model::VolumeRecord;
-use super::super::steps::{self, Outcome};
+use super::super::steps::{self, moves, Outcome};
 use super::super::{reply, Reply, VolumeManager};
 use crate::actors::messages::DriveRefused;
 use crate::store::Store;
@@ -212,18 +214,83 @@ impl Handler<DetachVolume> for VolumeManager {
 impl Handler<ExpandVolume> for VolumeManager {
     type Result = Reply<(u64, bool)>;
     fn handle(&mut self, m: ExpandVolume, _: &mut Context<Self>) -> Self::Result {
-        let checked = self.book.expand_check(&m).and_then(|x| Ok((self.claim(&m.volume_id)?, x)));
-        let ((claim, store), (rec, loc, new_size)) = match checked {
+        let deadline = std::time::Instant::now() + self.book.cleaning_wait();
+        self.expand(m, deadline)
+    }
+}
+
+impl VolumeManager {
+    /// One attempt of an ExpandVolume, as the book decides it; a growth in place that
+    /// waits for the space after the volume to be cleaned is decided again after each
+    /// step of the cleaner, until `deadline`.
+    fn expand(&mut self, m: ExpandVolume, deadline: std::time::Instant) -> Reply<(u64, bool)> {
+        let plan = match self.book.expand_check(&m) {
+            Ok(ExpandPlan::WaitForCleaning { reason }) => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return reply(Err(VolumeError::ResourceExhausted { reason }));
+                }
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                self.clean_waiters.push(tx);
+                let waited = async move {
+                    let _ = tokio::time::timeout(left, rx).await;
+                };
+                return Box::pin(waited.into_actor(self).then(move |_, act, _| act.expand(m, deadline)));
+            }
+            Ok(plan) => plan,
+            Err(e) => return reply(Err(e)),
+        };
+        let (claim, store) = match self.claim(&m.volume_id) {
             Ok(x) => x,
             Err(e) => return reply(Err(e)),
         };
-        let node_step = !rec.block;
-        // The space is the volume's from now on: a create placed meanwhile sees it taken.
-        self.book.reserve(VolumeRecord { size: new_size, ..rec.clone() });
-        Box::pin(
-            self.run(claim, m.volume_id, move || steps::expand(&store, &loc, rec, new_size))
-                .map(move |res, _, _| res.map(|size| (size, node_step))),
-        )
+        match plan {
+            ExpandPlan::InPlace { rec, loc, new_size } => {
+                let node_step = !rec.block;
+                // The space is the volume's from now on: a create placed meanwhile sees it taken.
+                self.book.reserve(VolumeRecord { size: new_size, ..rec.clone() });
+                Box::pin(
+                    self.run(claim, m.volume_id, move || steps::expand(&store, &loc, rec, new_size))
+                        .map(move |res, _, _| res.map(|size| (size, node_step))),
+                )
+            }
+            ExpandPlan::Move(plan) => self.grow_by_moving(claim, store, plan),
+            ExpandPlan::WaitForCleaning { reason } => reply(Err(VolumeError::ResourceExhausted { reason })),
+        }
+    }
+}
+
+impl VolumeManager {
+    /// Grows a volume no pod uses by moving it to the bigger extent `plan` names on
+    /// another drive (evacuation's move steps: a verified copy, the same id, crash-safe);
+    /// the switch to the copy is the growth. The old partition's space goes to the
+    /// cleaner (or the copy's, when the move is rolled back).
+    fn grow_by_moving(&mut self, claim: Claim, store: Arc<Store>, plan: MovePlan) -> Reply<(u64, bool)> {
+        let Some(to) = plan.rec.moving.as_deref().cloned() else {
+            return reply(Err(VolumeError::InvalidArgument { reason: format!("volume {} has no move planned", plan.rec.id) }));
+        };
+        let (id, from_drive, node_step) = (plan.rec.id.clone(), plan.rec.drive_id.clone(), !plan.rec.block);
+        info!(volume.id = %id, drive.from = %from_drive, drive.to = %to.drive_id, volume.old_size = plan.rec.size, volume.size = to.size,
+              "growing volume by moving it: no room after it on its drive");
+        self.book.start_grow_move(&plan);
+        self.announce(&from_drive);
+        let guards = self.book.guards();
+        let job = move || {
+            let progress = std::sync::atomic::AtomicU64::new(0);
+            moves::move_volume(&store, &guards, plan, false, &progress)
+        };
+        Box::pin(self.run(claim, id.clone(), job).map(move |res, act, _| {
+            crate::metrics::metrics().record_move(res.as_ref().ok().map(|d| d.bytes));
+            act.announce(&to.drive_id);
+            act.announce(&from_drive);
+            match res {
+                Ok(done) => {
+                    info!(volume.id = %id, drive.from = %done.from_drive, drive.to = %done.to_drive, volume.size = to.size, move.millis = done.millis, "volume grown by a move");
+                    Ok((to.size, node_step))
+                }
+                Err(e) => Err(e),
+            }
+        }))
     }
 }
 

@@ -1,6 +1,10 @@
 //! The disk steps of moving a volume (or snapshot) to another drive of the node, run
 //! off the actor thread, in an order that survives `kill -9` anywhere: either the old
-//! or the new copy serves, never both, never neither.
+//! or the new copy serves, never both, never neither. Two callers: an evacuation, and a
+//! growth by moving (ControllerExpandVolume of an unused volume with no room after it,
+//! `book::grow`), whose copy's extent is larger than the volume: the volume's bytes are
+//! copied to its start, and the switch, which gives the record the copy's extent, is
+//! the growth.
 //!
 //! Steps ([`move_volume`]), with the crash points between them:
 //! 1. the record gets its [`Move`] (where the copy goes) and is stored

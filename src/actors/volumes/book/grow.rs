@@ -1,0 +1,209 @@
+//! The book's decisions about growing a volume (ControllerExpandVolume): in place when
+//! the free space right after its partition holds the new size, else by moving it to a
+//! free extent big enough on another managed drive of the node, then growing it there.
+//!
+//! Rules:
+//! - the size asked is rounded like a create and never below the current size; the
+//!   same size is success at once;
+//! - in place first: the partition grows into the free space that follows it, never
+//!   into space still being cleaned (it may hold a former tenant's bytes, and the
+//!   cleaner zeroes it unlocked): when only such space is in the way, the call waits for
+//!   the cleaner as a create does (`volumes.cleaning_wait`), then answers
+//!   RESOURCE_EXHAUSTED naming the space being cleaned;
+//! - else by a move, with evacuation's machinery (`steps::moves`: a verified copy, the
+//!   same volume id and partition GUID, crash-safe), to a place [`placement::place`]
+//!   picks on the other open managed drives (of the volume's media when its class asked
+//!   for one; space still being cleaned is never taken, and a free slot is needed); the
+//!   copy's partition has the new size from the start, so the switch is the growth;
+//! - a move needs the volume unused: not staged, published or attached anywhere (a
+//!   filesystem cannot change device under its mount). A volume in use that only a move
+//!   could grow is refused with [`VolumeError::GrowsWhenUnused`] (FAILED_PRECONDITION),
+//!   saying in words that it grows once no pod uses it: the resizer retries, and the
+//!   first try after its unstage and detach moves it;
+//! - a partition moves to another drive only: two partitions of one drive cannot carry
+//!   the one GUID the volume keeps (its key, its note entry and every partition-table
+//!   step name it);
+//! - no room anywhere: OUT_OF_RANGE naming the largest size possible, in place or by a
+//!   move (what GetCapacity's `maximum_volume_size` promises for the node's drives),
+//!   or RESOURCE_EXHAUSTED when room may come by itself (another volume follows it on
+//!   its drive, or the room a move needs is still being cleaned).
+
+use super::{drive_loc, MovePlan, VolumeBook};
+use crate::actors::volumes::error::VolumeError;
+use crate::actors::volumes::messages::ExpandVolume;
+use crate::actors::volumes::model::{self, Move, Refusal, VolumeRecord, VolumeState};
+use crate::actors::volumes::placement::{self, Candidate};
+use crate::config::human_bytes;
+use crate::disk::gpt;
+use crate::words::{DriveLoc, LayoutKind, Media};
+
+/// How a volume grows to the size asked.
+#[derive(Debug, Clone)]
+pub(crate) enum ExpandPlan {
+    /// Where it is (or not at all: `new_size` is its size).
+    InPlace {
+        /// The record as it is.
+        rec: VolumeRecord,
+        /// Its drive.
+        loc: DriveLoc,
+        /// The size it grows to.
+        new_size: u64,
+    },
+    /// By a move to another drive: the copy's extent (`rec.moving`) has the new size.
+    Move(MovePlan),
+    /// In place once the space after it is cleaned: wait for the cleaner and decide
+    /// again; `reason` is the refusal when the wait runs out.
+    WaitForCleaning {
+        /// Why it cannot grow now, in words.
+        reason: String,
+    },
+}
+
+/// The media a volume must stay on: its class's, when the class asked for one.
+pub(super) fn media_of(r: &VolumeRecord) -> Option<Media> {
+    r.parameters.get("media").and_then(|m| serde_json::from_value(serde_json::Value::String(m.clone())).ok())
+}
+
+/// Whether a volume is in use: staged, published or attached.
+pub(crate) fn in_use(r: &VolumeRecord) -> bool {
+    r.staging.is_some() || !r.targets.is_empty() || r.published_node.is_some()
+}
+
+/// Words for where a volume is in use.
+fn use_words(r: &VolumeRecord) -> String {
+    if let Some(s) = &r.staging {
+        format!("it is staged at {}", s.path.display())
+    } else if let Some(p) = r.targets.keys().next() {
+        format!("it is published at {}", p.display())
+    } else {
+        format!("it is attached to node {}", r.published_node.as_deref().unwrap_or(""))
+    }
+}
+
+impl VolumeBook {
+    /// The other drives a volume could move to: every candidate but its own.
+    pub(super) fn move_candidates<'a>(cands: &[Candidate<'a>], rec: &VolumeRecord) -> Vec<Candidate<'a>> {
+        cands.iter().filter(|c| c.drive.id != rec.drive_id).cloned().collect()
+    }
+
+    /// The largest volume a move of `rec` could reach now: what GetCapacity's
+    /// `maximum_volume_size` says of the other drives for the volume's media.
+    pub(crate) fn move_reach(&self, rec: &VolumeRecord) -> u64 {
+        let others = Self::move_candidates(&self.candidates(), rec);
+        placement::capacity(&others, media_of(rec), LayoutKind::Partition, rec.size).maximum_volume_size
+    }
+
+    /// Decides a ControllerExpandVolume: how the volume grows to the size asked, or why
+    /// it cannot (see the module's rules).
+    pub(crate) fn expand_check(&self, m: &ExpandVolume) -> Result<ExpandPlan, VolumeError> {
+        let id = m.volume_id.as_str();
+        let rec = self.visible(id)?.clone();
+        if rec.state == VolumeState::Deleting {
+            return Err(VolumeError::refused(&rec, Refusal::BeingDeleted));
+        }
+        if let Some(a) = &rec.adopted {
+            return Err(VolumeError::AdoptedFixedSize { volume_id: id.to_string(), path: a.path.clone() });
+        }
+        let new_size = model::size_for(m.range, rec.size, rec.size).map_err(|reason| VolumeError::OutOfRange {
+            reason: format!("volume {id} is {} bytes and cannot shrink: {reason}", rec.size),
+        })?;
+        let d = self
+            .drives
+            .get(&rec.drive_id)
+            .ok_or_else(|| VolumeError::DriveAbsent { volume_id: id.to_string(), drive_id: rec.drive_id.clone() })?;
+        let loc = drive_loc(d);
+        if new_size == rec.size {
+            return Ok(ExpandPlan::InPlace { rec, loc, new_size });
+        }
+        let region_end = gpt::usable_region(d.size_bytes, d.logical_block_size).map_or(0, |(_, e)| e);
+        let mut others: Vec<(u64, u64)> =
+            self.records.values().filter(|r| r.drive_id == rec.drive_id && r.id != rec.id).map(|r| (r.start, r.size)).collect();
+        others.extend(self.records.values().filter_map(|r| r.moving.as_ref()).filter(|m| m.drive_id == rec.drive_id).map(|m| (m.start, m.size)));
+        others.extend(d.extents.iter().copied());
+        // What it may grow into once cleaned, and what it may grow into now.
+        let room = model::grow_room(rec.start, rec.size, &others, region_end);
+        let dirty = self.dirty.get(&rec.drive_id).map(|x| x.extents.as_slice()).unwrap_or_default();
+        let now = if dirty.is_empty() {
+            room
+        } else {
+            let all: Vec<(u64, u64)> = others.iter().chain(dirty).copied().collect();
+            model::grow_room(rec.start, rec.size, &all, region_end)
+        };
+        if new_size <= now.max_size {
+            return Ok(ExpandPlan::InPlace { rec, loc, new_size });
+        }
+        if new_size <= room.max_size {
+            return Ok(ExpandPlan::WaitForCleaning {
+                reason: format!(
+                    "volume {id} can grow in place to {} ({new_size} bytes) once the space after it on drive {} is cleaned: {}",
+                    human_bytes(new_size),
+                    rec.drive_id,
+                    self.cleaning_note()
+                ),
+            });
+        }
+        // In place it cannot: a move, when a whole partition may move.
+        let movable = rec.layout != LayoutKind::Drive && rec.snapshot.is_none() && rec.moving.is_none();
+        let cands = self.candidates();
+        let others = Self::move_candidates(&cands, &rec);
+        let media = media_of(&rec);
+        let placed = if movable { placement::place(&others, media, LayoutKind::Partition, new_size).ok() } else { None };
+        if let Some(p) = placed {
+            if in_use(&rec) {
+                return Err(VolumeError::GrowsWhenUnused {
+                    volume_id: id.to_string(),
+                    size: new_size,
+                    drive_id: p.drive_id,
+                    why: use_words(&rec),
+                });
+            }
+            let Some(dst) = self.drives.get(&p.drive_id) else {
+                return Err(VolumeError::ResourceExhausted { reason: format!("drive {} went away; ask again", p.drive_id) });
+            };
+            let mut moved = rec.clone();
+            moved.moving = Some(Box::new(Move { drive_id: p.drive_id.clone(), start: p.start, size: new_size, switched: false, unreadable: Vec::new() }));
+            return Ok(ExpandPlan::Move(MovePlan { rec: moved, src: loc, dst: drive_loc(dst), dst_media: dst.media }));
+        }
+        // No room anywhere now: say the most it could grow to.
+        let reach = if movable { self.move_reach(&rec) } else { 0 };
+        let largest = room.max_size.max(reach);
+        let in_place = format!(
+            "volume {id} cannot grow to {} ({new_size} bytes): in place it can grow to at most {} on drive {} ({})",
+            human_bytes(new_size),
+            human_bytes(room.max_size),
+            rec.drive_id,
+            if room.blocked { "another volume or partition follows it" } else { "the drive ends there" },
+        );
+        let elsewhere = if !movable {
+            format!(", and a {} cannot move to another drive", if rec.layout == LayoutKind::Drive { "whole-drive volume" } else { "snapshot or a volume being moved" })
+        } else if reach == 0 {
+            ", and no other managed drive of this node has room to move it to".to_string()
+        } else {
+            format!(", and the largest free extent it could move to on another drive of this node holds {}", human_bytes(reach))
+        };
+        let most = format!("; the largest it can grow to now is {} ({largest} bytes)", human_bytes(largest));
+        // Room that may come by itself: the volume after it may go, or space is cleaned.
+        let cleaning = movable && placement::place(&Self::move_candidates(&self.candidates_with(false), &rec), media, LayoutKind::Partition, new_size).is_ok();
+        let blocked = room.blocked && new_size <= region_end.saturating_sub(rec.start);
+        if cleaning {
+            Err(VolumeError::ResourceExhausted {
+                reason: format!("{in_place}{elsewhere}{most}; room for it on another drive is still being cleaned: ask again in a while"),
+            })
+        } else if blocked {
+            Err(VolumeError::ResourceExhausted { reason: format!("{in_place}{elsewhere}{most}") })
+        } else {
+            Err(VolumeError::OutOfRange { reason: format!("{in_place}{elsewhere}{most}") })
+        }
+    }
+
+    /// How long a call waits for space being cleaned.
+    pub(crate) fn cleaning_wait(&self) -> std::time::Duration {
+        self.cfg.cleaning_wait
+    }
+
+    /// Starts a growth by a move: the copy's extent is reserved (the record with its
+    /// `Move`), so a create placed meanwhile sees it taken.
+    pub(crate) fn start_grow_move(&mut self, plan: &MovePlan) {
+        self.reserve_move(plan.rec.clone());
+    }
+}
