@@ -164,6 +164,9 @@ fn main() {
     for keep in &kept {
         steps::create(&store, &loc, keep.clone(), None).result.expect("create a neighbour volume");
     }
+    // udev's work for the neighbours' partitions (one probe each) is done before the
+    // measured rounds: a drive that holds N partitions, not one that was just filled.
+    sh("udevadm", &["settle", "--timeout=600"]);
     println!("partitions on the drive while the measured volume exists: {partitions}");
     let (mut create, mut delete) = (Steps::default(), Steps::default());
     for i in 1..=rounds {
