@@ -350,6 +350,9 @@ impl Volume {
                             }
                         }
                         Err(s) if matches!(s.code(), Code::ResourceExhausted | Code::OutOfRange) => return Ok(false),
+                        // In use with no room after it: it would grow by moving, which
+                        // needs it unused (issue 36), and says so.
+                        Err(s) if s.code() == Code::FailedPrecondition && s.message().contains("grows at its next stage") => return Ok(false),
                         Err(s) => return Err(s),
                     }
                 }
@@ -509,7 +512,7 @@ impl Volume {
                     self.size += GROWTH;
                     self.growths += 1;
                 } else {
-                    // No room behind it: stop trying.
+                    // No room behind it (or only by a move it is too busy for): stop trying.
                     self.growths = MAX_GROWTHS;
                 }
             }
