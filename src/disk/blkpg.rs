@@ -145,23 +145,28 @@ impl Extent {
     }
 }
 
-/// The partitions of the disk whose sysfs directory is `sys`, by number: a partition's
-/// directory is the disk's name and its number (`sda3`; `loop0p3`, `nvme0n1p3` after a
-/// digit), and holds `start` and `size`.
+/// The number of the partition whose sysfs directory, in its disk's (named `base`), is
+/// `name`: the disk's name and the number (`sda3`; `loop0p3`, `nvme0n1p3` after a
+/// digit). `None` for the disk's other entries.
+fn partition_number(base: &str, name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(base)?;
+    let digits = rest.strip_prefix('p').unwrap_or(rest);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The partitions of the disk whose sysfs directory is `sys`, by number, with their
+/// `start` and `size`.
 fn extents_in(sys: &Path, disk: &Path) -> Result<Vec<Extent>, DiskError> {
     let base = sys.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let rd = std::fs::read_dir(sys).map_err(DiskError::io(format!("list {} for {}", sys.display(), disk.display())))?;
     let mut out: Vec<Extent> = rd
         .filter_map(|e| e.ok())
         .filter_map(|e| {
-            let name = e.file_name();
-            let rest = name.to_str()?.strip_prefix(base.as_str())?;
-            let digits = rest.strip_prefix('p').unwrap_or(rest);
-            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
+            let number = partition_number(&base, e.file_name().to_str()?)?;
             let dir = e.path();
-            let number = digits.parse().ok()?;
             let start = sysfs_attr(&dir, "start")?.parse::<u64>().ok()?.checked_mul(512)?;
             let size = sysfs_attr(&dir, "size")?.parse::<u64>().ok()?.checked_mul(512)?;
             Some(Extent { dir, number, start, size })
@@ -223,11 +228,7 @@ fn free_number(sys: &Path) -> Option<u32> {
     let used: std::collections::HashSet<u32> = std::fs::read_dir(sys)
         .ok()?
         .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name();
-            let rest = name.to_str()?.strip_prefix(base.as_str())?;
-            rest.strip_prefix('p').unwrap_or(rest).parse().ok()
-        })
+        .filter_map(|e| partition_number(&base, e.file_name().to_str()?))
         .collect();
     (1u32..).find(|n| !used.contains(n))
 }
@@ -435,6 +436,26 @@ pub fn is_read_only(dev: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_partition_directory_is_named_by_its_disk_and_number() {
+        let cases = [
+            ("sda", "sda3", Some(3)),
+            ("loop0", "loop0p12", Some(12)),
+            ("nvme0n1", "nvme0n1p255", Some(255)),
+            ("sda", "sda", None),
+            ("sda", "sdab1", None),
+            ("loop0", "loop0p", None),
+            ("loop0", "loop0p+1", None),
+            ("sda", "holders", None),
+            ("sda", "sda99999999999", None),
+        ];
+        for (base, name, want) in cases {
+            assert_eq!(partition_number(base, name), want, "{base} {name}");
+        }
+        assert_eq!(partition_dir(Path::new("/sys/block/loop0"), 4), Some(PathBuf::from("/sys/block/loop0/loop0p4")));
+        assert_eq!(partition_dir(Path::new("/sys/block/sda"), 4), Some(PathBuf::from("/sys/block/sda/sda4")));
+    }
 
     #[test]
     fn blkpg_structures_have_the_kernel_layout() {

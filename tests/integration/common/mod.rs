@@ -117,6 +117,19 @@ pub fn bin() -> &'static str {
 }
 
 impl Agent {
+    /// Arms the fail or crash point `name` of the running agent with `actions` (`return`
+    /// kills it there) through its admin socket; panics unless the agent says it is armed.
+    pub fn arm(&self, name: &str, actions: &str) {
+        use std::io::{BufRead, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&self.admin_socket).expect("admin socket");
+        let req = serde_json::json!({"cmd": "fail-point", "name": name, "actions": actions});
+        writeln!(s, "{req}").unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line).unwrap();
+        let answer: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_eq!(answer["armed"], name, "arming {name}: {answer}");
+    }
+
     /// Writes a config that manages only `*.img` loop drives under `dir` and starts
     /// the binary; returns once Probe says ready.
     pub fn start(dir: &Path, opts: AgentOpts) -> Agent {

@@ -153,18 +153,6 @@ fn wait_probe_ready(agent: &Agent, after: &str) {
     }
 }
 
-/// Arms a fail point in the running agent through its admin socket.
-fn arm(agent: &Agent, name: &str, actions: &str) {
-    use std::io::{BufRead, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(&agent.admin_socket).expect("admin socket");
-    let req = serde_json::json!({"cmd": "fail-point", "name": name, "actions": actions});
-    writeln!(s, "{req}").unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(s).read_line(&mut line).unwrap();
-    let answer: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
-    assert_eq!(answer["armed"], name, "arming {name}: {answer}");
-}
-
 #[test]
 fn each_actor_failing_once_mid_lifecycle_is_restarted_and_the_service_carries_on() {
     assert!(cfg!(feature = "failpoints"), "actor failure tests need `--features failpoints`; scripts/test.sh passes it");
@@ -228,7 +216,7 @@ fn each_actor_failing_once_mid_lifecycle_is_restarted_and_the_service_carries_on
         std::thread::sleep(Duration::from_millis(150));
         match *point {
             "actor.inventory.stop" => {
-                arm(&agent, point, "1*return");
+                agent.arm(point, "1*return");
                 agent.ctl_drives();
             }
             "actor.volumes.stop" => {

@@ -538,16 +538,21 @@ fn create_killed_and_never_retried_is_rolled_back_at_restart() {
     });
 }
 
-/// Arms a crash point in the running agent through its admin socket.
-fn arm(agent: &Agent, name: &str) {
-    use std::io::{BufRead, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(&agent.admin_socket).expect("admin socket");
-    let req = serde_json::json!({"cmd": "fail-point", "name": name, "actions": "return"});
-    writeln!(s, "{req}").unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(s).read_line(&mut line).unwrap();
-    let answer: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
-    assert_eq!(answer["armed"], name, "arming {name}: {answer}");
+/// The move's crash points after which its switch to the new copy is stored.
+const MOVE_SWITCHED: &[&str] = &["move.switched", "move.marked", "move.source_removed"];
+
+/// Waits for the agent armed at the move's crash point `point` to be killed there;
+/// unless the switch was stored by then, the old copy (at `start` of `from`) must still
+/// hold `before`. Whether the switch was stored.
+fn killed_mid_move(agent: &mut Agent, point: &str, from: &std::path::Path, start: u64, before: &[u8]) -> bool {
+    let status = agent.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.and_then(|s| s.signal()), Some(nix::sys::signal::Signal::SIGKILL as i32), "{point}: killed; log:\n{}", agent.log_tail(40));
+    // At the kill: the old copy is whole, or the switch was stored (then the new one is).
+    let switched = MOVE_SWITCHED.contains(&point);
+    if !switched {
+        assert_eq!(bytes_at(from, start, before.len() as u64), before, "{point}: the old copy is untouched");
+    }
+    switched
 }
 
 /// `len` bytes of `dev` from byte `start` (the whole drive: a crash may leave the
@@ -622,7 +627,7 @@ fn clone_crash(point: &'static str, block: bool) {
     q.volume_content_source = Some(csi::VolumeContentSource {
         r#type: Some(csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: src.clone() })),
     });
-    arm(&agent, point);
+    agent.arm(point, "return");
     assert!(call(&agent, q.clone()).is_err(), "{point}: the clone succeeded, so the crash point was not reached");
     let status = agent.wait_exit(Duration::from_secs(20));
     assert_eq!(status.and_then(|s| s.signal()), Some(nix::sys::signal::Signal::SIGKILL as i32), "{point}: killed; log:\n{}", agent.log_tail(40));
@@ -729,7 +734,7 @@ fn snapshot_crash(point: &'static str, block: bool) {
         agent.spawn();
     };
 
-    arm(&agent, point);
+    agent.arm(point, "return");
     assert!(snapshot(&agent).is_err(), "{point}: the snapshot succeeded, so the crash point was not reached");
     killed(&mut agent, "the snapshot");
     let entries = gpt_entries(&drive.dev);
@@ -754,7 +759,7 @@ fn snapshot_crash(point: &'static str, block: bool) {
     };
     let restore_passes = !SNAPSHOT_POINTS.contains(&point) && !(block && point == "clone.finished");
     if restore_passes {
-        arm(&agent, point);
+        agent.arm(point, "return");
         assert!(restore(&agent).is_err(), "{point}: the restore succeeded, so the crash point was not reached");
         killed(&mut agent, "the restore");
         let ids = agent.ctl_volume_ids().unwrap_or_default();
@@ -816,7 +821,7 @@ fn a_half_snapshot_found_without_its_record_is_rolled_back() {
         .volume
         .unwrap()
         .volume_id;
-    arm(&agent, "clone.copied");
+    agent.arm("clone.copied", "return");
     let r = rt().block_on(async { Csi::connect(&agent).await.ctrl.create_snapshot(snapshot_req("snap-half", &src, &[])).await });
     assert!(r.is_err(), "killed at clone.copied");
     let status = agent.wait_exit(Duration::from_secs(20));
@@ -921,16 +926,10 @@ fn move_crash(point: &'static str, block: bool) {
     sh("sync", &[]);
     let before = bytes_at(&from.dev, start, size);
     let from_id = drive_id_of(&agent, from);
-    arm(&agent, point);
+    agent.arm(point, "return");
     // The answer may or may not make it out before the kill.
     let _ = std::process::Command::new(bin()).args(["ctl", "--socket", agent.admin_socket.to_str().unwrap(), "drive", "evacuate", &from_id]).output();
-    let status = agent.wait_exit(Duration::from_secs(30));
-    assert_eq!(status.and_then(|s| s.signal()), Some(nix::sys::signal::Signal::SIGKILL as i32), "{point}: killed; log:\n{}", agent.log_tail(40));
-    // At the kill: the old copy is whole, or the switch was stored (then the new one is).
-    let switched = ["move.switched", "move.marked", "move.source_removed"].contains(&point);
-    if !switched {
-        assert_eq!(bytes_at(&from.dev, start, size), before, "{point}: the old copy is untouched");
-    }
+    killed_mid_move(&mut agent, point, &from.dev, start, &before);
     agent.spawn();
     let log = |a: &Agent| a.log_tail(40);
     // The evacuation was stored: it goes on by itself to the end.
@@ -1002,18 +1001,13 @@ fn grow_move_crash(point: &'static str) {
     put_data(&agent, &v, None, &staging, 0, &text);
     sh("sync", &[]);
     let before = bytes_at(&from.dev, start, size);
-    arm(&agent, point);
+    agent.arm(point, "return");
     let res = rt().block_on(async {
         let mut c = Csi::connect(&agent).await;
         tokio::time::timeout(CALL_TIMEOUT, c.ctrl.controller_expand_volume(expand_req(&v, grown, 0))).await
     });
     assert!(!matches!(res, Ok(Ok(_))), "{point}: the growth died with the agent: {res:?}");
-    let status = agent.wait_exit(Duration::from_secs(30));
-    assert_eq!(status.and_then(|s| s.signal()), Some(nix::sys::signal::Signal::SIGKILL as i32), "{point}: killed; log:\n{}", agent.log_tail(40));
-    let switched = ["move.switched", "move.marked", "move.source_removed"].contains(&point);
-    if !switched {
-        assert_eq!(bytes_at(&from.dev, start, size), before, "{point}: the old copy is untouched");
-    }
+    let switched = killed_mid_move(&mut agent, point, &from.dev, start, &before);
     agent.spawn();
     let log = |a: &Agent| a.log_tail(40);
     // One copy serves after the restart: never both, never neither (the restart's

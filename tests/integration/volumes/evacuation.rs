@@ -47,17 +47,6 @@ pub(crate) fn wait_for(agent: &Agent, what: &str, secs: u64, mut f: impl FnMut()
     }
 }
 
-/// Arms a fail point of the running agent with `actions`.
-pub(crate) fn arm(agent: &Agent, name: &str, actions: &str) {
-    use std::io::{BufRead, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(&agent.admin_socket).expect("admin socket");
-    let req = serde_json::json!({"cmd": "fail-point", "name": name, "actions": actions});
-    writeln!(s, "{req}").unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(s).read_line(&mut line).unwrap();
-    assert!(line.contains("armed"), "arming {name}: {line}");
-}
-
 /// The kernel partition of the volume at `start` (`size` bytes) on `d`, added when the
 /// kernel does not have it (after a restart it is added at the next stage).
 fn dev_at(d: &LoopDrive, start: u64, size: u64) -> PathBuf {
@@ -191,7 +180,7 @@ fn an_evacuated_drive_hands_every_volume_to_another_drive_with_its_id_and_data_a
 
     // Hold the first move 3 s (the smallest unstaged volume, the file one goes first),
     // to see the volume claimed meanwhile.
-    arm(&bed.agent, "move.intent_saved", "1*sleep(3000)");
+    bed.agent.arm("move.intent_saved", "1*sleep(3000)");
     let (ok, out) = ctl(&bed.agent, &["drive", "evacuate", &src]);
     assert!(ok && out.contains("evacuating"), "{out}");
     wait_for(&bed.agent, "the file volume's move to start", 10, || bed.pending_state(&file_v).is_some_and(|s| s.0 == "moving"));
@@ -278,7 +267,7 @@ fn a_volume_whose_blocks_cannot_be_read_stays_unless_forced_and_then_says_which_
     write_pattern(&bed.dev(&v), (8 * MIB) as usize, 3);
     let before = digest_of(&bed.dev(&v), 8 * MIB);
     // Bytes 1 MiB .. 1 MiB + 8 KiB of the volume fail to read.
-    arm(&bed.agent, "move.unreadable", "return(1048576-1056768)");
+    bed.agent.arm("move.unreadable", "return(1048576-1056768)");
     let (ok, out) = ctl(&bed.agent, &["drive", "evacuate", &src]);
     assert!(ok, "{out}");
     wait_for(&bed.agent, "the move to fail", 30, || bed.pending_state(&v).is_some_and(|s| s.0 == "failed"));
@@ -294,7 +283,7 @@ fn a_volume_whose_blocks_cannot_be_read_stays_unless_forced_and_then_says_which_
     let (ok, out) = ctl(&bed.agent, &["drive", "evacuate", &src, "--force"]);
     assert!(ok, "{out}");
     wait_for(&bed.agent, "the forced move", 30, || placed(&bed.agent, &v).0 != src);
-    arm(&bed.agent, "move.unreadable", "off");
+    bed.agent.arm("move.unreadable", "off");
     let (_, table) = ctl(&bed.agent, &["evacuations"]);
     assert!(table.contains("unreadable, zeros now: 8.0 KiB at byte 1048576"), "{table}");
     let dev = bed.dev(&v);
@@ -336,7 +325,7 @@ fn a_drive_pulled_right_after_a_switch_gets_its_old_partition_removed_when_it_is
     let want = digest_of(&bed.dev(&v), 8 * MIB);
     let (src, _) = placed(&bed.agent, &v);
     // Killed right after the switch is stored.
-    arm(&bed.agent, "move.switched", "return");
+    bed.agent.arm("move.switched", "return");
     let _ = ctl(&bed.agent, &["drive", "evacuate", &src]);
     assert!(bed.agent.wait_exit(Duration::from_secs(30)).is_some(), "killed at move.switched");
     // The old drive is pulled before drivelet comes back.

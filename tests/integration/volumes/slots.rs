@@ -150,18 +150,6 @@ fn entries(dev: &std::path::Path) -> (u32, u32) {
     (at(512), at(size - 512))
 }
 
-/// Arms a crash point in the running agent through its admin socket.
-fn arm(agent: &Agent, name: &str) {
-    use std::io::{BufRead, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(&agent.admin_socket).expect("admin socket");
-    let req = serde_json::json!({"cmd": "fail-point", "name": name, "actions": "return"});
-    writeln!(s, "{req}").unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(s).read_line(&mut line).unwrap();
-    let answer: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
-    assert_eq!(answer["armed"], name, "arming {name}: {answer}");
-}
-
 /// An agent over one loop drive of `size` bytes that holds an old 128-entry drivelet
 /// table, ready and done cleaning it.
 fn old_table_agent(tmp: &std::path::Path, size: u64) -> (LoopDrive, Agent) {
@@ -203,7 +191,7 @@ fn a_growth_killed_at_any_point_leaves_a_readable_table_and_the_retried_create_g
     for point in GROW_POINTS {
         let tmp = short_tempdir();
         let (drive, mut agent) = old_table_agent(tmp.path(), 128 * MIB);
-        arm(&agent, point);
+        agent.arm(point, "return");
         rt().block_on(async {
             let mut c = Csi::connect(&agent).await;
             let e = c.ctrl.create_volume(create_req("pvc-a", 4 * MIB, block_cap())).await.expect_err("the agent dies at the crash point");
