@@ -9,6 +9,10 @@
 //! - partitions are identified by their extent (start, size), never by number: numbers
 //!   and device nodes are the kernel's, and a re-read of the table (udev runs one after a
 //!   tool closes a written whole disk, when nothing on it is open) may renumber them;
+//! - the number a partition had when this process last saw it is a hint ([`SEEN`]):
+//!   it saves reading every partition's sysfs directory (500 reads on a full drive) to
+//!   find one, and is used only once that number's own directory shows the same start
+//!   (and size, when known); a stale hint is dropped and the directories are read;
 //! - a partition is added only where no kernel partition overlaps it, with the lowest
 //!   free partition number, and is returned only once its device node exists and is the
 //!   right device;
@@ -23,7 +27,9 @@
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -36,6 +42,12 @@ const NODE_WAIT: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(10);
 /// How long a partition may stay busy (udev probing it) before deleting it gives up.
 const BUSY_WAIT: Duration = Duration::from_secs(3);
+
+/// Where this process last saw each kernel partition: (its disk's sysfs directory, its
+/// start in bytes) to its number. A hint, checked before use ([`remembered`]).
+static SEEN: Mutex<Option<HashMap<(PathBuf, u64), u32>>> = Mutex::new(None);
+/// Most partitions [`SEEN`] holds (a drive holds at most 255); past it, it starts again.
+const SEEN_MAX: usize = 16 * 1024;
 
 /// `BLKPG` operations (`linux/blkpg.h`).
 const BLKPG_ADD_PARTITION: libc::c_int = 1;
@@ -118,6 +130,9 @@ fn partitions_in(sys: &Path, disk: &Path) -> Result<Vec<KernelPartition>, DiskEr
     let mut parts: Vec<KernelPartition> =
         rd.filter_map(|e| e.ok()).filter_map(|e| parse_partition_dir(&e.path())).collect();
     parts.sort_by_key(|p| p.number);
+    for p in &parts {
+        see(sys, p.start, p.number);
+    }
     Ok(parts)
 }
 
@@ -173,6 +188,9 @@ fn extents_in(sys: &Path, disk: &Path) -> Result<Vec<Extent>, DiskError> {
         })
         .collect();
     out.sort_by_key(|p| p.number);
+    for p in &out {
+        see(sys, p.start, p.number);
+    }
     Ok(out)
 }
 
@@ -222,6 +240,53 @@ fn partition_dir(sys: &Path, number: u32) -> Option<PathBuf> {
     Some(sys.join(format!("{base}{sep}{number}")))
 }
 
+/// Runs `f` on the remembered partition numbers.
+fn with_seen<T>(f: impl FnOnce(&mut HashMap<(PathBuf, u64), u32>) -> T) -> T {
+    let mut g = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    f(g.get_or_insert_with(HashMap::new))
+}
+
+/// Remembers that partition `number` of the disk whose directory is `sys` starts at `start`.
+fn see(sys: &Path, start: u64, number: u32) {
+    with_seen(|m| {
+        if m.len() >= SEEN_MAX && !m.contains_key(&(sys.to_path_buf(), start)) {
+            m.clear();
+        }
+        m.insert((sys.to_path_buf(), start), number);
+    });
+}
+
+/// Forgets the partition at `start` of the disk whose directory is `sys`.
+fn forget(sys: &Path, start: u64) {
+    with_seen(|m| m.remove(&(sys.to_path_buf(), start)));
+}
+
+/// The kernel partition at `start` (of `size`, when given) of the disk whose directory
+/// is `sys`, by the number it had when this process last saw it, checked by that
+/// number's own directory: one directory read instead of every partition's. `None` when
+/// nothing is remembered or the hint is stale (then forgotten): the caller reads them all.
+fn remembered(sys: &Path, start: u64, size: Option<u64>) -> Option<Extent> {
+    let number = with_seen(|m| m.get(&(sys.to_path_buf(), start)).copied())?;
+    let dir = partition_dir(sys, number)?;
+    let bytes = |attr| sysfs_attr(&dir, attr)?.parse::<u64>().ok()?.checked_mul(512);
+    match (bytes("start"), bytes("size")) {
+        (Some(s), Some(z)) if s == start && size.is_none_or(|want| want == z) => Some(Extent { dir, number, start, size: z }),
+        _ => {
+            forget(sys, start);
+            None
+        }
+    }
+}
+
+/// The partition at `start` of the disk whose directory is `sys`: by its remembered
+/// number, else by reading every partition's directory.
+fn find_at(sys: &Path, disk: &Path, start: u64) -> Result<Option<Extent>, DiskError> {
+    if let Some(e) = remembered(sys, start, None) {
+        return Ok(Some(e));
+    }
+    Ok(extents_in(sys, disk)?.into_iter().find(|p| p.start == start))
+}
+
 /// The lowest partition number no partition directory of the disk has (names only).
 fn free_number(sys: &Path) -> Option<u32> {
     let base = sys.file_name()?.to_str()?.to_string();
@@ -248,6 +313,7 @@ fn wait_for_node(sys: &Path, disk: &Path, start: u64, size: u64, number: Option<
         };
         if let Some(p) = found {
             if block_devnum(&p.devnode) == Some(p.devnum) {
+                see(sys, p.start, p.number);
                 return Ok(p);
             }
         }
@@ -283,7 +349,11 @@ pub fn ensure_kernel_partition_added(disk: &Path, start: u64, size: u64) -> Resu
     let sys = sysfs_dir(disk)?;
     let file = open_disk(disk)?;
     let conflict = |reason: String| DiskError::Conflict { device: disk.to_path_buf(), start, size, reason };
-    // First the common case, without reading every partition's extent: the lowest number
+    // A partition this process added or saw before (a delete's, a stage's): one look.
+    if let Some(e) = remembered(&sys, start, Some(size)) {
+        return wait_for_node(&sys, disk, start, size, Some(e.number)).map(|p| (p, false));
+    }
+    // Then the common case, without reading every partition's extent: the lowest number
     // no partition directory has, added; the kernel refuses an overlap itself (EBUSY),
     // and then the look below says what is there.
     if let Some(number) = free_number(&sys) {
@@ -344,7 +414,7 @@ pub fn remove_kernel_partition(disk: &Path, start: u64) -> Result<(), DiskError>
     let file = open_disk(disk)?;
     let t0 = Instant::now();
     loop {
-        let Some(p) = extents_in(&sys, disk)?.into_iter().find(|p| p.start == start) else { return Ok(()) };
+        let Some(p) = find_at(&sys, disk, start)? else { return Ok(()) };
         let p = match p.full(disk) {
             Ok(p) => p,
             // Gone meanwhile: the next look finds it gone.
@@ -352,7 +422,10 @@ pub fn remove_kernel_partition(disk: &Path, start: u64) -> Result<(), DiskError>
             Err(e) => return Err(e),
         };
         match blkpg(disk, &file, BLKPG_DEL_PARTITION, p.number, 0, 0) {
-            Ok(()) | Err(Errno::ENXIO) => return Ok(()),
+            Ok(()) | Err(Errno::ENXIO) => {
+                forget(&sys, start);
+                return Ok(());
+            }
             Err(Errno::EBUSY) => {
                 let users = users_of(&p, &sys);
                 // udev opens a partition briefly to probe it; a mount or holder stays.
@@ -385,7 +458,7 @@ pub fn resize_kernel_partition(disk: &Path, start: u64, new_size: u64) -> Result
     }
     let sys = sysfs_dir(disk)?;
     let file = open_disk(disk)?;
-    let p = extents_in(&sys, disk)?.into_iter().find(|p| p.start == start).ok_or_else(|| DiskError::NotFound {
+    let p = find_at(&sys, disk, start)?.ok_or_else(|| DiskError::NotFound {
         device: disk.to_path_buf(),
         what: format!("kernel partition starting at byte {start}"),
     })?;
@@ -455,6 +528,45 @@ mod tests {
         }
         assert_eq!(partition_dir(Path::new("/sys/block/loop0"), 4), Some(PathBuf::from("/sys/block/loop0/loop0p4")));
         assert_eq!(partition_dir(Path::new("/sys/block/sda"), 4), Some(PathBuf::from("/sys/block/sda/sda4")));
+    }
+
+    /// A fake sysfs directory of partition `number` of disk `loop9` under `sys`.
+    fn fake_partition(sys: &Path, number: u32, start_sectors: u64, size_sectors: u64) {
+        let p = sys.join(format!("loop9p{number}"));
+        std::fs::create_dir_all(&p).unwrap();
+        for (f, v) in [("partition", number.to_string()), ("start", start_sectors.to_string()), ("size", size_sectors.to_string())] {
+            std::fs::write(p.join(f), format!("{v}\n")).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_remembered_partition_number_is_used_only_while_its_directory_agrees() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("loop9");
+        fake_partition(&sys, 1, 2048, 2048);
+        fake_partition(&sys, 7, 8192, 4096);
+        let disk = Path::new("/dev/loop9");
+        // Nothing remembered: not found by the hint; the full read finds it and remembers all.
+        assert!(remembered(&sys, 8192 * 512, None).is_none());
+        let found = find_at(&sys, disk, 8192 * 512).unwrap().expect("found by reading every directory");
+        assert_eq!((found.number, found.size), (7, 4096 * 512));
+        let hint = remembered(&sys, 8192 * 512, Some(4096 * 512)).expect("remembered after the read");
+        assert_eq!(hint.number, 7);
+        assert!(remembered(&sys, 2048 * 512, Some(2048 * 512)).is_some());
+        // Another size at that start: not this partition.
+        assert!(remembered(&sys, 8192 * 512, Some(512 * 512)).is_none());
+        // Renumbered by a re-read of the table: the stale hint is dropped, the full read
+        // finds the partition under its new number.
+        see(&sys, 8192 * 512, 7);
+        std::fs::remove_dir_all(sys.join("loop9p7")).unwrap();
+        fake_partition(&sys, 2, 8192, 4096);
+        assert!(remembered(&sys, 8192 * 512, None).is_none());
+        assert_eq!(find_at(&sys, disk, 8192 * 512).unwrap().map(|e| e.number), Some(2));
+        assert_eq!(remembered(&sys, 8192 * 512, None).map(|e| e.number), Some(2));
+        // Gone: nothing at that start.
+        forget(&sys, 2048 * 512);
+        std::fs::remove_dir_all(sys.join("loop9p1")).unwrap();
+        assert!(find_at(&sys, disk, 2048 * 512).unwrap().is_none());
     }
 
     #[test]
