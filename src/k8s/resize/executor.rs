@@ -12,7 +12,9 @@
 //! - A deferred growth (the volume in use, growing only by a move) records one Normal
 //!   `VolumeResizeDeferred` Event per claim and size, and no `Resizing` Event at its
 //!   retries; nothing is written to the claim's status, and it is run again after the
-//!   backoff.
+//!   backoff. The claim carries the size it was told of in the annotation [`DEFERRED`],
+//!   so a restarted drivelet does not tell it again; the annotation goes once the growth
+//!   goes on (done, or failed otherwise).
 //! - Every object written is handed back ([`Ran`]), so a rerun before the watch catches
 //!   up acts on the newest objects. API errors are [`ResizeError`]s naming the object.
 
@@ -32,12 +34,29 @@ use crate::k8s::shell::RetryPolicy;
 use crate::k8s::identity::Identity;
 use crate::k8s::workqueue::Outcome;
 
+/// The annotation a claim carries while its growth waits until no pod uses its volume:
+/// the size in bytes it was told of ([`Deferrals`] is the same, for this process only).
+pub(crate) const DEFERRED: &str = "drivelet.io/resize-deferred";
+
+/// The size a claim's [`DEFERRED`] annotation says it was told of.
+fn deferred_size(pvc: &PersistentVolumeClaim) -> Option<u64> {
+    pvc.annotations().get(DEFERRED)?.parse().ok()
+}
+
 /// Errors talking to the API server during a resize.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ResizeError {
     /// A status patch of the claim failed.
     #[error("updating the status of PersistentVolumeClaim {claim}: {source}")]
     Claim {
+        /// `namespace/name`.
+        claim: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Writing the claim's [`DEFERRED`] annotation failed.
+    #[error("annotating PersistentVolumeClaim {claim}: {source}")]
+    Annotation {
         /// `namespace/name`.
         claim: String,
         /// The API error.
@@ -115,8 +134,9 @@ impl Executor {
         let mut pvc = self.patch_claim(&pvc, in_progress_patch(&pvc, e, &now())).await?;
         let size = human_bytes(e.bytes);
         let key = key_of(&pvc);
-        // A claim told its growth waits hears nothing more at each retry.
-        let waiting = self.deferrals().told(&key, e.bytes);
+        // A claim told its growth waits (by this process, or by one before a restart:
+        // its annotation) hears nothing more at each retry.
+        let waiting = self.deferrals().told(&key, e.bytes) || deferred_size(&pvc) == Some(e.bytes);
         if !waiting {
             let note = format!("drivelet is growing volume {} of PersistentVolume {pv_name} to {size}", e.volume_id);
             self.event(&pvc, EventType::Normal, "Resizing", note).await?;
@@ -124,13 +144,17 @@ impl Executor {
         let res = backend.expand(&e.volume_id, e.bytes).await;
         if !matches!(res, Err((super::Failure::Deferred, _))) {
             self.deferrals().forget(&key);
+            if deferred_size(&pvc).is_some() {
+                pvc = self.mark_deferred(&pvc, None).await?;
+            }
         }
         match res {
             Err((super::Failure::Deferred, reason)) => {
-                if self.deferrals().tell(&key, e.bytes) {
+                if self.deferrals().tell(&key, e.bytes) && deferred_size(&pvc) != Some(e.bytes) {
                     info!(pvc.name = %key, pv.name = %pv_name, volume.id = %e.volume_id, error = %reason, "volume growth deferred until no pod uses it");
                     let note = format!("volume {} of PersistentVolume {pv_name} grows to {size} once no pod uses it: {reason}", e.volume_id);
                     self.event(&pvc, EventType::Normal, "VolumeResizeDeferred", note).await?;
+                    pvc = self.mark_deferred(&pvc, Some(e.bytes)).await?;
                 }
                 let outcome = Outcome::Retry(retry_after(super::Failure::Deferred, failures, &self.policy));
                 Ok(Ran { outcome, final_error: false, infeasible: false, pvc, pv })
@@ -185,6 +209,16 @@ impl Executor {
         api.patch_status(&pvc.name_any(), &PatchParams::default(), &Patch::Merge(patch))
             .await
             .map_err(|source| ResizeError::Claim { claim: key_of(pvc), source })
+    }
+
+    /// Sets (`Some(bytes)`) or removes the claim's [`DEFERRED`] annotation.
+    async fn mark_deferred(&self, pvc: &PersistentVolumeClaim, bytes: Option<u64>) -> Result<PersistentVolumeClaim, ResizeError> {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &pvc.namespace().unwrap_or_default());
+        let value = bytes.map_or(Value::Null, |b| Value::String(b.to_string()));
+        let patch = serde_json::json!({"metadata": {"annotations": {DEFERRED: value}}});
+        api.patch(&pvc.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(|source| ResizeError::Annotation { claim: key_of(pvc), source })
     }
 
     async fn event(&self, pvc: &PersistentVolumeClaim, type_: EventType, reason: &str, note: String) -> Result<(), ResizeError> {

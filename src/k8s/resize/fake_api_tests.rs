@@ -17,6 +17,7 @@ use actix::Actor;
 use super::*;
 use crate::k8s::shell::RetryPolicy;
 use crate::k8s::resize::backend::ResizeBackend;
+use crate::k8s::resize::executor;
 use crate::k8s::resize::Failure;
 use crate::actors::volumes::VolumeError;
 use crate::k8s::shell::{Ready, WatchItem};
@@ -151,34 +152,82 @@ async fn an_infeasible_size_is_recorded_once_and_a_lowered_request_recovers() {
     assert_eq!(api.event_reasons(), ["Resizing", "VolumeResizeFailed", "Resizing", "VolumeResizeSuccessful"]);
 }
 
-#[actix_rt::test]
-async fn a_growth_deferred_until_the_volume_is_unused_is_told_once_and_happens_at_a_retry() {
-    tokio::time::pause();
-    let claim = pvc("2Gi", "1Gi");
-    let (client, mut api) = fake_api(vec![&claim], vec![&pv("1Gi")]);
-    let backend = FakeBackend::default();
-    let deferred = || {
-        let e = VolumeError::GrowsWhenUnused { volume_id: "vol-1".into(), size: 2 * GI, drive_id: "d2".into(), why: "it is staged at /s".into() };
-        Err((Failure::Deferred, KubeError::volume("vol-1")(e)))
-    };
-    backend.answers.lock().unwrap().extend([deferred(), deferred(), Ok((2 * GI, true))]);
-    let _queue = ResizeQueue::new(client, config(), backend.clone()).start();
+/// The claim `c` carrying the annotation of a growth to `bytes` deferred.
+fn deferred_to(mut c: PersistentVolumeClaim, bytes: u64) -> PersistentVolumeClaim {
+    c.metadata.annotations.get_or_insert_with(Default::default).insert(executor::DEFERRED.into(), bytes.to_string());
+    c
+}
 
-    // Three runs: each marks the claim in progress; the two deferred ones write nothing else.
-    for _ in 0..3 {
-        let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
-        assert_eq!(body["status"]["allocatedResources"], json!({"storage": "2Gi"}), "{body}");
-        assert!(body["status"]["conditions"].as_array().is_some_and(|c| c.iter().all(|c| c["type"] != "ControllerResizeError")), "a deferral is no failure: {body}");
-        respond(reply, &with_state(claim.clone(), Some("2Gi"), Some(CONTROLLER_IN_PROGRESS)));
-    }
+const CLAIM: &str = "/api/v1/namespaces/ns/persistentvolumeclaims/data";
+
+/// A growth refused as `GrowsWhenUnused`.
+fn deferred() -> Result<(u64, bool), (Failure, KubeError)> {
+    let e = VolumeError::GrowsWhenUnused { volume_id: "vol-1".into(), size: 2 * GI, drive_id: "d2".into(), why: "it is staged at /s".into() };
+    Err((Failure::Deferred, KubeError::volume("vol-1")(e)))
+}
+
+/// Answers a run's in-progress status patch with `claim` in progress, checking that a
+/// deferral writes no failure.
+async fn in_progress(api: &mut FakeApi, claim: &PersistentVolumeClaim) {
+    let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
+    assert_eq!(body["status"]["allocatedResources"], json!({"storage": "2Gi"}), "{body}");
+    assert!(body["status"]["conditions"].as_array().is_some_and(|c| c.iter().all(|c| c["type"] != "ControllerResizeError")), "a deferral is no failure: {body}");
+    respond(reply, &with_state(claim.clone(), Some("2Gi"), Some(CONTROLLER_IN_PROGRESS)));
+}
+
+/// The end of a growth that waited: the claim's annotation goes, the PV grows, the
+/// node's step is asked for.
+async fn grows_after_waiting(api: &mut FakeApi, claim: &PersistentVolumeClaim) {
+    let (body, reply) = api.expect_path(Method::PATCH, CLAIM).await;
+    assert_eq!(body, json!({"metadata": {"annotations": {executor::DEFERRED: null}}}), "the waiting claim's annotation goes once it grows");
+    respond(reply, &with_state(claim.clone(), Some("2Gi"), Some(CONTROLLER_IN_PROGRESS)));
     let (_, reply) = api.expect_path(Method::PATCH, PV).await;
     respond(reply, &pv("2Gi"));
     let (body, reply) = api.expect_path(Method::PATCH, STATUS).await;
     assert_eq!(body["status"]["allocatedResourceStatuses"], json!({"storage": NODE_PENDING}));
     respond(reply, &with_state(claim.clone(), Some("2Gi"), Some(NODE_PENDING)));
+}
+
+#[actix_rt::test]
+async fn a_growth_deferred_until_the_volume_is_unused_is_told_once_and_happens_at_a_retry() {
+    tokio::time::pause();
+    let claim = pvc("2Gi", "1Gi");
+    let annotated = deferred_to(claim.clone(), 2 * GI);
+    let (client, mut api) = fake_api(vec![&claim], vec![&pv("1Gi")]);
+    let backend = FakeBackend::default();
+    backend.answers.lock().unwrap().extend([deferred(), deferred(), Ok((2 * GI, true))]);
+    let _queue = ResizeQueue::new(client, config(), backend.clone()).start();
+
+    // Three runs: each marks the claim in progress. The first deferred one annotates the
+    // claim with the size it was told of; the second writes nothing else.
+    in_progress(&mut api, &claim).await;
+    let (body, reply) = api.expect_path(Method::PATCH, CLAIM).await;
+    assert_eq!(body, json!({"metadata": {"annotations": {executor::DEFERRED: (2 * GI).to_string()}}}));
+    respond(reply, &with_state(annotated.clone(), Some("2Gi"), Some(CONTROLLER_IN_PROGRESS)));
+    in_progress(&mut api, &annotated).await;
+    in_progress(&mut api, &annotated).await;
+    grows_after_waiting(&mut api, &claim).await;
     api.assert_quiet().await;
     assert_eq!(*backend.asked.lock().unwrap(), [2 * GI, 2 * GI, 2 * GI]);
     assert_eq!(api.event_reasons(), ["Resizing", "VolumeResizeDeferred", "FileSystemResizeRequired"], "one Event while it waits, not one per retry");
     let note = api.events().iter().find(|e| e["reason"] == "VolumeResizeDeferred").and_then(|e| e["note"].as_str().map(str::to_string)).unwrap_or_default();
     assert!(note.contains("grows to 2.0 GiB once no pod uses it") && note.contains("staged at /s"), "{note}");
+}
+
+#[actix_rt::test]
+async fn a_claim_told_before_a_restart_that_its_growth_waits_is_not_told_again() {
+    tokio::time::pause();
+    // The claim as a drivelet before this one left it: told its growth to 2 GiB waits.
+    let claim = deferred_to(with_state(pvc("2Gi", "1Gi"), Some("2Gi"), Some(CONTROLLER_IN_PROGRESS)), 2 * GI);
+    let (client, mut api) = fake_api(vec![&claim], vec![&pv("1Gi")]);
+    let backend = FakeBackend::default();
+    backend.answers.lock().unwrap().extend([deferred(), Ok((2 * GI, true))]);
+    let _queue = ResizeQueue::new(client, config(), backend.clone()).start();
+
+    in_progress(&mut api, &claim).await;
+    in_progress(&mut api, &claim).await;
+    grows_after_waiting(&mut api, &pvc("2Gi", "1Gi")).await;
+    api.assert_quiet().await;
+    assert_eq!(*backend.asked.lock().unwrap(), [2 * GI, 2 * GI]);
+    assert_eq!(api.event_reasons(), ["FileSystemResizeRequired"], "no second Resizing or VolumeResizeDeferred Event after a restart");
 }

@@ -27,7 +27,9 @@
 //! - A volume in use that grows only by a move (no room after it on its drive; the
 //!   volume manager's `GrowsWhenUnused`): deferred, not failed. The claim gets one
 //!   Normal Event `VolumeResizeDeferred` saying it grows once no pod uses it ([`Deferrals`]:
-//!   once per size, not at every retry, and no `Resizing` Event at the retries either),
+//!   once per size, not at every retry, and no `Resizing` Event at the retries either;
+//!   the claim's annotation `drivelet.io/resize-deferred` keeps the size told across a
+//!   restart, see [`executor`]),
 //!   nothing in its status, and the growth is asked again with the backoff: the first
 //!   try after its unstage and detach moves and grows it (within `retry_cap`).
 //! - Failure: Warning Event `VolumeResizeFailed` with the reason. An infeasible size
