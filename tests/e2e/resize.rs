@@ -7,11 +7,18 @@
 //!     the pod sees the new size and the data;
 //! (c) a request larger than the drive: a `VolumeResizeFailed` Event saying why, and no
 //!     change (PV capacity, partition); lowered again (above `status.capacity`), the
-//!     claim grows to it.
+//!     claim grows to it;
+//! (d) an xfs claim in use with another claim's volume right after it on its drive, grown
+//!     past that: it can grow only by moving, which needs it unused, so the claim gets
+//!     one `VolumeResizeDeferred` Event and the annotation `drivelet.io/resize-deferred`,
+//!     and nothing changes; once its pod is deleted (unstaged, detached) the resizer's
+//!     next try moves it to a bigger extent and grows it: the same volume id on another
+//!     place, the annotation gone, and a new pod sees the new size and the data.
 //!
 //! They overlap: (a) and (c) wait for kubelet's next look at their pods (a minute or
-//! more) side by side, and (b) runs meanwhile; each claim is made once the one before
-//! has grown its partition, so none is placed where another must grow.
+//! more) side by side, and (b) and (d) run meanwhile; each claim is made once the one
+//! before has grown its partition, so none is placed where another must grow (but for
+//! (d)'s, on purpose).
 //!
 //! Measured: claim edited -> PV capacity written, and -> the pod's `df` shows the size.
 
@@ -70,6 +77,63 @@ fn delete_all(pods: &[&str], claims: &[&str]) -> Check {
         kubectl(&["delete", "pvc", "-n", NS, c, "--ignore-not-found", "--wait=true", "--timeout=60s"])?;
     }
     wait_for("the resized claims' PVs gone", Duration::from_secs(90), || Ok(pvs.iter().all(|pv| kubectl(&["get", "pv", pv]).is_err()).then_some(())))
+}
+
+/// (d): a claim in use that only a move can grow waits, told so once, and grows by
+/// moving once its pod is gone.
+fn grows_by_moving_once_unused(ctx: &mut Ctx) -> Check {
+    apply(&(claim("move-xfs", "drivelet-e2e-xfs", 320, "Filesystem", "ReadWriteOnce")
+        + &pod("move-xfs", "move-xfs", false, "", "echo kept-moved > /data/kept && sync")))?;
+    wait_pod_running("move-xfs", Duration::from_secs(120))?;
+    // A neighbour right after it: the tightest drive that fits is the one it is on, at
+    // the start of the free space after it.
+    apply(&(claim("move-neighbour", "drivelet-e2e-xfs", 320, "Filesystem", "ReadWriteOnce")
+        + &pod("move-neighbour", "move-neighbour", false, "", "true")))?;
+    wait_pod_running("move-neighbour", Duration::from_secs(120))?;
+    let (rec, next) = (record_of("move-xfs")?, record_of("move-neighbour")?);
+    let end = rec["start"].as_u64().unwrap_or(0) + rec["size"].as_u64().unwrap_or(0);
+    ensure(next["drive_id"] == rec["drive_id"] && next["start"].as_u64() == Some(end), || {
+        format!("the journey needs the neighbour right after the volume on its drive; placement put them at {rec} and {next}")
+    })?;
+    let (id, from_drive, from_start) = (rec["id"].clone(), rec["drive_id"].clone(), rec["start"].clone());
+    let pv = pv_of("move-xfs")?;
+    request("move-xfs", "960Mi")?;
+    let event = wait_for("a VolumeResizeDeferred Event on the claim in use", Duration::from_secs(60), || {
+        Ok(events_for("PersistentVolumeClaim", "move-xfs", "VolumeResizeDeferred")?.first().cloned())
+    })?;
+    let note = event["message"].as_str().unwrap_or_default().to_string();
+    ensure(note.contains("once no pod uses it"), || format!("the Event does not say when it grows: {note:?}"))?;
+    println!("e2e:   VolumeResizeDeferred: {note}");
+    let c = claim_json("move-xfs")?;
+    ensure(c["metadata"]["annotations"]["drivelet.io/resize-deferred"] == (960 * MIB).to_string().as_str(), || {
+        format!("the waiting claim does not carry the size it was told of: {}", c["metadata"])
+    })?;
+    ensure(pv_capacity(&pv)? == 320 * MIB && record_of("move-xfs")?["start"] == from_start, || "the volume changed while in use".into())?;
+    // Retries while it waits tell the claim nothing more.
+    std::thread::sleep(Duration::from_secs(4));
+    let told = events_for("PersistentVolumeClaim", "move-xfs", "VolumeResizeDeferred")?;
+    ensure(told.len() == 1 && told[0]["count"].as_u64().unwrap_or(1) == 1, || format!("told more than once: {told:?}"))?;
+
+    let t = Instant::now();
+    kubectl(&["delete", "pod", "-n", NS, "move-xfs", "--wait=true", "--timeout=60s"])?;
+    wait_for("moved and grown: PV capacity 960Mi", Duration::from_secs(90), || Ok((pv_capacity(&pv)? == 960 * MIB).then_some(())))?;
+    let to_pv = t.elapsed();
+    let moved = record_of("move-xfs")?;
+    ensure(moved["id"] == id && moved["size"].as_u64() == Some(960 * MIB), || format!("not the same volume at 960 MiB: {moved}"))?;
+    ensure(moved["drive_id"] != from_drive || moved["start"] != from_start, || format!("the volume did not move: {moved}"))?;
+    let c = claim_json("move-xfs")?;
+    ensure(c["metadata"]["annotations"].get("drivelet.io/resize-deferred").is_none(), || format!("the annotation stayed after the growth: {}", c["metadata"]))?;
+    apply(&pod("move-xfs-again", "move-xfs", false, "", "true"))?;
+    wait_pod_running("move-xfs-again", Duration::from_secs(120))?;
+    let df = wait_for("the moved volume's df shows the new size", Duration::from_secs(120), || {
+        let d = df_bytes("move-xfs-again")?;
+        Ok((d > 900 * MIB).then_some(d))
+    })?;
+    ensure(in_pod("move-xfs-again", "cat /data/kept")? == "kept-moved", || "data lost in the move".into())?;
+    wait_claim_done("move-xfs", 960 * MIB)?;
+    ctx.measured.insert("resize by a move once unused: pod deleted -> PV capacity".into(), format!("{to_pv:.2?}"));
+    println!("e2e:   {} -> {} bytes by a move from {from_drive} to {} once its pod was gone ({df} by df)", 320 * MIB, 960 * MIB, moved["drive_id"]);
+    Ok(())
 }
 
 pub(crate) fn journey_resize(ctx: &mut Ctx) -> Check {
@@ -143,6 +207,9 @@ pub(crate) fn journey_resize(ctx: &mut Ctx) -> Check {
     wait_claim_done("grow-ext4", 256 * MIB)?;
     println!("e2e:   ext4 {} -> {} bytes offline ({before} -> {after} by df)", 128 * MIB, 256 * MIB);
 
+    // (d) meanwhile.
+    grows_by_moving_once_unused(ctx)?;
+
     // (a) and (c), once kubelet has looked at their pods again.
     let xfs_after = wait_for("xfs: the pod's df shows the new size", Duration::from_secs(180), || {
         let d = df_bytes("grow-xfs")?;
@@ -165,6 +232,6 @@ pub(crate) fn journey_resize(ctx: &mut Ctx) -> Check {
     wait_for("recovered: the pod's df grows", Duration::from_secs(180), || Ok((df_bytes("too-big")? > big_before).then_some(())))?;
     wait_claim_done("too-big", 384 * MIB)?;
 
-    delete_all(&["grow-xfs", "grow-ext4-again", "too-big"], &["grow-xfs", "grow-ext4", "too-big"])?;
+    delete_all(&["grow-xfs", "grow-ext4-again", "too-big", "move-xfs-again", "move-neighbour"], &["grow-xfs", "grow-ext4", "too-big", "move-xfs", "move-neighbour"])?;
     ensure(ctl_volumes()?.is_empty(), || "volumes left after the resize journey".into())
 }
