@@ -13,7 +13,7 @@
 //!   the node);
 //! - `ControllerExpandVolume` grows a partition in place into the free space that
 //!   follows it (online: staged and published volumes too), else, for a volume no pod
-//!   uses, by moving it to a bigger free extent of another drive (the volume manager's
+//!   uses, by moving it to a bigger free extent of another drive or of its own (the volume manager's
 //!   `book::grow` rules); a missing id or capacity range is INVALID_ARGUMENT, an unknown
 //!   volume NOT_FOUND, a size the volume already has (or exceeds) OK with its size, a
 //!   limit below its size or a size no drive of the node holds OUT_OF_RANGE (naming the

@@ -314,7 +314,7 @@ mod tests {
             (
                 VolumeError::GrowsWhenUnused { volume_id: id(), size: 2 << 30, drive_id: "d2".into(), why: "it is staged at /s".into() },
                 Code::FailedPrecondition,
-                "volume v1 cannot grow to 2.0 GiB (2147483648 bytes) while it is in use (it is staged at /s): the space after it on its drive is taken, and it grows by moving to drive d2, which needs it unused; it grows at its next stage, once no pod uses it",
+                "volume v1 cannot grow to 2.0 GiB (2147483648 bytes) while it is in use (it is staged at /s): the space after it on its drive is taken, and it grows by moving to a bigger free extent on drive d2, which needs it unused; it grows at its next stage, once no pod uses it",
             ),
             (VolumeError::DriveGoneDuringCreate { volume_id: id(), drive_id: "d1".into() }, Code::FailedPrecondition, "created on drive d1 which is absent now"),
             (VolumeError::DriveMissing { volume_id: id(), drive_id: "d1".into() }, Code::FailedPrecondition, "drive d1 which is missing from this node"),

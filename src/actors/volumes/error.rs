@@ -49,9 +49,10 @@ pub enum VolumeError {
         /// Why.
         reason: String,
     },
-    /// A volume in use cannot grow in place, and only a move to another drive could
+    /// A volume in use cannot grow in place, and only a move (to another drive, or
+    /// elsewhere on its own) could
     /// grow it: it grows once no pod uses it (the resizer asks again).
-    #[error("volume {volume_id} cannot grow to {} ({size} bytes) while it is in use ({why}): the space after it on its drive is taken, and it grows by moving to drive {drive_id}, which needs it unused; it grows at its next stage, once no pod uses it (unstaged and detached)", crate::config::human_bytes(*size))]
+    #[error("volume {volume_id} cannot grow to {} ({size} bytes) while it is in use ({why}): the space after it on its drive is taken, and it grows by moving to a bigger free extent on drive {drive_id}, which needs it unused; it grows at its next stage, once no pod uses it (unstaged and detached)", crate::config::human_bytes(*size))]
     GrowsWhenUnused {
         /// The volume.
         volume_id: String,

@@ -228,16 +228,18 @@ pub struct VolumeRecord {
     /// its partition's: the data and one more MiB for its note.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotOf>,
-    /// Being moved to another drive of the node (evacuation): see [`Move`]. Its extent
+    /// Being moved to another drive of the node (evacuation), or to another place on
+    /// its own drive (a growth): see [`Move`]. Its extent
     /// is reserved for placement as long as this is set. Boxed: a rare state, so a
     /// record pays one pointer for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moving: Option<Box<Move>>,
 }
 
-/// A move of a volume (or snapshot) to another drive, as its record keeps it, so a
-/// restart finishes or rolls back what a kill cut short.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A move of a volume (or snapshot) to another drive, or to another place on its own
+/// drive, as its record keeps it, so a restart finishes or rolls back what a kill cut
+/// short.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Move {
     /// Before the switch: where the copy goes. After it (`switched`): where the volume
     /// was, whose partition is still to be removed.
@@ -251,6 +253,19 @@ pub struct Move {
     /// Byte ranges of the volume that could not be read (zeros on the copy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<(u64, u64)>,
+    /// A move within the volume's own drive: the temporary partition GUID its copy
+    /// carries until the finish gives it the volume's (two partitions of one drive
+    /// cannot carry one GUID). `None` for a move to another drive, whose copy carries
+    /// the volume's GUID from the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_guid: Option<uuid::Uuid>,
+}
+
+impl Move {
+    /// The partition GUID of the copy of the volume whose GUID is `volume`.
+    pub fn copy_part_guid(&self, volume: uuid::Uuid) -> uuid::Uuid {
+        self.copy_guid.unwrap_or(volume)
+    }
 }
 
 /// How a clone of a volume in use was copied.

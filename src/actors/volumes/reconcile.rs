@@ -27,7 +27,10 @@
 //!   one cut short after it is finished ([`Plan::finish_moves`]); a partition carrying
 //!   the move mark is never a volume unless a record on its drive names it (a switched
 //!   move whose mark was not cleared yet): every other one is a copy cut short, removed
-//!   ([`Plan::stray_copies`]), with or without the store; [`Others`] names the
+//!   ([`Plan::stray_copies`]), with or without the store (a copy on the volume's own
+//!   drive carries a GUID of its own, [`super::model::Move::copy_guid`]: before the
+//!   finish a switched record is served from it, not from the old partition, which
+//!   keeps the volume's GUID until the finish's one commit); [`Others`] names the
 //!   copies of moves running now (a drive read again while a volume is copied onto it)
 //!   and the volumes whose records live on other drives (never adopted here).
 
@@ -91,7 +94,7 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
     for mut rec in records {
         claimed.insert(rec.part_guid);
         let table = tables.get(&rec.drive_id);
-        let on_disk = table.and_then(|t| t.iter().find(|q| q.guid == rec.part_guid));
+        let on_disk = table.and_then(|t| serving_partition(&rec, t));
         let drive_present = present.contains_key(rec.drive_id.as_str());
         if let Some(why) = others.unread.get(&rec.drive_id).filter(|_| drive_present && on_disk.is_none()) {
             p.reports.push(format!("volume {}: drive {} {why}; the volume is judged again when the drive is read", rec.id, rec.drive_id));
@@ -200,7 +203,7 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
     }
     for (drive_id, parts) in tables {
         for q in parts.iter().filter(|q| q.is_move_copy()) {
-            let serves = p.keep.iter().any(|r| r.drive_id == *drive_id && r.part_guid == q.guid);
+            let serves = p.keep.iter().any(|r| r.drive_id == *drive_id && serving_guid(r) == q.guid);
             let running = others.running.iter().any(|(d, g)| d == drive_id && *g == q.guid);
             if !serves && !running {
                 p.reports.push(format!("partition {} on drive {} is the copy of a move cut short; removing it", q.guid, drive_id));
@@ -272,6 +275,27 @@ pub(crate) fn plan(records: Vec<VolumeRecord>, drives: &[Drive], tables: &Tables
         false
     });
     p
+}
+
+/// The partition GUID a record's volume is served from: its own, but the copy's
+/// temporary one of a move within its drive switched and not yet finished.
+fn serving_guid(rec: &VolumeRecord) -> uuid::Uuid {
+    match rec.moving.as_deref() {
+        Some(m) if m.switched && m.drive_id == rec.drive_id => m.copy_part_guid(rec.part_guid),
+        _ => rec.part_guid,
+    }
+}
+
+/// The partition of `table` (the record's drive's) that serves `rec`: the one with its
+/// GUID; of a move within its drive switched and not yet finished, the copy (before
+/// the finish's commit, with the copy's GUID) or the volume's GUID at the copy's place
+/// (after it), never the old partition, which the finish removes.
+fn serving_partition<'t>(rec: &VolumeRecord, table: &'t [GptPartition]) -> Option<&'t GptPartition> {
+    let guid = serving_guid(rec);
+    if guid == rec.part_guid {
+        return table.iter().find(|q| q.guid == guid);
+    }
+    table.iter().find(|q| q.guid == guid).or_else(|| table.iter().find(|q| q.guid == rec.part_guid && q.start == rec.start))
 }
 
 #[cfg(test)]
@@ -415,7 +439,7 @@ mod tests {
         let copy_of = |r: &VolumeRecord, start: u64| GptPartition { attrs: MOVE_ATTR, start, ..part(r) };
         // Before the switch: the record is on d1, its copy (marked) on d2.
         let mut a = rec(1, VolumeState::Available);
-        a.moving = Some(Box::new(Move { drive_id: "d2".into(), start: 64 * MIB, size: a.size, switched: false, unreadable: vec![] }));
+        a.moving = Some(Box::new(Move { drive_id: "d2".into(), start: 64 * MIB, size: a.size, switched: false, unreadable: vec![], copy_guid: None }));
         let tables = Tables::from([("d1".to_string(), vec![part(&a)]), ("d2".to_string(), vec![copy_of(&a, 64 * MIB)])]);
         let p = plan(vec![a.clone()], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert_eq!(p.keep[0].moving, None, "the record stays on d1 without its move");
@@ -428,7 +452,7 @@ mod tests {
         // After the switch: the record is on d2 (its copy still marked), the old one on d1.
         let mut b = rec(2, VolumeState::Available);
         b.drive_id = "d2".into();
-        b.moving = Some(Box::new(Move { drive_id: "d1".into(), start: b.start, size: b.size, switched: true, unreadable: vec![] }));
+        b.moving = Some(Box::new(Move { drive_id: "d1".into(), start: b.start, size: b.size, switched: true, unreadable: vec![], copy_guid: None }));
         let tables = Tables::from([("d1".to_string(), vec![part(&b)]), ("d2".to_string(), vec![copy_of(&b, b.start)])]);
         let p = plan(vec![b.clone()], &[drive("d1"), drive("d2")], &tables, &BTreeSet::new(), 0, &Notes::new(), &Others::default());
         assert_eq!(p.finish_moves, vec![b.id.clone()]);
@@ -452,5 +476,54 @@ mod tests {
         let held = Others { held: BTreeSet::from([b.part_guid]), ..Default::default() };
         let p = plan(vec![], &[drive("d1")], &tables, &BTreeSet::new(), 0, &Notes::new(), &held);
         assert!(p.keep.is_empty(), "{:?}", p.keep);
+    }
+
+    #[test]
+    fn a_move_within_one_drive_is_served_from_its_copy_once_switched_and_its_marked_copy_is_never_a_volume() {
+        use crate::actors::volumes::model::Move;
+        use crate::disk::gpt::MOVE_ATTR;
+        // Volume 1 at 1 MiB grows to 8 MiB by a copy at 64 MiB of the same drive.
+        let copy = uuid::Uuid::from_u128(0xc0b1);
+        let a = rec(1, VolumeState::Available);
+        let old = part(&a);
+        let marked = GptPartition { guid: copy, start: 64 * MIB, size: 8 * MIB, attrs: MOVE_ATTR, ..part(&a) };
+        let renamed = GptPartition { start: 64 * MIB, size: 8 * MIB, ..part(&a) };
+        let notes = Notes::from([("d1".to_string(), vec![crate::actors::volumes::notes::note_of(&a)])]);
+        // Before the switch: rolled back, only the marked copy with its own GUID goes.
+        let before = VolumeRecord { moving: Some(Box::new(Move { drive_id: "d1".into(), start: 64 * MIB, size: 8 * MIB, copy_guid: Some(copy), ..Move::default() })), ..a.clone() };
+        let tables = Tables::from([("d1".to_string(), vec![old.clone(), marked.clone()])]);
+        let p = plan(vec![before], &[drive("d1")], &tables, &BTreeSet::new(), 0, &notes, &Others::default());
+        assert_eq!((p.keep.len(), p.keep[0].start, p.keep[0].moving.is_none()), (1, MIB, true), "the volume stays where it was");
+        assert_eq!(p.stray_copies, vec![("d1".to_string(), copy, 64 * MIB)]);
+        // The same copy while its move runs (the drive read again meanwhile) stays.
+        let running = Others { running: vec![("d1".to_string(), copy)], ..Default::default() };
+        let p = plan(vec![], &[drive("d1")], &Tables::from([("d1".to_string(), vec![marked.clone()])]), &BTreeSet::new(), 0, &notes, &running);
+        assert!(p.stray_copies.is_empty() && p.keep.is_empty(), "a running move's copy is neither removed nor adopted");
+        // After the switch, before and after the finish's commit: served from the copy,
+        // at its place and size, finished; the old partition is neither followed nor
+        // adopted, and nothing is removed as a stray.
+        let switched = VolumeRecord {
+            start: 64 * MIB,
+            size: 8 * MIB,
+            moving: Some(Box::new(Move { drive_id: "d1".into(), start: MIB, size: MIB, switched: true, copy_guid: Some(copy), ..Move::default() })),
+            ..a.clone()
+        };
+        for (when, table) in [("before the commit", vec![old.clone(), marked.clone()]), ("after it", vec![renamed.clone()])] {
+            let tables = Tables::from([("d1".to_string(), table)]);
+            let p = plan(vec![switched.clone()], &[drive("d1")], &tables, &BTreeSet::new(), 0, &notes, &Others::default());
+            assert_eq!(p.keep.len(), 1, "{when}: {:?}", p.keep);
+            assert_eq!((p.keep[0].start, p.keep[0].size, p.keep[0].lost), (64 * MIB, 8 * MIB, false), "{when}: {:?}", p.reports);
+            assert_eq!(p.finish_moves, vec![a.id.clone()], "{when}");
+            assert!(p.stray_copies.is_empty() && p.changed.is_empty(), "{when}: {p:?}");
+        }
+        // Without the store, before the commit: the old partition is the volume (its
+        // note names it), the marked copy with a GUID no note names is a copy cut short.
+        let p = plan(vec![], &[drive("d1")], &Tables::from([("d1".to_string(), vec![old, marked])]), &BTreeSet::new(), 0, &notes, &Others::default());
+        assert_eq!(p.keep.iter().map(|r| (r.part_guid, r.start)).collect::<Vec<_>>(), vec![(a.part_guid, MIB)]);
+        assert_eq!(p.stray_copies, vec![("d1".to_string(), copy, 64 * MIB)]);
+        // After it: the volume at its new place and size.
+        let p = plan(vec![], &[drive("d1")], &Tables::from([("d1".to_string(), vec![renamed])]), &BTreeSet::new(), 0, &notes, &Others::default());
+        assert_eq!(p.keep.iter().map(|r| (r.part_guid, r.start, r.size)).collect::<Vec<_>>(), vec![(a.part_guid, 64 * MIB, 8 * MIB)]);
+        assert!(p.stray_copies.is_empty());
     }
 }

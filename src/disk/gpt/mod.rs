@@ -59,7 +59,7 @@ mod examine;
 mod write;
 
 pub use self::examine::{examine, Contents};
-pub use self::write::{add_partition, add_partition_wiped, read_note, write_note, NoteEdit, mark_clean, read_dirty, remove_partition, resize_partition, set_partition_attrs, Added, DirtyState};
+pub use self::write::{add_partition, add_partition_wiped, read_note, write_note, NoteEdit, mark_clean, read_dirty, remove_partition, rename_copy, resize_partition, set_partition_attrs, Added, DirtyState};
 
 /// Alignment of every partition start and size.
 pub const ALIGN: u64 = 1 << 20;
@@ -991,5 +991,36 @@ mod tests {
         assert_eq!(growth_blocker(128, [(256, 511)], size, 4096), None);
         assert_eq!(growth_blocker(128, [(256, size / 4096 - 10)], size, 4096), None);
         assert!(growth_blocker(128, [(256, size / 4096 - 9)], size, 4096).is_some());
+    }
+
+    #[test]
+    fn a_move_within_one_drive_finishes_in_one_commit_that_gives_the_copy_the_volume_guid() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk.img");
+        std::fs::File::create(&img).unwrap().set_len(64 * MIB).unwrap();
+        let (v, next, copy) = (volume_partition_guid("v"), volume_partition_guid("next"), Uuid::from_u128(0xc0b1));
+        add_partition(&img, 512, v, "drivelet:v", MIB, MIB).unwrap();
+        add_partition(&img, 512, next, "drivelet:next", 2 * MIB, MIB).unwrap();
+        add_partition_wiped(&img, 512, copy, "drivelet:v", 8 * MIB, 4 * MIB, MOVE_ATTR, None).unwrap();
+        // The copy elsewhere than said, or a partition that is not a marked copy: refused.
+        let e = rename_copy(&img, 512, v, copy, 9 * MIB, 0).unwrap_err().to_string();
+        assert!(e.contains("is not the move's marked copy at byte 9437184; left alone"), "{e}");
+        let e = rename_copy(&img, 512, v, next, 2 * MIB, 0).unwrap_err().to_string();
+        assert!(e.contains("left alone"), "{e}");
+        assert!(rename_copy(&img, 512, v, copy, 8 * MIB, 0).unwrap(), "renamed now");
+        let t = drivelet_table_of(&img);
+        let mut got: Vec<(Uuid, u64, u64, u64)> = t.partitions.iter().map(|q| (q.guid, q.start, q.size, q.attrs)).collect();
+        got.sort_by_key(|g| g.1);
+        assert_eq!(got, vec![(next, 2 * MIB, MIB, 0), (v, 8 * MIB, 4 * MIB, 0)], "the volume's GUID once, at the copy's place, unmarked");
+        match read_dirty(&img, 512).unwrap() {
+            DirtyState::Drivelet { dirty, .. } => assert!(dirty.contains(&(MIB, MIB)), "the old extent is dirty: {dirty:?}"),
+            DirtyState::Blank => panic!("a drivelet table"),
+        }
+        // Again (a restart after the commit): done already, nothing written.
+        let before = std::fs::read(&img).unwrap();
+        assert!(!rename_copy(&img, 512, v, copy, 8 * MIB, 0).unwrap());
+        assert!(std::fs::read(&img).unwrap() == before, "no write");
+        // Neither the copy nor the volume at the copy's place: refused.
+        assert!(rename_copy(&img, 512, v, copy, 16 * MIB, 0).is_err());
     }
 }

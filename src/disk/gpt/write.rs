@@ -682,6 +682,60 @@ pub fn set_partition_attrs(dev: &Path, sector: u64, guid: Uuid, attrs: u64) -> R
     })
 }
 
+/// The finish of a move within one drive, in one commit: the volume's partition
+/// `volume` (its old place, when still there) goes, its extent dirty, and the copy
+/// `copy` at `copy_start` takes the volume's GUID and the attribute bits `attrs` (its
+/// move mark gone); the disk's note gives the volume the copy's size. The table holds
+/// the volume's GUID once before and once after, never twice. Already done (no `copy`,
+/// the volume at `copy_start`) is success, `Ok(false)`; anything else (the copy
+/// elsewhere or unmarked, neither partition there) is refused, nothing written.
+/// The caller holds the drive's exclusive [`DiskLock`](crate::disk::lock::DiskLock).
+pub fn rename_copy(dev: &Path, sector: u64, volume: Uuid, copy: Uuid, copy_start: u64, attrs: u64) -> Result<bool, DiskError> {
+    let _t = crate::disk::timing::step("gpt.rename");
+    let (file, dev_size) = open_to_inspect(dev, sector)?;
+    let file: &File = &file;
+    let not_found = || DiskError::NotFound { device: dev.to_path_buf(), what: format!("the move's copy {copy} at byte {copy_start}") };
+    let disk = open_gpt(dev, file, dev_size, sector)?.ok_or_else(not_found)?;
+    let mut disk = judge_gpt(dev, disk)?.map_err(|found| refuse(dev, found))?;
+    check_owner(dev, file, &disk)?;
+    let at = |p: &Partition| p.first_lba * sector;
+    let Some((copy_key, c)) = find_by_guid(&disk, copy) else {
+        return match find_by_guid(&disk, volume) {
+            Some((_, v)) if at(&v) == copy_start => Ok(false),
+            _ => Err(not_found()),
+        };
+    };
+    ensure_ours(dev, &c)?;
+    if at(&c) != copy_start || c.flags & super::MOVE_ATTR == 0 {
+        return Err(DiskError::invalid(format!(
+            "{}: partition {copy} at byte {} is not the move's marked copy at byte {copy_start}; left alone",
+            dev.display(),
+            at(&c)
+        )));
+    }
+    let old = find_by_guid(&disk, volume);
+    if let Some((_, v)) = &old {
+        ensure_ours(dev, v)?;
+    }
+    // The old extent is dirty from the same commit on: it holds the volume's bytes
+    // until the cleaner zeroes it.
+    let journal = old.as_ref().map(|(_, v)| {
+        let (slots, dirty) = dirty_on(file, &disk, dev_size, sector);
+        let freed = (at(v), (v.last_lba + 1 - v.first_lba) * sector);
+        clean::next_journal(&slots, *disk.guid(), clean::union(&dirty, &[freed]))
+    });
+    let mut parts = disk.partitions().clone();
+    parts.retain(|k, p| p.is_used() && old.as_ref().is_none_or(|(old_key, _)| k != old_key));
+    if let Some(entry) = parts.get_mut(&copy_key) {
+        entry.part_guid = volume;
+        entry.flags = attrs;
+    }
+    set_entries(dev, &mut disk, parts)?;
+    let size = (c.last_lba + 1 - c.first_lba) * sector;
+    commit(dev, &disk, None, &[], journal.as_ref(), &NoteEdit::Resize(volume, size))?;
+    Ok(true)
+}
+
 /// Runs `change` on drivelet's own partition with `guid` of drivelet's own table on
 /// `dev` (`NotFound` when there is none), with the table parsed and judged (the
 /// caller holds the drive's exclusive `DiskLock`): `change` gets the table, the entry's

@@ -21,8 +21,9 @@
 //!   had;
 //! - a create killed and never retried is rolled back by the restart on its own;
 //! - a growth by moving (a volume with no room after it, unused) killed at any point of
-//!   its move leaves exactly one copy of the volume, and the retried growth succeeds with
-//!   the data;
+//!   its move, to another drive or elsewhere on its own, leaves exactly one copy of the
+//!   volume (one partition with its GUID, no marked copy), and the retried growth
+//!   succeeds with the data;
 //! - a clone killed at any point of its create or its copy leaves no clone after the
 //!   restart (never a half copy served: its partition and record are gone, the source
 //!   untouched), or, killed once it was marked done, the complete clone; the retried
@@ -72,6 +73,9 @@ const SNAPSHOT_POINTS: &[&str] = &["snapshot.noted"];
 const CLEAN_POINTS: &[&str] = &["clean.zeroed"];
 /// The points of a volume's move to another drive (an evacuation), in their order.
 const MOVE_POINTS: &[&str] = &["move.intent_saved", "move.gpt_written", "move.copied", "move.switched", "move.marked", "move.source_removed"];
+/// The points of a volume's move elsewhere on its own drive (a growth on a node of one
+/// drive), in their order: the finish is one GPT commit that renames the copy.
+const ONE_DRIVE_MOVE_POINTS: &[&str] = &["move.intent_saved", "move.gpt_written", "move.copied", "move.switched", "move.renamed"];
 
 /// Fails when the agent binary has no crash points compiled in.
 fn require_failpoints() {
@@ -437,7 +441,7 @@ fn family(points: &[&'static str]) {
 fn every_crash_point_in_the_source_has_a_crash_case() {
     assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     let covered: BTreeSet<&str> =
-        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS, ENCRYPTED_POINTS, CLONE_POINTS, SNAPSHOT_POINTS, CLEAN_POINTS, MOVE_POINTS, crate::disks::ownership::ADOPT_POINTS, crate::volumes::slots::GROW_POINTS]
+        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS, ENCRYPTED_POINTS, CLONE_POINTS, SNAPSHOT_POINTS, CLEAN_POINTS, MOVE_POINTS, ONE_DRIVE_MOVE_POINTS, crate::disks::ownership::ADOPT_POINTS, crate::volumes::slots::GROW_POINTS]
         .concat()
         .into_iter()
         .collect();
@@ -539,7 +543,7 @@ fn create_killed_and_never_retried_is_rolled_back_at_restart() {
 }
 
 /// The move's crash points after which its switch to the new copy is stored.
-const MOVE_SWITCHED: &[&str] = &["move.switched", "move.marked", "move.source_removed"];
+const MOVE_SWITCHED: &[&str] = &["move.switched", "move.marked", "move.source_removed", "move.renamed"];
 
 /// Waits for the agent armed at the move's crash point `point` to be killed there;
 /// unless the switch was stored by then, the old copy (at `start` of `from`) must still
@@ -1049,4 +1053,102 @@ fn grow_move_crash(point: &'static str) {
 fn a_growth_by_moving_killed_at_any_point_leaves_one_copy_and_the_retry_grows_it_with_the_data() {
     assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     each_point(MOVE_POINTS, grow_move_crash);
+}
+
+/// The partitions of `dev` carrying the move mark: `(GUID, start)`.
+fn marked_on(dev: &std::path::Path) -> Vec<(String, u64)> {
+    let t = drivelet::disk::gpt::read_table(dev, 512).expect("read the GPT");
+    t.map(|t| t.partitions.into_iter().filter(|q| q.is_move_copy()).map(|q| (q.guid.to_string(), q.start)).collect()).unwrap_or_default()
+}
+
+/// A volume with data and another volume right after it on the only drive of the node,
+/// grown by a move elsewhere on that drive killed at `point`: after the restart exactly
+/// one partition carries its GUID (at its old place and size before the switch, at the
+/// new place grown after it), no marked copy is left, the retried growth succeeds, the
+/// data is read back, and the extent the volume left (and any copy rolled back) is
+/// cleaned.
+fn grow_move_on_one_drive_crash(point: &'static str) {
+    let tmp = short_tempdir();
+    let drive = LoopDrive::new(tmp.path(), "a.img", DRIVE);
+    sh("udevadm", &["settle"]);
+    let staging = tmp.path().join("kubelet").join("plugins/stage");
+    let mut agent = Agent::start(tmp.path(), AgentOpts::default());
+    let _unmount = Unmounter(tmp.path().to_path_buf());
+    let (size, grown) = (64 * MIB, 200 * MIB);
+    let v = rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        let v = c.ctrl.create_volume(create_req("pvc-crash-grow1", size, mount_cap("ext4"))).await.expect("create").into_inner().volume.unwrap().volume_id;
+        c.ctrl.create_volume(create_req("pvc-crash-grow1-next", size, block_cap())).await.expect("create the next").into_inner();
+        v
+    });
+    let start = copies_of(&drive.dev, &v)[0].0;
+    let text = format!("written before the growth on one drive killed at {point}");
+    put_data(&agent, &v, None, &staging, 0, &text);
+    sh("sync", &[]);
+    let before = bytes_at(&drive.dev, start, size);
+    agent.arm(point, "return");
+    let res = rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        tokio::time::timeout(CALL_TIMEOUT, c.ctrl.controller_expand_volume(expand_req(&v, grown, 0))).await
+    });
+    assert!(!matches!(res, Ok(Ok(_))), "{point}: the growth died with the agent: {res:?}");
+    let switched = killed_mid_move(&mut agent, point, &drive.dev, start, &before);
+    agent.spawn();
+    let log = |a: &Agent| a.log_tail(40);
+    let served = |a: &Agent| {
+        let vols = a.ctl_volumes();
+        vols.as_array().and_then(|l| l.iter().find(|r| r["id"] == v.as_str()).map(|r| (r["start"].as_u64(), r["size"].as_u64(), r.get("moving").is_some())))
+    };
+    // One partition carries its GUID after the restart, unmarked, and no copy is left
+    // (the restart's reconciliation may finish a moment after the agent answers).
+    let t0 = std::time::Instant::now();
+    loop {
+        let (mine, marked) = (copies_of(&drive.dev, &v), marked_on(&drive.dev));
+        let done = match mine.as_slice() {
+            [(at, false)] if marked.is_empty() => {
+                let want = if switched { *at != start } else { *at == start };
+                want && served(&agent).is_some_and(|(s, _, moving)| s == Some(*at) && !moving)
+            }
+            _ => false,
+        };
+        if done {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{point}: one partition after the restart (switched: {switched}): {mine:?}, marked {marked:?}; log:\n{}", log(&agent));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The retried growth succeeds (moving again, or finding the size reached).
+    let r = rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.ctrl.controller_expand_volume(expand_req(&v, grown, 0)).await
+    });
+    let r = r.unwrap_or_else(|e| panic!("{point}: the retried growth: {e:?}; log:\n{}", log(&agent))).into_inner();
+    assert_eq!(r.capacity_bytes, grown as i64, "{point}");
+    let mine = copies_of(&drive.dev, &v);
+    assert!(mine.len() == 1 && !mine[0].1 && mine[0].0 != start, "{point}: grown elsewhere on the drive: {mine:?}");
+    assert!(marked_on(&drive.dev).is_empty(), "{point}: no marked copy left");
+    let new_start = mine[0].0;
+    assert_eq!(served(&agent), Some((Some(new_start), Some(grown), false)), "{point}: the record names the grown partition");
+    assert_eq!(bytes_at(&drive.dev, new_start, size), before, "{point}: the volume's bytes, byte for byte");
+    assert_eq!(gpt_entries(&drive.dev).len(), 2, "{point}: the volume and the next, nothing more: {:?}", gpt_entries(&drive.dev));
+    assert_eq!(agent.ctl_volume_ids().map(|ids| ids.len()), Some(2), "{point}: two volumes, no half record");
+    // Nothing leaks: the extent it left (and a copy rolled back) is cleaned.
+    wait_clean(&agent, &drive);
+    assert_eq!(first_nonzero(&drive.dev, start, start + size), None, "{point}: the old extent is zeroed");
+    rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.node.node_stage_volume(stage_req(&v, &staging, mount_cap("ext4"))).await.expect("stage the grown volume");
+    });
+    assert_eq!(std::fs::read_to_string(staging.join("data.txt")).unwrap(), text, "{point}: the grown volume's data");
+    rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.node.node_unstage_volume(unstage_req(&v, &staging)).await.expect("unstage");
+    });
+    assert_eq!(agent.stop(), 0, "{point}: the agent stops cleanly");
+}
+
+#[test]
+fn a_growth_by_moving_on_one_drive_killed_at_any_point_leaves_one_partition_with_its_guid_and_the_retry_grows_it() {
+    assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
+    each_point(ONE_DRIVE_MOVE_POINTS, grow_move_on_one_drive_crash);
 }

@@ -11,8 +11,9 @@
 //!   restore of an encrypted volume is encrypted under a key of its own (its files
 //!   re-encrypted), a snapshot keeps its volume's key, a plaintext copy of an encrypted
 //!   volume is refused, and a plain volume cloned into an encrypting class is encrypted;
-//! - an encrypted volume grown while unstaged, and one evacuated to another drive, read
-//!   their data back; the old drive keeps no copy of the key.
+//! - an encrypted volume grown while unstaged, one grown by a move elsewhere on its
+//!   drive, and one evacuated to another drive, read their data back; the place or
+//!   drive they left keeps no copy of the key.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -384,4 +385,39 @@ fn an_encrypted_volume_grown_offline_and_one_evacuated_read_their_data_back() {
     assert_eq!(count_in(&old.file, b"DRVLKEY1"), 0, "no key header left on the old drive");
     assert_eq!(markers_on(old) + bed.drives.iter().map(markers_on).sum::<usize>(), 0, "no marker anywhere");
     bed.delete(&id);
+}
+
+#[test]
+fn an_encrypted_volume_grown_by_a_move_on_its_own_drive_keeps_its_key_there_only() {
+    let bed = Bed::new(1);
+    let drive = &bed.drives[0];
+    let id = bed.create("pvc-enc-grow1", 64 * MIB);
+    let next = bed.create("pvc-enc-grow1-next", 64 * MIB);
+    let (_, start, size) = bed.extent(&id);
+    assert_eq!(bed.extent(&next).1, start + size, "the next volume follows it right after it");
+    let target = bed.stage(&id, &[("key", KEY_A)]).expect("stage");
+    write_marker(&target);
+    bed.unstage(&id);
+    let key = volume_key_at(drive, start, &id, KEY_A);
+    sh("sync", &[]);
+    let headers = count_in(&drive.file, b"DRVLKEY1");
+    // No room after it: moved elsewhere on its drive, then grown.
+    rt().block_on(async {
+        let mut c = Csi::connect(&bed.agent).await;
+        c.ctrl.controller_expand_volume(expand_req(&id, 200 * MIB, 0)).await.expect("grown by a move on its drive");
+    });
+    let (_, new_start, new_size) = bed.extent(&id);
+    assert_eq!(new_size, 200 * MIB);
+    assert_ne!(new_start, start, "at a new place");
+    assert_eq!(volume_key_at(drive, new_start, &id, KEY_A), key, "the same key, at the new place");
+    assert!(first_kib(drive, start).iter().all(|b| *b == 0), "the old place's key header is erased");
+    let target = bed.stage(&id, &[("key", KEY_A)]).expect("stage the moved volume");
+    assert!(read_marker(&target), "read back after the move");
+    bed.unstage(&id);
+    // As many key headers as before: the copy's, none left where the volume was.
+    sh("sync", &[]);
+    assert_eq!(count_in(&drive.file, b"DRVLKEY1"), headers, "no key header left behind");
+    assert_eq!(markers_on(drive), 0, "no plain marker anywhere");
+    bed.delete(&id);
+    bed.delete(&next);
 }

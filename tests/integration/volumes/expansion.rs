@@ -1,8 +1,8 @@
 //! Online volume expansion end to end: ControllerExpandVolume grows a published
 //! volume's partition in place while a writer keeps writing to it, NodeExpandVolume
 //! grows its ext4 or xfs filesystem, and the filesystem seen through the target has the
-//! new size; then the error table (neighbour in the way, end of the drive, shrinking,
-//! unknown volumes and paths) and block volumes.
+//! new size; then the error table (neighbour in the way on a full drive, end of the
+//! drive, shrinking, unknown volumes and paths) and block volumes.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -172,13 +172,19 @@ fn growth_needs_free_space_after_the_volume_and_errors_follow_the_spec() {
         let (first, second) = if parts[0].1 < parts[1].1 { (&parts[0], &parts[1]) } else { (&parts[1], &parts[0]) };
         assert_eq!(first.1 + first.2, second.1, "the two volumes are adjacent: {parts:?}");
         let (boxed, last) = if gpt_entries(&drive.dev).iter().any(|e| e.start == first.1 && e.uuid.eq_ignore_ascii_case(&a)) { (a, b) } else { (b, a) };
+        // The rest of the drive taken, so a growth cannot move the volume elsewhere on
+        // it (tests/integration/volumes/growth_by_move.rs grows it so).
+        let end = drivelet::disk::gpt::usable_region(GIB, 512).expect("a region").1;
+        let rest = (end - (second.1 + second.2)) / MIB * MIB;
+        let filler = c.ctrl.create_volume(create("pvc-rest", rest, block_cap())).await.expect("the rest").into_inner().volume.expect("rest").volume_id;
 
         let e = c.ctrl.controller_expand_volume(expand_req(&boxed, 128 * MIB, 0)).await.expect_err("boxed in");
         assert_eq!(e.code(), Code::ResourceExhausted, "a neighbour in the way: {e:?}");
         assert!(e.message().contains("follows it"), "{}", e.message());
         let e = c.ctrl.controller_expand_volume(expand_req(&last, 2 * GIB, 0)).await.expect_err("past the end");
         assert_eq!(e.code(), Code::OutOfRange, "past the end of the drive: {e:?}");
-        assert_eq!(kernel_parts(&drive.dev).iter().map(|p| p.2).sum::<u64>(), 128 * MIB, "failed growths changed nothing");
+        assert_eq!(kernel_parts(&drive.dev).iter().map(|p| p.2).sum::<u64>(), 128 * MIB + rest, "failed growths changed nothing");
+        c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: filler, ..Default::default() }).await.expect("delete the rest");
 
         // A block volume grows without a node step.
         let r = c.ctrl.controller_expand_volume(expand_req(&last, 96 * MIB, 0)).await.expect("grow the last").into_inner();

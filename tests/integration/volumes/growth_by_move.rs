@@ -1,8 +1,10 @@
 //! Growth wherever the node has room: a volume with no free space after it on its drive
-//! grows by moving to a bigger free extent of another drive (evacuation's verified
-//! copy, the same id), keeping its data byte for byte and its filesystem sound; one in
-//! use is refused in words saying it grows at its next stage, and does once unstaged;
-//! a size no drive holds is OUT_OF_RANGE naming the largest possible.
+//! grows by moving to a bigger free extent of another drive, or, on a node of one
+//! drive, elsewhere on its own drive (evacuation's verified copy, the same id, and in
+//! the end the same partition GUID, unmarked), keeping its data byte for byte and its
+//! filesystem sound; one in use is refused in words saying it grows at its next stage,
+//! and does once unstaged; a size no drive holds is OUT_OF_RANGE naming the largest
+//! possible, which is GetCapacity's `maximum_volume_size`.
 //! (A growth's move killed at every crash point: tests/integration/robustness/crash.rs.)
 
 use std::path::Path;
@@ -32,16 +34,25 @@ fn entry_of(dev: &Path, id: &str) -> Option<GptEntry> {
     gpt_entries(dev).into_iter().find(|e| e.uuid.eq_ignore_ascii_case(id))
 }
 
-/// Two 1 GiB drives and an agent; an ext4 volume `v` holding data (a file of 8 MiB and
-/// a line of text), and a block volume right after it on the same drive (best fit puts
-/// both on one drive): `v` cannot grow in place.
+/// Whether the partition of `id` on `dev` carries the move mark, read by drivelet's
+/// GPT reader; `None` when there is none.
+fn marked(dev: &Path, id: &str) -> Option<bool> {
+    let t = drivelet::disk::gpt::read_table(dev, 512).expect("read the GPT")?;
+    t.partitions.iter().find(|q| q.guid.to_string().eq_ignore_ascii_case(id)).map(|q| q.is_move_copy())
+}
+
+/// One or two 1 GiB drives and an agent; an ext4 volume `v` holding data (a file of 8
+/// MiB and a line of text), and a block volume right after it on the same drive (best
+/// fit puts both on one drive): `v` cannot grow in place.
 struct Boxed {
     tmp: tempfile::TempDir,
-    drives: [LoopDrive; 2],
+    drives: Vec<LoopDrive>,
     agent: Agent,
     v: String,
     /// Index of the drive `v` starts on.
     on: usize,
+    /// `v`'s partition before the growth.
+    old: GptEntry,
     staging: std::path::PathBuf,
     /// Digest of the file written.
     file: String,
@@ -49,9 +60,13 @@ struct Boxed {
 
 impl Boxed {
     fn new(name: &str) -> Boxed {
+        Boxed::with_drives(name, 2)
+    }
+
+    fn with_drives(name: &str, count: usize) -> Boxed {
         require_host();
         let tmp = short_tempdir();
-        let drives = [LoopDrive::new(tmp.path(), "a.img", GIB), LoopDrive::new(tmp.path(), "b.img", GIB)];
+        let drives: Vec<LoopDrive> = ["a.img", "b.img"][..count].iter().map(|f| LoopDrive::new(tmp.path(), f, GIB)).collect();
         sh("udevadm", &["settle"]);
         let agent = Agent::start(tmp.path(), AgentOpts::default());
         let staging = tmp.path().join("kubelet/plugins/stage");
@@ -62,6 +77,7 @@ impl Boxed {
             (v.volume.expect("v").volume_id, w.volume.expect("w").volume_id)
         });
         let on = if entry_of(&drives[0].dev, &v).is_some() { 0 } else { 1 };
+        let old = entry_of(&drives[on].dev, &v).expect("v's entry");
         let (ev, ew) = (entry_of(&drives[on].dev, &v).expect("v's entry"), entry_of(&drives[on].dev, &w).expect("w is on v's drive"));
         assert_eq!(ev.start + ev.size, ew.start, "the next volume follows v right after it: {ev:?} {ew:?}");
         // Data: a file of pseudo-random bytes and a line of text.
@@ -77,7 +93,7 @@ impl Boxed {
             let mut c = Csi::connect(&agent).await;
             c.node.node_unstage_volume(unstage_req(&v, &staging)).await.expect("unstage");
         });
-        Boxed { tmp, drives, agent, v, on, staging, file }
+        Boxed { tmp, drives, agent, v, on, old, staging, file }
     }
 
     /// Grows `v` to `bytes`.
@@ -88,13 +104,29 @@ impl Boxed {
         })
     }
 
-    /// Asserts `v` now lives on the other drive, grown, and nothing of it is left on
-    /// its first drive; with `before`, that its old bytes (their digest) come first.
+    /// The drive `v` grows onto: the other one, or its own on a node of one drive.
+    fn target(&self) -> &LoopDrive {
+        &self.drives[if self.drives.len() == 1 { 0 } else { 1 - self.on }]
+    }
+
+    /// Asserts `v` now lives on the other drive (or elsewhere on its own), grown, its
+    /// partition carrying its GUID, unmarked, and nothing of it is left where it was;
+    /// with `before`, that its old bytes (their digest) come first.
     fn assert_moved(&self, before: Option<&str>) {
-        let (from, to) = (&self.drives[self.on], &self.drives[1 - self.on]);
-        assert!(entry_of(&from.dev, &self.v).is_none(), "nothing of v is left on its first drive: {:?}", gpt_entries(&from.dev));
-        let e = entry_of(&to.dev, &self.v).unwrap_or_else(|| panic!("v is on the other drive: {:?}; log:\n{}", gpt_entries(&to.dev), self.agent.log_tail(30)));
+        let (from, to) = (&self.drives[self.on], self.target());
+        let log = || self.agent.log_tail(30);
+        if self.drives.len() == 2 {
+            assert!(entry_of(&from.dev, &self.v).is_none(), "nothing of v is left on its first drive: {:?}", gpt_entries(&from.dev));
+        }
+        let mine: Vec<GptEntry> = gpt_entries(&to.dev).into_iter().filter(|e| e.uuid.eq_ignore_ascii_case(&self.v)).collect();
+        assert_eq!(mine.len(), 1, "one partition carries v's GUID: {:?}; log:\n{}", gpt_entries(&to.dev), log());
+        let e = &mine[0];
         assert_eq!(e.size, GROWN, "its partition there has the new size");
+        assert_eq!(marked(&to.dev, &self.v), Some(false), "its partition carries no move mark");
+        if self.drives.len() == 1 {
+            assert_ne!(e.start, self.old.start, "at a new place");
+            assert_eq!(gpt_entries(&to.dev).len(), 2, "v and the next volume, no copy left: {:?}", gpt_entries(&to.dev));
+        }
         let Some(before) = before else { return };
         let after = head_digest(&volume_dev(to, &self.v), SIZE);
         assert_eq!(after, before, "the volume's bytes, byte for byte, at the start of its new partition");
@@ -103,7 +135,7 @@ impl Boxed {
     /// Stages `v`, checks its data and its grown filesystem, unstages it, and checks the
     /// filesystem with `e2fsck -f -n`.
     fn assert_data_and_grown_filesystem(&self) {
-        let to = &self.drives[1 - self.on];
+        let to = self.target();
         rt().block_on(async {
             let mut c = Csi::connect(&self.agent).await;
             c.node.node_stage_volume(stage_req(&self.v, &self.staging, mount_cap("ext4"))).await.expect("stage the grown volume");
@@ -155,7 +187,7 @@ fn a_volume_with_no_room_after_it_grows_by_moving_to_another_drive_keeping_its_d
     // The other drive holds the node's largest free extent: what GetCapacity promises
     // is what the growth's error names as the reach of a move.
     let max = cap.maximum_volume_size.map_or(0, |m| m as u64);
-    let reach = format!("the largest free extent it could move to on another drive of this node holds {}", drivelet::config::human_bytes(max));
+    let reach = format!("the largest free extent it could move to on the drives of this node holds {}", drivelet::config::human_bytes(max));
     assert!(e.message().contains(&reach), "GetCapacity's maximum ({max}) is the reach named: {}", e.message());
     // The growth survives a restart.
     b.agent.kill();
@@ -193,4 +225,48 @@ fn an_in_use_volume_that_can_grow_only_by_moving_grows_after_its_unstage() {
     b.assert_moved(Some(&before));
     b.assert_data_and_grown_filesystem();
     assert_eq!(b.agent.stop(), 0);
+}
+
+#[test]
+fn on_a_node_of_one_drive_a_volume_with_a_neighbour_after_it_grows_by_moving_elsewhere_on_its_drive() {
+    let mut b = Boxed::with_drives("one", 1);
+    let before = b.before();
+    let r = b.expand(GROWN).unwrap_or_else(|e| panic!("grown by a move on its drive: {e:?}; log:\n{}", b.agent.log_tail(40)));
+    assert_eq!(r.capacity_bytes, GROWN as i64);
+    assert!(r.node_expansion_required, "its filesystem grows at the node");
+    b.assert_moved(Some(&before));
+    let dev = &b.drives[0].dev;
+    let new = entry_of(dev, &b.v).expect("v");
+    assert!(new.start >= b.old.start + 2 * SIZE || new.start + new.size <= b.old.start, "apart from v's old place and its neighbour: {new:?}");
+    // Listed at its new size, by ListVolumes and ctl, with the same id.
+    let listed = rt().block_on(async {
+        let mut c = Csi::connect(&b.agent).await;
+        c.ctrl.list_volumes(csi::ListVolumesRequest::default()).await.expect("list").into_inner().entries
+    });
+    let size_of = listed.iter().filter_map(|e| e.volume.as_ref()).find(|v| v.volume_id == b.v).map(|v| v.capacity_bytes);
+    assert_eq!(size_of, Some(GROWN as i64), "ListVolumes shows the new size");
+    let vols = b.agent.ctl_volumes();
+    let rec = vols.as_array().unwrap().iter().find(|r| r["id"] == b.v.as_str()).unwrap_or_else(|| panic!("ctl lists v: {vols}"));
+    assert_eq!((rec["start"].as_u64(), rec["size"].as_u64()), (Some(new.start), Some(GROWN)), "ctl: {rec}");
+    assert!(rec.get("moving").is_none(), "the move is over: {rec}");
+    // The old extent went to the cleaner: zeros once cleaned.
+    wait_clean(&b.agent, &b.drives[0]);
+    assert_eq!(first_nonzero(dev, b.old.start, b.old.start + b.old.size), None, "the old extent is zeroed");
+    b.assert_data_and_grown_filesystem();
+    // More than the drive holds: OUT_OF_RANGE naming the largest free extent of the
+    // drive, which is what GetCapacity promises.
+    let e = b.expand(2 * GIB).expect_err("more than the drive holds");
+    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+    let cap = rt().block_on(async {
+        let mut c = Csi::connect(&b.agent).await;
+        c.ctrl.get_capacity(capacity_req(mount_cap("ext4"))).await.expect("capacity").into_inner()
+    });
+    let max = cap.maximum_volume_size.map_or(0, |m| m as u64);
+    let reach = format!("the largest free extent it could move to on the drives of this node holds {}", drivelet::config::human_bytes(max));
+    assert!(max > 0 && e.message().contains(&reach), "GetCapacity's maximum ({max}) is the reach named: {}", e.message());
+    b.agent.kill();
+    b.agent.spawn();
+    b.assert_moved(None);
+    assert_eq!(b.agent.stop(), 0, "clean exit; log:\n{}", b.agent.log_tail(30));
+    drop(b.tmp);
 }

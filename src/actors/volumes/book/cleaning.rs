@@ -93,7 +93,9 @@ impl VolumeBook {
         if let Some(after) = after {
             let before = self.records.get(id)?;
             let to = before.moving.as_ref().filter(|m| !m.switched && self.evac.moving.as_deref() != Some(id))?;
-            return match (&after.moving, after.drive_id == before.drive_id) {
+            // Where it was (the same drive and start) or where its copy went.
+            let stayed = (&after.drive_id, after.start) == (&before.drive_id, before.start);
+            return match (&after.moving, stayed) {
                 // Rolled back: the copy held the volume's bytes.
                 (None, true) => Some((to.drive_id.clone(), (to.start, to.size))),
                 // Switched and finished: the old partition is gone.

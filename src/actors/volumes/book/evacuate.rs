@@ -274,7 +274,7 @@ impl VolumeBook {
                 let Some(d) = self.drives.get(&p.drive_id) else { continue };
                 let dst = drive_loc(d);
                 let mut rec = VolumeRecord::clone(r);
-                rec.moving = Some(Box::new(Move { drive_id: p.drive_id.clone(), start: p.start, size: p.size, switched: false, unreadable: Vec::new() }));
+                rec.moving = Some(Box::new(Move { drive_id: p.drive_id.clone(), start: p.start, size: p.size, switched: false, unreadable: Vec::new(), copy_guid: None }));
                 return Some((MovePlan { rec, src, dst, dst_media: d.media }, ev.force));
             }
         }

@@ -1,6 +1,7 @@
 //! The book's decisions about growing a volume (ControllerExpandVolume): in place when
 //! the free space right after its partition holds the new size, else by moving it to a
-//! free extent big enough on another managed drive of the node, then growing it there.
+//! free extent big enough on another managed drive of the node or elsewhere on its own
+//! drive, then growing it there.
 //!
 //! Rules:
 //! - the size asked is rounded like a create and never below the current size; the
@@ -11,20 +12,28 @@
 //!   the cleaner as a create does (`volumes.cleaning_wait`), then answers
 //!   RESOURCE_EXHAUSTED naming the space being cleaned;
 //! - else by a move, with evacuation's machinery (`steps::moves`: a verified copy, the
-//!   same volume id and partition GUID, crash-safe), to a place [`placement::place`]
-//!   picks on the other open managed drives (of the volume's media when its class asked
-//!   for one; space still being cleaned is never taken, and a free slot is needed); the
-//!   copy's partition has the new size from the start, so the switch is the growth;
+//!   same volume id and, once finished, the same partition GUID, crash-safe), to a
+//!   place [`placement::place`] picks ([`VolumeBook::move_target`]): on the other open
+//!   managed drives first (the copy then reads one device and writes another, and the
+//!   volume's own drive keeps its free extents for its neighbours to grow into), else
+//!   on its own drive, where the volume's extent is taken, so the copy never overlaps
+//!   it (of the volume's media when its class asked for one; space still being cleaned
+//!   is never taken, and a free slot is needed); the copy's partition has the new size
+//!   from the start, so the switch is the growth;
+//! - a copy on the volume's own drive carries a temporary partition GUID of its own
+//!   ([`Move::copy_guid`]; two partitions of one drive cannot carry one GUID, which the
+//!   volume's key, its note entry and every partition-table step name), and the move's
+//!   finish gives it the volume's GUID in the one GPT commit that removes the old
+//!   partition;
 //! - a move needs the volume unused: not staged, published or attached anywhere (a
 //!   filesystem cannot change device under its mount). A volume in use that only a move
 //!   could grow is refused with [`VolumeError::GrowsWhenUnused`] (FAILED_PRECONDITION),
 //!   saying in words that it grows once no pod uses it: the resizer retries, and the
 //!   first try after its unstage and detach moves it;
-//! - a partition moves to another drive only: two partitions of one drive cannot carry
-//!   the one GUID the volume keeps (its key, its note entry and every partition-table
-//!   step name it);
+//! - whole-drive volumes, snapshots and volumes being moved do not move to grow;
 //! - no room anywhere: OUT_OF_RANGE naming the largest size possible, in place or by a
-//!   move (what GetCapacity's `maximum_volume_size` promises for the node's drives),
+//!   move (a move's reach is exactly GetCapacity's `maximum_volume_size` for the
+//!   volume's media: the node's largest usable free extent, its own drive included),
 //!   or RESOURCE_EXHAUSTED when room may come by itself (another volume follows it on
 //!   its drive, or the room a move needs is still being cleaned).
 
@@ -49,7 +58,8 @@ pub(crate) enum ExpandPlan {
         /// The size it grows to.
         new_size: u64,
     },
-    /// By a move to another drive: the copy's extent (`rec.moving`) has the new size.
+    /// By a move to another drive or elsewhere on its own: the copy's extent
+    /// (`rec.moving`) has the new size.
     Move(MovePlan),
     /// In place once the space after it is cleaned: wait for the cleaner and decide
     /// again; `reason` is the refusal when the wait runs out.
@@ -81,16 +91,22 @@ fn use_words(r: &VolumeRecord) -> String {
 }
 
 impl VolumeBook {
-    /// The other drives a volume could move to: every candidate but its own.
-    pub(super) fn move_candidates<'a>(cands: &[Candidate<'a>], rec: &VolumeRecord) -> Vec<Candidate<'a>> {
-        cands.iter().filter(|c| c.drive.id != rec.drive_id).cloned().collect()
+    /// Where a move of `rec` growing to `size` bytes goes: another drive when one has
+    /// room (the copy reads one device and writes another, and the volume's own drive
+    /// keeps its free extents for its neighbours to grow into), else a free extent of its
+    /// own drive (the book holds the volume's own extent as used, so the two never
+    /// overlap).
+    pub(super) fn move_target(cands: &[Candidate<'_>], rec: &VolumeRecord, size: u64) -> Option<placement::Placement> {
+        let (own, others): (Vec<Candidate<'_>>, Vec<Candidate<'_>>) = cands.iter().cloned().partition(|c| c.drive.id == rec.drive_id);
+        let media = media_of(rec);
+        placement::place(&others, media, LayoutKind::Partition, size).or_else(|_| placement::place(&own, media, LayoutKind::Partition, size)).ok()
     }
 
-    /// The largest volume a move of `rec` could reach now: what GetCapacity's
-    /// `maximum_volume_size` says of the other drives for the volume's media.
+    /// The largest volume a move of `rec` could reach now: GetCapacity's
+    /// `maximum_volume_size` for the volume's media, its own drive included (where the
+    /// volume's own extent is taken).
     pub(crate) fn move_reach(&self, rec: &VolumeRecord) -> u64 {
-        let others = Self::move_candidates(&self.candidates(), rec);
-        placement::capacity(&others, media_of(rec), LayoutKind::Partition, rec.size).maximum_volume_size
+        placement::capacity(&self.candidates(), media_of(rec), LayoutKind::Partition, rec.size).maximum_volume_size
     }
 
     /// Decides a ControllerExpandVolume: how the volume grows to the size asked, or why
@@ -144,10 +160,7 @@ impl VolumeBook {
         }
         // In place it cannot: a move, when a whole partition may move.
         let movable = rec.layout != LayoutKind::Drive && rec.snapshot.is_none() && rec.moving.is_none();
-        let cands = self.candidates();
-        let others = Self::move_candidates(&cands, &rec);
-        let media = media_of(&rec);
-        let placed = if movable { placement::place(&others, media, LayoutKind::Partition, new_size).ok() } else { None };
+        let placed = if movable { Self::move_target(&self.candidates(), &rec, new_size) } else { None };
         if let Some(p) = placed {
             if in_use(&rec) {
                 return Err(VolumeError::GrowsWhenUnused {
@@ -161,7 +174,9 @@ impl VolumeBook {
                 return Err(VolumeError::ResourceExhausted { reason: format!("drive {} went away; ask again", p.drive_id) });
             };
             let mut moved = rec.clone();
-            moved.moving = Some(Box::new(Move { drive_id: p.drive_id.clone(), start: p.start, size: new_size, switched: false, unreadable: Vec::new() }));
+            // On its own drive the copy carries a GUID of its own until the finish.
+            let copy_guid = (p.drive_id == rec.drive_id).then(uuid::Uuid::new_v4);
+            moved.moving = Some(Box::new(Move { drive_id: p.drive_id.clone(), start: p.start, size: new_size, copy_guid, ..Move::default() }));
             return Ok(ExpandPlan::Move(MovePlan { rec: moved, src: loc, dst: drive_loc(dst), dst_media: dst.media }));
         }
         // No room anywhere now: say the most it could grow to.
@@ -175,19 +190,19 @@ impl VolumeBook {
             if room.blocked { "another volume or partition follows it" } else { "the drive ends there" },
         );
         let elsewhere = if !movable {
-            format!(", and a {} cannot move to another drive", if rec.layout == LayoutKind::Drive { "whole-drive volume" } else { "snapshot or a volume being moved" })
+            format!(", and a {} does not move", if rec.layout == LayoutKind::Drive { "whole-drive volume" } else { "snapshot or a volume being moved" })
         } else if reach == 0 {
-            ", and no other managed drive of this node has room to move it to".to_string()
+            ", and no managed drive of this node, its own included, has a free extent to move it to".to_string()
         } else {
-            format!(", and the largest free extent it could move to on another drive of this node holds {}", human_bytes(reach))
+            format!(", and the largest free extent it could move to on the drives of this node holds {}", human_bytes(reach))
         };
         let most = format!("; the largest it can grow to now is {} ({largest} bytes)", human_bytes(largest));
         // Room that may come by itself: the volume after it may go, or space is cleaned.
-        let cleaning = movable && placement::place(&Self::move_candidates(&self.candidates_with(false), &rec), media, LayoutKind::Partition, new_size).is_ok();
+        let cleaning = movable && Self::move_target(&self.candidates_with(false), &rec, new_size).is_some();
         let blocked = room.blocked && new_size <= region_end.saturating_sub(rec.start);
         if cleaning {
             Err(VolumeError::ResourceExhausted {
-                reason: format!("{in_place}{elsewhere}{most}; room for it on another drive is still being cleaned: ask again in a while"),
+                reason: format!("{in_place}{elsewhere}{most}; room to move it to is still being cleaned: ask again in a while"),
             })
         } else if blocked {
             Err(VolumeError::ResourceExhausted { reason: format!("{in_place}{elsewhere}{most}") })

@@ -207,8 +207,7 @@ fn expand_decisions() {
     let b = book_with(vec![available(1), available(3), available(8)]);
     let expand = |n: u8, required: u64| ExpandVolume { volume_id: available(n).id, range: CapacityRange { required, limit: 0 } };
     assert_eq!(in_place(b.expand_check(&expand(1, 2 * MIB))), 2 * MIB, "room up to volume 3");
-    let e = b.expand_check(&expand(1, 4 * MIB)).expect_err("volume 3 is in the way");
-    assert!(matches!(e, VolumeError::ResourceExhausted { .. }) && e.to_string().contains("another volume or partition follows it"), "{e}");
+    assert!(matches!(b.expand_check(&expand(1, 4 * MIB)), Ok(ExpandPlan::Move(_))), "volume 3 is in the way: a move elsewhere on d1");
     let e = b.expand_check(&expand(8, 2 * GIB)).expect_err("past the end");
     assert!(matches!(e, VolumeError::OutOfRange { .. }) && e.to_string().contains("the drive ends there"), "{e}");
     assert_eq!(in_place(b.expand_check(&expand(8, 0))), MIB, "no size asked: stays");
@@ -240,8 +239,8 @@ fn a_volume_with_no_room_after_it_grows_by_moving_to_another_drive_and_one_in_us
     let words = e.to_string();
     assert!(matches!(e, VolumeError::OutOfRange { .. }), "{e}");
     assert!(words.contains("another volume or partition follows it") && words.contains(&format!("the largest it can grow to now is {} ({region} bytes)", human_bytes(region))), "{words}");
-    // The move's reach is what GetCapacity promises on the other drives.
-    let cap = placement::capacity(&VolumeBook::move_candidates(&b.candidates(), &available(1)), None, LayoutKind::Partition, MIB);
+    // The move's reach is what GetCapacity promises.
+    let cap = placement::capacity(&b.candidates(), None, LayoutKind::Partition, MIB);
     assert_eq!(b.move_reach(&available(1)), cap.maximum_volume_size);
     // Staged: refused in words, FAILED_PRECONDITION, saying it grows at its next stage.
     let mut staged = available(1);
@@ -262,10 +261,16 @@ fn a_volume_with_no_room_after_it_grows_by_moving_to_another_drive_and_one_in_us
     assert!(matches!(b.expand_check(&expand(100 * MIB)), Err(VolumeError::GrowsWhenUnused { .. })));
     // In use but nowhere to move: the room error, not a promise.
     assert!(matches!(b.expand_check(&expand(2 * GIB)), Err(VolumeError::OutOfRange { .. })));
-    // Room on d2 only once it is cleaned: RESOURCE_EXHAUSTED, saying so.
+    // Room on d2 only once it is cleaned, and on d1 now: a move elsewhere on d1.
     b.records.insert(id.clone(), Arc::new(available(1)));
     let d2 = gpt::usable_region(GIB, 512).unwrap();
     b.add_dirty("d2", (d2.0, d2.1 - d2.0));
+    match b.expand_check(&expand(100 * MIB)) {
+        Ok(ExpandPlan::Move(p)) => assert_eq!(p.rec.moving.map(|m| m.drive_id), Some("d1".to_string())),
+        other => panic!("{other:?}"),
+    }
+    // Room on either drive only once it is cleaned: RESOURCE_EXHAUSTED, saying so.
+    b.add_dirty("d1", (4 * MIB, d2.1 - 4 * MIB));
     match b.expand_check(&expand(100 * MIB)) {
         Err(VolumeError::ResourceExhausted { reason }) => assert!(reason.contains("still being cleaned"), "{reason}"),
         other => panic!("{other:?}"),
@@ -275,6 +280,71 @@ fn a_volume_with_no_room_after_it_grows_by_moving_to_another_drive_and_one_in_us
     b.cleaned("d2", (d2.0, d2.1 - d2.0));
     b.records.insert(id.clone(), Arc::new(hdd));
     assert!(matches!(b.expand_check(&expand(100 * MIB)), Err(VolumeError::ResourceExhausted { .. })), "no hdd drive to move to; volume 3 may go");
+}
+
+#[test]
+fn a_volume_with_a_neighbour_after_it_on_a_single_drive_grows_by_moving_elsewhere_on_its_drive() {
+    // d1 (1 GiB) only: volume 1 at 1 MiB, volume 2 right after it, free space beyond.
+    let mut b = book_with(vec![available(1), available(2)]);
+    let id = available(1).id;
+    let expand = |required: u64| ExpandVolume { volume_id: id.clone(), range: CapacityRange { required, limit: 0 } };
+    let (_, region_end) = gpt::usable_region(GIB, 512).unwrap();
+    match b.expand_check(&expand(100 * MIB)) {
+        Ok(ExpandPlan::Move(p)) => {
+            let to = p.rec.moving.clone().expect("where the copy goes");
+            assert_eq!((to.drive_id.as_str(), to.size, to.switched), ("d1", 100 * MIB, false), "elsewhere on its own drive, at the new size");
+            let copy = to.copy_guid.expect("a copy on its own drive carries a GUID of its own");
+            assert_ne!(copy, p.rec.part_guid);
+            let (own, next) = ((MIB, MIB), (2 * MIB, MIB));
+            let apart = |a: (u64, u64), b: (u64, u64)| a.0 + a.1 <= b.0 || b.0 + b.1 <= a.0;
+            assert!(apart((to.start, to.size), own) && apart((to.start, to.size), next), "the copy overlaps neither the volume nor its neighbour: {to:?}");
+            assert!(to.start + to.size <= region_end);
+            assert_eq!((p.rec.start, p.rec.size), (MIB, MIB), "the record is the volume as it is until the switch");
+            assert_eq!((p.src.path.clone(), p.dst.path.clone()), (PathBuf::from("/dev/d1"), PathBuf::from("/dev/d1")));
+            b.start_grow_move(&p);
+            let used = b.candidates()[0].used.to_vec();
+            assert!(used.contains(&own) && used.contains(&(to.start, to.size)), "both extents are taken meanwhile: {used:?}");
+            // Ended either way: a rollback frees the copy's extent, a finish the old one.
+            let rolled_back = available(1);
+            assert_eq!(b.freed_by(&id, Some(&rolled_back), None), Some(("d1".to_string(), (to.start, to.size))));
+            let moved = VolumeRecord { start: to.start, size: to.size, ..available(1) };
+            assert_eq!(b.freed_by(&id, Some(&moved), None), Some(("d1".to_string(), own)));
+            b.records.insert(id.clone(), Arc::new(available(1)));
+        }
+        other => panic!("{other:?}"),
+    }
+    // More than the drive holds: OUT_OF_RANGE, the largest named is the largest free
+    // extent of the drive (the volume's own extent taken), what GetCapacity promises.
+    let largest = region_end - 3 * MIB;
+    let e = b.expand_check(&expand(2 * GIB)).expect_err("too big");
+    let words = e.to_string();
+    assert!(matches!(e, VolumeError::OutOfRange { .. }), "{e}");
+    assert!(words.contains(&format!("the largest it can grow to now is {} ({largest} bytes)", human_bytes(largest))), "{words}");
+    assert!(words.contains(&format!("the largest free extent it could move to on the drives of this node holds {}", human_bytes(largest))), "{words}");
+    let cap = placement::capacity(&b.candidates(), None, LayoutKind::Partition, MIB);
+    assert_eq!((b.move_reach(&available(1)), cap.maximum_volume_size), (largest, largest));
+    // The rest of the drive taken: no room anywhere, RESOURCE_EXHAUSTED (volume 2 may go).
+    let rest = VolumeRecord { start: 3 * MIB, size: largest, ..VolumeRecord::for_test(3, VolumeState::Available) };
+    b.records.insert(rest.id.clone(), Arc::new(rest));
+    let e = b.expand_check(&expand(2 * MIB)).expect_err("the drive is full");
+    assert!(matches!(e, VolumeError::ResourceExhausted { .. }), "{e}");
+    assert!(e.to_string().contains("no managed drive of this node, its own included, has a free extent to move it to"), "{e}");
+    assert_eq!(b.move_reach(&available(1)), 0);
+}
+
+#[test]
+fn a_growth_by_a_move_prefers_another_drive_to_its_own() {
+    // d1: volume 1 with volume 2 after it, room beyond; d2 empty: the copy goes to d2.
+    let mut b = book_with(vec![available(1), available(2)]);
+    b.add_drives(vec![Drive::for_test("d2", Media::Ssd, GIB)]);
+    let m = ExpandVolume { volume_id: available(1).id, range: CapacityRange { required: 100 * MIB, limit: 0 } };
+    match b.expand_check(&m) {
+        Ok(ExpandPlan::Move(p)) => {
+            let to = p.rec.moving.expect("a move");
+            assert_eq!((to.drive_id.as_str(), to.copy_guid), ("d2", None), "another drive, the copy with the volume's GUID");
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
@@ -613,7 +683,7 @@ fn a_growth_by_moving_frees_the_old_extent_when_it_switched_and_the_copy_when_ro
     // Rolled back: the copy's extent on d2 held the volume's bytes.
     assert_eq!(b.freed_by(&id, Some(&available(1)), None), Some(("d2".to_string(), (to.start, to.size))));
     // Switched but not finished (a restart finishes it): nothing is free yet.
-    let half = VolumeRecord { moving: Some(Box::new(Move { drive_id: "d1".into(), start: MIB, size: MIB, switched: true, unreadable: vec![] })), ..moved };
+    let half = VolumeRecord { moving: Some(Box::new(Move { drive_id: "d1".into(), start: MIB, size: MIB, switched: true, unreadable: vec![], copy_guid: None })), ..moved };
     assert_eq!(b.freed_by(&id, Some(&half), None), None);
     // An evacuation's move frees through its own end, never twice.
     b.evac.moving = Some(id.clone());
@@ -636,8 +706,8 @@ fn a_volume_grows_in_place_into_space_being_cleaned_only_once_it_is_clean() {
         }
         other => panic!("{other:?}"),
     }
-    // Past what cleaning frees (volume 8 follows): not a wait.
-    assert!(matches!(b.expand_check(&expand(8 * MIB)), Err(VolumeError::ResourceExhausted { .. })));
+    // Past what cleaning frees (volume 8 follows): not a wait, a move elsewhere on d1.
+    assert!(matches!(b.expand_check(&expand(8 * MIB)), Ok(ExpandPlan::Move(_))));
     // Cleaned: in place.
     b.cleaned("d1", (2 * MIB, 2 * MIB));
     assert_eq!(in_place(b.expand_check(&expand(3 * MIB))), 3 * MIB);

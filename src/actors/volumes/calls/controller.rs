@@ -1,7 +1,7 @@
 //! The controller side's calls: create (with clones and restores), delete, attach,
 //! detach, expand (in place, or by moving a volume no pod uses to a bigger extent of
-//! another drive: [`crate::actors::volumes::steps::moves`]), adopt, and the binding a
-//! volume serves in Kubernetes.
+//! another drive or of its own: [`crate::actors::volumes::steps::moves`]), adopt, and
+//! the binding a volume serves in Kubernetes.
 //!
 //! Rules: the book decides each call
 //! ([`begin_create`](super::super::book::VolumeBook::begin_create) a create's attempt);
@@ -262,9 +262,9 @@ impl VolumeManager {
 
 impl VolumeManager {
     /// Grows a volume no pod uses by moving it to the bigger extent `plan` names on
-    /// another drive (evacuation's move steps: a verified copy, the same id, crash-safe);
-    /// the switch to the copy is the growth. The old partition's space goes to the
-    /// cleaner (or the copy's, when the move is rolled back).
+    /// another drive or its own (evacuation's move steps: a verified copy, the same id,
+    /// crash-safe); the switch to the copy is the growth. The old partition's space goes
+    /// to the cleaner (or the copy's, when the move is rolled back).
     fn grow_by_moving(&mut self, claim: Claim, store: Arc<Store>, plan: MovePlan) -> Reply<(u64, bool)> {
         let Some(to) = plan.rec.moving.as_deref().cloned() else {
             return reply(Err(VolumeError::InvalidArgument { reason: format!("volume {} has no move planned", plan.rec.id) }));

@@ -110,7 +110,7 @@ impl VolumeManager {
         // Copies of moves running now onto this drive are not cut short; volumes whose
         // records live on other drives are not adopted from this one.
         let others = reconcile::Others {
-            running: self.book.records().filter_map(|r| r.moving.as_ref().filter(|m| !m.switched).map(|m| (m.drive_id.clone(), r.part_guid))).collect(),
+            running: self.book.records().filter_map(|r| r.moving.as_ref().filter(|m| !m.switched).map(|m| (m.drive_id.clone(), m.copy_part_guid(r.part_guid)))).collect(),
             held: self.book.records().filter(|r| r.drive_id != drive.id).map(|r| r.part_guid).collect(),
             unread: Default::default(),
         };

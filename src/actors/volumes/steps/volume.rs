@@ -134,6 +134,11 @@ pub(crate) fn delete_steps(store: &Store, guards: &Arc<Guards>, drive: Option<&D
     if let Some(drive) = drive {
         // A health check's read-only fsck holds the partition: the wipe waits for it.
         let _unchecked = guards.step(&rec.id);
+        // A move within its drive switched but not finished (its finish failed): the
+        // finish first, so the volume's GUID names the partition it serves from.
+        if rec.moving.as_ref().is_some_and(|m| m.switched && m.copy_guid.is_some()) {
+            super::moves::finish_move(store, Some(drive), drive, &mut rec.clone())?;
+        }
         // The table is read, and changed, under both locks: a parallel delete on the
         // same drive rewrites it.
         let _udev = DiskLock::exclusive(&drive.path).map_err(disk(&rec.id, "lock the drive"))?;
