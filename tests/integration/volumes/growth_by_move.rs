@@ -4,7 +4,8 @@
 //! the end the same partition GUID, unmarked), keeping its data byte for byte and its
 //! filesystem sound; one in use is refused in words saying it grows at its next stage,
 //! and does once unstaged; a size no drive holds is OUT_OF_RANGE naming the largest
-//! possible, which is GetCapacity's `maximum_volume_size`.
+//! possible, which is GetCapacity's `maximum_volume_size`; a whole-drive volume grows by
+//! moving to a bigger empty drive and takes all of it.
 //! (A growth's move killed at every crash point: tests/integration/robustness/crash.rs.)
 
 use std::path::Path;
@@ -269,4 +270,65 @@ fn on_a_node_of_one_drive_a_volume_with_a_neighbour_after_it_grows_by_moving_els
     b.assert_moved(None);
     assert_eq!(b.agent.stop(), 0, "clean exit; log:\n{}", b.agent.log_tail(30));
     drop(b.tmp);
+}
+
+#[test]
+fn a_whole_drive_volume_grows_by_moving_to_a_bigger_empty_drive_and_takes_all_of_it() {
+    require_host();
+    let tmp = short_tempdir();
+    let small = LoopDrive::new(tmp.path(), "small.img", 512 * MIB);
+    let big = LoopDrive::new(tmp.path(), "big.img", GIB);
+    sh("udevadm", &["settle"]);
+    let mut agent = Agent::start(tmp.path(), AgentOpts::default());
+    let whole = [("layout", "drive")];
+    // The tightest drive that fits: the small one, all of it.
+    let (id, size) = rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        let v = c.ctrl.create_volume(vol_req("pvc-whole", SIZE as i64, 0, vec![block_cap()], &whole)).await.expect("create").into_inner().volume.expect("volume");
+        (v.volume_id, v.capacity_bytes as u64)
+    });
+    let old = entry_of(&small.dev, &id).expect("on the small drive");
+    assert_eq!(old.size, size, "a whole-drive volume is its drive's usable region");
+    // Data at its start.
+    let dev = volume_dev(&small, &id);
+    sh("sh", &["-c", &format!("head -c {} /dev/urandom | dd of={} oflag=direct bs=1M status=none", 16 * MIB, dev.display())]);
+    let before = head_digest(&dev, 16 * MIB);
+    // Asked for more than the small drive: it moves to the big one and takes its region.
+    let r = rt()
+        .block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            c.ctrl.controller_expand_volume(expand_req(&id, 700 * MIB, 0)).await.map(|r| r.into_inner())
+        })
+        .unwrap_or_else(|e| panic!("grown by a move: {e:?}; log:\n{}", agent.log_tail(40)));
+    let new = entry_of(&big.dev, &id).expect("on the big drive now");
+    assert_eq!(r.capacity_bytes as u64, new.size, "the answer is the size it has");
+    assert!(new.size > 1000 * MIB, "the whole usable region of the big drive: {new:?}");
+    assert_eq!(marked(&big.dev, &id), Some(false), "no move mark left");
+    assert!(entry_of(&small.dev, &id).is_none(), "nothing of it left on the small drive: {:?}", gpt_entries(&small.dev));
+    assert_eq!(head_digest(&volume_dev(&big, &id), 16 * MIB), before, "its bytes, byte for byte");
+    let listed = rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        c.ctrl.list_volumes(csi::ListVolumesRequest::default()).await.expect("list").into_inner()
+    });
+    let entry = listed.entries.iter().filter_map(|e| e.volume.as_ref()).find(|v| v.volume_id == id).expect("listed");
+    assert_eq!(entry.capacity_bytes as u64, new.size);
+    // The small drive's old region goes to the cleaner; a bigger growth finds no empty
+    // drive that holds it and says so (the only empty one, the small drive, is smaller).
+    wait_clean(&agent, &small);
+    assert_eq!(first_nonzero(&small.dev, old.start, old.start + old.size), None, "the old region is zeroed");
+    let e = rt()
+        .block_on(async {
+            let mut c = Csi::connect(&agent).await;
+            c.ctrl.controller_expand_volume(expand_req(&id, 2 * GIB, 0)).await.map(|r| r.into_inner())
+        })
+        .expect_err("no empty drive that big");
+    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+    let most = format!("the largest it can grow to now is {} ({} bytes)", drivelet::config::human_bytes(new.size), new.size);
+    assert!(e.message().contains("no other managed drive of this node is empty and larger than it") && e.message().contains(&most), "{}", e.message());
+    // It survives a restart where it is.
+    agent.kill();
+    agent.spawn();
+    assert_eq!(entry_of(&big.dev, &id).map(|e| e.size), Some(new.size));
+    assert_eq!(agent.stop(), 0, "clean exit; log:\n{}", agent.log_tail(30));
+    drop(tmp);
 }

@@ -30,10 +30,14 @@
 //!   could grow is refused with [`VolumeError::GrowsWhenUnused`] (FAILED_PRECONDITION),
 //!   saying in words that it grows once no pod uses it: the resizer retries, and the
 //!   first try after its unstage and detach moves it;
-//! - whole-drive volumes, snapshots and volumes being moved do not move to grow;
+//! - a whole-drive volume grows only by a move, to another empty managed drive whose
+//!   usable region holds the size asked, and takes that whole region, as a create with
+//!   `layout: drive` does (so it may grow past the size asked; the answer says its size);
+//! - snapshots and volumes being moved do not move to grow;
 //! - no room anywhere: OUT_OF_RANGE naming the largest size possible, in place or by a
 //!   move (a move's reach is exactly GetCapacity's `maximum_volume_size` for the
-//!   volume's media: the node's largest usable free extent, its own drive included),
+//!   volume's media and layout: the node's largest usable free extent, its own drive
+//!   included, or for a whole-drive volume the largest empty drive's region),
 //!   or RESOURCE_EXHAUSTED when room may come by itself (another volume follows it on
 //!   its drive, or the room a move needs is still being cleaned).
 
@@ -96,17 +100,22 @@ impl VolumeBook {
     /// keeps its free extents for its neighbours to grow into), else a free extent of its
     /// own drive (the book holds the volume's own extent as used, so the two never
     /// overlap).
+    /// A whole-drive volume goes to another empty drive whose usable region holds `size`,
+    /// and takes all of it (as a create of one does).
     pub(super) fn move_target(cands: &[Candidate<'_>], rec: &VolumeRecord, size: u64) -> Option<placement::Placement> {
         let (own, others): (Vec<Candidate<'_>>, Vec<Candidate<'_>>) = cands.iter().cloned().partition(|c| c.drive.id == rec.drive_id);
         let media = media_of(rec);
+        if rec.layout == LayoutKind::Drive {
+            return placement::place(&others, media, LayoutKind::Drive, size).ok();
+        }
         placement::place(&others, media, LayoutKind::Partition, size).or_else(|_| placement::place(&own, media, LayoutKind::Partition, size)).ok()
     }
 
     /// The largest volume a move of `rec` could reach now: GetCapacity's
-    /// `maximum_volume_size` for the volume's media, its own drive included (where the
-    /// volume's own extent is taken).
+    /// `maximum_volume_size` for the volume's media and layout, its own drive included
+    /// (where the volume's own extent is taken; a whole-drive volume's drive offers none).
     pub(crate) fn move_reach(&self, rec: &VolumeRecord) -> u64 {
-        placement::capacity(&self.candidates(), media_of(rec), LayoutKind::Partition, rec.size).maximum_volume_size
+        placement::capacity(&self.candidates(), media_of(rec), rec.layout, rec.size).maximum_volume_size
     }
 
     /// Decides a ControllerExpandVolume: how the volume grows to the size asked, or why
@@ -159,7 +168,7 @@ impl VolumeBook {
             });
         }
         // In place it cannot: a move, when a whole partition may move.
-        let movable = rec.layout != LayoutKind::Drive && rec.snapshot.is_none() && rec.moving.is_none();
+        let movable = rec.snapshot.is_none() && rec.moving.is_none();
         let placed = if movable { Self::move_target(&self.candidates(), &rec, new_size) } else { None };
         if let Some(p) = placed {
             if in_use(&rec) {
@@ -176,7 +185,9 @@ impl VolumeBook {
             let mut moved = rec.clone();
             // On its own drive the copy carries a GUID of its own until the finish.
             let copy_guid = (p.drive_id == rec.drive_id).then(uuid::Uuid::new_v4);
-            moved.moving = Some(Box::new(Move { drive_id: p.drive_id.clone(), start: p.start, size: new_size, copy_guid, ..Move::default() }));
+            // A whole-drive volume takes the new drive's whole usable region.
+            let size = if rec.layout == LayoutKind::Drive { p.size.max(new_size) } else { new_size };
+            moved.moving = Some(Box::new(Move { drive_id: p.drive_id.clone(), start: p.start, size, copy_guid, ..Move::default() }));
             return Ok(ExpandPlan::Move(MovePlan { rec: moved, src: loc, dst: drive_loc(dst), dst_media: dst.media }));
         }
         // No room anywhere now: say the most it could grow to.
@@ -190,7 +201,11 @@ impl VolumeBook {
             if room.blocked { "another volume or partition follows it" } else { "the drive ends there" },
         );
         let elsewhere = if !movable {
-            format!(", and a {} does not move", if rec.layout == LayoutKind::Drive { "whole-drive volume" } else { "snapshot or a volume being moved" })
+            ", and a snapshot or a volume being moved does not move".to_string()
+        } else if rec.layout == LayoutKind::Drive && reach == 0 {
+            ", and no other managed drive of this node is empty and larger than it to move it to".to_string()
+        } else if rec.layout == LayoutKind::Drive {
+            format!(", and the largest empty drive it could move to on this node holds {}", human_bytes(reach))
         } else if reach == 0 {
             ", and no managed drive of this node, its own included, has a free extent to move it to".to_string()
         } else {

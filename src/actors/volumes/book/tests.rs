@@ -283,6 +283,49 @@ fn a_volume_with_no_room_after_it_grows_by_moving_to_another_drive_and_one_in_us
 }
 
 #[test]
+fn a_whole_drive_volume_grows_by_moving_to_a_bigger_empty_drive_and_takes_all_of_it() {
+    // d1 (1 GiB) is one whole-drive volume; d2 (4 GiB) is empty; d3 (8 GiB) holds a volume.
+    let d1 = gpt::usable_region(GIB, 512).unwrap();
+    let whole = VolumeRecord { layout: LayoutKind::Drive, start: d1.0, size: d1.1 - d1.0, ..available(1) };
+    let mut b = book_with(vec![whole.clone()]);
+    b.add_drives(vec![Drive::for_test("d2", Media::Ssd, 4 * GIB), Drive::for_test("d3", Media::Ssd, 8 * GIB)]);
+    b.records.insert(available(2).id, Arc::new(VolumeRecord { drive_id: "d3".into(), ..available(2) }));
+    let id = whole.id.clone();
+    let expand = |required: u64| ExpandVolume { volume_id: id.clone(), range: CapacityRange { required, limit: 0 } };
+    let d2 = gpt::usable_region(4 * GIB, 512).unwrap();
+    match b.expand_check(&expand(2 * GIB)) {
+        Ok(ExpandPlan::Move(p)) => {
+            let to = p.rec.moving.clone().expect("where the copy goes");
+            assert_eq!((to.drive_id.as_str(), to.start, to.size), ("d2", d2.0, d2.1 - d2.0), "the empty drive's whole region, not the size asked");
+            assert_eq!(to.copy_guid, None, "another drive: the copy carries the volume's GUID");
+        }
+        other => panic!("{other:?}"),
+    }
+    // More than any empty drive holds (d3 is bigger, but not empty): OUT_OF_RANGE naming
+    // the largest, which is what GetCapacity promises a whole-drive class.
+    let e = b.expand_check(&expand(6 * GIB)).expect_err("no empty drive that big");
+    let words = e.to_string();
+    assert!(matches!(e, VolumeError::OutOfRange { .. }), "{e}");
+    assert!(words.contains("the drive ends there") && words.contains("the largest empty drive it could move to on this node holds"), "{words}");
+    let cap = placement::capacity(&b.candidates(), None, LayoutKind::Drive, MIB);
+    assert_eq!(b.move_reach(&whole), cap.maximum_volume_size);
+    assert_eq!(cap.maximum_volume_size, d2.1 - d2.0);
+    // In use: it waits for its next stage.
+    let staged = VolumeRecord {
+        state: VolumeState::Staged,
+        staging: Some(Staging { path: "/k/s1".into(), block: false, flags: vec![], readonly: false, done: true }),
+        ..whole.clone()
+    };
+    b.records.insert(id.clone(), Arc::new(staged));
+    assert!(matches!(b.expand_check(&expand(2 * GIB)), Err(VolumeError::GrowsWhenUnused { .. })));
+    // No empty drive at all: said in words.
+    b.records.insert(id.clone(), Arc::new(whole.clone()));
+    b.records.insert(available(3).id, Arc::new(VolumeRecord { drive_id: "d2".into(), ..available(3) }));
+    let words = b.expand_check(&expand(2 * GIB)).expect_err("nowhere to go").to_string();
+    assert!(words.contains("no other managed drive of this node is empty and larger than it to move it to"), "{words}");
+}
+
+#[test]
 fn a_volume_with_a_neighbour_after_it_on_a_single_drive_grows_by_moving_elsewhere_on_its_drive() {
     // d1 (1 GiB) only: volume 1 at 1 MiB, volume 2 right after it, free space beyond.
     let mut b = book_with(vec![available(1), available(2)]);
