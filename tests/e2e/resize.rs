@@ -137,7 +137,8 @@ fn grows_by_moving_once_unused(ctx: &mut Ctx) -> Check {
     ensure(in_pod("move-xfs-again", "cat /data/kept")? == "kept-moved", || "data lost in the move".into())?;
     wait_claim_done("move-xfs", 960 * MIB)?;
     ctx.measured.insert("resize by a move once unused: pod deleted -> PV capacity".into(), format!("{to_pv:.2?}"));
-    println!("e2e:   {} -> {} bytes by a move from {from_drive} to {} once its pod was gone ({before} -> {df} by df)", 320 * MIB, 960 * MIB, moved["drive_id"]);
+    let (from, to) = (from_drive.as_str().unwrap_or_default(), moved["drive_id"].as_str().unwrap_or_default());
+    println!("e2e:   {} -> {} bytes by a move from {from} to {to} once its pod was gone ({before} -> {df} by df)", 320 * MIB, 960 * MIB);
     Ok(())
 }
 
