@@ -1037,16 +1037,22 @@ fn grow_move_crash(point: &'static str) {
     assert!(on_from.is_empty() && on_to.len() == 1 && !on_to[0].1, "{point}: grown on the other drive: old {on_from:?}, new {on_to:?}");
     assert_eq!(bytes_at(&to.dev, on_to[0].0, size), before, "{point}: the volume's bytes, byte for byte");
     assert_eq!(agent.ctl_volume_ids().map(|ids| ids.len()), Some(2), "{point}: two volumes, no half record");
+    assert_grown_data(&agent, &v, &staging, &text, point);
+    assert_eq!(agent.stop(), 0, "{point}: the agent stops cleanly");
+}
+
+/// Stages the grown ext4 volume `v`, checks it still holds `text` in data.txt, and
+/// unstages it.
+fn assert_grown_data(agent: &Agent, v: &str, staging: &std::path::Path, text: &str, point: &str) {
     rt().block_on(async {
-        let mut c = Csi::connect(&agent).await;
-        c.node.node_stage_volume(stage_req(&v, &staging, mount_cap("ext4"))).await.expect("stage the grown volume");
+        let mut c = Csi::connect(agent).await;
+        c.node.node_stage_volume(stage_req(v, staging, mount_cap("ext4"))).await.expect("stage the grown volume");
     });
     assert_eq!(std::fs::read_to_string(staging.join("data.txt")).unwrap(), text, "{point}: the grown volume's data");
     rt().block_on(async {
-        let mut c = Csi::connect(&agent).await;
-        c.node.node_unstage_volume(unstage_req(&v, &staging)).await.expect("unstage");
+        let mut c = Csi::connect(agent).await;
+        c.node.node_unstage_volume(unstage_req(v, staging)).await.expect("unstage");
     });
-    assert_eq!(agent.stop(), 0, "{point}: the agent stops cleanly");
 }
 
 #[test]
@@ -1135,15 +1141,7 @@ fn grow_move_on_one_drive_crash(point: &'static str) {
     // Nothing leaks: the extent it left (and a copy rolled back) is cleaned.
     wait_clean(&agent, &drive);
     assert_eq!(first_nonzero(&drive.dev, start, start + size), None, "{point}: the old extent is zeroed");
-    rt().block_on(async {
-        let mut c = Csi::connect(&agent).await;
-        c.node.node_stage_volume(stage_req(&v, &staging, mount_cap("ext4"))).await.expect("stage the grown volume");
-    });
-    assert_eq!(std::fs::read_to_string(staging.join("data.txt")).unwrap(), text, "{point}: the grown volume's data");
-    rt().block_on(async {
-        let mut c = Csi::connect(&agent).await;
-        c.node.node_unstage_volume(unstage_req(&v, &staging)).await.expect("unstage");
-    });
+    assert_grown_data(&agent, &v, &staging, &text, point);
     assert_eq!(agent.stop(), 0, "{point}: the agent stops cleanly");
 }
 

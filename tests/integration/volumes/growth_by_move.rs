@@ -156,6 +156,18 @@ impl Boxed {
         assert!(out.status.success(), "e2fsck finds the filesystem sound: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     }
 
+    /// Asserts that the reach of a move the refusal `e` names is GetCapacity's
+    /// `maximum_volume_size`, and not nothing.
+    fn assert_reach_is_capacity(&self, e: &tonic::Status) {
+        let cap = rt().block_on(async {
+            let mut c = Csi::connect(&self.agent).await;
+            c.ctrl.get_capacity(capacity_req(mount_cap("ext4"))).await.expect("capacity").into_inner()
+        });
+        let max = cap.maximum_volume_size.map_or(0, |m| m as u64);
+        let reach = format!("the largest free extent it could move to on the drives of this node holds {}", drivelet::config::human_bytes(max));
+        assert!(max > 0 && e.message().contains(&reach), "GetCapacity's maximum ({max}) is the reach named: {}", e.message());
+    }
+
     fn before(&self) -> String {
         head_digest(&volume_dev(&self.drives[self.on], &self.v), SIZE)
     }
@@ -180,16 +192,9 @@ fn a_volume_with_no_room_after_it_grows_by_moving_to_another_drive_keeping_its_d
     let e = b.expand(2 * GIB).expect_err("more than a drive holds");
     assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
     assert!(e.message().contains("the largest it can grow to now is"), "{}", e.message());
-    // GetCapacity promises no more than the largest growth named.
-    let cap = rt().block_on(async {
-        let mut c = Csi::connect(&b.agent).await;
-        c.ctrl.get_capacity(capacity_req(mount_cap("ext4"))).await.expect("capacity").into_inner()
-    });
     // The other drive holds the node's largest free extent: what GetCapacity promises
     // is what the growth's error names as the reach of a move.
-    let max = cap.maximum_volume_size.map_or(0, |m| m as u64);
-    let reach = format!("the largest free extent it could move to on the drives of this node holds {}", drivelet::config::human_bytes(max));
-    assert!(e.message().contains(&reach), "GetCapacity's maximum ({max}) is the reach named: {}", e.message());
+    b.assert_reach_is_capacity(&e);
     // The growth survives a restart.
     b.agent.kill();
     b.agent.spawn();
@@ -258,13 +263,7 @@ fn on_a_node_of_one_drive_a_volume_with_a_neighbour_after_it_grows_by_moving_els
     // drive, which is what GetCapacity promises.
     let e = b.expand(2 * GIB).expect_err("more than the drive holds");
     assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
-    let cap = rt().block_on(async {
-        let mut c = Csi::connect(&b.agent).await;
-        c.ctrl.get_capacity(capacity_req(mount_cap("ext4"))).await.expect("capacity").into_inner()
-    });
-    let max = cap.maximum_volume_size.map_or(0, |m| m as u64);
-    let reach = format!("the largest free extent it could move to on the drives of this node holds {}", drivelet::config::human_bytes(max));
-    assert!(max > 0 && e.message().contains(&reach), "GetCapacity's maximum ({max}) is the reach named: {}", e.message());
+    b.assert_reach_is_capacity(&e);
     b.agent.kill();
     b.agent.spawn();
     b.assert_moved(None);
