@@ -1004,15 +1004,7 @@ fn grow_move_crash(point: &'static str) {
     let text = format!("written before the growth killed at {point}");
     put_data(&agent, &v, None, &staging, 0, &text);
     sh("sync", &[]);
-    let before = bytes_at(&from.dev, start, size);
-    agent.arm(point, "return");
-    let res = rt().block_on(async {
-        let mut c = Csi::connect(&agent).await;
-        tokio::time::timeout(CALL_TIMEOUT, c.ctrl.controller_expand_volume(expand_req(&v, grown, 0))).await
-    });
-    assert!(!matches!(res, Ok(Ok(_))), "{point}: the growth died with the agent: {res:?}");
-    let switched = killed_mid_move(&mut agent, point, &from.dev, start, &before);
-    agent.spawn();
+    let (before, switched) = growth_killed_at(&mut agent, point, &v, grown, &from.dev, start, size);
     let log = |a: &Agent| a.log_tail(40);
     // One copy serves after the restart: never both, never neither (the restart's
     // reconciliation may finish a moment after the agent answers).
@@ -1039,6 +1031,22 @@ fn grow_move_crash(point: &'static str) {
     assert_eq!(agent.ctl_volume_ids().map(|ids| ids.len()), Some(2), "{point}: two volumes, no half record");
     assert_grown_data(&agent, &v, &staging, &text, point);
     assert_eq!(agent.stop(), 0, "{point}: the agent stops cleanly");
+}
+
+/// Grows volume `v` (at `start` of `dev`, `size` bytes) to `grown` with the agent
+/// killed at `point` of its move, and starts it again; returns the volume's bytes from
+/// before and whether the move had switched ([`killed_mid_move`]).
+fn growth_killed_at(agent: &mut Agent, point: &str, v: &str, grown: u64, dev: &std::path::Path, start: u64, size: u64) -> (Vec<u8>, bool) {
+    let before = bytes_at(dev, start, size);
+    agent.arm(point, "return");
+    let res = rt().block_on(async {
+        let mut c = Csi::connect(agent).await;
+        tokio::time::timeout(CALL_TIMEOUT, c.ctrl.controller_expand_volume(expand_req(v, grown, 0))).await
+    });
+    assert!(!matches!(res, Ok(Ok(_))), "{point}: the growth died with the agent: {res:?}");
+    let switched = killed_mid_move(agent, point, dev, start, &before);
+    agent.spawn();
+    (before, switched)
 }
 
 /// Stages the grown ext4 volume `v`, checks it still holds `text` in data.txt, and
@@ -1091,15 +1099,7 @@ fn grow_move_on_one_drive_crash(point: &'static str) {
     let text = format!("written before the growth on one drive killed at {point}");
     put_data(&agent, &v, None, &staging, 0, &text);
     sh("sync", &[]);
-    let before = bytes_at(&drive.dev, start, size);
-    agent.arm(point, "return");
-    let res = rt().block_on(async {
-        let mut c = Csi::connect(&agent).await;
-        tokio::time::timeout(CALL_TIMEOUT, c.ctrl.controller_expand_volume(expand_req(&v, grown, 0))).await
-    });
-    assert!(!matches!(res, Ok(Ok(_))), "{point}: the growth died with the agent: {res:?}");
-    let switched = killed_mid_move(&mut agent, point, &drive.dev, start, &before);
-    agent.spawn();
+    let (before, switched) = growth_killed_at(&mut agent, point, &v, grown, &drive.dev, start, size);
     let log = |a: &Agent| a.log_tail(40);
     let served = |a: &Agent| {
         let vols = a.ctl_volumes();
