@@ -13,7 +13,8 @@
 //!     one `VolumeResizeDeferred` Event and the annotation `drivelet.io/resize-deferred`,
 //!     and nothing changes; once its pod is deleted (unstaged, detached) the resizer's
 //!     next try moves it to a bigger extent and grows it: the same volume id on another
-//!     place, the annotation gone, and a new pod sees the new size and the data.
+//!     place, the annotation gone, a `VolumeMoved` Event saying where it went and the
+//!     size it grew to, and a new pod sees the new size and the data.
 //!
 //! They overlap: (a) and (c) wait for kubelet's next look at their pods (a minute or
 //! more) side by side, and (b) and (d) run meanwhile; each claim is made once the one
@@ -124,6 +125,11 @@ fn grows_by_moving_once_unused(ctx: &mut Ctx) -> Check {
     ensure(moved["drive_id"] != from_drive || moved["start"] != from_start, || format!("the volume did not move: {moved}"))?;
     let c = claim_json("move-xfs")?;
     ensure(c["metadata"]["annotations"].get("drivelet.io/resize-deferred").is_none(), || format!("the annotation stayed after the growth: {}", c["metadata"]))?;
+    let moved_event = wait_for("a VolumeMoved Event on the claim", Duration::from_secs(30), || {
+        Ok(events_for("PersistentVolumeClaim", "move-xfs", "VolumeMoved")?.first().cloned())
+    })?;
+    let said = moved_event["message"].as_str().unwrap_or_default();
+    ensure(said.contains("to grow to 960.0 MiB"), || format!("the VolumeMoved Event does not say the growth: {said:?}"))?;
     apply(&pod("move-xfs-again", "move-xfs", false, "", "true"))?;
     wait_pod_running("move-xfs-again", Duration::from_secs(120))?;
     // xfs's df leaves out its log (sized at mkfs): the growth shows as the 640 MiB added.

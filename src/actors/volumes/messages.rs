@@ -512,7 +512,8 @@ pub struct EvacuateDrive {
 #[rtype(result = "Vec<Evacuation>")]
 pub struct ListEvacuations;
 
-/// Notification: a volume moved to another drive of the node.
+/// Notification: a volume moved to another drive of the node (an evacuation), or to a
+/// bigger extent of another drive or its own (a growth by moving).
 #[derive(Message, Debug, Clone, PartialEq, Eq)]
 #[rtype(result = "()")]
 pub struct VolumeMoved {
@@ -528,6 +529,8 @@ pub struct VolumeMoved {
     pub bytes: u64,
     /// Byte ranges that could not be read and read as zeros now (forced only).
     pub unreadable: Vec<(u64, u64)>,
+    /// A growth by moving: the size the volume has now.
+    pub grown_to: Option<u64>,
 }
 
 /// Notification: a clone of a volume in use was made, or refused because its source is

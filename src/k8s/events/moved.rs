@@ -1,6 +1,6 @@
-//! Events about a volume moved off an evacuated drive: the volume manager's
-//! [`VolumeMoved`] becomes an Event on the volume's claim and on its PV, so
-//! `kubectl describe pvc` says where its data went.
+//! Events about a volume moved off an evacuated drive, or moved to grow (no room after
+//! it on its drive): the volume manager's [`VolumeMoved`] becomes an Event on the
+//! volume's claim and on its PV, so `kubectl describe pvc` says where its data went.
 //!
 //! Rules:
 //! - Who hears: the PV whose `spec.csi.driver` is our driver and whose
@@ -9,7 +9,9 @@
 //!   one to tell (a volume made outside Kubernetes).
 //! - What is said ([`moved_events`]): a Normal `VolumeMoved`, action `Evacuate`, "volume
 //!   pvc-… moved from drive X to drive Y (1.0 GiB copied and verified); its data, id and
-//!   claim are unchanged"; and when blocks of it could not be read (a forced evacuation
+//!   claim are unchanged" (action `Resize` for a growth: "volume pvc-… moved from drive
+//!   X to drive Y to grow to 3.0 GiB, as no room was left after it (...)", or "to a
+//!   bigger free extent of drive X"); and when blocks of it could not be read (a forced evacuation
 //!   only), a Warning `VolumeDataUnreadable` naming the byte ranges that read as zeros
 //!   now. Notes are cut to the Events API's 1 KiB.
 //! - Best effort, like the condition Events: the lookup is retried once after
@@ -42,17 +44,28 @@ pub(crate) const REASON_MOVED: &str = "VolumeMoved";
 pub(crate) const REASON_UNREADABLE: &str = "VolumeDataUnreadable";
 /// Action of both.
 pub(crate) const ACTION: &str = "Evacuate";
+/// The action of the Event of a growth by moving.
+pub(crate) const ACTION_GROW: &str = "Resize";
 
 /// What is said of `m` (see the module rules).
 pub(crate) fn moved_events(m: &VolumeMoved) -> Vec<Event> {
-    let note = format!(
-        "volume {} moved from drive {} to drive {} ({} copied and verified); its data, id and claim are unchanged",
-        m.name,
-        m.from_drive,
-        m.to_drive,
-        human_bytes(m.bytes)
-    );
-    let mut out = vec![Event { type_: EventType::Normal, reason: REASON_MOVED.into(), note: Some(truncate_note(&note).to_string()), action: ACTION.into(), secondary: None }];
+    let (action, note) = match m.grown_to {
+        None => (ACTION, format!(
+            "volume {} moved from drive {} to drive {} ({} copied and verified); its data, id and claim are unchanged",
+            m.name,
+            m.from_drive,
+            m.to_drive,
+            human_bytes(m.bytes)
+        )),
+        Some(size) => (ACTION_GROW, format!(
+            "volume {} moved {} to grow to {}, as no room was left after it ({} copied and verified); its data, id and claim are unchanged",
+            m.name,
+            if m.from_drive == m.to_drive { format!("to a bigger free extent of drive {}", m.to_drive) } else { format!("from drive {} to drive {}", m.from_drive, m.to_drive) },
+            human_bytes(size),
+            human_bytes(m.bytes)
+        )),
+    };
+    let mut out = vec![Event { type_: EventType::Normal, reason: REASON_MOVED.into(), note: Some(truncate_note(&note).to_string()), action: action.into(), secondary: None }];
     if !m.unreadable.is_empty() {
         let total: u64 = m.unreadable.iter().map(|(_, l)| l).sum();
         let note = format!(
@@ -62,7 +75,7 @@ pub(crate) fn moved_events(m: &VolumeMoved) -> Vec<Event> {
             m.from_drive,
             crate::disk::mover::ranges_words(&m.unreadable)
         );
-        out.push(Event { type_: EventType::Warning, reason: REASON_UNREADABLE.into(), note: Some(truncate_note(&note).to_string()), action: ACTION.into(), secondary: None });
+        out.push(Event { type_: EventType::Warning, reason: REASON_UNREADABLE.into(), note: Some(truncate_note(&note).to_string()), action: action.into(), secondary: None });
     }
     out
 }
@@ -174,7 +187,22 @@ mod tests {
             to_drive: "wwn-new".into(),
             bytes: 1 << 30,
             unreadable,
+            grown_to: None,
         }
+    }
+
+    #[test]
+    fn a_growth_by_moving_says_where_the_volume_went_and_its_new_size() {
+        let to_another = VolumeMoved { grown_to: Some(3 << 30), ..moved(vec![]) };
+        let evs = moved_events(&to_another);
+        assert_eq!((evs.len(), evs[0].reason.as_str(), evs[0].action.as_str()), (1, REASON_MOVED, ACTION_GROW));
+        assert_eq!(
+            evs[0].note.as_deref(),
+            Some("volume pvc-123 moved from drive wwn-old to drive wwn-new to grow to 3.0 GiB, as no room was left after it (1.0 GiB copied and verified); its data, id and claim are unchanged")
+        );
+        let on_its_own = VolumeMoved { grown_to: Some(3 << 30), to_drive: "wwn-old".into(), ..moved(vec![]) };
+        let note = moved_events(&on_its_own)[0].note.clone().unwrap_or_default();
+        assert!(note.starts_with("volume pvc-123 moved to a bigger free extent of drive wwn-old to grow to 3.0 GiB"), "{note}");
     }
 
     #[test]

@@ -227,6 +227,7 @@ impl VolumeBook {
                         to_drive: done.to_drive.clone(),
                         bytes: done.bytes,
                         unreadable: done.unreadable.clone(),
+                        grown_to: None,
                     }),
                 }
             }

@@ -269,7 +269,7 @@ impl VolumeManager {
         let Some(to) = plan.rec.moving.as_deref().cloned() else {
             return reply(Err(VolumeError::InvalidArgument { reason: format!("volume {} has no move planned", plan.rec.id) }));
         };
-        let (id, from_drive, node_step) = (plan.rec.id.clone(), plan.rec.drive_id.clone(), !plan.rec.block);
+        let (id, name, from_drive, node_step) = (plan.rec.id.clone(), plan.rec.name.clone(), plan.rec.drive_id.clone(), !plan.rec.block);
         info!(volume.id = %id, drive.from = %from_drive, drive.to = %to.drive_id, volume.old_size = plan.rec.size, volume.size = to.size,
               "growing volume by moving it: no room after it on its drive");
         self.book.start_grow_move(&plan);
@@ -286,6 +286,16 @@ impl VolumeManager {
             match res {
                 Ok(done) => {
                     info!(volume.id = %id, drive.from = %done.from_drive, drive.to = %done.to_drive, volume.size = to.size, move.millis = done.millis, "volume grown by a move");
+                    let moved = super::super::messages::VolumeMoved {
+                        volume_id: id.clone(),
+                        name,
+                        from_drive: done.from_drive,
+                        to_drive: done.to_drive,
+                        bytes: done.bytes,
+                        unreadable: done.unreadable,
+                        grown_to: Some(to.size),
+                    };
+                    crate::actors::tell_all(&mut act.move_subscribers, &moved);
                     Ok((to.size, node_step))
                 }
                 Err(e) => Err(e),
