@@ -11,9 +11,9 @@
 //!   pvc-… moved from drive X to drive Y (1.0 GiB copied and verified); its data, id and
 //!   claim are unchanged" (action `Resize` for a growth: "volume pvc-… moved from drive
 //!   X to drive Y to grow to 3.0 GiB, as no room was left after it (...)", or "to a
-//!   bigger free extent of drive X"); and when blocks of it could not be read (a forced evacuation
-//!   only), a Warning `VolumeDataUnreadable` naming the byte ranges that read as zeros
-//!   now. Notes are cut to the Events API's 1 KiB.
+//!   bigger free extent of drive X"); and when blocks of it could not be read (a forced
+//!   evacuation only), a Warning `VolumeDataUnreadable` naming the byte ranges that read
+//!   as zeros now. Notes are cut to the Events API's 1 KiB.
 //! - Best effort, like the condition Events: the lookup is retried once after
 //!   [`super::reporter::RETRY_AFTER`], so is each Event that failed; then the failure is
 //!   logged and dropped. The PVs are listed with `resourceVersion=0` (served from the API
@@ -42,7 +42,7 @@ use crate::k8s::identity::Identity;
 pub(crate) const REASON_MOVED: &str = "VolumeMoved";
 /// Reason of the Warning naming the ranges of a moved volume that could not be read.
 pub(crate) const REASON_UNREADABLE: &str = "VolumeDataUnreadable";
-/// Action of both.
+/// Action of both, for an evacuation's move.
 pub(crate) const ACTION: &str = "Evacuate";
 /// The action of the Event of a growth by moving.
 pub(crate) const ACTION_GROW: &str = "Resize";
