@@ -62,6 +62,14 @@ fn wait_claim_done(name: &str, want: u64) -> Check {
     })
 }
 
+/// The message of the first Event of `reason` on claim `claim`, once there is one.
+fn first_event_message(claim: &str, reason: &str, timeout: Duration) -> Result<String, String> {
+    let event = wait_for(&format!("a {reason} Event on claim {claim}"), timeout, || {
+        Ok(events_for("PersistentVolumeClaim", claim, reason)?.first().cloned())
+    })?;
+    Ok(event["message"].as_str().unwrap_or_default().to_string())
+}
+
 fn reasons_on(claim: &str) -> Result<Vec<String>, String> {
     let sel = format!("involvedObject.kind=PersistentVolumeClaim,involvedObject.name={claim}");
     let ev = get_json(&["get", "events", "-n", NS, "--field-selector", &sel])?;
@@ -100,10 +108,7 @@ fn grows_by_moving_once_unused(ctx: &mut Ctx) -> Check {
     let pv = pv_of("move-xfs")?;
     let before = df_bytes("move-xfs")?;
     request("move-xfs", "960Mi")?;
-    let event = wait_for("a VolumeResizeDeferred Event on the claim in use", Duration::from_secs(60), || {
-        Ok(events_for("PersistentVolumeClaim", "move-xfs", "VolumeResizeDeferred")?.first().cloned())
-    })?;
-    let note = event["message"].as_str().unwrap_or_default().to_string();
+    let note = first_event_message("move-xfs", "VolumeResizeDeferred", Duration::from_secs(60))?;
     ensure(note.contains("once no pod uses it"), || format!("the Event does not say when it grows: {note:?}"))?;
     println!("e2e:   VolumeResizeDeferred: {note}");
     let c = claim_json("move-xfs")?;
@@ -125,10 +130,7 @@ fn grows_by_moving_once_unused(ctx: &mut Ctx) -> Check {
     ensure(moved["drive_id"] != from_drive || moved["start"] != from_start, || format!("the volume did not move: {moved}"))?;
     let c = claim_json("move-xfs")?;
     ensure(c["metadata"]["annotations"].get("drivelet.io/resize-deferred").is_none(), || format!("the annotation stayed after the growth: {}", c["metadata"]))?;
-    let moved_event = wait_for("a VolumeMoved Event on the claim", Duration::from_secs(30), || {
-        Ok(events_for("PersistentVolumeClaim", "move-xfs", "VolumeMoved")?.first().cloned())
-    })?;
-    let said = moved_event["message"].as_str().unwrap_or_default();
+    let said = first_event_message("move-xfs", "VolumeMoved", Duration::from_secs(30))?;
     ensure(said.contains("to grow to 960.0 MiB"), || format!("the VolumeMoved Event does not say the growth: {said:?}"))?;
     apply(&pod("move-xfs-again", "move-xfs", false, "", "true"))?;
     wait_pod_running("move-xfs-again", Duration::from_secs(120))?;
@@ -171,10 +173,7 @@ pub(crate) fn journey_resize(ctx: &mut Ctx) -> Check {
     let big_pv = pv_of("too-big")?;
     let big_before = df_bytes("too-big")?;
     request("too-big", "100Gi")?;
-    let event = wait_for("a VolumeResizeFailed Event on the claim", Duration::from_secs(60), || {
-        Ok(events_for("PersistentVolumeClaim", "too-big", "VolumeResizeFailed")?.first().cloned())
-    })?;
-    let note = event["message"].as_str().unwrap_or_default().to_string();
+    let note = first_event_message("too-big", "VolumeResizeFailed", Duration::from_secs(60))?;
     ensure(note.contains("100.0 GiB") && note.contains("at most"), || format!("the Event does not say why: {note:?}"))?;
     println!("e2e:   VolumeResizeFailed: {note}");
     let c = claim_json("too-big")?;

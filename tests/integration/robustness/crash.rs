@@ -1019,12 +1019,7 @@ fn grow_move_crash(point: &'static str) {
         std::thread::sleep(Duration::from_millis(100));
     }
     // The retried growth succeeds (moving again, or finding the size reached).
-    let r = rt().block_on(async {
-        let mut c = Csi::connect(&agent).await;
-        c.ctrl.controller_expand_volume(expand_req(&v, grown, 0)).await
-    });
-    let r = r.unwrap_or_else(|e| panic!("{point}: the retried growth: {e:?}; log:\n{}", log(&agent))).into_inner();
-    assert_eq!(r.capacity_bytes, grown as i64, "{point}");
+    retried_growth(&agent, point, &v, grown);
     let (on_from, on_to) = (copies_of(&from.dev, &v), copies_of(&to.dev, &v));
     assert!(on_from.is_empty() && on_to.len() == 1 && !on_to[0].1, "{point}: grown on the other drive: old {on_from:?}, new {on_to:?}");
     assert_eq!(bytes_at(&to.dev, on_to[0].0, size), before, "{point}: the volume's bytes, byte for byte");
@@ -1047,6 +1042,16 @@ fn growth_killed_at(agent: &mut Agent, point: &str, v: &str, grown: u64, dev: &s
     let switched = killed_mid_move(agent, point, dev, start, &before);
     agent.spawn();
     (before, switched)
+}
+
+/// Grows volume `v` to `grown` again after a restart: it must succeed with that size.
+fn retried_growth(agent: &Agent, point: &str, v: &str, grown: u64) {
+    let r = rt().block_on(async {
+        let mut c = Csi::connect(agent).await;
+        c.ctrl.controller_expand_volume(expand_req(v, grown, 0)).await
+    });
+    let r = r.unwrap_or_else(|e| panic!("{point}: the retried growth: {e:?}; log:\n{}", agent.log_tail(40))).into_inner();
+    assert_eq!(r.capacity_bytes, grown as i64, "{point}");
 }
 
 /// Stages the grown ext4 volume `v`, checks it still holds `text` in data.txt, and
@@ -1124,12 +1129,7 @@ fn grow_move_on_one_drive_crash(point: &'static str) {
         std::thread::sleep(Duration::from_millis(100));
     }
     // The retried growth succeeds (moving again, or finding the size reached).
-    let r = rt().block_on(async {
-        let mut c = Csi::connect(&agent).await;
-        c.ctrl.controller_expand_volume(expand_req(&v, grown, 0)).await
-    });
-    let r = r.unwrap_or_else(|e| panic!("{point}: the retried growth: {e:?}; log:\n{}", log(&agent))).into_inner();
-    assert_eq!(r.capacity_bytes, grown as i64, "{point}");
+    retried_growth(&agent, point, &v, grown);
     let mine = copies_of(&drive.dev, &v);
     assert!(mine.len() == 1 && !mine[0].1 && mine[0].0 != start, "{point}: grown elsewhere on the drive: {mine:?}");
     assert!(marked_on(&drive.dev).is_empty(), "{point}: no marked copy left");

@@ -168,6 +168,15 @@ impl Boxed {
         assert!(max > 0 && e.message().contains(&reach), "GetCapacity's maximum ({max}) is the reach named: {}", e.message());
     }
 
+    /// Kills and restarts the agent, asserts `v` is still where it grew, and stops it.
+    fn assert_growth_survives_a_restart(mut self) {
+        self.agent.kill();
+        self.agent.spawn();
+        self.assert_moved(None);
+        assert_eq!(self.agent.stop(), 0, "clean exit; log:\n{}", self.agent.log_tail(30));
+        drop(self.tmp);
+    }
+
     fn before(&self) -> String {
         head_digest(&volume_dev(&self.drives[self.on], &self.v), SIZE)
     }
@@ -175,7 +184,7 @@ impl Boxed {
 
 #[test]
 fn a_volume_with_no_room_after_it_grows_by_moving_to_another_drive_keeping_its_data() {
-    let mut b = Boxed::new("move");
+    let b = Boxed::new("move");
     let before = b.before();
     let old = entry_of(&b.drives[b.on].dev, &b.v).expect("v");
     let r = b.expand(GROWN).unwrap_or_else(|e| panic!("grown by a move: {e:?}; log:\n{}", b.agent.log_tail(40)));
@@ -196,11 +205,7 @@ fn a_volume_with_no_room_after_it_grows_by_moving_to_another_drive_keeping_its_d
     // is what the growth's error names as the reach of a move.
     b.assert_reach_is_capacity(&e);
     // The growth survives a restart.
-    b.agent.kill();
-    b.agent.spawn();
-    b.assert_moved(None);
-    assert_eq!(b.agent.stop(), 0, "clean exit; log:\n{}", b.agent.log_tail(30));
-    drop(b.tmp);
+    b.assert_growth_survives_a_restart();
 }
 
 #[test]
@@ -235,7 +240,7 @@ fn an_in_use_volume_that_can_grow_only_by_moving_grows_after_its_unstage() {
 
 #[test]
 fn on_a_node_of_one_drive_a_volume_with_a_neighbour_after_it_grows_by_moving_elsewhere_on_its_drive() {
-    let mut b = Boxed::with_drives("one", 1);
+    let b = Boxed::with_drives("one", 1);
     let before = b.before();
     let r = b.expand(GROWN).unwrap_or_else(|e| panic!("grown by a move on its drive: {e:?}; log:\n{}", b.agent.log_tail(40)));
     assert_eq!(r.capacity_bytes, GROWN as i64);
@@ -264,11 +269,7 @@ fn on_a_node_of_one_drive_a_volume_with_a_neighbour_after_it_grows_by_moving_els
     let e = b.expand(2 * GIB).expect_err("more than the drive holds");
     assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
     b.assert_reach_is_capacity(&e);
-    b.agent.kill();
-    b.agent.spawn();
-    b.assert_moved(None);
-    assert_eq!(b.agent.stop(), 0, "clean exit; log:\n{}", b.agent.log_tail(30));
-    drop(b.tmp);
+    b.assert_growth_survives_a_restart();
 }
 
 #[test]
