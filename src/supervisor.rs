@@ -150,6 +150,9 @@ type KubernetesParts = (Option<Addr<AttachQueue<ManagerBackend>>>, Option<duties
 fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> KubernetesParts {
     let k = &cfg.kubernetes;
     let identity = Identity { driver: cfg.driver.name.clone(), node: cfg.driver.node_name.clone() };
+    // This node's PVs, claims and pods, watched once, read by the Events, the Drive sync
+    // and re-homing instead of requests.
+    let cache = crate::k8s::cache::NodeCache::start(&client, &cfg.driver.node_name);
     // The attach, resize and snapshot queues: one shell each, configured alike.
     let qcfg = QueueConfig { identity: identity.clone(), policy: RetryPolicy::from_config(k), resync: k.resync_interval };
     let mut attach = None;
@@ -166,12 +169,12 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Kube
         Supervisor::start(move |_| SnapshotQueue::new(c, q, backend));
     }
     if k.events {
-        let reporter = ConditionReporter::new(client.clone(), identity.clone());
+        let reporter = ConditionReporter::new(client.clone(), identity.clone()).with_cache(cache.clone());
         let interval = k.event_interval;
         let events = Supervisor::start(move |_| ConditionEvents::new(reporter, interval));
         actors.volumes.do_send(SubscribeConditions(events.recipient()));
-        let (c, id) = (client.clone(), identity.clone());
-        let moves = Supervisor::start(move |_| MoveEvents::new(c, id));
+        let (c, id, nc) = (client.clone(), identity.clone(), cache.clone());
+        let moves = Supervisor::start(move |_| MoveEvents::new(c, id).with_cache(nc.clone()));
         actors.volumes.do_send(SubscribeMoves(moves.recipient()));
         let (c, id) = (client.clone(), identity.clone());
         let clones = Supervisor::start(move |_| CloneEvents::new(c, id));
@@ -182,7 +185,8 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Kube
             (client.clone(), cfg.driver.node_name.clone(), actors.inventory.clone(), actors.volumes.clone(), k.drive_resync_interval);
         let driver = cfg.driver.name.clone();
         let retry = RetryPolicy::from_config(k);
-        Supervisor::start(move |_| DriveSync::new(c, node, &driver, inv, vols, resync, retry));
+        let nc = cache.clone();
+        Supervisor::start(move |_| DriveSync::new(c, node, &driver, inv, vols, resync, retry).with_cache(nc.clone()));
     }
     if k.label_node {
         let labels = cfg.topology_segments();
@@ -198,7 +202,7 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Kube
     tokio::spawn(duties::returned::run(client.clone(), k.namespace.clone(), cfg.driver.node_name.clone(), backend));
     // The claims of the volumes this node serves follow them here (an adopted drive's).
     let backend = crate::k8s::rehome::executor::ManagerBackend::new(actors.volumes.clone());
-    tokio::spawn(crate::k8s::rehome::executor::run(client, identity.clone(), backend));
+    tokio::spawn(crate::k8s::rehome::executor::run(client, identity.clone(), backend, Some(cache)));
     info!(attach = k.attach, resize = k.resize, snapshots = k.snapshots, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node,
         cluster_duties = k.cluster_duties, "kubernetes integration started");
     (attach, duties)

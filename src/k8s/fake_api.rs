@@ -224,6 +224,11 @@ impl FakeApi {
         self.events().iter().map(|e| e["reason"].as_str().unwrap_or("").to_string()).collect()
     }
 
+    /// Every request so far (served ones too), as `METHOD path?query`.
+    pub(crate) fn requests(&self) -> Vec<String> {
+        self.requests.lock().expect("log").clone()
+    }
+
     /// How many requests so far (served ones too) start with `what` (`"GET /api/..."`).
     pub(crate) fn count(&self, what: &str) -> usize {
         self.requests.lock().expect("log").iter().filter(|r| r.starts_with(what)).count()

@@ -71,6 +71,9 @@ pub mod cluster_id;
 pub(crate) mod crd;
 /// Drive actions through the API: what a Drive's `spec.action` asks, what its status says.
 pub(crate) mod drive_actions;
+/// This node's own PVs, claims and pods, watched once and read by the Events, the Drive
+/// sync and re-homing instead of requests.
+pub(crate) mod cache;
 /// Cluster duties: the Lease election of one agent that looks after deleted nodes'
 /// objects, its decisions, executor and controller, and a returning node's clean-up.
 pub(crate) mod duties;
@@ -90,6 +93,10 @@ pub(crate) mod identity;
 pub(crate) mod node;
 /// The API permissions drivelet needs, the table the deployment's RBAC is checked against.
 pub mod rbac;
+/// The relay: the elected agent labels each PV, claim, VolumeAttachment and
+/// VolumeSnapshotContent of the driver with the node that holds it, so every node's own
+/// watches are filtered by the API server.
+pub(crate) mod relay;
 /// Re-homing claims: the PVs of the volumes this node serves (an adopted drive's) pinned
 /// to this node, bound to the same claims; decisions (mod.rs), the executor and its loop.
 pub(crate) mod rehome;
@@ -101,6 +108,9 @@ pub(crate) mod resize;
 /// the patches it writes (mod.rs), the controller the shell runs (the SnapshotQueue), the
 /// executor, the volume side and the snapshot objects.
 pub(crate) mod snapshot;
+/// Which objects a watch asks the API server for (this node's, by label or field), and
+/// the counting of watch events.
+pub(crate) mod scope;
 /// The one controller shell: two watches with relists, the work queue, readiness,
 /// resync, the workers and the retry policy, around a controller's decisions (attach,
 /// resize, snapshot).
@@ -130,5 +140,70 @@ pub async fn client(cfg: &crate::config::KubernetesConfig) -> Result<kube::Clien
             .await
             .map_err(|source| KubeError::Kubeconfig { path: path(), source })?
     };
-    kube::Client::try_from(config).map_err(|source| KubeError::Client { source })
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|source| KubeError::Client { source })?;
+    let counted = tower::util::MapRequestLayer::new(|req: http::Request<kube::client::Body>| {
+        let (verb, resource) = request_kind(req.method(), req.uri());
+        crate::metrics::metrics().record_kube_request(verb, resource);
+        req
+    });
+    Ok(builder.with_layer(&counted).build())
+}
+
+/// The verb (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`) and resource
+/// (`persistentvolumes`, `leases`) of an API request, for the request counter: read from
+/// the path the client built (`/api/v1/namespaces/NS/pods/NAME`, `/apis/G/V/RESOURCE`),
+/// so its values are the resources drivelet's code asks for, never a caller's.
+pub(crate) fn request_kind(method: &http::Method, uri: &http::Uri) -> (&'static str, &'static str) {
+    let mut parts = uri.path().trim_start_matches('/').split('/');
+    let rest: Vec<&str> = match parts.next() {
+        Some("api") => parts.skip(1).collect(),
+        Some("apis") => parts.skip(2).collect(),
+        _ => Vec::new(),
+    };
+    let rest = match rest.as_slice() {
+        ["namespaces", _, more @ ..] if !more.is_empty() => more,
+        all => all,
+    };
+    let resource = rest.first().map_or("other", |r| known_resource(r));
+    let named = rest.len() > 1;
+    let watch = uri.query().is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    let verb = match *method {
+        http::Method::GET if watch => "watch",
+        http::Method::GET if named => "get",
+        http::Method::GET => "list",
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE => "delete",
+        _ => "other",
+    };
+    (verb, resource)
+}
+
+/// The resource names the request counter keeps as they are; anything else is `other`,
+/// so the counter's series stay bounded whatever a path holds.
+fn known_resource(r: &str) -> &'static str {
+    const KNOWN: [&str; 20] = [
+        "persistentvolumes",
+        "persistentvolumeclaims",
+        "volumeattachments",
+        "volumesnapshotcontents",
+        "volumesnapshotclasses",
+        "volumesnapshots",
+        "drives",
+        "pods",
+        "nodes",
+        "leases",
+        "events",
+        "configmaps",
+        "secrets",
+        "namespaces",
+        "storageclasses",
+        "csistoragecapacities",
+        "csinodes",
+        "csidrivers",
+        "customresourcedefinitions",
+        "selfsubjectaccessreviews",
+    ];
+    KNOWN.iter().copied().find(|k| *k == r).unwrap_or("other")
 }

@@ -80,7 +80,9 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "",
         resource: "persistentvolumeclaims",
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
-        used_by: "k8s::shell (the ResizeQueue's watcher: claims asking for more than they have), \
+        used_by: "k8s::shell (the ResizeQueue's watcher: this node's claims, by the relay's label), \
+                  k8s::cache::NodeCache (this node's claims, watched by the relay's label), \
+                  k8s::relay (the elected agent's one cluster-wide watch; label-only patches naming each claim's node), \
                   k8s::drives::Executor (gets each claim a pod of this node uses, for the pods of each volume), \
                   k8s::duties::executor::Executor (lists the claims of a deleted node's PVs; deletes one whose \
                   StorageClass has drivelet.io/on-node-deleted: release-claims; annotates a kept one once it is \
@@ -103,8 +105,9 @@ pub const PERMISSIONS: &[Permission] = &[
         scope: Scope::Cluster,
         group: "",
         resource: "pods",
-        verbs: &["list"],
-        used_by: "k8s::events::reporter::ConditionReporter (this node's pods in the claim's namespace, by field selector), \
+        verbs: &["list", "watch"],
+        used_by: "k8s::cache::NodeCache (this node's pods, watched by field selector spec.nodeName), \
+                  k8s::events::reporter::ConditionReporter (this node's pods in the claim's namespace, by field selector), \
                   k8s::drives::Executor (this node's pods in every namespace, by field selector: who uses each volume), \
                   k8s::duties::executor::Executor (pods of a claim that may be released)",
     },
@@ -190,8 +193,9 @@ pub const PERMISSIONS: &[Permission] = &[
         scope: Scope::Namespace,
         group: "coordination.k8s.io",
         resource: "leases",
-        verbs: &["get", "create", "update"],
-        used_by: "k8s::duties::controller::Controller (Lease drivelet-cluster-duties: read, create, take, renew, give up)",
+        verbs: &["get", "list", "watch", "create", "update"],
+        used_by: "k8s::duties::controller::Controller (Lease drivelet-cluster-duties: watched by name, read after a \
+                  conflict, created, taken, renewed, given up)",
     },
     Permission {
         scope: Scope::Namespace,

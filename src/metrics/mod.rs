@@ -73,6 +73,19 @@ struct MethodLabels {
     method: String,
 }
 
+/// The labels of the Kubernetes API request counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KubeRequestLabels {
+    verb: &'static str,
+    resource: String,
+}
+
+/// The labels of the watch event counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchLabels {
+    resource: String,
+}
+
 /// The label of the volume move counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
@@ -95,6 +108,10 @@ pub struct Metrics {
     moved_bytes: Counter,
     health_poll_seconds: Gauge<f64, AtomicU64>,
     last_scan_unix: Gauge,
+    kube_requests: Family<KubeRequestLabels, Counter>,
+    watch_events: Family<WatchLabels, Counter>,
+    foreign_events: Family<WatchLabels, Counter>,
+    relayed: Family<WatchLabels, Counter>,
     csi_serving: AtomicBool,
 }
 
@@ -110,6 +127,10 @@ impl Default for Metrics {
             moved_bytes: Counter::default(),
             health_poll_seconds: Gauge::default(),
             last_scan_unix: Gauge::default(),
+            kube_requests: Family::default(),
+            watch_events: Family::default(),
+            foreign_events: Family::default(),
+            relayed: Family::default(),
             csi_serving: AtomicBool::new(false),
         };
         // Both results show from the start, so a rate of failures is 0 rather than absent.
@@ -135,6 +156,22 @@ impl Default for Metrics {
             "Unix time of the last drive scan applied",
             Unit::Seconds,
             m.last_scan_unix.clone(),
+        );
+        r.register(
+            "drivelet_kube_requests",
+            "Kubernetes API requests sent, by verb and resource (a watch counts once when it starts)",
+            m.kube_requests.clone(),
+        );
+        r.register("drivelet_kube_watch_events", "Kubernetes watch events received, by resource", m.watch_events.clone());
+        r.register(
+            "drivelet_kube_foreign_watch_events",
+            "Watch events received of per-node watches for objects another node holds, by resource (0 when the API server filters)",
+            m.foreign_events.clone(),
+        );
+        r.register(
+            "drivelet_kube_relayed_labels",
+            "Objects the elected agent labelled with the node that holds them, by resource",
+            m.relayed.clone(),
         );
         m
     }
@@ -183,6 +220,26 @@ impl Metrics {
     pub(crate) fn record_scan(&self) {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         self.last_scan_unix.set(i64::try_from(now).unwrap_or(i64::MAX));
+    }
+
+    /// A Kubernetes API request was sent.
+    pub(crate) fn record_kube_request(&self, verb: &'static str, resource: &str) {
+        self.kube_requests.get_or_create(&KubeRequestLabels { verb, resource: resource.to_string() }).inc();
+    }
+
+    /// A watch event for an object of `resource` arrived; `foreign` when the watch is
+    /// this node's and the object is another node's.
+    pub(crate) fn record_watch_event(&self, resource: &str, foreign: bool) {
+        let labels = WatchLabels { resource: resource.to_string() };
+        self.watch_events.get_or_create(&labels).inc();
+        if foreign {
+            self.foreign_events.get_or_create(&labels).inc();
+        }
+    }
+
+    /// The elected agent labelled an object of `resource` with its node.
+    pub(crate) fn record_relayed(&self, resource: &str) {
+        self.relayed.get_or_create(&WatchLabels { resource: resource.to_string() }).inc();
     }
 
     /// Whether the CSI socket is serving.

@@ -8,13 +8,18 @@
 //! shell's (see its rules).
 //!
 //! Rules:
-//! - The API server has no field selector for a VolumeAttachment's `spec.attacher` or
-//!   `spec.nodeName`, so the watch is cluster-wide and filtered on arrival: this node's
-//!   attachments of this driver are kept (without managed fields); of other nodes'
-//!   attachments of this driver only the PV name is kept (a PV finalizer is released
-//!   only when no attachment anywhere names the PV); everything else is dropped.
-//!   PersistentVolumes are kept only when their CSI driver is ours, stripped to what the
-//!   decisions read.
+//! - Both watches are this node's, filtered by the API server on the label the elected
+//!   agent's relay sets (`crate::k8s::relay`: a VolumeAttachment by its `spec.nodeName`,
+//!   a PV by its node affinity), since the server has no field selector for a
+//!   VolumeAttachment's node or a PV's driver. An object that arrives all the same and
+//!   is not this node's attachment of this driver, or this driver's PV, is dropped.
+//!   Attachments are kept without managed fields, PVs stripped to what the decisions
+//!   read.
+//! - The PV's node owns our PV finalizer: only the agent that holds a volume attaches it
+//!   and adds the finalizer, and it releases it once no attachment of its node names the
+//!   PV. An attachment of another node naming the PV is never attached there (that node
+//!   does not see the PV, so it waits without writing), so it holds no finalizer and one
+//!   PATCH releases a deleted PV, not one per node.
 //! - A relist replaces the kept sets; the keys of attachments gone meanwhile are
 //!   forgotten, every kept attachment and every PV being deleted is queued.
 //! - An update is queued only when it changes what the decisions read (spec,
@@ -36,7 +41,7 @@ use tracing::{debug, info, warn};
 
 use super::{publish_spec, reconcile, reconcile_pv, Action, AttachBackend, AttachError, Executor, Observed, VolumeState};
 pub(crate) use crate::k8s::shell::QueueConfig;
-use crate::k8s::shell::{Change, Controller, GetStats, Pending, Settings, Shell, Work};
+use crate::k8s::shell::{Change, Controller, GetStats, Pending, Scope, Settings, Shell, Work};
 use crate::k8s::workqueue::Outcome;
 
 #[cfg(test)]
@@ -77,8 +82,6 @@ pub(crate) struct Attach<B: AttachBackend> {
     executor: Executor,
     /// This node's VolumeAttachments of this driver.
     vas: BTreeMap<String, VolumeAttachment>,
-    /// Other nodes' VolumeAttachments of this driver: name -> PV name.
-    others: BTreeMap<String, String>,
     /// PersistentVolumes of this driver, stripped.
     pvs: BTreeMap<String, PersistentVolume>,
 }
@@ -87,82 +90,55 @@ impl<B: AttachBackend> Shell<Attach<B>> {
     /// A queue talking to `client`, attaching through `backend`.
     pub(crate) fn new(client: Client, cfg: QueueConfig, backend: B) -> Self {
         let executor = Executor::new(client.clone(), cfg.identity.clone(), cfg.policy);
-        let attach = Attach { cfg, backend, executor, vas: BTreeMap::new(), others: BTreeMap::new(), pvs: BTreeMap::new() };
+        let attach = Attach { cfg, backend, executor, vas: BTreeMap::new(), pvs: BTreeMap::new() };
         let settings = Settings { name: "attach queue", workers: WORKERS, resync: attach.cfg.resync };
         Shell::with(client, settings, attach.backend.clone(), attach)
     }
 }
 
-enum Kept {
-    Ours(Box<VolumeAttachment>),
-    Other(String, String),
-}
-
 impl<B: AttachBackend> Attach<B> {
-    /// Which VolumeAttachment map an object belongs in, if any.
-    fn sort_va(&self, va: VolumeAttachment) -> Option<Kept> {
-        if va.spec.attacher != self.cfg.identity.driver {
-            return None;
-        }
-        if va.spec.node_name == self.cfg.identity.node {
-            return Some(Kept::Ours(Box::new(slim_va(va))));
-        }
-        Some(Kept::Other(va.name_any(), va.spec.source.persistent_volume_name.clone().unwrap_or_default()))
+    /// Whether a VolumeAttachment is this node's of this driver.
+    fn ours(&self, va: &VolumeAttachment) -> bool {
+        va.spec.attacher == self.cfg.identity.driver && va.spec.node_name == self.cfg.identity.node
     }
 
     fn keeps_pv(&self, pv: &PersistentVolume) -> bool {
         pv.spec.as_ref().and_then(|s| s.csi.as_ref()).is_some_and(|c| c.driver == self.cfg.identity.driver)
     }
 
-    /// How many VolumeAttachments (any node) name `pv`, not counting `except`.
+    /// How many VolumeAttachments of this node name `pv`, not counting `except`.
     fn users_of(&self, pv: &str, except: Option<&str>) -> usize {
-        let ours = self
-            .vas
+        self.vas
             .iter()
             .filter(|(n, va)| Some(n.as_str()) != except && va.spec.source.persistent_volume_name.as_deref() == Some(pv))
-            .count();
-        ours + self.others.values().filter(|p| *p == pv).count()
+            .count()
     }
 
     fn on_va(&mut self, change: Change<VolumeAttachment>, queue: &mut Pending<'_, Key>) {
         match change {
             Change::Listed(list) => {
-                let (mut ours, mut others) = (BTreeMap::new(), BTreeMap::new());
-                for kept in list.into_iter().filter_map(|va| self.sort_va(va)) {
-                    match kept {
-                        Kept::Ours(va) => {
-                            ours.insert(va.name_any(), *va);
-                        }
-                        Kept::Other(name, pv) => {
-                            others.insert(name, pv);
-                        }
-                    }
-                }
+                let ours: BTreeMap<String, VolumeAttachment> = list.into_iter().map(|va| (va.name_any(), va)).collect();
                 for gone in self.vas.keys().filter(|n| !ours.contains_key(*n)) {
                     queue.forget(&Key::Va(gone.clone()));
                 }
                 self.vas = ours;
-                self.others = others;
                 info!(attachments = self.vas.len(), "VolumeAttachments listed; queueing all of this node's");
             }
-            Change::Applied(va) => match self.sort_va(va) {
-                Some(Kept::Ours(va)) => {
-                    let name = va.name_any();
-                    let changed = self.vas.get(&name).is_none_or(|old| decisions_differ(old, &va));
-                    self.vas.insert(name.clone(), *va);
-                    if changed {
-                        queue.add(Key::Va(name));
-                    }
+            Change::Applied(va) => {
+                if !self.ours(&va) {
+                    return;
                 }
-                Some(Kept::Other(name, pv)) => {
-                    self.others.insert(name, pv);
+                let va = slim_va(va);
+                let name = va.name_any();
+                let changed = self.vas.get(&name).is_none_or(|old| decisions_differ(old, &va));
+                self.vas.insert(name.clone(), va);
+                if changed {
+                    queue.add(Key::Va(name));
                 }
-                None => {}
-            },
+            }
             Change::Deleted(va) => {
                 let name = va.name_any();
                 let pv = va.spec.source.persistent_volume_name.clone();
-                self.others.remove(&name);
                 if self.vas.remove(&name).is_some() {
                     queue.forget(&Key::Va(name));
                 }
@@ -259,8 +235,7 @@ impl<B: AttachBackend> Attach<B> {
                     info!(pv.name = %pv.name_any(), "PersistentVolume released: no VolumeAttachment names it");
                     Outcome::Done
                 }
-                // Every node's attacher releases the same finalizer of a deleted PV: a
-                // conflict is another one (or the provisioner) writing first; the retry
+                // A conflict is the provisioner (or an admin) writing first; the retry
                 // reads the PV again and usually finds nothing left to do.
                 Err(e) if e.is_conflict() => {
                     debug!(pv.name = %pv.name_any(), error = %e, "PersistentVolume changed meanwhile; retrying its release");
@@ -282,8 +257,12 @@ impl<B: AttachBackend> Controller for Attach<B> {
     type Own = Attached;
     type Ran = Outcome;
 
+    fn scopes(&self) -> (Scope, Scope) {
+        (Scope::node(&self.cfg.identity.node), Scope::node(&self.cfg.identity.node))
+    }
+
     fn keep_first(&self, va: VolumeAttachment) -> Option<VolumeAttachment> {
-        (va.spec.attacher == self.cfg.identity.driver).then(|| slim_va(va))
+        self.ours(&va).then(|| slim_va(va))
     }
 
     fn keep_second(&self, pv: PersistentVolume) -> Option<PersistentVolume> {

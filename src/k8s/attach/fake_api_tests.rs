@@ -214,21 +214,24 @@ async fn a_change_missed_while_the_watch_was_down_is_found_by_the_relist() {
     api.assert_quiet().await;
 
     assert_eq!(backend.calls(), ["unpublish vol-1 node-a"], "nothing to do for the first list, one unpublish after the second");
-    assert_eq!(api.count("GET /apis/storage.k8s.io/v1/volumeattachments?&limit=500"), 2, "listed again after the watch broke");
+    // This node's attachments only, by the relay's label, from the API server's cache.
+    let list = "GET /apis/storage.k8s.io/v1/volumeattachments?&labelSelector=drivelet.io%2Fnode%3Dnode-a&resourceVersion=0&resourceVersionMatch=NotOlderThan";
+    assert_eq!(api.count(list), 2, "listed again after the watch broke: {:?}", api.requests());
     let stats = queue.send(GetQueueStats::default()).await.expect("queue answers");
     assert_eq!(stats.relists, 2);
 }
 
 #[actix_rt::test]
-async fn the_pv_finalizer_goes_only_when_the_deleted_pv_is_named_by_no_attachment_anywhere() {
+async fn the_pv_finalizer_goes_once_no_attachment_of_this_node_names_the_deleted_pv() {
     tokio::time::pause();
     let done = attached(with_finalizer(va("va-1", "pv-1")));
+    let second = attached(with_finalizer(va("va-3", "pv-1")));
     let mut elsewhere = with_finalizer(va("va-2", "pv-1"));
     elsewhere.spec.node_name = "node-b".into();
     let fin_pv = pv_with_finalizer(pv("pv-1", "vol-1"));
     let mut deleting_pv = fin_pv.clone();
     deleting_pv.metadata.deletion_timestamp = deleted();
-    let vas = Script { lists: [va_list("10", &[&deleting_va(done.clone()), &elsewhere])].into(), ..Default::default() };
+    let vas = Script { lists: [va_list("10", &[&deleting_va(done.clone()), &second])].into(), ..Default::default() };
     let pvs = Script { lists: [pv_list("20", &[&fin_pv])].into(), ..Default::default() };
     let (client, mut api) = fake_api(vas, pvs);
     let backend = FakeBackend::with("vol-1", VolumeState::Usable);
@@ -241,18 +244,26 @@ async fn the_pv_finalizer_goes_only_when_the_deleted_pv_is_named_by_no_attachmen
     queue.do_send(WatchItem::First(Ok(Event::Delete(deleting_va(attached(va("va-1", "pv-1")))))));
     api.assert_quiet().await;
 
-    // The PV is deleted, but node-b's attachment still names it.
+    // The PV is deleted, but this node's va-3 still names it.
     queue.do_send(WatchItem::Second(Ok(Event::Apply(deleting_pv.clone()))));
     api.assert_quiet().await;
-    assert_eq!(api.count("PATCH /api/v1/persistentvolumes"), 0, "va-2 on node-b still names the PV");
+    assert_eq!(api.count("PATCH /api/v1/persistentvolumes"), 0, "va-3 still names the PV");
 
-    // node-b's attachment goes: nothing names the PV any more.
-    queue.do_send(WatchItem::First(Ok(Event::Delete(elsewhere))));
+    // Another node's attachment that arrives all the same is none of this node's: it is
+    // neither run nor counted as a user of the PV.
+    queue.do_send(WatchItem::First(Ok(Event::Apply(elsewhere))));
+    api.assert_quiet().await;
+
+    // va-3 is detached and goes: nothing of this node names the PV any more, and its node
+    // owns the finalizer, so one PATCH releases it.
+    queue.do_send(WatchItem::First(Ok(Event::Apply(deleting_va(second.clone())))));
+    let (_, reply) = api.expect_path(Method::PATCH, "/apis/storage.k8s.io/v1/volumeattachments/va-3").await;
+    respond(reply, &deleting_va(attached(va("va-3", "pv-1"))));
     let (body, reply) = api.expect_path(Method::PATCH, PV).await;
     assert_eq!(body, json!({"metadata": {"finalizers": [], "resourceVersion": "7"}}));
     respond(reply, &deleting_pv);
     api.assert_quiet().await;
-    assert_eq!(backend.calls(), ["unpublish vol-1 node-a"]);
+    assert_eq!(backend.calls(), ["unpublish vol-1 node-a", "unpublish vol-1 node-a"]);
 }
 
 #[actix_rt::test]

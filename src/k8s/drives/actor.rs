@@ -90,6 +90,12 @@ impl DriveSync {
         sync
     }
 
+    /// Looks the pods of each volume up in this node's cache once it has listed.
+    pub(crate) fn with_cache(mut self, cache: crate::k8s::cache::NodeCache) -> Self {
+        self.executor.cache = Some(cache);
+        self
+    }
+
     pub(crate) fn with_sources(client: Client, node: String, sources: Sources, resync: Duration) -> Self {
         Self {
             executor: Executor::new(client, &node),

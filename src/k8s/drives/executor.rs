@@ -30,6 +30,8 @@ pub(crate) struct Executor {
     /// What the pods lookup keeps between syncs: each PV's volume handle (never changes)
     /// and the last answer (kept when a lookup fails).
     pub(super) pods: Arc<Mutex<PodsCache>>,
+    /// This node's PVs, claims and pods, when the agent keeps them.
+    pub(super) cache: Option<crate::k8s::cache::NodeCache>,
 }
 
 impl Executor {
@@ -43,6 +45,7 @@ impl Executor {
             client,
             driver: String::new(),
             pods: Arc::default(),
+            cache: None,
         }
     }
 

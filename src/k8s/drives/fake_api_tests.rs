@@ -763,7 +763,7 @@ async fn an_evacuation_without_room_is_refused_in_plain_words_with_a_warning_and
         .await;
 }
 
-const PODS_PATH: &str = "/api/v1/pods?&fieldSelector=spec.nodeName%3Dnode-a";
+const PODS_PATH: &str = "/api/v1/pods?&fieldSelector=spec.nodeName%3Dnode-a&resourceVersion=0&resourceVersionMatch=NotOlderThan";
 
 #[tokio::test(start_paused = true)]
 async fn the_pods_of_each_volume_are_found_through_claim_and_pv_and_a_failed_lookup_keeps_the_last_answer() {

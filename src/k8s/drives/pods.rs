@@ -80,16 +80,37 @@ impl Executor {
     }
 
     async fn lookup_pods(&self, node: &str) -> Result<BTreeMap<String, Vec<String>>, kube::Error> {
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let list = pods.list(&ListParams::default().fields(&format!("spec.nodeName={node}"))).await?;
-        let claims = claims_used(&list.items, node);
+        // This node's cache, once listed, answers everything (no request); a claim or PV
+        // it does not hold yet (not labelled yet) is read by request.
+        let cache = self.cache.as_ref().filter(|c| c.ready());
+        let pods = match cache {
+            Some(c) => c.pods(None),
+            None => {
+                let pods: Api<Pod> = Api::all(self.client.clone());
+                pods.list(&ListParams::default().fields(&format!("spec.nodeName={node}")).match_any()).await?.items
+            }
+        };
+        let claims = claims_used(&pods, node);
         let mut handles: BTreeMap<(String, String), String> = BTreeMap::new();
         let mut seen: BTreeSet<String> = BTreeSet::new();
         for (ns, claim) in claims.keys() {
-            let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
-            let Some(pvc) = pvcs.get_opt(claim).await? else { continue };
+            let pvc = match cache.and_then(|c| c.claim(ns, claim)) {
+                Some(pvc) => PersistentVolumeClaim::clone(&pvc),
+                None => {
+                    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
+                    let Some(pvc) = pvcs.get_opt(claim).await? else { continue };
+                    pvc
+                }
+            };
             let Some(pv_name) = pvc.spec.and_then(|s| s.volume_name).filter(|n| !n.is_empty()) else { continue };
             seen.insert(pv_name.clone());
+            if let Some(pv) = cache.and_then(|c| c.pv(&pv_name)) {
+                let csi = pv.spec.as_ref().and_then(|s| s.csi.as_ref()).filter(|c| self.driver.is_empty() || c.driver == self.driver);
+                if let Some(c) = csi {
+                    handles.insert((ns.clone(), claim.clone()), c.volume_handle.clone());
+                }
+                continue;
+            }
             let known = self.pods.lock().ok().and_then(|c| c.handles.get(&pv_name).cloned());
             let handle = match known {
                 Some(h) => h,

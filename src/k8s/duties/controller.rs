@@ -2,10 +2,15 @@
 //! that stands in the Lease election and, while it leads, runs the duties.
 //!
 //! Rules:
-//! - Every [`RENEW_EVERY`] it reads the Lease and acts on [`election::decide`]: create,
-//!   take, renew, or follow. A write that conflicts means another candidate won: this one
-//!   follows at once. It leads while its last successful write is younger than
-//!   [`RENEW_DEADLINE`].
+//! - It watches the Lease (one watch, by name: no poll) and every [`RENEW_EVERY`] acts
+//!   on [`election::decide`] over the Lease as last seen: create, take, renew, or follow.
+//!   Only the holder writes (a renewal); a follower makes no request while the holder
+//!   lives. Nothing is decided before the watch has listed the Lease. A write that
+//!   conflicts means another candidate won: this one reads the Lease once and follows.
+//!   It leads while its last successful write is younger than [`RENEW_DEADLINE`].
+//! - While it leads it runs the relay ([`crate::k8s::relay`]), which labels the
+//!   cluster's objects with their nodes; losing or giving up the Lease stops it, and the
+//!   next holder's relay lists everything and catches up.
 //! - While it leads, a round of duties runs every [`DUTIES_EVERY`]: read
 //!   ([`Executor::observe`]), decide ([`plan`]), and for each node proposed as gone,
 //!   confirm it gone (GET answered 404) and then do its duties. Before each node it checks
@@ -28,9 +33,13 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
 use kube::{Client, ResourceExt};
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
+use tokio_stream::StreamExt;
 use tracing::{info, warn};
 
 use super::election::{self, Election, LEASE_NAME, RENEW_DEADLINE, RENEW_EVERY};
@@ -71,7 +80,16 @@ pub(crate) fn start(client: Client, identity: Identity, namespace: String) -> Ha
 
 /// The election state and the executor of one agent.
 pub(crate) struct Controller {
+    client: Client,
     leases: Api<Lease>,
+    /// The Lease as the watch last showed it; `None` inside until the watch has listed.
+    current: Option<Option<Lease>>,
+    /// The Lease listed since the watch's last `Init`.
+    listing: Option<Option<Lease>>,
+    /// The relay, while this agent leads.
+    relay: Option<JoinHandle<()>>,
+    /// Whether it runs the relay while it leads (always, but in tests of the election).
+    relays: bool,
     identity: Identity,
     executor: Executor,
     claims: ClaimExecutor,
@@ -89,8 +107,30 @@ impl Controller {
     pub(crate) fn new(client: Client, identity: Identity, namespace: String) -> Self {
         let leases = Api::namespaced(client.clone(), &namespace);
         let executor = Executor::new(client.clone(), identity.clone(), namespace.clone());
-        let claims = ClaimExecutor::new(client, identity.clone(), namespace);
-        Self { leases, identity, executor, claims, seen: None, leading_until: None, following: None, last_round: None }
+        let claims = ClaimExecutor::new(client.clone(), identity.clone(), namespace);
+        Self {
+            client,
+            leases,
+            current: None,
+            listing: None,
+            relay: None,
+            relays: true,
+            identity,
+            executor,
+            claims,
+            seen: None,
+            leading_until: None,
+            following: None,
+            last_round: None,
+        }
+    }
+
+    /// The same controller, running no relay while it leads (tests of the election and
+    /// the rounds alone).
+    #[cfg(test)]
+    pub(crate) fn without_relay(mut self) -> Self {
+        self.relays = false;
+        self
     }
 
     /// Whether this agent leads now.
@@ -103,13 +143,24 @@ impl Controller {
         let mut tick = tokio::time::interval(RENEW_EVERY);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         info!(node.name = %self.identity.node, lease = LEASE_NAME, "standing for the cluster duties");
+        let by_name = watcher::Config::default().fields(&format!("metadata.name={LEASE_NAME}")).any_semantic();
+        let mut lease = Box::pin(watcher(self.leases.clone(), by_name).default_backoff());
         let done = loop {
             tokio::select! {
                 done = &mut stop => break done.ok(),
+                event = lease.next() => {
+                    match event {
+                        Some(Ok(event)) => self.lease_event(event),
+                        Some(Err(e)) => warn!(error = %e, lease = LEASE_NAME, "the cluster duties Lease watch failed; it restarts with backoff"),
+                        None => {}
+                    }
+                    continue;
+                }
                 _ = tick.tick() => {}
             }
             let work = async {
                 self.elect_logged().await;
+                self.keep_relay();
                 if self.leading() && self.last_round.is_none_or(|t| t.elapsed() >= DUTIES_EVERY) {
                     self.last_round = Some(Instant::now());
                     if let Err(e) = self.round().await {
@@ -125,6 +176,7 @@ impl Controller {
                 _ = work => {}
             }
         };
+        self.stop_relay();
         self.give_up().await;
         if let Some(tx) = done {
             let _ = tx.send(());
@@ -143,11 +195,45 @@ impl Controller {
         }
     }
 
-    /// One look at the Lease: create, take, renew or follow it.
+    /// A Lease watch event: what the election decides on.
+    pub(crate) fn lease_event(&mut self, event: Event<Lease>) {
+        crate::k8s::scope::count(&event, &crate::k8s::scope::Scope::Cluster);
+        match event {
+            Event::Init => self.listing = Some(None),
+            Event::InitApply(l) => self.listing = Some(Some(l)),
+            Event::InitDone => self.current = Some(self.listing.take().flatten()),
+            Event::Apply(l) => self.current = Some(Some(l)),
+            Event::Delete(_) => self.current = Some(None),
+        }
+    }
+
+    /// Starts the relay when this agent leads and it is not running; stops it when this
+    /// agent does not lead.
+    fn keep_relay(&mut self) {
+        if !self.leading() || !self.relays {
+            return self.stop_relay();
+        }
+        if self.relay.as_ref().is_none_or(JoinHandle::is_finished) {
+            let (client, driver) = (self.client.clone(), self.identity.driver.clone());
+            self.relay = Some(tokio::spawn(crate::k8s::relay::controller::run(client, driver)));
+        }
+    }
+
+    fn stop_relay(&mut self) {
+        if let Some(relay) = self.relay.take() {
+            relay.abort();
+            info!(node.name = %self.identity.node, "relay stopped (the cluster duties Lease is not held)");
+        }
+    }
+
+    /// One look at the Lease as last seen: create, take, renew or follow it.
     pub(crate) async fn elect(&mut self) -> Result<(), kube::Error> {
         let me = self.identity.node.clone();
         let now = Instant::now();
-        let current = self.leases.get_opt(LEASE_NAME).await?;
+        let Some(current) = self.current.clone() else {
+            // The watch has not listed the Lease yet: nothing is known to decide on.
+            return Ok(());
+        };
         let rv = current.as_ref().and_then(|l| l.resource_version());
         match (&self.seen, &rv) {
             (Some((seen, _)), Some(rv)) if seen == rv => {}
@@ -174,11 +260,14 @@ impl Controller {
                 self.leading_until = Some(now + RENEW_DEADLINE);
                 self.following = None;
                 self.seen = l.resource_version().map(|rv| (rv, now));
+                self.current = Some(Some(l));
                 Ok(())
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                // Another candidate wrote first: follow it.
+                // Another candidate wrote first: follow it, from the Lease as it is now
+                // (the watch may not have shown it yet).
                 self.leading_until = None;
+                self.current = Some(self.leases.get_opt(LEASE_NAME).await?);
                 Ok(())
             }
             Err(e) => Err(e),

@@ -25,7 +25,8 @@ use crate::k8s::shell::Ready;
 use crate::k8s::KubeError;
 use super::tests::*;
 use super::{PROVISIONER_FINALIZER, REMOVED_VOLUMES, WARNED};
-use crate::k8s::fake_api::{fake_api, list_of, respond, respond_error, respond_not_found, FakeApi};
+use crate::k8s::fake_api::{fake_api, fake_api_serving, list_of, respond, respond_error, respond_not_found, FakeApi, Script};
+use kube::runtime::watcher::Event;
 use crate::k8s::identity::{Identity, REPORTER};
 
 const NS: &str = "drivelet-system";
@@ -60,12 +61,29 @@ async fn expect_lease_get(api: &mut FakeApi, answer: Option<&Lease>) {
     }
 }
 
+/// The Lease watch shows `lease` (listed: `None` when there is none).
+fn see(c: &mut Controller, lease: Option<&Lease>) {
+    c.lease_event(Event::Init);
+    if let Some(l) = lease {
+        c.lease_event(Event::InitApply(l.clone()));
+    }
+    c.lease_event(Event::InitDone);
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_decided_before_the_lease_watch_has_listed() {
+    let (client, mut api) = fake_api();
+    let mut c = Controller::new(client, identity("n1"), NS.into());
+    c.elect().await.unwrap();
+    assert!(!c.leading());
+    api.assert_no_more_requests("the Lease is not known yet: no write");
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_first_candidate_creates_the_lease_leads_and_renews_it() {
     let (client, mut api) = fake_api();
     let mut c = Controller::new(client, identity("n1"), NS.into());
     let server = tokio::spawn(async move {
-        expect_lease_get(&mut api, None).await;
         let (body, reply) = api.expect_path(Method::POST, LEASES).await;
         assert_eq!(body["metadata"]["name"], LEASE_NAME);
         assert_eq!(body["spec"]["holderIdentity"], "n1");
@@ -74,13 +92,13 @@ async fn the_first_candidate_creates_the_lease_leads_and_renews_it() {
         assert!(body["spec"]["renewTime"].is_string() && body["spec"]["acquireTime"].is_string());
         respond(reply, &stored(&body, "2"));
 
-        expect_lease_get(&mut api, Some(&lease(Some("n1"), "2"))).await;
         let (body, reply) = api.expect_path(Method::PUT, LEASE).await;
         assert_eq!(body["spec"]["holderIdentity"], "n1");
-        assert_eq!(body["metadata"]["resourceVersion"], "2", "the renewal is guarded by what was read");
+        assert_eq!(body["metadata"]["resourceVersion"], "2", "the renewal is guarded by what was written");
         respond(reply, &stored(&body, "3"));
         api
     });
+    see(&mut c, None);
     c.elect().await.unwrap();
     assert!(c.leading());
     tokio::time::advance(Duration::from_secs(5)).await;
@@ -92,31 +110,26 @@ async fn the_first_candidate_creates_the_lease_leads_and_renews_it() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_follower_waits_while_the_holder_renews_and_takes_over_once_it_stops() {
+async fn a_follower_makes_no_request_while_the_holder_renews_and_takes_over_once_it_stops() {
     let (client, mut api) = fake_api();
     let mut c = Controller::new(client, identity("n2"), NS.into());
+    // The holder renews: each look sees a new resourceVersion, shown by the watch.
+    see(&mut c, Some(&lease(Some("n1"), "10")));
+    for rv in ["10", "11", "12", "13"] {
+        c.lease_event(Event::Apply(lease(Some("n1"), rv)));
+        c.elect().await.unwrap();
+        assert!(!c.leading(), "a renewed lease is followed");
+        tokio::time::advance(Duration::from_secs(5)).await;
+    }
+    assert!(api.is_quiet(), "a follower reads nothing: the watch shows the Lease");
     let server = tokio::spawn(async move {
-        // The holder renews: each look sees a new resourceVersion.
-        for rv in ["10", "11", "12", "13"] {
-            expect_lease_get(&mut api, Some(&lease(Some("n1"), rv))).await;
-        }
-        // The holder died: the same record for 15s.
-        for _ in 0..3 {
-            expect_lease_get(&mut api, Some(&lease(Some("n1"), "13"))).await;
-        }
-        expect_lease_get(&mut api, Some(&lease(Some("n1"), "13"))).await;
         let (body, reply) = api.expect_path(Method::PUT, LEASE).await;
         assert_eq!(body["spec"]["holderIdentity"], "n2");
         assert_eq!(body["metadata"]["resourceVersion"], "13");
         respond(reply, &stored(&body, "14"));
         api
     });
-    for _ in 0..4 {
-        c.elect().await.unwrap();
-        assert!(!c.leading(), "a renewed lease is followed");
-        tokio::time::advance(Duration::from_secs(5)).await;
-    }
-    // Record 13 was first seen 5s ago; seen again now (5s) and at 10s: still live.
+    // Record 13 was first seen 5s ago; the holder died: the watch shows nothing more.
     c.elect().await.unwrap();
     tokio::time::advance(Duration::from_secs(5)).await;
     c.elect().await.unwrap();
@@ -134,29 +147,37 @@ async fn a_lease_given_up_is_taken_at_once_and_a_lost_race_is_followed() {
     let (client, mut api) = fake_api();
     let mut c = Controller::new(client, identity("n2"), NS.into());
     let server = tokio::spawn(async move {
-        expect_lease_get(&mut api, Some(&lease(None, "20"))).await;
         let (_, reply) = api.expect_path(Method::PUT, LEASE).await;
         respond_error(reply, 409, "the object has been modified");
+        // The conflict: the Lease is read once, and is gone meanwhile.
         expect_lease_get(&mut api, None).await;
         let (_, reply) = api.expect_path(Method::POST, LEASES).await;
         respond_error(reply, 409, "leases.coordination.k8s.io \"drivelet-cluster-duties\" already exists");
+        expect_lease_get(&mut api, Some(&lease(Some("n3"), "21"))).await;
         api
     });
+    see(&mut c, Some(&lease(None, "20")));
     c.elect().await.unwrap();
     assert!(!c.leading(), "another candidate wrote first");
     c.elect().await.unwrap();
     assert!(!c.leading(), "another candidate created it first");
+    c.elect().await.unwrap();
+    assert!(!c.leading(), "n3 holds it now: followed without a request");
     server.await.unwrap().assert_no_more_requests("after the races");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_clean_shutdown_gives_the_lease_up_only_when_held() {
-    let (client, mut api) = fake_api();
-    let c = Controller::new(client, identity("n1"), NS.into());
+    let lease_script = Script {
+        lists: [list_of("Lease", "coordination.k8s.io/v1", "30", vec![serde_json::to_value(lease(None, "30")).unwrap()])].into(),
+        watches: Default::default(),
+    };
+    let (client, mut api) = fake_api_serving(vec![(LEASES, lease_script)]);
+    let c = Controller::new(client, identity("n1"), NS.into()).without_relay();
     let (stop, rx) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(c.run(rx));
-    // First tick: it takes the free lease, then runs a round that finds nothing gone.
-    expect_lease_get(&mut api, Some(&lease(None, "30"))).await;
+    // The watch lists the free lease; at a tick it takes it, then runs a round that finds
+    // nothing gone.
     let (body, reply) = api.expect_path(Method::PUT, LEASE).await;
     respond(reply, &stored(&body, "31"));
     let (_, reply) = api.expect_path(Method::GET, "/api/v1/nodes").await;
@@ -206,9 +227,9 @@ fn node_list(names: &[&str]) -> Value {
 
 /// Makes `c` the leader through a create of the Lease.
 async fn lead(c: &mut Controller, api: FakeApi) -> FakeApi {
+    see(c, None);
     let server = tokio::spawn(async move {
         let mut api = api;
-        expect_lease_get(&mut api, None).await;
         let (body, reply) = api.expect_path(Method::POST, LEASES).await;
         respond(reply, &stored(&body, "2"));
         api

@@ -64,7 +64,7 @@ mod claims_tests;
 #[cfg(test)]
 mod fake_api_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// The ConfigMap, in drivelet's namespace, remembering per node the volume handles of the
 /// PVs deleted while the node was gone.

@@ -24,7 +24,7 @@ use crate::k8s::attach::fixtures::{identity, NODE};
 use crate::k8s::fake_api::{fake_api, list_of, respond, respond_error, FakeApi, Reply};
 use crate::k8s::identity::REPORTER;
 
-const PV_LIST: &str = "/api/v1/persistentvolumes?&resourceVersion=0&resourceVersionMatch=NotOlderThan";
+const PV_LIST: &str = "/api/v1/persistentvolumes?&labelSelector=drivelet.io%2Fnode%3Dnode-a&resourceVersion=0&resourceVersionMatch=NotOlderThan";
 const POD_LIST: &str =
     "/api/v1/namespaces/apps/pods?&fieldSelector=spec.nodeName%3Dnode-a&resourceVersion=0&resourceVersionMatch=NotOlderThan";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/apps/events";

@@ -97,13 +97,20 @@ pub(crate) fn move_targets(pvs: &[PersistentVolume], driver: &str, volume_id: &s
 pub(crate) struct MoveEvents {
     client: Client,
     identity: Identity,
+    cache: Option<crate::k8s::cache::NodeCache>,
     retry_after: Duration,
 }
 
 impl MoveEvents {
     /// Records Events for our driver on this node (`identity`).
     pub(crate) fn new(client: Client, identity: Identity) -> Self {
-        Self { client, identity, retry_after: RETRY_AFTER }
+        Self { client, identity, cache: None, retry_after: RETRY_AFTER }
+    }
+
+    /// Find the moved volume's PV in this node's cache once it has listed.
+    pub(crate) fn with_cache(mut self, cache: crate::k8s::cache::NodeCache) -> Self {
+        self.cache = Some(cache);
+        self
     }
 }
 
@@ -113,20 +120,26 @@ impl Actor for MoveEvents {
 
 impl Supervised for MoveEvents {}
 
-async fn targets(client: &Client, driver: &str, volume_id: &str) -> Result<Vec<ObjectReference>, kube::Error> {
+/// Who to tell about a move of `volume_id`: found in this node's cache, else among this
+/// node's PVs as the API server's watch cache lists them.
+async fn targets(client: &Client, identity: &Identity, cache: Option<&crate::k8s::cache::NodeCache>, volume_id: &str) -> Result<Vec<ObjectReference>, kube::Error> {
+    if let Some(cache) = cache.filter(|c| c.ready()) {
+        let found: Vec<PersistentVolume> = cache.pv_of_volume(&identity.driver, volume_id).map(|pv| PersistentVolume::clone(&pv)).into_iter().collect();
+        return Ok(move_targets(&found, &identity.driver, volume_id));
+    }
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let list = pvs.list(&ListParams::default().match_any()).await?;
-    Ok(move_targets(&list.items, driver, volume_id))
+    let list = pvs.list(&ListParams::default().labels(&crate::k8s::scope::Scope::selector(&identity.node)).match_any()).await?;
+    Ok(move_targets(&list.items, &identity.driver, volume_id))
 }
 
 /// Records the Events of `m`; answers what failed, after one retry.
-async fn report(client: Client, identity: Identity, retry_after: Duration, m: VolumeMoved) -> Vec<String> {
-    let found = match targets(&client, &identity.driver, &m.volume_id).await {
+async fn report(client: Client, identity: Identity, cache: Option<crate::k8s::cache::NodeCache>, retry_after: Duration, m: VolumeMoved) -> Vec<String> {
+    let found = match targets(&client, &identity, cache.as_ref(), &m.volume_id).await {
         Ok(t) => Ok(t),
         Err(first) => {
             debug!(volume.id = %m.volume_id, error = %first, "looking up the claim of a moved volume failed; retrying once");
             tokio::time::sleep(retry_after).await;
-            targets(&client, &identity.driver, &m.volume_id).await
+            targets(&client, &identity, cache.as_ref(), &m.volume_id).await
         }
     };
     let objs = match found {
@@ -165,7 +178,7 @@ impl Handler<VolumeMoved> for MoveEvents {
     type Result = ();
     fn handle(&mut self, m: VolumeMoved, ctx: &mut Context<Self>) {
         let volume_id = m.volume_id.clone();
-        let work = report(self.client.clone(), self.identity.clone(), self.retry_after, m);
+        let work = report(self.client.clone(), self.identity.clone(), self.cache.clone(), self.retry_after, m);
         ctx.spawn(work.into_actor(self).map(move |errors, _, _| {
             for e in errors {
                 warn!(actor = "move-events", volume.id = %volume_id, error = %e, "could not record a volume move Event");

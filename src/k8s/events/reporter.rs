@@ -81,12 +81,11 @@ struct Target {
 
 /// Records condition Events against the API server.
 ///
-/// The PV is found in a reflector `Store` when one is given and ready: no request at all,
-/// which is what a node agent should do once anything in the process watches PVs (the
-/// attacher needs them too). Without one, each report lists the PVs with
-/// `resourceVersion=0`, served from the API server's watch cache rather than etcd; reports
-/// are rare and rate-limited, so this stays cheap, but it does transfer every PV of the
-/// cluster. A PV cannot be fetched by name: only the volume handle is known here.
+/// The PV and the pods are found in this node's cache (`crate::k8s::cache`) when it is
+/// given and ready: no request at all. Without it (or before it has listed), a report
+/// lists this node's PVs by the relay's label and its pods in the claim's namespace by
+/// field selector, both served from the API server's watch cache; reports are rare and
+/// rate-limited. A PV cannot be fetched by name: only the volume handle is known here.
 ///
 /// Each report uses a fresh `Recorder`: a shared one folds a repeated reason on the same
 /// object into a series for six minutes and keeps the first note, which would hide a new
@@ -96,13 +95,21 @@ pub(crate) struct ConditionReporter {
     client: Client,
     identity: Identity,
     pvs: Option<Store<PersistentVolume>>,
+    cache: Option<crate::k8s::cache::NodeCache>,
     retry_after: Duration,
 }
 
 impl ConditionReporter {
     /// A reporter for our driver on this node (`identity`), finding PVs by listing them.
     pub(crate) fn new(client: Client, identity: Identity) -> Self {
-        Self { client, identity, pvs: None, retry_after: RETRY_AFTER }
+        Self { client, identity, pvs: None, cache: None, retry_after: RETRY_AFTER }
+    }
+
+    /// Find PVs and pods in this node's cache once it has listed.
+    pub(crate) fn with_cache(mut self, cache: crate::k8s::cache::NodeCache) -> Self {
+        self.pvs = Some(cache.pvs.clone());
+        self.cache = Some(cache);
+        self
     }
 
     #[cfg(test)]
@@ -173,7 +180,7 @@ impl ConditionReporter {
         }
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
         let list = pvs
-            .list(&ListParams::default().match_any())
+            .list(&ListParams::default().labels(&crate::k8s::scope::Scope::selector(&self.identity.node)).match_any())
             .await
             .map_err(|source| EventsError::ListPersistentVolumes { volume_id: volume_id.to_string(), source })?;
         Ok(find_claim(&list.items, driver, volume_id))
@@ -189,15 +196,22 @@ impl ConditionReporter {
         };
         let namespace = claim.namespace.clone().unwrap_or_default();
         let node = &self.identity.node;
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
-        let params = ListParams::default().fields(&format!("spec.nodeName={node}")).match_any();
-        let list = pods.list(&params).await.map_err(|source| EventsError::ListPods {
-            volume_id: volume_id.to_string(),
-            node: node.clone(),
-            namespace: namespace.clone(),
-            source,
-        })?;
-        let using = pods_using(&list.items, &claim, node);
+        let cached = self.cache.as_ref().filter(|c| c.ready()).map(|c| c.pods(Some(&namespace)));
+        let items = match cached {
+            Some(pods) => pods,
+            None => {
+                let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+                let params = ListParams::default().fields(&format!("spec.nodeName={node}")).match_any();
+                let list = pods.list(&params).await.map_err(|source| EventsError::ListPods {
+                    volume_id: volume_id.to_string(),
+                    node: node.clone(),
+                    namespace: namespace.clone(),
+                    source,
+                })?;
+                list.items
+            }
+        };
+        let using = pods_using(&items, &claim, node);
         debug!(volume.id = %volume_id, pv.name = %pv, pvc.namespace = %namespace, pvc.name = claim.name.as_deref().unwrap_or_default(), pods = using.len(), "condition Event targets");
         let mut targets = vec![Target { regarding: claim.clone(), related: None }];
         targets.extend(using.into_iter().map(|regarding| Target { regarding, related: Some(claim.clone()) }));

@@ -102,6 +102,8 @@ pub(crate) struct Executor {
     recorder: Recorder,
     /// Why nothing was done, by volume id, as last logged.
     told: HashMap<String, String>,
+    /// This node's PVs and claims, when the agent keeps them.
+    cache: Option<crate::k8s::cache::NodeCache>,
 }
 
 /// The volumes a pass looks at: live volumes with a PV name.
@@ -113,7 +115,7 @@ impl Executor {
     /// An executor for `identity`'s driver and node.
     pub(crate) fn new(client: Client, identity: Identity) -> Self {
         let recorder = Recorder::new(client.clone(), identity.reporter());
-        Self { client, identity, recorder, told: HashMap::new() }
+        Self { client, identity, recorder, told: HashMap::new(), cache: None }
     }
 
     /// The drives of this node whose adoption asks to restore claims.
@@ -134,11 +136,13 @@ impl Executor {
         if candidates(volumes).next().is_none() {
             return Ok(false);
         }
-        let restoring = self.restoring().await?;
+        // Which drives restore claims matters only to a volume whose PV and claim are
+        // both gone: read once a pass, and only then.
+        let mut restoring: Option<Vec<String>> = None;
         let mut worked = false;
         let mut failed = None;
         for rec in candidates(volumes) {
-            match self.volume(rec, restoring.contains(&rec.drive_id), backend).await {
+            match self.volume(rec, &mut restoring, backend).await {
                 Ok(w) => worked |= w,
                 Err(e) => {
                     warn!(node.name = %self.identity.node, volume.id = %rec.id, error = %e,
@@ -151,16 +155,35 @@ impl Executor {
     }
 
     /// Reads, decides and acts for one volume: answers whether there was work.
-    async fn volume<B: RehomeBackend>(&mut self, rec: &VolumeRecord, restore_claims: bool, backend: &B) -> Result<bool, RehomeError> {
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+    async fn volume<B: RehomeBackend>(&mut self, rec: &VolumeRecord, restoring: &mut Option<Vec<String>>, backend: &B) -> Result<bool, RehomeError> {
         let pv_name = rec.binding.pv.clone();
-        let pv = pvs.get_opt(&pv_name).await.map_err(api(format!("reading PersistentVolume {pv_name}")))?;
+        // This node's cache holds the PV of a volume already homed here (the relay
+        // labelled it): no request. One pinned elsewhere, or gone, is read.
+        let cache = self.cache.as_ref().filter(|c| c.ready());
+        let pv = match cache.and_then(|c| c.pv(&pv_name)) {
+            Some(pv) => Some(PersistentVolume::clone(&pv)),
+            None => {
+                let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+                pvs.get_opt(&pv_name).await.map_err(api(format!("reading PersistentVolume {pv_name}")))?
+            }
+        };
         let claim = match claim_to_read(rec, pv.as_ref()) {
-            Some((ns, name)) => Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &ns)
-                .get_opt(&name)
-                .await
-                .map_err(api(format!("reading claim {ns}/{name}")))?,
+            Some((ns, name)) => match cache.and_then(|c| c.claim(&ns, &name)) {
+                Some(c) => Some(PersistentVolumeClaim::clone(&c)),
+                None => Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &ns)
+                    .get_opt(&name)
+                    .await
+                    .map_err(api(format!("reading claim {ns}/{name}")))?,
+            },
             None => None,
+        };
+        let restore_claims = if pv.is_none() && claim.is_none() {
+            if restoring.is_none() {
+                *restoring = Some(self.restoring().await?);
+            }
+            restoring.as_ref().is_some_and(|r| r.contains(&rec.drive_id))
+        } else {
+            false
         };
         // An encrypted volume whose PV is made again names its class's node-stage Secret.
         let stage_secret = match (&pv, rec.encrypted()) {
@@ -283,9 +306,10 @@ fn shape(volumes: &[VolumeRecord]) -> BTreeMap<String, Binding> {
 }
 
 /// Runs for the agent's life (see the module rules).
-pub(crate) async fn run<B: RehomeBackend>(client: Client, identity: Identity, backend: B) {
+pub(crate) async fn run<B: RehomeBackend>(client: Client, identity: Identity, backend: B, cache: Option<crate::k8s::cache::NodeCache>) {
     backend.wait_ready().await;
     let mut executor = Executor::new(client, identity);
+    executor.cache = cache;
     let mut last = None;
     let mut next = tokio::time::Instant::now();
     loop {

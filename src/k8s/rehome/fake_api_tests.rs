@@ -95,7 +95,6 @@ async fn a_pv_pinned_to_another_node_is_replaced_pinned_here_retain_first_and_th
     let (client, mut api) = fake_api();
     let backend = Bindings::default();
     let server = tokio::spawn(async move {
-        expect_drives(&mut api, vec![]).await;
         let (_, reply) = api.expect_path(Method::GET, PV).await;
         respond(reply, &pv(DRIVER, "vol-a", "node-2", "Delete", &["kubernetes.io/pv-protection", "drivelet.io/attacher"], Some("uid-0")));
         let (_, reply) = api.expect_path(Method::GET, CLAIM).await;
@@ -125,7 +124,6 @@ async fn a_pv_pinned_to_another_node_is_replaced_pinned_here_retain_first_and_th
         expect_event(&mut api, VOLUME_ADOPTED, &["node-1", "node-2", "pv-a", "no data was touched"]).await;
 
         // The next pass: pinned here; the claim fills the binding.
-        expect_drives(&mut api, vec![]).await;
         let (_, reply) = api.expect_path(Method::GET, PV).await;
         respond(reply, &pv(DRIVER, "vol-a", HERE, "Delete", &[], Some("uid-0")));
         let (_, reply) = api.expect_path(Method::GET, CLAIM).await;
@@ -147,11 +145,12 @@ async fn an_adoption_that_restores_claims_creates_the_claim_then_the_pv_bound_to
     let (client, mut api) = fake_api();
     let backend = Bindings::default();
     let server = tokio::spawn(async move {
-        expect_drives(&mut api, vec![drive(Some(DriveAction::Adopt), Some(true))]).await;
         let (_, reply) = api.expect_path(Method::GET, PV).await;
         respond_not_found(reply, "persistentvolumes \"pv-a\" not found");
         let (_, reply) = api.expect_path(Method::GET, CLAIM).await;
         respond_not_found(reply, "persistentvolumeclaims \"data-0\" not found");
+        // Both gone: only now are the drives that restore claims read.
+        expect_drives(&mut api, vec![drive(Some(DriveAction::Adopt), Some(true))]).await;
         let (body, reply) = api.expect_path(Method::POST, CLAIMS).await;
         assert_eq!(body["metadata"]["name"], "data-0");
         assert_eq!(body["metadata"]["annotations"][RESTORED_FOR], "vol-a");
@@ -178,14 +177,13 @@ async fn without_restore_claims_a_volume_with_neither_pv_nor_claim_is_left_and_a
     let backend = Bindings::default();
     let server = tokio::spawn(async move {
         // An adoption without restoreClaims: nothing is created.
-        expect_drives(&mut api, vec![drive(Some(DriveAction::Adopt), None)]).await;
         let (_, reply) = api.expect_path(Method::GET, PV).await;
         respond_not_found(reply, "persistentvolumes \"pv-a\" not found");
         let (_, reply) = api.expect_path(Method::GET, CLAIM).await;
         respond_not_found(reply, "persistentvolumeclaims \"data-0\" not found");
+        expect_drives(&mut api, vec![drive(Some(DriveAction::Adopt), None)]).await;
 
         // Killed after the delete: the PV is gone, the (Lost) claim still names it.
-        expect_drives(&mut api, vec![]).await;
         let (_, reply) = api.expect_path(Method::GET, PV).await;
         respond_not_found(reply, "persistentvolumes \"pv-a\" not found");
         let (_, reply) = api.expect_path(Method::GET, CLAIM).await;

@@ -6,10 +6,12 @@
 //! relists, the work queue, readiness and resync are the shell's (see its rules).
 //!
 //! Rules:
-//! - The API server has no field selector for a PV's driver or node, nor for a claim's
-//!   size, so both watches are cluster-wide and filtered on arrival: PVs are kept only
-//!   when [`our_volume`](super::our_volume) names a volume, claims only when bound to a
-//!   PV, both stripped to what the decisions read.
+//! - Both watches are this node's, filtered by the API server on the label the elected
+//!   agent's relay sets (`crate::k8s::relay`: a PV by its node affinity, a claim by its
+//!   PV's node or its selected node), since the server has no field selector for a PV's
+//!   driver or node nor for a claim's. Of what arrives, PVs are kept only when
+//!   [`our_volume`](super::our_volume) names a volume, claims only when bound to a PV,
+//!   both stripped to what the decisions read.
 //! - A relist replaces the kept set and every claim of a kept PV is queued, so a request
 //!   made while the watch was down is not lost.
 //! - A claim is queued when a change matters to the decisions
@@ -38,7 +40,7 @@ use super::backend::ResizeBackend;
 use super::executor::{key_of, Executor, Ran};
 use super::{claim_differs, our_volume, plan, resize_status, Observed, Plan, CONTROLLER_INFEASIBLE};
 pub(crate) use crate::k8s::shell::QueueConfig;
-use crate::k8s::shell::{Change, Controller, Pending, Settings, Shell, Work};
+use crate::k8s::shell::{Change, Controller, Pending, Scope, Settings, Shell, Work};
 use crate::k8s::workqueue::Outcome;
 
 #[cfg(test)]
@@ -210,6 +212,10 @@ impl<B: ResizeBackend> Controller for Resize<B> {
     type Key = String;
     type Own = Claims;
     type Ran = Run;
+
+    fn scopes(&self) -> (Scope, Scope) {
+        (Scope::node(&self.cfg.identity.node), Scope::node(&self.cfg.identity.node))
+    }
 
     fn keep_first(&self, pvc: PersistentVolumeClaim) -> Option<PersistentVolumeClaim> {
         bound_pv(&pvc).is_some().then(|| slim_pvc(pvc))

@@ -8,9 +8,11 @@
 //! that are not run by a shell, and why, are listed in `crate::k8s`'s module doc.
 //!
 //! Rules:
-//! - Two watches (`Controller::First`, `Controller::Second`), cluster-wide (the API
-//!   server has no field selector for what the controllers filter on), restarted with
-//!   backoff when they fail. A watch (re)start lists everything again (`Init` ..
+//! - Two watches (`Controller::First`, `Controller::Second`), each of the scope the
+//!   controller names ([`Controller::scopes`]): this node's objects, filtered by the API
+//!   server on the label the elected agent's relay sets (`crate::k8s::scope`), or a
+//!   cluster-scoped setting; restarted with backoff when they fail. Every event is
+//!   counted, a foreign one (another node's object on a node watch) apart. A watch (re)start lists everything again (`Init` ..
 //!   `InitDone`): the listed objects the controller keeps ([`Controller::keep`]) are
 //!   collected and handed over whole at `InitDone` ([`Change::Listed`]), where they
 //!   replace the kept set, and then every key is queued ([`Controller::queue_all`]):
@@ -55,6 +57,7 @@ use tokio_stream::StreamExt;
 use tracing::{debug, info, warn};
 
 use crate::k8s::identity::Identity;
+pub(crate) use crate::k8s::scope::Scope;
 use crate::k8s::workqueue::{Outcome, WorkQueue};
 
 /// The retry policy of the loops that retry with backoff.
@@ -154,6 +157,9 @@ pub(crate) trait Controller: Unpin + Sized + 'static {
     /// The controller's part of the statistics.
     type Own: Copy + Default + 'static;
 
+    /// Which objects each watch (first, second) asks the API server for.
+    fn scopes(&self) -> (Scope, Scope);
+
     /// What is kept of a listed object of the first watch (stripped), or `None` when it
     /// is none of ours.
     fn keep_first(&self, object: Self::First) -> Option<Self::First>;
@@ -238,6 +244,8 @@ pub(crate) struct Shell<C: Controller> {
     ready: bool,
     /// Retries and lists so far (`own` unused).
     counters: Stats<()>,
+    /// The scopes the watches were started with, for counting their events.
+    scopes: Option<(Scope, Scope)>,
 }
 
 impl<C: Controller> Shell<C> {
@@ -259,6 +267,7 @@ impl<C: Controller> Shell<C> {
             synced: (false, false),
             ready: false,
             counters: Stats::default(),
+            scopes: None,
         }
     }
 
@@ -337,11 +346,13 @@ impl<C: Controller> Actor for Shell<C> {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        let cfg = watcher::Config::default();
+        let (one, two) = self.controller.scopes();
         let first: Api<C::First> = Api::all(self.client.clone());
         let second: Api<C::Second> = Api::all(self.client.clone());
-        ctx.add_stream(watcher(first, cfg.clone()).default_backoff().map(WatchItem::<C::First, C::Second>::First));
-        ctx.add_stream(watcher(second, cfg).default_backoff().map(WatchItem::<C::First, C::Second>::Second));
+        let (c1, c2) = (one.config(), two.config());
+        self.scopes = Some((one, two));
+        ctx.add_stream(watcher(first, c1).default_backoff().map(WatchItem::<C::First, C::Second>::First));
+        ctx.add_stream(watcher(second, c2).default_backoff().map(WatchItem::<C::First, C::Second>::Second));
         let resync = self.settings.resync;
         if resync > Duration::ZERO {
             ctx.run_interval(resync, |act, ctx| {
@@ -435,6 +446,13 @@ fn kind<K: Resource<DynamicType = ()>>() -> String {
 
 impl<C: Controller> StreamHandler<WatchItem<C::First, C::Second>> for Shell<C> {
     fn handle(&mut self, item: WatchItem<C::First, C::Second>, ctx: &mut Context<Self>) {
+        if let Some((one, two)) = &self.scopes {
+            match &item {
+                Either::First(Ok(event)) => crate::k8s::scope::count(event, one),
+                Either::Second(Ok(event)) => crate::k8s::scope::count(event, two),
+                _ => {}
+            }
+        }
         let change = match item {
             Either::First(Ok(event)) => collect(event, &mut self.listing.0, |o| self.controller.keep_first(o)).map(Either::First),
             Either::Second(Ok(event)) => collect(event, &mut self.listing.1, |o| self.controller.keep_second(o)).map(Either::Second),

@@ -44,6 +44,10 @@ impl Controller for Toy {
     type Ran = Outcome;
     type Own = ();
 
+    fn scopes(&self) -> (crate::k8s::shell::Scope, crate::k8s::shell::Scope) {
+        (crate::k8s::shell::Scope::Cluster, crate::k8s::shell::Scope::Cluster)
+    }
+
     fn keep_first(&self, node: Node) -> Option<Node> {
         (!node.name_any().starts_with("skip")).then_some(node)
     }

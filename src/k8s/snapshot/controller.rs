@@ -7,9 +7,11 @@
 //! readiness and resync are the shell's (see its rules).
 //!
 //! Rules:
-//! - Both watches are cluster-wide (the snapshot-controller, run without distributed
-//!   snapshotting, puts no node on a content) and filtered on arrival: contents and
-//!   classes are kept only when their driver is ours, contents stripped to what the
+//! - Contents are this node's, filtered by the API server on the label the elected
+//!   agent's relay sets (`crate::k8s::relay`: the node of the content's source volume or
+//!   of its snapshot; the snapshot-controller, run without distributed snapshotting,
+//!   puts no node on a content). Classes are a cluster-scoped setting, watched whole.
+//!   Both are kept only when their driver is ours, contents stripped to what the
 //!   decisions read.
 //! - A content labelled for another node is never run; any other content of ours is run
 //!   once its owner is known: this node holds its volume or snapshot (asked of the volume
@@ -35,7 +37,7 @@ use super::executor::{Executor, Ran};
 use super::objects::{VolumeSnapshotClass, VolumeSnapshotContent};
 use super::{is_ready, labelled_node, plan, snapshot_handle, snapshot_name, Held, Plan, BEING_CREATED};
 pub(crate) use crate::k8s::shell::QueueConfig;
-use crate::k8s::shell::{Change, Controller, Pending, Settings, Shell, Work};
+use crate::k8s::shell::{Change, Controller, Pending, Scope, Settings, Shell, Work};
 use crate::k8s::workqueue::Outcome;
 
 #[cfg(test)]
@@ -129,6 +131,10 @@ impl<B: SnapshotBackend> Controller for Snapshots<B> {
     type Key = String;
     type Own = Contents;
     type Ran = Run;
+
+    fn scopes(&self) -> (Scope, Scope) {
+        (Scope::node(&self.cfg.identity.node), Scope::Cluster)
+    }
 
     fn keep_first(&self, c: VolumeSnapshotContent) -> Option<VolumeSnapshotContent> {
         self.ours(&c).then(|| slim(c))
