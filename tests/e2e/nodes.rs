@@ -64,10 +64,11 @@ type Journey = fn(&mut State) -> Check;
 
 /// Runs the journeys across nodes in order; the first failure stops them.
 pub(crate) fn run() -> Outcome {
-    let journeys: [(&str, Journey); 4] = [
+    let journeys: [(&str, Journey); 5] = [
         ("placement across nodes: capacity, only-fits, fits nowhere, pinned without room, attach", journey_placement),
         ("node-2 stopped past NotReady and back: nothing released", journey_stopped),
         ("node-2 deleted for good, the Lease holder killed mid-way; node-2 back", journey_deleted),
+        ("each agent received no watch event for another node's object; the relay labelled them", journey_own_objects),
         ("clean-up across nodes", journey_cleanup),
     ];
     let mut state = State::default();
@@ -746,6 +747,48 @@ fn journey_deleted(st: &mut State) -> Check {
     st.measured.insert("node-2 back -> removed volume deleted, kept ones attached".into(), format!("{:.1}s", back.elapsed().as_secs_f64()));
     wait("node-2's Drive objects back", Duration::from_secs(30), || Ok((managed_drives_of(N2)?.len() == 2).then_some(())))?;
     Ok(())
+}
+
+/// The sum of the series of `name` in an agent's /metrics at `address`.
+fn metric_sum(address: &str, name: &str) -> Result<f64, String> {
+    let text = run_cmd("curl", &["-sf", "--max-time", "5", &format!("http://{address}/metrics")])?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// Every agent (the DaemonSet's on node-1, the host agents of node-2 and node-3) watched
+/// only its own objects: after the journeys across nodes made claims, PVs and
+/// attachments on all three, no agent's per-node watches delivered an object of another
+/// node (`drivelet_kube_foreign_watch_events_total` 0), each received events for its own,
+/// and every PV of the journeys carries the label of the node its affinity names.
+fn journey_own_objects(st: &mut State) -> Check {
+    for (node, address) in [("node-1", "127.0.0.1:9808"), (N2, "127.0.0.1:9812"), (N3, "127.0.0.1:9813")] {
+        let foreign = metric_sum(address, "drivelet_kube_foreign_watch_events_total")?;
+        let all = metric_sum(address, "drivelet_kube_watch_events_total")?;
+        ensure(foreign == 0.0, || format!("{node}'s agent received {foreign} watch events for other nodes' objects"))?;
+        ensure(all > 0.0, || format!("{node}'s agent counted no watch event at all"))?;
+        st.measured.insert(format!("watch events received by {node}'s agent (none foreign)"), format!("{all}"));
+    }
+    let relayed: f64 = ["127.0.0.1:9808", "127.0.0.1:9812", "127.0.0.1:9813"]
+        .iter()
+        .map(|a| metric_sum(a, "drivelet_kube_relayed_labels_total").unwrap_or(0.0))
+        .sum();
+    ensure(relayed > 0.0, || "no agent's relay labelled anything".to_string())?;
+    // A PV made a moment ago is labelled within about a second.
+    wait("every PV of the driver labelled with the node it is pinned to", Duration::from_secs(20), || {
+        let pvs = get_json(&["get", "pv"])?;
+        for pv in pvs["items"].as_array().into_iter().flatten().filter(|v| v["spec"]["csi"]["driver"] == DRIVER) {
+            let Some(node) = pv_node(pv) else { continue };
+            let label = pv["metadata"]["labels"][DRIVE_NODE_LABEL].as_str().unwrap_or("");
+            if label != node {
+                return Err(format!("PV {} is pinned to {node} but labelled {label:?}", name_of(pv)));
+            }
+        }
+        Ok(Some(()))
+    })
 }
 
 fn journey_cleanup(_st: &mut State) -> Check {

@@ -141,6 +141,7 @@ impl View {
 
     /// How many objects of each kind the view holds: PVs, claims, attachments, contents,
     /// Drive objects.
+    #[cfg(test)]
     pub(crate) fn counts(&self) -> [usize; 5] {
         [self.pvs.len(), self.claims.len(), self.vas.len(), self.contents.len(), self.drives.len()]
     }
