@@ -1,9 +1,11 @@
 //! Carries out the claim watch's decisions ([`super::claims`]) against the API server.
 //!
 //! Rules:
-//! - [`ClaimExecutor::observe`] lists claims first; only when one waits for a drivelet
-//!   StorageClass does it read Nodes, CSIStorageCapacity objects (in drivelet's
-//!   namespace, where the provisioners publish them) and PVs.
+//! - The claims that wait, the driver's StorageClasses and the PVs of clone sources come
+//!   from the relay's view (its watch caches); only when a claim waits for a drivelet
+//!   StorageClass does [`ClaimExecutor::observe`] read Nodes (paginated) and the
+//!   CSIStorageCapacity objects (in drivelet's namespace, where the provisioners publish
+//!   them).
 //! - A selected node is written with a merge patch guarded by the claim's resourceVersion:
 //!   a claim changed meanwhile (a node selected by someone else) is a conflict, decided
 //!   again next round, never overwritten. The Normal Event follows the write.
@@ -26,7 +28,6 @@ use crate::k8s::identity::Identity;
 /// Talks to the API server for the claim watch.
 pub(crate) struct ClaimExecutor {
     client: Client,
-    identity: Identity,
     namespace: String,
     recorder: Recorder,
 }
@@ -40,34 +41,40 @@ impl ClaimExecutor {
     /// An executor for `identity`'s driver, reading capacity objects in `namespace`.
     pub(crate) fn new(client: Client, identity: Identity, namespace: String) -> Self {
         let recorder = Recorder::new(client.clone(), identity.reporter());
-        Self { client, identity, namespace, recorder }
+        Self { client, namespace, recorder }
     }
 
-    /// Reads what a round of the claim watch decides on.
-    pub(crate) async fn observe(&self) -> Result<ClaimsObserved, DutyError> {
-        let lp = ListParams::default();
-        let claims = Api::<PersistentVolumeClaim>::all(self.client.clone()).list(&lp).await.map_err(api("listing claims"))?;
-        let mut obs = ClaimsObserved { claims: claims.items, now: Some(k8s_openapi::jiff::Timestamp::now()), ..Default::default() };
-        let waiting = obs.claims.iter().any(|c| {
-            c.spec.as_ref().is_some_and(|s| s.volume_name.as_deref().unwrap_or("").is_empty())
-                && c.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending") == "Pending"
-        });
-        if !waiting {
+    /// Completes what a round of the claim watch decides on: `claims` that wait, the
+    /// driver's `classes` and the PVs of clone sources (`volumes`), from the relay's view.
+    pub(crate) async fn observe(
+        &self,
+        claims: Vec<PersistentVolumeClaim>,
+        classes: Vec<StorageClass>,
+        volumes: Vec<PersistentVolume>,
+    ) -> Result<ClaimsObserved, DutyError> {
+        let mut obs = ClaimsObserved { claims, now: Some(k8s_openapi::jiff::Timestamp::now()), volumes, ..Default::default() };
+        let ours = |c: &PersistentVolumeClaim| {
+            let class = c.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()).unwrap_or("");
+            classes.iter().any(|k| k.metadata.name.as_deref() == Some(class))
+        };
+        if !obs.claims.iter().any(ours) {
             return Ok(obs);
         }
-        let classes = Api::<StorageClass>::all(self.client.clone()).list(&lp).await.map_err(api("listing StorageClasses"))?;
-        obs.classes = classes.items.into_iter().filter(|c| c.provisioner == self.identity.driver).collect();
-        if obs.classes.is_empty() {
-            return Ok(obs);
+        obs.classes = classes;
+        let mut lp = ListParams::default().limit(500);
+        loop {
+            let page = Api::<Node>::all(self.client.clone()).list(&lp).await.map_err(api("listing Nodes"))?;
+            obs.nodes.extend(page.items);
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => lp = lp.continue_token(&token),
+                None => break,
+            }
         }
-        obs.nodes = Api::<Node>::all(self.client.clone()).list(&lp).await.map_err(api("listing Nodes"))?.items;
         obs.capacities = Api::<CSIStorageCapacity>::namespaced(self.client.clone(), &self.namespace)
-            .list(&lp)
+            .list(&ListParams::default())
             .await
             .map_err(api(format!("listing CSIStorageCapacity objects in namespace {}", self.namespace)))?
             .items;
-        obs.volumes =
-            Api::<PersistentVolume>::all(self.client.clone()).list(&lp).await.map_err(api("listing PersistentVolumes"))?.items;
         Ok(obs)
     }
 

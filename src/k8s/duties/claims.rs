@@ -130,6 +130,23 @@ pub(crate) struct ClaimAction {
     pub decision: ClaimDecision,
 }
 
+/// The claims (namespace, name) that `claims` clone: the PVs a round needs to know
+/// their node.
+pub(crate) fn clone_sources(claims: &[PersistentVolumeClaim]) -> std::collections::BTreeSet<(String, String)> {
+    claims
+        .iter()
+        .filter_map(|c| {
+            let spec = c.spec.as_ref()?;
+            let (kind, name) = spec
+                .data_source_ref
+                .as_ref()
+                .map(|r| (r.kind.as_str(), r.name.as_str()))
+                .or_else(|| spec.data_source.as_ref().map(|r| (r.kind.as_str(), r.name.as_str())))?;
+            (kind == "PersistentVolumeClaim").then(|| (c.namespace().unwrap_or_default(), name.to_string()))
+        })
+        .collect()
+}
+
 /// The decisions of one round, claims in namespace/name order; refusals already warned
 /// for the same cause are left out.
 pub(crate) fn plan_claims(obs: &ClaimsObserved, driver: &str) -> Vec<ClaimAction> {

@@ -11,13 +11,17 @@
 //! - While it leads it runs the relay ([`crate::k8s::relay`]), which labels the
 //!   cluster's objects with their nodes; losing or giving up the Lease stops it, and the
 //!   next holder's relay lists everything and catches up.
-//! - While it leads, a round of duties runs every [`DUTIES_EVERY`]: read
-//!   ([`Executor::observe`]), decide ([`plan`]), and for each node proposed as gone,
-//!   confirm it gone (GET answered 404) and then do its duties. Before each node it checks
-//!   that it still leads. A failed step is logged and redone next round.
-//! - In the same rounds, the claim watch ([`super::claims`]): read
-//!   ([`ClaimExecutor::observe`]), decide ([`plan_claims`]), act on each claim while it
-//!   still leads.
+//! - While it leads, a round of duties runs every [`DUTIES_EVERY`] over the relay's view
+//!   (its watch caches, no list): once the view has listed everything, the nodes its
+//!   objects name that no Node object is are proposed as gone, the round decides
+//!   ([`plan`]) over their objects ([`Executor::observe`] reads only their claims,
+//!   classes and pods), and for each such node confirms it gone (GET answered 404) and
+//!   then does its duties. Before each node it checks that it still leads. A failed step
+//!   is logged and redone next round. A round with no node gone makes no request.
+//! - In the same rounds, the claim watch ([`super::claims`]): the claims that wait, from
+//!   the view ([`ClaimExecutor::observe`] reads Nodes and capacity objects only when one
+//!   of them waits for a drivelet class), decide ([`plan_claims`]), act on each claim
+//!   while it still leads.
 //! - Asked to stop (a clean shutdown), it gives the Lease up ([`election::release`]) when it
 //!   holds it, so a peer takes over at its next look; a round under way is dropped (the
 //!   duties are idempotent).
@@ -48,6 +52,7 @@ use super::claims::plan_claims;
 use super::executor::{DutyError, Executor};
 use super::plan;
 use crate::k8s::identity::Identity;
+use crate::k8s::relay::controller::{lock, SharedView};
 
 /// How often the leader runs a round of duties.
 pub(crate) const DUTIES_EVERY: Duration = Duration::from_secs(10);
@@ -88,6 +93,8 @@ pub(crate) struct Controller {
     listing: Option<Option<Lease>>,
     /// The relay, while this agent leads.
     relay: Option<JoinHandle<()>>,
+    /// The relay's view of the cluster, which the rounds decide on.
+    view: SharedView,
     /// Whether it runs the relay while it leads (always, but in tests of the election).
     relays: bool,
     identity: Identity,
@@ -114,6 +121,7 @@ impl Controller {
             current: None,
             listing: None,
             relay: None,
+            view: SharedView::default(),
             relays: true,
             identity,
             executor,
@@ -131,6 +139,12 @@ impl Controller {
     pub(crate) fn without_relay(mut self) -> Self {
         self.relays = false;
         self
+    }
+
+    /// The relay's view the rounds decide on (tests fill it as the relay's watches would).
+    #[cfg(test)]
+    pub(crate) fn view(&self) -> SharedView {
+        self.view.clone()
     }
 
     /// Whether this agent leads now.
@@ -214,8 +228,8 @@ impl Controller {
             return self.stop_relay();
         }
         if self.relay.as_ref().is_none_or(JoinHandle::is_finished) {
-            let (client, driver) = (self.client.clone(), self.identity.driver.clone());
-            self.relay = Some(tokio::spawn(crate::k8s::relay::controller::run(client, driver)));
+            let (client, driver, view) = (self.client.clone(), self.identity.driver.clone(), self.view.clone());
+            self.relay = Some(tokio::spawn(crate::k8s::relay::controller::run(client, driver, view)));
         }
     }
 
@@ -276,10 +290,18 @@ impl Controller {
 
     /// One round of duties (while leading).
     pub(crate) async fn round(&mut self) -> Result<(), DutyError> {
-        let (obs, gone) = self.executor.observe().await?;
-        if gone.is_empty() {
-            return Ok(());
-        }
+        let (obs, gone) = {
+            let view = lock(&self.view);
+            if !view.synced() {
+                return Ok(());
+            }
+            let gone = view.gone();
+            if gone.is_empty() {
+                return Ok(());
+            }
+            (view.duties(&gone), gone)
+        };
+        let obs = self.executor.observe(obs, &gone).await?;
         let plans = plan(&obs, &self.identity.driver, &gone);
         for (node, duties) in plans {
             if !self.leading() {
@@ -306,7 +328,16 @@ impl Controller {
     /// One round of the claim watch (while leading): waiting claims of drivelet's classes
     /// get a node (Immediate binding) or a Warning saying why they wait.
     pub(crate) async fn claims_round(&mut self) -> Result<(), DutyError> {
-        let obs = self.claims.observe().await?;
+        let (claims, classes, sources) = {
+            let view = lock(&self.view);
+            if !view.synced() {
+                return Ok(());
+            }
+            let claims = view.waiting_claims();
+            let sources = super::claims::clone_sources(&claims);
+            (claims, view.classes(), view.pvs_of_claims(&sources))
+        };
+        let obs = self.claims.observe(claims, classes, sources).await?;
         for action in plan_claims(&obs, &self.identity.driver) {
             if !self.leading() {
                 return Ok(());

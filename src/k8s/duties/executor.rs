@@ -2,9 +2,10 @@
 //! confirms a node is gone, performs its duties in order, remembers removed volumes.
 //!
 //! Rules:
-//! - [`Executor::observe`] reads Nodes (metadata only), VolumeAttachments, PVs and Drive
-//!   objects every round; claims, pods and StorageClasses only when a gone node's PV is
-//!   bound to a claim, and only in the namespaces and classes concerned.
+//! - The Nodes, VolumeAttachments, PVs and Drive objects come from the relay's view
+//!   (its watch caches); [`Executor::observe`] reads claims, pods and StorageClasses
+//!   only when a gone node's PV is bound to a claim, and only in the namespaces and
+//!   classes concerned.
 //! - [`Executor::confirm_gone`] asks for the Node itself: only a 404 confirms it gone. Any
 //!   answer else (the Node, an error, a timeout) keeps everything of that node.
 //! - [`Executor::apply`] performs a node's duties in order and stops at the first failure
@@ -28,7 +29,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::{claims_to_read, gone_nodes, releasing_namespaces, Duty, Observed, REMOVED_VOLUMES, WARNED};
+use super::{claims_to_read, releasing_namespaces, Duty, Observed, REMOVED_VOLUMES, WARNED};
 use crate::k8s::crd::Drive;
 use crate::k8s::identity::Identity;
 use crate::words::on_node_deleted::ON_NODE_DELETED;
@@ -83,23 +84,12 @@ impl Executor {
         Self { client, identity, namespace, recorder, warned: HashSet::new() }
     }
 
-    /// Reads what a round decides on, and the nodes it proposes as gone.
-    pub(crate) async fn observe(&self) -> Result<(Observed, BTreeSet<String>), DutyError> {
+    /// Completes what a round decides on for the `gone` nodes (`obs`, from the relay's
+    /// view): the claims their bound PVs name, those claims' classes and, where a class
+    /// releases claims, the pods of their namespaces.
+    pub(crate) async fn observe(&self, mut obs: Observed, gone: &BTreeSet<String>) -> Result<Observed, DutyError> {
         let lp = ListParams::default();
-        let nodes = Api::<Node>::all(self.client.clone()).list_metadata(&lp).await.map_err(api("listing Nodes"))?;
-        let attachments =
-            Api::<VolumeAttachment>::all(self.client.clone()).list(&lp).await.map_err(api("listing VolumeAttachments"))?;
-        let volumes = Api::<PersistentVolume>::all(self.client.clone()).list(&lp).await.map_err(api("listing PersistentVolumes"))?;
-        let drives = Api::<Drive>::all(self.client.clone()).list(&lp).await.map_err(api("listing Drive objects"))?;
-        let mut obs = Observed {
-            nodes: nodes.items.iter().map(|n| n.name_any()).collect(),
-            attachments: attachments.items,
-            volumes: volumes.items,
-            drives: drives.items,
-            ..Default::default()
-        };
-        let gone = gone_nodes(&obs, &self.identity.driver);
-        let wanted = claims_to_read(&obs, &self.identity.driver, &gone);
+        let wanted = claims_to_read(&obs, &self.identity.driver, gone);
         let namespaces: BTreeSet<&str> = wanted.iter().map(|(ns, _)| ns.as_str()).collect();
         for ns in &namespaces {
             let claims = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), ns)
@@ -125,7 +115,7 @@ impl Executor {
                 .map_err(api(format!("listing pods in namespace {ns}")))?;
             obs.pods.extend(pods.items);
         }
-        Ok((obs, gone))
+        Ok(obs)
     }
 
     /// Whether `node`'s Node object is gone: only a 404 to a GET of it says so.

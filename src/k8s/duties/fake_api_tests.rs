@@ -18,6 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{json, Value};
 
 use super::controller::Controller;
+use crate::k8s::relay::controller::lock;
+use crate::k8s::relay::view::View;
 use super::election::LEASE_NAME;
 use super::returned::{reconcile_once, RemovedBackend};
 use crate::actors::volumes::VolumeError;
@@ -180,19 +182,7 @@ async fn a_clean_shutdown_gives_the_lease_up_only_when_held() {
     // nothing gone.
     let (body, reply) = api.expect_path(Method::PUT, LEASE).await;
     respond(reply, &stored(&body, "31"));
-    let (_, reply) = api.expect_path(Method::GET, "/api/v1/nodes").await;
-    respond(reply, &node_list(&["n1"]));
-    for (path, kind, version) in [
-        ("/apis/storage.k8s.io/v1/volumeattachments", "VolumeAttachment", "storage.k8s.io/v1"),
-        ("/api/v1/persistentvolumes", "PersistentVolume", "v1"),
-        ("/apis/drivelet.io/v1alpha1/drives", "Drive", "drivelet.io/v1alpha1"),
-    ] {
-        let (_, reply) = api.expect_path(Method::GET, path).await;
-        respond(reply, &list_of(kind, version, "1", vec![]));
-    }
-    // The claim watch: no claim waits, so nothing else is read.
-    let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumeclaims").await;
-    respond(reply, &list_of("PersistentVolumeClaim", "v1", "1", vec![]));
+    // Its rounds read the relay's view (not run here: nothing listed yet), never a list.
     assert!(api.is_quiet());
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     stop.send(done_tx).unwrap();
@@ -217,14 +207,6 @@ async fn a_clean_shutdown_gives_the_lease_up_only_when_held() {
     server.await.unwrap().assert_no_more_requests("a follower writes nothing");
 }
 
-fn node_list(names: &[&str]) -> Value {
-    let items: Vec<Value> = names
-        .iter()
-        .map(|n| json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {"name": n}}))
-        .collect();
-    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {"resourceVersion": "1"}, "items": items})
-}
-
 /// Makes `c` the leader through a create of the Lease.
 async fn lead(c: &mut Controller, api: FakeApi) -> FakeApi {
     see(c, None);
@@ -239,16 +221,36 @@ async fn lead(c: &mut Controller, api: FakeApi) -> FakeApi {
     server.await.unwrap()
 }
 
-/// Answers the lists of a round: Nodes `live`, then VolumeAttachments, PVs and Drives.
-async fn answer_lists(api: &mut FakeApi, live: &[&str], vas: Vec<Value>, pvs: Vec<Value>, drives: Vec<Value>) {
-    let (_, reply) = api.expect_path(Method::GET, "/api/v1/nodes").await;
-    respond(reply, &node_list(live));
-    let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/volumeattachments").await;
-    respond(reply, &list_of("VolumeAttachment", "storage.k8s.io/v1", "1", vas));
-    let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumes").await;
-    respond(reply, &list_of("PersistentVolume", "v1", "1", pvs));
-    let (_, reply) = api.expect_path(Method::GET, "/apis/drivelet.io/v1alpha1/drives").await;
-    respond(reply, &list_of("Drive", "drivelet.io/v1alpha1", "1", drives));
+/// Fills `c`'s view as the relay's watches would: Nodes `live`, these attachments, PVs,
+/// Drive objects, claims and StorageClasses, every kind listed.
+fn fill(c: &Controller, live: &[&str], vas: Vec<Value>, pvs: Vec<Value>, drives: Vec<Value>) {
+    fill_all(c, live, vas, pvs, drives, vec![], vec![]);
+}
+
+fn fill_all(c: &Controller, live: &[&str], vas: Vec<Value>, pvs: Vec<Value>, drives: Vec<Value>, claims: Vec<Value>, classes: Vec<Value>) {
+    let view = c.view();
+    let mut v = lock(&view);
+    *v = View::new(DRIVER);
+    for n in live {
+        v.node(n, true);
+    }
+    for o in vas {
+        v.apply_va(&serde_json::from_value(o).unwrap());
+    }
+    for o in pvs {
+        v.apply_pv(&serde_json::from_value(o).unwrap());
+    }
+    for o in drives {
+        v.apply_drive(&serde_json::from_value(o).unwrap());
+    }
+    for o in claims {
+        v.apply_claim(&serde_json::from_value(o).unwrap());
+    }
+    for o in classes {
+        let k: k8s_openapi::api::storage::v1::StorageClass = serde_json::from_value(o).unwrap();
+        v.class(k.metadata.name.as_deref().unwrap(), Some(&k));
+    }
+    v.listed_all();
 }
 
 #[tokio::test(start_paused = true)]
@@ -256,18 +258,17 @@ async fn a_leader_confirms_a_node_deleted_then_releases_deletes_remembers_and_re
     let (client, api) = fake_api();
     let mut c = Controller::new(client, identity("n1"), NS.into());
     let mut api = lead(&mut c, api).await;
+    fill(
+        &c,
+        &["n1"],
+        vec![json!(va("va-1", "n2", "pv-9", true, &[ATTACHER]))],
+        vec![
+            json!(pv("pv-1", "n2", "Released", "Delete", &[PROVISIONER_FINALIZER], None)),
+            json!(pv("pv-2", "n2", "Bound", "Delete", &[], Some(("apps", "data-0")))),
+        ],
+        vec![json!(drive("drv-2", "n2"))],
+    );
     let server = tokio::spawn(async move {
-        answer_lists(
-            &mut api,
-            &["n1"],
-            vec![json!(va("va-1", "n2", "pv-9", true, &[ATTACHER]))],
-            vec![
-                json!(pv("pv-1", "n2", "Released", "Delete", &[PROVISIONER_FINALIZER], None)),
-                json!(pv("pv-2", "n2", "Bound", "Delete", &[], Some(("apps", "data-0")))),
-            ],
-            vec![json!(drive("drv-2", "n2"))],
-        )
-        .await;
         let (_, reply) = api.expect_path(Method::GET, "/api/v1/namespaces/apps/persistentvolumeclaims").await;
         respond(reply, &list_of("PersistentVolumeClaim", "v1", "1", vec![json!(claim("apps", "data-0", "pv-2", "fast"))]));
         let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/storageclasses/fast").await;
@@ -327,9 +328,9 @@ async fn a_remembered_handle_is_added_to_the_nodes_key_once_and_a_kept_claim_is_
         json!(pv("pv-1", "n2", "Released", "Delete", &[], None)),
         json!(pv("pv-2", "n2", "Bound", "Delete", &[], Some(("apps", "data-0")))),
     ];
+    fill(&c, &["n1"], vec![], pvs, vec![]);
     let server = tokio::spawn(async move {
         for round in 0..2 {
-            answer_lists(&mut api, &["n1"], vec![], pvs.clone(), vec![]).await;
             // After the first round the claim carries the annotation the warning left, as
             // any later leader reads it: it is not warned again.
             let mut kept = claim("apps", "data-0", "pv-2", "fast");
@@ -387,15 +388,14 @@ async fn a_node_the_list_lacks_but_a_get_finds_or_cannot_confirm_keeps_everythin
         let (client, api) = fake_api();
         let mut c = Controller::new(client, identity("n1"), NS.into());
         let mut api = lead(&mut c, api).await;
+        fill(
+            &c,
+            &["n1"],
+            vec![json!(va("va-1", "n2", "pv-1", true, &[ATTACHER]))],
+            vec![json!(pv("pv-1", "n2", "Released", "Delete", &[ATTACHER], None))],
+            vec![json!(drive("drv-2", "n2"))],
+        );
         let server = tokio::spawn(async move {
-            answer_lists(
-                &mut api,
-                &["n1"],
-                vec![json!(va("va-1", "n2", "pv-1", true, &[ATTACHER]))],
-                vec![json!(pv("pv-1", "n2", "Released", "Delete", &[ATTACHER], None))],
-                vec![json!(drive("drv-2", "n2"))],
-            )
-            .await;
             let (_, reply) = api.expect_path(Method::GET, "/api/v1/nodes/n2").await;
             match answer {
                 Some(200) => respond(reply, &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}})),
@@ -410,23 +410,29 @@ async fn a_node_the_list_lacks_but_a_get_finds_or_cannot_confirm_keeps_everythin
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_round_with_no_node_missing_reads_only_the_lists() {
+async fn a_round_with_no_node_missing_or_before_the_view_is_listed_makes_no_request() {
     let (client, api) = fake_api();
     let mut c = Controller::new(client, identity("n1"), NS.into());
     let mut api = lead(&mut c, api).await;
-    let server = tokio::spawn(async move {
-        answer_lists(
-            &mut api,
-            &["n1", "n2"],
-            vec![json!(va("va-1", "n2", "pv-1", true, &[ATTACHER]))],
-            vec![json!(pv("pv-1", "n2", "Released", "Delete", &[ATTACHER], Some(("apps", "data-0"))))],
-            vec![json!(drive("drv-2", "n2"))],
-        )
-        .await;
-        api
-    });
+    // Nothing listed yet: n2's objects name a node the view has not seen, yet nothing
+    // is proposed.
+    {
+        let view = c.view();
+        let mut v = lock(&view);
+        v.apply_pv(&serde_json::from_value(json!(pv("pv-1", "n2", "Released", "Delete", &[ATTACHER], None))).unwrap());
+    }
     c.round().await.unwrap();
-    server.await.unwrap().assert_no_more_requests("a NotReady or live node is never gone");
+    c.claims_round().await.unwrap();
+    fill(
+        &c,
+        &["n1", "n2"],
+        vec![json!(va("va-1", "n2", "pv-1", true, &[ATTACHER]))],
+        vec![json!(pv("pv-1", "n2", "Released", "Delete", &[ATTACHER], Some(("apps", "data-0"))))],
+        vec![json!(drive("drv-2", "n2"))],
+    );
+    c.round().await.unwrap();
+    c.claims_round().await.unwrap();
+    api.assert_no_more_requests("a NotReady or live node is never gone, and the view is read, never listed");
 }
 
 /// The volume manager, scripted: which deletes fail.
@@ -529,18 +535,17 @@ async fn a_leaders_claim_watch_reads_what_it_needs_and_gives_an_immediate_claim_
         "nodeTopology": {"matchLabels": {crate::TOPOLOGY_NODE_KEY: node}},
         "capacity": format!("{gib}Gi"), "maximumVolumeSize": format!("{gib}Gi"),
     });
+    fill_all(&c, &["n1", "n2"], vec![], vec![], vec![], vec![waiting.clone()], vec![class, other_driver]);
     let server = tokio::spawn(async move {
-        let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumeclaims").await;
-        respond(reply, &list_of("PersistentVolumeClaim", "v1", "1", vec![waiting.clone()]));
-        let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/storageclasses").await;
-        respond(reply, &list_of("StorageClass", "storage.k8s.io/v1", "1", vec![class, other_driver]));
-        let (_, reply) = api.expect_path(Method::GET, "/api/v1/nodes").await;
-        respond(reply, &list_of("Node", "v1", "1", vec![node("n1"), node("n2")]));
+        // The waiting claim and the classes are the view's; Nodes are read (paginated)
+        // only because a claim of a drivelet class waits.
+        let call = api.next("the Nodes are listed").await;
+        assert_eq!((&call.method, call.path()), (&Method::GET, "/api/v1/nodes"));
+        assert!(call.uri.contains("limit=500"), "paginated: {}", call.uri);
+        respond(call.reply, &list_of("Node", "v1", "1", vec![node("n1"), node("n2")]));
         let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/namespaces/drivelet-system/csistoragecapacities").await;
         // n1 has more room, but the class allows only n2.
         respond(reply, &list_of("CSIStorageCapacity", "storage.k8s.io/v1", "1", vec![capacity("n1", 50), capacity("n2", 5)]));
-        let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumes").await;
-        respond(reply, &list_of("PersistentVolume", "v1", "1", vec![]));
         let (patch, reply) = api.expect_path(Method::PATCH, "/api/v1/namespaces/apps/persistentvolumeclaims/data").await;
         assert_eq!(patch["metadata"]["annotations"][SELECTED_NODE], "n2");
         assert_eq!(patch["metadata"]["resourceVersion"], "11");

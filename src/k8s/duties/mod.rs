@@ -3,9 +3,10 @@
 //!
 //! A node is *gone* when its Node object does not exist. A NotReady, unreachable,
 //! cordoned, tainted or rebooting node exists, so it is never gone: nothing here looks at
-//! a node's conditions. The list of Nodes only proposes a node as gone; the executor
-//! confirms it with a GET answered 404 right before it does anything about that node, and
-//! an empty list proposes nothing (a list naming no node at all is not trusted).
+//! a node's conditions. The relay's view of the Nodes (a watch) only proposes a node as
+//! gone (`crate::k8s::relay::view::View::gone`); the executor confirms it with a GET
+//! answered 404 right before it does anything about that node, and a view naming no Node
+//! at all proposes nothing (it is not trusted).
 //!
 //! The duties for a gone node N, decided by the pure [`plan`] (table-tested in `tests`):
 //! 1. VolumeAttachments of our driver for N that are being deleted (the attach-detach
@@ -137,13 +138,11 @@ pub(crate) enum Duty {
 /// What the API server said, as one round of the duties reads it.
 #[derive(Default)]
 pub(crate) struct Observed {
-    /// The names of the Node objects that exist.
-    pub nodes: BTreeSet<String>,
-    /// Every VolumeAttachment (any driver).
+    /// The driver's VolumeAttachments of the gone nodes, and any naming their PVs.
     pub attachments: Vec<VolumeAttachment>,
-    /// Every PV (any driver).
+    /// The gone nodes' PVs.
     pub volumes: Vec<PersistentVolume>,
-    /// Every Drive object.
+    /// The gone nodes' Drive objects.
     pub drives: Vec<Drive>,
     /// The claims bound to gone nodes' PVs (others may be there too).
     pub claims: Vec<PersistentVolumeClaim>,
@@ -167,22 +166,6 @@ pub(crate) fn pv_node<'a>(pv: &'a PersistentVolume, driver: &str) -> Option<&'a 
         ("In", Some([node])) if values.next().is_none() => Some(node.as_str()),
         _ => None,
     }
-}
-
-/// The nodes the objects of `driver` name that the Node list does not hold: candidates to
-/// confirm as gone. Empty when the list names no node at all.
-pub(crate) fn gone_nodes(obs: &Observed, driver: &str) -> BTreeSet<String> {
-    if obs.nodes.is_empty() {
-        return BTreeSet::new();
-    }
-    let named = obs
-        .attachments
-        .iter()
-        .filter(|va| va.spec.attacher == driver)
-        .map(|va| va.spec.node_name.as_str())
-        .chain(obs.volumes.iter().filter_map(|pv| pv_node(pv, driver)))
-        .chain(obs.drives.iter().map(|d| d.spec.node.as_str()));
-    named.filter(|n| !n.is_empty() && !obs.nodes.contains(*n)).map(String::from).collect()
 }
 
 /// The namespaces and StorageClasses of the claims that gone nodes' PVs are bound to:

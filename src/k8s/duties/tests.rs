@@ -128,38 +128,40 @@ pub(crate) fn drive(name: &str, node: &str) -> Drive {
     d
 }
 
-fn observed(nodes: &[&str]) -> Observed {
-    Observed { nodes: nodes.iter().map(|n| n.to_string()).collect(), ..Default::default() }
-}
 
 fn claim_ref(ns: &str, name: &str) -> ObjectReference {
     claim(ns, name, "", "").object_ref(&())
 }
 
-fn gone(obs: &Observed) -> BTreeSet<String> {
-    gone_nodes(obs, DRIVER)
+/// The nodes the relay's view proposes as gone, given these Nodes and objects.
+fn gone(nodes: &[&str], vas: Vec<VolumeAttachment>, pvs: Vec<PersistentVolume>, drives: Vec<Drive>) -> BTreeSet<String> {
+    let mut view = crate::k8s::relay::view::View::new(DRIVER);
+    for n in nodes {
+        view.node(n, true);
+    }
+    vas.iter().for_each(|v| drop(view.apply_va(v)));
+    pvs.iter().for_each(|p| drop(view.apply_pv(p)));
+    drives.iter().for_each(|d| drop(view.apply_drive(d)));
+    view.gone()
 }
 
 #[test]
-fn a_node_is_proposed_gone_only_when_the_list_lacks_it_and_names_some_node() {
-    let mut obs = observed(&["a", "b"]);
-    obs.attachments = vec![va("va-1", "b", "pv-1", false, &[]), va("va-2", "c", "pv-2", false, &[])];
-    obs.volumes = vec![pv("pv-3", "d", "Bound", "Delete", &[], None)];
-    obs.drives = vec![drive("drv-e", "e"), drive("drv-a", "a")];
-    assert_eq!(gone(&obs), BTreeSet::from(["c".to_string(), "d".to_string(), "e".to_string()]));
+fn a_node_is_proposed_gone_only_when_no_node_object_is_it_and_some_node_is_listed() {
+    let found = gone(
+        &["a", "b"],
+        vec![va("va-1", "b", "pv-1", false, &[]), va("va-2", "c", "pv-2", false, &[])],
+        vec![pv("pv-3", "d", "Bound", "Delete", &[], None)],
+        vec![drive("drv-e", "e"), drive("drv-a", "a")],
+    );
+    assert_eq!(found, BTreeSet::from(["c".to_string(), "d".to_string(), "e".to_string()]));
 
     let mut other = va("va-x", "x", "pv-x", false, &[]);
     other.spec.attacher = "other.driver".into();
     let mut foreign = pv("pv-y", "y", "Bound", "Delete", &[], None);
     foreign.spec.as_mut().unwrap().csi.as_mut().unwrap().driver = "other.driver".into();
-    let mut obs = observed(&["a"]);
-    obs.attachments = vec![other];
-    obs.volumes = vec![foreign];
-    assert!(gone(&obs).is_empty(), "another driver's objects are none of our business");
+    assert!(gone(&["a"], vec![other], vec![foreign], vec![]).is_empty(), "another driver's objects are none of our business");
 
-    let mut obs = observed(&[]);
-    obs.drives = vec![drive("drv-a", "a")];
-    assert!(gone(&obs).is_empty(), "a Node list naming no node at all is not trusted");
+    assert!(gone(&[], vec![], vec![], vec![drive("drv-a", "a")]).is_empty(), "a view naming no Node at all is not trusted");
 }
 
 #[test]
@@ -186,7 +188,8 @@ fn a_pv_belongs_to_the_one_node_its_affinity_names() {
 /// One case: what the API server holds, the duties for gone node `n2`.
 struct Case {
     why: &'static str,
-    obs: Observed,
+    /// The objects, and the nodes the relay's view proposes as gone for them.
+    obs: (Observed, BTreeSet<String>),
     want: Vec<Duty>,
 }
 
@@ -207,10 +210,13 @@ fn delete_pv(name: &str, finalizers: Option<&[&str]>) -> Duty {
     }
 }
 
-fn with(nodes: &[&str], f: impl FnOnce(&mut Observed)) -> Observed {
-    let mut obs = observed(nodes);
+/// The objects `f` makes, and the nodes the relay's view proposes as gone for them while
+/// the Nodes `nodes` exist.
+fn with(nodes: &[&str], f: impl FnOnce(&mut Observed)) -> (Observed, BTreeSet<String>) {
+    let mut obs = Observed::default();
     f(&mut obs);
-    obs
+    let proposed = gone(nodes, obs.attachments.clone(), obs.volumes.clone(), obs.drives.clone());
+    (obs, proposed)
 }
 
 #[test]
@@ -430,8 +436,7 @@ fn the_duties_of_a_gone_node_follow_the_contract() {
             want: vec![],
         },
     ];
-    for Case { why, obs, want } in cases {
-        let gone = gone(&obs);
+    for Case { why, obs: (obs, gone), want } in cases {
         let got = plan(&obs, DRIVER, &gone);
         let got = got.get("n2").cloned().unwrap_or_default();
         assert_eq!(got, want, "{why}");
@@ -441,7 +446,7 @@ fn the_duties_of_a_gone_node_follow_the_contract() {
 
 #[test]
 fn a_round_reads_claims_only_of_gone_nodes_bound_pvs_and_pods_only_where_claims_may_be_released() {
-    let obs = with(&["n1"], |o| {
+    let (obs, gone) = with(&["n1"], |o| {
         o.volumes = vec![
             pv("pv-1", "n2", "Bound", "Delete", &[], Some(("apps", "data-0"))),
             pv("pv-2", "n2", "Released", "Delete", &[], Some(("apps", "data-1"))),
@@ -449,12 +454,11 @@ fn a_round_reads_claims_only_of_gone_nodes_bound_pvs_and_pods_only_where_claims_
             pv("pv-4", "n2", "Bound", "Delete", &[], Some(("db", "data-0"))),
         ];
     });
-    let gone = gone(&obs);
     let want: BTreeSet<(String, String)> =
         [("apps", "data-0"), ("db", "data-0")].iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
     assert_eq!(claims_to_read(&obs, DRIVER, &gone), want);
 
-    let obs = with(&["n1"], |o| {
+    let (obs, _) = with(&["n1"], |o| {
         o.claims = vec![claim("apps", "data-0", "pv-1", "fast"), claim("db", "data-0", "pv-4", "slow")];
         o.classes = vec![class("fast", Some("release-claims")), class("slow", None)];
     });
@@ -463,7 +467,7 @@ fn a_round_reads_claims_only_of_gone_nodes_bound_pvs_and_pods_only_where_claims_
 
 #[test]
 fn duties_come_in_order_attachments_volumes_drives_claims_for_each_gone_node() {
-    let obs = with(&["n1"], |o| {
+    let (obs, gone) = with(&["n1"], |o| {
         o.drives = vec![drive("drv-2", "n2"), drive("drv-3", "n3")];
         o.volumes = vec![
             pv("pv-1", "n2", "Bound", "Delete", &[ATTACHER], Some(("apps", "data-0"))),
@@ -472,7 +476,7 @@ fn duties_come_in_order_attachments_volumes_drives_claims_for_each_gone_node() {
         o.attachments = vec![va("va-1", "n2", "pv-9", true, &[ATTACHER])];
         o.claims = vec![claim("apps", "data-0", "pv-1", "fast")];
     });
-    let got = plan(&obs, DRIVER, &gone(&obs));
+    let got = plan(&obs, DRIVER, &gone);
     assert_eq!(got.keys().collect::<Vec<_>>(), vec!["n2", "n3"]);
     let kinds: Vec<&str> = got["n2"]
         .iter()

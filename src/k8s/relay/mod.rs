@@ -30,6 +30,8 @@
 //! - Objects of other drivers are never written.
 //! - The relay runs only while its agent holds the Lease; a new holder lists everything
 //!   (paginated) and catches up, and a label already right costs nothing.
+//! - Its view is the elected agent's picture of the cluster: the cluster duties decide
+//!   from it (gone nodes' objects, waiting claims) instead of listing every collection.
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
@@ -38,8 +40,10 @@ use serde_json::{json, Value};
 pub(crate) use crate::k8s::drives::NODE_LABEL;
 use crate::k8s::drives::node_label_value;
 
-/// The relay task: its watches, its view of which node holds what, and its writes.
+/// The relay task: its watches and its writes.
 pub(crate) mod controller;
+/// Its view of which node holds what, compact, which the cluster duties read too.
+pub(crate) mod view;
 #[cfg(test)]
 mod tests;
 

@@ -9,7 +9,7 @@ use k8s_openapi::api::storage::v1::{VolumeAttachment, VolumeAttachmentSource, Vo
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;
 
-use super::controller::{Target, View};
+use super::view::{Target, View};
 use super::*;
 use crate::k8s::crd::{Drive, DriveStatus};
 use crate::k8s::snapshot::objects::{ContentSource, VolumeSnapshotContent, VolumeSnapshotContentSpec, VolumeSnapshotContentStatus};
