@@ -124,10 +124,12 @@ pub const PERMISSIONS: &[Permission] = &[
         scope: Scope::Cluster,
         group: "",
         resource: "nodes",
-        verbs: &["get", "list", "patch"],
+        verbs: &["get", "list", "watch", "patch"],
         used_by: "k8s::node::label_once (get, patch; only with kubernetes.label_node = true), \
-                  k8s::duties::executor::Executor (list of Node names; get to confirm a node is deleted), \
-                  k8s::duties::claim_executor::ClaimExecutor (list: labels and readiness, to place an Immediate claim), \
+                  k8s::relay::controller (the elected agent watches Node names, metadata only), \
+                  k8s::duties::executor::Executor (get to confirm a node is deleted), \
+                  k8s::duties::claim_executor::ClaimExecutor (list, paginated, while a claim waits: labels and readiness, \
+                  to place an Immediate claim), \
                   k8s::auto_adopt (get: whether the owner node of a disk of this cluster is deleted; only with \
                   drives.adopt_from_deleted_nodes = true)",
     },
@@ -160,10 +162,10 @@ pub const PERMISSIONS: &[Permission] = &[
         scope: Scope::Cluster,
         group: "storage.k8s.io",
         resource: "storageclasses",
-        verbs: &["get", "list"],
+        verbs: &["get", "list", "watch"],
         used_by: "k8s::duties::executor::Executor (get: drivelet.io/on-node-deleted of a deleted node's claims), \
-                  k8s::duties::claim_executor::ClaimExecutor (list: the classes of waiting claims, checked as CreateVolume \
-                  checks them; binding mode and allowed topologies)",
+                  k8s::relay (the elected agent watches the driver's classes: those of waiting claims, checked as \
+                  CreateVolume checks them; binding mode and allowed topologies)",
     },
     Permission {
         scope: Scope::Cluster,
@@ -209,9 +211,9 @@ pub const PERMISSIONS: &[Permission] = &[
         scope: Scope::Namespace,
         group: "",
         resource: "configmaps",
-        verbs: &["get", "create", "patch"],
+        verbs: &["get", "list", "watch", "create", "patch"],
         used_by: "k8s::duties::executor::Executor (remembers removed volumes in drivelet-removed-volumes) and \
-                  k8s::duties::returned (a returning node reads and clears its key)",
+                  k8s::duties::returned (a returning node watches it by name, reads and clears its key)",
     },
 ];
 

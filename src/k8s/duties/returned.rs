@@ -3,8 +3,9 @@
 //!
 //! Rules:
 //! - The agent reads its node's key of ConfigMap [`REMOVED_VOLUMES`] at start (once the
-//!   volume manager serves) and every [`RECHECK`] after (the key may be written after the
-//!   agent started, before its Node object is back). Only the handles listed there are
+//!   volume manager serves), then watches the ConfigMap by name (the key may be written
+//!   after the agent started, before its Node object is back) and reads it again only when
+//!   the watch shows its key holding handles: no poll. Only the handles listed there are
 //!   touched: a PV deleted while its claim said Delete, the user's intent.
 //! - Each volume goes through the volume manager's normal path, as a ControllerUnpublish
 //!   from this node and a DeleteVolume would (crash-safe, idempotent: a volume it no
@@ -15,16 +16,20 @@
 //!   never lost. A crash between a delete and the patch only repeats a delete of a volume
 //!   that is gone.
 //! - Each deleted volume is logged with `node.name` and `volume.id`.
-//! - A task spawned for the agent's life, on a timer ([`run`]), not a controller of the
-//!   shell (`crate::k8s::shell`): its input is one key of one ConfigMap, read at start
-//!   and rechecked; there is nothing to watch cluster-wide and no key to queue.
+//! - A task spawned for the agent's life ([`run`]), not a controller of the shell
+//!   (`crate::k8s::shell`): its input is one key of one ConfigMap, read at start and
+//!   when its watch shows the key; there is nothing to watch cluster-wide and no key to
+//!   queue.
 
 use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
 use kube::{Client, ResourceExt};
+use tokio_stream::StreamExt;
 use serde_json::{json, Value};
 use tracing::{info, warn};
 
@@ -34,9 +39,6 @@ use crate::actors::volumes::{DeleteVolume, DetachVolume};
 use crate::k8s::shell::Ready;
 use crate::k8s::KubeError;
 pub(crate) use crate::k8s::volume_manager::ManagerBackend;
-
-/// How often the key is read again when it holds nothing to do.
-pub(crate) const RECHECK: Duration = Duration::from_secs(60);
 
 /// How soon a volume that could not be deleted (or a failed read) is tried again.
 pub(crate) const RETRY: Duration = Duration::from_secs(10);
@@ -98,15 +100,38 @@ pub(crate) async fn reconcile_once<B: RemovedBackend>(
 /// [`RETRY`] while something is left or failed).
 pub(crate) async fn run<B: RemovedBackend>(client: Client, namespace: String, node: String, backend: B) {
     backend.wait_ready().await;
+    let by_name = watcher::Config::default().fields(&format!("metadata.name={REMOVED_VOLUMES}")).any_semantic();
+    let mut seen = Box::pin(watcher(Api::<ConfigMap>::namespaced(client.clone(), &namespace), by_name).default_backoff());
+    // Read at start; then when the watch shows this node's key, or a retry is due.
+    let mut due = Some(tokio::time::Instant::now());
     loop {
-        let wait = match reconcile_once(&client, &namespace, &node, &backend).await {
-            Ok(0) => RECHECK,
-            Ok(_) => RETRY,
-            Err(e) => {
-                warn!(node.name = %node, error = %e, "cannot look for volumes removed while this node was gone; retried in {}s", RETRY.as_secs());
-                RETRY
+        let at = due.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            event = seen.next() => {
+                if let Some(Ok(event)) = event {
+                    crate::k8s::scope::count(&event, &crate::k8s::scope::Scope::Cluster);
+                    if let Event::Apply(cm) | Event::InitApply(cm) = event {
+                        if !handles(key_of(&cm, &node)).is_empty() {
+                            due = Some(tokio::time::Instant::now());
+                        }
+                    }
+                }
             }
-        };
-        tokio::time::sleep(wait).await;
+            () = tokio::time::sleep_until(at), if due.is_some() => {
+                due = match reconcile_once(&client, &namespace, &node, &backend).await {
+                    Ok(0) => None,
+                    Ok(_) => Some(tokio::time::Instant::now() + RETRY),
+                    Err(e) => {
+                        warn!(node.name = %node, error = %e, "cannot look for volumes removed while this node was gone; retried in {}s", RETRY.as_secs());
+                        Some(tokio::time::Instant::now() + RETRY)
+                    }
+                };
+            }
+        }
     }
+}
+
+/// The value of `node`'s key in the ConfigMap, empty when it has none.
+fn key_of<'a>(cm: &'a ConfigMap, node: &str) -> &'a str {
+    cm.data.as_ref().and_then(|d| d.get(node)).map(String::as_str).unwrap_or("")
 }
