@@ -267,7 +267,7 @@ python3 scripts/scale_objects.py delete >/dev/null 2>&1 || true
 # scale Nodes of an earlier, larger run (KEEP=1) would stand as agentless nodes
 for n in $(kc get nodes -l k8s-kit/fake-node=true -o name | sed 's#^node/##' | grep -E '^scale-[0-9]+$' || true); do
   [[ " ${nodes[*]} " == *" $n "* ]] || { "$kit/node.sh" delete "$n" >/dev/null 2>&1 || true; log "deleted the Node $n of an earlier run"; }
-  done
+done
 
 log "baseline: ${IDLE} s with no agent"
 sample base0
