@@ -121,6 +121,28 @@ while why=$(kit_busy); do
 done
 
 # ---- the kit, its Nodes, the namespace and the Drive CRD
+stop_name() { # NAME: SIGTERM, KILL after 20 s, forget its pid files
+  local p
+  p=$(pid_of "$1")
+  if [ -n "$p" ]; then
+    kill -TERM "$p" 2>/dev/null || true
+    for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$p" 2>/dev/null && { log "$1 ($p) ignored SIGTERM for 20 s; killing it"; kill -KILL "$p" 2>/dev/null || true; }
+  fi
+  rm -f "$run/$1.pid" "$run/$1.exe"
+}
+
+stop_all() { # every agent and provisioner of this harness, this run's or an earlier one's
+  local f
+  for f in "$run"/scale-agent-*.pid "$run"/scale-provisioner-*.pid; do
+    [ -e "$f" ] || continue
+    stop_name "$(basename "$f" .pid)" &
+  done
+  wait || true
+}
+
+# the agents of an earlier KEEP=1 run, before their binary is replaced
+stop_all
 mkdir -p "$work/bin" "$(dirname "$OUT")"
 rm -rf "$samples"
 mkdir -p "$samples"
@@ -135,7 +157,7 @@ WITH_KUBELET=0 EXTRA_NODES="${nodes[*]} ${foreign[*]}" "$kit/up.sh" >/dev/null 2
 kc apply -f deploy/namespace.yaml -f deploy/crd-drive.yaml >/dev/null
 kc wait --for=condition=Established crd/drives.drivelet.io --timeout=60s >/dev/null
 # the driver on each scale node, as kubelet's plugin registration would put it
-printf '%s\n' "${nodes[@]}" | xargs -P 4 -I{} "$kit/node.sh" csi {} "$driver" {} "topology.drivelet.io/node={}" >/dev/null
+printf '%s\n' "${nodes[@]}" | xargs -P 4 -I{} "$kit/node.sh" csi {} "$driver" {} "topology.drivelet.io/node={}" >/dev/null 2>>"$work/up.log"
 
 # ---- samples: the API server's metrics and each agent's, RSS, the Lease holder
 agents_started=0
@@ -163,18 +185,28 @@ agent_requests() { # NODE: the agent's drivelet_kube_requests_total, summed; emp
   curl -fsS --max-time 5 "http://127.0.0.1:$((20001 + $1))/metrics" 2>/dev/null |
     awk '/^drivelet_kube_requests_total[{ ]/ {s += $NF; f = 1} END {if (f) printf "%d\n", s}'
 }
-quiet() { # SECONDS-MIN SECONDS-MAX: until the watch events and the agents' RSS stop moving
-  local t0=$SECONDS last="" now i p
+quiet() { # SECONDS-MIN SECONDS-MAX: until, over 5 s, the PV, claim and VolumeAttachment
+  # watch events grow by 5 at most (the duties and controllers touch a few now and then)
+  # and every agent's VmRSS moves by less than 1% (256 KiB at least)
+  local t0=$SECONDS ev last_ev="" i p r moved
+  local -a rss=() last_rss=()
   while :; do
     sleep 5
-    now=$(apiget /metrics | grep -E '^apiserver_watch_events_total\{' | grep -E 'PersistentVolume|VolumeAttachment|persistentvolume|volumeattachment' | awk '{s += $NF} END {print s}')
+    ev=$(apiget /metrics | grep -E '^apiserver_watch_events_total\{' |
+      grep -E 'kind="(PersistentVolume|PersistentVolumeClaim|VolumeAttachment)"|resource="(persistentvolumes|persistentvolumeclaims|volumeattachments)"' |
+      awk '{s += $NF} END {printf "%d\n", s}')
+    moved=0
     for i in "${!nodes[@]}"; do
-      p=$(pid_of "scale-agent-${nodes[$i]}")
-      [ -n "$p" ] && now+=" $(awk '/^VmRSS:/ {print int($2 / 256)}' "/proc/$p/status")"   # 256 KiB steps
+      p=$(pid_of "scale-agent-${nodes[$i]}") r=0
+      [ -n "$p" ] && r=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
+      rss[$i]=$r
+      [ -n "${last_rss[$i]:-}" ] || { moved=1; continue; }
+      awk -v a="$r" -v b="${last_rss[$i]}" 'BEGIN {d = a - b; if (d < 0) d = -d; t = b / 100; if (t < 256) t = 256; exit !(d >= t)}' && moved=1
     done
-    [ $((SECONDS - t0)) -ge "$1" ] && [ "$now" = "$last" ] && return 0
+    [ "$agents_started" = 1 ] || moved=0
+    if [ $((SECONDS - t0)) -ge "$1" ] && [ -n "$last_ev" ] && [ $((ev - last_ev)) -le 5 ] && [ "$moved" = 0 ]; then return 0; fi
     [ $((SECONDS - t0)) -ge "$2" ] && { log "not quiet after $2 s; measuring anyway"; return 0; }
-    last=$now
+    last_ev=$ev last_rss=("${rss[@]}")
   done
 }
 
@@ -217,26 +249,6 @@ include_paths = ["$dir/no-drives/*"]
 EOF
 }
 
-stop_name() { # NAME: SIGTERM, KILL after 20 s, forget its pid files
-  local p
-  p=$(pid_of "$1")
-  if [ -n "$p" ]; then
-    kill -TERM "$p" 2>/dev/null || true
-    for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$p" 2>/dev/null && { log "$1 ($p) ignored SIGTERM for 20 s; killing it"; kill -KILL "$p" 2>/dev/null || true; }
-  fi
-  rm -f "$run/$1.pid" "$run/$1.exe"
-}
-
-stop_all() { # every agent and provisioner of this harness, this run's or an earlier one's
-  local f
-  for f in "$run"/scale-agent-*.pid "$run"/scale-provisioner-*.pid; do
-    [ -e "$f" ] || continue
-    stop_name "$(basename "$f" .pid)" &
-  done
-  wait || true
-}
-
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
@@ -261,8 +273,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# leftovers of an earlier KEEP=1 run: its agents and its objects
-stop_all
+# leftovers of an earlier KEEP=1 run: its objects (its agents are stopped above)
 python3 scripts/scale_objects.py delete >/dev/null 2>&1 || true
 # scale Nodes of an earlier, larger run (KEEP=1) would stand as agentless nodes
 for n in $(kc get nodes -l k8s-kit/fake-node=true -o name | sed 's#^node/##' | grep -E '^scale-[0-9]+$' || true); do
@@ -273,6 +284,12 @@ log "baseline: ${IDLE} s with no agent"
 sample base0
 sleep "$IDLE"
 sample base1
+# the same burst as below with no agent: the watch events the cluster sends without them
+log "burst with no agent: $C claims of foreign-1"
+sample burst_base0
+python3 scripts/scale_objects.py create --count "$C" --node foreign-1 --prefix burst-base >"$samples/burst_base0/create.json" 2>/dev/null
+quiet 5 60
+sample burst_base1
 
 log "starting $K agents ($bin_version, sha256 $bin_sha)"
 for i in "${!nodes[@]}"; do
@@ -328,6 +345,9 @@ while [ $((SECONDS - t0)) -lt "$SETTLE" ]; do
   last=$now
 done
 log "settled after $((SECONDS - t0)) s; the cluster duties: ${holder:-nobody}"
+for n in "${nodes[@]}"; do
+  [ -n "$(pid_of "scale-agent-$n")" ] || { tail -n 5 "$work/$n/agent.log" >&2; die "the agent of $n exited (log: $work/$n/agent.log)"; }
+done
 sample started
 
 log "idle: $IDLE s"
@@ -336,14 +356,14 @@ sample idle
 
 log "burst: $C claims of foreign-1"
 sample burst0
-python3 scripts/scale_objects.py create --count "$C" --node foreign-1 --prefix burst >"$samples/burst0/create.json"
+python3 scripts/scale_objects.py create --count "$C" --node foreign-1 --prefix burst >"$samples/burst0/create.json" 2>/dev/null
 quiet 5 60
 sample burst1
 
 if [ "$FOREIGN" -gt 0 ]; then
   sample foreign0
   log "memory: $FOREIGN foreign pairs of foreign-2"
-  python3 scripts/scale_objects.py create --count "$FOREIGN" --node foreign-2 --prefix foreign >"$samples/foreign0/create.json"
+  python3 scripts/scale_objects.py create --count "$FOREIGN" --node foreign-2 --prefix foreign >"$samples/foreign0/create.json" 2>"$samples/foreign0/create.log"
   log "waiting until the agents and the watches are quiet (30 s at least)"
   quiet 30 300
   sample foreign1
@@ -417,7 +437,7 @@ res = {"k": K, "foreign_pairs": FOREIGN, "idle_seconds": IDLE, "burst_claims": C
 
 # 1. watches held
 watch = lambda l: l.get('verb') == 'WATCH'
-w0, w1 = server('base1'), server('idle')
+w0, w1 = server('burst_base1'), server('idle')
 before, after = total(w0, 'apiserver_longrunning_requests', watch), total(w1, 'apiserver_longrunning_requests', watch)
 res["watches"] = {"source": "apiserver_longrunning_requests{verb=\"WATCH\"}", "before": before, "after": after,
                   "held_by_agents": after - before, "per_agent": round((after - before) / K, 2),
@@ -429,7 +449,18 @@ if SIDECAR:
 # server-side request rate with no agent (heartbeats of the fake nodes, controllers)
 req = 'apiserver_request_total'
 notwatch = lambda l: l.get('verb') != 'WATCH'
-base_rate = (total(server('base1'), req) - total(server('base0'), req)) / (t('base1') - t('base0'))
+# The fake Nodes' heartbeats are most of the server's load, and they come every 10 s or
+# so, a step too coarse for a window's rate: their requests (kubectl patch: a GET and a
+# PATCH of nodes/status and of the node's Lease) are taken out by name first. The
+# agents renew and read their own Lease with PUT and GET, never PATCH, so each PATCH of
+# a Lease stands for one heartbeat GET of one.
+def others_total(rows):
+    def hb(l):
+        v, r, sub = l.get('verb'), l.get('resource'), l.get('subresource')
+        return (r == 'nodes' and sub == 'status' and v in ('GET', 'PATCH')) or (r == 'leases' and v == 'PATCH')
+    lease_patches = total(rows, req, lambda l: l.get('resource') == 'leases' and l.get('verb') == 'PATCH')
+    return total(rows, req, lambda l: not hb(l)) - lease_patches
+base_rate = (others_total(server('base1')) - others_total(server('base0'))) / (t('base1') - t('base0'))
 counter = any(n == 'drivelet_kube_requests_total' for node in nodes for n, _, _ in agent('idle', node))
 
 def agent_total(name, node, family='drivelet_kube_requests_total'):
@@ -437,8 +468,9 @@ def agent_total(name, node, family='drivelet_kube_requests_total'):
 
 # 2. idle requests per agent per second
 dt_idle = t('idle') - t('started')
-idle = {"seconds": round(dt_idle, 1), "server_baseline_per_second": round(base_rate, 2)}
-server_idle = (total(server('idle'), req) - total(server('started'), req)) / dt_idle
+idle = {"seconds": round(dt_idle, 1), "server_baseline_per_second": round(base_rate, 2),
+        "server_baseline_note": "requests per second with no agent, less the fake Nodes' heartbeats"}
+server_idle = (others_total(server('idle')) - others_total(server('started'))) / dt_idle
 idle["server_per_second_with_agents"] = round(server_idle, 2)
 idle["server_estimate_per_agent_per_second"] = round((server_idle - base_rate) / K, 3)
 def vr(rows):
@@ -465,8 +497,8 @@ if counter:
             verbs[k] = verbs.get(k, 0) + v
     idle["agents_by_verb_per_second"] = {k: round(v / dt_idle, 3) for k, v in verbs.items()}
 else:
-    idle["source"] = ("the API server's apiserver_request_total less its rate before the agents started, "
-                      "divided by K (the agents share one identity; no drivelet_kube_requests_total)")
+    idle["source"] = ("the API server's apiserver_request_total less the fake Nodes' heartbeats and less the rest's rate "
+                      "before the agents started, divided by K (the agents share one identity; no drivelet_kube_requests_total)")
     e = (server_idle - base_rate) / K
     idle["per_agent_per_second"] = {"min": None, "median": round(e, 3), "max": None}
     idle["elected_per_second"] = None
@@ -478,9 +510,14 @@ pvk = lambda l: (l.get('kind') in ('PersistentVolume', 'PersistentVolumeClaim', 
 wev = 'apiserver_watch_events_total'
 b0, b1 = server('burst0'), server('burst1')
 ev = total(b1, wev, pvk) - total(b0, wev, pvk)
+bb0, bb1 = server('burst_base0'), server('burst_base1')
+ev0 = total(bb1, wev, pvk) - total(bb0, wev, pvk)
 burst = {"claims": C, "source": "apiserver_watch_events_total (PersistentVolume, PersistentVolumeClaim, VolumeAttachment)",
          "server_events": ev, "server_per_claim": round(ev / C, 2),
-         "server_by_kind": delta(by(b1, wev, 'kind', pvk), by(b0, wev, 'kind', pvk))}
+         "server_by_kind": delta(by(b1, wev, 'kind', pvk), by(b0, wev, 'kind', pvk)),
+         "server_per_claim_without_agents": round(ev0 / C, 2),
+         "server_by_kind_without_agents": delta(by(bb1, wev, 'kind', pvk), by(bb0, wev, 'kind', pvk)),
+         "agents_per_claim": round((ev - ev0) / C, 2), "per_agent_per_claim": round((ev - ev0) / C / K, 2)}
 for fam in ('drivelet_kube_watch_events_total', 'drivelet_kube_foreign_watch_events_total'):
     if any(n == fam for node in nodes for n, _, _ in agent('burst1', node)):
         d = {n: (agent_total('burst1', n, fam) - agent_total('burst0', n, fam)) / C for n in nodes}
@@ -518,11 +555,11 @@ if FOREIGN and have('foreign1'):
         res["memory"]["agent_requests_per_agent"] = stats([agent_total('foreign1', n) - agent_total('foreign0', n) for n in nodes])
 
 # 5. requests at start-up
-dt_start = t('started') - t('base1')
+dt_start = t('started') - t('burst_base1')
 su = {"seconds": round(dt_start, 1)}
-srv = total(server('started'), req) - total(server('base1'), req) - base_rate * dt_start
+srv = others_total(server('started')) - others_total(server('burst_base1')) - base_rate * dt_start
 su["server_estimate_per_agent"] = round(srv / K, 1)
-su["server_by_verb_resource"] = {k: v for k, v in sorted(delta(vr(server('started')), vr(server('base1'))).items(), key=lambda kv: -kv[1])}
+su["server_by_verb_resource"] = {k: v for k, v in sorted(delta(vr(server('started')), vr(server('burst_base1'))).items(), key=lambda kv: -kv[1])}
 if counter:
     c = {n: agent_total('started', n) for n in nodes}
     su["source"] = "each agent's drivelet_kube_requests_total once settled"
@@ -539,7 +576,7 @@ ir = res["idle_requests"]
 mem = res.get("memory", {})
 kp = (mem.get("kib_per_pair_non_elected") or {}).get("median")
 row = [str(K), f"{res['watches']['held_by_agents']} ({res['watches']['per_agent']:.1f}/agent)",
-       f"{burst['server_per_claim']:.1f}",
+       f"{burst['server_per_claim']:.1f} ({burst['per_agent_per_claim']:.1f}/agent)",
        (f"{fmt(ir['per_agent_per_second']['median'], 3)} / {fmt(ir['per_agent_per_second']['max'], 3)} (elected {fmt(ir['elected_per_second'], 3)})"
         if counter else f"{fmt(ir['per_agent_per_second']['median'], 3)} (server estimate)"),
        (f"{fmt(kp, 2)} (elected {fmt(mem.get('kib_per_pair_elected'), 2)})" if mem else "-"),

@@ -24,8 +24,8 @@ made (a rerun is harmless).
 
 delete removes them by that label (a collection delete per kind), then takes the
 finalizers off what is left (the PV and claim protection finalizers, the snapshot
-controller's) until nothing labelled is left, and deletes the namespace when no prefix
-is given.
+controller's) until nothing labelled is left, and deletes the namespace (waiting until it is gone) when no
+prefix is given.
 
 Access: https://127.0.0.1:6443 (API), the bearer token in the first field of
 $KIT_DIR/pki/tokens.csv, the CA $KIT_DIR/pki/ca.crt (else no verification: the address
@@ -310,7 +310,10 @@ def delete(api, args):
         time.sleep(1)
     remaining = sum(len(v) for v in left.values())
     if not args.prefix and not remaining:
-        api.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}")
+        s, _ = api.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}")
+        while s in (200, 202) and time.time() < deadline:  # until it is gone: its controller's work is done
+            time.sleep(1)
+            s, _ = api.request("GET", f"/api/v1/namespaces/{NAMESPACE}")
     dt = max(time.time() - t0, 1e-6)
     print(f"scale_objects.py: deleted {total} objects in {dt:.1f} s ({total / dt:.0f}/s)"
           + (f"; {remaining} still there" if remaining else ""), file=sys.stderr)
