@@ -185,11 +185,12 @@ agent_requests() { # NODE: the agent's drivelet_kube_requests_total, summed; emp
   curl -fsS --max-time 5 "http://127.0.0.1:$((20001 + $1))/metrics" 2>/dev/null |
     awk '/^drivelet_kube_requests_total[{ ]/ {s += $NF; f = 1} END {if (f) printf "%d\n", s}'
 }
-quiet() { # SECONDS-MIN SECONDS-MAX: until, over 5 s, the PV, claim and VolumeAttachment
+quiet() { # NAME SECONDS-MIN SECONDS-MAX: until, over 5 s, the PV, claim and VolumeAttachment
   # watch events grow by 5 at most (the duties and controllers touch a few now and then)
   # and every agent's VmRSS moves by less than 1% (256 KiB at least)
-  local t0=$SECONDS ev last_ev="" i p r moved
+  local name=$1 t0=$SECONDS ev last_ev="" i p r moved
   local -a rss=() last_rss=()
+  shift
   while :; do
     sleep 5
     ev=$(apiget /metrics | grep -E '^apiserver_watch_events_total\{' |
@@ -201,11 +202,15 @@ quiet() { # SECONDS-MIN SECONDS-MAX: until, over 5 s, the PV, claim and VolumeAt
       [ -n "$p" ] && r=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
       rss[$i]=$r
       [ -n "${last_rss[$i]:-}" ] || { moved=1; continue; }
-      awk -v a="$r" -v b="${last_rss[$i]}" 'BEGIN {d = a - b; if (d < 0) d = -d; t = b / 100; if (t < 256) t = 256; exit !(d >= t)}' && moved=1
+      awk -v a="$r" -v b="${last_rss[$i]}" 'BEGIN {d = a - b; if (d < 0) d = -d; t = b / 100; if (t < 256) t = 256; exit !(d >= t)}' &&
+        moved=$((moved + 1))
     done
     [ "$agents_started" = 1 ] || moved=0
-    if [ $((SECONDS - t0)) -ge "$1" ] && [ -n "$last_ev" ] && [ $((ev - last_ev)) -le 5 ] && [ "$moved" = 0 ]; then return 0; fi
-    [ $((SECONDS - t0)) -ge "$2" ] && { log "not quiet after $2 s; measuring anyway"; return 0; }
+    echo "$((SECONDS - t0)) s: watch events +$((ev - ${last_ev:-ev})), agents whose RSS moved: $moved, RSS KiB: ${rss[*]}" >>"$samples/quiet-$name.log"
+    if [ $((SECONDS - t0)) -ge "$1" ] && [ -n "$last_ev" ] && [ $((ev - last_ev)) -le 5 ] && [ "$moved" = 0 ]; then
+      echo "$((SECONDS - t0))" >"$samples/quiet-$name.seconds"; return 0
+    fi
+    [ $((SECONDS - t0)) -ge "$2" ] && { log "not quiet after $2 s; measuring anyway ($samples/quiet-$name.log)"; echo "$2 (not quiet)" >"$samples/quiet-$name.seconds"; return 0; }
     last_ev=$ev last_rss=("${rss[@]}")
   done
 }
@@ -288,7 +293,7 @@ sample base1
 log "burst with no agent: $C claims of foreign-1"
 sample burst_base0
 python3 scripts/scale_objects.py create --count "$C" --node foreign-1 --prefix burst-base >"$samples/burst_base0/create.json" 2>/dev/null
-quiet 5 60
+quiet burst-base 5 60
 sample burst_base1
 
 log "starting $K agents ($bin_version, sha256 $bin_sha)"
@@ -357,7 +362,7 @@ sample idle
 log "burst: $C claims of foreign-1"
 sample burst0
 python3 scripts/scale_objects.py create --count "$C" --node foreign-1 --prefix burst >"$samples/burst0/create.json" 2>/dev/null
-quiet 5 60
+quiet burst 5 60
 sample burst1
 
 if [ "$FOREIGN" -gt 0 ]; then
@@ -365,7 +370,7 @@ if [ "$FOREIGN" -gt 0 ]; then
   log "memory: $FOREIGN foreign pairs of foreign-2"
   python3 scripts/scale_objects.py create --count "$FOREIGN" --node foreign-2 --prefix foreign >"$samples/foreign0/create.json" 2>"$samples/foreign0/create.log"
   log "waiting until the agents and the watches are quiet (30 s at least)"
-  quiet 30 300
+  quiet foreign 30 300
   sample foreign1
 fi
 
@@ -537,6 +542,7 @@ if FOREIGN and have('foreign1'):
     fev = total(f1, wev, pvk) - total(f0, wev, pvk)
     res["memory"] = {
         "source": "VmRSS of /proc/PID/status, KiB",
+        "settle_seconds": open(f"{samples}/quiet-foreign.seconds").read().strip() if os.path.exists(f"{samples}/quiet-foreign.seconds") else None,
         "pairs": FOREIGN,
         "rss_kib_before": stats(list(r0.values())), "rss_kib_after": stats(list(r1.values())),
         "kib_per_pair_non_elected": stats([per[n] for n in others]),
