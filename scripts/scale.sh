@@ -38,6 +38,9 @@
 #   OUT=target/scale/K.json       the results
 #   SETTLE=20     seconds an agent is given to finish starting (less if its request
 #                 counter stops moving first)
+#   QUIET_MAX=900 seconds at most to wait for the cluster to be quiet (before the
+#                 baseline, after the foreign pairs: the kit's controller binds them one
+#                 by one, and every watcher gets each update)
 #   KEEP=0        1: leave the agents, the objects and the kit up
 #   KIT=../shared/k8s, KIT_DIR=/var/tmp/k8s-kit
 #   LOCK=/tmp/drivelet-kit.lock, LOCK_WAIT=3600   the kit's lock (flock -o), as for e2e.sh
@@ -56,7 +59,7 @@ fi
 kit=${KIT:-$root/../shared/k8s}
 export KIT_DIR=${KIT_DIR:-/var/tmp/k8s-kit}
 K=${K:-10} FOREIGN=${FOREIGN:-1000} IDLE=${IDLE:-60} C=${C:-20} SIDECAR=${SIDECAR:-0}
-SETTLE=${SETTLE:-20} KEEP=${KEEP:-0}
+SETTLE=${SETTLE:-20} KEEP=${KEEP:-0} QUIET_MAX=${QUIET_MAX:-900}
 BIN=${BIN:-target/release/drivelet}
 OUT=${OUT:-target/scale/$K.json}
 driver=csi.drivelet.io
@@ -285,6 +288,10 @@ for n in $(kc get nodes -l k8s-kit/fake-node=true -o name | sed 's#^node/##' | g
   [[ " ${nodes[*]} " == *" $n "* ]] || { "$kit/node.sh" delete "$n" >/dev/null 2>&1 || true; log "deleted the Node $n of an earlier run"; }
 done
 
+# the kit's controllers may still be busy with an earlier run's objects (binding,
+# releasing): the baseline starts once the PV and claim watch events stand still
+log "waiting until the kit's controllers are quiet"
+quiet pre-baseline 10 "$QUIET_MAX"
 log "baseline: ${IDLE} s with no agent"
 sample base0
 sleep "$IDLE"
@@ -370,7 +377,7 @@ if [ "$FOREIGN" -gt 0 ]; then
   log "memory: $FOREIGN foreign pairs of foreign-2"
   python3 scripts/scale_objects.py create --count "$FOREIGN" --node foreign-2 --prefix foreign >"$samples/foreign0/create.json" 2>"$samples/foreign0/create.log"
   log "waiting until the agents and the watches are quiet (30 s at least)"
-  quiet foreign 30 300
+  quiet foreign 30 "$QUIET_MAX"
   sample foreign1
 fi
 
