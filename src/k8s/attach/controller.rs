@@ -307,7 +307,12 @@ fn log_outcome(va: &VolumeAttachment, actions: &[Action], outcome: &Result<Optio
     let pv = va.spec.source.persistent_volume_name.as_deref().unwrap_or("");
     let publish = actions.iter().any(|a| matches!(a, Action::Publish(_)));
     let unpublish = actions.iter().any(|a| matches!(a, Action::Unpublish { .. } | Action::RemoveFinalizer));
+    let waits = matches!(actions, [Action::Requeue { .. }]);
     match outcome {
+        // Its PV is not seen yet (the relay labels it for this node within a second).
+        Ok(Some(after)) if waits => {
+            debug!(va.name = %name, pv.name = %pv, retry.after_ms = after.as_millis() as u64, "waiting for the attachment's PersistentVolume to be seen")
+        }
         Ok(None) if publish => info!(va.name = %name, pv.name = %pv, "volume attached"),
         Ok(None) if unpublish => info!(va.name = %name, pv.name = %pv, "volume detached"),
         Ok(None) => debug!(va.name = %name, "VolumeAttachment reconciled"),

@@ -163,12 +163,17 @@ impl Controller {
             tokio::select! {
                 done = &mut stop => break done.ok(),
                 event = lease.next() => {
-                    match event {
+                    let now = match event {
                         Some(Ok(event)) => self.lease_event(event),
-                        Some(Err(e)) => warn!(error = %e, lease = LEASE_NAME, "the cluster duties Lease watch failed; it restarts with backoff"),
-                        None => {}
+                        Some(Err(e)) => {
+                            warn!(error = %e, lease = LEASE_NAME, "the cluster duties Lease watch failed; it restarts with backoff");
+                            false
+                        }
+                        None => false,
+                    };
+                    if !now {
+                        continue;
                     }
-                    continue;
                 }
                 _ = tick.tick() => {}
             }
@@ -209,9 +214,12 @@ impl Controller {
         }
     }
 
-    /// A Lease watch event: what the election decides on.
-    pub(crate) fn lease_event(&mut self, event: Event<Lease>) {
+    /// A Lease watch event: what the election decides on. Answers whether to decide at
+    /// once rather than at the next tick: the Lease first known, or free (no Lease, or
+    /// one its holder gave up), so a start or a handover does not wait [`RENEW_EVERY`].
+    pub(crate) fn lease_event(&mut self, event: Event<Lease>) -> bool {
         crate::k8s::scope::count(&event, &crate::k8s::scope::Scope::Cluster);
+        let first = self.current.is_none();
         match event {
             Event::Init => self.listing = Some(None),
             Event::InitApply(l) => self.listing = Some(Some(l)),
@@ -219,6 +227,8 @@ impl Controller {
             Event::Apply(l) => self.current = Some(Some(l)),
             Event::Delete(_) => self.current = Some(None),
         }
+        let free = matches!(&self.current, Some(None)) || matches!(&self.current, Some(Some(l)) if election::holder(l).is_none());
+        self.current.is_some() && (first || free)
     }
 
     /// Starts the relay when this agent leads and it is not running; stops it when this

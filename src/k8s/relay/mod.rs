@@ -11,7 +11,8 @@
 //! Which node an object belongs to, decided by the pure functions here (table-tested in
 //! `tests`):
 //! - a PV of the driver: the one node of its required node affinity on
-//!   `topology.drivelet.io/node` ([`crate::k8s::duties::pv_node`]);
+//!   `topology.drivelet.io/node` ([`crate::k8s::duties::pv_node`]), else (a PV made by
+//!   hand without it) the node whose Drive objects list its volume;
 //! - a VolumeAttachment of the driver: its `spec.nodeName`;
 //! - a claim: the node of the PV it is bound to (by `spec.volumeName`, or the PV whose
 //!   `claimRef` names it), else, for a claim the driver provisions (the

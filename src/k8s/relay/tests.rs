@@ -213,3 +213,15 @@ fn a_deleted_pv_leaves_no_trace_in_the_view() {
     assert_eq!(want(&v, &t[0]), None);
     assert_eq!(v.counts(), [0, 1, 0, 0, 0]);
 }
+
+#[test]
+fn a_pv_without_drivelets_affinity_follows_the_drive_that_lists_its_volume() {
+    let mut v = View::new(DRIVER);
+    let mut bare = pv("pv-h", "vol-h", "n1", None, None);
+    bare.spec.as_mut().unwrap().node_affinity = None;
+    let t = v.apply_pv(&bare);
+    assert_eq!(want(&v, &t[0]), None, "no affinity, no Drive object yet: left alone");
+    let t = v.apply_drive(&drive("n5-disk", "n5", &["vol-h"], &[]));
+    assert_eq!(t, vec![Target::Pv("pv-h".into())]);
+    assert_eq!(want(&v, &t[0]), Some("n5".into()));
+}

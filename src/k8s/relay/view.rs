@@ -311,6 +311,7 @@ impl View {
         for id in &ids {
             self.id_node.insert(id.clone(), d.spec.node.clone());
             self.content_targets(id, &mut out);
+            out.extend(self.pv_of_handle.get(id).map(|p| Target::Pv(p.clone())));
         }
         self.drives.insert(name, (d.spec.node.clone(), ids));
         out
@@ -340,7 +341,10 @@ impl View {
         match target {
             Target::Pv(name) => {
                 let pv = self.pvs.get(name)?;
-                Some((pv.node.as_deref()?, pv.label.as_deref()))
+                // A PV without drivelet's node affinity (made by hand) belongs to the node
+                // whose Drive objects list its volume.
+                let node = pv.node.as_deref().or_else(|| self.id_node.get(&pv.handle).map(String::as_str))?;
+                Some((node, pv.label.as_deref()))
             }
             Target::Claim(ns, name) => {
                 let key = (ns.clone(), name.clone());

@@ -31,8 +31,19 @@ const PODS: &str = "/api/v1/namespaces/apps/pods";
 const DRIVES: &str = "/apis/drivelet.io/v1alpha1/drives";
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/drivelet-system/leases";
 const CONFIGMAPS: &str = "/api/v1/namespaces/drivelet-system/configmaps";
-const PLURALS: [&str; 10] =
-    ["volumeattachments", "persistentvolumes", "persistentvolumeclaims", "drives", "nodes", "pods", "events", "leases", "configmaps", "namespaces"];
+const PLURALS: [&str; 11] = [
+    "volumeattachments",
+    "persistentvolumes",
+    "persistentvolumeclaims",
+    "drives",
+    "nodes",
+    "pods",
+    "events",
+    "leases",
+    "configmaps",
+    "namespaces",
+    "storageclasses",
+];
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -42,6 +53,37 @@ struct Change {
     rv: u64,
     kind: &'static str,
     object: Value,
+    /// The object before the change, when there was one.
+    old: Option<Value>,
+}
+
+/// Whether a list or watch of `asked` holds the objects of `collection`: the same path,
+/// or, as the real API server answers `/api/v1/pods`, the all-namespaces path of a
+/// namespaced collection (`/api/v1/namespaces/apps/pods`).
+fn covers(asked: &str, collection: &str) -> bool {
+    if asked == collection {
+        return true;
+    }
+    let Some((prefix, plural)) = asked.rsplit_once('/') else { return false };
+    collection
+        .strip_prefix(&format!("{prefix}/namespaces/"))
+        .and_then(|rest| rest.strip_suffix(&format!("/{plural}")))
+        .is_some_and(|ns| !ns.is_empty() && !ns.contains('/'))
+}
+
+/// What a watch with selectors `params` sees of a change, as the real API server sends
+/// it: an object that starts matching is ADDED, one that stops is DELETED, one that
+/// matches neither before nor after is not sent.
+fn seen_as(kind: &'static str, old: Option<&Value>, new: &Value, params: &BTreeMap<String, String>) -> Option<&'static str> {
+    let before = old.is_some_and(|o| matches_selectors(o, params));
+    let after = matches_selectors(new, params);
+    match (kind, before, after) {
+        ("DELETED", b, a) => (b || a).then_some("DELETED"),
+        (_, true, true) => Some(kind),
+        (_, false, true) => Some("ADDED"),
+        (_, true, false) => Some("DELETED"),
+        (_, false, false) => None,
+    }
 }
 
 #[derive(Default)]
@@ -50,16 +92,24 @@ struct State {
     /// Objects by collection path, then name.
     objects: BTreeMap<String, BTreeMap<String, Value>>,
     history: Vec<Change>,
-    watchers: Vec<(String, mpsc::UnboundedSender<Bytes>)>,
+    /// Each watch: its collection, its selectors, where its events go.
+    watchers: Vec<(String, BTreeMap<String, String>, mpsc::UnboundedSender<Bytes>)>,
     /// Every request: "METHOD path?query".
     log: Vec<String>,
 }
 
 impl State {
-    fn record(&mut self, collection: &str, kind: &'static str, object: Value) {
-        let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": object})));
-        self.watchers.retain(|(c, tx)| c != collection || tx.send(line.clone()).is_ok());
-        self.history.push(Change { collection: collection.to_string(), rv: self.rv, kind, object });
+    fn record(&mut self, collection: &str, kind: &'static str, object: Value, old: Option<Value>) {
+        self.watchers.retain(|(c, params, tx)| {
+            if !covers(c, collection) {
+                return true;
+            }
+            match seen_as(kind, old.as_ref(), &object, params) {
+                Some(k) => tx.send(Bytes::from(format!("{}\n", json!({"type": k, "object": object})))).is_ok(),
+                None => !tx.is_closed(),
+            }
+        });
+        self.history.push(Change { collection: collection.to_string(), rv: self.rv, kind, object, old });
     }
 
     fn bump(&mut self, obj: &mut Value) {
@@ -71,15 +121,16 @@ impl State {
     /// finalizer holds it.
     fn store(&mut self, collection: &str, name: &str, mut obj: Value, kind: &'static str) -> Value {
         self.bump(&mut obj);
+        let old = self.objects.get(collection).and_then(|c| c.get(name)).cloned();
         let finalizers = obj["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
         if obj["metadata"]["deletionTimestamp"].is_string() && !finalizers {
             if let Some(c) = self.objects.get_mut(collection) {
                 c.remove(name);
             }
-            self.record(collection, "DELETED", obj.clone());
+            self.record(collection, "DELETED", obj.clone(), old);
         } else {
             self.objects.entry(collection.to_string()).or_default().insert(name.to_string(), obj.clone());
-            self.record(collection, kind, obj.clone());
+            self.record(collection, kind, obj.clone(), old);
         }
         obj
     }
@@ -286,10 +337,12 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Resp
         ("GET", None) if params.get("watch").map(String::as_str) == Some("true") => {
             let since: u64 = params.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
             let (tx, rx) = mpsc::unbounded_channel();
-            for c in st.history.iter().filter(|c| c.collection == collection && c.rv > since) {
-                let _ = tx.send(Bytes::from(format!("{}\n", json!({"type": c.kind, "object": c.object}))));
+            for c in st.history.iter().filter(|c| covers(&collection, &c.collection) && c.rv > since) {
+                if let Some(k) = seen_as(c.kind, c.old.as_ref(), &c.object, &params) {
+                    let _ = tx.send(Bytes::from(format!("{}\n", json!({"type": k, "object": c.object}))));
+                }
             }
-            st.watchers.push((collection.clone(), tx));
+            st.watchers.push((collection.clone(), params.clone(), tx));
             let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
             Response::builder()
                 .header("content-type", "application/json")
@@ -299,9 +352,10 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Resp
         ("GET", None) => {
             let items: Vec<Value> = st
                 .objects
-                .get(&collection)
-                .map(|c| c.values().filter(|o| matches_selectors(o, &params)).cloned().collect())
-                .unwrap_or_default();
+                .iter()
+                .filter(|(c, _)| covers(&collection, c))
+                .flat_map(|(_, objs)| objs.values().filter(|o| matches_selectors(o, &params)).cloned())
+                .collect();
             full(StatusCode::OK, &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": st.rv.to_string()}, "items": items}))
         }
         ("GET", Some(name)) => match st.objects.get(&collection).and_then(|c| c.get(&name)) {
@@ -591,16 +645,22 @@ fn volume_attachments_are_attached_detached_and_refused_through_the_api() {
         api.get(DRIVES, &pulled_name).is_none().then_some(())
     });
 
-    // Other drivers' and other nodes' attachments are never touched.
+    // Other drivers' attachments are never touched; another node's gets, from this
+    // agent's relay (it holds the cluster duties' Lease), only the label naming its node,
+    // and is never attached, finalized or given a status here.
     let mut foreign = va("va-x", "pv-x");
     foreign["spec"]["attacher"] = json!("ebs.csi.aws.com");
     api.create(VAS, foreign);
     let mut elsewhere = va("va-y", "pv-y");
     elsewhere["spec"]["nodeName"] = json!("node-b");
     api.create(VAS, elsewhere);
+    let labelled = api.wait_for(Duration::from_secs(5), "va-y labelled with its node", &agent, |api| {
+        api.get(VAS, "va-y").filter(|v| v["metadata"]["labels"]["drivelet.io/node"] == "node-b")
+    });
     std::thread::sleep(Duration::from_secs(1));
     let touched: Vec<String> = api.log().into_iter().filter(|l| l.contains("/va-x") || l.contains("/va-y")).collect();
-    assert!(touched.is_empty(), "no request about other attachments: {touched:?}");
+    assert_eq!(touched, ["PATCH /apis/storage.k8s.io/v1/volumeattachments/va-y"], "one label patch, nothing else");
+    assert!(labelled["metadata"]["finalizers"].is_null() && labelled["status"].is_null(), "only labelled: {labelled}");
     assert_requests_are_permitted(&api);
 }
 
