@@ -6,8 +6,9 @@
 //! and writes each object's node label (the decisions in [`super`]).
 //!
 //! Rules:
-//! - The watches are paginated (500 a page; Nodes as metadata only) and restarted with
-//!   backoff; a relist replaces what the view holds of that kind and looks at every
+//! - The watches list by streaming (`sendInitialEvents`, from the server's watch cache)
+//!   where the server has it, asked once at start, else paginated (500 a page); Nodes
+//!   as metadata only; restarted with backoff; a relist replaces what the view holds of that kind and looks at every
 //!   object again, so nothing changed while a watch was down (or before this agent led)
 //!   is missed.
 //! - The view keeps a few strings an object, never the objects (the claims that wait
@@ -29,7 +30,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, WatchEvent, WatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
@@ -73,12 +74,12 @@ enum Seen {
 
 type Items = Pin<Box<dyn Stream<Item = Seen> + Send>>;
 
-fn watch<K>(client: &Client, wrap: fn(Result<Event<K>, watcher::Error>) -> Seen) -> Items
+fn watch<K>(client: &Client, config: watcher::Config, wrap: fn(Result<Event<K>, watcher::Error>) -> Seen) -> Items
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     let api: Api<K> = Api::all(client.clone());
-    Box::pin(watcher(api, Scope::Cluster.config()).default_backoff().map(wrap))
+    Box::pin(watcher(api, config).default_backoff().map(wrap))
 }
 
 /// The name an object is listed under, for a relist's bookkeeping.
@@ -279,19 +280,42 @@ async fn write(client: &Client, t: &Target, patch: &Value) -> Result<(), kube::E
     }
 }
 
+/// Whether the API server answers streaming lists (`sendInitialEvents`, the WatchList
+/// feature): asked once with a watch of no Node at all, which such a server ends with
+/// its `k8s.io/initial-events-end` bookmark within the second it is given.
+async fn streams_lists(client: &Client) -> bool {
+    let api: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
+    let wp = WatchParams::streaming_lists().timeout(1).fields("metadata.name=drivelet-no-such-node");
+    let Ok(events) = api.watch_metadata(&wp, "0").await else { return false };
+    let mut events = Box::pin(events);
+    let ended = async {
+        while let Some(Ok(event)) = events.next().await {
+            if let WatchEvent::Bookmark(b) = event {
+                return b.metadata.annotations.get("k8s.io/initial-events-end").is_some_and(|v| v == "true");
+            }
+        }
+        false
+    };
+    tokio::time::timeout(Duration::from_secs(3), ended).await.unwrap_or(false)
+}
+
 /// Runs the relay for `driver` into `view` (emptied first) until it is aborted (the
 /// Lease lost or given up).
 pub(crate) async fn run(client: Client, driver: String, view: SharedView) {
     *lock(&view) = View::new(&driver);
+    // Where the server streams its initial lists, from its watch cache, the relay's
+    // (re)lists read nothing from etcd; elsewhere they are paginated.
+    let streaming = streams_lists(&client).await;
+    let config = || if streaming { Scope::Cluster.config().streaming_lists() } else { Scope::Cluster.config() };
     // Nodes as metadata only: their names are all the duties read of them.
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
-    let items = watch::<PersistentVolume>(&client, Seen::Pv)
-        .merge(watch::<PersistentVolumeClaim>(&client, Seen::Claim))
-        .merge(watch::<VolumeAttachment>(&client, Seen::Va))
-        .merge(watch::<VolumeSnapshotContent>(&client, Seen::Content))
-        .merge(watch::<Drive>(&client, Seen::Drive))
-        .merge(Box::pin(watcher(nodes, Scope::Cluster.config()).default_backoff().map(Seen::Node)) as Items)
-        .merge(watch::<StorageClass>(&client, Seen::Class));
+    let items = watch::<PersistentVolume>(&client, config(), Seen::Pv)
+        .merge(watch::<PersistentVolumeClaim>(&client, config(), Seen::Claim))
+        .merge(watch::<VolumeAttachment>(&client, config(), Seen::Va))
+        .merge(watch::<VolumeSnapshotContent>(&client, config(), Seen::Content))
+        .merge(watch::<Drive>(&client, config(), Seen::Drive))
+        .merge(Box::pin(watcher(nodes, config()).default_backoff().map(Seen::Node)) as Items)
+        .merge(watch::<StorageClass>(&client, config(), Seen::Class));
     let mut items = Box::pin(items);
     let mut relay = Relay {
         client,
@@ -305,7 +329,7 @@ pub(crate) async fn run(client: Client, driver: String, view: SharedView) {
     };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    info!("relaying: labelling PVs, claims, VolumeAttachments and VolumeSnapshotContents with their node");
+    info!(streaming_lists = streaming, "relaying: labelling PVs, claims, VolumeAttachments and VolumeSnapshotContents with their node");
     loop {
         tokio::select! {
             item = items.next() => match item {
