@@ -10,7 +10,9 @@
 //!   It leads while its last successful write is younger than [`RENEW_DEADLINE`].
 //! - While it leads it runs the relay ([`crate::k8s::relay`]), which labels the
 //!   cluster's objects with their nodes; losing or giving up the Lease stops it, and the
-//!   next holder's relay lists everything and catches up.
+//!   next holder's relay lists everything and catches up. While an earlier version's
+//!   agent holds the Lease (it writes no [`election::RELAYS`]: a rolling upgrade), every
+//!   agent relays, so no node's filtered watches miss a new object meanwhile.
 //! - While it leads, a round of duties runs every [`DUTIES_EVERY`] over the relay's view
 //!   (its watch caches, no list): once the view has listed everything, the nodes its
 //!   objects name that no Node object is are proposed as gone, the round decides
@@ -231,10 +233,12 @@ impl Controller {
         self.current.is_some() && (first || free)
     }
 
-    /// Starts the relay when this agent leads and it is not running; stops it when this
-    /// agent does not lead.
+    /// Starts the relay when this agent leads (or an earlier version's agent, which does
+    /// not relay, holds the Lease: a rolling upgrade) and it is not running; stops it
+    /// otherwise.
     fn keep_relay(&mut self) {
-        if !self.leading() || !self.relays {
+        let old_holder = matches!(&self.current, Some(Some(l)) if election::held_without_relay(l));
+        if !(self.leading() || old_holder) || !self.relays {
             return self.stop_relay();
         }
         if self.relay.as_ref().is_none_or(JoinHandle::is_finished) {

@@ -106,7 +106,20 @@ pub(crate) fn desired(current: Option<&Lease>, decision: &Election, me: &str, no
     spec.lease_duration_seconds = Some(LEASE_DURATION.as_secs() as i32);
     spec.renew_time = Some(MicroTime(now));
     lease.spec = Some(spec);
+    lease.metadata.annotations.get_or_insert_with(Default::default).insert(RELAYS.to_string(), "true".to_string());
     Some(lease)
+}
+
+/// The annotation a holder that relays (labels objects with their nodes) writes on the
+/// Lease. A Lease held without it is held by an agent of an earlier version, which does
+/// not relay: while one holds it, during a rolling upgrade, every newer agent relays
+/// itself (the same idempotent label writes), so no node's filtered watches miss a new
+/// object until the old holder's pod is replaced.
+pub(crate) const RELAYS: &str = "drivelet.io/relays";
+
+/// Whether `lease` is held by an agent that does not relay (see [`RELAYS`]).
+pub(crate) fn held_without_relay(lease: &Lease) -> bool {
+    holder(lease).is_some() && lease.metadata.annotations.as_ref().and_then(|a| a.get(RELAYS)).is_none_or(|v| v != "true")
 }
 
 /// The Lease that gives it up on a clean shutdown: `holderIdentity` cleared, when `me`
@@ -125,6 +138,18 @@ pub(crate) fn release(current: Option<&Lease>, me: &str) -> Option<Lease> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_holder_says_it_relays_and_a_lease_without_it_is_an_earlier_versions() {
+        let lease = desired(None, &Election::Create, "n1", Timestamp::UNIX_EPOCH).unwrap();
+        assert!(!held_without_relay(&lease), "this version's holder relays");
+        let mut old = lease.clone();
+        old.metadata.annotations = None;
+        assert!(held_without_relay(&old), "an earlier version's holder does not");
+        let mut free = old.clone();
+        free.spec.as_mut().unwrap().holder_identity = None;
+        assert!(!held_without_relay(&free), "nobody holds it: the next holder relays");
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn lease(holder: Option<&str>, seconds: Option<i32>) -> Lease {
