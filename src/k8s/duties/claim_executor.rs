@@ -22,7 +22,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::claims::{ClaimAction, ClaimDecision, ClaimsObserved, SELECTED_NODE, WAITING};
-use super::executor::DutyError;
+use super::executor::{list_all, DutyError};
 use crate::k8s::identity::Identity;
 
 /// Talks to the API server for the claim watch.
@@ -61,20 +61,11 @@ impl ClaimExecutor {
             return Ok(obs);
         }
         obs.classes = classes;
-        let mut lp = ListParams::default().limit(500);
-        loop {
-            let page = Api::<Node>::all(self.client.clone()).list(&lp).await.map_err(api("listing Nodes"))?;
-            obs.nodes.extend(page.items);
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(token) => lp = lp.continue_token(&token),
-                None => break,
-            }
-        }
-        obs.capacities = Api::<CSIStorageCapacity>::namespaced(self.client.clone(), &self.namespace)
-            .list(&ListParams::default())
+        let lp = ListParams::default();
+        obs.nodes = list_all(&Api::<Node>::all(self.client.clone()), &lp).await.map_err(api("listing Nodes"))?;
+        obs.capacities = list_all(&Api::<CSIStorageCapacity>::namespaced(self.client.clone(), &self.namespace), &lp)
             .await
-            .map_err(api(format!("listing CSIStorageCapacity objects in namespace {}", self.namespace)))?
-            .items;
+            .map_err(api(format!("listing CSIStorageCapacity objects in namespace {}", self.namespace)))?;
         Ok(obs)
     }
 

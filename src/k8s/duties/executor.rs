@@ -52,6 +52,24 @@ fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> DutyError {
     move |source| DutyError::Api { what, source }
 }
 
+/// Every object of `api` a list with `lp` answers, 500 a page: no list of a whole
+/// collection in one answer.
+pub(crate) async fn list_all<K>(api: &Api<K>, lp: &ListParams) -> Result<Vec<K>, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut lp = lp.clone().limit(500);
+    let mut out = Vec::new();
+    loop {
+        let page = api.list(&lp).await?;
+        out.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => lp = lp.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
 fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
@@ -92,11 +110,10 @@ impl Executor {
         let wanted = claims_to_read(&obs, &self.identity.driver, gone);
         let namespaces: BTreeSet<&str> = wanted.iter().map(|(ns, _)| ns.as_str()).collect();
         for ns in &namespaces {
-            let claims = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), ns)
-                .list(&lp)
+            let claims = list_all(&Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), ns), &lp)
                 .await
                 .map_err(api(format!("listing claims in namespace {ns}")))?;
-            obs.claims.extend(claims.items.into_iter().filter(|c| wanted.contains(&(ns.to_string(), c.name_any()))));
+            obs.claims.extend(claims.into_iter().filter(|c| wanted.contains(&(ns.to_string(), c.name_any()))));
         }
         let classes: BTreeSet<String> =
             obs.claims.iter().filter_map(|c| c.spec.as_ref()?.storage_class_name.clone()).filter(|c| !c.is_empty()).collect();
@@ -109,11 +126,10 @@ impl Executor {
         }
         // Pods matter only to claims that may be released.
         for ns in releasing_namespaces(&obs) {
-            let pods = Api::<Pod>::namespaced(self.client.clone(), &ns)
-                .list(&lp)
+            let pods = list_all(&Api::<Pod>::namespaced(self.client.clone(), &ns), &lp)
                 .await
                 .map_err(api(format!("listing pods in namespace {ns}")))?;
-            obs.pods.extend(pods.items);
+            obs.pods.extend(pods);
         }
         Ok(obs)
     }
