@@ -2,8 +2,7 @@
 //! change makes it look at again.
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, PersistentVolume,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeSpec, VolumeNodeAffinity,
+    CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeSpec,
 };
 use k8s_openapi::api::storage::v1::{VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -13,7 +12,6 @@ use super::view::{Target, View};
 use super::*;
 use crate::k8s::crd::{Drive, DriveStatus};
 use crate::k8s::snapshot::objects::{ContentSource, VolumeSnapshotContent, VolumeSnapshotContentSpec, VolumeSnapshotContentStatus};
-use crate::TOPOLOGY_NODE_KEY;
 
 const DRIVER: &str = "csi.drivelet.io";
 
@@ -26,23 +24,11 @@ fn meta(name: &str, label: Option<&str>) -> ObjectMeta {
 }
 
 fn pv(name: &str, handle: &str, node: &str, claim: Option<(&str, &str)>, label: Option<&str>) -> PersistentVolume {
-    let affinity = VolumeNodeAffinity {
-        required: Some(NodeSelector {
-            node_selector_terms: vec![NodeSelectorTerm {
-                match_expressions: Some(vec![NodeSelectorRequirement {
-                    key: TOPOLOGY_NODE_KEY.into(),
-                    operator: "In".into(),
-                    values: Some(vec![node.into()]),
-                }]),
-                ..Default::default()
-            }],
-        }),
-    };
     PersistentVolume {
         metadata: meta(name, label),
         spec: Some(PersistentVolumeSpec {
             csi: Some(CSIPersistentVolumeSource { driver: DRIVER.into(), volume_handle: handle.into(), ..Default::default() }),
-            node_affinity: Some(affinity),
+            node_affinity: Some(crate::k8s::rehome::pinned_to(node)),
             claim_ref: claim.map(|(ns, n)| ObjectReference { namespace: Some(ns.into()), name: Some(n.into()), ..Default::default() }),
             ..Default::default()
         }),

@@ -6,8 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, PersistentVolume,
-    PersistentVolumeClaim, PersistentVolumeSpec, PersistentVolumeStatus, VolumeNodeAffinity,
+    CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec, PersistentVolumeStatus,
 };
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -18,7 +17,7 @@ use super::{claim_node, content_node, label_patch, provisioned_by, selected_node
 use crate::k8s::crd::{Drive, DriveSpec};
 use crate::k8s::duties::{pv_node, Observed};
 use crate::k8s::snapshot::objects::VolumeSnapshotContent;
-use crate::TOPOLOGY_NODE_KEY;
+use crate::k8s::rehome::pinned_to;
 
 /// An object the relay may label.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -577,20 +576,4 @@ fn drive_object(name: &str, node: &str) -> Drive {
         restore_claims: None,
     };
     Drive::new(name, spec)
-}
-
-/// The required node affinity of a PV pinned to `node`, as drivelet writes it.
-fn pinned_to(node: &str) -> VolumeNodeAffinity {
-    VolumeNodeAffinity {
-        required: Some(NodeSelector {
-            node_selector_terms: vec![NodeSelectorTerm {
-                match_expressions: Some(vec![NodeSelectorRequirement {
-                    key: TOPOLOGY_NODE_KEY.into(),
-                    operator: "In".into(),
-                    values: Some(vec![node.into()]),
-                }]),
-                ..Default::default()
-            }],
-        }),
-    }
 }
