@@ -118,7 +118,7 @@ pub(crate) fn start(cfg: &Arc<Config>, sockets: Sockets, kube: Option<kube::Clie
         Supervisor::start(move |_| CsiFront::new(f, l))
     };
     let (admin_stop, admin_rx) = tokio::sync::oneshot::channel();
-    let admin_task = tokio::spawn(admin::serve_admin(front, sockets.admin, admin_rx));
+    let admin_task = tokio::spawn(admin::serve_admin(front.clone(), sockets.admin, admin_rx));
     info!(socket.path = %cfg.paths.admin_socket.display(), "serving admin");
     // Kubelet's last registration report.
     let registration = RegistrationState::default();
@@ -133,7 +133,7 @@ pub(crate) fn start(cfg: &Arc<Config>, sockets: Sockets, kube: Option<kube::Clie
     });
 
     let (attach, duties) = match kube {
-        Some(client) => start_kubernetes(cfg, client, &actors),
+        Some(client) => start_kubernetes(cfg, client, &actors, &front),
         None => (None, None),
     };
     Running { actors, csi, admin_stop, admin_task, registrar, attach, duties }
@@ -143,11 +143,12 @@ pub(crate) fn start(cfg: &Arc<Config>, sockets: Sockets, kube: Option<kube::Clie
 type KubernetesParts = (Option<Addr<AttachQueue<ManagerBackend>>>, Option<duties::controller::Handle>);
 
 /// The Kubernetes front, part of [`start`]: what `[kubernetes]` turns on, the attach
-/// queue (its address is returned), the resize and snapshot queues, condition Events, Drive objects, node labels, the
+/// queue (its address is returned), the resize and snapshot queues, this node's CSIStorageCapacity objects (from `front`'s
+/// GetCapacity), condition Events, Drive objects, node labels, the
 /// cluster duties (their controller is returned), and, always, the clean-up of volumes
 /// removed while this node was gone and the re-homing of the claims of the volumes this
 /// node serves.
-fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> KubernetesParts {
+fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors, front: &Front) -> KubernetesParts {
     let k = &cfg.kubernetes;
     let identity = Identity { driver: cfg.driver.name.clone(), node: cfg.driver.node_name.clone() };
     // This node's PVs, claims and pods, watched once, read by the Events, the Drive sync
@@ -167,6 +168,16 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Kube
     if k.snapshots {
         let (c, q, backend) = (client.clone(), qcfg.clone(), snapshot::ManagerBackend::new(actors.volumes.clone()));
         Supervisor::start(move |_| SnapshotQueue::new(c, q, backend));
+    }
+    if k.capacity {
+        let me = crate::k8s::capacity::Me {
+            driver: cfg.driver.name.clone(),
+            node: cfg.driver.node_name.clone(),
+            namespace: k.namespace.clone(),
+            segments: cfg.topology_segments(),
+        };
+        let backend = crate::k8s::capacity::backend::FrontBackend::new(front);
+        tokio::spawn(crate::k8s::capacity::controller::run(client.clone(), me, backend, qcfg.policy));
     }
     if k.events {
         let reporter = ConditionReporter::new(client.clone(), identity.clone()).with_cache(cache.clone());
@@ -203,7 +214,7 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors) -> Kube
     // The claims of the volumes this node serves follow them here (an adopted drive's).
     let backend = crate::k8s::rehome::executor::ManagerBackend::new(actors.volumes.clone());
     tokio::spawn(crate::k8s::rehome::executor::run(client, identity.clone(), backend, Some(cache)));
-    info!(attach = k.attach, resize = k.resize, snapshots = k.snapshots, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node,
+    info!(attach = k.attach, resize = k.resize, snapshots = k.snapshots, capacity = k.capacity, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node,
         cluster_duties = k.cluster_duties, "kubernetes integration started");
     (attach, duties)
 }

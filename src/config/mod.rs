@@ -412,6 +412,11 @@ pub struct KubernetesConfig {
     /// csi-snapshotter sidecar). Needs the `snapshot.storage.k8s.io` CRDs; its retries use
     /// `retry_base` and `retry_cap`.
     pub snapshots: bool,
+    /// Publish this node's CSIStorageCapacity objects in process: one per StorageClass of
+    /// this driver, written as soon as drives, volumes or reservations change (no
+    /// external-provisioner capacity poll); the scheduler and the placement of Immediate
+    /// claims read them. Its retries use `retry_base` and `retry_cap`.
+    pub capacity: bool,
     /// The first retry delay of this front's loops that retry with backoff (a failed
     /// attach or detach, resize, snapshot, node labelling, a Drive object sync); doubled
     /// per failure in a row.
@@ -463,6 +468,7 @@ impl Default for KubernetesConfig {
             attach: true,
             resize: true,
             snapshots: true,
+            capacity: true,
             retry_base: Duration::from_secs(1),
             retry_cap: Duration::from_secs(300),
             retry_terminal: Duration::from_secs(600),

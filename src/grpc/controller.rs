@@ -332,21 +332,7 @@ impl Controller for ControllerService {
         &self,
         req: Request<csi::GetCapacityRequest>,
     ) -> Result<Response<csi::GetCapacityResponse>, Status> {
-        let (servable, question) = valid::capacity(&self.0, &req.into_inner())?;
-        let minimum = question.minimum as i64;
-        if !servable {
-            return Ok(Response::new(csi::GetCapacityResponse {
-                available_capacity: 0,
-                maximum_volume_size: Some(0),
-                minimum_volume_size: Some(minimum),
-            }));
-        }
-        let cap = self.0.views.book()?.capacity(&question)?;
-        Ok(Response::new(csi::GetCapacityResponse {
-            available_capacity: i64::try_from(cap.available).unwrap_or(i64::MAX),
-            maximum_volume_size: Some(i64::try_from(cap.maximum_volume_size).unwrap_or(i64::MAX)),
-            minimum_volume_size: Some(minimum),
-        }))
+        Ok(Response::new(capacity(&self.0, &req.into_inner())?))
     }
 
     #[instrument(skip_all, fields(csi.method = "CreateSnapshot", snapshot.name, volume.id), err)]
@@ -386,6 +372,29 @@ impl Controller for ControllerService {
             next_token: next.map(|id| self.0.token(&id)).unwrap_or_default(),
         }))
     }
+}
+
+/// What GetCapacity answers to `req`, from the published view: the one answer of the
+/// RPC and of the in-process CSIStorageCapacity objects (`crate::k8s::capacity`), which
+/// ask it as the external-provisioner did (the class's parameters, this node's
+/// segments, no capabilities). A request this node cannot serve has no room (not an
+/// error); a view not ready yet is UNAVAILABLE.
+pub(crate) fn capacity(front: &Front, req: &csi::GetCapacityRequest) -> Result<csi::GetCapacityResponse, Status> {
+    let (servable, question) = valid::capacity(front, req)?;
+    let minimum = question.minimum as i64;
+    if !servable {
+        return Ok(csi::GetCapacityResponse {
+            available_capacity: 0,
+            maximum_volume_size: Some(0),
+            minimum_volume_size: Some(minimum),
+        });
+    }
+    let cap = front.views.book()?.capacity(&question)?;
+    Ok(csi::GetCapacityResponse {
+        available_capacity: i64::try_from(cap.available).unwrap_or(i64::MAX),
+        maximum_volume_size: Some(i64::try_from(cap.maximum_volume_size).unwrap_or(i64::MAX)),
+        minimum_volume_size: Some(minimum),
+    })
 }
 
 /// Why ValidateVolumeCapabilities does not confirm what `req` asks of the volume `rec`

@@ -38,6 +38,7 @@
 //!   | `duties::controller` | one task on a timer, behind a Lease election | only the elected agent acts, on the Lease's clock; a round decides over whole lists (every Node against every PV, attachment, Drive, claim), not per key; a clean shutdown gives the Lease up |
 //!   | `duties::returned::run` | spawned task: once at start, then on a timer | one key of one ConfigMap, read at start and rechecked; nothing to watch cluster-wide |
 //!   | `rehome::executor::run` | spawned task: asks the volume manager on a tick, a pass on change | its input is the volume manager's list of served volumes; a pass GETs the few PVs and claims it names, nothing is listed cluster-wide |
+//!   | `capacity::controller::run` | spawned task: a StorageClass watch and the volume manager's view in, debounced writes of this node's CSIStorageCapacity objects, retried with [`shell::RetryPolicy`]'s backoff | what it writes is the volume manager's room per class, not a reconcile of watched objects by key; its own objects are listed, not watched |
 //!   | `node::label_node` | spawned task: one write, retried with [`shell::RetryPolicy`]'s backoff until done | one object written once; no watch, no queue |
 //!   | `auto_adopt::run` | spawned task on a timer | its input is the inventory's drives; the API is asked only whether an owner's Node exists, rarely |
 //!   | `cluster_id::resolve` | awaited at start, its own short backoff | a start-up precondition the agent waits on (no drive is judged before it), with its own cut-over to the cached id after 10 s |
@@ -45,10 +46,10 @@
 //! - Decisions are pure functions over Kubernetes objects and domain values
 //!   (`attach::reconcile`, `attach::reconcile_pv`, `resize::plan`, `snapshot::plan`,
 //!   `events::gate`, `events::targets`, `rehome::decide`, `node::label_patch`,
-//!   `auto_adopt::decide`, `duties::election::decide`, `duties::plan`, and the Drive
+//!   `auto_adopt::decide`, `capacity::wanted`, `capacity::plan`, `duties::election::decide`, `duties::plan`, and the Drive
 //!   sync's plan); the only code that talks to the API server is in the executors
 //!   (`attach::executor`, `resize::executor`, `snapshot::executor`, `events::reporter`,
-//!   `rehome::executor`, `node::label_once`, `duties::executor::Executor`,
+//!   `rehome::executor`, `node::label_once`, `capacity::controller`, `duties::executor::Executor`,
 //!   `duties::returned::reconcile_once`, the Drive sync's executor) and the watches of
 //!   the shell and of the Drive sync, so the decisions are table-tested without a
 //!   cluster and the executors are tested against the one scripted fake API server
@@ -63,6 +64,9 @@
 /// The external-attacher: reconcile decisions (mod.rs), the controller the shell runs
 /// (the AttachQueue), the executor of the actions and the volume side.
 pub(crate) mod attach;
+/// This node's CSIStorageCapacity objects, one per StorageClass of the driver, written
+/// in process from GetCapacity's answer when the volume manager's view changes.
+pub(crate) mod capacity;
 /// Adoption without a command: a disk of this cluster whose owner node was deleted.
 pub mod auto_adopt;
 /// Which cluster this node belongs to (the uid of `kube-system`), as its drives say.
