@@ -418,7 +418,8 @@ pub struct KubernetesConfig {
     /// claims read them. Its retries use `retry_base` and `retry_cap`.
     pub capacity: bool,
     /// The first retry delay of this front's loops that retry with backoff (a failed
-    /// attach or detach, resize, snapshot, node labelling, a Drive object sync); doubled
+    /// attach or detach, resize, snapshot, node labelling, a Drive object sync, a write of
+    /// the capacity objects); doubled
     /// per failure in a row.
     /// `attach_backoff_base`, its old name, still loads; setting both is an error.
     #[serde(alias = "attach_backoff_base", deserialize_with = "de_duration")]

@@ -126,6 +126,7 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "nodes",
         verbs: &["get", "list", "watch", "patch"],
         used_by: "k8s::node::label_once (get, patch; only with kubernetes.label_node = true), \
+                  k8s::capacity::controller (get, once: the Node's uid, the owner of its CSIStorageCapacity objects), \
                   k8s::relay::controller (the elected agent watches Node names, metadata only), \
                   k8s::duties::executor::Executor (get to confirm a node is deleted), \
                   k8s::duties::claim_executor::ClaimExecutor (list, paginated, while a claim waits: labels and readiness, \
@@ -164,6 +165,7 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "storageclasses",
         verbs: &["get", "list", "watch"],
         used_by: "k8s::duties::executor::Executor (get: drivelet.io/on-node-deleted of a deleted node's claims), \
+                  k8s::capacity::controller (watches every class, keeps the driver's: one CSIStorageCapacity each), \
                   k8s::relay (the elected agent watches the driver's classes: those of waiting claims, checked as \
                   CreateVolume checks them; binding mode and allowed topologies)",
     },
@@ -203,9 +205,12 @@ pub const PERMISSIONS: &[Permission] = &[
         scope: Scope::Namespace,
         group: "storage.k8s.io",
         resource: "csistoragecapacities",
-        verbs: &["list"],
-        used_by: "k8s::duties::claim_executor::ClaimExecutor (each node's room per class, as the provisioners publish it, \
-                  to place a claim of an Immediate class)",
+        verbs: &["list", "create", "patch", "delete"],
+        used_by: "k8s::capacity::controller (kubernetes.capacity: lists this node's own objects by its node label, \
+                  creates one per StorageClass of the driver, merge-patches its capacity and maximumVolumeSize, deletes \
+                  one of a class gone; once at start, lists and deletes the external-provisioner sidecar's objects of \
+                  this node), k8s::duties::claim_executor::ClaimExecutor (each node's room per class, as the agents \
+                  publish it, to place a claim of an Immediate class)",
     },
     Permission {
         scope: Scope::Namespace,

@@ -73,7 +73,7 @@ impl Writer {
     /// One round: what differs is written; `Ok` with nothing written while the volume
     /// side is not ready.
     async fn round(&mut self, backend: &impl CapacityBackend) -> Result<(), CapacityError> {
-        let Some((wanted, refused)) = wanted(&self.me, &self.classes, |c| backend.answer(&c.parameters)) else {
+        let Some(super::Decided { objects: wanted, refused }) = wanted(&self.me, &self.classes, |c| backend.answer(&c.parameters)) else {
             debug!("the volume manager is not ready; the capacity objects wait for it");
             return Ok(());
         };

@@ -142,14 +142,19 @@ pub(crate) struct Wanted {
     pub room: Room,
 }
 
-/// The objects wanted for `classes` (this driver's), each class's room from `answer`,
-/// by name; `None` while any answer is [`Answer::NotReady`] (nothing is decided then).
-/// The refusals are returned beside, `(class, words)`, for the log.
-pub(crate) fn wanted(
-    me: &Me,
-    classes: &BTreeMap<String, Class>,
-    answer: impl Fn(&Class) -> Answer,
-) -> Option<(BTreeMap<String, Wanted>, Vec<(String, String)>)> {
+/// What [`wanted`] decides: the objects by name, and the classes GetCapacity refused
+/// with its words, for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Decided {
+    /// The objects wanted, by name.
+    pub objects: BTreeMap<String, Wanted>,
+    /// `(class, words)` of each refused class.
+    pub refused: Vec<(String, String)>,
+}
+
+/// The objects wanted for `classes` (this driver's), each class's room from `answer`;
+/// `None` while any answer is [`Answer::NotReady`] (nothing is decided then).
+pub(crate) fn wanted(me: &Me, classes: &BTreeMap<String, Class>, answer: impl Fn(&Class) -> Answer) -> Option<Decided> {
     let mut out = BTreeMap::new();
     let mut refused = Vec::new();
     for class in classes.values().filter(|c| allows(c, &me.segments)) {
@@ -164,7 +169,7 @@ pub(crate) fn wanted(
         let name = object_name(&me.node, &class.name, &me.segments);
         out.insert(name.clone(), Wanted { name, class: class.name.clone(), room });
     }
-    Some((out, refused))
+    Some(Decided { objects: out, refused })
 }
 
 /// One write of a round.

@@ -68,7 +68,7 @@ fn listed(class: &str, r: Room) -> (String, Listed) {
 #[test]
 fn one_object_is_wanted_per_class_of_this_driver_with_its_room() {
     let all = classes(&[storage_class("fast", DRIVER, "ssd"), storage_class("big", DRIVER, "hdd"), storage_class("other", "ebs.csi.aws.com", "ssd")]);
-    let (wanted, refused) = wanted(&me(), &all, by_media).expect("ready");
+    let Decided { objects: wanted, refused } = wanted(&me(), &all, by_media).expect("ready");
     let want: BTreeMap<String, Wanted> =
         [wanted_of("fast", room(10, 4)), wanted_of("big", room(100, 50))].into_iter().map(|w| (w.name.clone(), w)).collect();
     assert_eq!(wanted, want);
@@ -84,7 +84,7 @@ fn nothing_is_decided_while_the_volume_manager_is_not_ready() {
 #[test]
 fn a_class_getcapacity_refuses_has_no_room_and_the_refusal_is_said() {
     let all = classes(&[storage_class("odd", DRIVER, "tape")]);
-    let (wanted, refused) = wanted(&me(), &all, by_media).expect("ready");
+    let Decided { objects: wanted, refused } = wanted(&me(), &all, by_media).expect("ready");
     assert_eq!(wanted.values().cloned().collect::<Vec<_>>(), vec![wanted_of("odd", room(0, 0))]);
     assert_eq!(refused, vec![("odd".to_string(), "parameter media: unknown".to_string())]);
 }
@@ -104,7 +104,7 @@ fn a_class_whose_allowed_topologies_exclude_this_node_has_no_object_but_unknown_
         with("zoned", vec![term("topology.kubernetes.io/zone", &["z1"])]),
         with("other-rack", vec![term("example.com/rack", &["r8"])]),
     ]);
-    let (wanted, _) = wanted(&me(), &all, by_media).expect("ready");
+    let wanted = wanted(&me(), &all, by_media).expect("ready").objects;
     let classes: Vec<&str> = wanted.values().map(|w| w.class.as_str()).collect();
     assert_eq!(classes.len(), 2);
     assert!(classes.contains(&"here") && classes.contains(&"zoned"), "{classes:?}");
@@ -140,7 +140,7 @@ fn a_class_removed_or_no_longer_this_drivers_deletes_its_object() {
     assert_eq!(plan(&me(), &wanted, &before), vec![Write::Delete(name_of("gone"))]);
     // A class that changed provisioner is not this driver's: no object is wanted for it.
     let all = classes(&[storage_class("fast", "other.csi.io", "ssd")]);
-    let (none, _) = super::wanted(&me(), &all, by_media).expect("ready");
+    let none = super::wanted(&me(), &all, by_media).expect("ready").objects;
     assert_eq!(plan(&me(), &none, &[listed("fast", room(10, 4))].into()), vec![Write::Delete(name_of("fast"))]);
 }
 

@@ -4,8 +4,8 @@
 //! - The claims that wait, the driver's StorageClasses and the PVs of clone sources come
 //!   from the relay's view (its watch caches); only when a claim waits for a drivelet
 //!   StorageClass does [`ClaimExecutor::observe`] read Nodes (paginated) and the
-//!   CSIStorageCapacity objects (in drivelet's namespace, where the provisioners publish
-//!   them).
+//!   CSIStorageCapacity objects (in drivelet's namespace, where each agent publishes its
+//!   node's, `crate::k8s::capacity`).
 //! - A selected node is written with a merge patch guarded by the claim's resourceVersion:
 //!   a claim changed meanwhile (a node selected by someone else) is a conflict, decided
 //!   again next round, never overwritten. The Normal Event follows the write.

@@ -15,7 +15,8 @@
 //! 2. **Immediate binding without a selected node**: drivelet picks the node.
 //!    The candidates are the Nodes that exist, are not being deleted, are Ready, match
 //!    the class's `allowedTopologies` (any term; every expression of a term `In` the
-//!    node's labels) and have a CSIStorageCapacity of that class (their provisioner runs)
+//!    node's labels) and have a CSIStorageCapacity of that class (their agent publishes it,
+//!    `crate::k8s::capacity`; an earlier version's external-provisioner sidecar did)
 //!    whose maximum volume size (else capacity) holds the claim's request. The one with
 //!    the most capacity wins (ties: the first name). Its name is written as the claim's
 //!    `volume.kubernetes.io/selected-node` annotation: the external-provisioner of that
@@ -25,9 +26,10 @@
 //!    class then pins the claim's pod to the node with the most room). A claim whose
 //!    provisioning fails there with RESOURCE_EXHAUSTED loses the annotation (the
 //!    provisioner's rescheduling) and is decided again.
-//!    A node whose provisioner publishes other classes' room but not this class's yet is
-//!    waited for, silently, while the class is younger than [`PUBLISH_WAIT`]; after that
-//!    the Warning names the provisioner flag it lacks (`--capacity-for-immediate-binding`).
+//!    A node that publishes other classes' room but not this class's yet is waited for,
+//!    silently, while the class is younger than [`PUBLISH_WAIT`]; after that the Warning
+//!    says what publishes a class's room (an agent with `kubernetes.capacity`; for a node
+//!    still on the sidecar, its flag `--capacity-for-immediate-binding`).
 //! 3. **Immediate binding, no node can take it**: a Warning Event [`REASON_NO_NODE`]
 //!    naming what the class allows and what each allowed node lacks; decided again every
 //!    round, so it is provisioned once a node has room.
@@ -80,7 +82,8 @@ pub(crate) struct ClaimsObserved {
     pub classes: Vec<StorageClass>,
     /// Every Node.
     pub nodes: Vec<Node>,
-    /// CSIStorageCapacity objects in drivelet's namespace (the provisioners').
+    /// CSIStorageCapacity objects in drivelet's namespace (the agents', or the sidecars' of
+    /// nodes not upgraded yet).
     pub capacities: Vec<CSIStorageCapacity>,
     /// Every PV (a clone's source claim's node).
     pub volumes: Vec<PersistentVolume>,
@@ -88,8 +91,9 @@ pub(crate) struct ClaimsObserved {
     pub now: Option<Timestamp>,
 }
 
-/// How long a provisioner that publishes other classes' room is given to publish a new
-/// class's before the claim is warned (its capacity poll is 15 s in deploy/).
+/// How long a node that publishes other classes' room is given to publish a new class's
+/// before the claim is warned (an agent writes it within seconds of the class; the
+/// sidecar of an earlier version polled every 15 s).
 pub(crate) const PUBLISH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why a claim waits, for its Warning Event.
@@ -325,8 +329,8 @@ fn topologies_words(class: &StorageClass) -> String {
 }
 
 /// The node to provision an Immediate claim on, with why; or why there is none; `None`
-/// when a node that may take it has not published its room for a new class yet (its
-/// provisioner publishes other classes'): decided again next round, without a Warning.
+/// when a node that may take it has not published its room for a new class yet (it
+/// publishes other classes'): decided again next round, without a Warning.
 fn place(
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
@@ -394,11 +398,12 @@ fn place(
             if publishing(name) {
                 not_yet |= new_class;
                 lacks.push(format!(
-                    "{name} publishes no storage capacity for this class (its csi-provisioner needs \
-                     --capacity-for-immediate-binding=true)"
+                    "{name} publishes no storage capacity for this class (drivelet publishes every class of \
+                     its driver with kubernetes.capacity on; a node still running the csi-provisioner sidecar \
+                     needs --capacity-for-immediate-binding=true)"
                 ));
             } else {
-                lacks.push(format!("{name} runs no drivelet provisioner (no storage capacity published)"));
+                lacks.push(format!("{name} publishes no storage capacity (its drivelet runs with kubernetes.capacity off, or not at all)"));
             }
             continue;
         };

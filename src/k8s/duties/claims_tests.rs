@@ -254,21 +254,21 @@ fn an_immediate_clone_goes_to_its_sources_node_and_a_restore_is_refused_in_words
 }
 
 #[test]
-fn a_new_class_whose_room_a_running_provisioner_has_not_published_yet_waits_without_a_warning() {
+fn a_new_class_whose_room_a_running_agent_has_not_published_yet_waits_without_a_warning() {
     let mut obs = cluster(vec![sc("now", None, "Immediate", &["n1"])], vec![pvc("data", "now", 1)]);
     let made = k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap();
     obs.classes[0].metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(made));
     obs.now = Some(made + std::time::Duration::from_secs(30));
-    // n1's provisioner publishes another class, not this new one yet.
+    // n1 publishes another class, not this new one yet.
     obs.capacities = vec![capacity("older", "n1", 4, 4)];
     assert_eq!(decision(&obs, "data"), None);
-    // Still not after a minute: its provisioner does not publish Immediate classes.
+    // Still not after a minute: something there does not publish this class.
     obs.now = Some(made + std::time::Duration::from_secs(61));
     refused(decision(&obs, "data"), REASON_NO_NODE, &["n1 publishes no storage capacity", "--capacity-for-immediate-binding=true"]);
-    // No provisioner on n1 at all: said at once.
+    // Nothing published by n1 at all: said at once.
     obs.now = Some(made + std::time::Duration::from_secs(1));
     obs.capacities.clear();
-    refused(decision(&obs, "data"), REASON_NO_NODE, &["n1 runs no drivelet provisioner"]);
+    refused(decision(&obs, "data"), REASON_NO_NODE, &["n1 publishes no storage capacity (its drivelet runs with kubernetes.capacity off"]);
 }
 
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! The retry policy of this front's loops: how long a failed run waits before it runs
 //! again. One policy, from one place in the config (`kubernetes.retry_base`,
 //! `retry_cap`, `retry_terminal`), for every loop that retries with backoff: the
-//! attach, resize and snapshot queues, the node labelling and the Drive sync.
+//! attach, resize and snapshot queues, the node labelling, the Drive sync and the
+//! capacity objects.
 //!
 //! Rules:
 //! - A failure that may pass by retrying waits [`RetryPolicy::backoff`]: `base` after the
