@@ -314,3 +314,33 @@ async fn a_selected_node_is_written_guarded_by_resource_version_then_a_normal_ev
     }
     server.await.unwrap().assert_no_more_requests("after the claims");
 }
+
+#[test]
+fn an_immediate_claim_is_placed_by_the_capacity_objects_the_agents_write() {
+    use crate::k8s::capacity::{node_owner, object, object_name, Me, Room, Wanted};
+    // The objects as k8s::capacity writes them (binary-suffixed quantities, the node's
+    // segments with a key of its own), not the sidecar's.
+    let written = |node: &str, free_gib: u64, largest_gib: u64| {
+        let me = Me {
+            driver: DRIVER.into(),
+            node: node.into(),
+            namespace: "drivelet-system".into(),
+            segments: BTreeMap::from([(TOPOLOGY_NODE_KEY.to_string(), node.to_string()), ("example.com/rack".into(), "r1".into())]),
+        };
+        let w = Wanted {
+            name: object_name(node, "now", &me.segments),
+            class: "now".into(),
+            room: Room { available: free_gib * GI, maximum: largest_gib * GI },
+        };
+        object(&me, &w, &node_owner(node, "uid"))
+    };
+    let mut obs = cluster(vec![sc("now", None, "Immediate", &[])], vec![pvc("data", "now", 5)]);
+    obs.capacities = vec![written("n1", 8, 6), written("n2", 30, 4)];
+    match decision(&obs, "data") {
+        Some(ClaimDecision::Select { node, why }) => {
+            assert_eq!(node, "n1", "n2 has more free, but cannot make 5 GiB in one piece");
+            assert!(why.contains("8.0 GiB free"), "the room read from the quantity 8Gi: {why}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
