@@ -4,7 +4,8 @@
 //!
 //! Rules:
 //! - Inputs: one cluster-wide watch of StorageClasses (the server cannot filter them by
-//!   provisioner; they are few), of which only this driver's are kept, reduced to
+//!   provisioner; they are few; its lists come from the watch cache), of which only
+//!   this driver's are kept, reduced to
 //!   [`Class`]; and the volume side's changes ([`CapacityBackend::changed`]), which come
 //!   whenever drives, volumes or reservations change. No poll: nothing is asked on a
 //!   timer.
@@ -265,7 +266,10 @@ fn take(
 /// manager is gone for good or the agent stops.
 pub(crate) async fn run(client: Client, me: Me, mut backend: impl CapacityBackend, policy: RetryPolicy) {
     let classes_api: Api<StorageClass> = Api::all(client.clone());
-    let mut events = Box::pin(watcher(classes_api, Scope::Cluster.config()).default_backoff());
+    // Every agent watches the classes: its (re)lists are served from the API server's
+    // watch cache (no page limit: a handful of objects), never read from etcd.
+    let config = watcher::Config { page_size: None, ..watcher::Config::default().any_semantic() };
+    let mut events = Box::pin(watcher(classes_api, config).default_backoff());
     let driver = me.driver.clone();
     let mut w = Writer { client, me, classes: BTreeMap::new(), owner: None, listed: None, sidecar_done: false, said: BTreeSet::new() };
     let mut listing = None;

@@ -142,6 +142,8 @@ async fn at_start_each_class_of_the_driver_gets_its_object_then_the_sidecars_are
         made.insert(body["storageClassName"].as_str().unwrap_or("").to_string(), body);
     }
     assert_eq!(made.keys().collect::<Vec<_>>(), ["big", "fast"], "one object per class of this driver, none for another's");
+    let class_list = api.requests().into_iter().find(|r| r.starts_with(&format!("GET {CLASSES}?"))).expect("the classes listed");
+    assert!(class_list.contains("resourceVersion=0") && !class_list.contains("limit="), "from the watch cache: {class_list}");
     let fast = &made["fast"];
     assert_eq!(fast["metadata"]["name"], json!(name_of("fast")));
     assert_eq!((&fast["capacity"], &fast["maximumVolumeSize"]), (&json!("10Gi"), &json!("4Gi")));
