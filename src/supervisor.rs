@@ -169,6 +169,11 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors, front: 
         let (c, q, backend) = (client.clone(), qcfg.clone(), snapshot::ManagerBackend::new(actors.volumes.clone()));
         Supervisor::start(move |_| SnapshotQueue::new(c, q, backend));
     }
+    if k.provision {
+        let (c, q, backend, topology) =
+            (client.clone(), qcfg.clone(), crate::k8s::provision::backend::ServiceBackend::new(front.clone()), cfg.topology_segments());
+        Supervisor::start(move |_| crate::k8s::provision::ProvisionQueue::new(c, q, backend.clone(), topology.clone()));
+    }
     if k.capacity {
         let me = crate::k8s::capacity::Me {
             driver: cfg.driver.name.clone(),
@@ -214,7 +219,7 @@ fn start_kubernetes(cfg: &Config, client: kube::Client, actors: &Actors, front: 
     // The claims of the volumes this node serves follow them here (an adopted drive's).
     let backend = crate::k8s::rehome::executor::ManagerBackend::new(actors.volumes.clone());
     tokio::spawn(crate::k8s::rehome::executor::run(client, identity.clone(), backend, Some(cache)));
-    info!(attach = k.attach, resize = k.resize, snapshots = k.snapshots, capacity = k.capacity, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node,
+    info!(attach = k.attach, provision = k.provision, resize = k.resize, snapshots = k.snapshots, capacity = k.capacity, events = k.events, drive_objects = k.drive_objects, label_node = k.label_node,
         cluster_duties = k.cluster_duties, "kubernetes integration started");
     (attach, duties)
 }

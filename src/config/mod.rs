@@ -417,6 +417,12 @@ pub struct KubernetesConfig {
     /// external-provisioner capacity poll); the scheduler and the placement of Immediate
     /// claims read them. Its retries use `retry_base` and `retry_cap`.
     pub capacity: bool,
+    /// Run the in-process provisioner: claims scheduled to this node (their
+    /// `volume.kubernetes.io/selected-node`) become volumes and PVs here, and the volumes
+    /// of this node's Released PVs of Delete classes are deleted here (no
+    /// external-provisioner sidecar). Turn it off only while an external-provisioner
+    /// sidecar runs beside drivelet and should do this alone.
+    pub provision: bool,
     /// The first retry delay of this front's loops that retry with backoff (a failed
     /// attach or detach, resize, snapshot, node labelling, a Drive object sync, a write of
     /// the capacity objects); doubled
@@ -470,6 +476,7 @@ impl Default for KubernetesConfig {
             resize: true,
             snapshots: true,
             capacity: true,
+            provision: true,
             retry_base: Duration::from_secs(1),
             retry_cap: Duration::from_secs(300),
             retry_terminal: Duration::from_secs(600),

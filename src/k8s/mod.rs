@@ -104,6 +104,10 @@ pub(crate) mod relay;
 /// Re-homing claims: the PVs of the volumes this node serves (an adopted drive's) pinned
 /// to this node, bound to the same claims; decisions (mod.rs), the executor and its loop.
 pub(crate) mod rehome;
+/// The external-provisioner's part, in process: which claims this node makes and the
+/// request and PV for each (mod.rs), the controller the shell runs (the ProvisionQueue),
+/// the executor and the volume side (the CSI controller service, in process).
+pub(crate) mod provision;
 /// The external-resizer: decisions about a claim asking for more and the status it
 /// writes (mod.rs), the controller the shell runs (the ResizeQueue), the executor and
 /// the volume side.
