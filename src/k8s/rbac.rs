@@ -65,7 +65,9 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "",
         resource: "persistentvolumes",
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
-        used_by: "k8s::shell (the AttachQueue's and the ResizeQueue's watchers), \
+        used_by: "k8s::shell (the AttachQueue's, ProvisionQueue's and ResizeQueue's watchers), \
+                  k8s::provision::executor::Executor (creates the PV of a volume it made; gets a clone source's PV; \
+                  a Released PV of a Delete class: its finalizer patched off, deleted), \
                   k8s::attach::executor::Executor (PV finalizer patches), k8s::resize::executor::Executor (spec.capacity \
                   merge patch after growing), k8s::events::reporter::ConditionReporter and k8s::events::moved::MoveEvents \
                   (list PVs to find a volume's claim), k8s::drives::Executor (gets the PV of a claim a pod of this node \
@@ -80,7 +82,9 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "",
         resource: "persistentvolumeclaims",
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
-        used_by: "k8s::shell (the ResizeQueue's watcher: this node's claims, by the relay's label), \
+        used_by: "k8s::shell (the ProvisionQueue's and ResizeQueue's watchers: this node's claims, by the relay's label), \
+                  k8s::provision::executor::Executor (gets a clone's source claim and a Released PV's claim; patches the \
+                  selected-node annotation off a claim it hands back to the scheduler), \
                   k8s::cache::NodeCache (this node's claims, watched by the relay's label), \
                   k8s::relay (the elected agent's one cluster-wide watch; label-only patches naming each claim's node), \
                   k8s::drives::Executor (gets each claim a pod of this node uses, for the pods of each volume), \
@@ -116,7 +120,7 @@ pub const PERMISSIONS: &[Permission] = &[
         group: "events.k8s.io",
         resource: "events",
         verbs: &["create", "patch"],
-        used_by: "kube::runtime::events::Recorder in k8s::attach, k8s::events, k8s::resize, k8s::snapshot (on \
+        used_by: "kube::runtime::events::Recorder in k8s::attach, k8s::events, k8s::provision, k8s::resize, k8s::snapshot (on \
                   VolumeSnapshots and VolumeSnapshotContents), k8s::duties and k8s::rehome (on claims) (create; patch \
                   when a repeated Event becomes a series)",
     },
@@ -165,6 +169,7 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "storageclasses",
         verbs: &["get", "list", "watch"],
         used_by: "k8s::duties::executor::Executor (get: drivelet.io/on-node-deleted of a deleted node's claims), \
+                  k8s::provision::executor::Executor (get: the class of a claim it makes), \
                   k8s::capacity::controller (watches every class, keeps the driver's: one CSIStorageCapacity each), \
                   k8s::relay (the elected agent watches the driver's classes: those of waiting claims, checked as \
                   CreateVolume checks them; binding mode and allowed topologies)",
@@ -173,10 +178,18 @@ pub const PERMISSIONS: &[Permission] = &[
         scope: Scope::Cluster,
         group: "snapshot.storage.k8s.io",
         resource: "volumesnapshotcontents",
-        verbs: &["list", "watch", "patch"],
+        verbs: &["get", "list", "watch", "patch"],
         used_by: "k8s::shell (the SnapshotQueue's watcher: list, then watch) and k8s::snapshot::executor::Executor \
                   (merge patches of the volumesnapshot-being-created annotation, the drivelet.io/node label and the \
-                  snapshot-controller's finalizer once the snapshot is deleted)",
+                  snapshot-controller's finalizer once the snapshot is deleted); k8s::provision::executor::Executor \
+                  (get: the snapshot handle of a claim's VolumeSnapshot to restore)",
+    },
+    Permission {
+        scope: Scope::Cluster,
+        group: "snapshot.storage.k8s.io",
+        resource: "volumesnapshots",
+        verbs: &["get"],
+        used_by: "k8s::provision::executor::Executor (get: a claim's VolumeSnapshot to restore, its readiness and content)",
     },
     Permission {
         scope: Scope::Cluster,

@@ -1,0 +1,226 @@
+//! The ProvisionQueue against the fake API server (`crate::k8s::fake_api`, serving
+//! Events): the node's claim and PV lists served, every other request checked in order.
+//! Time is paused.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::Actor;
+use http::Method;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::Client;
+use serde_json::{json, Value};
+use tonic::Status;
+
+use super::*;
+use crate::grpc::proto::csi;
+use crate::k8s::fake_api::{fake_api_serving_events, list_of, respond, respond_error, respond_not_found, FakeApi, Script};
+use crate::k8s::identity::Identity;
+use crate::k8s::provision::{PROTECTION_FINALIZER, SELECTED_NODE, STORAGE_PROVISIONER};
+use crate::k8s::shell::{Ready, RetryPolicy, WatchItem};
+
+const DRIVER: &str = "csi.drivelet.io";
+
+fn cfg() -> QueueConfig {
+    QueueConfig {
+        identity: Identity { driver: DRIVER.into(), node: "node-1".into() },
+        policy: RetryPolicy { base: Duration::from_secs(1), cap: Duration::from_secs(60), terminal: Duration::from_secs(600) },
+        resync: Duration::ZERO,
+    }
+}
+
+fn topology() -> std::collections::BTreeMap<String, String> {
+    [("topology.drivelet.io/node".to_string(), "node-1".to_string())].into()
+}
+
+fn claim() -> PersistentVolumeClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": "data", "namespace": "ns", "uid": "u-1", "resourceVersion": "7",
+            "labels": {"drivelet.io/node": "node-1"},
+            "annotations": {STORAGE_PROVISIONER: DRIVER, SELECTED_NODE: "node-1"}},
+        "spec": {"storageClassName": "fast", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        "status": {"phase": "Pending"}
+    }))
+    .unwrap()
+}
+
+fn class() -> Value {
+    json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "fast"}, "provisioner": DRIVER,
+        "parameters": {"media": "virtual"}, "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer"})
+}
+
+fn fake_api(claims: Vec<&PersistentVolumeClaim>, pvs: Vec<&PersistentVolume>) -> (Client, FakeApi) {
+    let script = |kind: &str, items: Vec<Value>| Script { lists: [list_of(kind, "v1", "1", items)].into(), ..Default::default() };
+    fake_api_serving_events(vec![
+        ("/api/v1/persistentvolumeclaims", script("PersistentVolumeClaim", claims.iter().map(|c| json!(c)).collect())),
+        ("/api/v1/persistentvolumes", script("PersistentVolume", pvs.iter().map(|v| json!(v)).collect())),
+    ])
+}
+
+/// The CSI controller service, scripted.
+#[derive(Clone, Default)]
+struct FakeBackend {
+    creates: Arc<Mutex<VecDeque<Result<csi::Volume, Status>>>>,
+    asked: Arc<Mutex<Vec<csi::CreateVolumeRequest>>>,
+    deleted: Arc<Mutex<Vec<String>>>,
+}
+
+impl Ready for FakeBackend {
+    async fn wait_ready(&self) {}
+}
+
+impl ProvisionBackend for FakeBackend {
+    async fn create(&self, req: csi::CreateVolumeRequest) -> Result<csi::Volume, Status> {
+        self.asked.lock().unwrap().push(req);
+        self.creates.lock().unwrap().pop_front().expect("an answer for every CreateVolume")
+    }
+    async fn delete(&self, volume_id: &str) -> Result<(), Status> {
+        self.deleted.lock().unwrap().push(volume_id.to_string());
+        Ok(())
+    }
+}
+
+fn volume() -> csi::Volume {
+    csi::Volume {
+        capacity_bytes: 1 << 30,
+        volume_id: "vol-1".into(),
+        accessible_topology: vec![csi::Topology { segments: topology().into_iter().collect() }],
+        ..Default::default()
+    }
+}
+
+#[actix_rt::test]
+async fn a_claim_scheduled_here_gets_its_volume_and_a_pv_bound_to_it() {
+    tokio::time::pause();
+    let c = claim();
+    let (client, mut api) = fake_api(vec![&c], vec![]);
+    let backend = FakeBackend::default();
+    backend.creates.lock().unwrap().push_back(Ok(volume()));
+    let _queue = ProvisionQueue::new(client, cfg(), backend.clone(), topology()).start();
+
+    let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/storageclasses/fast").await;
+    respond(reply, &class());
+    let (body, reply) = api.expect_path(Method::POST, "/api/v1/persistentvolumes").await;
+    assert_eq!(body["metadata"]["name"], "pvc-u-1");
+    assert_eq!(body["spec"]["claimRef"]["uid"], "u-1");
+    assert_eq!(body["spec"]["csi"]["volumeHandle"], "vol-1");
+    assert_eq!(body["metadata"]["finalizers"], json!([PROTECTION_FINALIZER]));
+    respond(reply, &body);
+    api.assert_quiet().await;
+
+    let asked = backend.asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0].name, "pvc-u-1");
+    assert_eq!(asked[0].parameters.get("media").map(String::as_str), Some("virtual"));
+    assert_eq!(api.event_reasons(), ["ProvisioningSucceeded"]);
+}
+
+#[actix_rt::test]
+async fn a_pv_written_already_for_the_claim_counts_as_made() {
+    tokio::time::pause();
+    let c = claim();
+    let (client, mut api) = fake_api(vec![&c], vec![]);
+    let backend = FakeBackend::default();
+    backend.creates.lock().unwrap().push_back(Ok(volume()));
+    let _queue = ProvisionQueue::new(client, cfg(), backend.clone(), topology()).start();
+    let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/storageclasses/fast").await;
+    respond(reply, &class());
+    let (body, reply) = api.expect_path(Method::POST, "/api/v1/persistentvolumes").await;
+    respond_error(reply, 409, "persistentvolumes \"pvc-u-1\" already exists");
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumes/pvc-u-1").await;
+    respond(reply, &body);
+    api.assert_quiet().await;
+    assert_eq!(api.event_reasons(), ["ProvisioningSucceeded"]);
+}
+
+#[actix_rt::test]
+async fn no_room_here_is_one_warning_and_the_claim_goes_back_to_the_scheduler() {
+    tokio::time::pause();
+    let c = claim();
+    let (client, mut api) = fake_api(vec![&c], vec![]);
+    let backend = FakeBackend::default();
+    backend.creates.lock().unwrap().push_back(Err(Status::resource_exhausted("no drive has 1.0 GiB free")));
+    let _queue = ProvisionQueue::new(client, cfg(), backend.clone(), topology()).start();
+    let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/storageclasses/fast").await;
+    respond(reply, &class());
+    let (body, reply) = api.expect_path(Method::PATCH, "/api/v1/namespaces/ns/persistentvolumeclaims/data").await;
+    assert_eq!(body, json!({"metadata": {"resourceVersion": "7", "annotations": {SELECTED_NODE: null}}}));
+    respond(reply, &c);
+    api.assert_quiet().await;
+    let events = api.events();
+    assert_eq!(api.event_reasons(), ["ProvisioningFailed"]);
+    let note = events[0]["note"].as_str().unwrap_or_default();
+    assert!(note.contains("ResourceExhausted: no drive has 1.0 GiB free") && note.contains("back to the scheduler"), "{note}");
+}
+
+#[actix_rt::test]
+async fn a_refusal_is_told_once_however_often_it_is_retried() {
+    tokio::time::pause();
+    let c = claim();
+    let (client, mut api) = fake_api(vec![&c], vec![]);
+    let backend = FakeBackend::default();
+    for _ in 0..3 {
+        backend.creates.lock().unwrap().push_back(Err(Status::invalid_argument("fstype \"vfat\" is not ext4 or xfs")));
+    }
+    let queue = ProvisionQueue::new(client, cfg(), backend.clone(), topology()).start();
+    for _ in 0..3 {
+        let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/storageclasses/fast").await;
+        respond(reply, &class());
+    }
+    // The third refusal told (or not) before the claim is deleted: no more retries.
+    while backend.asked.lock().unwrap().len() < 3 {
+        tokio::task::yield_now().await;
+    }
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    queue.do_send(WatchItem::First(Ok(kube::runtime::watcher::Event::Delete(c.clone()))));
+    api.assert_quiet().await;
+    assert_eq!(backend.asked.lock().unwrap().len(), 3, "retried with backoff");
+    assert_eq!(api.event_reasons(), ["ProvisioningFailed"], "one Warning for the three refusals: {:?}", api.events());
+}
+
+fn released(phase: &str, policy: &str) -> PersistentVolume {
+    let k: k8s_openapi::api::storage::v1::StorageClass = serde_json::from_value(class()).unwrap();
+    let mut pv = crate::k8s::provision::pv_of(&claim(), &k, &volume(), &cfg().identity).unwrap();
+    pv.metadata.resource_version = Some("11".into());
+    pv.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into(), PROTECTION_FINALIZER.into()]);
+    pv.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some(policy.into());
+    pv.status = Some(k8s_openapi::api::core::v1::PersistentVolumeStatus { phase: Some(phase.into()), ..Default::default() });
+    pv
+}
+
+#[actix_rt::test]
+async fn a_released_pv_of_a_delete_class_loses_its_volume_then_its_finalizer_then_itself() {
+    tokio::time::pause();
+    let pv = released("Released", "Delete");
+    let kept = released("Released", "Retain");
+    let mut kept = kept;
+    kept.metadata.name = Some("pvc-u-2".into());
+    let (client, mut api) = fake_api(vec![], vec![&pv, &kept]);
+    let backend = FakeBackend::default();
+    let _queue = ProvisionQueue::new(client, cfg(), backend.clone(), topology()).start();
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/namespaces/ns/persistentvolumeclaims/data").await;
+    respond_not_found(reply, "persistentvolumeclaims \"data\" not found");
+    let (body, reply) = api.expect_path(Method::PATCH, "/api/v1/persistentvolumes/pvc-u-1").await;
+    assert_eq!(body, json!({"metadata": {"resourceVersion": "11", "finalizers": ["kubernetes.io/pv-protection"]}}));
+    respond(reply, &pv);
+    let (_, reply) = api.expect_path(Method::DELETE, "/api/v1/persistentvolumes/pvc-u-1").await;
+    respond(reply, &pv);
+    api.assert_quiet().await;
+    assert_eq!(*backend.deleted.lock().unwrap(), ["vol-1"], "the Retain PV's volume is kept");
+}
+
+#[actix_rt::test]
+async fn a_released_pv_whose_claim_is_back_with_its_uid_is_not_deleted() {
+    tokio::time::pause();
+    let pv = released("Released", "Delete");
+    let (client, mut api) = fake_api(vec![], vec![&pv]);
+    let backend = FakeBackend::default();
+    let _queue = ProvisionQueue::new(client, cfg(), backend.clone(), topology()).start();
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/namespaces/ns/persistentvolumeclaims/data").await;
+    respond(reply, &claim());
+    api.assert_quiet().await;
+    assert!(backend.deleted.lock().unwrap().is_empty(), "a PV still bound is never deleted");
+}

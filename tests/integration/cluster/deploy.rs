@@ -202,9 +202,8 @@ fn the_pod_is_confined_to_what_each_container_needs() {
     let pod = pod_spec(&daemonset());
     let (cfg, _) = deploy_config();
 
-    // Seccomp: nothing runs Unconfined. The runtime's default profile for the pod (it
-    // reaches the provisioner; a privileged container gets none from its runtime), and
-    // drivelet's own filter in the privileged one.
+    // Seccomp: nothing runs Unconfined. The runtime's default profile for the pod (a
+    // privileged container gets none from its runtime), and drivelet's own filter.
     let profile = |sc: Option<&k8s_openapi::api::core::v1::SeccompProfile>| sc.map(|p| p.type_.clone());
     assert_eq!(
         profile(pod.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref())).as_deref(),
@@ -236,27 +235,23 @@ fn the_pod_is_confined_to_what_each_container_needs() {
         assert!(volume(&pod, name).empty_dir.is_some(), "{name} is the pod's own (emptyDir)");
     }
 
-    // The provisioner: uid 0 for the root-owned socket, nothing else.
-    let provisioner = container(&pod, "csi-provisioner");
-    let sc = provisioner.security_context.clone().expect("the provisioner has a security context");
-    assert_eq!(sc.read_only_root_filesystem, Some(true));
-    assert_eq!(sc.allow_privilege_escalation, Some(false));
-    let caps = sc.capabilities.clone().expect("capabilities");
-    assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
-    assert_eq!(caps.add, None);
-    assert_eq!(sc.privileged, None);
+    // One container: provisioning, capacity, attaching, resizing and snapshots are
+    // drivelet's own, in process.
+    let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["drivelet"], "the pod runs drivelet alone, no sidecar");
+    assert!(pod.init_containers.is_none(), "no init containers");
 
-    // Both containers call the API server, so both get the token; the pod shares no
-    // host namespace but the network (udev's events).
+    // drivelet calls the API server, so it gets the token; the pod shares no host
+    // namespace but the network (udev's events).
     assert_eq!(pod.automount_service_account_token, Some(true));
     assert_ne!(pod.host_pid, Some(true));
     assert_ne!(pod.host_ipc, Some(true));
 }
 
 #[test]
-fn node_name_comes_from_the_downward_api_in_both_containers() {
+fn node_name_comes_from_the_downward_api() {
     let pod = pod_spec(&daemonset());
-    for name in ["drivelet", "csi-provisioner"] {
+    for name in ["drivelet"] {
         let c = container(&pod, name);
         assert_eq!(field_ref(c.env.as_deref().unwrap_or_default(), "NODE_NAME").as_deref(), Some("spec.nodeName"), "{name}");
     }
@@ -308,19 +303,12 @@ fn deploy_config_is_valid_and_its_sockets_match_the_mounts() {
     let (cfg, _) = deploy_config();
     let pod = pod_spec(&daemonset());
     let drivelet = container(&pod, "drivelet");
-    let provisioner = container(&pod, "csi-provisioner");
 
-    // The CSI socket lies in the plugin directory, reached by drivelet through the
-    // kubelet mount and by the provisioner through its /csi mount.
+    // The CSI socket lies in the plugin directory kubelet dials (drivelet makes the
+    // directory), reached through the kubelet mount.
     let socket = &cfg.paths.csi_socket;
     assert_eq!(mount_holding(&drivelet, socket).name, "kubelet-dir");
-    let (plugin_dir, plugin_type) = host_path(&pod, "plugin-dir");
-    assert_eq!(plugin_type, "DirectoryOrCreate");
-    assert_eq!(socket.parent(), Some(plugin_dir.as_path()), "paths.csi_socket is in the plugin-dir hostPath");
-    assert_eq!(plugin_dir, cfg.kubelet.dir.join("plugins").join(&cfg.driver.name));
-    let csi = mount(&provisioner, "plugin-dir");
-    let file = socket.file_name().expect("socket file name").to_string_lossy();
-    assert_eq!(arg(&provisioner, "--csi-address"), Some(format!("{}/{file}", csi.mount_path)));
+    assert_eq!(socket.parent(), Some(cfg.kubelet.dir.join("plugins").join(&cfg.driver.name).as_path()));
 
     // Kubelet finds the registration socket in its plugins_registry, inside the mount.
     let reg = cfg.registration_socket();
@@ -450,28 +438,13 @@ fn drivelet_role_grants_exactly_the_namespaced_permissions_in_its_namespace() {
 }
 
 #[test]
-fn provisioner_roles_grant_exactly_its_documented_rules() {
-    let cluster: ClusterRole = object("rbac.yaml", "ClusterRole", "drivelet-external-provisioner");
-    let want_cluster = table(&[
-        ("", "persistentvolumes", &["get", "list", "watch", "create", "patch", "delete"]),
-        ("", "persistentvolumeclaims", &["get", "list", "watch", "update"]),
-        ("storage.k8s.io", "storageclasses", &["get", "list", "watch"]),
-        ("", "events", &["list", "watch", "create", "update", "patch"]),
-        ("storage.k8s.io", "csinodes", &["get", "list", "watch"]),
-        ("", "nodes", &["get", "list", "watch"]),
-        ("storage.k8s.io", "volumeattachments", &["get", "list", "watch"]),
-        ("snapshot.storage.k8s.io", "volumesnapshots", &["get", "list"]),
-        ("snapshot.storage.k8s.io", "volumesnapshotcontents", &["get", "list"]),
-    ]);
-    assert_eq!(grants(cluster.rules.as_deref().unwrap_or_default()), want_cluster);
-
-    let role: Role = object("rbac.yaml", "Role", "drivelet-external-provisioner");
-    assert_eq!(role.metadata.namespace.as_deref(), Some(NAMESPACE));
-    let want_role = table(&[
-        ("storage.k8s.io", "csistoragecapacities", &["get", "list", "watch", "create", "update", "patch", "delete"]),
-        ("", "pods", &["get"]),
-    ]);
-    assert_eq!(grants(role.rules.as_deref().unwrap_or_default()), want_role);
+fn no_role_is_left_for_a_sidecar() {
+    let cluster: Vec<ClusterRole> = objects("rbac.yaml", "ClusterRole");
+    let names: Vec<String> = cluster.iter().filter_map(|r| r.metadata.name.clone()).collect();
+    assert_eq!(names, ["drivelet"], "only drivelet's own ClusterRole");
+    let roles: Vec<Role> = objects("rbac.yaml", "Role");
+    let names: Vec<String> = roles.iter().filter_map(|r| r.metadata.name.clone()).collect();
+    assert_eq!(names, ["drivelet"], "only drivelet's own Role");
 }
 
 #[test]
@@ -487,14 +460,14 @@ fn bindings_give_the_daemonsets_service_account_every_role() {
         })
     };
     let cluster_bindings: Vec<ClusterRoleBinding> = objects("rbac.yaml", "ClusterRoleBinding");
-    for role in ["drivelet", "drivelet-external-provisioner"] {
+    for role in ["drivelet"] {
         assert!(
             cluster_bindings.iter().any(|b| b.role_ref.kind == "ClusterRole" && b.role_ref.name == role && bound_to_us(&b.subjects)),
             "ClusterRole {role} is bound to the ServiceAccount"
         );
     }
     let bindings: Vec<RoleBinding> = objects("rbac.yaml", "RoleBinding");
-    for role in ["drivelet", "drivelet-external-provisioner"] {
+    for role in ["drivelet"] {
         assert!(
             bindings.iter().any(|b| b.metadata.namespace.as_deref() == Some(NAMESPACE)
                 && b.role_ref.kind == "Role"
@@ -506,28 +479,11 @@ fn bindings_give_the_daemonsets_service_account_every_role() {
 }
 
 #[test]
-fn provisioner_sidecar_runs_per_node_with_capacity_tracking() {
-    let pod = pod_spec(&daemonset());
-    let c = container(&pod, "csi-provisioner");
-    let image = c.image.clone().unwrap_or_default();
-    assert!(image.starts_with("registry.k8s.io/sig-storage/csi-provisioner:v5."), "{image}");
-    for (flag, value) in [
-        ("--node-deployment", "true"),
-        ("--node-deployment-immediate-binding", "false"),
-        ("--strict-topology", "true"),
-        ("--immediate-topology", "false"),
-        ("--enable-capacity", "true"),
-        ("--capacity-for-immediate-binding", "true"),
-        ("--capacity-poll-interval", "15s"),
-        ("--capacity-ownerref-level", "1"),
-        ("--extra-create-metadata", "true"),
-    ] {
-        assert_eq!(arg(&c, flag).as_deref(), Some(value), "{flag}");
-    }
-    let env = c.env.clone().unwrap_or_default();
-    assert_eq!(field_ref(&env, "NAMESPACE").as_deref(), Some("metadata.namespace"));
-    assert_eq!(field_ref(&env, "POD_NAME").as_deref(), Some("metadata.name"));
-    assert_eq!(c.security_context.and_then(|s| s.privileged), None, "the sidecar needs no privileges");
+fn the_agent_provisions_and_publishes_capacity_in_process() {
+    let (cfg, _) = deploy_config();
+    assert!(cfg.kubernetes.provision, "kubernetes.provision: the claims of each node are made by its agent");
+    assert!(cfg.kubernetes.capacity, "kubernetes.capacity: each agent publishes its CSIStorageCapacity objects");
+    assert!(cfg.kubernetes.attach && cfg.kubernetes.resize && cfg.kubernetes.snapshots);
 }
 
 #[test]
