@@ -6,18 +6,16 @@
 #     its own config, state and sockets under /var/tmp/drivelet-e2e/NODE/ and an include
 #     filter for its own loop drives only (/var/tmp/drivelet-e2e/NODE/drives/*.img), so it
 #     never touches node-1's drives and node-1's agent never touches its, and /metrics on
-#     127.0.0.1:981N for node-N;
-#   - the kit's csi-provisioner in node-deployment mode for NODE, with storage capacity
-#     on, as deploy/daemonset.yaml runs the sidecar (no owner for the capacity objects:
-#     there is no pod to own them).
+#     127.0.0.1:981N for node-N. It provisions NODE's claims and publishes its capacity
+#     in process, as the DaemonSet's agent does (no sidecar).
 # Each writes $KIT_DIR/run/NAME.pid and NAME.exe, so the kit's down.sh stops what is left.
 #
 #   e2e-node.sh drives NODE SIZE...   make and attach NODE's loop drives (e.g. 4G 4G)
-#   e2e-node.sh start NODE            agent and provisioner (whichever is not running),
+#   e2e-node.sh start NODE            the agent (unless it runs),
 #                                     then register the driver on NODE (node.sh csi)
 #   e2e-node.sh stop NODE             stop the agent (SIGTERM: a clean shutdown)
 #   e2e-node.sh kill NODE             kill -9 the agent
-#   e2e-node.sh down NODE             stop the agent and the provisioner
+#   e2e-node.sh down NODE             stop the agent (and a provisioner an earlier version left)
 #   e2e-node.sh detach NODE           detach NODE's loop drives
 # Environment: KIT (default ../shared/k8s), KIT_DIR (default /var/tmp/k8s-kit).
 set -euo pipefail
@@ -144,21 +142,6 @@ case $cmd in
       sleep 0.2
     done
     [ -n "$ok" ] || { log "drivelet's CSI socket does not answer after 30 s"; tail -n 20 "$dir/drivelet-$node.log" >&2; exit 1; }
-    if [ -z "$(pid_of "csi-provisioner-$node")" ]; then
-      NODE_NAME="$node" NAMESPACE=drivelet-system \
-        spawn "csi-provisioner-$node" "$kit_dir/bin/csi-provisioner" \
-        --kubeconfig="$kit_dir/admin.kubeconfig" \
-        --csi-address="$dir/csi.sock" \
-        --node-deployment=true \
-        --node-deployment-immediate-binding=false \
-        --strict-topology=true \
-        --immediate-topology=false \
-        --enable-capacity=true \
-        --capacity-for-immediate-binding=true \
-        --capacity-poll-interval=15s \
-        --capacity-ownerref-level=-1 \
-        --extra-create-metadata=true
-    fi
     "$kit/node.sh" csi "$node" "$driver" "$node" "topology.drivelet.io/node=$node" >/dev/null
     ;;
   stop) signal "drivelet-$node" TERM ;;

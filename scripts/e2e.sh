@@ -8,7 +8,7 @@
 #      of 4 GiB and node-3's one of 1 GiB (/var/tmp/drivelet-e2e/NODE/drives), and the
 #      smartctl stand-in the suite uses to make a drive fail;
 #   4. starts the fake nodes' CSI side as host processes (scripts/e2e-node.sh: a drivelet
-#      agent and a csi-provisioner each, node-3's first so that it holds the cluster-duties
+#      agent each, which provisions in process, node-3's first so that it holds the cluster-duties
 #      Lease; drivelet's DaemonSet, on node-1 only, comes later);
 #   5. runs tests/e2e (it deploys with `kubectl apply -k tests/e2e/overlay` and walks the
 #      journeys; on failure it prints the kubelet and drivelet log lines that explain it);

@@ -65,7 +65,7 @@
 //! provoked (a drive vanishing, a drive failing, a volume filled) were raised and no other.
 //!
 //! On failure it prints what explains it: the cluster's objects and Events, drivelet's
-//! and the provisioner's logs, and kubelet's log lines about the driver.
+//! logs, and kubelet's log lines about the driver.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -493,17 +493,15 @@ fn record_of(name: &str) -> Result<Value, String> {
     ctl_volumes()?.into_iter().find(|v| v["id"] == id.as_str()).ok_or(format!("drivelet has no volume {id}"))
 }
 
-/// CSIStorageCapacity of a StorageClass on this node, as the running DaemonSet's
-/// provisioner published it: (capacity, maximumVolumeSize). Objects of an earlier
-/// DaemonSet (owned by it, garbage-collected after it) are not looked at.
+/// CSIStorageCapacity of a StorageClass on this node, as its agent published it:
+/// (capacity, maximumVolumeSize). Only drivelet's own objects of this node count (an
+/// earlier sidecar's are deleted by the agent at start).
 fn capacity_object(class: &str) -> Result<Option<(u64, u64)>, String> {
-    let ds = get_json(&["get", "ds", "-n", SYSTEM_NS, "drivelet"])?;
-    let uid = ds["metadata"]["uid"].clone();
-    let list = get_json(&["get", "csistoragecapacities", "-n", SYSTEM_NS])?;
+    let node = real_node();
+    let list = get_json(&["get", "csistoragecapacities", "-n", SYSTEM_NS, "-l", &format!("csi.storage.k8s.io/managed-by=drivelet,drivelet.io/node={node}")])?;
     let q = |v: &Value| v.as_str().map(parse_quantity).transpose();
     for c in list["items"].as_array().into_iter().flatten() {
-        let owned = c["metadata"]["ownerReferences"].as_array().is_some_and(|o| o.iter().any(|o| o["uid"] == uid));
-        if c["storageClassName"] == class && owned {
+        if c["storageClassName"] == class {
             return Ok(Some((q(&c["capacity"])?.unwrap_or(0), q(&c["maximumVolumeSize"])?.unwrap_or(0))));
         }
     }
@@ -674,7 +672,7 @@ fn status_fields(proc_dir: &Path, keys: &[&str]) -> Result<String, String> {
 
 /// The pod runs confined as deploy/ says: drivelet under its own seccomp filter (its
 /// privileged container gets none from the runtime) and a read-only root filesystem,
-/// the provisioner under the runtime's default profile with no capability.
+/// alone in its pod.
 fn check_confinement(ctx: &mut Ctx) -> Check {
     let agent = wait_for("the pod's drivelet process", Duration::from_secs(30), || {
         Ok(process_with(b"/usr/local/bin/drivelet\0run", b"/etc/drivelet/drivelet.toml"))
@@ -682,12 +680,10 @@ fn check_confinement(ctx: &mut Ctx) -> Check {
     let fields = status_fields(&agent, &["Seccomp", "Seccomp_filters", "NoNewPrivs"])?;
     ensure(fields.starts_with("Seccomp 2,") && fields.ends_with("NoNewPrivs 1"), || format!("drivelet is not under its seccomp filter: {fields}"))?;
     ctx.measured.insert("drivelet process (privileged container)".into(), fields);
-    // The fake nodes' provisioners run on this host too, with a kubeconfig; the pod's
-    // dials the socket at /csi.
-    let provisioner = process_with(b"", b"--csi-address=/csi/csi.sock").ok_or("no csi-provisioner process of the pod")?;
-    let fields = status_fields(&provisioner, &["Seccomp", "CapEff", "NoNewPrivs"])?;
-    ensure(fields == "Seccomp 2, CapEff 0000000000000000, NoNewPrivs 1", || format!("the provisioner is not confined: {fields}"))?;
-    ctx.measured.insert("csi-provisioner process".into(), fields);
+    // One container: no sidecar process beside drivelet.
+    let pod = get_json(&["get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/name=drivelet", "--field-selector", &format!("spec.nodeName={}", real_node())])?;
+    let containers: Vec<String> = pod["items"][0]["spec"]["containers"].as_array().into_iter().flatten().map(|c| c["name"].as_str().unwrap_or("").to_string()).collect();
+    ensure(containers == ["drivelet"], || format!("the pod runs containers {containers:?}, not drivelet alone"))?;
     let wrote = kubectl(&["exec", "-n", SYSTEM_NS, "ds/drivelet", "-c", "drivelet", "--", "sh", "-c", "touch /drivelet-e2e 2>&1; echo $?"])?;
     ensure(wrote.contains("Read-only file system"), || format!("drivelet's root filesystem is writable: {wrote}"))?;
     Ok(())
@@ -1112,7 +1108,6 @@ fn diagnostics(ctx: &Ctx) {
     show("events", &["get", "events", "-A", "--sort-by=.lastTimestamp"]);
     show("drivelet log", &["logs", "-n", SYSTEM_NS, "ds/drivelet", "-c", "drivelet", "--tail=150"]);
     show("drivelet log (previous container)", &["logs", "-n", SYSTEM_NS, "ds/drivelet", "-c", "drivelet", "--previous", "--tail=50"]);
-    show("provisioner log", &["logs", "-n", SYSTEM_NS, "ds/drivelet", "-c", "csi-provisioner", "--tail=60"]);
     nodes::diagnostics();
     let kubelet_log = ctx.kit_dir.join("log/kubelet.log");
     println!("\n===== kubelet log lines about the driver and the suite's pods: {}", kubelet_log.display());

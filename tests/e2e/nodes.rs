@@ -1,7 +1,7 @@
 //! Journeys across nodes (issue 22), on the kit's fake nodes node-2 and node-3 beside the
-//! real one. A fake node runs no pods: its CSI side is a drivelet agent and a
-//! csi-provisioner run as host processes by `scripts/e2e-node.sh`, so its claims are
-//! provisioned, its VolumeAttachments attached, and nothing is ever mounted.
+//! real one. A fake node runs no pods: its CSI side is a drivelet agent run as a host
+//! process by `scripts/e2e-node.sh`, so its claims are provisioned (in process), its
+//! VolumeAttachments attached, and nothing is ever mounted.
 //!
 //! Rules:
 //! - Everything lives in the namespace [`NS`] (the real node's journeys use another), and
@@ -837,7 +837,7 @@ pub(crate) fn diagnostics() {
     show("removed volumes", &["get", "configmap", "-n", SYSTEM_NS, REMOVED, "-o", "yaml"]);
     show("pods across nodes", &["get", "pods", "-n", NS, "-o", "wide"]);
     for node in [N2, N3] {
-        for name in [format!("drivelet-{node}"), format!("csi-provisioner-{node}")] {
+        for name in [format!("drivelet-{node}")] {
             let path = format!("{E2E_DIR}/{node}/{name}.log");
             println!("\n===== {path} (last 60 lines)");
             match std::fs::read_to_string(&path) {

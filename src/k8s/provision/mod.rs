@@ -279,7 +279,7 @@ fn affinity_of(topology: &[csi::Topology]) -> Option<VolumeNodeAffinity> {
             }
         })
         .collect();
-    (!terms.is_empty()).then(|| VolumeNodeAffinity { required: Some(NodeSelector { node_selector_terms: terms }) })
+    (!terms.is_empty()).then_some(VolumeNodeAffinity { required: Some(NodeSelector { node_selector_terms: terms }) })
 }
 
 /// The PV of a volume made for `claim` of `class` (see the rules).
