@@ -11,8 +11,8 @@
 //!   server-side apply that may create the object needs `create` besides `patch`.
 //! - Every entry names the code that makes the calls (`used_by`). A change to those calls
 //!   changes this table, and the test then says which rule of the deployment to change.
-//! - The external-provisioner sidecar's rules are not here: they follow that project's
-//!   published RBAC, not drivelet's code (see `deploy/README.md`).
+//! - The pod runs no sidecar (provisioning is `k8s::provision`, in process), so this
+//!   table is every rule the deployment grants.
 
 /// Where a permission applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

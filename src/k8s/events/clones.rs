@@ -3,8 +3,8 @@
 //! why it waits.
 //!
 //! Rules:
-//! - Who hears: the clone's claim, named by CreateVolume's metadata (the provisioner's
-//!   `--extra-create-metadata`); it is looked up for its uid. A claim that is gone hears
+//! - Who hears: the clone's claim, named by CreateVolume's metadata (the
+//!   `csi.storage.k8s.io/pvc/*` parameters the provisioner passes); it is looked up for its uid. A claim that is gone hears
 //!   nothing.
 //! - What is said ([`clone_event`]): a Normal `ClonedInUse` when the source's filesystem
 //!   was frozen for the copy (how long its writers paused); a Warning
