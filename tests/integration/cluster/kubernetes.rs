@@ -31,7 +31,7 @@ const PODS: &str = "/api/v1/namespaces/apps/pods";
 const DRIVES: &str = "/apis/drivelet.io/v1alpha1/drives";
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/drivelet-system/leases";
 const CONFIGMAPS: &str = "/api/v1/namespaces/drivelet-system/configmaps";
-const PLURALS: [&str; 11] = [
+const PLURALS: [&str; 12] = [
     "volumeattachments",
     "persistentvolumes",
     "persistentvolumeclaims",
@@ -43,6 +43,7 @@ const PLURALS: [&str; 11] = [
     "configmaps",
     "namespaces",
     "storageclasses",
+    "csistoragecapacities",
 ];
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -806,5 +807,63 @@ fn a_volume_whose_pv_is_pinned_to_another_node_gets_its_pv_pinned_here_bound_to_
     api.wait_for(Duration::from_secs(20), "the volume's binding recorded", &agent, |_| {
         agent.logs().lines().any(|l| l.contains("binding recorded") && l.contains(&id)).then_some(())
     });
+    assert_requests_are_permitted(&api);
+}
+
+#[test]
+fn a_claim_scheduled_here_is_provisioned_in_process_and_its_released_pv_deleted() {
+    require_host();
+    let tmp = short_tempdir();
+    let dir = tmp.path();
+    let _drive = LoopDrive::new(dir, "p1.img", 1 << 30);
+    let api = FakeApi::start();
+    const CLAIMS: &str = "/api/v1/namespaces/apps/persistentvolumeclaims";
+    const CLASSES: &str = "/apis/storage.k8s.io/v1/storageclasses";
+    api.create(NODES, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}}));
+    api.create(CLASSES, json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "local"},
+        "provisioner": DRIVER, "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer"}));
+    let mut agent = Agent::start(dir, kube_opts(&api, dir));
+    // The scheduler chose this node for the claim (the relay labels it for the node's watch).
+    api.create(CLAIMS, json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data", "namespace": "apps",
+            "annotations": {"volume.kubernetes.io/storage-provisioner": DRIVER, "volume.kubernetes.io/selected-node": NODE}},
+        "spec": {"storageClassName": "local", "accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "resources": {"requests": {"storage": "64Mi"}}},
+        "status": {"phase": "Pending"}}));
+    let pv = api.wait_for(Duration::from_secs(15), "the claim's PV written by the agent", &agent, |api| api.get(PVS, "pvc-uid-data"));
+    assert_eq!(pv["spec"]["claimRef"]["uid"], "uid-data");
+    assert_eq!(pv["spec"]["claimRef"]["namespace"], "apps");
+    assert_eq!(pv["spec"]["volumeMode"], "Block");
+    assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Delete");
+    assert_eq!(pv["metadata"]["annotations"]["pv.kubernetes.io/provisioned-by"], DRIVER);
+    assert_eq!(pv["metadata"]["labels"]["drivelet.io/node"], NODE);
+    assert_eq!(pv["metadata"]["finalizers"], json!(["external-provisioner.volume.kubernetes.io/finalizer"]));
+    let id = pv["spec"]["csi"]["volumeHandle"].as_str().expect("a volume handle").to_string();
+    let rt = rt();
+    let listed = |agent: &Agent| {
+        rt.block_on(async {
+            let mut csi = Csi::connect(agent).await;
+            let r = csi.ctrl.list_volumes(csi::ListVolumesRequest::default()).await.expect("list");
+            r.into_inner().entries.into_iter().filter_map(|e| e.volume).map(|v| (v.volume_id, v.capacity_bytes)).collect::<Vec<_>>()
+        })
+    };
+    let volumes = listed(&agent);
+    assert_eq!(volumes.len(), 1, "one volume made: {volumes:?}");
+    assert_eq!(volumes[0].0, id);
+    assert!(volumes[0].1 >= 64 << 20);
+    let note = api.wait_for(Duration::from_secs(5), "a ProvisioningSucceeded Event on the claim", &agent, |api| {
+        api.list("/events").into_iter().find(|e| e["reason"] == "ProvisioningSucceeded").map(|e| e["note"].as_str().unwrap_or_default().to_string())
+    });
+    assert!(note.contains("pvc-uid-data") && note.contains("64.0 MiB") && note.contains(NODE), "{note}");
+
+    // The claim that PV was bound to is gone (a new one of that name has another uid):
+    // the PV is Released, so its volume is deleted, its finalizer taken off, the PV deleted.
+    let mut released = pv.clone();
+    released["spec"]["claimRef"]["uid"] = json!("uid-of-the-deleted-claim");
+    released["status"] = json!({"phase": "Released"});
+    api.create(PVS, released);
+    api.wait_for(Duration::from_secs(15), "the Released PV deleted after its volume", &agent, |api| api.get(PVS, "pvc-uid-data").is_none().then_some(()));
+    let order: Vec<String> = api.log().into_iter().filter(|l| l.contains("persistentvolumes/pvc-uid-data") && !l.starts_with("GET")).collect();
+    assert_eq!(order, ["PATCH /api/v1/persistentvolumes/pvc-uid-data", "DELETE /api/v1/persistentvolumes/pvc-uid-data"], "the finalizer off, then the PV deleted");
+    assert!(listed(&agent).is_empty(), "the volume is deleted");
     assert_requests_are_permitted(&api);
 }
