@@ -152,8 +152,9 @@ pub(crate) fn data_source(claim: &PersistentVolumeClaim) -> DataSource {
     }
 }
 
-/// What a request is made from, besides the claim and its class.
-#[derive(Debug, Clone, Default)]
+/// What a request is made from, besides the claim and its class. Not `Debug`: it holds
+/// the provisioner secret, which never reaches a log.
+#[derive(Clone, Default)]
 pub(crate) struct Inputs {
     /// This node's topology segments.
     pub topology: BTreeMap<String, String>,
