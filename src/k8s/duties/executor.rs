@@ -70,7 +70,8 @@ where
     }
 }
 
-fn is_not_found(e: &kube::Error) -> bool {
+/// Whether the API server answered 404 (the object is gone).
+pub(crate) fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 

@@ -81,9 +81,7 @@ fn api_words(what: &str, e: &kube::Error) -> String {
     }
 }
 
-fn not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
-}
+use crate::k8s::duties::executor::is_not_found as not_found;
 
 impl Executor {
     /// Writes as drivelet, for `identity`'s node, whose topology is `topology`.

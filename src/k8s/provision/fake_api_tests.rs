@@ -90,17 +90,28 @@ fn volume() -> csi::Volume {
     }
 }
 
+/// The queue started on the one waiting claim, its CreateVolumes answered by `answers`.
+fn start_on_claim(answers: Vec<Result<csi::Volume, Status>>) -> (FakeApi, FakeBackend, actix::Addr<ProvisionQueue<FakeBackend>>) {
+    let c = claim();
+    let (client, api) = fake_api(vec![&c], vec![]);
+    let backend = FakeBackend::default();
+    backend.creates.lock().unwrap().extend(answers);
+    let queue = ProvisionQueue::new(client, cfg(), backend.clone(), topology()).start();
+    (api, backend, queue)
+}
+
+/// The claim's StorageClass read, answered.
+async fn answer_class(api: &mut FakeApi) {
+    let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/storageclasses/fast").await;
+    respond(reply, &class());
+}
+
 #[actix_rt::test]
 async fn a_claim_scheduled_here_gets_its_volume_and_a_pv_bound_to_it() {
     tokio::time::pause();
-    let c = claim();
-    let (client, mut api) = fake_api(vec![&c], vec![]);
-    let backend = FakeBackend::default();
-    backend.creates.lock().unwrap().push_back(Ok(volume()));
-    let _queue = ProvisionQueue::new(client, cfg(), backend.clone(), topology()).start();
+    let (mut api, backend, _queue) = start_on_claim(vec![Ok(volume())]);
 
-    let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/storageclasses/fast").await;
-    respond(reply, &class());
+    answer_class(&mut api).await;
     let (body, reply) = api.expect_path(Method::POST, "/api/v1/persistentvolumes").await;
     assert_eq!(body["metadata"]["name"], "pvc-u-1");
     assert_eq!(body["spec"]["claimRef"]["uid"], "u-1");
@@ -119,13 +130,8 @@ async fn a_claim_scheduled_here_gets_its_volume_and_a_pv_bound_to_it() {
 #[actix_rt::test]
 async fn a_pv_written_already_for_the_claim_counts_as_made() {
     tokio::time::pause();
-    let c = claim();
-    let (client, mut api) = fake_api(vec![&c], vec![]);
-    let backend = FakeBackend::default();
-    backend.creates.lock().unwrap().push_back(Ok(volume()));
-    let _queue = ProvisionQueue::new(client, cfg(), backend.clone(), topology()).start();
-    let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/storageclasses/fast").await;
-    respond(reply, &class());
+    let (mut api, _backend, _queue) = start_on_claim(vec![Ok(volume())]);
+    answer_class(&mut api).await;
     let (body, reply) = api.expect_path(Method::POST, "/api/v1/persistentvolumes").await;
     respond_error(reply, 409, "persistentvolumes \"pvc-u-1\" already exists");
     let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumes/pvc-u-1").await;
@@ -138,12 +144,8 @@ async fn a_pv_written_already_for_the_claim_counts_as_made() {
 async fn no_room_here_is_one_warning_and_the_claim_goes_back_to_the_scheduler() {
     tokio::time::pause();
     let c = claim();
-    let (client, mut api) = fake_api(vec![&c], vec![]);
-    let backend = FakeBackend::default();
-    backend.creates.lock().unwrap().push_back(Err(Status::resource_exhausted("no drive has 1.0 GiB free")));
-    let _queue = ProvisionQueue::new(client, cfg(), backend.clone(), topology()).start();
-    let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/storageclasses/fast").await;
-    respond(reply, &class());
+    let (mut api, _backend, _queue) = start_on_claim(vec![Err(Status::resource_exhausted("no drive has 1.0 GiB free"))]);
+    answer_class(&mut api).await;
     let (body, reply) = api.expect_path(Method::PATCH, "/api/v1/namespaces/ns/persistentvolumeclaims/data").await;
     assert_eq!(body, json!({"metadata": {"resourceVersion": "7", "annotations": {SELECTED_NODE: null}}}));
     respond(reply, &c);
@@ -158,15 +160,9 @@ async fn no_room_here_is_one_warning_and_the_claim_goes_back_to_the_scheduler() 
 async fn a_refusal_is_told_once_however_often_it_is_retried() {
     tokio::time::pause();
     let c = claim();
-    let (client, mut api) = fake_api(vec![&c], vec![]);
-    let backend = FakeBackend::default();
+    let (mut api, backend, queue) = start_on_claim((0..3).map(|_| Err(Status::invalid_argument("fstype \"vfat\" is not ext4 or xfs"))).collect());
     for _ in 0..3 {
-        backend.creates.lock().unwrap().push_back(Err(Status::invalid_argument("fstype \"vfat\" is not ext4 or xfs")));
-    }
-    let queue = ProvisionQueue::new(client, cfg(), backend.clone(), topology()).start();
-    for _ in 0..3 {
-        let (_, reply) = api.expect_path(Method::GET, "/apis/storage.k8s.io/v1/storageclasses/fast").await;
-        respond(reply, &class());
+        answer_class(&mut api).await;
     }
     // The third refusal told (or not) before the claim is deleted: no more retries.
     while backend.asked.lock().unwrap().len() < 3 {

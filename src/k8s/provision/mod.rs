@@ -103,10 +103,8 @@ pub(crate) fn volume_name(claim: &PersistentVolumeClaim) -> Option<String> {
     claim.metadata.uid.as_deref().filter(|u| !u.is_empty()).map(|u| format!("pvc-{u}"))
 }
 
-/// `namespace/name` of a claim.
-pub(crate) fn key_of(claim: &PersistentVolumeClaim) -> String {
-    format!("{}/{}", claim.namespace().unwrap_or_default(), claim.name_any())
-}
+/// `namespace/name` of a claim, as every queue of this front keys claims.
+pub(crate) use crate::k8s::resize::executor::key_of;
 
 /// Whether the claim waits for a volume from this driver on this node (see the rules).
 pub(crate) fn waiting_here(claim: &PersistentVolumeClaim, id: &Identity) -> bool {
