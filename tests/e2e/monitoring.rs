@@ -248,6 +248,13 @@ pub(crate) fn journey_fill(ctx: &mut Ctx) -> Check {
     let _ = std::fs::remove_file(Path::new(E2E_DIR).join("smart").join(&nvme_name));
     seen?;
 
+    // A CSI call refused, so the CSI errors panel has a series of its own making: the
+    // kubelet's calls through the socket seldom fail now that provisioning is in process.
+    let unknown = "00000000-0000-5000-8000-000000000000";
+    let refused = super::drivelet(&["csi", "--endpoint", super::CSI_SOCKET, "get", unknown]);
+    ensure(refused.is_err(), || format!("ControllerGetVolume of the unknown volume {unknown} answered: {refused:?}"))?;
+    wait_seen_over_run("the refused ControllerGetVolume in drivelet_csi_requests_total", "drivelet_csi_requests_total{code!=\"OK\"}")?;
+
     // A volume filled up: its condition abnormal (filesystem-full), the alert raised.
     apply(&(claim("fill", "drivelet-e2e-ext4", 32, "Filesystem", "ReadWriteOnce")
         + &pod("fill", "fill", false, "", "dd if=/dev/zero of=/data/fill bs=1M 2>/dev/null; sync")))?;

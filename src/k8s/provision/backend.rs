@@ -18,6 +18,7 @@ use crate::grpc::proto::csi;
 use crate::grpc::proto::csi::controller_server::Controller as _;
 use crate::k8s::shell::Ready;
 use crate::k8s::volume_manager::ManagerBackend;
+use crate::words::Binding;
 
 /// The volume side of provisioning.
 pub(crate) trait ProvisionBackend: Ready + Clone + Unpin + 'static {
@@ -25,6 +26,11 @@ pub(crate) trait ProvisionBackend: Ready + Clone + Unpin + 'static {
     fn create(&self, req: csi::CreateVolumeRequest) -> impl Future<Output = Result<csi::Volume, Status>> + Send;
     /// DeleteVolume (an unknown volume is gone already: `Ok`).
     fn delete(&self, volume_id: &str) -> impl Future<Output = Result<(), Status>> + Send;
+    /// Records what a made volume serves (its PV and claim, with the claim's uid).
+    fn bind(&self, volume_id: &str, binding: Binding) -> impl Future<Output = Result<(), Status>> + Send;
+    /// The volumes whose claim may have gone before their PV was written
+    /// ([`super::abandoned`]), from the published view.
+    fn abandoned(&self) -> Vec<super::Abandoned>;
 }
 
 /// The CSI controller service of this agent, and its volume manager for readiness.
@@ -57,5 +63,18 @@ impl ProvisionBackend for ServiceBackend {
     async fn delete(&self, volume_id: &str) -> Result<(), Status> {
         let req = csi::DeleteVolumeRequest { volume_id: volume_id.to_string(), secrets: Default::default() };
         self.service.delete_volume(Request::new(req)).await.map(|_| ())
+    }
+
+    async fn bind(&self, volume_id: &str, binding: Binding) -> Result<(), Status> {
+        let m = crate::actors::volumes::messages::SetBinding { volume_id: volume_id.to_string(), binding };
+        self.service.0.ask(m).await
+    }
+
+    fn abandoned(&self) -> Vec<super::Abandoned> {
+        let Ok(view) = self.service.0.views.book() else { return Vec::new() };
+        if !view.is_ready() {
+            return Vec::new();
+        }
+        view.volumes().iter().filter_map(|l| super::abandoned(&l.record)).collect()
     }
 }

@@ -12,6 +12,10 @@
 //!   it changes. A relist replaces the kept sets and queues everything.
 //! - A failed run retries with backoff; a claim handed back to the scheduler is done (it
 //!   comes back if the scheduler picks this node again).
+//! - The volumes whose claim may have gone before their PV was written are looked at
+//!   after every list (a start, a relist) and every deletion of a claim: those whose
+//!   claim still waits here or whose PV is kept are left at once, the others are judged
+//!   against the API ([`Executor::sweep`]).
 
 use std::collections::BTreeMap;
 
@@ -40,6 +44,9 @@ pub(crate) enum Key {
     Claim(String),
     /// A PV, by name.
     Volume(String),
+    /// The volumes whose claim may have gone before their PV was written
+    /// ([`super::abandoned`]): looked at after every list and every claim deletion.
+    Abandoned,
 }
 
 /// What the provision controller adds to the shell's statistics.
@@ -137,6 +144,7 @@ impl<B: ProvisionBackend> Controller for Provision<B> {
                 self.claims.remove(&key);
                 self.executor.forget(&key);
                 queue.forget(&Key::Claim(key));
+                queue.add(Key::Abandoned);
             }
         }
     }
@@ -168,6 +176,7 @@ impl<B: ProvisionBackend> Controller for Provision<B> {
     }
 
     fn queue_all(&self, queue: &mut Pending<'_, Key>) {
+        queue.add(Key::Abandoned);
         for k in self.claims.keys() {
             queue.add(Key::Claim(k.clone()));
         }
@@ -194,6 +203,26 @@ impl<B: ProvisionBackend> Controller for Provision<B> {
                     return Work::Now(Outcome::Done);
                 }
                 Work::Run(Box::pin(async move { (executor.delete(pv, &backend).await, failures) }))
+            }
+            Key::Abandoned => {
+                let waiting: Vec<&str> = self.claims.values().filter_map(|c| c.metadata.uid.as_deref()).collect();
+                let candidates: Vec<_> = backend
+                    .abandoned()
+                    .into_iter()
+                    .filter(|a| !waiting.contains(&a.claim_uid.as_str()) && !self.pvs.contains_key(&a.name))
+                    .collect();
+                if candidates.is_empty() {
+                    return Work::Now(Outcome::Done);
+                }
+                Work::Run(Box::pin(async move {
+                    let mut ran = Ran::Done;
+                    for a in &candidates {
+                        if executor.sweep(a, &backend).await == Ran::Failed {
+                            ran = Ran::Failed;
+                        }
+                    }
+                    (ran, failures)
+                }))
             }
         }
     }

@@ -26,8 +26,8 @@ use tracing::{debug, info, warn};
 
 use super::backend::ProvisionBackend;
 use super::{
-    allowed_here, data_source, deletable, failed_note, failure_of, key_of, pv_of, request_of, secret_of, status_words, volume_name,
-    DataSource, Failure, Inputs, PROTECTION_FINALIZER, REASON_FAILED, REASON_SUCCEEDED, SELECTED_NODE,
+    allowed_here, binding_of, data_source, deletable, failed_note, failure_of, key_of, pv_of, request_of, secret_of, status_words, volume_name,
+    Abandoned, DataSource, Failure, Inputs, PROTECTION_FINALIZER, REASON_FAILED, REASON_SUCCEEDED, SELECTED_NODE,
 };
 use crate::config::human_bytes;
 use crate::grpc::proto::csi;
@@ -121,6 +121,7 @@ impl Executor {
             Ok(v) => v,
             Err(s) => return self.failed(&claim, &class_name, status_words(&s), failure_of(s.code())).await,
         };
+        crate::failpoint::crash_point!("provision.created");
         let pv = match pv_of(&claim, &class, &volume, &self.identity) {
             Ok(pv) => pv,
             Err(why) => return self.failed(&claim, &class_name, why, Failure::Retry).await,
@@ -128,6 +129,11 @@ impl Executor {
         match self.write_pv(&claim, &pv).await {
             Ok(()) => {}
             Err(why) => return self.failed(&claim, &class_name, why, Failure::Retry).await,
+        }
+        // The claim's uid recorded with the volume: from now on it is never taken for a
+        // volume whose PV was never written (see the rules of `abandoned`).
+        if let Err(s) = backend.bind(&volume.volume_id, binding_of(&claim, &name)).await {
+            return self.failed(&claim, &class_name, format!("recording volume {name}'s claim: {}", status_words(&s)), Failure::Retry).await;
         }
         let size = human_bytes(u64::try_from(volume.capacity_bytes).unwrap_or(0));
         info!(pvc.name = %key, pv.name = %name, volume.id = %volume.volume_id, "provisioned volume {name} ({size}) for claim {key}");
@@ -284,6 +290,47 @@ impl Executor {
         let event = KubeEvent { type_, reason: reason.to_string(), note: Some(note), action: "Provision".to_string(), secondary: None };
         if let Err(e) = self.recorder.publish(&event, &claim.object_ref(&())).await {
             warn!(pvc.name = %key_of(claim), error = %e, "cannot record a {reason} Event");
+        }
+    }
+
+    /// Deletes `volume` when the API confirms that its claim went before its PV was
+    /// written: no PV of its name, and no claim of that name with its claim's uid.
+    pub(crate) async fn sweep(&self, volume: &Abandoned, backend: &impl ProvisionBackend) -> Ran {
+        let Abandoned { volume_id, name, claim_uid, namespace, claim } = volume;
+        let shown = format!("{namespace}/{claim}");
+        match Api::<PersistentVolume>::all(self.client.clone()).get(name).await {
+            Ok(_) => {
+                debug!(pv.name = %name, "volume {name} has its PersistentVolume; the reclaim policy decides");
+                return Ran::Done;
+            }
+            Err(e) if not_found(&e) => {}
+            Err(e) => {
+                warn!(pv.name = %name, error = %api_words(&format!("reading PersistentVolume {name}"), &e), "cannot tell whether volume {name} was abandoned; retrying");
+                return Ran::Failed;
+            }
+        }
+        match Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace).get(claim).await {
+            Ok(c) if c.metadata.uid.as_deref() == Some(claim_uid.as_str()) => {
+                debug!(pvc.name = %shown, "claim {shown} of volume {name} is there; its provisioning goes on");
+                return Ran::Done;
+            }
+            Ok(_) => {}
+            Err(e) if not_found(&e) => {}
+            Err(e) => {
+                warn!(pvc.name = %shown, error = %api_words(&format!("reading claim {shown}"), &e), "cannot tell whether volume {name} was abandoned; retrying");
+                return Ran::Failed;
+            }
+        }
+        match backend.delete(volume_id).await {
+            Ok(()) => {
+                info!(pvc.name = %shown, pv.name = %name, volume.id = %volume_id,
+                      "deleted volume {name}: it was made for claim {shown} (uid {claim_uid}), which was deleted before its PersistentVolume was written");
+                Ran::Done
+            }
+            Err(s) => {
+                warn!(pv.name = %name, volume.id = %volume_id, "cannot delete volume {name}, whose claim {shown} was deleted before its PersistentVolume was written: {}; retrying", status_words(&s));
+                Ran::Failed
+            }
         }
     }
 

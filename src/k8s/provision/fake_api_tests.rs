@@ -17,7 +17,7 @@ use super::*;
 use crate::grpc::proto::csi;
 use crate::k8s::fake_api::{fake_api_serving_events, list_of, respond, respond_error, respond_not_found, FakeApi, Script};
 use crate::k8s::identity::Identity;
-use crate::k8s::provision::{PROTECTION_FINALIZER, SELECTED_NODE, STORAGE_PROVISIONER};
+use crate::k8s::provision::{Abandoned, PROTECTION_FINALIZER, SELECTED_NODE, STORAGE_PROVISIONER};
 use crate::k8s::shell::{Ready, RetryPolicy, WatchItem};
 
 const DRIVER: &str = "csi.drivelet.io";
@@ -64,6 +64,8 @@ struct FakeBackend {
     creates: Arc<Mutex<VecDeque<Result<csi::Volume, Status>>>>,
     asked: Arc<Mutex<Vec<csi::CreateVolumeRequest>>>,
     deleted: Arc<Mutex<Vec<String>>>,
+    bound: Arc<Mutex<Vec<(String, crate::words::Binding)>>>,
+    abandoned: Arc<Mutex<Vec<Abandoned>>>,
 }
 
 impl Ready for FakeBackend {
@@ -78,6 +80,13 @@ impl ProvisionBackend for FakeBackend {
     async fn delete(&self, volume_id: &str) -> Result<(), Status> {
         self.deleted.lock().unwrap().push(volume_id.to_string());
         Ok(())
+    }
+    async fn bind(&self, volume_id: &str, binding: crate::words::Binding) -> Result<(), Status> {
+        self.bound.lock().unwrap().push((volume_id.to_string(), binding));
+        Ok(())
+    }
+    fn abandoned(&self) -> Vec<Abandoned> {
+        self.abandoned.lock().unwrap().clone()
     }
 }
 
@@ -125,6 +134,9 @@ async fn a_claim_scheduled_here_gets_its_volume_and_a_pv_bound_to_it() {
     assert_eq!(asked[0].name, "pvc-u-1");
     assert_eq!(asked[0].parameters.get("media").map(String::as_str), Some("virtual"));
     assert_eq!(api.event_reasons(), ["ProvisioningSucceeded"]);
+    let bound = backend.bound.lock().unwrap().clone();
+    assert_eq!(bound.len(), 1, "the claim's uid recorded with the volume once its PV is written");
+    assert_eq!((bound[0].0.as_str(), bound[0].1.claim_uid.as_str(), bound[0].1.pv.as_str()), ("vol-1", "u-1", "pvc-u-1"));
 }
 
 #[actix_rt::test]
@@ -219,4 +231,68 @@ async fn a_released_pv_whose_claim_is_back_with_its_uid_is_not_deleted() {
     respond(reply, &claim());
     api.assert_quiet().await;
     assert!(backend.deleted.lock().unwrap().is_empty(), "a PV still bound is never deleted");
+}
+
+fn abandoned_volume() -> Abandoned {
+    Abandoned { volume_id: "vol-1".into(), name: "pvc-u-1".into(), claim_uid: "u-1".into(), namespace: "ns".into(), claim: "data".into() }
+}
+
+/// The queue started on no claim and no PV, its volume side holding one volume whose PV
+/// was never written.
+fn start_with_abandoned() -> (FakeApi, FakeBackend, actix::Addr<ProvisionQueue<FakeBackend>>) {
+    let (client, api) = fake_api(vec![], vec![]);
+    let backend = FakeBackend::default();
+    backend.abandoned.lock().unwrap().push(abandoned_volume());
+    let queue = ProvisionQueue::new(client, cfg(), backend.clone(), topology()).start();
+    (api, backend, queue)
+}
+
+#[actix_rt::test]
+async fn a_volume_whose_claim_went_before_its_pv_was_written_is_deleted_once_the_api_says_both_are_gone() {
+    tokio::time::pause();
+    let (mut api, backend, _queue) = start_with_abandoned();
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumes/pvc-u-1").await;
+    respond_not_found(reply, "persistentvolumes \"pvc-u-1\" not found");
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/namespaces/ns/persistentvolumeclaims/data").await;
+    let mut another = claim();
+    another.metadata.uid = Some("u-2".into());
+    respond(reply, &another);
+    api.assert_quiet().await;
+    assert_eq!(*backend.deleted.lock().unwrap(), ["vol-1"], "a claim of the same name with another uid is another claim");
+}
+
+#[actix_rt::test]
+async fn a_volume_whose_pv_or_claim_is_there_is_never_taken_for_abandoned() {
+    tokio::time::pause();
+    // Its PV exists (written by a sidecar beside this agent, or a moment ago).
+    let (mut api, backend, _queue) = start_with_abandoned();
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumes/pvc-u-1").await;
+    respond(reply, &released("Bound", "Delete"));
+    api.assert_quiet().await;
+    assert!(backend.deleted.lock().unwrap().is_empty(), "a volume with a PV is the reclaim policy's");
+
+    // Its claim is there with its uid (its provisioning goes on).
+    let (mut api, backend, _queue) = start_with_abandoned();
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumes/pvc-u-1").await;
+    respond_not_found(reply, "persistentvolumes \"pvc-u-1\" not found");
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/namespaces/ns/persistentvolumeclaims/data").await;
+    respond(reply, &claim());
+    api.assert_quiet().await;
+    assert!(backend.deleted.lock().unwrap().is_empty(), "the claim is there");
+}
+
+#[actix_rt::test]
+async fn an_unanswered_read_keeps_the_volume_and_is_retried() {
+    tokio::time::pause();
+    let (mut api, backend, _queue) = start_with_abandoned();
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumes/pvc-u-1").await;
+    respond_error(reply, 500, "etcd is slow");
+    assert!(backend.deleted.lock().unwrap().is_empty());
+    // Retried after the backoff: this time both are gone.
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/persistentvolumes/pvc-u-1").await;
+    respond_not_found(reply, "persistentvolumes \"pvc-u-1\" not found");
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/namespaces/ns/persistentvolumeclaims/data").await;
+    respond_not_found(reply, "persistentvolumeclaims \"data\" not found");
+    api.assert_quiet().await;
+    assert_eq!(*backend.deleted.lock().unwrap(), ["vol-1"]);
 }

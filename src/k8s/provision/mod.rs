@@ -42,6 +42,17 @@
 //!   deleted. Then DeleteVolume (an unknown volume is gone already), the finalizer off,
 //!   the PV deleted. Retain: nothing. Only the node that holds the volume deletes it,
 //!   so nothing is deleted while that node is down: it is done when it returns.
+//! - **A volume whose claim went before its PV** ([`abandoned`]): the claim deleted after
+//!   CreateVolume and before the PV was written (drivelet killed in between, or the PV
+//!   write failing until the claim went) leaves a volume nobody can reach. Once its PV
+//!   is written, the claim's uid is recorded in the volume's binding (so its drive's note
+//!   says it); a volume named `pvc-<uid>` for a claim (its binding names the claim and the
+//!   PV of that name) with no claim uid recorded, not in use, neither rebuilt from a
+//!   disk's note nor adopted nor lost, is therefore one whose PV was never written. It is
+//!   deleted when no PV of its name exists and the claim it names is gone or another
+//!   one (uids are never reused: that claim can never come back). Anything else is left:
+//!   a volume whose PV was written once is the reclaim policy's, and a Retain volume whose
+//!   PV an admin deleted stays on its drive, listed, as Kubernetes promises.
 
 use std::collections::BTreeMap;
 
@@ -105,6 +116,52 @@ pub(crate) fn volume_name(claim: &PersistentVolumeClaim) -> Option<String> {
 
 /// `namespace/name` of a claim, as every queue of this front keys claims.
 pub(crate) use crate::k8s::resize::executor::key_of;
+
+/// A volume made for a claim whose PV was never written, as far as its record says (see
+/// the rules): deleted once the API confirms that no PV of its name exists and its claim
+/// is gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Abandoned {
+    /// The volume's id.
+    pub volume_id: String,
+    /// Its name, `pvc-<claim uid>`, which is also its PV's.
+    pub name: String,
+    /// The uid of the claim it was made for.
+    pub claim_uid: String,
+    /// That claim's namespace.
+    pub namespace: String,
+    /// That claim's name.
+    pub claim: String,
+}
+
+/// Whether `rec` may be a volume whose claim went before its PV was written (see the
+/// rules); what the API must confirm before it is deleted.
+pub(crate) fn abandoned(rec: &crate::actors::volumes::model::VolumeRecord) -> Option<Abandoned> {
+    use crate::actors::volumes::model::VolumeState;
+    let uid = rec.name.strip_prefix("pvc-").filter(|u| !u.is_empty())?;
+    let b = &rec.binding;
+    let idle = rec.staging.is_none() && rec.targets.is_empty() && rec.state == VolumeState::Available;
+    let made_here = !rec.rebuilt && rec.adopted.is_none() && !rec.lost;
+    (b.pv == rec.name && b.claim_uid.is_empty() && !b.claim_name.is_empty() && idle && made_here).then(|| Abandoned {
+        volume_id: rec.id.clone(),
+        name: rec.name.clone(),
+        claim_uid: uid.to_string(),
+        namespace: b.claim_namespace.clone(),
+        claim: b.claim_name.clone(),
+    })
+}
+
+/// The binding a volume made for `claim` records once its PV is written: the PV, the
+/// claim and its uid, the class.
+pub(crate) fn binding_of(claim: &PersistentVolumeClaim, pv: &str) -> crate::words::Binding {
+    crate::words::Binding {
+        pv: pv.to_string(),
+        claim_namespace: claim.namespace().unwrap_or_default(),
+        claim_name: claim.name_any(),
+        claim_uid: claim.metadata.uid.clone().unwrap_or_default(),
+        storage_class: claim.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default(),
+    }
+}
 
 /// Whether the claim waits for a volume from this driver on this node (see the rules).
 pub(crate) fn waiting_here(claim: &PersistentVolumeClaim, id: &Identity) -> bool {

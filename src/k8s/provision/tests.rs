@@ -239,3 +239,56 @@ fn no_room_hands_the_claim_back_anything_else_retries_here() {
     let note = failed_note("fast", "node-1", &status_words(&s), Failure::Retry);
     assert!(note.contains("StorageClass fast") && note.contains("node node-1") && note.contains("tries again"), "{note}");
 }
+
+/// A volume made for claim `ns/data` (uid `u-1`) whose PV was never written, as the
+/// CreateVolume of `request_of` records it.
+fn made_unbound() -> crate::actors::volumes::model::VolumeRecord {
+    use crate::actors::volumes::model::{VolumeRecord, VolumeState};
+    let mut r = VolumeRecord::for_test(1, VolumeState::Available);
+    r.id = "vol-1".into();
+    r.name = "pvc-u-1".into();
+    r.binding = crate::words::Binding { pv: "pvc-u-1".into(), claim_namespace: "ns".into(), claim_name: "data".into(), ..Default::default() };
+    r
+}
+
+#[test]
+fn a_volume_is_taken_for_abandoned_only_when_its_record_says_no_pv_was_ever_written() {
+    use crate::actors::volumes::model::VolumeState;
+    let want = Abandoned { volume_id: "vol-1".into(), name: "pvc-u-1".into(), claim_uid: "u-1".into(), namespace: "ns".into(), claim: "data".into() };
+    assert_eq!(abandoned(&made_unbound()), Some(want));
+
+    let cases: Vec<(&str, Box<dyn Fn(&mut crate::actors::volumes::model::VolumeRecord)>)> = vec![
+        ("its claim's uid recorded: its PV was written", Box::new(|r| r.binding.claim_uid = "u-1".into())),
+        ("not named for a claim", Box::new(|r| r.name = "backup-1".into())),
+        ("named pvc- alone", Box::new(|r| r.name = "pvc-".into())),
+        ("made for another PV name", Box::new(|r| r.binding.pv = "pv-other".into())),
+        ("no claim named (made by another client)", Box::new(|r| r.binding = Default::default())),
+        ("staged", Box::new(|r| r.state = VolumeState::Staged)),
+        ("being deleted", Box::new(|r| r.state = VolumeState::Deleting)),
+        ("rebuilt from its disk", Box::new(|r| r.rebuilt = true)),
+        ("lost with its drive", Box::new(|r| r.lost = true)),
+    ];
+    for (what, change) in cases {
+        let mut r = made_unbound();
+        change(&mut r);
+        assert_eq!(abandoned(&r), None, "{what}");
+    }
+}
+
+#[test]
+fn the_binding_recorded_after_the_pv_names_the_claim_with_its_uid_and_class() {
+    let b = binding_of(&claim(json!({})), "pvc-u-1");
+    assert_eq!(
+        b,
+        crate::words::Binding {
+            pv: "pvc-u-1".into(),
+            claim_namespace: "ns".into(),
+            claim_name: "data".into(),
+            claim_uid: "u-1".into(),
+            storage_class: "fast".into()
+        }
+    );
+    let mut r = made_unbound();
+    r.binding = b;
+    assert_eq!(abandoned(&r), None, "once recorded, never taken for abandoned");
+}

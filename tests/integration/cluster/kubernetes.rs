@@ -867,3 +867,70 @@ fn a_claim_scheduled_here_is_provisioned_in_process_and_its_released_pv_deleted(
     assert!(listed(&agent).is_empty(), "the volume is deleted");
     assert_requests_are_permitted(&api);
 }
+
+/// The crash point of the in-process provisioner (`src/k8s/provision/executor.rs`):
+/// after CreateVolume, before the PV is written.
+pub(crate) const PROVISION_POINTS: &[&str] = &["provision.created"];
+
+/// Killed between CreateVolume and the PV: a claim still there at the restart gets the
+/// same volume (one, not two) and its PV; a claim deleted while the agent lay dead leaves
+/// no volume behind (nothing can reach it: no PV was ever written, and its uid never
+/// comes back), and the first claim's volume is not touched by that.
+#[test]
+fn a_provisioning_killed_before_its_pv_finishes_for_a_claim_still_there_and_leaves_nothing_for_one_deleted() {
+    require_host();
+    let tmp = short_tempdir();
+    let dir = tmp.path();
+    let _drive = LoopDrive::new(dir, "p1.img", 1 << 30);
+    let api = FakeApi::start();
+    const CLAIMS: &str = "/api/v1/namespaces/apps/persistentvolumeclaims";
+    const CLASSES: &str = "/apis/storage.k8s.io/v1/storageclasses";
+    api.create(NODES, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}}));
+    api.create(CLASSES, json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "local"},
+        "provisioner": DRIVER, "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer"}));
+    let claim = |name: &str| json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": "apps",
+            "annotations": {"volume.kubernetes.io/storage-provisioner": DRIVER, "volume.kubernetes.io/selected-node": NODE}},
+        "spec": {"storageClassName": "local", "accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "resources": {"requests": {"storage": "64Mi"}}},
+        "status": {"phase": "Pending"}});
+    let rt = rt();
+    let listed = |agent: &Agent| {
+        rt.block_on(async {
+            let mut csi = Csi::connect(agent).await;
+            let r = csi.ctrl.list_volumes(csi::ListVolumesRequest::default()).await.expect("list");
+            let mut names: Vec<String> = r.into_inner().entries.into_iter().filter_map(|e| e.volume).map(|v| v.volume_id).collect();
+            names.sort();
+            names
+        })
+    };
+    let armed = [("FAILPOINTS", "provision.created=return")];
+    let mut agent = Agent::start_with(dir, kube_opts(&api, dir), &armed);
+
+    // The claim stays: at the restart its CreateVolume finds the volume made, and the PV
+    // is written for it.
+    api.create(CLAIMS, claim("kept"));
+    assert!(agent.wait_exit(Duration::from_secs(20)).is_some(), "the agent dies after CreateVolume; log:\n{}", agent.log_tail(40));
+    assert!(api.get(PVS, "pvc-uid-kept").is_none(), "no PV before the crash");
+    agent.spawn();
+    agent.wait_ready();
+    let pv = api.wait_for(Duration::from_secs(20), "the kept claim's PV written after the restart", &agent, |api| api.get(PVS, "pvc-uid-kept"));
+    let kept = pv["spec"]["csi"]["volumeHandle"].as_str().expect("a volume handle").to_string();
+    assert_eq!(listed(&agent), [kept.clone()], "one volume for the claim, made once");
+    agent.stop();
+
+    // The claim goes while the agent lies dead: its volume is deleted at the restart.
+    agent.spawn_with(&armed);
+    agent.wait_ready();
+    api.create(CLAIMS, claim("gone"));
+    assert!(agent.wait_exit(Duration::from_secs(20)).is_some(), "the agent dies after CreateVolume; log:\n{}", agent.log_tail(40));
+    api.delete(CLAIMS, "gone");
+    agent.spawn();
+    agent.wait_ready();
+    api.wait_for(Duration::from_secs(20), "the deleted claim's volume deleted", &agent, |_| {
+        agent.logs().lines().any(|l| l.contains("deleted volume pvc-uid-gone") && l.contains("before its PersistentVolume was written")).then_some(())
+    });
+    assert_eq!(listed(&agent), [kept], "only the kept claim's volume is left");
+    assert!(api.get(PVS, "pvc-uid-gone").is_none(), "no PV written for a deleted claim");
+    assert!(api.get(PVS, "pvc-uid-kept").is_some());
+    assert_requests_are_permitted(&api);
+}
