@@ -85,6 +85,7 @@ mod monitoring;
 mod nodes;
 mod ownership;
 mod snapshots;
+mod upgrade;
 
 const NS: &str = "drivelet-e2e";
 const SYSTEM_NS: &str = "drivelet-system";
@@ -118,8 +119,9 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 20] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 21] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
+        ("upgrade from the two-container DaemonSet: the sidecar's claim, PV and volume kept, served, not provisioned again, then deleted as before", upgrade::journey_upgrade),
         ("monitoring: Prometheus scrapes every agent and kubelet, the alerts loaded; each node's drives in the metrics; nothing alerts while all is well", monitoring::journey_watch),
         ("the state dir wiped: every volume served again from its disk, same claims, same data", ownership::journey_state_wiped),
         ("evacuate: three volumes moved off a drive, one after its pod, kill -9 mid-move; the drive replaced", evacuate::journey_evacuate),
@@ -153,6 +155,8 @@ fn main() {
     let only_evacuate = only.as_deref() == Some("evacuate");
     // E2E_JOURNEYS=ownership: deploy, the state dir wiped, the moved disk and the clean-up.
     let only_ownership = only.as_deref() == Some("ownership");
+    // E2E_JOURNEYS=upgrade: deploy, the upgrade from the two-container DaemonSet, the clean-up.
+    let only_upgrade = only.as_deref() == Some("upgrade");
     // E2E_JOURNEYS=claims: deploy, the claims journey and the clean-up.
     let only_claims = only.as_deref() == Some("claims");
     // E2E_JOURNEYS=encryption: deploy, the encryption journey and the clean-up.
@@ -178,7 +182,9 @@ fn main() {
         let ownership = name.starts_with("the state dir wiped") || name.starts_with("a disk moved") || name.starts_with("a disk of a rebuilt cluster");
         let claims = name.starts_with("claims:");
         let monitoring = name.starts_with("monitoring:");
-        let picked = if only_claims {
+        let picked = if only_upgrade {
+            i == 0 || i == last || name.starts_with("upgrade from")
+        } else if only_claims {
             i == 0 || i == last || claims
         } else if only_encryption {
             i == 0 || i == last || name.starts_with("encryption:")
@@ -208,8 +214,8 @@ fn main() {
         // Once deployed (CSIDriver, classes) and watched (Prometheus sees all well before
         // the fake nodes are stopped on purpose), the journeys across nodes start beside
         // the rest.
-        let watched = if only_nodes { i == 0 } else { i == 1 };
-        if watched && !only_snapshots && !only_evacuate && !only_ownership && !only_monitoring && !only_claims && !only_encryption {
+        let watched = if only_nodes { i == 0 } else { name.starts_with("monitoring: Prometheus scrapes") };
+        if watched && !only_snapshots && !only_evacuate && !only_ownership && !only_monitoring && !only_claims && !only_encryption && !only_upgrade {
             across = Some(std::thread::spawn(nodes::run));
         }
     }
