@@ -63,6 +63,12 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     }
     std::fs::create_dir_all(&cfg.paths.state_dir)
         .map_err(|source| AgentError::StateDir { dir: cfg.paths.state_dir.display().to_string(), source })?;
+    // A freeze an earlier run left (killed between FIFREEZE and its thaw, its watchdog
+    // killed too): thawed before anything else.
+    let journal = crate::disk::freeze::Journal::under(&cfg.paths.state_dir);
+    for said in crate::disk::freeze::thaw_left(&journal, &cfg.volumes.allowed_roots) {
+        tracing::warn!(freeze.journal = %journal.dir.display(), "{said}");
+    }
     let mut sigterm = signal(SignalKind::terminate()).map_err(AgentError::Signals)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(AgentError::Signals)?;
 

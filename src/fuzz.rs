@@ -38,6 +38,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("admin_request", admin_request),
     ("migration_pv", migration_pv),
     ("store_record", store_record),
+    ("freeze_record", freeze_record),
 ];
 
 fn text(input: &[u8]) -> String {
@@ -580,6 +581,14 @@ pub fn migration_pv(input: &[u8]) {
 pub fn store_record(input: &[u8]) {
     let _ = serde_json::from_slice::<crate::actors::volumes::model::VolumeRecord>(input);
     let _ = serde_json::from_slice::<crate::words::DriveUse>(input);
+}
+
+/// A freeze journal entry of the state dir (`disk::freeze::Record`), as start-up reads
+/// it: one that decodes encodes back to the same bytes.
+pub fn freeze_record(input: &[u8]) {
+    if let Ok(r) = crate::disk::freeze::Record::decode(input) {
+        assert_eq!(crate::disk::freeze::Record::decode(&r.encode()), Ok(r), "a freeze record does not decode to itself");
+    }
 }
 
 /// The id of a seed input: what names it in a corpus directory.

@@ -27,6 +27,8 @@ pub mod failpoint;
 pub mod fuzz;
 /// The gRPC front: CSI services and the admin socket.
 pub mod grpc;
+/// PID 1 of a container: the agent runs as its child.
+pub mod guardian;
 /// The Kubernetes front: the in-process external-attacher (its AttachQueue actor and
 /// decisions), volume condition Events, the `Drive` custom resource and its sync, node
 /// labels.

@@ -72,7 +72,14 @@ fn main() -> ExitCode {
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
     let res = match cli.cmd {
+        // In a container drivelet is started as PID 1: it stays there as the agent's
+        // guardian, so the agent's freeze watchdogs outlive the agent (drivelet::guardian).
+        Cmd::Run { .. } if drivelet::guardian::is_init() => return drivelet::guardian::supervise(),
         Cmd::Run { config } => run(config),
+        Cmd::FreezeWatch { fd, limit_ms } => {
+            let code = drivelet::disk::freeze::watch(fd, std::time::Duration::from_millis(limit_ms));
+            return ExitCode::from(u8::try_from(code).unwrap_or(1));
+        }
         Cmd::CheckConfig { file } => Config::load(Some(&file)).map(|c| {
             println!("{}: valid (node {}, driver {})", file.display(), c.driver.node_name, c.driver.name);
         }).map_err(Into::into),

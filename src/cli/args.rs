@@ -33,6 +33,17 @@ pub enum Cmd {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// The watchdog of one freeze, started by the agent (not for people): thaws the
+    /// mount it was handed when the agent goes away without thawing it, or at the limit.
+    #[command(hide = true)]
+    FreezeWatch {
+        /// The frozen mount's descriptor, inherited from the agent.
+        #[arg(long)]
+        fd: i32,
+        /// The freeze's limit, in milliseconds.
+        #[arg(long)]
+        limit_ms: u64,
+    },
     /// Validate a configuration file and exit 0 (valid) or 1 (with the key to fix).
     CheckConfig {
         /// Configuration file (TOML).

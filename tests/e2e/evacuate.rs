@@ -58,13 +58,10 @@ fn pending_state(e: &Value, id: &str) -> Option<String> {
 
 /// The pid of the DaemonSet's drivelet process on this host (the fake nodes' agents run
 /// from elsewhere: never them).
+/// The agent itself, the child of the container's PID 1 (`drivelet::guardian`).
 fn pod_agent_pid() -> Option<i32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c.starts_with(b"/usr/local/bin/drivelet\0run")))
-        .find_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+    let dir = super::process_with(b"/usr/local/bin/drivelet\0run", b"/etc/drivelet/drivelet.toml")?;
+    dir.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse().ok())
 }
 
 fn partitions(dev: &str) -> Result<usize, String> {

@@ -655,12 +655,23 @@ fn journey_deploy(ctx: &mut Ctx) -> Check {
     Ok(())
 }
 
-/// The first process on this host whose command line starts with `prefix` and holds
-/// `marker` (NUL-separated, as /proc/PID/cmdline has it), as its /proc directory.
+/// The process on this host whose command line starts with `prefix` and holds `marker`
+/// (NUL-separated, as /proc/PID/cmdline has it), as its /proc directory. Where one such
+/// process is the child of another (the pod's drivelet is PID 1 of its container and
+/// runs the agent as its child, `drivelet::guardian`), the child: the agent.
 fn process_with(prefix: &[u8], marker: &[u8]) -> Option<std::path::PathBuf> {
-    std::fs::read_dir("/proc").into_iter().flatten().flatten().map(|e| e.path()).find(|p| {
-        std::fs::read(p.join("cmdline")).is_ok_and(|c| c.starts_with(prefix) && c.windows(marker.len()).any(|w| w == marker))
-    })
+    let matches: Vec<std::path::PathBuf> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| std::fs::read(p.join("cmdline")).is_ok_and(|c| c.starts_with(prefix) && c.windows(marker.len()).any(|w| w == marker)))
+        .collect();
+    let parent = |p: &Path| {
+        let status = std::fs::read_to_string(p.join("status")).unwrap_or_default();
+        status.lines().find_map(|l| l.strip_prefix("PPid:")).map(|v| Path::new("/proc").join(v.trim()))
+    };
+    matches.iter().find(|p| parent(p).is_some_and(|pp| matches.contains(&pp))).or(matches.first()).cloned()
 }
 
 /// The fields of /proc/PID/status named in `keys`, as `key value` words.
@@ -945,12 +956,8 @@ fn record_memory(ctx: &mut Ctx, when: &str) {
         .flat_map(|p| p["containers"].as_array().cloned().unwrap_or_default())
         .find(|c| c["name"] == "drivelet");
     let mib = |v: &Value| v.as_f64().map(|b| format!("{:.1} MiB", b / MIB as f64)).unwrap_or_else(|| "?".into());
-    let pid = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .find(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c.starts_with(b"/usr/local/bin/drivelet\0run")))
-        .map(|e| e.path());
+    // The agent (the child of the container's PID 1, both `drivelet run`).
+    let pid = process_with(b"/usr/local/bin/drivelet\0run", b"/etc/drivelet/drivelet.toml");
     let process = pid.as_deref().map_or_else(|| "no drivelet process found".to_string(), process_memory);
     let cgroup = pid.as_deref().map_or_else(String::new, cgroup_memory);
     let text = match container {

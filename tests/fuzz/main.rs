@@ -201,6 +201,7 @@ fn shape(target: &str) -> Shape {
             "ID_PART_ENTRY_NAME=drivelet:", "ID_PART_ENTRY_OFFSET=", "ID_PART_ENTRY_SIZE=", "\u{1F600}", "\u{202e}",
         ]),
         "smartctl" | "admin_request" | "store_record" => text(JSON),
+        "freeze_record" => text(&["drivelet freeze 1\n", "device ", "path /", ":", "\n", "4294967296", "\u{0}"]),
         "blkid" => text(&["TYPE=", "PTTYPE=", "USAGE=", "VERSION=", "\n", "=", "dos", "gpt", "PMBR", "ext4", "linux_raid_member", "crypto_LUKS", "bcache", "swap", "raid", "crypto", "other"]),
         "dumpe2fs" => text(&[
             "Block size:", "Block count:", "First block:", "Blocks per group:", "Inode blocks per group:", "Reserved GDT blocks:", "Group descriptor size:",
@@ -547,4 +548,4 @@ macro_rules! targets {
     };
 }
 
-targets!(gpt, mbr, note, journal, snapshot_note, key_header, mountinfo, udev, smartctl, blkid, dumpe2fs, config, admin_request, migration_pv, store_record);
+targets!(gpt, mbr, note, journal, snapshot_note, key_header, mountinfo, udev, smartctl, blkid, dumpe2fs, config, admin_request, migration_pv, store_record, freeze_record);

@@ -345,6 +345,10 @@ fn slot_seeds() {
 }
 
 fn text_seeds() {
+    let out = Out::new("freeze_record");
+    let r = drivelet::disk::freeze::Record { path: "/var/lib/kubelet/plugins/kubernetes.io/csi/csi.drivelet.io/abc/globalmount".into(), device: (259, 3) };
+    out.put("record-0", &r.encode());
+
     let out = Out::new("mbr");
     for (name, img) in mbr_images() {
         out.put(name, &img);

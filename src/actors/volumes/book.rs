@@ -106,6 +106,8 @@ pub(crate) struct VolumeBook {
     dirty: BTreeMap<String, Dirty>,
     /// The moves of evacuations: running, done, failed.
     evac: evacuate::Evacuations,
+    /// Where freezes of copies are recorded and watched from outside the agent.
+    freeze_journal: crate::disk::freeze::Journal,
 }
 
 /// Where a drive is, for a disk step.
@@ -146,7 +148,13 @@ impl VolumeBook {
             view: ViewPublisher::default(),
             dirty: BTreeMap::new(),
             evac: evacuate::Evacuations::default(),
+            freeze_journal: crate::disk::freeze::Journal::under(std::path::Path::new("/var/lib/drivelet")),
         }
+    }
+
+    /// The book of an agent whose freezes are recorded in `journal`.
+    pub(crate) fn with_freeze_journal(self, journal: crate::disk::freeze::Journal) -> VolumeBook {
+        VolumeBook { freeze_journal: journal, ..self }
     }
 
     /// A reader of the views this book publishes.

@@ -149,6 +149,7 @@ pub struct VolumeManager {
 impl VolumeManager {
     /// A manager keeping its store under `state_dir`.
     pub fn new(cfg: VolumesConfig, state_dir: PathBuf, inventory: Addr<DriveInventory>, auto_release: bool) -> VolumeManager {
+        let journal = crate::disk::freeze::Journal::under(&state_dir);
         VolumeManager {
             cleaner: cleaner::Cleaner::new(cfg.cleaning_step),
             clean_waiters: Vec::new(),
@@ -157,7 +158,7 @@ impl VolumeManager {
             state_dir,
             store: None,
             inventory,
-            book: VolumeBook::new(cfg, auto_release),
+            book: VolumeBook::new(cfg, auto_release).with_freeze_journal(journal),
             uses: UseWriter::default(),
             reconciling: false,
             condition_subscribers: Vec::new(),

@@ -441,7 +441,7 @@ fn family(points: &[&'static str]) {
 fn every_crash_point_in_the_source_has_a_crash_case() {
     assert!(cfg!(feature = "failpoints"), "crash tests need `--features failpoints`; scripts/test.sh passes it");
     let covered: BTreeSet<&str> =
-        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS, ENCRYPTED_POINTS, CLONE_POINTS, SNAPSHOT_POINTS, CLEAN_POINTS, MOVE_POINTS, ONE_DRIVE_MOVE_POINTS, crate::disks::ownership::ADOPT_POINTS, crate::volumes::slots::GROW_POINTS, crate::cluster::kubernetes::PROVISION_POINTS]
+        [CREATE_POINTS, STAGE_POINTS, PUBLISH_POINTS, EXPAND_POINTS, NODE_EXPAND_POINTS, UNPUBLISH_POINTS, UNSTAGE_POINTS, DELETE_POINTS, ENCRYPTED_POINTS, CLONE_POINTS, SNAPSHOT_POINTS, CLEAN_POINTS, MOVE_POINTS, ONE_DRIVE_MOVE_POINTS, crate::disks::ownership::ADOPT_POINTS, crate::volumes::slots::GROW_POINTS, crate::cluster::kubernetes::PROVISION_POINTS, crate::volumes::freeze_crash::FREEZE_POINTS]
         .concat()
         .into_iter()
         .collect();

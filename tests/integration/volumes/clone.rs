@@ -66,7 +66,7 @@ pub(super) struct Bed {
     pub(super) agent: Agent,
     _unmount: Unmounter,
     pub(super) drive: LoopDrive,
-    tmp: tempfile::TempDir,
+    pub(super) tmp: tempfile::TempDir,
 }
 
 impl Bed {

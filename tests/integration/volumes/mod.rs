@@ -10,6 +10,8 @@ pub(crate) mod slots;
 mod clone;
 /// Clones of volumes in use: frozen, refused in words, or crash-inconsistent by choice.
 mod clone_in_use;
+/// A freeze that always ends: the agent killed in the middle of one.
+pub(crate) mod freeze_crash;
 /// Online volume expansion.
 mod expansion;
 /// Growth by moving: a volume with no room after it moves to a bigger extent elsewhere.

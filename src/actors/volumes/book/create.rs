@@ -90,7 +90,7 @@ impl VolumeBook {
         };
         let from = match rec.clone_of.as_ref().or(rec.restored_from.as_ref()) {
             Some(src) => match self.clone_start(src, &call.m, &mut call.held) {
-                Ok(s) => Some(CloneFrom::of(s, self.cfg.allowed_roots.clone(), call.m.secrets.clone())),
+                Ok(s) => Some(CloneFrom::of(s, self.cfg.allowed_roots.clone(), self.freeze_journal.clone(), call.m.secrets.clone())),
                 Err(e) => return CreateStart::Answer(Err(e)),
             },
             None => None,

@@ -84,7 +84,7 @@ impl VolumeBook {
             }
             Some((path, _)) => Some((path, freeze_limit)),
         };
-        let from = CloneFrom { source: VolumeRecord::clone(src), loc, freeze: freeze_at, live: false, roots: self.cfg.allowed_roots.clone(), secrets: Default::default() };
+        let from = CloneFrom { source: VolumeRecord::clone(src), loc, freeze: freeze_at, live: false, roots: self.cfg.allowed_roots.clone(), journal: self.freeze_journal.clone(), secrets: Default::default() };
         if let Some(rec) = existing {
             // A snapshot still being taken (a failed try): take it again, in its place.
             return Ok((CreatePlan::New(VolumeRecord::clone(rec)), Some(from)));

@@ -56,6 +56,8 @@ pub struct CloneFrom {
     pub live: bool,
     /// The allowed roots the freeze path is opened beneath.
     pub roots: Vec<std::path::PathBuf>,
+    /// Where a freeze is recorded and watched from outside the agent.
+    pub journal: freeze::Journal,
     /// The create's secrets: the key-encryption keys a copy into an encrypted volume
     /// needs (to open the source's key, and to wrap the copy's own).
     pub secrets: crate::actors::volumes::messages::Secrets,
@@ -63,14 +65,19 @@ pub struct CloneFrom {
 
 impl CloneFrom {
     /// The source the book found, its copy's freeze opened beneath `roots`.
-    pub(crate) fn of(s: crate::actors::volumes::book::Source, roots: Vec<std::path::PathBuf>, secrets: crate::actors::volumes::messages::Secrets) -> CloneFrom {
+    pub(crate) fn of(
+        s: crate::actors::volumes::book::Source,
+        roots: Vec<std::path::PathBuf>,
+        journal: freeze::Journal,
+        secrets: crate::actors::volumes::messages::Secrets,
+    ) -> CloneFrom {
         use crate::actors::volumes::book::InUsePlan;
         let (freeze, live) = match s.in_use {
             InUsePlan::Idle => (None, false),
             InUsePlan::Freeze(path, limit) => (Some((path, limit)), false),
             InUsePlan::Live => (None, true),
         };
-        CloneFrom { source: s.rec, loc: s.loc, freeze, live, roots, secrets }
+        CloneFrom { source: s.rec, loc: s.loc, freeze, live, roots, journal, secrets }
     }
 }
 
@@ -140,7 +147,7 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
                 refuse_a_long_freeze(&at, &kp, &src.id, path, *limit)?;
             }
             info!(volume.id = %src.id, fs.path = %path.display(), freeze.limit_millis = limit.as_millis() as u64, "freezing the filesystem for the copy");
-            let f = freeze::Frozen::freeze(&at, *limit, kp.devnum).map_err(disk(&id, "freeze the source's filesystem"))?;
+            let f = freeze::Frozen::freeze(&at, *limit, kp.devnum, &from.journal).map_err(disk(&id, "freeze the source's filesystem"))?;
             // What the filesystem flushed at the freeze is read from the disk, not from
             // blocks the device cached before it.
             copy::drop_cache(&kp.devnode).map_err(disk(&id, "read the source from the disk"))?;
