@@ -76,6 +76,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod adopt;
+mod burst;
 mod claims;
 mod clone;
 mod drive_actions;
@@ -119,7 +120,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let journeys: [(&str, fn(&mut Ctx) -> Check); 21] = [
+    let journeys: [(&str, fn(&mut Ctx) -> Check); 22] = [
         ("deploy: DaemonSet, registration, label, drives, capacity", journey_deploy),
         ("upgrade from the two-container DaemonSet: the sidecar's claim, PV and volume kept, served, not provisioned again, then deleted as before", upgrade::journey_upgrade),
         ("monitoring: Prometheus scrapes every agent and kubelet, the alerts loaded; each node's drives in the metrics; nothing alerts while all is well", monitoring::journey_watch),
@@ -139,6 +140,7 @@ fn main() {
         ("kubectl drivelet: tables as ctl's, cordon, uncordon, release through the Drive spec", drive_actions::journey_drive_actions),
         ("a disk moved from a dead node: owned elsewhere, untouched, adopted; its claims' PVs pinned here, their data read by pods here", adopt::journey_moved_disk),
         ("a disk of a rebuilt cluster: another cluster's, adopted with --restore-claims; its claim back with its data", adopt::journey_rebuilt_cluster),
+        ("the 50-claim burst, measured before (with the sidecar) and after (drivelet alone); only with E2E_JOURNEYS=burst", burst::journey_burst),
         ("monitoring: every dashboard panel had series over the run; the alerts the journeys provoked were raised, and no other", monitoring::journey_judge),
         ("clean-up: nothing left behind", journey_cleanup),
     ];
@@ -155,6 +157,8 @@ fn main() {
     let only_evacuate = only.as_deref() == Some("evacuate");
     // E2E_JOURNEYS=ownership: deploy, the state dir wiped, the moved disk and the clean-up.
     let only_ownership = only.as_deref() == Some("ownership");
+    // E2E_JOURNEYS=burst: deploy, the 50-claim burst (a measurement, in no other run), clean-up.
+    let only_burst = only.as_deref() == Some("burst");
     // E2E_JOURNEYS=upgrade: deploy, the upgrade from the two-container DaemonSet, the clean-up.
     let only_upgrade = only.as_deref() == Some("upgrade");
     // E2E_JOURNEYS=claims: deploy, the claims journey and the clean-up.
@@ -182,7 +186,12 @@ fn main() {
         let ownership = name.starts_with("the state dir wiped") || name.starts_with("a disk moved") || name.starts_with("a disk of a rebuilt cluster");
         let claims = name.starts_with("claims:");
         let monitoring = name.starts_with("monitoring:");
-        let picked = if only_upgrade {
+        let burst = name.starts_with("the 50-claim burst");
+        let picked = if only_burst {
+            i == 0 || i == last || burst
+        } else if burst {
+            false
+        } else if only_upgrade {
             i == 0 || i == last || name.starts_with("upgrade from")
         } else if only_claims {
             i == 0 || i == last || claims
@@ -215,7 +224,7 @@ fn main() {
         // the fake nodes are stopped on purpose), the journeys across nodes start beside
         // the rest.
         let watched = if only_nodes { i == 0 } else { name.starts_with("monitoring: Prometheus scrapes") };
-        if watched && !only_snapshots && !only_evacuate && !only_ownership && !only_monitoring && !only_claims && !only_encryption && !only_upgrade {
+        if watched && !only_snapshots && !only_evacuate && !only_ownership && !only_monitoring && !only_claims && !only_encryption && !only_upgrade && !only_burst {
             across = Some(std::thread::spawn(nodes::run));
         }
     }
