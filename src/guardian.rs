@@ -42,8 +42,12 @@ pub fn is_init() -> bool {
 
 /// Runs the agent as a child of this PID 1 and exits as it did (see the rules).
 pub fn supervise() -> ExitCode {
-    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    let child = match Command::new("/proc/self/exe").args(&args).spawn() {
+    use std::os::unix::process::CommandExt;
+    let mut argv = std::env::args_os();
+    let arg0 = argv.next().unwrap_or_else(|| "drivelet".into());
+    let args: Vec<std::ffi::OsString> = argv.collect();
+    // The same binary, arguments and name (its command line reads as PID 1's).
+    let child = match Command::new("/proc/self/exe").arg0(&arg0).args(&args).spawn() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("drivelet: cannot start the agent under its guardian (PID 1): {e}");

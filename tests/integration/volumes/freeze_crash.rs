@@ -248,6 +248,8 @@ fn start_as_pid_1(bed: &mut Bed) -> u32 {
     let guardian = *children(unshare).first().expect("drivelet under unshare");
     let agents = children(guardian);
     assert_eq!(agents.len(), 1, "as PID 1, drivelet runs the agent as its one child: {agents:?}");
+    let cmdline = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    assert_eq!(cmdline(agents[0]), cmdline(guardian), "the agent runs with PID 1's very command line");
     guardian
 }
 
