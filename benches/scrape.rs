@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use drivelet::cli::bench::Histogram;
 use drivelet::disk::smart::SmartFigures;
-use drivelet::metrics::{DriveFigures, EvacuationFigures, Gauges, ManagedFigures, Metrics, VolumeFigures};
+use drivelet::metrics::{DriveFigures, EvacuationFigures, Format, Gauges, ManagedFigures, Metrics, VolumeFigures};
 use drivelet::words::{DriveClass, DriveUseState, Health, Media};
 
 const RUNS: usize = 200;
@@ -99,7 +99,7 @@ fn main() {
         for _ in 0..RUNS + 5 {
             let g = snapshot(volumes, drives);
             let t = Instant::now();
-            text = counters.render(g);
+            text = counters.render(g, Format::OpenMetrics);
             h.record(t.elapsed());
         }
         let series = text.lines().filter(|l| !l.starts_with('#')).count();

@@ -32,7 +32,8 @@ command -v cryptsetup >/dev/null || need+=(cryptsetup-bin)
 command -v pvcreate >/dev/null || need+=(lvm2)
 command -v make-bcache >/dev/null || need+=(bcache-tools)
 command -v mdadm >/dev/null || need+=(mdadm)
-# tests/integration/cluster/monitoring.rs checks deploy/monitoring's alerts with promtool;
+# tests/integration/cluster/monitoring.rs checks deploy/monitoring's alerts with promtool, and
+# tests/integration/csi/http.rs the text format /metrics answers with promtool check metrics;
 # tests/e2e/monitoring.rs runs a real Prometheus beside the cluster kit.
 command -v promtool >/dev/null || need+=(prometheus)
 # scripts/validate-deploy.sh (run by tests/integration/cluster/deploy.rs) checks deploy/ with the Python

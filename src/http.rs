@@ -7,9 +7,12 @@
 //! - `/readyz` is the readiness probe: 200 only once the first drive scan is done, the
 //!   volume manager has reconciled its store, and the CSI socket serves; 503 lists what
 //!   is missing.
-//! - `/metrics` is the OpenMetrics text format (`metrics::render`, content type
-//!   [`CONTENT_TYPE`]), state read from the actors at scrape time in a few round trips
-//!   (not one per drive or volume).
+//! - `/metrics` answers the format the scraper's `Accept` header asks for
+//!   ([`Format::negotiate`]): OpenMetrics text where it asks for
+//!   `application/openmetrics-text` (Prometheus does), else the Prometheus text format
+//!   0.0.4 (promtool, older agents, curl); its `Content-Type` says which, and `Vary:
+//!   Accept` that it depends on the header. State is read from the actors at scrape time
+//!   in a few round trips (not one per drive or volume).
 //! - GET (and HEAD) only; anything else is 405, an unknown path 404. Plain HTTP: the
 //!   endpoints say nothing secret.
 
@@ -27,7 +30,7 @@ use crate::actors::inventory::DriveInventory;
 use crate::actors::messages::{GetInventoryStatus, InventoryStatus, ListDrives};
 use crate::actors::volumes::{ScrapeVolumes, VolumeManager, VolumesReady};
 use crate::k8s::attach::{AttachQueue, GetQueueStats, ManagerBackend};
-use crate::metrics::{gather, metrics, Gauges, CONTENT_TYPE};
+use crate::metrics::{gather, metrics, Format, Gauges};
 
 /// How long a probe waits for an actor to answer.
 pub(crate) const ACTOR_TIMEOUT: Duration = Duration::from_secs(2);
@@ -114,6 +117,7 @@ impl Endpoints {
     }
 
     async fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let negotiated = req.uri().path() == "/metrics";
         let (status, ctype, body) = if req.method() != Method::GET && req.method() != Method::HEAD {
             (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".to_string())
         } else {
@@ -127,8 +131,9 @@ impl Endpoints {
                     (s, "text/plain", b)
                 }
                 "/metrics" => {
+                    let format = Format::negotiate(&accept(&req));
                     let g = self.gauges().await;
-                    (StatusCode::OK, CONTENT_TYPE, metrics().render(g))
+                    (StatusCode::OK, format.content_type(), metrics().render(g, format))
                 }
                 _ => (StatusCode::NOT_FOUND, "text/plain", "not found; try /healthz, /readyz or /metrics\n".to_string()),
             }
@@ -138,8 +143,17 @@ impl Endpoints {
         if let Ok(v) = hyper::header::HeaderValue::from_str(ctype) {
             resp.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
         }
+        if negotiated && status == StatusCode::OK {
+            resp.headers_mut().insert(hyper::header::VARY, hyper::header::HeaderValue::from_static("accept"));
+        }
         resp
     }
+}
+
+/// Every `Accept` header of `req`, in order, joined with commas (empty when none).
+fn accept<B>(req: &Request<B>) -> String {
+    let values: Vec<&str> = req.headers().get_all(hyper::header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).collect();
+    values.join(",")
 }
 
 /// Serves the endpoints on `listener` until `stop` fires.

@@ -35,6 +35,8 @@ pub(crate) mod identity;
 pub(crate) mod node;
 pub mod params;
 pub(crate) mod registration;
+/// The CSI request counter and latency histogram, labelled from closed sets.
+pub(crate) mod rpc_metrics;
 pub(crate) mod status;
 pub(crate) mod valid;
 
@@ -282,7 +284,7 @@ pub async fn serve_csi(
     };
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
     tonic::transport::Server::builder()
-        .layer(RpcMetricsLayer)
+        .layer(rpc_metrics::RpcMetricsLayer)
         .add_service(IdentityServer::new(identity::IdentityService(front.clone())))
         .add_service(ControllerServer::new(controller::ControllerService(front.clone())))
         .add_service(NodeServer::new(node::NodeService(front)))
@@ -291,57 +293,6 @@ pub async fn serve_csi(
         .add_service(SnapshotMetadataServer::new(NotServed))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
-}
-
-/// Counts every CSI request by method and gRPC code and times it (`metrics`). The code
-/// is the `grpc-status` of the response headers (tonic answers every error
-/// trailers-only, so it is there), else OK.
-#[derive(Debug, Clone, Copy)]
-pub struct RpcMetricsLayer;
-
-impl<S> tower::Layer<S> for RpcMetricsLayer {
-    type Service = RpcMetrics<S>;
-    fn layer(&self, inner: S) -> RpcMetrics<S> {
-        RpcMetrics(inner)
-    }
-}
-
-/// The service of [`RpcMetricsLayer`].
-#[derive(Debug, Clone)]
-pub struct RpcMetrics<S>(S);
-
-impl<S, B, RB> tower::Service<tonic::codegen::http::Request<B>> for RpcMetrics<S>
-where
-    S: tower::Service<tonic::codegen::http::Request<B>, Response = tonic::codegen::http::Response<RB>>,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), S::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
-        let method = req.uri().path().rsplit('/').next().unwrap_or("").to_string();
-        let start = std::time::Instant::now();
-        let fut = self.0.call(req);
-        Box::pin(async move {
-            let res = fut.await;
-            let code = match &res {
-                Ok(r) => r
-                    .headers()
-                    .get("grpc-status")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<i32>().ok())
-                    .unwrap_or(0),
-                Err(_) => tonic::Code::Internal as i32,
-            };
-            crate::metrics::metrics().record_rpc(&method, code, start.elapsed());
-            res
-        })
-    }
 }
 
 /// The CSI services drivelet does not serve (volume group snapshots, snapshot

@@ -188,9 +188,9 @@ pub(crate) fn request_kind(method: &http::Method, uri: &http::Uri) -> (&'static 
     (verb, resource)
 }
 
-/// The resource names the request counter keeps as they are; anything else is `other`,
-/// so the counter's series stay bounded whatever a path holds.
-fn known_resource(r: &str) -> &'static str {
+/// The resource names the Kubernetes counters keep as they are; anything else is
+/// `other`, so their series stay bounded whatever a path or a type's plural holds.
+pub(crate) fn known_resource(r: &str) -> &'static str {
     const KNOWN: [&str; 20] = [
         "persistentvolumes",
         "persistentvolumeclaims",

@@ -72,7 +72,7 @@ pub(crate) fn count<K: Resource<DynamicType = ()>>(event: &watcher::Event<K>, sc
         watcher::Event::InitApply(o) | watcher::Event::Apply(o) | watcher::Event::Delete(o) => o,
         watcher::Event::Init | watcher::Event::InitDone => return,
     };
-    crate::metrics::metrics().record_watch_event(&K::plural(&()), scope.foreign(object));
+    crate::metrics::metrics().record_watch_event(super::known_resource(&K::plural(&())), scope.foreign(object));
 }
 
 #[cfg(test)]
@@ -105,5 +105,47 @@ mod tests {
         assert!(s.foreign(&pv(Some("node-2"))));
         assert!(s.foreign(&pv(None)));
         assert!(!Scope::Cluster.foreign(&pv(None)), "a cluster-wide watch has no foreign objects");
+    }
+
+    #[test]
+    fn every_watched_kind_counts_under_its_own_resource() {
+        use k8s_openapi::api::coordination::v1::Lease;
+        use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod};
+        use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
+
+        use crate::k8s::crd::Drive;
+        use crate::k8s::snapshot::objects::{VolumeSnapshotClass, VolumeSnapshotContent};
+
+        fn resource<K: Resource<DynamicType = ()>>() -> &'static str {
+            crate::k8s::known_resource(&K::plural(&()))
+        }
+        let got = [
+            resource::<PersistentVolume>(),
+            resource::<PersistentVolumeClaim>(),
+            resource::<VolumeAttachment>(),
+            resource::<VolumeSnapshotContent>(),
+            resource::<VolumeSnapshotClass>(),
+            resource::<Drive>(),
+            resource::<Pod>(),
+            resource::<Node>(),
+            resource::<StorageClass>(),
+            resource::<ConfigMap>(),
+            resource::<Lease>(),
+        ];
+        let want = [
+            "persistentvolumes",
+            "persistentvolumeclaims",
+            "volumeattachments",
+            "volumesnapshotcontents",
+            "volumesnapshotclasses",
+            "drives",
+            "pods",
+            "nodes",
+            "storageclasses",
+            "configmaps",
+            "leases",
+        ];
+        assert_eq!(got, want, "a watched kind missing from known_resource counts as `other`");
+        assert_eq!(crate::k8s::known_resource("made-up-by-a-path"), "other");
     }
 }

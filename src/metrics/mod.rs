@@ -1,9 +1,12 @@
 //! drivelet's Prometheus metrics: the counters code paths bump as they run, the state
-//! read from the actors when scraped, and their OpenMetrics text exposition.
+//! read from the actors when scraped, and their exposition in the format the scraper
+//! asked for: OpenMetrics text or the Prometheus text format 0.0.4 ([`Format`]).
 //!
 //! Built on `prometheus-client`, the Rust client of the Prometheus project itself: it is
 //! maintained by the Prometheus org, writes OpenMetrics (with `# UNIT`, `_total` and
-//! the `# EOF` a scraper checks for), escapes label values, keeps no global registry
+//! the `# EOF` a scraper checks for) and the Prometheus text format 0.0.4 (`HELP` and
+//! `TYPE` named as the samples are, no units) from the same registry and collectors,
+//! escapes label values, keeps no global registry
 //! (drivelet owns its one [`Registry`]), and takes custom collectors, which is how the
 //! state read at scrape time is written without storing it anywhere.
 //!
@@ -17,21 +20,26 @@
 //!   ([`gather`]) and written by a collector of that snapshot: a scrape shows the truth
 //!   at that moment, nothing is stored or counted twice, and a drive or volume that is
 //!   gone is gone from the next scrape.
-//! - Rendering ([`render`]) is a pure function of the registry and a snapshot, tested on
-//!   its own and against a strict OpenMetrics parser.
+//! - Rendering ([`render`]) is a pure function of the registry, a snapshot and the
+//!   format, tested on its own, against a strict OpenMetrics parser, and (in the
+//!   integration tier, on the real binary's answer) with `promtool check metrics`.
 //! - Names follow the Prometheus conventions: `drivelet_` first, the unit last
 //!   (`_bytes`, `_seconds`, `_celsius`, `_ratio`), `_total` on counters; state sets are
 //!   gauges with one series per state, 1 for the current one and 0 for the others.
 //! - Label values are drivelet's own lowercase names (`managed`, `published`,
-//!   `drive-missing`), the gRPC code names (`OK`, `NOT_FOUND`), CSI method names, and the
-//!   ids and names of drives, volumes and claims.
+//!   `drive-missing`), the gRPC code names (`OK`, `NOT_FOUND`), the CSI methods drivelet
+//!   serves (or `unknown`), the Kubernetes resources its code asks for (or `other`), and
+//!   the ids and names of drives, volumes and claims. No value is taken from a request:
+//!   the labels of the counters are `&'static str`, each from a closed set (the CSI
+//!   method from `grpc::rpc_metrics`' table, the Kubernetes resource from
+//!   `k8s::known_resource`), so a client can send any path and mint no series.
 //! - Cardinality is bounded by the node's hardware and workload, never by requests or
 //!   time: per-drive series grow with the node's disks (11 to 13 per disk, 9 more for a
 //!   managed one, up to 7 more SMART figures), per-volume series with its volumes (3
 //!   each, plus one per current condition reason of an abnormal volume and one while it
 //!   moves), evacuation series with the drives being evacuated (5 each), CSI series with
-//!   the methods (about 20) times the codes they answered. docs/operations.md lists every
-//!   series and what grows with what.
+//!   the methods (30 and `unknown`) times the codes they answered. docs/operations.md
+//!   lists every series and what grows with what.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::LazyLock;
@@ -44,17 +52,17 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
+pub use self::format::Format;
 pub use self::gauges::{DriveFigures, EvacuationFigures, Gauges, ManagedFigures, VolumeFigures};
 
+/// The two exposition formats, and which one a scraper asked for.
+mod format;
 /// The state read at scrape time, and the collector that writes it.
 mod gauges;
 /// Turning the actors' answers into a [`Gauges`] snapshot.
 pub(crate) mod gather;
 #[cfg(test)]
 mod tests;
-
-/// The content type of the exposition: OpenMetrics text 1.0.0 (Prometheus 2.x scrapes it).
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Histogram bucket bounds of CSI request latency, in seconds.
 pub(crate) const LATENCY_BUCKETS: [f64; 16] =
@@ -63,27 +71,27 @@ pub(crate) const LATENCY_BUCKETS: [f64; 16] =
 /// The labels of a CSI request counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RpcLabels {
-    method: String,
+    method: &'static str,
     code: &'static str,
 }
 
 /// The label of a CSI latency histogram.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MethodLabels {
-    method: String,
+    method: &'static str,
 }
 
 /// The labels of the Kubernetes API request counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KubeRequestLabels {
     verb: &'static str,
-    resource: String,
+    resource: &'static str,
 }
 
 /// The labels of the watch event counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WatchLabels {
-    resource: String,
+    resource: &'static str,
 }
 
 /// The label of the volume move counter.
@@ -185,10 +193,11 @@ pub fn metrics() -> &'static Metrics {
 }
 
 impl Metrics {
-    /// One CSI request ended with gRPC `code` after `took`.
-    pub fn record_rpc(&self, method: &str, code: i32, took: Duration) {
-        self.rpcs.get_or_create(&RpcLabels { method: method.to_string(), code: code_name(code) }).inc();
-        self.latency.get_or_create(&MethodLabels { method: method.to_string() }).observe(took.as_secs_f64());
+    /// One CSI request to `method` (one of the served methods, or `unknown`) ended with
+    /// gRPC `code` after `took`.
+    pub fn record_rpc(&self, method: &'static str, code: i32, took: Duration) {
+        self.rpcs.get_or_create(&RpcLabels { method, code: code_name(code) }).inc();
+        self.latency.get_or_create(&MethodLabels { method }).observe(took.as_secs_f64());
     }
 
     /// One SMART poll of every managed drive took `took`.
@@ -223,14 +232,14 @@ impl Metrics {
     }
 
     /// A Kubernetes API request was sent.
-    pub(crate) fn record_kube_request(&self, verb: &'static str, resource: &str) {
-        self.kube_requests.get_or_create(&KubeRequestLabels { verb, resource: resource.to_string() }).inc();
+    pub(crate) fn record_kube_request(&self, verb: &'static str, resource: &'static str) {
+        self.kube_requests.get_or_create(&KubeRequestLabels { verb, resource }).inc();
     }
 
     /// A watch event for an object of `resource` arrived; `foreign` when the watch is
     /// this node's and the object is another node's.
-    pub(crate) fn record_watch_event(&self, resource: &str, foreign: bool) {
-        let labels = WatchLabels { resource: resource.to_string() };
+    pub(crate) fn record_watch_event(&self, resource: &'static str, foreign: bool) {
+        let labels = WatchLabels { resource };
         self.watch_events.get_or_create(&labels).inc();
         if foreign {
             self.foreign_events.get_or_create(&labels).inc();
@@ -238,8 +247,8 @@ impl Metrics {
     }
 
     /// The elected agent labelled an object of `resource` with its node.
-    pub(crate) fn record_relayed(&self, resource: &str) {
-        self.relayed.get_or_create(&WatchLabels { resource: resource.to_string() }).inc();
+    pub(crate) fn record_relayed(&self, resource: &'static str) {
+        self.relayed.get_or_create(&WatchLabels { resource }).inc();
     }
 
     /// Whether the CSI socket is serving.
@@ -252,23 +261,29 @@ impl Metrics {
         self.csi_serving.load(Ordering::Relaxed)
     }
 
-    /// The exposition of these counters and of `g`, state read at scrape time.
-    pub fn render(&self, g: Gauges) -> String {
-        render(&self.registry, g)
+    /// The exposition of these counters and of `g`, state read at scrape time, in
+    /// `format`.
+    pub fn render(&self, g: Gauges, format: Format) -> String {
+        render(&self.registry, g, format)
     }
 }
 
-/// The OpenMetrics text exposition of `registry` (the process counters) and `g`,
-/// ending in `# EOF`. Formatting into a `String` cannot fail; if the library ever said
-/// otherwise, what was written so far is answered, without the EOF, so the scraper
-/// rejects it rather than read half of it as the truth.
-pub fn render(registry: &Registry, g: Gauges) -> String {
+/// The exposition of `registry` (the process counters) and `g` in `format`: the
+/// OpenMetrics text ending in `# EOF`, or the Prometheus text format 0.0.4. Formatting
+/// into a `String` cannot fail; if the library ever said otherwise, what was written so
+/// far is answered (OpenMetrics: without the EOF, so the scraper rejects it rather than
+/// read half of it as the truth).
+pub fn render(registry: &Registry, g: Gauges, format: Format) -> String {
+    use prometheus_client::encoding::{prometheus_text, text};
     let mut out = String::with_capacity(16 * 1024);
     let mut scrape = Registry::default();
     scrape.register_collector(Box::new(g));
-    let written = prometheus_client::encoding::text::encode_registry(&mut out, &scrape)
-        .and_then(|()| prometheus_client::encoding::text::encode_registry(&mut out, registry))
-        .and_then(|()| prometheus_client::encoding::text::encode_eof(&mut out));
+    let written = match format {
+        Format::OpenMetrics => text::encode_registry(&mut out, &scrape)
+            .and_then(|()| text::encode_registry(&mut out, registry))
+            .and_then(|()| text::encode_eof(&mut out)),
+        Format::Text => prometheus_text::encode(&mut out, &scrape).and_then(|()| prometheus_text::encode(&mut out, registry)),
+    };
     if written.is_err() {
         tracing::warn!("the metrics exposition could not be written whole");
     }

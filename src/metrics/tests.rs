@@ -128,7 +128,7 @@ fn expect_lines(text: &str, lines: &[&str]) {
 #[test]
 fn counters_render_with_total_suffixes_units_and_cumulative_buckets() {
     let m = counters();
-    let text = m.render(Gauges::default());
+    let text = m.render(Gauges::default(), Format::OpenMetrics);
     expect_lines(
         &text,
         &[
@@ -161,14 +161,14 @@ fn counters_render_with_total_suffixes_units_and_cumulative_buckets() {
 
 #[test]
 fn moves_show_both_results_before_any_move() {
-    let text = Metrics::default().render(Gauges::default());
+    let text = Metrics::default().render(Gauges::default(), Format::OpenMetrics);
     expect_lines(&text, &["drivelet_volume_moves_total{result=\"done\"} 0", "drivelet_volume_moves_total{result=\"failed\"} 0"]);
 }
 
 #[test]
 fn aggregates_render_with_labels_and_the_attach_queue_only_when_it_runs() {
     let g = sample();
-    let text = Metrics::default().render(g.clone());
+    let text = Metrics::default().render(g.clone(), Format::OpenMetrics);
     expect_lines(
         &text,
         &[
@@ -184,13 +184,13 @@ fn aggregates_render_with_labels_and_the_attach_queue_only_when_it_runs() {
             &format!("drivelet_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION")),
         ],
     );
-    let text = Metrics::default().render(Gauges { attach: None, ..g });
+    let text = Metrics::default().render(Gauges { attach: None, ..g }, Format::OpenMetrics);
     assert!(!text.contains("drivelet_attach_queue_depth"), "{text}");
 }
 
 #[test]
 fn each_drive_has_its_figures_labelled_with_node_drive_serial_model_and_media() {
-    let text = Metrics::default().render(sample());
+    let text = Metrics::default().render(sample(), Format::OpenMetrics);
     let nvme = "node=\"node-1\",drive=\"nvme-eui.0025\",serial=\"S4EVNX0\",model=\"SAMSUNG MZQL21T9\",media=\"nvme\"";
     let vda = "node=\"node-1\",drive=\"name-vda\",serial=\"\",model=\"\",media=\"virtual\"";
     expect_lines(
@@ -229,7 +229,7 @@ fn each_drive_has_its_figures_labelled_with_node_drive_serial_model_and_media() 
 
 #[test]
 fn class_health_and_usage_are_state_sets_with_one_state_set_per_drive() {
-    let text = Metrics::default().render(sample());
+    let text = Metrics::default().render(sample(), Format::OpenMetrics);
     for (family, label, states, drives) in [
         ("drivelet_drive_class", "class", 5, 3),
         ("drivelet_drive_health", "health", 4, 3),
@@ -255,7 +255,7 @@ fn class_health_and_usage_are_state_sets_with_one_state_set_per_drive() {
 
 #[test]
 fn each_volume_has_its_info_size_condition_reasons_and_move_progress() {
-    let text = Metrics::default().render(sample());
+    let text = Metrics::default().render(sample(), Format::OpenMetrics);
     let a = "node=\"node-1\",volume=\"vol-a\",drive=\"nvme-eui.0025\"";
     let b = "node=\"node-1\",volume=\"vol-b\",drive=\"nvme-eui.0025\"";
     let c = "node=\"node-1\",volume=\"vol-c\",drive=\"wwn-0x5000cca\"";
@@ -281,7 +281,7 @@ fn each_volume_has_its_info_size_condition_reasons_and_move_progress() {
 
 #[test]
 fn families_without_series_are_left_out() {
-    let text = Metrics::default().render(Gauges { node: "n".into(), ..Gauges::default() });
+    let text = Metrics::default().render(Gauges { node: "n".into(), ..Gauges::default() }, Format::OpenMetrics);
     for family in ["drivelet_drive_info", "drivelet_volume_info", "drivelet_drive_evacuation_volumes", "drivelet_volume_condition_reason", "drivelet_drives"] {
         assert!(!text.contains(family), "{family} without drives or volumes in\n{text}");
     }
@@ -290,7 +290,7 @@ fn families_without_series_are_left_out() {
 
 #[test]
 fn label_values_are_escaped() {
-    let text = Metrics::default().render(sample());
+    let text = Metrics::default().render(sample(), Format::OpenMetrics);
     assert!(text.contains("model=\"HGST \\\"HUH\\\\721008\\\"\\nALE604\""), "{text}");
     assert!(text.lines().all(|l| l.starts_with('#') || l.starts_with("drivelet_")), "no line broken by a newline in a value:\n{text}");
 }
@@ -349,7 +349,7 @@ const VOLUME: &[&str] = &["node", "volume", "drive"];
 
 #[test]
 fn a_strict_openmetrics_parser_reads_every_agreed_series_with_its_type_and_labels() {
-    let text = counters().render(sample());
+    let text = counters().render(sample(), Format::OpenMetrics);
     // The parser refuses a UNIT line on a histogram, which OpenMetrics allows (its own
     // examples have one, Prometheus reads it): that one line is left out here, and
     // checked by `counters_render_with_total_suffixes_units_and_cumulative_buckets`.
@@ -439,4 +439,133 @@ fn condition_reasons_are_the_kebab_case_of_their_csi_names_and_all_distinct() {
         assert_eq!(r.kebab(), kebab, "{camel}");
         assert!(seen.insert(r.kebab()), "{camel} twice");
     }
+}
+
+/// The samples of an exposition of either format: (name, labels in order, with `le` as
+/// the number it names) -> value. Panics on a sample line it cannot read.
+fn samples(text: &str) -> std::collections::BTreeMap<(String, Vec<(String, String)>), f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let (name, rest) = line.split_at(line.find(['{', ' ']).unwrap_or_else(|| panic!("a sample without a value: {line}")));
+        let mut labels = Vec::new();
+        let mut chars = rest.chars().peekable();
+        if chars.peek() == Some(&'{') {
+            chars.next();
+            loop {
+                let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+                assert_eq!(chars.next(), Some('"'), "{line}");
+                let mut value = String::new();
+                loop {
+                    match chars.next() {
+                        Some('\\') => match chars.next() {
+                            Some('n') => value.push('\n'),
+                            Some(c @ ('\\' | '"')) => value.push(c),
+                            other => panic!("escape {other:?} in {line}"),
+                        },
+                        Some('"') => break,
+                        Some(c) => value.push(c),
+                        None => panic!("an unclosed label value in {line}"),
+                    }
+                }
+                if key == "le" {
+                    value = value.parse::<f64>().map(|v| v.to_string()).unwrap_or_else(|_| panic!("le {value} in {line}"));
+                }
+                labels.push((key, value));
+                match chars.next() {
+                    Some(',') => {}
+                    Some('}') => break,
+                    other => panic!("{other:?} after a label in {line}"),
+                }
+            }
+        }
+        let value: String = chars.collect();
+        let value: f64 = value.trim().parse().unwrap_or_else(|_| panic!("value {value} in {line}"));
+        labels.sort();
+        assert!(out.insert((name.to_string(), labels), value).is_none(), "a sample twice: {line}");
+    }
+    out
+}
+
+#[test]
+fn the_text_format_carries_every_sample_of_the_openmetrics_one() {
+    let m = counters();
+    let om = m.render(sample(), Format::OpenMetrics);
+    let text = m.render(sample(), Format::Text);
+    let (om, text) = (samples(&om), samples(&text));
+    assert!(om.len() > 100, "{} samples", om.len());
+    let only_om: Vec<_> = om.keys().filter(|k| !text.contains_key(*k)).collect();
+    let only_text: Vec<_> = text.keys().filter(|k| !om.contains_key(*k)).collect();
+    assert!(only_om.is_empty() && only_text.is_empty(), "only in OpenMetrics: {only_om:?}\nonly in the text format: {only_text:?}");
+    for (k, v) in &om {
+        assert_eq!(text[k], *v, "{k:?}");
+    }
+}
+
+#[test]
+fn the_text_format_names_help_and_type_as_its_samples_with_no_unit_or_eof() {
+    let text = counters().render(sample(), Format::Text);
+    expect_lines(
+        &text,
+        &[
+            "# HELP drivelet_csi_requests_total CSI requests served, by method and gRPC code.",
+            "# TYPE drivelet_csi_requests_total counter",
+            "drivelet_csi_requests_total{method=\"Probe\",code=\"OK\"} 5",
+            "# HELP drivelet_csi_request_duration_seconds CSI request latency, by method.",
+            "# TYPE drivelet_csi_request_duration_seconds histogram",
+            "drivelet_csi_request_duration_seconds_bucket{method=\"Probe\",le=\"60\"} 5",
+            "drivelet_csi_request_duration_seconds_bucket{method=\"Probe\",le=\"+Inf\"} 6",
+            "drivelet_csi_request_duration_seconds_count{method=\"Probe\"} 6",
+            "# HELP drivelet_zeroed_bytes_total Bytes of freed drive space zeroed before reuse.",
+            "# TYPE drivelet_zeroed_bytes_total counter",
+            "# TYPE drivelet_drive_power_on_seconds_total counter",
+            "# TYPE drivelet_drive_temperature_celsius gauge",
+            "# TYPE drivelet_build_info gauge",
+        ],
+    );
+    assert!(!text.contains("# UNIT") && !text.contains("# EOF"), "no OpenMetrics-only line:\n{text}");
+    // As a text-format parser reads it: each family's HELP then TYPE, named as its
+    // samples are (a histogram's with _bucket, _sum and _count), each family once.
+    let mut families = BTreeSet::new();
+    let mut current: Option<(String, String)> = None;
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        if let Some(help) = line.strip_prefix("# HELP ") {
+            let name = help.split(' ').next().expect("a name").to_string();
+            let kind = lines.next().and_then(|t| t.strip_prefix(&format!("# TYPE {name} "))).unwrap_or_else(|| panic!("no TYPE after HELP of {name}"));
+            assert!(["counter", "gauge", "histogram"].contains(&kind), "{name}: {kind}");
+            assert!(families.insert(name.clone()), "{name} twice");
+            current = Some((name, kind.to_string()));
+            continue;
+        }
+        let (name, kind) = current.as_ref().unwrap_or_else(|| panic!("a sample before any HELP: {line}"));
+        let sample = line.split(['{', ' ']).next().unwrap_or("");
+        let ok = match kind.as_str() {
+            "histogram" => [format!("{name}_bucket"), format!("{name}_sum"), format!("{name}_count")].contains(&sample.to_string()),
+            _ => sample == name,
+        };
+        assert!(ok, "{sample} under the {kind} {name}");
+        assert!(kind != "counter" || name.ends_with("_total"), "{name}: a counter ends in _total");
+    }
+    let want: BTreeSet<String> = SPEC.iter().map(|(name, kind, _)| if *kind == "counter" { format!("{name}_total") } else { name.to_string() }).collect();
+    assert_eq!(families, want, "every family of the agreed set, once, named as its samples");
+}
+
+#[test]
+fn a_label_value_cannot_come_from_a_request() {
+    // The counters take only `&'static str` labels; the CSI layer names a method from
+    // its table or `unknown` (grpc::rpc_metrics), whatever path a client sends.
+    let m = Metrics::default();
+    for path in ["/csi.v1.Controller/CreateVolume", "/csi.v1.Controller/Minted-1", "/x/Minted-2", "/csi.v1.GroupController/GroupControllerGetCapabilities"] {
+        m.record_rpc(crate::grpc::rpc_metrics::method_label(path), 12, Duration::from_millis(1));
+    }
+    let text = m.render(Gauges::default(), Format::OpenMetrics);
+    expect_lines(
+        &text,
+        &[
+            "drivelet_csi_requests_total{method=\"CreateVolume\",code=\"UNIMPLEMENTED\"} 1",
+            "drivelet_csi_requests_total{method=\"unknown\",code=\"UNIMPLEMENTED\"} 3",
+            "drivelet_csi_request_duration_seconds_count{method=\"unknown\"} 3",
+        ],
+    );
+    assert!(!text.contains("Minted") && !text.contains("GroupController"), "{text}");
 }

@@ -208,8 +208,25 @@ level = "debug"
 
     /// Starts the process with extra environment, without waiting.
     pub fn spawn_with(&mut self, env: &[(&str, &str)]) {
+        self.launch(Command::new(bin()), env);
+    }
+
+    /// Starts (or restarts) the process with the capabilities `caps` (as setpriv names
+    /// them: `sys_resource`) taken from its bounding and inheritable sets, as a machine
+    /// that withholds them from root runs it, and waits for readiness. setpriv execs the
+    /// binary, so the child's pid is drivelet's.
+    pub fn spawn_without(&mut self, caps: &[&str]) {
+        let drop: Vec<String> = caps.iter().map(|c| format!("-{c}")).collect();
+        let mut cmd = Command::new("setpriv");
+        cmd.arg(format!("--inh-caps={}", drop.join(","))).arg(format!("--bounding-set={}", drop.join(","))).arg("--").arg(bin());
+        self.launch(cmd, &[]);
+        self.wait_ready();
+    }
+
+    /// Runs `cmd` (drivelet, or a launcher that execs it) as the agent.
+    fn launch(&mut self, mut cmd: Command, env: &[(&str, &str)]) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
-        let child = Command::new(bin())
+        let child = cmd
             .args(["run", "--config", self.config.to_str().unwrap()])
             .env_remove("RUST_LOG")
             .env_remove("FAILPOINTS")

@@ -5,6 +5,12 @@
 //! and each volume's info, size and condition, read back by a strict OpenMetrics
 //! parser from what the agent served with the OpenMetrics content type.
 //!
+//! `/metrics` answers the format the scraper asks for: with Prometheus' `Accept` header
+//! OpenMetrics, which a strict OpenMetrics parser reads; with promtool's (the
+//! Prometheus text format 0.0.4) or none, the text format, which `promtool check
+//! metrics` passes. The CSI `method` label is one of the methods drivelet serves or
+//! `unknown`, however many made-up paths a client calls.
+//!
 //! Needs the `failpoints` feature (scripts/test.sh passes it): the first drive scan is
 //! held with `FAILPOINTS=inventory.first_scan=sleep(3000)` so the not-ready window is
 //! long enough to see.
@@ -16,16 +22,27 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use drivelet::grpc::proto::csi;
 
-/// GET `path` over plain HTTP/1.0: (status, body); `None` while nothing listens.
+/// GET `path` over plain HTTP/1.0 as Prometheus asks for it: (status, body); `None`
+/// while nothing listens.
 fn get(port: u16, path: &str) -> Option<(u16, String)> {
     get_with_headers(port, path).map(|(status, _, body)| (status, body))
 }
 
-/// GET `path`: (status, response head, body).
+/// GET `path` as Prometheus asks for it (OpenMetrics first): (status, response head, body).
 fn get_with_headers(port: u16, path: &str) -> Option<(u16, String, String)> {
+    get_accepting(port, path, Some(PROMETHEUS_ACCEPT))
+}
+
+/// The `Accept` header of Prometheus 3's scrapes.
+const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+
+/// GET `path` with the header `Accept: accept` (none for `None`): (status, response
+/// head, body).
+fn get_accepting(port: u16, path: &str, accept: Option<&str>) -> Option<(u16, String, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n{accept}\r\n").ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
     let status = text.split(' ').nth(1)?.parse().ok()?;
@@ -228,4 +245,113 @@ fn readiness_waits_for_the_first_scan_and_metrics_follow_a_lifecycle() {
     assert_eq!(get(port, "/nope").map(|r| r.0), Some(404));
     assert_eq!(agent.stop(), 0);
     assert!(get(port, "/healthz").is_none(), "the port is closed after stop");
+}
+
+/// `promtool check metrics` on `text`: `Err` with what it said unless it passes with
+/// nothing to say.
+fn promtool_check(text: &str) -> Result<(), String> {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run promtool ({e}): scripts/setup-host.sh installs Debian's prometheus package, which has it"));
+    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if out.status.success() && said.trim().is_empty() {
+        Ok(())
+    } else {
+        Err(format!("promtool check metrics: {}: {said}", out.status))
+    }
+}
+
+/// A unary call of `path` on the CSI socket, whatever it names: its gRPC code.
+async fn call_path(ch: tonic::transport::Channel, path: &str) -> tonic::Code {
+    let mut grpc = tonic::client::Grpc::new(ch);
+    grpc.ready().await.expect("the CSI socket takes calls");
+    let path = tonic::codegen::http::uri::PathAndQuery::try_from(path.to_string()).expect("a request path");
+    let codec = tonic_prost::ProstCodec::<csi::ProbeRequest, csi::ProbeResponse>::default();
+    match grpc.unary(tonic::Request::new(csi::ProbeRequest {}), path, codec).await {
+        Ok(_) => tonic::Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+#[test]
+fn metrics_answer_openmetrics_to_whoever_asks_and_the_text_format_promtool_passes_otherwise() {
+    require_host();
+    let tmp = short_tempdir();
+    let dir = tmp.path();
+    let _d = LoopDrive::new(dir, "f1.img", 1 << 30);
+    let port = free_port();
+    let opts = AgentOpts { extra_toml: format!("[http]\naddress = \"127.0.0.1:{port}\"\n"), ..AgentOpts::default() };
+    let mut agent = Agent::start(dir, opts);
+
+    // A volume (its series), a call that fails, and calls of 60 paths no CSI service
+    // serves: made-up methods, another package, the services drivelet only refuses.
+    let made_up: Vec<String> = (0..50)
+        .map(|n| format!("/csi.v1.Controller/Minted{n}"))
+        .chain((0..5).map(|n| format!("/evil.Service{n}/CreateVolume")))
+        .chain(["/csi.v1.GroupController/GroupControllerGetCapabilities", "/csi.v1.SnapshotMetadata/GetMetadataAllocated"].map(String::from))
+        .chain((0..3).map(|n| format!("/csi.v1.Node/NodeStageVolume{}", "x".repeat(n + 1))))
+        .collect();
+    let rt = rt();
+    rt.block_on(async {
+        let mut csi = Csi::connect(&agent).await;
+        csi.ctrl.create_volume(create_req("pvc-formats", 64 << 20, mount_cap("ext4"))).await.expect("create");
+        let missing = csi.ctrl.controller_get_volume(csi::ControllerGetVolumeRequest { volume_id: "no-such-volume".into() }).await;
+        assert_eq!(missing.expect_err("unknown volume").code(), tonic::Code::NotFound);
+        for path in &made_up {
+            assert_eq!(call_path(agent.csi().await, path).await, tonic::Code::Unimplemented, "{path}");
+        }
+    });
+
+    // Prometheus (OpenMetrics first): OpenMetrics, read by a strict parser.
+    let (status, head, om) = get_accepting(port, "/metrics", Some(PROMETHEUS_ACCEPT)).expect("metrics");
+    assert_eq!(status, 200);
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("content-type: application/openmetrics-text; version=1.0.0; charset=utf-8"), "Prometheus' Accept, answered not OpenMetrics: {head}");
+    assert!(head.contains("vary: accept"), "a negotiated answer says so (Vary: Accept): {head}");
+    assert!(om.ends_with("# EOF\n"), "OpenMetrics ends in # EOF:\n{om}");
+    let parsed = parse(&om);
+    let served: std::collections::BTreeSet<&str> = [
+        "GetPluginInfo", "GetPluginCapabilities", "Probe", "CreateVolume", "DeleteVolume", "ControllerPublishVolume",
+        "ControllerUnpublishVolume", "ValidateVolumeCapabilities", "ListVolumes", "GetCapacity", "ControllerGetCapabilities",
+        "CreateSnapshot", "DeleteSnapshot", "ListSnapshots", "GetSnapshot", "ControllerExpandVolume", "ControllerGetVolume",
+        "ControllerModifyVolume", "ControllerListVolumeHealth", "ControllerGetVolumeHealth", "NodeStageVolume", "NodeUnstageVolume",
+        "NodePublishVolume", "NodeUnpublishVolume", "NodeGetVolumeStats", "NodeExpandVolume", "NodeGetCapabilities", "NodeGetInfo",
+        "NodeGetVolumeHealth", "NodeGetStorageHealth", "unknown",
+    ]
+    .into();
+    let methods: std::collections::BTreeSet<String> =
+        parsed["drivelet_csi_requests"].iter().map(|(labels, _)| labels["method"].clone()).collect();
+    assert!(methods.iter().all(|m| served.contains(m.as_str())), "method labels outside the served set: {methods:?}");
+    assert_eq!(
+        series(&parsed, "drivelet_csi_requests", &[("method", "unknown"), ("code", "UNIMPLEMENTED")]),
+        Some(made_up.len() as f64),
+        "every made-up path counted as unknown"
+    );
+    assert_eq!(series(&parsed, "drivelet_csi_requests", &[("method", "CreateVolume"), ("code", "OK")]), Some(1.0));
+    assert!(!om.contains("Minted") && !om.contains("evil") && !om.contains("GroupController"), "a path in a label:\n{om}");
+
+    // promtool and older agents (the text format 0.0.4 asked for by name), and a client
+    // that says nothing: the text format, which promtool passes.
+    for accept in [Some("text/plain; version=0.0.4"), Some("text/plain;version=0.0.4;q=0.9,*/*;q=0.1"), None, Some("*/*")] {
+        let (status, head, text) = get_accepting(port, "/metrics", accept).expect("metrics");
+        assert_eq!(status, 200);
+        let head = head.to_ascii_lowercase();
+        assert!(head.contains("content-type: text/plain; version=0.0.4; charset=utf-8"), "Accept {accept:?}: {head}");
+        assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "Accept {accept:?}: OpenMetrics lines in the text format:\n{text}");
+        assert!(text.contains("# HELP drivelet_csi_requests_total "), "Accept {accept:?}:\n{text}");
+        assert_eq!(sample(&text, "drivelet_csi_requests_total{method=\"unknown\",code=\"UNIMPLEMENTED\"}"), Some(made_up.len() as f64));
+        if let Err(e) = promtool_check(&text) {
+            panic!("Accept {accept:?}: {e}\n{text}");
+        }
+    }
+    // The OpenMetrics answer is not the text format promtool checks: what the issue saw.
+    assert!(promtool_check(&om).is_err(), "promtool reads OpenMetrics as the text format and finds its HELP lines misnamed");
+    assert_eq!(agent.stop(), 0);
 }
