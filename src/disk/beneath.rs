@@ -142,6 +142,22 @@ impl Node {
         Ok(child)
     }
 
+    /// Reads this directory's entries through its descriptor (the magic link, never
+    /// the path's name): the first entry's name, `None` when it is empty. `between`
+    /// runs once the directory is open and before its first entry is read.
+    pub fn read_first(&self, between: impl FnOnce()) -> std::io::Result<Option<std::ffi::OsString>> {
+        let mut entries = std::fs::read_dir(self.proc_path())?;
+        between();
+        entries.next().transpose().map(|e| e.map(|e| e.file_name()))
+    }
+
+    /// Another descriptor of this very node (for a thread that reads it while this one
+    /// waits).
+    pub fn try_clone(&self) -> Result<Node, DiskError> {
+        let fd = self.fd.try_clone().map_err(DiskError::io(format!("duplicate the descriptor of {}", self.shown.display())))?;
+        Ok(Node { fd, shown: self.shown.clone() })
+    }
+
     /// Usage of the filesystem holding this node (`fstatvfs`).
     pub fn usage(&self) -> Result<super::fs::Usage, DiskError> {
         let st = nix::sys::statvfs::fstatvfs(self.fd.as_fd())
@@ -501,6 +517,13 @@ pub fn open_source(path: &Path) -> Result<OwnedFd, DiskError> {
     // SAFETY: `c` is valid for the call; the descriptor returned is owned from here on.
     let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
     sys_fd(fd as libc::c_long, || format!("open {}", path.display()))
+}
+
+/// [`open_source`] as a [`Node`]: a path of the admin's or the kernel's (an adopted
+/// directory), opened once, its last component not followed, then used only through
+/// its descriptor.
+pub fn open_outside(path: &Path) -> Result<Node, DiskError> {
+    Ok(Node { fd: open_source(path)?, shown: path.to_path_buf() })
 }
 
 /// Mounts the filesystem `fs` on the device `dev` at the directory `target`.

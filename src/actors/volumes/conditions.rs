@@ -42,6 +42,15 @@ pub enum Finding {
         /// The path.
         path: String,
     },
+    /// A staging or target path no longer leads to what drivelet mounted there: a part
+    /// of it was replaced (a symbolic link drivelet does not follow, a path that leaves
+    /// the allowed roots), so nothing is read through it.
+    PathReplaced {
+        /// The path.
+        path: String,
+        /// Why it is refused, in words.
+        reason: String,
+    },
     /// A path could not be read.
     Unreadable {
         /// The path.
@@ -67,7 +76,7 @@ impl Finding {
     /// The reason a finding is reported under.
     fn reason(&self) -> Reason {
         match self {
-            Finding::StagingNotMounted { .. } | Finding::TargetNotMounted { .. } => Reason::MountLost,
+            Finding::StagingNotMounted { .. } | Finding::TargetNotMounted { .. } | Finding::PathReplaced { .. } => Reason::MountLost,
             Finding::Unreadable { .. } => Reason::PathUnreadable,
             Finding::OutOfSpace { .. } => Reason::FilesystemFull,
             Finding::Corrupt { .. } => Reason::FilesystemCorrupt,
@@ -82,6 +91,9 @@ impl Finding {
             Finding::TargetNotMounted { path } => {
                 format!("target path {path} is not mounted: the pod sees an empty directory; restart the pod")
             }
+            Finding::PathReplaced { path, reason } => format!(
+                "{path} no longer leads to the volume's mount ({reason}): drivelet reads nothing through it; restart the pods using it so kubelet stages and publishes it again"
+            ),
             Finding::Unreadable { path, error } => {
                 format!("{path} cannot be read ({error}): the drive or filesystem is failing; move the data off")
             }

@@ -144,6 +144,8 @@ pub(crate) fn node_expand(drive: &DriveLoc, roots: &[PathBuf], rec: VolumeRecord
         }
         let at = look(&rec.id, &staging, roots)?.filter(|n| shows(Some(n), kp.devnum));
         let Some(at) = at else { return Err(VolumeError::NotStaged { volume_id: rec.id.clone() }) };
+        // A test swaps the staging path here: the growth goes on through `at`.
+        crate::failpoint::hold("node_expand.checked.hold", &staging);
         fs::grow(&kp.devnode, &at, &rec.fs_type).map_err(disk(&rec.id, "grow the filesystem"))?;
         crash_point!("node_expand.grown");
         Ok(rec.size)
