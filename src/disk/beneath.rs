@@ -526,6 +526,21 @@ pub fn open_outside(path: &Path) -> Result<Node, DiskError> {
     Ok(Node { fd: open_source(path)?, shown: path.to_path_buf() })
 }
 
+/// Opens the absolute path `path`, which must hold no symlink at any component (a path
+/// `canonicalize` answered), from `/` with `openat2` and `RESOLVE_NO_SYMLINKS |
+/// RESOLVE_NO_MAGICLINKS`: a symlink swapped in at any component since fails the open
+/// (ELOOP); it never redirects it.
+pub fn open_resolved(path: &Path) -> Result<Node, DiskError> {
+    let rel = path.strip_prefix("/").map_err(|_| DiskError::invalid(format!("{} is not absolute", path.display())))?;
+    let root = find_root(Path::new("/")).ok().flatten().ok_or_else(|| DiskError::invalid("cannot open /"))?;
+    // Beneath `/` is everything: RESOLVE_BENEATH changes nothing there.
+    match openat2(root.as_raw_fd(), rel, libc::O_PATH, 0) {
+        Ok(fd) => Ok(Node { fd, shown: path.to_path_buf() }),
+        Err(Errno::ELOOP) => Err(DiskError::invalid(format!("{} is or passes through a symbolic link now", path.display()))),
+        Err(e) => Err(DiskError::Io { what: format!("open {}", path.display()), source: e.into() }),
+    }
+}
+
 /// Mounts the filesystem `fs` on the device `dev` at the directory `target`.
 pub fn mount_fs(dev: &Path, target: &Node, fs: &str, opts: &super::mount::MountOptions) -> Result<(), DiskError> {
     let st = target.stat()?;
@@ -661,6 +676,25 @@ mod tests {
         assert!(dir.path().join("outside/keep").is_dir());
         assert!(d.usage().unwrap().total_bytes > 0);
         assert!(!d.stat().unwrap().mount_root);
+    }
+
+    #[test]
+    fn a_resolved_path_is_opened_only_while_no_symlink_lies_on_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir_all(real.join("data/vol")).unwrap();
+        std::fs::create_dir_all(real.join("elsewhere/vol")).unwrap();
+        let n = open_resolved(&real.join("data/vol")).unwrap();
+        assert!(n.stat().unwrap().dir);
+        // `data` swapped for a symlink since the path was resolved: refused, not followed.
+        std::fs::rename(real.join("data"), real.join("data.old")).unwrap();
+        std::os::unix::fs::symlink(real.join("elsewhere"), real.join("data")).unwrap();
+        let e = open_resolved(&real.join("data/vol")).err().expect("a symlink on the way");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        // The descriptor opened before still names the directory resolved.
+        std::fs::write(real.join("data.old/vol/here"), b"").unwrap();
+        assert_eq!(n.read_first(|| ()).unwrap().as_deref(), Some(std::ffi::OsStr::new("here")));
+        assert!(open_resolved(Path::new("relative")).is_err());
     }
 
     #[test]

@@ -74,7 +74,12 @@ pub(crate) fn block_devnum(path: &std::path::Path) -> Option<(u32, u32)> {
 pub fn whole_disk_of(path: &std::path::Path) -> Option<(u32, u32)> {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(path).ok()?.dev();
-    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    whole_disk_of_dev((nix::sys::stat::major(dev) as u32, nix::sys::stat::minor(dev) as u32))
+}
+
+/// [`whole_disk_of`] a filesystem's device number `(major, minor)` (its `st_dev`, read
+/// on a descriptor).
+pub fn whole_disk_of_dev((major, minor): (u32, u32)) -> Option<(u32, u32)> {
     let dir = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
     let disk_dir = if dir.join("partition").exists() { dir.parent()?.to_path_buf() } else { dir };
     parse_devnum(&sysfs_attr(&disk_dir, "dev")?)
