@@ -22,6 +22,9 @@
 //!   class) is a copy of files, not of blocks ([`copy_files_encrypted`]): the new volume
 //!   has a key of its own, so every byte is read in plaintext and written again under
 //!   it, both filesystems mounted detached (in no namespace, gone with their descriptors);
+//! - no tool is given a path a request named: a frozen source's mount is read (its space
+//!   map, `FS_IOC_GETFSMAP`) through the descriptor checked to be the root of a mount of
+//!   the source's device, never by the staging path's name; the tools take devices;
 //! - a tool's failure carries its exit status and stderr.
 
 use std::fs::{File, OpenOptions};
