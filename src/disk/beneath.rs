@@ -568,8 +568,15 @@ pub fn mount_fs(dev: &Path, target: &Node, fs: &str, opts: &super::mount::MountO
 /// Each layer is looked at through a descriptor (it must be a mount's root) and
 /// unmounted as `/proc/self/fd/P/NAME`, `P` the descriptor of its checked parent and
 /// `NAME` not followed: a descriptor of the mount itself would hold it busy. So only a
-/// mount at that name in that very directory is ever unmounted.
-pub fn unmount_all(path: &Path, roots: &[PathBuf]) -> Result<(), PathError> {
+/// mount at that name in that very directory is ever unmounted (a mount point cannot be
+/// renamed, so what was checked there is what is unmounted).
+///
+/// `only`: the device `(major, minor)` whose mounts these are (a filesystem on it, or a
+/// bind of its device node), checked on the descriptor of each layer before it is
+/// unmounted. A layer of another device is left mounted, with nothing beneath it: on
+/// top, the path is refused (another volume's mount renamed into its place); beneath
+/// the volume's own layers, it is not the volume's and the unmount is done.
+pub fn unmount_all(path: &Path, roots: &[PathBuf], only: Option<(u32, u32)>) -> Result<(), PathError> {
     const BUSY_TRIES: u32 = 10;
     const BUSY_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
     let Some((dir, name, root)) = existing_parent(path, roots)? else { return Ok(()) };
@@ -582,10 +589,24 @@ pub fn unmount_all(path: &Path, roots: &[PathBuf]) -> Result<(), PathError> {
             Err(Errno::ENOENT) => return Ok(()),
             Err(e) => return Err(refusal(e, path, &root).unwrap_or_else(|| io(format!("open {}", path.display()), e))),
         };
-        let mounted = node.stat()?.mount_root;
+        let st = node.stat()?;
         drop(node);
-        if !mounted {
+        if !st.mount_root {
             return Ok(());
+        }
+        if let Some(dev) = only.filter(|d| st.dev != *d && st.rdev != Some(*d)) {
+            if layers > 0 {
+                // The volume's own layers are off; what lies beneath them is not its.
+                return Ok(());
+            }
+            return Err(PathError::Refused(format!(
+                "path {} shows another filesystem ({}:{}) than the volume's ({}:{}): something was moved into its place; it is left mounted",
+                path.display(),
+                st.dev.0,
+                st.dev.1,
+                dev.0,
+                dev.1
+            )));
         }
         match nix::mount::umount2(&at, nix::mount::MntFlags::UMOUNT_NOFOLLOW) {
             // EINVAL: no longer a mount (raced with another unmount); look again.

@@ -13,9 +13,13 @@
 //!   that filesystem; without it the ext4 refusal is what answers, not the decoy xfs's);
 //! - the health check reports the volume's own usage (low), never the decoy's (full),
 //!   and the next check, finding the symlink, reports the path replaced and reads
-//!   nothing through it.
+//!   nothing through it;
+//! - an unstage whose recorded staging path leads, after a rename, to another volume's
+//!   mount is refused in words and unmounts nothing: each layer is checked to be of the
+//!   volume's own device on the descriptor that precedes its unmount.
 //!
-//! Needs `--features failpoints` (scripts/test.sh passes it); fails without it.
+//! The held tests need `--features failpoints` (scripts/test.sh passes it) and fail
+//! without it.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -336,4 +340,40 @@ fn a_health_check_reads_the_staging_mount_it_checked_and_reports_a_swapped_path_
         c.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
         c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
     });
+}
+
+#[test]
+fn unstaging_a_volume_whose_staging_path_now_leads_to_another_volumes_mount_leaves_that_mount_alone() {
+    require_host();
+    let tmp = short_tempdir();
+    let _drive = LoopDrive::new(tmp.path(), "u.img", GIB);
+    let _u = Unmounter(tmp.path().join("kubelet"));
+    let agent = Agent::start(tmp.path(), AgentOpts::default());
+    let (dir_a, dir_b) = (tmp.path().join("kubelet/plugins/a"), tmp.path().join("kubelet/plugins/b"));
+    let (st_a, st_b) = (dir_a.join("stage"), dir_b.join("stage"));
+    rt().block_on(async {
+        let mut c = Csi::connect(&agent).await;
+        let mut ids = Vec::new();
+        for (name, st) in [("pvc-a", &st_a), ("pvc-b", &st_b)] {
+            let id = c.ctrl.create_volume(create_req(name, 64 * MIB, mount_cap("ext4"))).await.unwrap().into_inner().volume.unwrap().volume_id;
+            c.node.node_stage_volume(stage_req(&id, st, mount_cap("ext4"))).await.unwrap();
+            std::fs::write(st.join("owner"), name).unwrap();
+            ids.push(id);
+        }
+        // The two staging directories' parents trade places (real directories, no
+        // symlink): A's recorded staging path now leads to B's mount.
+        exchange(&dir_a, &dir_b);
+        assert_eq!(std::fs::read_to_string(st_a.join("owner")).unwrap(), "pvc-b");
+        let e = c.node.node_unstage_volume(unstage_req(&ids[0], &st_a)).await.expect_err("A's path shows B's filesystem");
+        assert!(e.message().contains("shows another filesystem") && e.message().contains("left mounted"), "{}", e.message());
+        assert_eq!(std::fs::read_to_string(st_a.join("owner")).unwrap(), "pvc-b", "B's filesystem is still mounted and readable");
+        assert_eq!(std::fs::read_to_string(st_b.join("owner")).unwrap(), "pvc-a", "so is A's");
+        // Put back, each unstages its own.
+        exchange(&dir_a, &dir_b);
+        for (id, st) in ids.iter().zip([&st_a, &st_b]) {
+            c.node.node_unstage_volume(unstage_req(id, st)).await.unwrap_or_else(|e| panic!("unstage {id}: {e:?}"));
+            c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
+        }
+    });
+    assert!(mounts_under(&tmp.path().join("kubelet")).is_empty(), "left mounted: {:?}", mounts_under(&tmp.path().join("kubelet")));
 }

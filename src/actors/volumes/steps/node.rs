@@ -170,7 +170,7 @@ pub(crate) fn stage(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveLoc
             let mut back = now.unwrap_or_else(|| prev.clone());
             // An intent this call recorded is withdrawn (nothing stays mounted).
             if back.staging.as_ref().is_some_and(|s| !s.done && s.path == a.path) {
-                let _ = beneath::unmount_all(&a.path, roots);
+                let _ = beneath::unmount_all(&a.path, roots, None);
                 back.staging = prev.staging.clone();
                 back.state = prev.state;
                 back.formatted |= prev.formatted;
@@ -341,7 +341,10 @@ pub(crate) fn unstage(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveL
             }
         }
         if ours {
-            beneath::unmount_all(path, roots).map_err(path_err(&id, "unmount the staging path"))?;
+            // Only the volume's own mounts: checked layer by layer on the descriptor that
+            // precedes each unmount, never by the path's name again.
+            let dev = drive.and_then(|d| blkpg::ensure_kernel_partition(&d.path, r.start, r.size).ok()).map(|kp| kp.devnum);
+            beneath::unmount_all(path, roots, dev).map_err(path_err(&id, "unmount the staging path"))?;
         }
         crash_point!("unstage.unmounted");
         if r.staging.as_ref().is_some_and(|s| s.path == path) {
@@ -446,7 +449,7 @@ pub(crate) fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf]
         Err(e) => {
             // Withdraw an intent this call recorded.
             if !prev.targets.contains_key(&a.target) && r.targets.get(&a.target).is_some_and(|t| !t.done) {
-                let _ = beneath::unmount_all(&a.target, roots);
+                let _ = beneath::unmount_all(&a.target, roots, None);
                 if let Err(se) = save(store, &prev) {
                     warn!(volume.id = %id, error = %se, "cannot withdraw a publish intent; a restart does");
                     return Outcome { record: Some(r), result: Err(e) };
@@ -483,7 +486,7 @@ pub(crate) fn unpublish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBu
             return Ok(());
         }
         if ours_mounted {
-            beneath::unmount_all(target, roots).map_err(path_err(&id, "unmount the target"))?;
+            beneath::unmount_all(target, roots, kp.as_ref().map(|kp| kp.devnum)).map_err(path_err(&id, "unmount the target"))?;
         }
         crash_point!("unpublish.unmounted");
         if let Err(e) = beneath::remove(target, roots) {
