@@ -46,13 +46,6 @@ impl Usage {
     }
 }
 
-/// Usage of the filesystem mounted at `path` (statvfs).
-pub fn usage(path: &Path) -> Result<Usage, DiskError> {
-    let st = nix::sys::statvfs::statvfs(path)
-        .map_err(|e| DiskError::Io { what: format!("statvfs {}", path.display()), source: e.into() })?;
-    Ok(Usage::of(&st))
-}
-
 impl Usage {
     /// The usage a `statvfs` answered.
     pub fn of(st: &nix::sys::statvfs::Statvfs) -> Usage {

@@ -115,6 +115,21 @@ fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i.wrapping_mul(31) % 251) as u8 ^ 0x5a).collect()
 }
 
+/// DeleteVolume, retried for up to 10 s while the partition is busy, as a CO retries: a
+/// test running beside this one may be cloning, and its tools run in a mount namespace
+/// of their own holding a copy of every mount of the host, ours too (on a host whose
+/// `/` is private, as this one's, an unmount does not reach that copy) until they end.
+async fn delete(c: &mut Csi, agent: &Agent, id: &str) {
+    let t0 = Instant::now();
+    loop {
+        match c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.to_string(), ..Default::default() }).await {
+            Ok(_) => return,
+            Err(e) if e.message().contains("is busy") && t0.elapsed() < Duration::from_secs(10) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => panic!("delete {id}: {e:?}\n{}", agent.log_tail(30)),
+        }
+    }
+}
+
 fn needs_failpoints() {
     assert!(cfg!(feature = "failpoints"), "this test needs `--features failpoints`; scripts/test.sh passes it");
 }
@@ -178,7 +193,7 @@ fn a_frozen_xfs_clone_copies_the_extents_of_the_filesystem_it_froze_when_its_sta
         c.node.node_unstage_volume(unstage_req(&clone.volume_id, &cst)).await.unwrap();
         c.node.node_unstage_volume(unstage_req(&src, &staging)).await.unwrap();
         for id in [&clone.volume_id, &src] {
-            c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.to_string(), ..Default::default() }).await.unwrap();
+            delete(&mut c, &agent, id).await;
         }
     });
     assert!(!agent.logs().contains("panicked"));
@@ -233,7 +248,7 @@ fn node_expand_grows_the_filesystem_it_checked_when_the_staging_path_is_swapped_
     rt.block_on(async {
         let mut c = Csi::connect(&agent).await;
         c.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
-        c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
+        delete(&mut c, &agent, &id).await;
     });
 }
 
@@ -338,7 +353,7 @@ fn a_health_check_reads_the_staging_mount_it_checked_and_reports_a_swapped_path_
         }
         assert!(!agent.logs().contains("filesystem-full"), "the decoy's usage never reached a condition");
         c.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
-        c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
+        delete(&mut c, &agent, &id).await;
     });
 }
 
@@ -372,7 +387,7 @@ fn unstaging_a_volume_whose_staging_path_now_leads_to_another_volumes_mount_leav
         exchange(&dir_a, &dir_b);
         for (id, st) in ids.iter().zip([&st_a, &st_b]) {
             c.node.node_unstage_volume(unstage_req(id, st)).await.unwrap_or_else(|e| panic!("unstage {id}: {e:?}"));
-            c.ctrl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
+            delete(&mut c, &agent, &id).await;
         }
     });
     assert!(mounts_under(&tmp.path().join("kubelet")).is_empty(), "left mounted: {:?}", mounts_under(&tmp.path().join("kubelet")));
