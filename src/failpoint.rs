@@ -57,3 +57,17 @@ pub fn injected_value(name: &str) -> Option<String> {
     fail::fail_point!(name, |v: Option<String>| v);
     None
 }
+
+/// Holds the calling thread at the fail point `name` for the milliseconds a test armed
+/// it with (`return(MS)`; 1000 without a value), saying so first, with `what`, in a
+/// line a test waits for: the test changes the host meanwhile (swaps a path), so a race
+/// that would otherwise need luck happens every run. Nothing unless built with the
+/// `failpoints` feature.
+pub fn hold(name: &str, what: &std::path::Path) {
+    let _ = (name, what);
+    fail::fail_point!(name, |ms: Option<String>| {
+        let ms = ms.and_then(|m| m.parse().ok()).unwrap_or(1000u64);
+        tracing::warn!(fail.point = name, path = %what.display(), hold_ms = ms, "fail point: holding here");
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    });
+}

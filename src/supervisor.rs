@@ -108,8 +108,8 @@ pub(crate) fn start(cfg: &Arc<Config>, sockets: Sockets, kube: Option<kube::Clie
         tokio::spawn(crate::actors::volumes::notes::keep_notes(volumes.view_reader(), me.clone()));
     }
     let volumes = Supervisor::start(move |_| volumes);
-    let (hcfg, inv, vols) = (cfg.health.clone(), inventory.clone(), volumes.clone());
-    let health = Supervisor::start(move |_| HealthPoller::new(hcfg, inv, vols, guards.clone()));
+    let (hcfg, roots, inv, vols) = (cfg.health.clone(), cfg.volumes.allowed_roots.clone(), inventory.clone(), volumes.clone());
+    let health = Supervisor::start(move |_| HealthPoller::new(hcfg, roots.clone(), inv, vols, guards.clone()));
     let actors = Actors { inventory, volumes, health };
 
     let front = Front::new(cfg.clone(), actors.inventory.clone(), actors.volumes.clone(), views);

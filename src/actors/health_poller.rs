@@ -8,11 +8,17 @@
 //!   without SMART (loop, virtual, RAID volume) is UNKNOWN, never BAD.
 //! - Volumes: every `health.volume_check_interval`, for each staged volume: staging
 //!   path still mounted, readable, usage under the threshold; each published target
-//!   still mounted. For a formatted filesystem that is mounted nowhere: a read-only fsck,
+//!   still mounted. Each path is opened once beneath the allowed roots, following no
+//!   symlink ([`crate::disk::beneath`]), and must be the root of a mount of the volume's
+//!   own device (statx on that descriptor); it is then read (`getdents`) and measured
+//!   (`fstatvfs`) through that descriptor only, never by its name again. A path refused
+//!   (a symlink swapped in) is reported as replaced, and nothing is read through it. An
+//!   adopted volume's directory (the admin's) is opened once, the same way, its last
+//!   component not followed. For a formatted filesystem that is mounted nowhere: a read-only fsck,
 //!   `health.fsck_runs` times, corruption reported only when every run agrees; it is
 //!   re-run only after the volume was mounted again, or after [`FSCK_EVERY`].
-//! - Probing and judging are apart: the cycle probes the host (mountinfo, reads,
-//!   statvfs, fsck) into a [`Seen`] per volume and the pure [`judge`] turns that into
+//! - Probing and judging are apart: the cycle probes the host (opens, reads,
+//!   fstatvfs, mountinfo, fsck) into a [`Seen`] per volume and the pure [`judge`] turns that into
 //!   findings; the pure [`to_check`], [`staged_filesystem`] and [`fsck_candidate`]
 //!   decide what is probed. All four are table-tested.
 //! - Findings go to the volume manager, which turns them into conditions.
@@ -40,6 +46,7 @@ use super::volumes::{Guards, ListVolumes, VolumeChecked, VolumeManager};
 use crate::config::HealthConfig;
 use crate::disk::fs::Fsck;
 use crate::disk::smart;
+use crate::disk::beneath::{self, Node, PathError};
 use crate::disk::{blkpg, fs, mounts};
 use crate::words::{DriveClass, Health};
 
@@ -58,14 +65,17 @@ pub(crate) struct HealthPoller {
     fscked: HashMap<String, (Instant, Option<Finding>)>,
     /// The volume book's guards: a check runs only while no call or step holds the volume.
     guards: Arc<Guards>,
+    /// The allowed roots (`volumes.allowed_roots`) staging and target paths are opened
+    /// beneath.
+    roots: Arc<[PathBuf]>,
 }
 
 impl HealthPoller {
     /// A poller reporting to the inventory and the volume manager, checking volumes
-    /// under the volume book's `guards`.
-    pub(crate) fn new(cfg: HealthConfig, inventory: Addr<DriveInventory>, volumes: Addr<VolumeManager>, guards: Arc<Guards>) -> HealthPoller {
+    /// under the volume book's `guards`, their paths opened beneath `roots`.
+    pub(crate) fn new(cfg: HealthConfig, roots: Vec<PathBuf>, inventory: Addr<DriveInventory>, volumes: Addr<VolumeManager>, guards: Arc<Guards>) -> HealthPoller {
         let limit = Arc::new(Semaphore::new(cfg.concurrency));
-        HealthPoller { cfg, inventory, volumes, limit, smart_running: false, volumes_running: false, fscked: HashMap::new(), guards }
+        HealthPoller { cfg, inventory, volumes, limit, smart_running: false, volumes_running: false, fscked: HashMap::new(), guards, roots: roots.into() }
     }
 
     fn jittered(&self, base: Duration) -> Duration {
@@ -124,7 +134,7 @@ impl HealthPoller {
             return;
         }
         self.volumes_running = true;
-        let (inv, vols, guards) = (self.inventory.clone(), self.volumes.clone(), self.guards.clone());
+        let (inv, vols, guards, roots) = (self.inventory.clone(), self.volumes.clone(), self.guards.clone(), self.roots.clone());
         let cfg = self.cfg.clone();
         let fscked = std::mem::take(&mut self.fscked);
         ctx.spawn(
@@ -132,7 +142,7 @@ impl HealthPoller {
                 let drives: HashMap<String, Drive> =
                     inv.send(ListDrives).await.unwrap_or_default().into_iter().map(|d| (d.id.clone(), d)).collect();
                 let records = vols.send(ListVolumes).await.unwrap_or_default();
-                let job = move || check_all(&cfg, &guards, &drives, records, fscked);
+                let job = move || check_all(&cfg, &roots, &guards, &drives, records, fscked);
                 match tokio::task::spawn_blocking(job).await {
                     Ok((results, fscked)) => {
                         for (volume_id, findings) in results {
@@ -215,28 +225,70 @@ fn partition_of(drive: &Drive, rec: &VolumeRecord) -> Option<(PathBuf, (u32, u32
         .map(|p| (p.devnode, p.devnum))
 }
 
-/// Reads a directory with a deadline: a hung filesystem (dead drive) must not hang the
-/// poller. The reading thread keeps the volume's check (`held`) until the read ends,
-/// also when the poller stopped waiting for it: the directory is open until then.
-fn readable(path: &Path, within: Duration, held: Arc<Check>) -> Result<(), String> {
+/// The device a mount of the volume shows (`st_dev` of its root, `st_rdev` of a bind
+/// of its device node): its kernel partition on its drive (at its start, whatever its
+/// size: a growth may be under way), or the filesystem of its adopted directory.
+fn volume_dev(drive: Option<&Drive>, rec: &VolumeRecord, adopted: Option<&Node>) -> Option<(u32, u32)> {
+    if rec.adopted.is_some() {
+        return adopted.and_then(|n| n.stat().ok()).map(|s| s.dev);
+    }
+    blkpg::kernel_partitions(&drive?.path).ok()?.into_iter().find(|p| p.start == rec.start).map(|p| p.devnum)
+}
+
+/// What shows at `path` beneath `roots`, opened once (no symlink followed): `Err` with
+/// the words of a refusal (a symlink, a path leaving the roots), `Ok(None)` when nothing
+/// of the volume's device `dev` is mounted there (when `dev` is not known, when nothing
+/// is mounted there), else the mount's root, through which all else is read.
+fn open_mount(path: &Path, roots: &[PathBuf], dev: Option<(u32, u32)>) -> Result<Option<Node>, String> {
+    let node = match beneath::open(path, roots) {
+        Ok(Some(n)) => n,
+        Ok(None) => return Ok(None),
+        Err(PathError::Refused(reason)) => return Err(reason),
+        Err(PathError::Disk(e)) => {
+            debug!(actor = "health", path = %path.display(), error = %e, "cannot open a volume's path");
+            return Ok(None);
+        }
+    };
+    let shows = node.stat().is_ok_and(|s| s.mount_root && dev.is_none_or(|d| s.dev == d || s.rdev == Some(d)));
+    Ok(shows.then_some(node))
+}
+
+/// Reads the directory `dir` (through its descriptor) with a deadline: a hung
+/// filesystem (dead drive) must not hang the poller. The reading thread keeps the
+/// volume's check (`held`) until the read ends, also when the poller stopped waiting for
+/// it: the directory is open until then.
+fn readable(dir: &Node, within: Duration, held: Arc<Check>) -> Result<(), String> {
     let (tx, rx) = std::sync::mpsc::channel();
-    let p = path.to_path_buf();
+    let p = dir.shown().to_path_buf();
+    let node = dir.try_clone().map_err(|e| e.to_string())?;
     std::thread::spawn(move || {
-        let r = std::fs::read_dir(&p).and_then(|mut it| {
-            // A test holds the directory open here, as a slow read would.
-            fail::fail_point!("health.readable.hold", |ms| hold_for(&p, ms, Ok(())));
-            it.next().transpose().map(|_| ())
-        });
+        // A test holds the directory open here, as a slow read would.
+        let r = node.read_first(|| hold_readable(&p)).map(drop);
         drop(held);
         let _ = tx.send(r);
     });
     match rx.recv_timeout(within) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => {
-            debug!(actor = "health", path = %path.display(), error = %e, "volume directory unreadable");
+            debug!(actor = "health", path = %dir.shown().display(), error = %e, "volume directory unreadable");
             Err(read_error_words(&e))
         }
         Err(_) => Err(format!("no answer within {}", crate::config::human_duration(within))),
+    }
+}
+
+/// Where a test holds a volume's directory open, as a slow read would (fail point
+/// `health.readable.hold`).
+fn hold_readable(path: &Path) {
+    let _ = path;
+    fail::fail_point!("health.readable.hold", |ms| hold_for(path, ms, ()));
+}
+
+/// Why an open failed, in words.
+fn disk_words(e: &crate::disk::DiskError) -> String {
+    match e {
+        crate::disk::DiskError::Io { source, .. } => read_error_words(source),
+        other => other.to_string(),
     }
 }
 
@@ -285,8 +337,10 @@ pub(crate) fn fsck_candidate(rec: &VolumeRecord) -> bool {
 /// What the staging path showed.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum StagingSeen {
-    /// Nothing is mounted there.
+    /// Nothing of the volume is mounted there.
     NotMounted,
+    /// The path is refused (a symlink on the way, a path leaving the roots): why.
+    Replaced(String),
     /// Mounted, but a read of it failed (or did not end in time).
     Unreadable(String),
     /// Mounted and readable; the percent used, when statvfs answered.
@@ -300,8 +354,9 @@ pub(crate) struct Seen {
     pub adopted: Option<(PathBuf, Result<(), String>)>,
     /// The staging path of a staged filesystem, and what it showed.
     pub staging: Option<(PathBuf, StagingSeen)>,
-    /// Each target path, whether its publish finished, and whether it is mounted.
-    pub targets: Vec<(PathBuf, bool, bool)>,
+    /// Each target path, whether its publish finished, and whether the volume is
+    /// mounted there (`Err`: the path is refused, why).
+    pub targets: Vec<(PathBuf, bool, Result<bool, String>)>,
     /// The verdict of the read-only fsck runs, when they were run (or remembered).
     pub fsck: Option<Finding>,
 }
@@ -314,6 +369,7 @@ pub(crate) fn judge(seen: Seen, usage_threshold_percent: u8) -> Vec<Finding> {
     }
     match seen.staging {
         Some((path, StagingSeen::NotMounted)) => findings.push(Finding::StagingNotMounted { path: path.display().to_string() }),
+        Some((path, StagingSeen::Replaced(reason))) => findings.push(Finding::PathReplaced { path: path.display().to_string(), reason }),
         Some((path, StagingSeen::Unreadable(error))) => findings.push(Finding::Unreadable { path: path.display().to_string(), error }),
         Some((_, StagingSeen::Readable(Some(pct)))) if pct >= usage_threshold_percent => {
             findings.push(Finding::OutOfSpace { percent: pct, threshold: usage_threshold_percent })
@@ -321,26 +377,28 @@ pub(crate) fn judge(seen: Seen, usage_threshold_percent: u8) -> Vec<Finding> {
         _ => {}
     }
     for (path, done, mounted) in seen.targets {
-        if done && !mounted {
-            findings.push(Finding::TargetNotMounted { path: path.display().to_string() });
+        match mounted {
+            Ok(false) if done => findings.push(Finding::TargetNotMounted { path: path.display().to_string() }),
+            Err(reason) if done => findings.push(Finding::PathReplaced { path: path.display().to_string(), reason }),
+            _ => {}
         }
     }
     findings.extend(seen.fsck);
     findings
 }
 
-/// One volume check cycle: probes the host for each volume (mountinfo, reads, statvfs,
+/// One volume check cycle: probes the host for each volume (opens, reads, fstatvfs,
 /// read-only fsck) and judges what was seen; returns each volume's findings and the
 /// fsck verdicts to remember.
 fn check_all(
     cfg: &HealthConfig,
+    roots: &[PathBuf],
     guards: &Arc<Guards>,
     drives: &HashMap<String, Drive>,
     records: Vec<VolumeRecord>,
     mut fscked: Fscked,
 ) -> (Vec<(String, Vec<Finding>)>, Fscked) {
     let mountinfo = mounts::read_mountinfo().unwrap_or_default();
-    let mounted_at = |p: &Path| mountinfo.iter().any(|m| m.mount_point == p);
     let mut out = Vec::new();
     let mut keep: Fscked = HashMap::new();
     for rec in records {
@@ -352,21 +410,40 @@ fn check_all(
         let Some(held) = guards.try_check(&rec.id).map(Arc::new) else { continue };
         let mut seen = Seen::default();
         // An adopted volume's data is a directory of the host: it must still be there.
-        if let Some(a) = &rec.adopted {
-            seen.adopted = Some((a.path.clone(), readable(&a.path, cfg.command_timeout, held.clone())));
+        let adopted = rec.adopted.as_ref().map(|a| (a.path.clone(), beneath::open_outside(&a.path)));
+        if let Some((path, dir)) = &adopted {
+            let r = match dir {
+                Ok(dir) => readable(dir, cfg.command_timeout, held.clone()),
+                Err(e) => Err(disk_words(e)),
+            };
+            seen.adopted = Some((path.clone(), r));
         }
+        let dev = volume_dev(drive, &rec, adopted.as_ref().and_then(|(_, d)| d.as_ref().ok()));
         if let Some(st) = staged_filesystem(&rec) {
-            let what = if !mounted_at(st) {
-                StagingSeen::NotMounted
-            } else {
-                match readable(st, cfg.command_timeout, held.clone()) {
-                    Err(error) => StagingSeen::Unreadable(error),
-                    Ok(()) => StagingSeen::Readable(fs::usage(st).ok().map(|u| u.percent_used())),
+            // Opened once beneath the roots and checked to be the volume's mount; read
+            // and measured through that descriptor only.
+            let what = match open_mount(st, roots, dev) {
+                Err(reason) => StagingSeen::Replaced(reason),
+                Ok(None) => StagingSeen::NotMounted,
+                Ok(Some(at)) => {
+                    // A test swaps the staging path here: the check goes on through `at`.
+                    crate::failpoint::hold("health.staging.hold", st);
+                    match readable(&at, cfg.command_timeout, held.clone()) {
+                        Err(error) => StagingSeen::Unreadable(error),
+                        Ok(()) => StagingSeen::Readable(at.usage().ok().map(|u| u.percent_used())),
+                    }
                 }
             };
             seen.staging = Some((st.to_path_buf(), what));
         }
-        seen.targets = rec.targets.iter().map(|(path, t)| (path.clone(), t.done, mounted_at(path))).collect();
+        seen.targets = rec
+            .targets
+            .iter()
+            .map(|(path, t)| {
+                let mounted = open_mount(path, roots, dev).map(|n| n.is_some());
+                (path.clone(), t.done, mounted)
+            })
+            .collect();
         if let (true, Some(drive)) = (fsck_candidate(&rec), drive) {
             let fresh = fscked.remove(&rec.id).filter(|(at, _)| at.elapsed() < FSCK_EVERY);
             seen.fsck = match fresh {
@@ -550,8 +627,18 @@ mod tests {
             ("just under it is not", Seen { staging: Some((p("/s"), StagingSeen::Readable(Some(79)))), ..Seen::default() }, vec![]),
             (
                 "a finished target unmounted, one in progress ignored, one mounted fine",
-                Seen { targets: vec![(p("/t1"), true, false), (p("/t2"), false, false), (p("/t3"), true, true)], ..Seen::default() },
+                Seen { targets: vec![(p("/t1"), true, Ok(false)), (p("/t2"), false, Ok(false)), (p("/t3"), true, Ok(true))], ..Seen::default() },
                 vec![Finding::TargetNotMounted { path: "/t1".into() }],
+            ),
+            (
+                "a staging path replaced by a symlink is not read",
+                Seen { staging: Some((p("/s"), StagingSeen::Replaced("a symlink".into()))), ..Seen::default() },
+                vec![Finding::PathReplaced { path: "/s".into(), reason: "a symlink".into() }],
+            ),
+            (
+                "a finished target replaced, one in progress ignored",
+                Seen { targets: vec![(p("/t1"), true, Err("a symlink".into())), (p("/t2"), false, Err("a symlink".into()))], ..Seen::default() },
+                vec![Finding::PathReplaced { path: "/t1".into(), reason: "a symlink".into() }],
             ),
             (
                 "an adopted directory gone",
@@ -565,7 +652,7 @@ mod tests {
                 Seen {
                     adopted: Some((p("/data"), Err("EIO".into()))),
                     staging: Some((p("/s"), StagingSeen::NotMounted)),
-                    targets: vec![(p("/t1"), true, false)],
+                    targets: vec![(p("/t1"), true, Ok(false))],
                     fsck: Some(corrupt.clone()),
                 },
                 vec![

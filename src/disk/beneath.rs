@@ -142,6 +142,22 @@ impl Node {
         Ok(child)
     }
 
+    /// Reads this directory's entries through its descriptor (the magic link, never
+    /// the path's name): the first entry's name, `None` when it is empty. `between`
+    /// runs once the directory is open and before its first entry is read.
+    pub fn read_first(&self, between: impl FnOnce()) -> std::io::Result<Option<std::ffi::OsString>> {
+        let mut entries = std::fs::read_dir(self.proc_path())?;
+        between();
+        entries.next().transpose().map(|e| e.map(|e| e.file_name()))
+    }
+
+    /// Another descriptor of this very node (for a thread that reads it while this one
+    /// waits).
+    pub fn try_clone(&self) -> Result<Node, DiskError> {
+        let fd = self.fd.try_clone().map_err(DiskError::io(format!("duplicate the descriptor of {}", self.shown.display())))?;
+        Ok(Node { fd, shown: self.shown.clone() })
+    }
+
     /// Usage of the filesystem holding this node (`fstatvfs`).
     pub fn usage(&self) -> Result<super::fs::Usage, DiskError> {
         let st = nix::sys::statvfs::fstatvfs(self.fd.as_fd())
@@ -503,6 +519,28 @@ pub fn open_source(path: &Path) -> Result<OwnedFd, DiskError> {
     sys_fd(fd as libc::c_long, || format!("open {}", path.display()))
 }
 
+/// [`open_source`] as a [`Node`]: a path of the admin's or the kernel's (an adopted
+/// directory), opened once, its last component not followed, then used only through
+/// its descriptor.
+pub fn open_outside(path: &Path) -> Result<Node, DiskError> {
+    Ok(Node { fd: open_source(path)?, shown: path.to_path_buf() })
+}
+
+/// Opens the absolute path `path`, which must hold no symlink at any component (a path
+/// `canonicalize` answered), from `/` with `openat2` and `RESOLVE_NO_SYMLINKS |
+/// RESOLVE_NO_MAGICLINKS`: a symlink swapped in at any component since fails the open
+/// (ELOOP); it never redirects it.
+pub fn open_resolved(path: &Path) -> Result<Node, DiskError> {
+    let rel = path.strip_prefix("/").map_err(|_| DiskError::invalid(format!("{} is not absolute", path.display())))?;
+    let root = find_root(Path::new("/")).ok().flatten().ok_or_else(|| DiskError::invalid("cannot open /"))?;
+    // Beneath `/` is everything: RESOLVE_BENEATH changes nothing there.
+    match openat2(root.as_raw_fd(), rel, libc::O_PATH, 0) {
+        Ok(fd) => Ok(Node { fd, shown: path.to_path_buf() }),
+        Err(Errno::ELOOP) => Err(DiskError::invalid(format!("{} is or passes through a symbolic link now", path.display()))),
+        Err(e) => Err(DiskError::Io { what: format!("open {}", path.display()), source: e.into() }),
+    }
+}
+
 /// Mounts the filesystem `fs` on the device `dev` at the directory `target`.
 pub fn mount_fs(dev: &Path, target: &Node, fs: &str, opts: &super::mount::MountOptions) -> Result<(), DiskError> {
     let st = target.stat()?;
@@ -530,8 +568,15 @@ pub fn mount_fs(dev: &Path, target: &Node, fs: &str, opts: &super::mount::MountO
 /// Each layer is looked at through a descriptor (it must be a mount's root) and
 /// unmounted as `/proc/self/fd/P/NAME`, `P` the descriptor of its checked parent and
 /// `NAME` not followed: a descriptor of the mount itself would hold it busy. So only a
-/// mount at that name in that very directory is ever unmounted.
-pub fn unmount_all(path: &Path, roots: &[PathBuf]) -> Result<(), PathError> {
+/// mount at that name in that very directory is ever unmounted (a mount point cannot be
+/// renamed, so what was checked there is what is unmounted).
+///
+/// `only`: the device `(major, minor)` whose mounts these are (a filesystem on it, or a
+/// bind of its device node), checked on the descriptor of each layer before it is
+/// unmounted. A layer of another device is left mounted, with nothing beneath it: on
+/// top, the path is refused (another volume's mount renamed into its place); beneath
+/// the volume's own layers, it is not the volume's and the unmount is done.
+pub fn unmount_all(path: &Path, roots: &[PathBuf], only: Option<(u32, u32)>) -> Result<(), PathError> {
     const BUSY_TRIES: u32 = 10;
     const BUSY_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
     let Some((dir, name, root)) = existing_parent(path, roots)? else { return Ok(()) };
@@ -544,10 +589,24 @@ pub fn unmount_all(path: &Path, roots: &[PathBuf]) -> Result<(), PathError> {
             Err(Errno::ENOENT) => return Ok(()),
             Err(e) => return Err(refusal(e, path, &root).unwrap_or_else(|| io(format!("open {}", path.display()), e))),
         };
-        let mounted = node.stat()?.mount_root;
+        let st = node.stat()?;
         drop(node);
-        if !mounted {
+        if !st.mount_root {
             return Ok(());
+        }
+        if let Some(dev) = only.filter(|d| st.dev != *d && st.rdev != Some(*d)) {
+            if layers > 0 {
+                // The volume's own layers are off; what lies beneath them is not its.
+                return Ok(());
+            }
+            return Err(PathError::Refused(format!(
+                "path {} shows another filesystem ({}:{}) than the volume's ({}:{}): something was moved into its place; it is left mounted",
+                path.display(),
+                st.dev.0,
+                st.dev.1,
+                dev.0,
+                dev.1
+            )));
         }
         match nix::mount::umount2(&at, nix::mount::MntFlags::UMOUNT_NOFOLLOW) {
             // EINVAL: no longer a mount (raced with another unmount); look again.
@@ -638,6 +697,25 @@ mod tests {
         assert!(dir.path().join("outside/keep").is_dir());
         assert!(d.usage().unwrap().total_bytes > 0);
         assert!(!d.stat().unwrap().mount_root);
+    }
+
+    #[test]
+    fn a_resolved_path_is_opened_only_while_no_symlink_lies_on_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir_all(real.join("data/vol")).unwrap();
+        std::fs::create_dir_all(real.join("elsewhere/vol")).unwrap();
+        let n = open_resolved(&real.join("data/vol")).unwrap();
+        assert!(n.stat().unwrap().dir);
+        // `data` swapped for a symlink since the path was resolved: refused, not followed.
+        std::fs::rename(real.join("data"), real.join("data.old")).unwrap();
+        std::os::unix::fs::symlink(real.join("elsewhere"), real.join("data")).unwrap();
+        let e = open_resolved(&real.join("data/vol")).err().expect("a symlink on the way");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        // The descriptor opened before still names the directory resolved.
+        std::fs::write(real.join("data.old/vol/here"), b"").unwrap();
+        assert_eq!(n.read_first(|| ()).unwrap().as_deref(), Some(std::ffi::OsStr::new("here")));
+        assert!(open_resolved(Path::new("relative")).is_err());
     }
 
     #[test]

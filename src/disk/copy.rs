@@ -22,6 +22,9 @@
 //!   class) is a copy of files, not of blocks ([`copy_files_encrypted`]): the new volume
 //!   has a key of its own, so every byte is read in plaintext and written again under
 //!   it, both filesystems mounted detached (in no namespace, gone with their descriptors);
+//! - no tool is given a path a request named: a frozen source's mount is read (its space
+//!   map, `FS_IOC_GETFSMAP`) through the descriptor checked to be the root of a mount of
+//!   the source's device, never by the staging path's name; the tools take devices;
 //! - a tool's failure carries its exit status and stderr.
 
 use std::fs::{File, OpenOptions};
@@ -148,26 +151,21 @@ pub(crate) fn fs_uuid(dev: &Path) -> Result<Option<String>, DiskError> {
 /// as long as the copy runs, and an unstaged volume's filesystem would stay alive in it
 /// (a mount read-only or a wipe of that volume meanwhile found it busy).
 ///
-/// `frozen`: the source is mounted there and frozen ([`super::freeze`]), so its device
-/// reads as a consistent filesystem whose xfs log may still need replaying: ext4 is
-/// copied with `e2image -raf` (the tool refuses a mounted source otherwise); xfs, whose
-/// copy tool refuses a dirty log, is copied extent by extent, every extent the
-/// filesystem's space map (`GETFSMAP`, through `xfs_io -c fsmap`) does not call free
-/// (what `xfs_copy` would copy), and its log is replayed on the copy by a mount in a
-/// namespace of its own.
-pub(crate) fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str, frozen: Option<&Path>) -> Result<(), DiskError> {
+/// `frozen`: the source is mounted there (the directory opened beneath the allowed roots
+/// and checked to be the root of a mount of `src`) and frozen ([`super::freeze`]), so
+/// its device reads as a consistent filesystem whose xfs log may still need replaying:
+/// ext4 is copied with `e2image -raf` (the tool refuses a mounted source otherwise);
+/// xfs, whose copy tool refuses a dirty log, is copied extent by extent, every extent
+/// the filesystem's space map does not call free (what `xfs_copy` would copy), and its
+/// log is replayed on the copy by a mount in a namespace of its own. The space map is
+/// read through the descriptor checked ([`space_map`]), never by the path's name: what
+/// shows at the path by then may be another filesystem.
+pub(crate) fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str, frozen: Option<&super::beneath::Node>) -> Result<(), DiskError> {
     match (fs_type, frozen) {
         ("ext4", Some(_)) => tool("e2image", Command::new("e2image").arg("-raf").arg(src).arg(dst), src, &[]),
         ("ext4", None) => tool("e2image", Command::new("e2image").arg("-ra").arg(src).arg(dst), src, &[]),
         ("xfs", Some(mounted)) => {
-            let out = fs::run("xfs_io", Command::new("xfs_io").args(["-r", "-c", "fsmap -d"]).arg(mounted))?;
-            if !out.status.success() {
-                return Err(fs::tool_error("xfs_io", mounted, &out));
-            }
-            let used = used_extents(&String::from_utf8_lossy(&out.stdout)).ok_or_else(|| DiskError::Tool {
-                tool: "xfs_io".into(),
-                message: format!("cannot read the space map of {}: {}", mounted.display(), String::from_utf8_lossy(&out.stdout)),
-            })?;
+            let used = space_map(mounted, src)?;
             copy_ranges(src, dst, &used)?;
             sync(dst)?;
             let script = r#"mkdir /var/tmp/m && mount -t xfs -o nouuid "$1" /var/tmp/m && umount /var/tmp/m"#;
@@ -185,24 +183,104 @@ pub(crate) fn copy_filesystem(src: &Path, dst: &Path, fs_type: &str, frozen: Opt
     }
 }
 
-/// The extents `(start, len)` in bytes that a space map (`xfs_io -c "fsmap -d"`: lines
-/// `N: MAJ:MIN [FIRST..LAST]: OWNER LENGTH`, in 512-byte units) does not call free
-/// space; `None` when a line cannot be read or nothing is listed.
-pub(crate) fn used_extents(map: &str) -> Option<Vec<(u64, u64)>> {
-    let mut used = Vec::new();
-    let mut seen = false;
-    for line in map.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let open = line.find('[')?;
-        let close = line[open..].find(']')? + open;
-        let (a, b) = line[open + 1..close].split_once("..")?;
-        let (a, b): (u64, u64) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-        seen = true;
-        let owner = line[close + 1..].trim_start_matches(':').trim();
-        if !owner.starts_with("free space") && b >= a {
-            used.push((a * 512, (b - a + 1) * 512));
-        }
+/// `FS_IOC_GETFSMAP` (linux/fsmap.h): the space map of a mounted filesystem.
+mod fsmap {
+    /// `struct fsmap`: one extent of the map, in bytes.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub(crate) struct Rec {
+        pub device: u32,
+        pub flags: u32,
+        pub physical: u64,
+        pub owner: u64,
+        pub offset: u64,
+        pub length: u64,
+        pub reserved: [u64; 3],
     }
-    seen.then_some(used)
+    /// Records asked for by one call.
+    pub(super) const BATCH: usize = 128;
+    /// `struct fsmap_head` followed by room for [`BATCH`] records.
+    #[repr(C)]
+    pub(super) struct Head {
+        pub iflags: u32,
+        pub oflags: u32,
+        pub count: u32,
+        pub entries: u32,
+        pub reserved: [u64; 6],
+        pub keys: [Rec; 2],
+        pub recs: [Rec; BATCH],
+    }
+    /// `FMR_OF_SPECIAL_OWNER`: `owner` is one of the special values.
+    pub(crate) const OF_SPECIAL_OWNER: u32 = 0x10;
+    /// `FMR_OF_LAST`: the last record of the map.
+    pub(super) const OF_LAST: u32 = 0x20;
+    /// `FMR_OWN_FREE`: free space.
+    pub(crate) const OWN_FREE: u64 = 1;
+    /// `FS_IOC_GETFSMAP = _IOWR('X', 59, struct fsmap_head)`, the head being 192 bytes.
+    pub(super) const GETFSMAP: libc::c_ulong = nix::request_code_readwrite!(b'X', 59, 192) as libc::c_ulong;
+    /// Calls of [`GETFSMAP`] one map may take (a map of `BATCH` times as many extents
+    /// is far past any volume's).
+    pub(super) const MAX_CALLS: usize = 1 << 16;
+}
+
+/// The device number `(major, minor)` as the kernel encodes it in a space map's
+/// records (`new_encode_dev`).
+fn encode_dev((major, minor): (u32, u32)) -> u32 {
+    (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
+}
+
+/// The extents `(start, len)` in bytes of `recs` that are not free space.
+fn used_of(recs: &[fsmap::Rec]) -> Vec<(u64, u64)> {
+    recs.iter()
+        .filter(|r| r.length > 0 && !(r.flags & fsmap::OF_SPECIAL_OWNER != 0 && r.owner == fsmap::OWN_FREE))
+        .map(|r| (r.physical, r.length))
+        .collect()
+}
+
+/// The extents `(start, len)` in bytes of the data device `dev` that the filesystem
+/// shown at `at` does not call free: its space map (`FS_IOC_GETFSMAP`, what `xfs_io -c
+/// "fsmap -d"` prints), read with ioctls on a descriptor of that very directory, which
+/// must still be the root of a mount of `dev` (checked on the descriptor). Never empty.
+fn space_map(at: &super::beneath::Node, dev: &Path) -> Result<Vec<(u64, u64)>, DiskError> {
+    let shown = at.shown().display();
+    fs::require_mount_of(at, dev, "read for its space map")?;
+    let devnum = fs::devnum_of(dev)?;
+    let dir = at.reopen_dir()?;
+    let device = encode_dev(devnum);
+    let key = |physical, owner, offset, flags| fsmap::Rec { device, flags, physical, owner, offset, length: 0, reserved: [0; 3] };
+    // SAFETY: all fields are integers; zero is a valid value of each.
+    let mut head: Box<fsmap::Head> = Box::new(unsafe { std::mem::zeroed() });
+    head.count = fsmap::BATCH as u32;
+    head.keys = [key(0, 0, 0, 0), key(u64::MAX, u64::MAX, u64::MAX, u32::MAX)];
+    let mut used = Vec::new();
+    let mut listed = 0usize;
+    for _ in 0..fsmap::MAX_CALLS {
+        // SAFETY: the descriptor is open for the call; `head` is a `struct fsmap_head`
+        // with room for `count` records after it, which is all the kernel writes.
+        let rc = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&dir), fsmap::GETFSMAP, &mut *head as *mut fsmap::Head) };
+        if rc < 0 {
+            return Err(DiskError::Io { what: format!("read the space map of {shown} (GETFSMAP)"), source: std::io::Error::last_os_error() });
+        }
+        let n = head.entries as usize;
+        if n > fsmap::BATCH {
+            return Err(DiskError::Tool { tool: "GETFSMAP".into(), message: format!("the space map of {shown} answered {n} records for room of {}", fsmap::BATCH) });
+        }
+        if n == 0 {
+            break;
+        }
+        listed += n;
+        used.extend(used_of(&head.recs[..n]));
+        let last = head.recs[n - 1];
+        if last.flags & fsmap::OF_LAST != 0 {
+            break;
+        }
+        // The next call starts past the last record answered.
+        head.keys[0] = last;
+    }
+    if listed == 0 {
+        return Err(DiskError::Tool { tool: "GETFSMAP".into(), message: format!("the space map of {shown} lists nothing on {}", dev.display()) });
+    }
+    Ok(used)
 }
 
 /// Copies the byte ranges `(start, len)` of `src` onto the same places of `dst`.
@@ -213,9 +291,10 @@ fn copy_ranges(src: &Path, dst: &Path, ranges: &[(u64, u64)]) -> Result<u64, Dis
     let mut buf = vec![0u8; CHUNK];
     let mut done = 0u64;
     for &(start, len) in ranges {
+        let end = start.checked_add(len).ok_or_else(|| DiskError::invalid(format!("a range of {len} bytes at byte {start} of {} ends past 2^64", src.display())))?;
         let mut at = start;
-        while at < start + len {
-            let want = ((start + len - at) as usize).min(CHUNK);
+        while at < end {
+            let want = ((end - at) as usize).min(CHUNK);
             from.read_exact_at(&mut buf[..want], at).map_err(DiskError::io(format!("read {} at byte {at}", src.display())))?;
             to.write_all_at(&buf[..want], at).map_err(DiskError::io(format!("write {} at byte {at}", dst.display())))?;
             at += want as u64;
@@ -306,10 +385,29 @@ mod tests {
 
     #[test]
     fn the_used_extents_are_what_the_space_map_does_not_call_free() {
-        let map = "\t0: 7:0 [0..79]: unknown 80\n\t1: 7:0 [80..127]: free space 48\n\t2: 7:0 [128..41151]: unknown 41024\n\t3: 7:0 [41152..524287]: free space 483136\n";
-        assert_eq!(used_extents(map), Some(vec![(0, 80 * 512), (128 * 512, 41024 * 512)]));
-        assert_eq!(used_extents(""), None);
-        assert_eq!(used_extents("garbage"), None);
+        let rec = |physical: u64, length: u64, owner: u64, special: bool| fsmap::Rec {
+            physical,
+            length,
+            owner,
+            flags: if special { fsmap::OF_SPECIAL_OWNER } else { 0 },
+            ..Default::default()
+        };
+        let map = [
+            rec(0, 80 * 512, 2, true),
+            rec(80 * 512, 48 * 512, fsmap::OWN_FREE, true),
+            rec(128 * 512, 41024 * 512, 131, false),
+            // An inode numbered 1 is a file's extent, not free space.
+            rec(41152 * 512, 8 * 512, fsmap::OWN_FREE, false),
+            rec(41160 * 512, 0, 132, false),
+            rec(41160 * 512, 483128 * 512, fsmap::OWN_FREE, true),
+        ];
+        assert_eq!(used_of(&map), vec![(0, 80 * 512), (128 * 512, 41024 * 512), (41152 * 512, 8 * 512)]);
+        assert_eq!(used_of(&[]), vec![]);
+        assert_eq!(std::mem::size_of::<fsmap::Rec>(), 64, "struct fsmap");
+        assert_eq!(std::mem::size_of::<fsmap::Head>(), 192 + 64 * fsmap::BATCH, "struct fsmap_head and its records");
+        // new_encode_dev: minor's low byte, major, then the minor's high bits.
+        assert_eq!(encode_dev((7, 3)), 0x703);
+        assert_eq!(encode_dev((259, 0x1234)), 0x34 | (259 << 8) | (0x1200 << 12));
     }
 }
 

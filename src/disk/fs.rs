@@ -46,13 +46,6 @@ impl Usage {
     }
 }
 
-/// Usage of the filesystem mounted at `path` (statvfs).
-pub fn usage(path: &Path) -> Result<Usage, DiskError> {
-    let st = nix::sys::statvfs::statvfs(path)
-        .map_err(|e| DiskError::Io { what: format!("statvfs {}", path.display()), source: e.into() })?;
-    Ok(Usage::of(&st))
-}
-
 impl Usage {
     /// The usage a `statvfs` answered.
     pub fn of(st: &nix::sys::statvfs::Statvfs) -> Usage {
@@ -274,18 +267,15 @@ fn mkfs_with(dev: &Path, fs: &str, extra: &[&str]) -> Result<(), DiskError> {
     Ok(())
 }
 
-/// Grows the mounted filesystem on `dev` to fill the device: `resize2fs` (ext4, online
-/// through the device) or `xfs_growfs` (xfs, through its mount point `mounted_at`).
-/// Growing a filesystem that already fills its device changes nothing.
+/// Grows the mounted filesystem on `dev` to fill the device, online, through ioctls on
+/// a descriptor of `mounted_at` (the directory opened beneath the allowed roots, which
+/// must still be the root of a mount of `dev`): ext4 as `resize2fs` does it, xfs as
+/// `xfs_growfs`. Neither tool is run: each would look the mount point up again by name
+/// (resize2fs in /proc/mounts, then opening it). Growing a filesystem that already
+/// fills its device changes nothing.
 pub fn grow(dev: &Path, mounted_at: &super::beneath::Node, fs: &str) -> Result<(), DiskError> {
     match fs {
-        "ext4" => {
-            let out = run("resize2fs", Command::new("resize2fs").arg(dev))?;
-            if !out.status.success() {
-                return Err(tool_error("resize2fs", dev, &out));
-            }
-            Ok(())
-        }
+        "ext4" => grow_ext4(dev, mounted_at),
         "xfs" => grow_xfs(dev, mounted_at),
         other => Err(DiskError::invalid(format!(
             "cannot grow a {other:?} filesystem on {}: supported are {}",
@@ -293,6 +283,66 @@ pub fn grow(dev: &Path, mounted_at: &super::beneath::Node, fs: &str) -> Result<(
             SUPPORTED_FS.join(", ")
         ))),
     }
+}
+
+/// The device number `(major, minor)` of the block device node `dev`.
+pub(crate) fn devnum_of(dev: &Path) -> Result<(u32, u32), DiskError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let md = std::fs::metadata(dev).map_err(DiskError::io(format!("stat {}", dev.display())))?;
+    if !md.file_type().is_block_device() {
+        return Err(DiskError::invalid(format!("{} is not a block device", dev.display())));
+    }
+    Ok((nix::sys::stat::major(md.rdev()) as u32, nix::sys::stat::minor(md.rdev()) as u32))
+}
+
+/// Refuses, before `what` is done through it, a node that is not (any more) the root of
+/// a mount of the device `dev` (statx on its descriptor).
+pub(crate) fn require_mount_of(at: &super::beneath::Node, dev: &Path, what: &str) -> Result<(), DiskError> {
+    let devnum = devnum_of(dev)?;
+    let st = at.stat()?;
+    if st.mount_root && st.dev == devnum {
+        return Ok(());
+    }
+    Err(DiskError::invalid(format!(
+        "{} is not the root of a mount of {} ({}:{}); it shows {}:{}{}; not {what}",
+        at.shown().display(),
+        dev.display(),
+        devnum.0,
+        devnum.1,
+        st.dev.0,
+        st.dev.1,
+        if st.mount_root { "" } else { ", not a mount's root" }
+    )))
+}
+
+mod ext4 {
+    // EXT4_IOC_RESIZE_FS = _IOW('f', 16, __u64): the new block count.
+    nix::ioctl_write_ptr!(resize_fs, b'f', 16, u64);
+}
+
+/// Grows the ext4 filesystem shown at `at` (its mount's root) to fill `dev`, online, to
+/// the block count resize2fs would ([`ext4_grow_target`]), through `EXT4_IOC_RESIZE_FS`
+/// on a descriptor of that very directory. The kernel grows a mounted ext4 only for a
+/// caller with CAP_SYS_RESOURCE; without it the call is refused in those words.
+fn grow_ext4(dev: &Path, at: &super::beneath::Node) -> Result<(), DiskError> {
+    require_mount_of(at, dev, "grown")?;
+    let g = ext4_geometry(dev)?;
+    let target = ext4_grow_target(&g, device_size(dev)?);
+    if target <= g.block_count {
+        return Ok(());
+    }
+    let dir = at.reopen_dir()?;
+    let what = format!("grow the ext4 filesystem at {} to {target} blocks (EXT4_IOC_RESIZE_FS)", at.shown().display());
+    // SAFETY: the descriptor is open for the call; the kernel reads one u64 from
+    // `target`, which lives on this frame.
+    unsafe { ext4::resize_fs(dir.as_raw_fd(), &target) }.map_err(|e| match e {
+        nix::errno::Errno::EPERM => DiskError::Io {
+            what: format!("{what}: the kernel grows a mounted ext4 only for a process with CAP_SYS_RESOURCE"),
+            source: e.into(),
+        },
+        _ => DiskError::Io { what, source: e.into() },
+    })?;
+    Ok(())
 }
 
 mod xfs {
@@ -337,6 +387,7 @@ mod xfs {
 /// `xfs_growfs -d` does, through ioctls on a descriptor of that very directory (the tool
 /// would look the mount point up again by name).
 fn grow_xfs(dev: &Path, at: &super::beneath::Node) -> Result<(), DiskError> {
+    require_mount_of(at, dev, "grown")?;
     let dir = at.reopen_dir()?;
     let size = {
         let f = std::fs::File::open(dev).map_err(DiskError::io(format!("open {}", dev.display())))?;

@@ -68,13 +68,11 @@ pub(crate) fn block_devnum(path: &std::path::Path) -> Option<(u32, u32)> {
     Some((nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32))
 }
 
-/// The whole disk holding the filesystem `path` lives on: `major:minor` of the disk,
-/// going up from a partition through sysfs. `None` for filesystems on no block device
-/// (tmpfs, overlay) or when sysfs cannot tell.
-pub fn whole_disk_of(path: &std::path::Path) -> Option<(u32, u32)> {
-    use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(path).ok()?.dev();
-    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+/// The whole disk a filesystem lives on, from its device number `(major, minor)` (its
+/// `st_dev`, read on a descriptor): `major:minor` of the disk, going up from a partition
+/// through sysfs. `None` for filesystems on no block device (tmpfs, overlay) or when
+/// sysfs cannot tell.
+pub fn whole_disk_of_dev((major, minor): (u32, u32)) -> Option<(u32, u32)> {
     let dir = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
     let disk_dir = if dir.join("partition").exists() { dir.parent()?.to_path_buf() } else { dir };
     parse_devnum(&sysfs_attr(&disk_dir, "dev")?)

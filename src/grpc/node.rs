@@ -9,9 +9,9 @@
 //! SINGLE_NODE_MULTI_WRITER, GET_VOLUME_STATS, VOLUME_CONDITION, EXPAND_VOLUME, and,
 //! only with `driver.advertise_volume_health`, CSI v1.13's GET_VOLUME_HEALTH and
 //! GET_STORAGE_HEALTH; [`super::volume_health`] serves those two RPCs either way).
-//! `NodeExpandVolume` grows a staged filesystem online to its partition (resize2fs,
-//! xfs_growfs), for the volume's staging or target path (NOT_FOUND otherwise); a block
-//! volume needs nothing; a partition not grown yet is FAILED_PRECONDITION. `NodeGetVolumeStats`
+//! `NodeExpandVolume` grows a staged filesystem online to its partition (the ext4 and
+//! xfs resize ioctls on the checked staging directory's descriptor), for the volume's
+//! staging or target path (NOT_FOUND otherwise); a block volume needs nothing; a partition not grown yet is FAILED_PRECONDITION. `NodeGetVolumeStats`
 //! answers for the volume's staging or target path, or for a block volume any device
 //! node of its partition under the allowed roots (kubelet asks at its own bind of the
 //! published device, `.../volumeDevices/<pv>/dev/<pod uid>`), NOT_FOUND otherwise, with

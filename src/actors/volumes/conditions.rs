@@ -42,6 +42,15 @@ pub enum Finding {
         /// The path.
         path: String,
     },
+    /// A staging or target path no longer leads to what drivelet mounted there: a part
+    /// of it was replaced (a symbolic link drivelet does not follow, a path that leaves
+    /// the allowed roots), so nothing is read through it.
+    PathReplaced {
+        /// The path.
+        path: String,
+        /// Why it is refused, in words.
+        reason: String,
+    },
     /// A path could not be read.
     Unreadable {
         /// The path.
@@ -67,7 +76,7 @@ impl Finding {
     /// The reason a finding is reported under.
     fn reason(&self) -> Reason {
         match self {
-            Finding::StagingNotMounted { .. } | Finding::TargetNotMounted { .. } => Reason::MountLost,
+            Finding::StagingNotMounted { .. } | Finding::TargetNotMounted { .. } | Finding::PathReplaced { .. } => Reason::MountLost,
             Finding::Unreadable { .. } => Reason::PathUnreadable,
             Finding::OutOfSpace { .. } => Reason::FilesystemFull,
             Finding::Corrupt { .. } => Reason::FilesystemCorrupt,
@@ -82,6 +91,9 @@ impl Finding {
             Finding::TargetNotMounted { path } => {
                 format!("target path {path} is not mounted: the pod sees an empty directory; restart the pod")
             }
+            Finding::PathReplaced { path, reason } => format!(
+                "{path} no longer leads to the volume's mount ({reason}): drivelet reads nothing through it; restart the pods using it so kubelet stages and publishes it again"
+            ),
             Finding::Unreadable { path, error } => {
                 format!("{path} cannot be read ({error}): the drive or filesystem is failing; move the data off")
             }
@@ -427,6 +439,13 @@ mod tests {
             (Some(drive(Health::Good)), None, vec![Finding::StagingNotMounted { path: "/s".into() }], false, "staging path /s is not mounted"),
             (Some(drive(Health::Good)), None, vec![Finding::TargetNotMounted { path: "/t".into() }], false, "target path /t is not mounted"),
             (Some(drive(Health::Good)), None, vec![Finding::Unreadable { path: "/s".into(), error: "EIO".into() }], false, "cannot be read (EIO)"),
+            (
+                Some(drive(Health::Good)),
+                None,
+                vec![Finding::PathReplaced { path: "/s".into(), reason: "a symbolic link".into() }],
+                false,
+                "/s no longer leads to the volume's mount (a symbolic link): drivelet reads nothing through it",
+            ),
             (Some(drive(Health::Good)), None, vec![Finding::OutOfSpace { percent: 95, threshold: 90 }], false, "95% full"),
             (Some(drive(Health::Good)), None, vec![Finding::Corrupt { detail: "bad inode".into() }], false, "corrupt (bad inode)"),
             (Some(drive(Health::Good)), None, vec![], true, "volume failed"),
@@ -481,6 +500,7 @@ mod tests {
             (Some(drive(Health::Suspect)), None, vec![], false, false, vec![Reason::DriveSuspect]),
             (Some(drive(Health::Good)), Some(releasing.clone()), vec![], false, false, vec![Reason::DriveReleasing]),
             (Some(drive(Health::Good)), None, vec![Finding::StagingNotMounted { path: "/s".into() }], false, false, vec![Reason::MountLost]),
+            (Some(drive(Health::Good)), None, vec![Finding::PathReplaced { path: "/s".into(), reason: "r".into() }], false, false, vec![Reason::MountLost]),
             (Some(drive(Health::Good)), None, vec![Finding::Corrupt { detail: "bad inode".into() }], false, false, vec![Reason::FilesystemCorrupt]),
             (Some(drive(Health::Good)), None, vec![Finding::OutOfSpace { percent: 95, threshold: 90 }], false, false, vec![Reason::FilesystemFull]),
             (Some(drive(Health::Good)), None, vec![Finding::Unreadable { path: "/s".into(), error: "EIO".into() }], false, false, vec![Reason::PathUnreadable]),

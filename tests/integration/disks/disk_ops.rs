@@ -621,9 +621,9 @@ fn two_volumes_go_through_partitions_mkfs_mounts_binds_unmount_wipe_and_removal(
     nix::mount::mount(Some("tmpfs"), &stage_b, Some("tmpfs"), nix::mount::MsFlags::empty(), None::<&str>).unwrap();
     assert_eq!(mount::mounts_at(&stage_b).unwrap().len(), 2);
     for m in [&pub_a, &stage_a, &stage_b, &block_target] {
-        beneath::unmount_all(m, &roots).unwrap();
+        beneath::unmount_all(m, &roots, None).unwrap();
         assert!(mount::mounts_at(m).unwrap().is_empty());
-        beneath::unmount_all(m, &roots).unwrap();
+        beneath::unmount_all(m, &roots, None).unwrap();
     }
     assert!(!shows(&stage_a).0);
 
@@ -751,7 +751,7 @@ fn a_partition_grows_in_the_gpt_and_then_in_the_kernel() {
     assert!(matches!(gpt::resize_partition(&s.dev, 512, a, 64 * MIB), Err(DiskError::Conflict { .. })));
     assert!(matches!(blkpg::resize_kernel_partition(&s.dev, MIB, 64 * MIB), Err(DiskError::Conflict { .. })));
     assert!(matches!(blkpg::resize_kernel_partition(&s.dev, 2 * MIB, 4 * MIB), Err(DiskError::NotFound { .. })));
-    beneath::unmount_all(stage.path(), &roots).unwrap();
+    beneath::unmount_all(stage.path(), &roots, None).unwrap();
     assert_eq!(table(&s.dev).partitions[0].size, 48 * MIB);
 }
 

@@ -10,3 +10,6 @@ mod actor_failure;
 mod abuse;
 /// Symlink swaps raced against every call that takes a path.
 mod race;
+/// A staging path swapped between a check and the act: the clone, the growth and the
+/// health check act on what was checked.
+mod path_swaps;

@@ -151,12 +151,16 @@ pub(crate) fn copy(rec: &mut VolumeRecord, dst: &blkpg::KernelPartition, from: &
             // What the filesystem flushed at the freeze is read from the disk, not from
             // blocks the device cached before it.
             copy::drop_cache(&kp.devnode).map_err(disk(&id, "read the source from the disk"))?;
-            Some((f, *limit))
+            // A test swaps the staging path here: the copy goes on through `at`.
+            crate::failpoint::hold("clone.frozen.hold", path);
+            Some((f, *limit, at))
         }
         None => None,
     };
-    let copied = copy::copy_filesystem(&kp.devnode, &dst.devnode, &fs_type, frozen.as_ref().and(from.freeze.as_ref()).map(|(p, _)| p.as_path())).map_err(disk(&id, "copy the source's filesystem"));
-    if let Some((f, limit)) = frozen {
+    // The frozen filesystem is read through the directory opened and checked above,
+    // never by the staging path's name again.
+    let copied = copy::copy_filesystem(&kp.devnode, &dst.devnode, &fs_type, frozen.as_ref().map(|(_, _, at)| at)).map_err(disk(&id, "copy the source's filesystem"));
+    if let Some((f, limit, _)) = frozen {
         let thawed = f.thaw().map_err(disk(&id, "thaw the source's filesystem"))?;
         info!(volume.id = %src.id, freeze.millis = thawed.stall.as_millis() as u64, freeze.expired = thawed.expired, "filesystem thawed");
         if thawed.expired {

@@ -43,10 +43,13 @@ fn look(id: &str, path: &Path, roots: &[PathBuf]) -> Result<Option<Node>, Volume
 pub(super) enum Backing {
     /// A drivelet partition, as the kernel knows it.
     Partition(blkpg::KernelPartition),
-    /// An adopted volume's directory and the device number of its filesystem.
+    /// An adopted volume's directory, opened once (its last component not followed),
+    /// and the device number of its filesystem, read on that descriptor.
     Dir {
-        /// The directory.
+        /// The directory as recorded.
         path: PathBuf,
+        /// The directory, opened: what is checked is what is bound.
+        node: Node,
         /// `st_dev` of the directory's filesystem.
         devnum: (u32, u32),
     },
@@ -85,17 +88,14 @@ pub(super) fn backing(drive: Option<&DriveLoc>, rec: &VolumeRecord) -> Result<Ba
         return Err(crate::actors::volumes::conditions::lost(rec));
     }
     if let Some(a) = &rec.adopted {
-        let md = std::fs::metadata(&a.path).map_err(|e| VolumeError::AdoptedUnreadable {
-            volume_id: rec.id.clone(),
-            path: a.path.clone(),
-            reason: e.to_string(),
-        })?;
-        if !md.is_dir() {
+        // Opened once; checked and later bound through the descriptor, never by name.
+        let unreadable = |e: DiskError| VolumeError::AdoptedUnreadable { volume_id: rec.id.clone(), path: a.path.clone(), reason: e.to_string() };
+        let node = beneath::open_outside(&a.path).map_err(unreadable)?;
+        let st = node.stat().map_err(unreadable)?;
+        if !st.dir {
             return Err(VolumeError::AdoptedNotDirectory { volume_id: rec.id.clone(), path: a.path.clone() });
         }
-        use std::os::unix::fs::MetadataExt;
-        let dev = md.dev();
-        return Ok(Backing::Dir { path: a.path.clone(), devnum: (nix::sys::stat::major(dev) as u32, nix::sys::stat::minor(dev) as u32) });
+        return Ok(Backing::Dir { path: a.path.clone(), node, devnum: st.dev });
     }
     let drive = drive.ok_or_else(|| VolumeError::DriveAbsent { volume_id: rec.id.clone(), drive_id: rec.drive_id.clone() })?;
     blkpg::ensure_kernel_partition(&drive.path, rec.start, rec.size).map(Backing::Partition).map_err(disk(&rec.id, "find the kernel partition"))
@@ -144,6 +144,8 @@ pub(crate) fn node_expand(drive: &DriveLoc, roots: &[PathBuf], rec: VolumeRecord
         }
         let at = look(&rec.id, &staging, roots)?.filter(|n| shows(Some(n), kp.devnum));
         let Some(at) = at else { return Err(VolumeError::NotStaged { volume_id: rec.id.clone() }) };
+        // A test swaps the staging path here: the growth goes on through `at`.
+        crate::failpoint::hold("node_expand.checked.hold", &staging);
         fs::grow(&kp.devnode, &at, &rec.fs_type).map_err(disk(&rec.id, "grow the filesystem"))?;
         crash_point!("node_expand.grown");
         Ok(rec.size)
@@ -168,7 +170,7 @@ pub(crate) fn stage(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveLoc
             let mut back = now.unwrap_or_else(|| prev.clone());
             // An intent this call recorded is withdrawn (nothing stays mounted).
             if back.staging.as_ref().is_some_and(|s| !s.done && s.path == a.path) {
-                let _ = beneath::unmount_all(&a.path, roots);
+                let _ = beneath::unmount_all(&a.path, roots, None);
                 back.staging = prev.staging.clone();
                 back.state = prev.state;
                 back.formatted |= prev.formatted;
@@ -290,11 +292,10 @@ fn stage_steps(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf], mut r
             }
             crash_point!("stage.mounted");
         }
-        if let Backing::Dir { path, devnum } = &b {
+        if let Backing::Dir { node, devnum, .. } = &b {
             let dir = beneath::make_dir(&a.path, roots).map_err(path_err(&id, "create the staging directory"))?;
             if !shows(Some(&dir), *devnum) {
-                let source = beneath::open_source(path).map_err(disk(&id, "open the adopted directory"))?;
-                beneath::bind(&source, path, &dir, beneath::attrs_of(MsFlags::empty(), a.readonly))
+                beneath::bind_node(node, &dir, beneath::attrs_of(MsFlags::empty(), a.readonly))
                     .map_err(disk(&id, "bind the adopted directory to the staging path"))?;
             }
         }
@@ -340,7 +341,10 @@ pub(crate) fn unstage(store: &Store, guards: &Arc<Guards>, drive: Option<&DriveL
             }
         }
         if ours {
-            beneath::unmount_all(path, roots).map_err(path_err(&id, "unmount the staging path"))?;
+            // Only the volume's own mounts: checked layer by layer on the descriptor that
+            // precedes each unmount, never by the path's name again.
+            let dev = drive.and_then(|d| blkpg::ensure_kernel_partition(&d.path, r.start, r.size).ok()).map(|kp| kp.devnum);
+            beneath::unmount_all(path, roots, dev).map_err(path_err(&id, "unmount the staging path"))?;
         }
         crash_point!("unstage.unmounted");
         if r.staging.as_ref().is_some_and(|s| s.path == path) {
@@ -445,7 +449,7 @@ pub(crate) fn publish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBuf]
         Err(e) => {
             // Withdraw an intent this call recorded.
             if !prev.targets.contains_key(&a.target) && r.targets.get(&a.target).is_some_and(|t| !t.done) {
-                let _ = beneath::unmount_all(&a.target, roots);
+                let _ = beneath::unmount_all(&a.target, roots, None);
                 if let Err(se) = save(store, &prev) {
                     warn!(volume.id = %id, error = %se, "cannot withdraw a publish intent; a restart does");
                     return Outcome { record: Some(r), result: Err(e) };
@@ -482,7 +486,7 @@ pub(crate) fn unpublish(store: &Store, drive: Option<&DriveLoc>, roots: &[PathBu
             return Ok(());
         }
         if ours_mounted {
-            beneath::unmount_all(target, roots).map_err(path_err(&id, "unmount the target"))?;
+            beneath::unmount_all(target, roots, kp.as_ref().map(|kp| kp.devnum)).map_err(path_err(&id, "unmount the target"))?;
         }
         crash_point!("unpublish.unmounted");
         if let Err(e) = beneath::remove(target, roots) {
@@ -513,14 +517,21 @@ pub(crate) fn usage_at(path: &Path, roots: &[PathBuf]) -> Result<fs::Usage, Disk
 }
 
 /// A directory an AdoptVolume names, looked at: its canonical path, the whole disk its
-/// filesystem is on, and its filesystem's size; or why it cannot be adopted.
+/// filesystem is on, and its filesystem's size; or why it cannot be adopted. The
+/// canonical path is opened once, following no symlink at any component (so it is the
+/// directory `canonicalize` named, not what a symlink swapped in since leads to), and
+/// everything else is read on that descriptor.
 pub(crate) fn probe_adoptable(path: &Path) -> Result<(PathBuf, Option<(u32, u32)>, u64), String> {
     let canonical = std::fs::canonicalize(path).map_err(|e| e.to_string())?;
-    if !canonical.is_dir() || canonical == Path::new("/") {
+    if canonical == Path::new("/") {
         return Err("not a directory other than /; block local volumes cannot be adopted".into());
     }
-    let devnum = crate::disk::whole_disk_of(&canonical);
-    let size = fs::usage(&canonical).map(|u| u.total_bytes).unwrap_or(0);
+    let node = beneath::open_resolved(&canonical).map_err(|e| e.to_string())?;
+    if !node.stat().map_err(|e| e.to_string())?.dir {
+        return Err("not a directory other than /; block local volumes cannot be adopted".into());
+    }
+    let devnum = node.stat().ok().and_then(|s| crate::disk::whole_disk_of_dev(s.dev));
+    let size = node.usage().map(|u| u.total_bytes).unwrap_or(0);
     Ok((canonical, devnum, size))
 }
 
