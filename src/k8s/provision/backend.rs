@@ -31,6 +31,10 @@ pub(crate) trait ProvisionBackend: Ready + Clone + Unpin + 'static {
     /// The volumes whose claim may have gone before their PV was written
     /// ([`super::abandoned`]), from the published view.
     fn abandoned(&self) -> Vec<super::Abandoned>;
+    /// Whether the volume is still published to a node (ControllerUnpublishVolume not
+    /// yet done): its deletion waits, as the external-provisioner's waits for no
+    /// VolumeAttachment.
+    fn attached(&self, volume_id: &str) -> bool;
 }
 
 /// The CSI controller service of this agent, and its volume manager for readiness.
@@ -68,6 +72,11 @@ impl ProvisionBackend for ServiceBackend {
     async fn bind(&self, volume_id: &str, binding: Binding) -> Result<(), Status> {
         let m = crate::actors::volumes::messages::SetBinding { volume_id: volume_id.to_string(), binding };
         self.service.0.ask(m).await
+    }
+
+    fn attached(&self, volume_id: &str) -> bool {
+        let Ok(view) = self.service.0.views.book() else { return false };
+        view.volumes().iter().any(|l| l.record.id == volume_id && l.record.published_node.is_some())
     }
 
     fn abandoned(&self) -> Vec<super::Abandoned> {

@@ -237,6 +237,7 @@ impl<B: ProvisionBackend> Controller for Provision<B> {
                 Outcome::Done
             }
             Ran::Failed => Outcome::Retry(self.cfg.policy.backoff(failures)),
+            Ran::Waiting => Outcome::Retry(self.cfg.policy.base),
         }
     }
 

@@ -43,6 +43,8 @@ pub(crate) enum Ran {
     Rescheduled,
     /// Failed; retry with backoff.
     Failed,
+    /// Waits for something that happens soon (a detach): retried at the base delay.
+    Waiting,
 }
 
 /// The Warnings told, by claim and message.
@@ -352,6 +354,10 @@ impl Executor {
                 warn!(pv.name = %name, error = %api_words(&format!("reading claim {ns}/{claim}"), &e), "cannot tell whether the PV is still bound; retrying");
                 return Ran::Failed;
             }
+        }
+        if backend.attached(&volume_id) {
+            debug!(pv.name = %name, volume.id = %volume_id, "PersistentVolume {name} is Released; its volume is deleted once it is detached");
+            return Ran::Waiting;
         }
         if let Err(s) = backend.delete(&volume_id).await {
             warn!(pv.name = %name, volume.id = %volume_id, "cannot delete the volume of Released PersistentVolume {name}: {}; retrying", status_words(&s));

@@ -66,6 +66,8 @@ struct FakeBackend {
     deleted: Arc<Mutex<Vec<String>>>,
     bound: Arc<Mutex<Vec<(String, crate::words::Binding)>>>,
     abandoned: Arc<Mutex<Vec<Abandoned>>>,
+    /// Volumes still published to a node.
+    attached: Arc<Mutex<Vec<String>>>,
 }
 
 impl Ready for FakeBackend {
@@ -84,6 +86,9 @@ impl ProvisionBackend for FakeBackend {
     async fn bind(&self, volume_id: &str, binding: crate::words::Binding) -> Result<(), Status> {
         self.bound.lock().unwrap().push((volume_id.to_string(), binding));
         Ok(())
+    }
+    fn attached(&self, volume_id: &str) -> bool {
+        self.attached.lock().unwrap().iter().any(|v| v == volume_id)
     }
     fn abandoned(&self) -> Vec<Abandoned> {
         self.abandoned.lock().unwrap().clone()
@@ -293,6 +298,29 @@ async fn an_unanswered_read_keeps_the_volume_and_is_retried() {
     respond_not_found(reply, "persistentvolumes \"pvc-u-1\" not found");
     let (_, reply) = api.expect_path(Method::GET, "/api/v1/namespaces/ns/persistentvolumeclaims/data").await;
     respond_not_found(reply, "persistentvolumeclaims \"data\" not found");
+    api.assert_quiet().await;
+    assert_eq!(*backend.deleted.lock().unwrap(), ["vol-1"]);
+}
+
+#[actix_rt::test]
+async fn a_released_pv_whose_volume_is_still_attached_waits_for_the_detach_then_is_deleted() {
+    tokio::time::pause();
+    let pv = released("Released", "Delete");
+    let (client, mut api) = fake_api(vec![], vec![&pv]);
+    let backend = FakeBackend::default();
+    backend.attached.lock().unwrap().push("vol-1".into());
+    let _queue = ProvisionQueue::new(client, cfg(), backend.clone(), topology()).start();
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/namespaces/ns/persistentvolumeclaims/data").await;
+    respond_not_found(reply, "persistentvolumeclaims \"data\" not found");
+    // Still attached: no DeleteVolume; asked again at the base delay, not a growing backoff.
+    let (_, reply) = api.expect_path(Method::GET, "/api/v1/namespaces/ns/persistentvolumeclaims/data").await;
+    assert!(backend.deleted.lock().unwrap().is_empty(), "no DeleteVolume while attached");
+    backend.attached.lock().unwrap().clear();
+    respond_not_found(reply, "persistentvolumeclaims \"data\" not found");
+    let (_, reply) = api.expect_path(Method::PATCH, "/api/v1/persistentvolumes/pvc-u-1").await;
+    respond(reply, &pv);
+    let (_, reply) = api.expect_path(Method::DELETE, "/api/v1/persistentvolumes/pvc-u-1").await;
+    respond(reply, &pv);
     api.assert_quiet().await;
     assert_eq!(*backend.deleted.lock().unwrap(), ["vol-1"]);
 }
