@@ -295,6 +295,16 @@ impl Executor {
         }
     }
 
+    /// Whether the claim `ns/name` exists with `uid` (read from the API, never a cache):
+    /// a claim of that name with another uid is another claim, and uids never come back.
+    async fn claim_is_there(&self, ns: &str, name: &str, uid: Option<&str>) -> Result<bool, kube::Error> {
+        match Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), ns).get(name).await {
+            Ok(c) => Ok(c.metadata.uid.as_deref() == uid),
+            Err(e) if not_found(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Deletes `volume` when the API confirms that its claim went before its PV was
     /// written: no PV of its name, and no claim of that name with its claim's uid.
     pub(crate) async fn sweep(&self, volume: &Abandoned, backend: &impl ProvisionBackend) -> Ran {
@@ -311,13 +321,12 @@ impl Executor {
                 return Ran::Failed;
             }
         }
-        match Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace).get(claim).await {
-            Ok(c) if c.metadata.uid.as_deref() == Some(claim_uid.as_str()) => {
+        match self.claim_is_there(namespace, claim, Some(claim_uid.as_str())).await {
+            Ok(true) => {
                 debug!(pvc.name = %shown, "claim {shown} of volume {name} is there; its provisioning goes on");
                 return Ran::Done;
             }
-            Ok(_) => {}
-            Err(e) if not_found(&e) => {}
+            Ok(false) => {}
             Err(e) => {
                 warn!(pvc.name = %shown, error = %api_words(&format!("reading claim {shown}"), &e), "cannot tell whether volume {name} was abandoned; retrying");
                 return Ran::Failed;
@@ -343,13 +352,12 @@ impl Executor {
         let Some(volume_id) = deletable(&pv, &self.identity) else { return Ran::Done };
         let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.clone()).unwrap_or_default();
         let (ns, claim) = (claim_ref.namespace.unwrap_or_default(), claim_ref.name.unwrap_or_default());
-        match Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &ns).get(&claim).await {
-            Ok(c) if c.metadata.uid == claim_ref.uid => {
+        match self.claim_is_there(&ns, &claim, claim_ref.uid.as_deref()).await {
+            Ok(true) => {
                 debug!(pv.name = %name, "PersistentVolume {name} is Released but its claim {ns}/{claim} is there; not deleting");
                 return Ran::Done;
             }
-            Ok(_) => {}
-            Err(e) if not_found(&e) => {}
+            Ok(false) => {}
             Err(e) => {
                 warn!(pv.name = %name, error = %api_words(&format!("reading claim {ns}/{claim}"), &e), "cannot tell whether the PV is still bound; retrying");
                 return Ran::Failed;
